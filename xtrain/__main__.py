@@ -1,0 +1,5 @@
+import sys
+
+from xtrain.cli import main
+
+sys.exit(main())

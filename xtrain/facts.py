@@ -1,0 +1,158 @@
+"""Machine facts: one plain, JSON-serialisable snapshot of what this machine is and can do.
+
+Facts are data only. ``xtrain.probe`` collects them from the real machine; ``xtrain.rules``
+turns them into a plan and findings without touching the machine, so every platform can be
+tested here from a saved snapshot (``tests/fixtures/machines/*.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+SCHEMA_VERSION = 1
+OS_KINDS = ("windows", "wsl2", "linux", "macos")
+DEFAULT_PORT = 29500
+
+
+@dataclass
+class GPU:
+    """One GPU visible to torch (after CUDA_VISIBLE_DEVICES)."""
+
+    index: int
+    name: str
+    memory_mib: int
+    capability: tuple[int, int] | None = None  # (major, minor), e.g. (8, 9) for a 4090
+
+    @property
+    def cc(self) -> float:
+        """Compute capability as a comparable number (8.9), 0.0 when unknown."""
+        return self.capability[0] + self.capability[1] / 10 if self.capability else 0.0
+
+
+@dataclass
+class Facts:
+    """Everything the rules need to know about one machine. Unknown values are None."""
+
+    os_kind: str = "linux"  # windows | wsl2 | linux | macos
+    os_release: str = ""
+    arch: str = ""
+    hostname: str = ""
+    hostname_resolves: bool | None = None
+    python: str = ""
+    cpu_count: int = 1
+    memory_mib: int | None = None
+    # torch
+    torch_version: str | None = None  # None: torch not importable
+    torch_cuda: str | None = None  # torch.version.cuda; None for a CPU (or MPS) build
+    cuda_available: bool = False
+    mps_available: bool = False
+    nccl_available: bool = False
+    nccl_version: str | None = None
+    gloo_available: bool = False
+    mpi_available: bool = False
+    libuv_ok: bool | None = None  # a TCPStore with use_libuv=True could start
+    # NVIDIA driver and GPUs
+    nvidia_smi: bool = False
+    driver_version: str | None = None
+    driver_cuda: str | None = None  # highest CUDA the driver supports (nvidia-smi header)
+    smi_gpu_count: int | None = None  # physical GPUs nvidia-smi lists (ignores CUDA_VISIBLE_DEVICES)
+    smi_gpu_names: list[str] = field(default_factory=list)
+    gpus: list[GPU] = field(default_factory=list)  # what torch sees
+    cuda_visible_devices: str | None = None
+    p2p: list[list[bool]] | None = None  # p2p[i][j]: GPU i can access GPU j directly
+    # OS resources
+    shm_mib: int | None = None  # /dev/shm size (Linux/WSL2)
+    # Python packages
+    packages: dict[str, str | None] = field(default_factory=dict)
+    # accelerate's default config file
+    accelerate_config_path: str | None = None
+    accelerate_config: dict[str, Any] | None = None
+    accelerate_config_error: str | None = None
+    # rendezvous
+    port: int = DEFAULT_PORT
+    port_free: bool | None = None
+    # probe steps that failed, with why (a failed probe is a fact, not a crash)
+    probe_errors: dict[str, str] = field(default_factory=dict)
+    schema: int = SCHEMA_VERSION
+
+    # -- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["gpus"] = [
+            {**g, "capability": list(g["capability"]) if g["capability"] else None} for g in data["gpus"]
+        ]
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Facts:
+        if not isinstance(data, dict):
+            raise XtrainError("facts must be a JSON object", "save one with `xtrain doctor --save`")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise XtrainError(
+                f"facts file has unknown keys: {', '.join(unknown)}",
+                "save a fresh one with `xtrain doctor --save FILE`",
+            )
+        values = dict(data)
+        gpus = []
+        for g in values.get("gpus") or []:
+            cap = g.get("capability")
+            gpus.append(
+                GPU(
+                    index=int(g["index"]),
+                    name=str(g["name"]),
+                    memory_mib=int(g.get("memory_mib") or 0),
+                    capability=(int(cap[0]), int(cap[1])) if cap else None,
+                )
+            )
+        values["gpus"] = gpus
+        facts = cls(**values)
+        if facts.os_kind not in OS_KINDS:
+            raise XtrainError(
+                f"facts file has os_kind={facts.os_kind!r}",
+                f"use one of {', '.join(OS_KINDS)}",
+            )
+        return facts
+
+    @classmethod
+    def load(cls, path: str | Path) -> Facts:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise XtrainError(
+                f"cannot read facts file {p}: {e.strerror or e}",
+                "check the path, or save one with `xtrain doctor --save FILE`",
+            ) from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise XtrainError(
+                f"facts file {p} is not valid JSON (line {e.lineno}: {e.msg})",
+                "save a fresh one with `xtrain doctor --save FILE`",
+            ) from None
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, ValueError) as e:
+            raise XtrainError(
+                f"facts file {p} is malformed: {e}",
+                "save a fresh one with `xtrain doctor --save FILE`",
+            ) from None
+
+    # -- derived views ---------------------------------------------------------------------
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def is_windows(self) -> bool:
+        return self.os_kind == "windows"

@@ -1,0 +1,116 @@
+"""What the rules decide: the launch plan and the findings, as plain data.
+
+A ``Plan`` is everything later stages need (accelerate config, launcher, training loop):
+backend, processes, precision, environment variables, data-loader settings. Each choice
+carries a reason so doctor and the docs can say *why*.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["ok", "warn", "error"]
+SEVERITY_ORDER = {"ok": 0, "warn": 1, "error": 2}
+
+
+@dataclass
+class Finding:
+    """One thing doctor found: a stable code, a severity, one sentence and the exact fix."""
+
+    code: str
+    severity: Severity
+    message: str
+    fix: str | None = None  # a command or setting in the user's shell syntax
+
+
+@dataclass
+class Overrides:
+    """User choices that take precedence over "auto" (CLI flags of doctor/configure/train)."""
+
+    num_processes: int | None = None
+    gpu_ids: list[int] | None = None
+    mixed_precision: str | None = None  # no | fp16 | bf16
+    port: int | None = None
+    platform: str | None = None  # force an os_kind (tests/support: run the Windows path on Linux)
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_address: str | None = None
+
+
+@dataclass
+class Plan:
+    """How to launch and train on this machine. Produced only by ``xtrain.rules.make_plan``."""
+
+    os_kind: str
+    shell: str  # powershell | bash: the syntax fixes and next commands are written in
+    device: str  # cuda | mps | cpu
+    backend: str | None  # nccl | gloo; None for a single process
+    num_processes: int  # on this machine
+    gpu_ids: list[int] | None
+    mixed_precision: str  # no | fp16 | bf16
+    tf32: bool
+    launcher: str  # accelerate | spawn (torch.multiprocessing; Windows, where torchrun trips on libuv)
+    cpu: bool  # Accelerator(cpu=True): no accelerator, CPU processes form one gloo group
+    cpu_staged_allreduce: bool  # gloo + CUDA on Windows: all-reduce gradients via CPU copies
+    env: dict[str, str] = field(default_factory=dict)
+    main_address: str = "127.0.0.1"
+    main_port: int = 29500
+    num_machines: int = 1
+    machine_rank: int = 0
+    dataloader_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    reasons: dict[str, str] = field(default_factory=dict)  # choice -> why
+
+    @property
+    def world_size(self) -> int:
+        return self.num_processes * self.num_machines
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def summary(self) -> str:
+        """One line a human reads: processes, backend, precision and the effective batch."""
+        n = self.world_size
+        parts = [
+            f"{n} process{'es' if n != 1 else ''}",
+            f"on {self.device}" + (f" {self.gpu_ids}" if self.gpu_ids else ""),
+            self.backend or "no process group",
+            self.mixed_precision if self.mixed_precision != "no" else "fp32",
+        ]
+        if self.tf32:
+            parts.append("TF32")
+        return ", ".join(parts) + f"; effective batch = per-device x {n} x accumulation"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        return cls(**data)
+
+
+@dataclass
+class Diagnosis:
+    """The rules' whole answer for one snapshot."""
+
+    plan: Plan
+    findings: list[Finding]
+
+    @property
+    def worst(self) -> Severity:
+        worst: Severity = "ok"
+        for f in self.findings:
+            if SEVERITY_ORDER[f.severity] > SEVERITY_ORDER[worst]:
+                worst = f.severity
+        return worst
+
+    @property
+    def has_errors(self) -> bool:
+        return self.worst == "error"
