@@ -1,0 +1,1 @@
+"""The training side of xtrain: config, tasks (workloads), the Accelerate loop, checkpoints."""

@@ -1,0 +1,38 @@
+"""The contract between tasks (what to train) and the loop (how to train it).
+
+A task builder turns a ``TrainConfig`` into a ``Workload``. The loop never looks inside a
+model or a dataset beyond this contract, so ``causal-lm``, ``seq-cls`` and any ``custom``
+``module:function`` plug in the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+Batch = Mapping[str, torch.Tensor]
+# eval_batch(model_outputs, batch) -> per-example tensors, each of shape [batch_size].
+# It must include "loss_sum" and "count" (eval loss = sum(loss_sum) / sum(count)); any other
+# keys are task statistics that ``reduce_metrics`` turns into numbers. The loop gathers these
+# with ``accelerator.gather_for_metrics`` (which drops the duplicated samples of the last batch).
+EvalBatchFn = Callable[[Any, Batch], dict[str, torch.Tensor]]
+# reduce_metrics(gathered per-example tensors over the whole eval set) -> {"accuracy": 0.93, ...}
+ReduceFn = Callable[[dict[str, torch.Tensor]], dict[str, float]]
+
+
+@dataclass
+class Workload:
+    """Everything the loop needs from a task."""
+
+    model: torch.nn.Module  # already wrapped by peft when LoRA is on; its forward returns .loss
+    train_dataset: Any  # map-style: len() and [i] -> dict of lists/ints (a datasets.Dataset works)
+    collator: Callable[[list[dict[str, Any]]], Batch]  # picklable, top-level (spawned workers)
+    eval_dataset: Any | None = None
+    eval_batch: EvalBatchFn | None = None
+    reduce_metrics: ReduceFn | None = None
+    tokenizer: Any | None = None  # saved next to the adapter when present
+    main_metric: str | None = None  # e.g. "accuracy": shown in banners and closing tables
+    tokens_key: str | None = "attention_mask"  # batch key whose sum counts tokens (tokens/s)
