@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from xtrain.errors import XtrainError
 
@@ -32,6 +33,53 @@ class GPU:
     def cc(self) -> float:
         """Compute capability as a comparable number (8.9), 0.0 when unknown."""
         return self.capability[0] + self.capability[1] / 10 if self.capability else 0.0
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """A shallow isinstance for the annotations Facts uses (unions, list[...], dict[...])."""
+    if hint is Any:
+        return True
+    if value is None:
+        return hint is type(None) or type(None) in get_args(hint)
+    origin = get_origin(hint)
+    if origin in (Union, UnionType):
+        return any(_matches(value, arg) for arg in get_args(hint) if arg is not type(None))
+    if origin is not None:
+        return isinstance(value, origin)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _as_list(value: Any, name: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{name} should be a list, got {value!r}"[:200])
+    return value
+
+
+def _gpu_from_dict(g: Any) -> GPU:
+    if not isinstance(g, dict):
+        raise ValueError(f"each GPU should be an object, got {g!r}"[:200])
+    cap = g.get("capability")
+    return GPU(
+        index=int(g["index"]),
+        name=str(g["name"]),
+        memory_mib=int(g.get("memory_mib") or 0),
+        capability=(int(cap[0]), int(cap[1])) if cap else None,
+    )
+
+
+def _check_types(values: dict[str, Any]) -> None:
+    """Refuse a hand-edited snapshot whose values have the wrong type (one clear line)."""
+    hints = get_type_hints(Facts)
+    for name, value in values.items():
+        if name != "gpus" and not _matches(value, hints[name]):
+            expected = getattr(hints[name], "__name__", str(hints[name]))
+            raise ValueError(f"{name} should be {expected}, got {value!r}"[:200])
 
 
 @dataclass
@@ -56,6 +104,7 @@ class Facts:
     gloo_available: bool = False
     mpi_available: bool = False
     libuv_ok: bool | None = None  # a TCPStore with use_libuv=True could start
+    libuv_error: str | None = None  # why it could not (torch's own message)
     # NVIDIA driver and GPUs
     nvidia_smi: bool = False
     driver_version: str | None = None
@@ -99,26 +148,22 @@ class Facts:
         unknown = sorted(set(data) - known)
         if unknown:
             raise XtrainError(
-                f"facts file has unknown keys: {', '.join(unknown)}",
+                f"facts have unknown keys: {', '.join(unknown)}",
                 "save a fresh one with `xtrain doctor --save FILE`",
             )
         values = dict(data)
-        gpus = []
-        for g in values.get("gpus") or []:
-            cap = g.get("capability")
-            gpus.append(
-                GPU(
-                    index=int(g["index"]),
-                    name=str(g["name"]),
-                    memory_mib=int(g.get("memory_mib") or 0),
-                    capability=(int(cap[0]), int(cap[1])) if cap else None,
-                )
-            )
-        values["gpus"] = gpus
+        try:
+            values["gpus"] = [_gpu_from_dict(g) for g in _as_list(values.get("gpus"), "gpus")]
+            _check_types(values)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            raise XtrainError(
+                f"facts are malformed: {what}", "save a fresh one with `xtrain doctor --save FILE`"
+            ) from None
         facts = cls(**values)
         if facts.os_kind not in OS_KINDS:
             raise XtrainError(
-                f"facts file has os_kind={facts.os_kind!r}",
+                f"facts have os_kind={facts.os_kind!r}",
                 f"use one of {', '.join(OS_KINDS)}",
             )
         return facts
@@ -142,11 +187,8 @@ class Facts:
             ) from None
         try:
             return cls.from_dict(data)
-        except (KeyError, TypeError, ValueError) as e:
-            raise XtrainError(
-                f"facts file {p} is malformed: {e}",
-                "save a fresh one with `xtrain doctor --save FILE`",
-            ) from None
+        except XtrainError as e:
+            raise XtrainError(f"{p}: {e.message}", e.hint) from None
 
     # -- derived views ---------------------------------------------------------------------
     @property

@@ -17,13 +17,17 @@ from xtrain.shell import set_env, shell_for
 
 PRECISIONS = ("no", "fp16", "bf16")
 SMALL_SHM_MIB = 512  # below this NCCL's shared-memory transport fails (Docker's default is 64 MiB)
+RTX40_P2P_FIXED_DRIVER = (550, 40, 7)  # accelerate: older drivers wrongly report P2P on RTX 40 cards
 PYTORCH_INDEX = "https://download.pytorch.org/whl"
 
 
 def is_geforce(gpu: GPU) -> bool:
     """Consumer GeForce cards (RTX 4090, 3090, ...), as opposed to datacenter/workstation parts."""
     name = gpu.name.upper()
-    return "GEFORCE" in name or bool(re.search(r"\bRTX \d{4}\b", name)) and "RTX A" not in name
+    if "GEFORCE" in name or "TITAN" in name:
+        return True
+    # A bare "RTX 4090" is a GeForce card; "RTX 6000 Ada", "Quadro RTX 8000", "RTX A6000" are not.
+    return bool(re.search(r"\bRTX [2-5]0[5-9]0\b", name)) and not re.search(r"QUADRO|ADA|\bRTX A", name)
 
 
 def is_rtx40(gpu: GPU) -> bool:
@@ -72,6 +76,10 @@ def _p2p_missing(facts: Facts, gpus: list[GPU]) -> bool:
     """True when some pair of the selected GPUs cannot talk peer-to-peer."""
     if len(gpus) < 2:
         return False
+    rtx40 = any(is_rtx40(g) for g in gpus)
+    if rtx40 and _version(facts.driver_version) < RTX40_P2P_FIXED_DRIVER:
+        # Older drivers (or an unknown one) report P2P that does not work: NCCL hangs (FIELD_NOTES).
+        return True
     if facts.p2p:
         idx = [g.index for g in gpus]
         try:
@@ -79,7 +87,7 @@ def _p2p_missing(facts: Facts, gpus: list[GPU]) -> bool:
         except IndexError:
             pass
     # No matrix (e.g. a snapshot without torch.cuda): fall back to what is known of the cards.
-    return any(is_rtx40(g) for g in gpus)
+    return rtx40
 
 
 def _precision(facts: Facts, device: str, gpus: list[GPU], asked: str | None) -> tuple[str, str]:
@@ -274,8 +282,8 @@ def _torch_index_tag(facts: Facts) -> str | None:
     min_cc = min((_cc_from_name(n) for n in facts.smi_gpu_names), default=None)
     if drv >= (13, 0) and (min_cc is None or min_cc >= 7.5):
         return "cu130"
-    if drv >= (12, 6) or not drv:
-        return "cu126"
+    if drv >= (12, 0) or not drv:
+        return "cu126"  # a 12.0-12.5 driver runs it through CUDA minor-version compatibility
     return None
 
 
@@ -376,7 +384,10 @@ def check_no_gpu(facts: Facts, plan: Plan) -> list[Finding]:
     if plan.device == "mps":
         return [Finding("mps", "ok", "Apple GPU (MPS): one process; torch.distributed has no MPS backend.")]
     if plan.device == "cuda":
-        names = ", ".join(g.name for g in facts.gpus)
+        counts: dict[str, int] = {}
+        for g in facts.gpus:
+            counts[g.name] = counts.get(g.name, 0) + 1
+        names = ", ".join(f"{n}x {name}" for name, n in counts.items())
         return [
             Finding(
                 "gpus",
@@ -423,13 +434,16 @@ def check_backend(facts: Facts, plan: Plan) -> list[Finding]:
 
 
 def check_libuv(facts: Facts, plan: Plan) -> list[Finding]:
+    if not plan.distributed:
+        return []  # one process starts no TCPStore: libuv does not matter
     if plan.os_kind == "windows":
         return [
             Finding(
                 "libuv",
                 "warn",
                 "Windows torch lacks libuv: torchrun and `accelerate launch` can fail with "
-                "'use_libuv was requested but PyTorch was built without libuv support'.",
+                "'use_libuv was requested but PyTorch was built without libuv support' "
+                "(xtrain sets USE_LIBUV=0 and spawns its workers itself).",
                 f"{set_env(plan.shell, 'USE_LIBUV', '0')}; start training with `xtrain train` "
                 "(spawns workers without torchrun)",
             )
@@ -439,7 +453,9 @@ def check_libuv(facts: Facts, plan: Plan) -> list[Finding]:
             Finding(
                 "libuv",
                 "warn",
-                "TCPStore could not start with libuv on this machine.",
+                "TCPStore could not start with libuv on this machine"
+                + (f" ({facts.libuv_error})" if facts.libuv_error else "")
+                + ": xtrain sets USE_LIBUV=0 for its launches.",
                 set_env(plan.shell, "USE_LIBUV", "0"),
             )
         ]
@@ -474,12 +490,12 @@ def check_shm(facts: Facts, plan: Plan) -> list[Finding]:
             if plan.os_kind != "wsl2"
             else "sudo mount -o remount,size=8G /dev/shm (or set NCCL_SHM_DISABLE=1)"
         )
+        sets = " (xtrain sets NCCL_SHM_DISABLE=1)" if "NCCL_SHM_DISABLE" in plan.env else ""
         out.append(
             Finding(
                 "shm-small",
                 "warn",
-                f"/dev/shm is only {facts.shm_mib} MiB: NCCL and DataLoader workers need more "
-                "(xtrain sets NCCL_SHM_DISABLE=1).",
+                f"/dev/shm is only {facts.shm_mib} MiB: NCCL and DataLoader workers need more{sets}.",
                 fix + ("; in Docker: docker run --shm-size=8g" if plan.os_kind == "linux" else ""),
             )
         )
@@ -547,7 +563,9 @@ def check_port(facts: Facts, plan: Plan) -> list[Finding]:
 
 def check_visible_devices(facts: Facts, plan: Plan) -> list[Finding]:
     cvd = facts.cuda_visible_devices
-    if cvd is None or facts.smi_gpu_count is None or facts.smi_gpu_count <= len(facts.gpus):
+    if cvd is None or facts.torch_cuda is None or facts.smi_gpu_count is None:
+        return []  # a CPU build hides every GPU whatever the variable says (check_torch covers it)
+    if facts.smi_gpu_count <= len(facts.gpus):
         return []
     return [
         Finding(
@@ -619,13 +637,26 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
         ]
     problems: list[str] = []
     dtype = str(cfg.get("distributed_type", "NO"))
-    nproc = int(cfg.get("num_processes") or 1) * int(cfg.get("num_machines") or 1)
-    if dtype in ("MULTI_GPU", "FSDP", "DEEPSPEED") and plan.device != "cuda":
+    machines = max(1, _as_int(cfg.get("num_machines"), 1))
+    # accelerate's num_processes is the total over all machines (-1: not set).
+    total = _as_int(cfg.get("num_processes"), 1)
+    for key in ("num_processes", "num_machines"):
+        if cfg.get(key) is not None and _as_int(cfg[key], -2) == -2:
+            problems.append(f"{key} {cfg[key]!r} is not a number")
+    per_machine = total // machines if total > 0 else 1
+    # MULTI_GPU + use_cpu is how several CPU processes start (see xtrain/accelerate_config.py)
+    cpu_processes = dtype == "MULTI_GPU" and bool(cfg.get("use_cpu"))
+    if dtype in ("MULTI_GPU", "FSDP", "DEEPSPEED") and plan.device != "cuda" and not cpu_processes:
         problems.append(f"distributed_type {dtype} but no CUDA GPU")
     if cfg.get("use_cpu") and plan.device == "cuda":
         problems.append("use_cpu is true but CUDA GPUs are available")
-    if plan.device == "cuda" and nproc > len(facts.gpus) * int(cfg.get("num_machines") or 1):
-        problems.append(f"num_processes {nproc} but {len(facts.gpus)} GPU(s)")
+    if plan.device == "cuda" and per_machine > len(facts.gpus):
+        problems.append(f"{per_machine} processes per machine but {len(facts.gpus)} GPU(s)")
+    elif plan.device == "cuda" and per_machine < plan.num_processes:
+        problems.append(
+            f"{per_machine} process(es) per machine: `accelerate launch` would use {per_machine} of "
+            f"{plan.num_processes} GPUs"
+        )
     mp = cfg.get("mixed_precision")
     if mp == "bf16" and plan.device == "cuda" and min(g.cc for g in facts.gpus) < 8.0:
         problems.append("bf16 on GPUs without bf16 support")
@@ -649,6 +680,14 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
     ]
 
 
+def _as_int(value: object, default: int) -> int:
+    """An int from a hand-edited config value; ``default`` when it is not one."""
+    try:
+        return int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return default
+
+
 def _driver_fix(facts: Facts, plan: Plan) -> str:
     tag = _torch_index_tag(facts)
     if tag is None:
@@ -665,6 +704,21 @@ def _unset(shell: str, name: str) -> str:
     return f"Remove-Item Env:{name}" if shell == "powershell" else f"unset {name}"
 
 
+def check_probe_errors(facts: Facts, plan: Plan) -> list[Finding]:
+    """Facts that could not be collected: the plan may rest on a guess there."""
+    if not facts.probe_errors:
+        return []
+    what = "; ".join(f"{name}: {why}" for name, why in sorted(facts.probe_errors.items()))
+    return [
+        Finding(
+            "probe-failed",
+            "warn",
+            f"Some facts could not be collected ({what}).",
+            "xtrain doctor --save facts.json   (and attach it to a bug report if this looks wrong)",
+        )
+    ]
+
+
 CHECKS: tuple[Check, ...] = (
     check_torch,
     check_driver,
@@ -679,6 +733,7 @@ CHECKS: tuple[Check, ...] = (
     check_mismatched_gpus,
     check_packages,
     check_accelerate_config,
+    check_probe_errors,
 )
 
 

@@ -1,0 +1,657 @@
+"""Rules on the fixture machines: the plan each must get, the findings and their fixes.
+
+Pure functions on saved snapshots: nothing here touches this machine. Each finding the
+foundation issue lists is triggered by changing one fixture with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+from conftest import MACHINE_NAMES, load_machine
+
+from xtrain.errors import XtrainError
+from xtrain.facts import GPU, Facts
+from xtrain.plan import Diagnosis, Finding, Overrides, Plan
+from xtrain.rules import diagnose, is_geforce, is_rtx40, make_plan
+
+# -- the plan and findings every fixture machine must give --------------------------------------
+# plan fields that are checked per machine
+PLAN_FIELDS = (
+    "shell",
+    "device",
+    "backend",
+    "num_processes",
+    "gpu_ids",
+    "mixed_precision",
+    "tf32",
+    "launcher",
+    "cpu",
+    "cpu_staged_allreduce",
+    "env",
+    "dataloader_workers",
+    "pin_memory",
+    "persistent_workers",
+    "main_address",
+    "main_port",
+)
+P2P_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
+
+EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
+    "windows-2x4090": (
+        dict(
+            shell="powershell",
+            device="cuda",
+            backend="gloo",  # no NCCL in Windows wheels
+            num_processes=2,
+            gpu_ids=[0, 1],
+            mixed_precision="fp16",  # GeForce
+            tf32=True,
+            launcher="spawn",  # torchrun's stores need libuv
+            cpu=False,
+            cpu_staged_allreduce=True,  # gloo CUDA all-reduce crash (pytorch#186535)
+            env={"USE_LIBUV": "0"},
+            dataloader_workers=0,
+            pin_memory=True,
+            persistent_workers=False,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {
+            "gpus": "ok",
+            "nccl-absent-windows": "warn",
+            "libuv": "warn",
+            "accelerate-config-missing": "ok",
+        },
+    ),
+    "windows-cpu-torch-with-driver": (
+        dict(
+            shell="powershell",
+            device="cpu",
+            backend=None,
+            num_processes=1,
+            gpu_ids=None,
+            mixed_precision="no",
+            tf32=False,
+            launcher="spawn",
+            cpu=True,
+            cpu_staged_allreduce=False,
+            env={"USE_LIBUV": "0"},
+            dataloader_workers=0,
+            pin_memory=False,
+            persistent_workers=False,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {"cpu-torch-with-driver": "error", "accelerate-config-missing": "ok"},
+    ),
+    "wsl2-2x4090": (
+        dict(
+            shell="bash",
+            device="cuda",
+            backend="nccl",
+            num_processes=2,
+            gpu_ids=[0, 1],
+            mixed_precision="fp16",
+            tf32=True,
+            launcher="accelerate",
+            cpu=False,
+            cpu_staged_allreduce=False,
+            env=P2P_ENV,  # 4090s have no P2P
+            dataloader_workers=4,
+            pin_memory=False,  # WSL2 limits pinned memory
+            persistent_workers=True,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {
+            "gpus": "ok",
+            "p2p-missing": "warn",
+            "wsl2-pinned-memory": "ok",
+            "accelerate-config-missing": "ok",
+        },
+    ),
+    "linux-8xa100-nvlink": (
+        dict(
+            shell="bash",
+            device="cuda",
+            backend="nccl",
+            num_processes=8,
+            gpu_ids=list(range(8)),
+            mixed_precision="bf16",  # datacenter, cc 8.0
+            tf32=True,
+            launcher="accelerate",
+            cpu=False,
+            cpu_staged_allreduce=False,
+            env={},  # NVLink: P2P everywhere
+            dataloader_workers=4,
+            pin_memory=True,
+            persistent_workers=True,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {"gpus": "ok", "accelerate-config-missing": "ok"},
+    ),
+    "linux-2x3090": (
+        dict(
+            shell="bash",
+            device="cuda",
+            backend="nccl",
+            num_processes=2,
+            gpu_ids=[0, 1],
+            mixed_precision="fp16",
+            tf32=True,
+            launcher="accelerate",
+            cpu=False,
+            cpu_staged_allreduce=False,
+            env=P2P_ENV,  # consumer PCIe board without an NVLink bridge: no P2P
+            dataloader_workers=4,
+            pin_memory=True,
+            persistent_workers=True,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {"gpus": "ok", "p2p-missing": "warn", "accelerate-config-missing": "ok"},
+    ),
+    "linux-1xh100": (
+        dict(
+            shell="bash",
+            device="cuda",
+            backend=None,  # one process: no process group
+            num_processes=1,
+            gpu_ids=[0],
+            mixed_precision="bf16",
+            tf32=True,
+            launcher="accelerate",
+            cpu=False,
+            cpu_staged_allreduce=False,
+            env={},
+            dataloader_workers=4,
+            pin_memory=True,
+            persistent_workers=True,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {"gpus": "ok", "accelerate-config-missing": "ok"},
+    ),
+    "linux-cpu": (
+        dict(
+            shell="bash",
+            device="cpu",
+            backend=None,
+            num_processes=1,
+            gpu_ids=None,
+            mixed_precision="no",
+            tf32=False,
+            launcher="accelerate",
+            cpu=True,
+            cpu_staged_allreduce=False,
+            env={},
+            dataloader_workers=0,
+            pin_memory=False,
+            persistent_workers=False,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {"cpu-only": "ok", "accelerate-config-missing": "ok"},
+    ),
+    "macos-arm64": (
+        dict(
+            shell="bash",
+            device="mps",
+            backend=None,
+            num_processes=1,
+            gpu_ids=None,
+            mixed_precision="no",
+            tf32=False,
+            launcher="accelerate",
+            cpu=False,
+            cpu_staged_allreduce=False,
+            env={},
+            dataloader_workers=0,  # spawned workers re-import the program
+            pin_memory=False,
+            persistent_workers=False,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {"mps": "ok", "accelerate-config-missing": "ok"},
+    ),
+}
+
+
+def codes(d: Diagnosis) -> dict[str, str]:
+    return {f.code: f.severity for f in d.findings}
+
+
+def finding(d: Diagnosis, code: str) -> Finding:
+    found = [f for f in d.findings if f.code == code]
+    assert found, f"no {code!r} finding among {codes(d)}"
+    return found[0]
+
+
+def test_every_fixture_has_expectations():
+    assert sorted(EXPECTED) == MACHINE_NAMES
+
+
+@pytest.mark.parametrize("name", MACHINE_NAMES)
+def test_fixture_plan(name):
+    want, _ = EXPECTED[name]
+    plan = make_plan(load_machine(name))
+    assert {k: getattr(plan, k) for k in PLAN_FIELDS} == want
+    assert plan.os_kind == load_machine(name).os_kind
+    # every "auto" choice says why
+    for key in ("device", "num_processes", "backend", "launcher", "mixed_precision", "tf32"):
+        assert plan.reasons.get(key), key
+
+
+@pytest.mark.parametrize("name", MACHINE_NAMES)
+def test_fixture_findings(name):
+    _, want = EXPECTED[name]
+    d = diagnose(load_machine(name))
+    assert codes(d) == want
+    assert d.has_errors == ("error" in want.values())
+    for f in d.findings:
+        assert f.message and "\n" not in f.message
+        assert f.severity == "ok" or f.fix, f"{f.code} needs a fix"
+
+
+@pytest.mark.parametrize("name", MACHINE_NAMES)
+def test_fix_text_uses_the_users_shell(name):
+    d = diagnose(load_machine(name))
+    for f in d.findings:
+        fix = f.fix or ""
+        if d.plan.shell == "powershell":
+            assert not re.search(r"\bexport |\bunset |\bpython3\b|\bsudo\b", fix), fix
+        else:
+            assert "$env:" not in fix and "Remove-Item" not in fix, fix
+
+
+@pytest.mark.parametrize("name", MACHINE_NAMES)
+def test_plan_round_trips_through_json(name):
+    plan = make_plan(load_machine(name))
+    assert Plan.from_dict(json.loads(plan.to_json())) == plan
+
+
+def test_rules_do_not_change_the_facts():
+    facts = load_machine("wsl2-2x4090")
+    before = facts.to_json()
+    diagnose(facts, Overrides(num_processes=1, mixed_precision="bf16"))
+    assert facts.to_json() == before
+
+
+def test_windows_fixes_are_powershell():
+    d = diagnose(load_machine("windows-2x4090"))
+    assert '$env:USE_LIBUV = "0"' in finding(d, "libuv").fix
+    cpu = diagnose(load_machine("windows-cpu-torch-with-driver"))
+    assert finding(cpu, "cpu-torch-with-driver").fix == (
+        "python -m pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu126"
+    )
+
+
+def test_bash_fixes_use_export():
+    d = diagnose(load_machine("wsl2-2x4090"))
+    assert finding(d, "p2p-missing").fix.startswith("export NCCL_P2P_DISABLE=1; export NCCL_IB_DISABLE=1")
+
+
+def test_summary_names_processes_backend_and_precision():
+    plan = make_plan(load_machine("windows-2x4090"))
+    assert plan.summary().startswith("2 processes, on cuda [0, 1], gloo, fp16")
+    assert "per-device x 2 x accumulation" in plan.summary()
+
+
+# -- overrides ------------------------------------------------------------------------------------
+def test_override_processes_uses_the_first_gpus():
+    plan = make_plan(load_machine("wsl2-2x4090"), Overrides(num_processes=1))
+    assert (plan.num_processes, plan.gpu_ids, plan.backend) == (1, [0], None)
+    assert plan.env == {}  # one GPU: no P2P variables
+
+
+def test_override_gpu_ids_selects_a_subset():
+    plan = make_plan(load_machine("linux-8xa100-nvlink"), Overrides(gpu_ids=[2, 5]))
+    assert (plan.num_processes, plan.gpu_ids, plan.backend) == (2, [2, 5], "nccl")
+
+
+def test_override_precision():
+    assert (
+        make_plan(load_machine("linux-2x3090"), Overrides(mixed_precision="bf16")).mixed_precision == "bf16"
+    )
+    a100 = make_plan(load_machine("linux-8xa100-nvlink"), Overrides(mixed_precision="fp16"))
+    assert a100.mixed_precision == "fp16" and a100.reasons["mixed_precision"] == "chosen by the user"
+    assert make_plan(load_machine("linux-cpu"), Overrides(mixed_precision="no")).mixed_precision == "no"
+
+
+def test_override_port():
+    plan = make_plan(load_machine("linux-2x3090"), Overrides(port=29600))
+    assert plan.main_port == 29600
+
+
+def test_platform_forced_to_windows_takes_the_windows_path():
+    plan = make_plan(load_machine("linux-cpu"), Overrides(platform="windows", num_processes=2))
+    assert plan.os_kind == "windows" and plan.shell == "powershell"
+    assert plan.launcher == "spawn"
+    assert plan.env == {"USE_LIBUV": "0"}
+    assert (plan.backend, plan.cpu, plan.num_processes) == ("gloo", True, 2)
+
+
+def test_cpu_processes_form_one_gloo_group():
+    plan = make_plan(load_machine("linux-cpu"), Overrides(num_processes=2))
+    assert (plan.backend, plan.cpu, plan.world_size, plan.launcher) == ("gloo", True, 2, "accelerate")
+
+
+def test_multi_machine_plan():
+    plan = make_plan(
+        load_machine("linux-8xa100-nvlink"),
+        Overrides(num_machines=2, machine_rank=1, main_address="10.0.0.1"),
+    )
+    assert (plan.world_size, plan.machine_rank, plan.main_address) == (16, 1, "10.0.0.1")
+
+
+def volta() -> Facts:
+    return replace(
+        load_machine("linux-8xa100-nvlink"),
+        gpus=[GPU(i, "Tesla V100-SXM2-32GB", 32768, (7, 0)) for i in range(8)],
+        smi_gpu_names=["Tesla V100-SXM2-32GB"] * 8,
+    )
+
+
+@pytest.mark.parametrize(
+    "name, overrides, says",
+    [
+        ("linux-2x3090", Overrides(num_processes=0), "--processes must be at least 1"),
+        ("linux-2x3090", Overrides(num_processes=3), "needs as many GPUs"),
+        ("linux-2x3090", Overrides(gpu_ids=[0, 5]), "GPU 5"),
+        ("linux-2x3090", Overrides(gpu_ids=[1, 1]), "twice"),
+        ("linux-cpu", Overrides(gpu_ids=[0]), "no CUDA GPU"),
+        ("linux-cpu", Overrides(mixed_precision="fp16"), "fp16 needs a CUDA GPU"),
+        ("macos-arm64", Overrides(mixed_precision="fp16"), "fp16 needs a CUDA GPU"),
+        ("macos-arm64", Overrides(num_processes=2), "MPS runs one process"),
+        ("linux-2x3090", Overrides(mixed_precision="fp8"), "unknown precision"),
+        ("linux-cpu", Overrides(platform="beos"), "unknown platform"),
+        ("linux-2x3090", Overrides(num_machines=0), "--machines"),
+        ("linux-2x3090", Overrides(num_machines=2, machine_rank=2, main_address="10.0.0.1"), "machine-rank"),
+        ("linux-2x3090", Overrides(num_machines=2), "main machine's address"),
+    ],
+)
+def test_invalid_overrides_raise_one_line(name, overrides, says):
+    with pytest.raises(XtrainError) as e:
+        make_plan(load_machine(name), overrides)
+    assert says in e.value.message
+    assert "\n" not in e.value.one_line()
+
+
+def test_bf16_refused_below_compute_capability_8():
+    facts = volta()
+    assert make_plan(facts).mixed_precision == "fp16"  # auto: no fast bf16 on Volta
+    assert make_plan(facts).tf32 is False
+    with pytest.raises(XtrainError, match="compute capability >= 8.0"):
+        make_plan(facts, Overrides(mixed_precision="bf16"))
+
+
+# -- each finding the issue lists, from a modified snapshot -----------------------------------------
+def test_cpu_torch_with_driver_picks_the_index_the_driver_runs():
+    win = load_machine("windows-cpu-torch-with-driver")
+    fix = finding(diagnose(win), "cpu-torch-with-driver").fix
+    assert fix.startswith("python -m pip ") and fix.endswith("/whl/cu126")
+    assert "`pip install torch` on Windows" in finding(diagnose(win), "cpu-torch-with-driver").message
+    # A CUDA 13 driver on a Turing-or-newer card gets the CUDA 13 build.
+    assert finding(diagnose(replace(win, driver_cuda="13.0")), "cpu-torch-with-driver").fix.endswith("cu130")
+    # A CUDA 13 driver on a Pascal card: CUDA 13 builds need cc >= 7.5.
+    pascal = replace(win, driver_cuda="13.0", smi_gpu_names=["NVIDIA GeForce GTX 1080 Ti"])
+    assert finding(diagnose(pascal), "cpu-torch-with-driver").fix.endswith("cu126")
+    # A CUDA 11 driver runs no torch 2.13 build: update it first.
+    old = finding(diagnose(replace(win, driver_cuda="11.8")), "cpu-torch-with-driver")
+    assert old.fix.startswith("update the NVIDIA driver")
+
+
+def test_cpu_torch_with_driver_on_linux_uses_bash():
+    h100 = load_machine("linux-1xh100")
+    cpu_build = replace(h100, torch_version="2.13.0+cpu", torch_cuda=None, cuda_available=False, gpus=[])
+    d = diagnose(cpu_build)
+    assert d.plan.device == "cpu"
+    f = finding(d, "cpu-torch-with-driver")
+    assert f.severity == "error" and f.fix.startswith("python3 -m pip install")
+    assert "cuda-visible-devices" not in codes(d)
+
+
+def test_cuda_torch_that_cannot_reach_the_gpu():
+    broken = replace(load_machine("linux-1xh100"), cuda_available=False, gpus=[])
+    assert codes(diagnose(broken))["cuda-unavailable"] == "error"
+
+
+def test_torch_missing():
+    facts = replace(load_machine("linux-cpu"), torch_version=None, gloo_available=False)
+    assert codes(diagnose(facts))["torch-missing"] == "error"
+
+
+def test_nccl_absent_on_windows_means_gloo():
+    d = diagnose(load_machine("windows-2x4090"))
+    assert d.plan.backend == "gloo"
+    assert finding(d, "nccl-absent-windows").severity == "warn"
+    # one process needs no backend and gets no warning
+    one = diagnose(load_machine("windows-2x4090"), Overrides(num_processes=1))
+    assert one.plan.backend is None and "nccl-absent-windows" not in codes(one)
+
+
+def test_linux_torch_without_nccl_falls_back_to_gloo():
+    d = diagnose(replace(load_machine("linux-2x3090"), nccl_available=False, nccl_version=None))
+    assert d.plan.backend == "gloo" and not d.plan.cpu_staged_allreduce
+    assert finding(d, "nccl-missing").severity == "warn"
+
+
+def test_gloo_missing_is_an_error():
+    d = diagnose(replace(load_machine("windows-2x4090"), gloo_available=False))
+    assert codes(d)["gloo-missing"] == "error"
+
+
+def test_libuv_trap():
+    # Windows: only when several processes rendezvous
+    assert "libuv" not in codes(diagnose(load_machine("windows-2x4090"), Overrides(num_processes=1)))
+    # Linux torch built without libuv: USE_LIBUV=0 and a warning naming torch's message
+    facts = replace(load_machine("linux-2x3090"), libuv_ok=False, libuv_error="RuntimeError: no libuv")
+    d = diagnose(facts)
+    assert d.plan.env["USE_LIBUV"] == "0"
+    f = finding(d, "libuv")
+    assert f.severity == "warn" and "no libuv" in f.message and f.fix == "export USE_LIBUV=0"
+
+
+def test_rtx4090_without_p2p():
+    wsl = load_machine("wsl2-2x4090")
+    f = finding(diagnose(wsl), "p2p-missing")
+    assert "RTX 40" in f.message
+    # no matrix (snapshot without torch.cuda): known from the card
+    assert make_plan(replace(wsl, p2p=None)).env == P2P_ENV
+    # drivers before 550.40.07 report P2P that hangs: disabled whatever the matrix says
+    all_p2p = [[True, True], [True, True]]
+    assert make_plan(replace(wsl, p2p=all_p2p, driver_version="537.58")).env == P2P_ENV
+    # a newer driver that really offers P2P is trusted
+    assert make_plan(replace(wsl, p2p=all_p2p, driver_version="576.88")).env == {}
+
+
+def test_p2p_matrix_follows_the_selected_gpus():
+    a100 = load_machine("linux-8xa100-nvlink")
+    matrix = [[True] * 8 for _ in range(8)]
+    matrix[6][7] = matrix[7][6] = False
+    facts = replace(a100, p2p=matrix)
+    assert make_plan(facts, Overrides(gpu_ids=[0, 1])).env == {}
+    assert make_plan(facts).env == P2P_ENV
+    assert "p2p-missing" in codes(diagnose(facts))
+
+
+def test_wsl2_shm_and_pinned_memory():
+    wsl = load_machine("wsl2-2x4090")
+    d = diagnose(wsl)
+    assert d.plan.pin_memory is False
+    assert finding(d, "wsl2-pinned-memory").severity == "ok"
+    small = diagnose(replace(wsl, shm_mib=64))
+    assert small.plan.env == {**P2P_ENV, "NCCL_SHM_DISABLE": "1"}
+    f = finding(small, "shm-small")
+    assert f.severity == "warn" and "64 MiB" in f.message and "NCCL_SHM_DISABLE" in f.message
+    assert "mount" in f.fix and "$env:" not in f.fix
+
+
+def test_docker_shm_on_linux():
+    d = diagnose(replace(load_machine("linux-8xa100-nvlink"), shm_mib=64))
+    assert d.plan.env == {"NCCL_SHM_DISABLE": "1"}
+    assert "--shm-size" in finding(d, "shm-small").fix
+
+
+def test_small_shm_without_nccl_does_not_claim_the_variable():
+    d = diagnose(replace(load_machine("linux-cpu"), shm_mib=64), Overrides(num_processes=2))
+    f = finding(d, "shm-small")
+    assert "NCCL_SHM_DISABLE" not in f.message and "NCCL_SHM_DISABLE" not in d.plan.env
+
+
+def test_empty_hostname():
+    d = diagnose(replace(load_machine("windows-2x4090"), hostname=""))
+    f = finding(d, "hostname-empty")
+    assert f.severity == "error" and f.fix.startswith("Rename-Computer")
+    assert finding(
+        diagnose(replace(load_machine("linux-cpu"), hostname=" ")), "hostname-empty"
+    ).fix.startswith("sudo hostnamectl")
+
+
+def test_unresolvable_hostname():
+    facts = replace(load_machine("linux-2x3090"), hostname="box", hostname_resolves=False)
+    f = finding(diagnose(facts), "hostname-unresolvable")
+    assert f.severity == "warn" and "/etc/hosts" in f.fix
+    multi = diagnose(facts, Overrides(num_machines=2, main_address="10.0.0.1"))
+    assert finding(multi, "hostname-unresolvable").severity == "error"
+    win = replace(load_machine("windows-2x4090"), hostname_resolves=False)
+    assert "drivers\\etc\\hosts" in finding(diagnose(win), "hostname-unresolvable").fix
+
+
+def test_port_busy():
+    facts = replace(load_machine("linux-2x3090"), port_free=False)
+    f = finding(diagnose(facts), "port-busy")
+    assert f.severity == "warn" and "--port 29501" in f.fix
+    # another port chosen: nothing to say
+    assert "port-busy" not in codes(diagnose(facts, Overrides(port=29600)))
+    # one process needs no rendezvous port
+    assert finding(diagnose(facts, Overrides(num_processes=1)), "port-busy").severity == "ok"
+
+
+def test_cuda_visible_devices_hiding_gpus():
+    a100 = load_machine("linux-8xa100-nvlink")
+    facts = replace(a100, cuda_visible_devices="0,1", gpus=a100.gpus[:2], p2p=None)
+    d = diagnose(facts)
+    f = finding(d, "cuda-visible-devices")
+    assert f.severity == "warn" and "hides 6 of 8" in f.message
+    assert f.fix.startswith("unset CUDA_VISIBLE_DEVICES")
+    assert d.plan.num_processes == 2
+    win = load_machine("windows-2x4090")
+    hidden = replace(win, cuda_visible_devices="1", gpus=[win.gpus[0]])
+    assert finding(diagnose(hidden), "cuda-visible-devices").fix.startswith(
+        "Remove-Item Env:CUDA_VISIBLE_DEVICES"
+    )
+    # set but hiding nothing: silent
+    assert "cuda-visible-devices" not in codes(
+        diagnose(replace(a100, cuda_visible_devices="0,1,2,3,4,5,6,7"))
+    )
+
+
+@pytest.mark.parametrize(
+    "name, config, problem",
+    [
+        ("linux-2x3090", {"distributed_type": "MULTI_GPU", "num_processes": 4}, "4 processes per machine"),
+        ("linux-2x3090", {"distributed_type": "NO", "num_processes": 1}, "would use 1 of 2 GPUs"),
+        ("linux-2x3090", {"distributed_type": "MULTI_GPU", "num_processes": 2, "use_cpu": True}, "use_cpu"),
+        ("linux-2x3090", {"distributed_type": "MULTI_GPU", "num_processes": 2, "gpu_ids": "0,3"}, "gpu_ids"),
+        ("linux-cpu", {"distributed_type": "MULTI_GPU", "num_processes": 2}, "no CUDA GPU"),
+        ("linux-cpu", {"distributed_type": "NO", "mixed_precision": "fp16"}, "fp16 without a CUDA GPU"),
+        ("linux-cpu", {"distributed_type": "NO", "num_processes": "lots"}, "'lots' is not a number"),
+    ],
+)
+def test_accelerate_config_contradicting_the_hardware(name, config, problem):
+    d = diagnose(replace(load_machine(name), accelerate_config=config))
+    f = finding(d, "accelerate-config-mismatch")
+    assert f.severity == "warn" and problem in f.message and "xtrain configure" in f.fix
+
+
+def test_accelerate_config_bf16_on_volta():
+    facts = replace(volta(), accelerate_config={"distributed_type": "MULTI_GPU", "mixed_precision": "bf16"})
+    assert "bf16 on GPUs" in finding(diagnose(facts), "accelerate-config-mismatch").message
+
+
+@pytest.mark.parametrize(
+    "name, config",
+    [
+        ("linux-2x3090", {"distributed_type": "MULTI_GPU", "num_processes": 2, "mixed_precision": "fp16"}),
+        # accelerate's num_processes counts every machine: 16 over 2 machines is 8 per machine
+        ("linux-8xa100-nvlink", {"distributed_type": "MULTI_GPU", "num_processes": 16, "num_machines": 2}),
+        ("linux-cpu", {"distributed_type": "MULTI_CPU", "num_processes": 2, "use_cpu": True}),
+    ],
+)
+def test_accelerate_config_that_fits(name, config):
+    d = diagnose(replace(load_machine(name), accelerate_config=config))
+    assert codes(d)["accelerate-config"] == "ok"
+
+
+def test_accelerate_config_that_cannot_load():
+    facts = replace(load_machine("linux-cpu"), accelerate_config_error="ValueError: had unknown keys (['x'])")
+    f = finding(diagnose(facts), "accelerate-config-invalid")
+    assert f.severity == "error" and "unknown keys" in f.message and "--force" in f.fix
+
+
+def test_mismatched_gpus():
+    rig = load_machine("linux-2x3090")
+    mixed = replace(rig, gpus=[rig.gpus[0], GPU(1, "NVIDIA GeForce RTX 4090", 24564, (8, 9))])
+    d = diagnose(mixed)
+    f = finding(d, "mismatched-gpus")
+    assert f.severity == "warn" and "slowest (NVIDIA GeForce RTX 3090)" in f.message
+    assert f.fix.startswith("xtrain configure --gpus 1")
+    assert d.plan.mixed_precision == "fp16" and d.plan.tf32 is True
+
+
+def test_driver_older_than_the_torch_build():
+    h100 = load_machine("linux-1xh100")
+    minor = finding(
+        diagnose(replace(h100, driver_version="550.54.15", driver_cuda="12.4")), "driver-older-than-build"
+    )
+    assert minor.severity == "warn"
+    major = finding(diagnose(replace(h100, driver_version="520.61.05", driver_cuda="11.8")), "driver-too-old")
+    assert major.severity == "error" and major.fix.startswith("update the NVIDIA driver")
+    cu130 = replace(h100, torch_version="2.13.0+cu130", torch_cuda="13.0", driver_cuda="12.8")
+    f = finding(diagnose(cu130), "driver-too-old")
+    assert f.fix.endswith("/whl/cu126") and "python3 -m pip" in f.fix
+
+
+def test_packages_missing():
+    facts = replace(load_machine("windows-2x4090"), packages={"accelerate": "1.15.0", "peft": None})
+    f = finding(diagnose(facts), "packages-missing")
+    assert f.severity == "error" and f.fix == "python -m pip install peft"
+
+
+def test_probe_errors_are_reported():
+    facts = replace(load_machine("linux-cpu"), probe_errors={"nvidia_smi": "TimeoutExpired: 5 s"})
+    f = finding(diagnose(facts), "probe-failed")
+    assert f.severity == "warn" and "nvidia_smi: TimeoutExpired" in f.message
+
+
+@pytest.mark.parametrize(
+    "name, geforce, rtx40",
+    [
+        ("NVIDIA GeForce RTX 4090", True, True),
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", True, True),
+        ("NVIDIA GeForce RTX 3090", True, False),
+        ("NVIDIA RTX 4090", True, True),
+        ("NVIDIA TITAN RTX", True, False),
+        ("NVIDIA RTX 6000 Ada Generation", False, False),
+        ("Quadro RTX 8000", False, False),
+        ("NVIDIA RTX A6000", False, False),
+        ("NVIDIA A100-SXM4-80GB", False, False),
+        ("NVIDIA H100 80GB HBM3", False, False),
+    ],
+)
+def test_gpu_classes(name, geforce, rtx40):
+    gpu = GPU(0, name, 24000, (8, 9))
+    assert (is_geforce(gpu), is_rtx40(gpu)) == (geforce, rtx40)
+
+
+def test_workstation_ada_gets_bf16():
+    facts = replace(
+        load_machine("linux-1xh100"), gpus=[GPU(0, "NVIDIA RTX 6000 Ada Generation", 49140, (8, 9))]
+    )
+    assert make_plan(facts).mixed_precision == "bf16"
