@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import MACHINE_NAMES, load_machine
@@ -655,3 +656,25 @@ def test_workstation_ada_gets_bf16():
         load_machine("linux-1xh100"), gpus=[GPU(0, "NVIDIA RTX 6000 Ada Generation", 49140, (8, 9))]
     )
     assert make_plan(facts).mixed_precision == "bf16"
+
+
+# -- the docs stay true ------------------------------------------------------------------------------
+DOCS = Path(__file__).parent.parent / "docs" / "findings.md"
+
+
+def test_every_finding_code_is_documented():
+    import xtrain.rules
+
+    source = Path(xtrain.rules.__file__).read_text(encoding="utf-8")
+    found = set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', source))
+    assert len(found) >= 20
+    doc = DOCS.read_text(encoding="utf-8")
+    missing = sorted(code for code in found if f"`{code}`" not in doc)
+    assert not missing, f"docs/findings.md does not explain {missing}"
+
+
+def test_rules_table_has_a_row_per_fixture_machine():
+    doc = DOCS.read_text(encoding="utf-8")
+    table = doc[doc.index("## Rules table") :]
+    for name in MACHINE_NAMES:
+        assert re.search(rf"^\| `{re.escape(name)}`", table, re.M), name
