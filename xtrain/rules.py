@@ -443,9 +443,9 @@ def check_libuv(facts: Facts, plan: Plan) -> list[Finding]:
                 "warn",
                 "Windows torch lacks libuv: torchrun and `accelerate launch` can fail with "
                 "'use_libuv was requested but PyTorch was built without libuv support' "
-                "(xtrain sets USE_LIBUV=0 and spawns its workers itself).",
-                f"{set_env(plan.shell, 'USE_LIBUV', '0')}; start training with `xtrain train` "
-                "(spawns workers without torchrun)",
+                "(`xtrain train` sets USE_LIBUV=0 and spawns its workers without torchrun; set it "
+                "yourself for other launchers).",
+                set_env(plan.shell, "USE_LIBUV", "0"),
             )
         ]
     if facts.libuv_ok is False:
@@ -476,8 +476,9 @@ def check_p2p(facts: Facts, plan: Plan) -> list[Finding]:
         Finding(
             "p2p-missing",
             "warn",
-            f"{why}: NCCL hangs unless NCCL_P2P_DISABLE=1 (xtrain sets it for its own launches).",
-            fix + " (for launches outside xtrain)",
+            f"{why}: NCCL hangs unless NCCL_P2P_DISABLE=1 (xtrain sets it for its own launches; "
+            "set it yourself for other launchers).",
+            fix,
         )
     ]
 
