@@ -1,8 +1,213 @@
-"""`xtrain configure` (placeholder: replaced by the full command)."""
+"""`xtrain configure`: write the accelerate config that matches this machine's plan.
+
+facts (probe, or --facts FILE) -> rules.diagnose -> accelerate_config.config_for -> write
+(or print with --dry-run) -> load it back with accelerate's ClusterConfig -> next commands.
+With --slurm it writes an sbatch script too (and plans for the cluster's nodes, not this one).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 
-def configure() -> None:
-    """Check this machine for multi-GPU training and print findings with fixes."""
-    raise NotImplementedError
+import typer
+
+from xtrain.errors import XtrainError
+
+PRECISION_HELP = "no | fp16 | bf16 (default: what the rules pick for the GPUs)"
+
+
+def _parse_gpus(text: str | None) -> list[int] | None:
+    if text is None or text.strip().lower() == "all":
+        return None
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise XtrainError(f"--gpus {text!r} is not a list of GPU ids", "e.g. --gpus 0,1") from None
+    if not ids or any(i < 0 for i in ids):
+        raise XtrainError(f"--gpus {text!r} is not a list of GPU ids", "e.g. --gpus 0,1")
+    return ids
+
+
+def _check_port(port: int | None) -> None:
+    if port is not None and not 1 <= port <= 65535:
+        raise XtrainError(f"--port {port} is not a TCP port", "use 1024..65535, e.g. --port 29500")
+
+
+def configure(
+    output: Path = typer.Option(
+        None, "--output", "-o", help="Write here instead of accelerate's default config file."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the config; write nothing."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file (a backup is kept)."),
+    processes: int = typer.Option(
+        None, "--processes", help="Processes on this machine (default: 1 per GPU)."
+    ),
+    gpus: str = typer.Option(None, "--gpus", help='GPU ids to use, e.g. "0,1" (default: all).'),
+    precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
+    port: int = typer.Option(None, "--port", help="Rendezvous port (default 29500)."),
+    machines: int = typer.Option(1, "--machines", help="Number of machines (multi-node)."),
+    machine_rank: int = typer.Option(0, "--machine-rank", help="This machine's rank; 0 is the main one."),
+    main_address: str = typer.Option(None, "--main-address", help="IP of the rank-0 machine (multi-node)."),
+    facts_file: Path = typer.Option(None, "--facts", help="Plan from a snapshot (xtrain doctor --save)."),
+    fsdp: bool = typer.Option(False, "--fsdp", help="Shard the model with FSDP2 (CUDA GPUs)."),
+    deepspeed: str = typer.Option(None, "--deepspeed", help="DeepSpeed ZeRO stage: zero2 | zero3."),
+    slurm: Path = typer.Option(None, "--slurm", help="Also write an sbatch script for a SLURM cluster here."),
+    nodes: int = typer.Option(None, "--nodes", help="SLURM: number of nodes."),
+    gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="SLURM: GPUs (= processes) per node."),
+    time: str = typer.Option(None, "--time", help="SLURM: time limit, e.g. 04:00:00."),
+    partition: str = typer.Option(None, "--partition", help="SLURM: partition."),
+    job_name: str = typer.Option("xtrain", "--job-name", help="SLURM: job name."),
+    platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
+) -> None:
+    """Write the accelerate config for this machine (and print what to run next)."""
+    from rich.console import Console
+
+    from xtrain import accelerate_config as ac
+    from xtrain.facts import Facts
+    from xtrain.plan import Overrides
+    from xtrain.rules import diagnose
+
+    console = Console(highlight=False)
+    _check_port(port)
+    gpu_ids = _parse_gpus(gpus)
+    if deepspeed is not None and deepspeed not in ac.DEEPSPEED_STAGES:
+        raise XtrainError(
+            f"--deepspeed {deepspeed!r} is unknown", "use --deepspeed zero2 or --deepspeed zero3"
+        )
+    if fsdp and deepspeed:
+        raise XtrainError("--fsdp and --deepspeed exclude each other", "pick one of them")
+
+    job = None
+    notes: list[str] = []
+    if slurm is not None:
+        from xtrain import slurm as sl
+
+        if nodes is None:
+            raise XtrainError(
+                "--slurm needs --nodes", "e.g. --slurm train.sbatch --nodes 2 --gpus-per-node 8"
+            )
+        if machines != 1 or machine_rank != 0 or main_address:
+            raise XtrainError(
+                "--slurm sets machines, ranks and the main address itself",
+                "leave out --machines/--machine-rank/--main-address",
+            )
+        facts = Facts.load(facts_file) if facts_file else None
+        if gpus_per_node is None:
+            if facts is None or not facts.gpus:
+                raise XtrainError("--slurm needs --gpus-per-node", "e.g. --gpus-per-node 8")
+            gpus_per_node = processes or facts.gpu_count
+        if processes is not None and processes != gpus_per_node:
+            raise XtrainError("--processes and --gpus-per-node disagree", "give only --gpus-per-node")
+        sl.SlurmJob(nodes=nodes, gpus_per_node=gpus_per_node, config_path="x", time=time,
+                    partition=partition, job_name=job_name).check()  # fmt: skip
+        if facts is None:
+            facts = sl.cluster_facts(gpus_per_node, port=port or 29500)
+            if precision is None:
+                notes.append(
+                    "GPU model unknown: fp16 (runs on every CUDA GPU); use --precision bf16 on "
+                    "A100/H100 nodes, or --facts FILE saved on a node with `xtrain doctor --save FILE`"
+                )
+        overrides = Overrides(
+            num_processes=gpus_per_node,
+            gpu_ids=gpu_ids,
+            mixed_precision=precision,
+            port=port,
+            platform=platform or "linux",
+            num_machines=nodes,
+            machine_rank=0,
+            main_address="$" + sl.MAIN_ADDR_VAR,  # resolved by the script on the first node
+        )
+    else:
+        if any(v is not None for v in (nodes, gpus_per_node, time, partition)):
+            raise XtrainError("--nodes/--gpus-per-node/--time/--partition need --slurm", "add --slurm FILE")
+        if facts_file is not None:
+            facts = Facts.load(facts_file)
+        else:
+            from xtrain.probe import collect
+
+            facts = collect(quick=True, port=port or 29500)
+        overrides = Overrides(
+            num_processes=processes,
+            gpu_ids=gpu_ids,
+            mixed_precision=precision,
+            port=port,
+            platform=platform,
+            num_machines=machines,
+            machine_rank=machine_rank,
+            main_address=main_address,
+        )
+
+    diagnosis = diagnose(facts, overrides)
+    plan = diagnosis.plan
+    cfg = ac.config_for(plan, fsdp=fsdp, deepspeed=deepspeed)
+    if slurm is not None:
+        cfg.pop("main_process_ip", None)  # the script passes the first node's address
+    if deepspeed and plan.os_kind == "windows":
+        notes.append("DeepSpeed does not train on native Windows: run it in WSL2 or on Linux")
+
+    # Where the files go.
+    if slurm is not None:
+        slurm_path = slurm.expanduser()
+        target = output.expanduser() if output else slurm_path.with_suffix(".accelerate.yaml")
+    else:
+        slurm_path = None
+        target = output.expanduser() if output else ac.default_config_path()
+    if slurm_path is not None:
+        job = sl.SlurmJob(
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            config_path=str(target.resolve()),
+            port=plan.main_port,
+            time=time,
+            partition=partition,
+            job_name=job_name,
+            env=dict(plan.env),
+        )
+        script = sl.sbatch_script(job)
+        if slurm_path.resolve() == target.resolve():
+            raise XtrainError("--slurm and --output name the same file", "give them different names")
+
+    if not dry_run:
+        # Check every target before writing any, so a refusal leaves nothing half-done.
+        for p in [target] + ([slurm_path] if slurm_path else []):
+            if p.exists() and not force:
+                raise XtrainError(f"{p} exists; use --force (a backup is kept)")
+    text = ac.to_yaml(cfg, ac.header_for(plan))
+    console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
+    if dry_run:
+        ac.validate_dict(cfg)
+        console.print(f"[dim]# {target} (dry run: nothing written)[/]", soft_wrap=True)
+        console.print(text.rstrip("\n"), markup=False, soft_wrap=True)
+        if job is not None:
+            console.print(f"[dim]# {slurm_path} (dry run: nothing written)[/]", soft_wrap=True)
+            console.print(script.rstrip("\n"), markup=False, soft_wrap=True)
+    else:
+        result = ac.write_text_safely(text, target, force=force)
+        ac.validate(result.path)
+        console.print(f"[green]Wrote[/] {result.path} [dim](loads with accelerate's ClusterConfig)[/]",
+                      soft_wrap=True)  # fmt: skip
+        if result.backup_path:
+            console.print(f"[dim]The old file is kept as {result.backup_path}[/]", soft_wrap=True)
+        if job is not None:
+            sres = ac.write_text_safely(script, slurm_path, force=force)
+            sres.path.chmod(0o755)
+            console.print(f"[green]Wrote[/] {sres.path} [dim](sbatch script)[/]", soft_wrap=True)
+            if sres.backup_path:
+                console.print(f"[dim]The old file is kept as {sres.backup_path}[/]", soft_wrap=True)
+
+    for f in diagnosis.findings:
+        # Findings about the old accelerate config are moot: this command replaces it.
+        if f.severity != "ok" and not f.code.startswith("accelerate-config"):
+            colour = "red" if f.severity == "error" else "yellow"
+            fix = f" [dim]fix:[/] {f.fix}" if f.fix else ""
+            console.print(f"[{colour}]{f.severity}[/] {f.message}{fix}", soft_wrap=True)
+    for note in notes:
+        console.print(f"[yellow]note[/] {note}", soft_wrap=True)
+
+    console.print("[bold]Next:[/]")
+    if job is not None:
+        commands = [f"sbatch {slurm_path}", f"sbatch {slurm_path} --config YOUR.yaml   # your own job"]
+    else:
+        commands = ac.next_commands(plan, target)
+    for line in commands:
+        console.print(f"  {line}", markup=False, soft_wrap=True)

@@ -1,0 +1,537 @@
+"""`xtrain configure` and xtrain/accelerate_config.py.
+
+Unit tests of the pure parts, then the command end to end as a subprocess (HF_HOME always
+points into a tmp dir: the real ~/.cache is never touched), and real launches that prove the
+written configs start the right processes: 2 CPU processes forming one gloo group, and two
+"machines" (two launches on this host) meeting through a c10d rendezvous on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+from test_presets import LINUX_2X3090, LINUX_8XA100, LINUX_CPU, WINDOWS_2X4090, cuda_machine
+
+from xtrain import accelerate_config as ac
+from xtrain.errors import XtrainError
+from xtrain.plan import Overrides
+from xtrain.rules import make_plan
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Written by the launched processes: world size and rank as accelerate sees them, and the
+# result of an all-reduce, which only comes out right when all ranks form one group.
+TINY_SCRIPT = """
+import json, os, sys
+import torch
+from accelerate import Accelerator
+
+acc = Accelerator(cpu=True)
+total = acc.reduce(torch.tensor([float(acc.process_index + 1)]), reduction="sum").item()
+with open(os.path.join(sys.argv[1], f"rank{acc.process_index}.json"), "w") as f:
+    json.dump({"num_processes": acc.num_processes, "process_index": acc.process_index,
+               "sum": total, "distributed_type": acc.distributed_type.value}, f)
+acc.wait_for_everyone()
+torch.distributed.destroy_process_group()
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def env_for(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HF_HOME"] = str(tmp_path / "hf")  # never the real ~/.cache
+    env.pop("XDG_CACHE_HOME", None)
+    env["COLUMNS"] = "200"
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def xtrain(tmp_path: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "xtrain", "configure", *args],
+        cwd=tmp_path,
+        env=env_for(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def save_facts(tmp_path: Path, facts, name: str = "facts.json") -> Path:
+    path = tmp_path / name
+    path.write_text(facts.to_json(), encoding="utf-8")
+    return path
+
+
+def load(path: Path):
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    return ClusterConfig.from_yaml_file(yaml_file=str(path))
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error:"), proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_facts():
+    return replace(LINUX_CPU, hostname=socket.gethostname(), hostname_resolves=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# config_for (pure)
+# ---------------------------------------------------------------------------------------------
+def test_cluster_keys_are_accelerates_fields():
+    import dataclasses
+
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    assert set(ac.CLUSTER_KEYS) == {f.name for f in dataclasses.fields(ClusterConfig)}
+
+
+def test_one_cpu_process_is_not_distributed():
+    cfg = ac.config_for(make_plan(LINUX_CPU))
+    assert cfg["distributed_type"] == "NO" and cfg["num_processes"] == 1 and cfg["use_cpu"] is True
+    assert "main_process_ip" not in cfg
+
+
+def test_cpu_processes_use_the_torchrun_path():
+    # MULTI_CPU would go to accelerate's simple launcher, which starts one process.
+    cfg = ac.config_for(make_plan(LINUX_CPU, Overrides(num_processes=2)))
+    assert cfg["distributed_type"] == "MULTI_GPU" and cfg["use_cpu"] is True
+    assert cfg["num_processes"] == 2 and cfg["gpu_ids"] == "all"
+    assert (cfg["main_process_ip"], cfg["main_process_port"]) == ("127.0.0.1", 29500)
+    assert cfg["rdzv_backend"] == "static" and cfg["mixed_precision"] == "no"
+
+
+def test_gpu_subsets():
+    four = cuda_machine("linux", "NVIDIA A100-SXM4-80GB", 4, (8, 0), 81920)
+    assert ac.config_for(make_plan(four, Overrides(gpu_ids=[0, 1])))["gpu_ids"] == "all"
+    cfg = ac.config_for(make_plan(four, Overrides(gpu_ids=[1, 3])))
+    assert cfg["gpu_ids"] == "1,3" and cfg["num_processes"] == 2
+    one = ac.config_for(make_plan(four, Overrides(gpu_ids=[2])))
+    assert one["distributed_type"] == "NO" and one["gpu_ids"] == "2"
+
+
+def test_multi_node_counts_processes_over_all_machines():
+    plan = make_plan(
+        LINUX_2X3090, Overrides(num_machines=3, machine_rank=2, main_address="10.0.0.5", port=29555)
+    )
+    cfg = ac.config_for(plan)
+    assert cfg["num_processes"] == 6 and cfg["num_machines"] == 3 and cfg["machine_rank"] == 2
+    assert cfg["rdzv_backend"] == "c10d" and cfg["same_network"] is False
+    assert (cfg["main_process_ip"], cfg["main_process_port"]) == ("10.0.0.5", 29555)
+
+
+def test_windows_plan_gets_a_plain_multi_gpu_config():
+    cfg = ac.config_for(make_plan(WINDOWS_2X4090))
+    assert cfg["distributed_type"] == "MULTI_GPU" and cfg["mixed_precision"] == "fp16"
+
+
+def test_fsdp_and_deepspeed_need_gpus_and_exclude_each_other():
+    with pytest.raises(XtrainError, match="needs CUDA"):
+        ac.config_for(make_plan(LINUX_CPU, Overrides(num_processes=2)), fsdp=True)
+    with pytest.raises(XtrainError, match="exclude"):
+        ac.config_for(make_plan(LINUX_8XA100), fsdp=True, deepspeed="zero2")
+    with pytest.raises(XtrainError, match="unknown DeepSpeed"):
+        ac.config_for(make_plan(LINUX_8XA100), deepspeed="zero4")
+
+
+def test_dynamo_backend():
+    cfg = ac.config_for(make_plan(LINUX_8XA100), dynamo="inductor")
+    assert cfg["dynamo_config"] == {"dynamo_backend": "INDUCTOR"}
+    with pytest.raises(XtrainError):
+        ac.config_for(make_plan(LINUX_8XA100), dynamo="warp-speed")
+
+
+def _launch_args(path: Path):
+    """accelerate launch's own argument processing of a config file (no processes started)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "-m", "xtrain.run"])
+    return _validate_launch_command(args)
+
+
+def test_fsdp_config_reaches_accelerates_plugin(tmp_path):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils import launch as launch_utils
+
+    path = tmp_path / "fsdp.yaml"
+    ac.write_config(ac.config_for(make_plan(LINUX_8XA100), fsdp=True), path)
+    assert load(path).distributed_type.value == "FSDP"
+    args, _, _ = _launch_args(path)
+    assert args.use_fsdp and args.num_processes == 8
+    with mock.patch.object(launch_utils, "is_port_in_use", lambda port: False):
+        env = launch_utils.prepare_multi_gpu_env(args)
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+    fsdp_env = {k: v for k, v in env.items() if k.startswith("FSDP_")}
+    with mock.patch.dict(os.environ, fsdp_env):
+        plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    assert plugin.auto_wrap_policy.__name__ == "transformer_auto_wrap_policy"
+    assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_deepspeed_config_reaches_accelerates_plugin(tmp_path, stage):
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils import launch as launch_utils
+
+    path = tmp_path / f"{stage}.yaml"
+    ac.write_config(ac.config_for(make_plan(LINUX_8XA100), deepspeed=stage), path)
+    assert load(path).distributed_type.value == "DEEPSPEED"
+    args, defaults, _ = _launch_args(path)
+    assert args.use_deepspeed
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+    with mock.patch.object(launch_utils, "is_port_in_use", lambda port: False):
+        _, env = launch_utils.prepare_deepspeed_cmd_env(args)
+    # accelerate would export this and override the loop's accumulation: it must stay unset
+    assert "ACCELERATE_GRADIENT_ACCUMULATION_STEPS" not in env
+    ds_env = {k: v for k, v in env.items() if k.startswith("ACCELERATE_")}
+    with mock.patch.dict(os.environ, ds_env):
+        plugin = DeepSpeedPlugin()
+    assert plugin.zero_stage == (2 if stage == "zero2" else 3)
+    assert plugin.gradient_accumulation_steps == "auto"
+
+
+def test_multi_node_deepspeed_uses_torchrun_on_each_node():
+    plan = make_plan(LINUX_8XA100, Overrides(num_machines=2, main_address="10.0.0.5"))
+    assert (
+        ac.config_for(plan, deepspeed="zero3")["deepspeed_config"]["deepspeed_multinode_launcher"]
+        == "standard"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# default location, writing, backups
+# ---------------------------------------------------------------------------------------------
+def test_default_config_path_matches_accelerate(tmp_path):
+    """Same formula as accelerate's config_args.py, for HF_HOME, XDG_CACHE_HOME and neither."""
+    code = (
+        "import importlib, json, os\n"
+        "import accelerate.commands.config.config_args as ca\n"
+        "from xtrain.accelerate_config import default_config_path\n"
+        "out = []\n"
+        "for env in ({'HF_HOME': '/x/hf'}, {'XDG_CACHE_HOME': '/x/xdg'}, {}):\n"
+        "    for k in ('HF_HOME', 'XDG_CACHE_HOME'): os.environ.pop(k, None)\n"
+        "    os.environ.update(env)\n"
+        "    importlib.reload(ca)\n"
+        "    out.append([ca.default_config_file, str(default_config_path())])\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_for(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    pairs = json.loads(proc.stdout)
+    assert pairs[0][1] == "/x/hf/accelerate/default_config.yaml"
+    assert pairs[1][1] == "/x/xdg/huggingface/accelerate/default_config.yaml"
+    for theirs, ours in pairs:
+        assert theirs == ours
+
+
+def test_write_refuses_existing_and_backs_up_with_force(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("old: content\n")
+    cfg = ac.config_for(make_plan(LINUX_CPU))
+    with pytest.raises(XtrainError, match="exists; use --force"):
+        ac.write_config(cfg, path)
+    assert path.read_text() == "old: content\n"
+    result = ac.write_config(cfg, path, force=True)
+    assert result.backup_path is not None and result.backup_path.name.startswith("cfg.bak-")
+    assert result.backup_path.suffix == ".yaml"
+    assert result.backup_path.read_text() == "old: content\n"
+    assert yaml.safe_load(path.read_text()) == cfg
+    # a second forced write in the same second gets its own backup name
+    again = ac.write_config(cfg, path, force=True)
+    assert again.backup_path != result.backup_path and again.backup_path.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_write_to_unwritable_place_is_a_user_error(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(XtrainError, match="cannot create"):
+        ac.write_config({"distributed_type": "NO"}, blocker / "sub" / "cfg.yaml")
+    with pytest.raises(XtrainError, match="is a directory"):
+        ac.write_config({"distributed_type": "NO"}, tmp_path)
+
+
+def test_validate_rejects_what_accelerate_rejects(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("distributed_type: NO\nxtrain_setting: 1\n")
+    with pytest.raises(XtrainError, match="does not load with accelerate"):
+        ac.validate(bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# next commands
+# ---------------------------------------------------------------------------------------------
+def test_next_commands_bash(tmp_path):
+    plan = make_plan(cuda_machine("wsl2", "NVIDIA GeForce RTX 4090", 2, (8, 9), 24564))
+    with mock.patch.dict(os.environ, {"HF_HOME": str(tmp_path / "hf")}):
+        at_default = ac.next_commands(plan, ac.default_config_path())
+        elsewhere = ac.next_commands(plan, tmp_path / "my config.yaml")
+    assert "export NCCL_P2P_DISABLE=1" in at_default
+    assert "accelerate launch -m xtrain.run" in at_default
+    assert f"accelerate launch --config_file '{tmp_path}/my config.yaml' -m xtrain.run" in elsewhere
+
+
+def test_next_commands_powershell_avoid_torchrun():
+    plan = make_plan(WINDOWS_2X4090)
+    lines = ac.next_commands(plan, None)
+    assert lines[0] == '$env:USE_LIBUV = "0"'
+    assert "python -m xtrain.run --processes 2" in lines
+    assert not any(line.startswith("accelerate launch") for line in lines)
+    assert not any("export " in line for line in lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# the command, end to end
+# ---------------------------------------------------------------------------------------------
+def test_configure_output_writes_a_loadable_file(tmp_path):
+    proc = xtrain(tmp_path, "--output", "x.yaml")  # probes this machine for real
+    assert proc.returncode == 0, proc.stderr
+    cfg = load(tmp_path / "x.yaml")
+    assert cfg.num_processes >= 1 and cfg.compute_environment.value == "LOCAL_MACHINE"
+    assert "accelerate launch --config_file x.yaml -m xtrain.run" in proc.stdout
+    assert not (tmp_path / "hf").exists()  # --output: the default location is left alone
+
+
+def test_configure_default_location_under_hf_home(tmp_path):
+    facts = save_facts(tmp_path, cpu_facts())
+    proc = xtrain(tmp_path, "--facts", str(facts), "--processes", "2")
+    assert proc.returncode == 0, proc.stderr
+    path = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    cfg = load(path)
+    assert cfg.num_processes == 2 and cfg.distributed_type.value == "MULTI_GPU" and cfg.use_cpu
+    assert "accelerate launch -m xtrain.run" in proc.stdout  # default file: no --config_file
+
+
+def test_dry_run_writes_nothing(tmp_path):
+    facts = save_facts(tmp_path, cpu_facts())
+    proc = xtrain(tmp_path, "--facts", str(facts), "--processes", "2", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "distributed_type: MULTI_GPU" in proc.stdout and "dry run" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["facts.json"]
+
+
+def test_existing_file_refused_then_backed_up_with_force(tmp_path):
+    facts = save_facts(tmp_path, cpu_facts())
+    target = tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    target.parent.mkdir(parents=True)
+    target.write_text("# the user's own config\ndistributed_type: 'NO'\n")
+
+    refused = xtrain(tmp_path, "--facts", str(facts), "--processes", "2")
+    assert_one_line_error(refused, "exists; use --force")
+    assert target.read_text() == "# the user's own config\ndistributed_type: 'NO'\n"
+    assert len(list(target.parent.iterdir())) == 1
+
+    forced = xtrain(tmp_path, "--facts", str(facts), "--processes", "2", "--force")
+    assert forced.returncode == 0, forced.stderr
+    backups = [p for p in target.parent.iterdir() if ".bak-" in p.name]
+    assert len(backups) == 1 and backups[0].name.startswith("default_config.bak-")
+    assert backups[0].read_text() == "# the user's own config\ndistributed_type: 'NO'\n"
+    assert str(backups[0]) in forced.stdout
+    assert load(target).num_processes == 2
+
+
+def test_overrides_appear_in_the_file(tmp_path):
+    four_3090 = cuda_machine("linux", "NVIDIA GeForce RTX 3090", 4, (8, 6), 24576)
+    facts = save_facts(tmp_path, four_3090)
+    args = ["--facts", str(facts), "--gpus", "1,3", "--precision", "bf16", "--port", "29601", "-o", "o.yaml"]
+    proc = xtrain(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr
+    cfg = load(tmp_path / "o.yaml")
+    assert (cfg.gpu_ids, cfg.num_processes, cfg.mixed_precision) == ("1,3", 2, "bf16")
+    assert cfg.main_process_port == 29601 and cfg.main_process_ip == "127.0.0.1"
+
+
+def test_multi_node_flags(tmp_path):
+    facts = save_facts(tmp_path, LINUX_2X3090)
+    args = ["--facts", str(facts), "--machines", "2", "--machine-rank", "1"]
+    proc = xtrain(tmp_path, *args, "--main-address", "10.1.2.3", "--port", "29650", "-o", "r1.yaml")
+    assert proc.returncode == 0, proc.stderr
+    cfg = load(tmp_path / "r1.yaml")
+    assert (cfg.num_machines, cfg.machine_rank, cfg.num_processes) == (2, 1, 4)
+    assert (cfg.main_process_ip, cfg.main_process_port, cfg.rdzv_backend) == ("10.1.2.3", 29650, "c10d")
+    assert "--machine-rank R --main-address 10.1.2.3 --port 29650" in proc.stdout
+
+
+@pytest.mark.parametrize("flag", ["--fsdp", "--deepspeed=zero2", "--deepspeed=zero3"])
+def test_fsdp_and_deepspeed_flags(tmp_path, flag):
+    facts = save_facts(tmp_path, LINUX_8XA100)
+    proc = xtrain(tmp_path, "--facts", str(facts), flag, "-o", "s.yaml")
+    assert proc.returncode == 0, proc.stderr
+    cfg = load(tmp_path / "s.yaml")
+    if flag == "--fsdp":
+        assert cfg.distributed_type.value == "FSDP" and cfg.fsdp_config["fsdp_version"] == 2
+    else:
+        assert cfg.distributed_type.value == "DEEPSPEED"
+        assert cfg.deepspeed_config["zero_stage"] == int(flag[-1])
+
+
+def test_deepspeed_on_windows_gets_a_note(tmp_path):
+    facts = save_facts(tmp_path, WINDOWS_2X4090)
+    proc = xtrain(tmp_path, "--facts", str(facts), "--deepspeed", "zero2", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "DeepSpeed does not train on native Windows" in proc.stdout
+
+
+def test_windows_next_commands_in_powershell(tmp_path):
+    facts = save_facts(tmp_path, WINDOWS_2X4090)
+    proc = xtrain(tmp_path, "--facts", str(facts), "-o", "w.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert '$env:USE_LIBUV = "0"' in proc.stdout
+    assert "python -m xtrain.run --processes 2" in proc.stdout
+    assert load(tmp_path / "w.yaml").num_processes == 2
+
+
+BAD_INPUTS = {
+    "processes-0": (["--processes", "0"], "--processes must be at least 1"),
+    "precision": (["--precision", "fp8"], "unknown precision"),
+    "gpu-7": (["--gpus", "7"], "GPU 7"),
+    "gpus-text": (["--gpus", "a,b"], "not a list of GPU ids"),
+    "port": (["--port", "70000"], "not a TCP port"),
+    "deepspeed": (["--deepspeed", "zero4"], "--deepspeed"),
+    "fsdp+deepspeed": (["--fsdp", "--deepspeed", "zero2"], "exclude each other"),
+    "rank": (["--machines", "2", "--machine-rank", "2", "--main-address", "10.0.0.1"], "--machine-rank 2"),
+    "no-main-address": (["--machines", "2"], "--main-address"),
+    "slurm-without-nodes": (["--slurm", "job.sbatch"], "--slurm needs --nodes"),
+    "nodes-without-slurm": (["--nodes", "2"], "need --slurm"),
+    "unwritable": (["--output", "blocker/cfg.yaml"], "cannot create"),
+    "facts-missing": (["--facts", "nowhere.json"], "cannot read facts file"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, name):
+    args, words = BAD_INPUTS[name]
+    (tmp_path / "blocker").write_text("a file where a folder is expected")
+    facts = save_facts(tmp_path, cuda_machine("linux", "NVIDIA GeForce RTX 3090", 2, (8, 6), 24576))
+    if "--facts" not in args:
+        args = ["--facts", str(facts), *args]
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = xtrain(tmp_path, *args)
+    assert_one_line_error(proc, words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "blocker").read_text() == "a file where a folder is expected"
+
+
+def test_cli_import_stays_light():
+    code = "import sys, xtrain.cli, xtrain.commands.configure; print(sorted(m for m in ('torch', 'accelerate', 'transformers') if m in sys.modules))"  # noqa: E501
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# the written configs really start processes
+# ---------------------------------------------------------------------------------------------
+def run_tiny(tmp_path: Path, config: Path, out: Path, **popen) -> subprocess.Popen:
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY_SCRIPT)
+    env = env_for(tmp_path)
+    env.pop("ACCELERATE_USE_CPU", None)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(config),
+            str(script),
+            str(out),
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
+
+
+def read_ranks(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]
+
+
+@pytest.mark.slow
+def test_written_cpu_config_starts_two_processes_in_one_group(tmp_path):
+    port = free_port()
+    proc = xtrain(tmp_path, "--processes", "2", "--port", str(port), "--output", "two.yaml")
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    launch = run_tiny(tmp_path, tmp_path / "two.yaml", out)
+    log, _ = launch.communicate(timeout=240)
+    assert launch.returncode == 0, log
+    ranks = read_ranks(out)
+    assert [r["process_index"] for r in ranks] == [0, 1]
+    assert all(r["num_processes"] == 2 and r["sum"] == 3.0 for r in ranks)
+    assert all(r["distributed_type"] == "MULTI_CPU" for r in ranks)
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@pytest.mark.slow
+def test_two_machines_meet_through_c10d_on_this_host(tmp_path):
+    """Two `accelerate launch` runs with the rank-0 and rank-1 configs: one group of 2."""
+    facts = save_facts(tmp_path, cpu_facts())
+    port = free_port()
+    for rank in (0, 1):
+        args = ["--facts", str(facts), "--machines", "2", "--machine-rank", str(rank)]
+        proc = xtrain(
+            tmp_path, *args, "--main-address", "127.0.0.1", "--port", str(port), "-o", f"r{rank}.yaml"
+        )
+        assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "out"
+    out.mkdir()
+    # rank 0 first: it hosts the rendezvous store (on a real cluster only it has that address)
+    main = run_tiny(tmp_path, tmp_path / "r0.yaml", out, start_new_session=True)
+    other = None
+    try:
+        wait_for_port(port, main)
+        other = run_tiny(tmp_path, tmp_path / "r1.yaml", out, start_new_session=True)
+        log1, _ = other.communicate(timeout=240)
+        log0, _ = main.communicate(timeout=240)
+    finally:
+        for p in (main, other):
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert main.returncode == 0, log0
+    assert other.returncode == 0, log1
+    ranks = read_ranks(out)
+    assert [r["process_index"] for r in ranks] == [0, 1]
+    assert all(r["num_processes"] == 2 and r["sum"] == 3.0 for r in ranks)
