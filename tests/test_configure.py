@@ -535,3 +535,149 @@ def test_two_machines_meet_through_c10d_on_this_host(tmp_path):
     ranks = read_ranks(out)
     assert [r["process_index"] for r in ranks] == [0, 1]
     assert all(r["num_processes"] == 2 and r["sum"] == 3.0 for r in ranks)
+
+
+# ---------------------------------------------------------------------------------------------
+# --slurm: the sbatch script
+# ---------------------------------------------------------------------------------------------
+def node_argv(script_text: str, rank: int, nnodes: int, extra: list[str]) -> list[str]:
+    """What `accelerate launch` receives on node ``rank``: the script's payload expanded by bash."""
+    from xtrain.slurm import node_command
+
+    payload = node_command(script_text).replace("exec accelerate launch", "printf '%s\\n'", 1)
+    env = {"PATH": os.environ["PATH"], "SLURM_NNODES": str(nnodes), "SLURM_NODEID": str(rank)}
+    env.update({"MAIN_ADDR": "node001", "MAIN_PORT": "29777"})
+    proc = subprocess.run(
+        ["bash", "-c", payload, "xtrain-node", *extra], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_slurm_script_and_its_launch_line_parse(tmp_path):
+    from accelerate.commands.launch import launch_command_parser
+
+    from xtrain.slurm import sbatch_directives
+
+    args = ["--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "4", "--time", "02:00:00"]
+    proc = xtrain(tmp_path, *args, "--partition", "gpu", "--job-name", "lora", "--port", "29777")
+    assert proc.returncode == 0, proc.stderr
+    script = tmp_path / "job.sbatch"
+    text = script.read_text()
+    assert text.startswith("#!/bin/bash\n") and os.access(script, os.X_OK)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert sbatch_directives(text) == {
+        "job-name": "lora",
+        "nodes": "2",
+        "ntasks-per-node": "1",
+        "gpus-per-node": "4",
+        "output": "%x-%j.out",
+        "time": "02:00:00",
+        "partition": "gpu",
+    }
+    assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in text
+    # the accelerate config next to it: the whole cluster, the address left to the script
+    cfg = load(tmp_path / "job.accelerate.yaml")
+    assert (cfg.num_machines, cfg.num_processes, cfg.rdzv_backend) == (2, 8, "c10d")
+    assert cfg.main_process_ip is None and cfg.mixed_precision == "fp16" and not cfg.use_cpu
+    for rank in (0, 1):
+        argv = node_argv(text, rank, 2, ["--config", "train.yaml"])
+        parsed = launch_command_parser().parse_args(argv)
+        assert Path(parsed.config_file) == tmp_path / "job.accelerate.yaml"
+        assert (parsed.num_machines, parsed.num_processes, parsed.machine_rank) == (2, 8, rank)
+        assert (parsed.main_process_ip, parsed.main_process_port) == ("node001", 29777)
+        assert parsed.rdzv_backend == "c10d" and parsed.module
+        assert (parsed.training_script, parsed.training_script_args) == (
+            "xtrain.run",
+            ["--config", "train.yaml"],
+        )
+
+
+def test_slurm_existing_files_are_kept(tmp_path):
+    (tmp_path / "job.sbatch").write_text("#!/bin/bash\n# mine\n")
+    args = ["--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1"]
+    refused = xtrain(tmp_path, *args)
+    assert_one_line_error(refused, "exists; use --force")
+    assert not (tmp_path / "job.accelerate.yaml").exists()  # nothing half-written
+    forced = xtrain(tmp_path, *args, "--force")
+    assert forced.returncode == 0, forced.stderr
+    backups = list(tmp_path.glob("job.bak-*.sbatch"))
+    assert len(backups) == 1 and backups[0].read_text() == "#!/bin/bash\n# mine\n"
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--nodes", "0", "--gpus-per-node", "1"], "--nodes must be at least 1"),
+        (["--nodes", "2"], "--gpus-per-node"),
+        (["--nodes", "2", "--gpus-per-node", "1", "--time", "two hours"], "not a SLURM time"),
+        (["--nodes", "2", "--gpus-per-node", "1", "--partition", "a b"], "--partition"),
+        (["--nodes", "2", "--gpus-per-node", "1", "--machines", "2"], "--slurm sets machines"),
+    ],
+)
+def test_slurm_bad_input(tmp_path, args, words):
+    proc = xtrain(tmp_path, "--slurm", "job.sbatch", *args)
+    assert_one_line_error(proc, words)
+    assert list(tmp_path.iterdir()) == []
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun stand-in: run the command once per "node" on this host, node 0 first (it hosts the
+# rendezvous store, as the first node of a real allocation does).
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((i = 0; i < SLURM_NNODES; i++)); do
+    SLURM_NODEID=$i SLURM_PROCID=$i "$@" &
+    pids+=($!)
+    if [ "$i" -eq 0 ]; then
+        for _ in $(seq 600); do
+            (exec 3<>"/dev/tcp/127.0.0.1/$MAIN_PORT") 2>/dev/null && break
+            kill -0 "${pids[0]}" 2>/dev/null || break
+            sleep 0.2
+        done
+    fi
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+exit $rc
+"""
+
+
+@pytest.mark.slow
+def test_slurm_script_runs_two_nodes_on_this_host(tmp_path):
+    """The whole sbatch script, with srun/scontrol stand-ins: 2 "nodes" x 1 CPU process."""
+    facts = save_facts(tmp_path, cpu_facts())
+    port = free_port()
+    args = ["--facts", str(facts), "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1"]
+    proc = xtrain(tmp_path, *args, "--port", str(port))
+    assert proc.returncode == 0, proc.stderr
+    tiny = tmp_path / "tiny.py"
+    tiny.write_text(TINY_SCRIPT)
+    text = (tmp_path / "job.sbatch").read_text()
+    assert text.count("-m xtrain.run") == 1
+    (tmp_path / "job.sbatch").write_text(text.replace("-m xtrain.run", str(tiny)))  # the payload only
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\necho 127.0.0.2\n")
+    for name in ("srun", "scontrol"):
+        (bin_dir / name).chmod(0o755)
+    env = env_for(tmp_path)
+    env.pop("ACCELERATE_USE_CPU", None)
+    env["PATH"] = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), env["PATH"]])
+    env.update({"SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[001-002]"})
+    out = tmp_path / "out"
+    out.mkdir()
+    run = subprocess.run(
+        ["bash", str(tmp_path / "job.sbatch"), str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    ranks = read_ranks(out)
+    assert [r["process_index"] for r in ranks] == [0, 1]
+    assert all(r["num_processes"] == 2 and r["sum"] == 3.0 for r in ranks)

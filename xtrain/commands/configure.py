@@ -172,7 +172,10 @@ def configure(
         for p in [target] + ([slurm_path] if slurm_path else []):
             if p.exists() and not force:
                 raise XtrainError(f"{p} exists; use --force (a backup is kept)")
-    text = ac.to_yaml(cfg, ac.header_for(plan))
+    header = ac.header_for(plan)
+    if slurm_path is not None:
+        header += f"\nFor the sbatch script {slurm_path.name}: it adds each node's rank and the main address."
+    text = ac.to_yaml(cfg, header)
     console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
     if dry_run:
         ac.validate_dict(cfg)
