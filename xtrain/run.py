@@ -1,0 +1,194 @@
+"""`python -m xtrain.run`: train, the same way under every launcher.
+
+    python -m xtrain.run [--config C] [--processes N] [key=value ...]
+    accelerate launch [--multi_gpu --num_processes N] -m xtrain.run [--config C] [key=value ...]
+    torchrun --nproc_per_node N -m xtrain.run [--config C] [key=value ...]
+
+Under a launcher (``WORLD_SIZE`` is set) this process is one rank: it trains. Without one,
+``--processes N`` (N > 1) starts N ranks itself with ``torch.multiprocessing`` (spawn) and a
+rendezvous on 127.0.0.1 at a free port: the Windows path, where torchrun and so accelerate
+launch can fail on libuv. ``--platform windows`` (or ``XTRAIN_PLATFORM=windows``) plans for
+Windows on any OS, so CI runs that path too.
+
+A mistake a user can make ends as one line on stderr and a non-zero exit (2), Ctrl+C as a saved
+checkpoint and exit 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+PLATFORM_ENV = "XTRAIN_PLATFORM"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m xtrain.run",
+        description="Train with LoRA as the config says (same result under every launcher).",
+    )
+    p.add_argument("--config", "-c", help="YAML train config (default: the built-in example job)")
+    p.add_argument(
+        "--processes",
+        "-n",
+        type=int,
+        help="start this many processes here (no launcher needed; the Windows path)",
+    )
+    p.add_argument("--platform", help=argparse.SUPPRESS)  # tests/support: plan for another OS
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.max_steps=100"
+    )
+    args = p.parse_args(argv)
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        p.error(f"overrides must look like key=value, got {bad[0]!r}")
+    return args
+
+
+def _launched() -> bool:
+    return "WORLD_SIZE" in os.environ
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def _precision_override(cfg: Any) -> str | None:
+    mp = cfg.run.mixed_precision
+    return None if mp in (None, "", "auto") else mp
+
+
+def worker_plan(cfg: Any, platform: str | None) -> Any:
+    """This rank's plan: the one xtrain's launcher sent (``XTRAIN_PLAN``), else the rules'
+    answer for this machine and the launch context (accelerate launch, torchrun, plain python)."""
+    from xtrain.launch import PLAN_ENV
+    from xtrain.plan import Overrides, Plan
+    from xtrain.train.accelerator import LaunchContext
+
+    ctx = LaunchContext.from_env()
+    sent = os.environ.get(PLAN_ENV)
+    if sent:
+        plan = Plan.from_dict(json.loads(sent))
+        if plan.world_size == ctx.world_size:
+            return plan
+    from xtrain import probe, rules
+
+    return rules.make_plan(
+        probe.collect(quick=True),
+        Overrides(
+            num_processes=ctx.local_world_size,
+            num_machines=ctx.num_machines,
+            main_address=ctx.main_address if ctx.num_machines > 1 else None,
+            platform=platform,
+            mixed_precision=_precision_override(cfg),
+        ),
+    )
+
+
+def run_worker(cfg: Any, platform: str | None) -> Any:
+    """Train as one rank of the launch context (or as the only process)."""
+    from xtrain.train.loop import train
+    from xtrain.train.report import RichReporter
+
+    plan = worker_plan(cfg, platform)
+    reporter = RichReporter() if _is_rank0() else None
+    return train(cfg, plan, reporter)
+
+
+def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
+    """The spawn target (top-level, importable). A user-facing error goes to a file for the
+    parent to print once, instead of once per rank."""
+    try:
+        run_worker(cfg, platform)
+    except XtrainError as e:
+        rank = int(os.environ.get("RANK", "0") or 0)
+        data = {"message": e.message, "hint": e.hint, "exit_code": e.exit_code}
+        (Path(error_dir) / f"rank-{rank}.json").write_text(json.dumps(data), encoding="utf-8")
+        sys.exit(e.exit_code)
+
+
+def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
+    """Start ``processes`` ranks here with torch.multiprocessing (spawn)."""
+    from xtrain import launch, probe, rules
+    from xtrain.plan import Overrides
+
+    plan = rules.make_plan(
+        probe.collect(quick=True),
+        Overrides(num_processes=processes, platform=platform, mixed_precision=_precision_override(cfg)),
+    )
+    got_sigint = False
+
+    def forward(signum: int, frame: Any) -> None:
+        # The terminal sends Ctrl+C to every process of the group; the workers stop at the next
+        # step and save. A SIGINT sent to this process alone is passed on as SIGTERM (same
+        # effect in the workers, without counting as a second Ctrl+C).
+        nonlocal got_sigint
+        got_sigint = True
+        import multiprocessing
+
+        if os.name == "posix":
+            for child in multiprocessing.active_children():
+                if child.pid:
+                    os.kill(child.pid, signal.SIGTERM)
+
+    with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as error_dir:
+        old = signal.signal(signal.SIGINT, forward)
+        try:
+            launch.spawn(spawned_worker, (cfg, platform, error_dir), plan, nprocs=processes)
+        except launch.WorkerFailed as failed:
+            reported = sorted(Path(error_dir).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+            if reported:
+                data = json.loads(reported[0].read_text(encoding="utf-8"))
+                code = 130 if got_sigint else int(data["exit_code"])
+                raise XtrainError(data["message"], data["hint"], exit_code=code) from None
+            if failed.details:
+                sys.stderr.write(failed.details.rstrip() + "\n")
+            raise
+        finally:
+            signal.signal(signal.SIGINT, old)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    platform = args.platform or os.environ.get(PLATFORM_ENV) or None
+    try:
+        from xtrain.train.config import load_config
+
+        cfg = load_config(args.config, args.overrides)
+        if _launched():
+            world = int(os.environ["WORLD_SIZE"])
+            if args.processes is not None and args.processes != world:
+                raise XtrainError(
+                    f"--processes {args.processes} conflicts with the launcher's {world} processes",
+                    "leave out --processes when starting through accelerate launch or torchrun",
+                )
+            run_worker(cfg, platform)
+        elif args.processes is not None and args.processes > 1:
+            _spawn(cfg, args.processes, platform)
+        else:
+            if args.processes is not None and args.processes < 1:
+                raise XtrainError(
+                    f"--processes must be at least 1, got {args.processes}", "e.g. --processes 2"
+                )
+            run_worker(cfg, platform)
+    except XtrainError as e:
+        if _is_rank0():
+            prefix = "" if e.exit_code in (130, 143) else "error: "  # a stop is not an error
+            sys.stderr.write(f"{prefix}{e.one_line()}\n")
+            sys.stderr.flush()
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

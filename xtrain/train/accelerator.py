@@ -1,0 +1,135 @@
+"""Build the Accelerator for the launch context from the plan (and tear it down again).
+
+Every choice here comes from ``xtrain.rules`` through the ``Plan``; this module only applies it
+in the order the libraries need (FIELD_NOTES):
+
+- the plan's environment (USE_LIBUV, NCCL_P2P_DISABLE, ...) goes into ``os.environ`` before any
+  process group exists;
+- a backend is passed only when the process really is one of several (a backend in a single,
+  unlaunched process crashes accelerate);
+- ``cpu=True`` when the plan has no accelerator: otherwise two CPU processes silently become
+  two independent trainings;
+- ``split_batches=True`` so that accelerate steps the scheduler once per optimizer step (xtrain
+  feeds every rank its own micro-batches and never lets accelerate re-shard the training data).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xtrain.plan import Plan
+from xtrain.train.config import TrainConfig
+
+FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What the launcher says about this process (the truth for the world size)."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    main_address: str | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def num_machines(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> LaunchContext:
+        env = os.environ if environ is None else environ
+        world = int(env.get("WORLD_SIZE", "1") or 1)
+        local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)) or world)
+        return cls(
+            rank=int(env.get("RANK", "0") or 0),
+            local_rank=int(env.get("LOCAL_RANK", "0") or 0),
+            world_size=world,
+            local_world_size=local_world,
+            main_address=env.get("MASTER_ADDR"),
+        )
+
+
+def mixed_precision(cfg: TrainConfig, plan: Plan) -> str:
+    """The config's precision when set, else the plan's."""
+    mp = cfg.run.mixed_precision
+    return plan.mixed_precision if mp in (None, "", "auto") else mp
+
+
+def apply_plan_env(plan: Plan) -> None:
+    """Plan variables into this process's environment; a value the user set wins."""
+    for key, value in plan.env.items():
+        os.environ.setdefault(key, str(value))
+
+
+def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, accumulation: int) -> Any:
+    """The Accelerator for this process. Must run before anything creates a process group."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import (
+        DataLoaderConfiguration,
+        DistributedDataParallelKwargs,
+        InitProcessGroupKwargs,
+        ProjectConfiguration,
+    )
+
+    apply_plan_env(plan)
+    if plan.tf32 and torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    handlers: list[Any] = [
+        # LoRA: every trainable parameter gets a gradient each step, so no unused-parameter
+        # search; gradients as bucket views save one copy per step.
+        DistributedDataParallelKwargs(find_unused_parameters=False, gradient_as_bucket_view=True),
+    ]
+    if ctx.distributed and plan.backend:
+        handlers.append(InitProcessGroupKwargs(backend=plan.backend))
+
+    out = Path(cfg.run.output_dir)
+    log_with = None
+    if cfg.run.tensorboard and _tensorboard_available():
+        log_with = "tensorboard"
+    return Accelerator(
+        cpu=plan.cpu,
+        mixed_precision=mixed_precision(cfg, plan),
+        gradient_accumulation_steps=accumulation,
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
+        kwargs_handlers=handlers,
+        log_with=log_with,
+        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
+        step_scheduler_with_optimizer=True,
+    )
+
+
+def wants_cpu_staged_allreduce(plan: Plan) -> bool:
+    return plan.cpu_staged_allreduce or os.environ.get(FORCE_CPU_STAGED_ENV, "") == "1"
+
+
+def release(accelerator: Any) -> None:
+    """End trackers, leave the process group, and reset accelerate's process-wide state so a
+    later ``train()`` in the same process starts clean."""
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, GradientState
+
+    try:
+        accelerator.end_training()
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def _tensorboard_available() -> bool:
+    from accelerate.utils import is_tensorboard_available
+
+    return bool(is_tensorboard_available())

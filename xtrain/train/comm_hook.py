@@ -1,0 +1,57 @@
+"""A DDP communication hook that all-reduces gradients through CPU copies.
+
+On Windows, gloo's all-reduce of CUDA tensors crashed with an access violation in torch
+2.9-2.12 (pytorch#186535, FIELD_NOTES), while CPU tensors work. This hook copies each gradient
+bucket to the CPU, all-reduces it there with gloo, and copies the average back, so DDP over gloo
+works with CUDA gradients. With LoRA the buckets are small, so the copies cost little.
+
+It mirrors ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook`` (divide
+by the world size first, then sum), so on CPU it gives the same gradients as DDP's default.
+
+No ``from __future__ import annotations`` here: DDP checks the hook's annotations at runtime.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class CpuStagedState:
+    """The hook's state: the gloo group to reduce in (None: the default group)."""
+
+    group: Any = None
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group)
+
+
+def cpu_staged_allreduce_hook(
+    state: CpuStagedState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Average ``bucket`` over all ranks through a CPU copy; the result lands in the bucket."""
+    grad = bucket.buffer()
+    staged = grad.detach().to("cpu", copy=True)  # always a copy: never reduce DDP's buffer in place
+    staged.div_(state.world_size)
+    fut = dist.all_reduce(staged, group=state.group, async_op=True).get_future()
+
+    def copy_back(f):  # torch.futures.Future[list[Tensor]] -> Tensor
+        grad.copy_(f.value()[0])
+        return grad
+
+    return fut.then(copy_back)
+
+
+def register(model: torch.nn.Module, group: Any = None) -> bool:
+    """Register the hook on a DDP-wrapped model. Returns False (and does nothing) when the model
+    is not wrapped in DistributedDataParallel (a single process)."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return False
+    if group is None and dist.get_backend() != "gloo":
+        # The default group is not gloo (e.g. nccl): reduce the CPU copies in a gloo side group.
+        group = dist.new_group(backend="gloo")
+    model.register_comm_hook(CpuStagedState(group), cpu_staged_allreduce_hook)
+    return True

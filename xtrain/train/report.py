@@ -1,0 +1,202 @@
+"""Training events and how the command line shows them.
+
+The loop reports through the small ``Reporter`` protocol and never prints. ``RichReporter``
+(the CLI edge, main process only) turns the events into a start banner, a progress bar with
+loss, lr, samples/s, tokens/s and ETA, eval lines and a closing summary. ``NullReporter`` is the
+default for library use and for every rank but the main one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class StartInfo:
+    """What the start banner shows."""
+
+    processes: int
+    device: str
+    backend: str | None
+    precision: str
+    per_device: int
+    accumulation: int
+    global_batch: int
+    total_steps: int
+    start_step: int
+    trainable_params: int
+    total_params: int
+    output_dir: str
+    resumed_from: str | None = None
+    cpu_staged_allreduce: bool = False
+
+    @property
+    def batch_line(self) -> str:
+        return (
+            f"global batch = {self.per_device} per-device x {self.processes} "
+            f"process{'es' if self.processes != 1 else ''} x {self.accumulation} accumulation "
+            f"= {self.global_batch}"
+        )
+
+
+class Reporter(Protocol):
+    def start(self, info: StartInfo) -> None: ...
+
+    def progress(self, step: int, total: int, metrics: dict[str, float] | None = None) -> None:
+        """Called after every optimizer step; ``metrics`` only at log points."""
+
+    def evaluated(self, step: int, metrics: dict[str, float]) -> None: ...
+
+    def checkpoint_saved(self, step: int, path: str) -> None: ...
+
+    def note(self, message: str) -> None:
+        """Something the user should know (resumed, global batch changed, stopping, ...)."""
+
+    def end(self, result: Any) -> None: ...
+
+
+class NullReporter:
+    """Reports nothing."""
+
+    def start(self, info: StartInfo) -> None:
+        pass
+
+    def progress(self, step: int, total: int, metrics: dict[str, float] | None = None) -> None:
+        pass
+
+    def evaluated(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def checkpoint_saved(self, step: int, path: str) -> None:
+        pass
+
+    def note(self, message: str) -> None:
+        pass
+
+    def end(self, result: Any) -> None:
+        pass
+
+
+class ListReporter(NullReporter):
+    """Records every event (tests, and callers who want the events as data)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def start(self, info: StartInfo) -> None:
+        self.events.append(("start", info))
+
+    def progress(self, step: int, total: int, metrics: dict[str, float] | None = None) -> None:
+        if metrics is not None:
+            self.events.append(("progress", (step, dict(metrics))))
+
+    def evaluated(self, step: int, metrics: dict[str, float]) -> None:
+        self.events.append(("eval", (step, dict(metrics))))
+
+    def checkpoint_saved(self, step: int, path: str) -> None:
+        self.events.append(("checkpoint", (step, path)))
+
+    def note(self, message: str) -> None:
+        self.events.append(("note", message))
+
+    def end(self, result: Any) -> None:
+        self.events.append(("end", result))
+
+
+def _fmt(value: float) -> str:
+    if value == 0:
+        return "0"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+    return f"{value:.3g}"
+
+
+class RichReporter:
+    """A rich progress bar and banner on stderr (the main process of the CLI)."""
+
+    def __init__(self, console: Any = None) -> None:
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True, highlight=False)
+        self._progress: Any = None
+        self._task: Any = None
+        self._fields = "starting"
+
+    # -- events --------------------------------------------------------------------------------
+    def start(self, info: StartInfo) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        c = self.console
+        comm = info.backend or "no process group"
+        if info.cpu_staged_allreduce:
+            comm += " (gradients all-reduced through CPU copies)"
+        c.print(
+            f"[bold]xtrain[/] {info.processes} process{'es' if info.processes != 1 else ''} on "
+            f"{info.device}, {comm}, precision {info.precision if info.precision != 'no' else 'fp32'}"
+        )
+        c.print(f"  {info.batch_line}")
+        share = 100 * info.trainable_params / max(1, info.total_params)
+        c.print(
+            f"  trainable parameters {info.trainable_params:,} of {info.total_params:,} ({share:.2f}%), "
+            f"{info.total_steps} steps -> {info.output_dir}"
+        )
+        if info.resumed_from:
+            c.print(f"  resuming from {info.resumed_from} (step {info.start_step})")
+        self._progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeRemainingColumn(),
+            console=c,
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(
+            "train", total=info.total_steps, completed=info.start_step, stats=self._fields
+        )
+
+    def progress(self, step: int, total: int, metrics: dict[str, float] | None = None) -> None:
+        if self._progress is None:
+            return
+        if metrics:
+            parts = [f"loss {metrics['loss']:.4f}"] if "loss" in metrics else []
+            if "lr" in metrics:
+                parts.append(f"lr {metrics['lr']:.2e}")
+            if "samples_per_s" in metrics:
+                parts.append(f"{_fmt(metrics['samples_per_s'])} samples/s")
+            if metrics.get("tokens_per_s"):
+                parts.append(f"{_fmt(metrics['tokens_per_s'])} tok/s")
+            self._fields = "  ".join(parts)
+        self._progress.update(self._task, completed=step, stats=self._fields)
+
+    def evaluated(self, step: int, metrics: dict[str, float]) -> None:
+        text = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+        self._print(f"  eval @ step {step}: {text}")
+
+    def checkpoint_saved(self, step: int, path: str) -> None:
+        self._print(f"  checkpoint step {step} -> {path}")
+
+    def note(self, message: str) -> None:
+        self._print(f"  [yellow]note:[/] {message}")
+
+    def end(self, result: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        c = self.console
+        outputs = getattr(result, "outputs", {}) or {}
+        c.print(
+            f"[bold green]done[/] step {result.final_step}: "
+            f"{_fmt(result.samples_per_s)} samples/s, {_fmt(result.tokens_per_s)} tokens/s"
+        )
+        if result.eval_metrics:
+            c.print("  final eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
+        for name, path in outputs.items():
+            c.print(f"  {name}: {path}")
+
+    def _print(self, text: str) -> None:
+        (self._progress.console if self._progress is not None else self.console).print(text)
