@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -681,3 +682,42 @@ def test_slurm_script_runs_two_nodes_on_this_host(tmp_path):
     ranks = read_ranks(out)
     assert [r["process_index"] for r in ranks] == [0, 1]
     assert all(r["num_processes"] == 2 and r["sum"] == 3.0 for r in ranks)
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/configure.md stays true
+# ---------------------------------------------------------------------------------------------
+def doc_blocks(lang: str) -> list[list[str]]:
+    text = (REPO / "docs" / "configure.md").read_text(encoding="utf-8")
+    return [block.strip().splitlines() for block in re.findall(rf"```{lang}\n(.*?)```", text, re.S)]
+
+
+def test_doc_next_commands_are_what_configure_prints(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    wsl2 = cuda_machine("wsl2", "NVIDIA GeForce RTX 4090", 2, (8, 9), 24564)
+    bash = ac.next_commands(make_plan(wsl2), ac.default_config_path())
+    powershell = ac.next_commands(make_plan(WINDOWS_2X4090), ac.default_config_path())
+    assert bash in doc_blocks("bash")
+    assert powershell in doc_blocks("powershell")
+
+
+def test_doc_configure_commands_run(tmp_path, monkeypatch, capsys):
+    """Every `xtrain configure` line in the docs runs (as --dry-run, planned for an 8-GPU node)."""
+    import shlex
+
+    from xtrain.cli import main
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    facts = save_facts(tmp_path, LINUX_8XA100, "node.json")
+    lines = [line for block in doc_blocks("bash") for line in block if line.startswith("xtrain configure")]
+    assert len(lines) >= 8
+    for line in lines:
+        argv = shlex.split(line, comments=True)[1:]
+        if "--facts" not in argv and "--slurm" not in argv:
+            argv += ["--facts", str(facts)]
+        code = main([*argv, "--dry-run"])
+        out = capsys.readouterr()
+        assert code == 0, (line, out.err)
+        assert "Next:" in out.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node.json"]
