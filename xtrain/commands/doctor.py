@@ -1,8 +1,216 @@
-"""`xtrain doctor` (placeholder: replaced by the full command)."""
+"""`xtrain doctor`: what this machine can do for multi-GPU training, what is wrong, how to fix it.
+
+facts (probed, or loaded with --facts) -> rules.diagnose -> rendered table or --json; --smoke
+then starts the planned processes for real. Exit codes: 0 ready (warnings allowed), 1 an error
+finding or a failed smoke test, 2 bad input (one line on stderr).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
 
-def doctor() -> None:
+import typer
+
+from xtrain.errors import XtrainError
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    """``"0,1"`` -> [0, 1]; None or "all" -> None (every visible GPU)."""
+    if text is None or text.strip().lower() == "all":
+        return None
+    if not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", text):
+        raise XtrainError(f"--gpus {text!r} is not a list of GPU ids", "e.g. --gpus 0,1 (or --gpus all)")
+    return [int(x) for x in text.split(",")]
+
+
+def parse_int(
+    text: str | None, flag: str, low: int, high: int | None = None, example: str = ""
+) -> int | None:
+    """An integer option, checked here so a bad value is one line, not a usage box."""
+    if text is None:
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise XtrainError(f"{flag} needs a whole number, got {text!r}", example or None) from None
+    if value < low or (high is not None and value > high):
+        span = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise XtrainError(f"{flag} must be {span}, got {value}", example or None)
+    return value
+
+
+def check_save_path(path: Path, force: bool) -> None:
+    """Refuse before any work is done: never overwrite silently, fail early on a bad folder."""
+    if path.is_dir():
+        raise XtrainError(f"--save {path} is a folder", "give a file name, e.g. --save machine.json")
+    if path.exists() and not force:
+        raise XtrainError(f"{path} already exists", "choose another name, or add --force to replace it")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise XtrainError(f"cannot save to {path}: folder {parent} does not exist", "create it first")
+    if not parent.is_dir():
+        raise XtrainError(f"cannot save to {path}: {parent} is not a folder", "choose another path")
+    if not os.access(parent, os.W_OK):
+        raise XtrainError(f"cannot save to {path}: folder {parent} is not writable", "choose another folder")
+
+
+def write_snapshot(path: Path, text: str) -> None:
+    """Write through a temporary file and rename: a failed write leaves no half file behind."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise XtrainError(f"cannot save to {path}: {e.strerror or e}", "choose another path") from None
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Point file descriptor 1 at stderr for a block, so child processes (which inherit it)
+    cannot print into the --json output."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def doctor(
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print one JSON object {facts, plan, findings, smoke?} and nothing else."
+        ),
+    ] = False,
+    smoke: Annotated[
+        bool,
+        typer.Option(
+            "--smoke",
+            help="Start the planned processes with the planned backend, check an all-reduce "
+            "on every rank and measure its bandwidth.",
+        ),
+    ] = False,
+    facts_file: Annotated[
+        Path | None,
+        typer.Option("--facts", metavar="FILE", help="Diagnose a saved snapshot instead of this machine."),
+    ] = None,
+    save: Annotated[
+        Path | None, typer.Option("--save", metavar="FILE", help="Write this machine's facts to FILE (JSON).")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --save replace an existing file.")] = False,
+    processes: Annotated[
+        str | None,
+        typer.Option("--processes", metavar="N", help="Processes on this machine (default: auto)."),
+    ] = None,
+    gpus: Annotated[
+        str | None, typer.Option("--gpus", metavar="IDS", help='GPU ids to use, e.g. "0,1" (default: all).')
+    ] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option("--precision", metavar="no|fp16|bf16", help="Mixed precision (default: auto)."),
+    ] = None,
+    port: Annotated[
+        str | None, typer.Option("--port", metavar="PORT", help="Rendezvous port (default: 29500).")
+    ] = None,
+    platform: Annotated[
+        str | None,
+        typer.Option("--platform", hidden=True, help="Force an OS kind (tests/support: windows, wsl2, ...)."),
+    ] = None,
+) -> None:
     """Check this machine for multi-GPU training and print findings with fixes."""
-    raise NotImplementedError
+    from xtrain.facts import DEFAULT_PORT, OS_KINDS
+    from xtrain.plan import Overrides
+
+    # -- validate everything cheap before probing (probing imports torch) ----------------------
+    overrides = Overrides(
+        num_processes=parse_int(processes, "--processes", 1, example="e.g. --processes 2"),
+        gpu_ids=parse_gpus(gpus),
+        mixed_precision=precision,
+        port=parse_int(port, "--port", 1, 65535, example="e.g. --port 29500"),
+        platform=platform,
+    )
+    if platform is not None and platform not in OS_KINDS:
+        raise XtrainError(f"--platform {platform!r} is unknown", f"use one of {', '.join(OS_KINDS)}")
+    if precision is not None and precision not in ("no", "fp16", "bf16"):
+        raise XtrainError(f"--precision {precision!r} is unknown", "use no, fp16 or bf16")
+    if smoke and facts_file is not None:
+        raise XtrainError(
+            "--smoke tests this machine, not a saved snapshot", "leave out --facts to run the smoke test"
+        )
+    if save is not None:
+        check_save_path(save, force)
+
+    # -- facts -> plan + findings ----------------------------------------------------------------
+    from xtrain.facts import Facts
+    from xtrain.rules import diagnose
+
+    if facts_file is not None:
+        facts = Facts.load(facts_file)
+    else:
+        from xtrain.probe import collect
+
+        facts = collect(port=overrides.port if overrides.port is not None else DEFAULT_PORT)
+    diagnosis = diagnose(facts, overrides)
+
+    from rich.console import Console
+
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False)
+    if save is not None:
+        write_snapshot(save, facts.to_json())
+    if not json_out:
+        from xtrain.render import render_diagnosis
+
+        render_diagnosis(out, facts, diagnosis)
+        if save is not None:
+            out.print(f"Saved the facts to {save} (send it along with a bug report).", soft_wrap=True)
+
+    # -- smoke: start the processes for real ------------------------------------------------------
+    smoke_result = None
+    if smoke:
+        from xtrain.smoke import run_smoke
+
+        plan = diagnosis.plan
+        if not json_out:
+            what = (
+                f"{plan.num_processes} processes, {plan.backend} on {plan.device}, via {plan.launcher}"
+                if plan.distributed
+                else f"one process on {plan.device}"
+            )
+            out.print(f"\nRunning the smoke test ({what})...")
+            smoke_result = run_smoke(plan)
+            from xtrain.render import render_smoke
+
+            render_smoke(out, smoke_result)
+        else:
+            with stdout_to_stderr():
+                smoke_result = run_smoke(plan)
+
+    if json_out:
+        doc: dict[str, Any] = {
+            "facts": facts.to_dict(),
+            "plan": diagnosis.plan.to_dict(),
+            "findings": [vars(f) for f in diagnosis.findings],
+        }
+        if smoke_result is not None:
+            doc["smoke"] = smoke_result.to_dict()
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        sys.stdout.flush()
+        if save is not None:
+            err.print(f"Saved the facts to {save}.", soft_wrap=True)
+
+    if diagnosis.has_errors or (smoke_result is not None and not smoke_result.ok):
+        raise typer.Exit(code=1)

@@ -1,0 +1,348 @@
+"""Starting worker processes: the one launch path for `doctor --smoke`, `xtrain train` and
+`python -m xtrain.run --processes N`.
+
+Two launchers, chosen by the plan (``Plan.launcher``, decided in ``xtrain.rules``):
+
+- ``spawn``: ``torch.multiprocessing.start_processes(start_method="spawn")`` with a rendezvous
+  on 127.0.0.1. No torchrun, so no TCPStore that insists on libuv: the Windows path
+  (FIELD_NOTES: torchrun's stores fail there). Spawn is used on every OS so that the code CI
+  runs on Linux is the code Windows runs.
+- ``accelerate``: accelerate's own launcher (``launch_command``), called in-process with args
+  built by its own parser, i.e. exactly ``accelerate launch --multi_gpu ... -m MODULE``
+  (torchrun underneath). Always ``--multi_gpu`` for several processes, also on CPU: ``--cpu
+  --num_processes 2`` starts ONE process (FIELD_NOTES); the worker passes ``cpu=True`` itself.
+
+Both give every worker the same environment, set before any process group exists:
+MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, the plan's variables
+(USE_LIBUV, NCCL_*), CUDA_VISIBLE_DEVICES for a GPU selection, and ``XTRAIN_PLAN`` (the plan as
+JSON, so workers do not probe the machine again). A failed worker becomes ``WorkerFailed``
+(an ``XtrainError`` naming the rank); the other ranks are stopped, nothing hangs.
+
+torch and accelerate are imported inside the functions: ``xtrain.cli`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import runpy
+import socket
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from xtrain.errors import XtrainError
+from xtrain.plan import Plan
+
+PLAN_ENV = "XTRAIN_PLAN"
+
+
+class WorkerFailed(XtrainError):
+    """A worker process failed. ``rank`` is its global rank, ``exit_code`` what it exited with,
+    ``details`` the worker's traceback when one came back (the one-line message keeps only its
+    last line)."""
+
+    def __init__(self, rank: int | None, exit_code: int, message: str, details: str = "") -> None:
+        super().__init__(message, None, exit_code=exit_code if exit_code > 0 else 1)
+        self.rank = rank
+        self.worker_exit_code = exit_code
+        self.details = details
+
+
+# -- small pieces ---------------------------------------------------------------------------
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def _visible_devices(gpu_ids: list[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for the plan's GPU ids. The ids are torch's indices, which count
+    only the devices an existing CUDA_VISIBLE_DEVICES leaves visible, so map through it."""
+    current = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if current is None or not current.strip():
+        return ",".join(str(i) for i in gpu_ids)
+    entries = [e.strip() for e in current.split(",") if e.strip()]
+    try:
+        return ",".join(entries[i] for i in gpu_ids)
+    except IndexError:
+        raise XtrainError(
+            f"GPU ids {gpu_ids} do not fit CUDA_VISIBLE_DEVICES={current!r}",
+            "run `xtrain doctor` again in this shell and pick ids from its GPU list",
+        ) from None
+
+
+def plan_env(plan: Plan) -> dict[str, str]:
+    """The environment every worker needs, whichever launcher starts it.
+
+    CUDA_VISIBLE_DEVICES is set whenever the plan names GPUs, so worker ``LOCAL_RANK`` i uses
+    ``cuda:i`` and sees only the planned cards (also for a ``--gpus 1,3`` selection)."""
+    env = {k: str(v) for k, v in plan.env.items()}
+    if plan.device == "cuda" and plan.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = _visible_devices(plan.gpu_ids)
+    env[PLAN_ENV] = plan.to_json()
+    return env
+
+
+@contextlib.contextmanager
+def patched_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of a block, then restore them exactly."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
+def _pick_port(plan: Plan, port: int | None) -> int:
+    """An explicit port wins. On one machine a busy planned port is replaced by a free one
+    (as accelerate does); several machines must agree on the port, so it is kept as is."""
+    if port is not None:
+        return port
+    if plan.num_machines > 1 or port_is_free(plan.main_port):
+        return plan.main_port
+    return free_port()
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+# -- spawn (torch.multiprocessing) ----------------------------------------------------------------
+def _spawn_entry(local_rank: int, fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
+    """First code in each spawned child: rank variables, then the user's function.
+
+    torch.multiprocessing passes the local index first; ``env`` carries the shared variables
+    (they are also in the child's inherited environment; setting them again here makes the child
+    independent of how it was started)."""
+    os.environ.update(env)
+    node_rank = int(env["XTRAIN_NODE_RANK"])
+    nprocs = int(env["LOCAL_WORLD_SIZE"])
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    os.environ["RANK"] = str(node_rank * nprocs + local_rank)
+    fn(*args)
+
+
+def spawn(
+    fn: Callable[..., Any],
+    args: tuple = (),
+    plan: Plan | None = None,
+    nprocs: int | None = None,
+    port: int | None = None,
+) -> None:
+    """Run ``fn(*args)`` in ``nprocs`` spawned processes (default: the plan's processes on this
+    machine). ``fn`` must be a top-level importable function: spawn pickles it by name.
+
+    Raises ``WorkerFailed`` naming the first rank that failed; torch.multiprocessing then stops
+    the other ranks (SIGTERM, SIGKILL after 30 s), so a crash never leaves the caller hanging."""
+    import torch.multiprocessing as mp
+
+    if plan is None:
+        raise XtrainError("spawn needs a plan", "pass the plan from xtrain.rules.make_plan")
+    n = plan.num_processes if nprocs is None else nprocs
+    if n < 1:
+        raise XtrainError(f"cannot start {n} processes", "use 1 or more")
+    world_size = n * plan.num_machines
+    env = {
+        **plan_env(plan),
+        "MASTER_ADDR": plan.main_address,
+        "MASTER_PORT": str(_pick_port(plan, port)),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(n),
+        "XTRAIN_NODE_RANK": str(plan.machine_rank),
+    }
+    # Also in the parent's environment while the children start, so they have it from their
+    # first line (CUDA_VISIBLE_DEVICES must be there before CUDA initialises).
+    with patched_environ(env):
+        try:
+            mp.start_processes(_spawn_entry, args=(fn, args, env), nprocs=n, join=True, start_method="spawn")
+        except mp.ProcessRaisedException as e:
+            rank = plan.machine_rank * n + e.error_index
+            raise WorkerFailed(
+                rank, 1, f"worker rank {rank} failed: {_last_line(e.msg) or 'an exception'}", e.msg
+            ) from None
+        except mp.ProcessExitedException as e:
+            rank = plan.machine_rank * n + e.error_index
+            how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+            raise WorkerFailed(
+                rank, e.exit_code if e.exit_code > 0 else 1, f"worker rank {rank} died ({how})"
+            ) from None
+
+
+def run_module(module: str, argv: Sequence[str]) -> None:
+    """Run ``module`` as ``python -m module *argv`` would, in this process (the spawn worker of
+    a module target). ``sys.exit(0)`` in the module counts as success."""
+    sys.argv = [module, *argv]
+    try:
+        with warnings.catch_warnings():
+            # the module may already be imported (the spawned child re-imports the parent's
+            # main module); runpy still runs a fresh copy as __main__, which is what we want
+            warnings.filterwarnings("ignore", message=".*found in sys.modules.*", category=RuntimeWarning)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+
+
+# -- accelerate launch ------------------------------------------------------------------------------
+def accelerate_args(
+    module_or_script: str,
+    argv: Sequence[str],
+    plan: Plan,
+    *,
+    module: bool = True,
+    config_file: str | None = None,
+    extra: Sequence[str] = (),
+    port: int | None = None,
+    nprocs: int | None = None,
+) -> list[str]:
+    """The `accelerate launch` arguments for the plan (also what `--dry-run` would show)."""
+    n = plan.num_processes if nprocs is None else nprocs
+    args: list[str] = []
+    if config_file:
+        args += ["--config_file", str(config_file)]
+    if n * plan.num_machines > 1:
+        # also on CPU: the worker passes cpu=True (see the module docstring). One process gets
+        # accelerate's simple launcher (a plain child process), as `accelerate launch` does.
+        args.append("--multi_gpu")
+    args += [
+        "--num_processes",
+        str(n * plan.num_machines),  # accelerate counts processes over all machines
+        "--num_machines",
+        str(plan.num_machines),
+        "--machine_rank",
+        str(plan.machine_rank),
+        "--main_process_ip",
+        plan.main_address,
+        "--main_process_port",
+        str(_pick_port(plan, port)),
+        "--mixed_precision",
+        plan.mixed_precision,
+        "--dynamo_backend",
+        "no",
+        # the plan already names GPUs through CUDA_VISIBLE_DEVICES; "all" keeps a default
+        # config's gpu_ids from overriding that
+        "--gpu_ids",
+        "all",
+    ]
+    args += list(extra)
+    if module:
+        args.append("-m")
+    args.append(module_or_script)
+    return args + list(argv)
+
+
+def _accelerate_launch(
+    argv_tail: list[str],
+    plan: Plan,
+    module: bool = True,
+    config_file: str | None = None,
+    extra: Sequence[str] = (),
+    port: int | None = None,
+    nprocs: int | None = None,
+) -> None:
+    """accelerate_launch that raises ``WorkerFailed`` instead of returning a code."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if not argv_tail:
+        raise XtrainError("nothing to launch", "name a module or script")
+    target, rest = argv_tail[0], argv_tail[1:]
+    parser = launch_command_parser()
+    args = parser.parse_args(
+        accelerate_args(
+            target, rest, plan, module=module, config_file=config_file, extra=extra, port=port, nprocs=nprocs
+        )
+    )
+    with patched_environ(plan_env(plan)):
+        try:
+            launch_command(args)
+        except ChildFailedError as e:
+            rank, failure = e.get_first_failure()
+            code = failure.exitcode if failure.exitcode is not None else 1
+            detail = failure.message if isinstance(failure.message, str) else ""
+            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+            if "error_file" in detail or "To enable traceback" in detail:
+                detail = ""  # torchelastic's hint about @record, not the worker's error
+            msg = f"worker rank {rank} failed ({how})" + (f": {_last_line(detail)}" if detail else "")
+            raise WorkerFailed(rank, code if code > 0 else 1, msg, detail) from None
+        except subprocess.CalledProcessError as e:  # accelerate's simple launcher (one process)
+            raise WorkerFailed(0, e.returncode, f"worker failed (exit code {e.returncode})") from None
+        except SystemExit as e:  # the simple launcher under --quiet exits instead
+            if e.code not in (None, 0):
+                code = e.code if isinstance(e.code, int) else 1
+                raise WorkerFailed(0, code, f"worker failed (exit code {code})") from None
+        except (ValueError, ConnectionError) as e:  # accelerate's own argument/port checks
+            raise XtrainError(
+                f"accelerate launch refused: {e}", "check the plan with `xtrain doctor`"
+            ) from None
+
+
+def accelerate_launch(
+    argv_tail: list[str],
+    plan: Plan,
+    module: bool = True,
+    config_file: str | None = None,
+    extra: Sequence[str] = (),
+    port: int | None = None,
+    nprocs: int | None = None,
+) -> int:
+    """``accelerate launch --multi_gpu ... [-m] MODULE ARGS`` in this process; returns the exit
+    code (0, or the first failed worker's code). The worker's own traceback has already gone
+    to stderr; the failure's one-line summary goes to the ``xtrain.launch`` logger."""
+    try:
+        _accelerate_launch(argv_tail, plan, module, config_file, extra, port, nprocs)
+    except WorkerFailed as e:
+        import logging
+
+        logging.getLogger("xtrain.launch").error(e.one_line())
+        return e.exit_code
+    return 0
+
+
+# -- one entry for everything ------------------------------------------------------------------
+def launch(
+    module: str,
+    argv: Sequence[str],
+    plan: Plan,
+    *,
+    port: int | None = None,
+    config_file: str | None = None,
+) -> None:
+    """Run ``python -m module *argv`` on every process the plan asks for, with the plan's
+    environment, through the plan's launcher. Raises ``WorkerFailed`` when a worker fails.
+
+    A single process (world size 1) runs as one child ``python -m module`` with the plan's
+    environment: a fresh interpreter gets CUDA_VISIBLE_DEVICES and the plan variables before
+    torch initialises (this process may already have initialised CUDA while probing), and it is
+    the same entry as the multi-process paths. No launcher, no rendezvous, nothing to hang on.
+    """
+    argv = list(argv)
+    if plan.world_size == 1:
+        env = {**os.environ, **plan_env(plan)}
+        code = subprocess.call([sys.executable, "-m", module, *argv], env=env)
+        if code != 0:
+            raise WorkerFailed(0, code, f"{module} failed (exit code {code})")
+        return
+    if plan.launcher == "spawn":
+        spawn(run_module, (module, argv), plan, port=port)
+    else:
+        _accelerate_launch([module, *argv], plan, module=True, config_file=config_file, port=port)
