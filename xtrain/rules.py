@@ -408,8 +408,8 @@ def check_backend(facts: Facts, plan: Plan) -> list[Finding]:
                 "nccl-absent-windows",
                 "warn",
                 "Windows torch has no NCCL: xtrain uses gloo (works; about 1.6-1.8x on 2 GPUs "
-                "instead of 1.9-2.0x with NCCL under WSL2).",
-                "nothing to do; for NCCL speed train under WSL2 (docs/wsl2.md)",
+                "instead of 1.9-2.0x with NCCL under WSL2, see docs/wsl2.md).",
+                None,
             )
         )
     elif multi_gpu and not facts.nccl_available:
