@@ -408,8 +408,8 @@ def check_backend(facts: Facts, plan: Plan) -> list[Finding]:
                 "nccl-absent-windows",
                 "warn",
                 "Windows torch has no NCCL: xtrain uses gloo (works; about 1.6-1.8x on 2 GPUs "
-                "instead of 1.9-2.0x with NCCL under WSL2, see docs/wsl2.md).",
-                None,
+                "instead of 1.9-2.0x with NCCL under WSL2; to switch, install WSL2 and see docs/wsl2.md).",
+                "wsl --install -d Ubuntu",
             )
         )
     elif multi_gpu and not facts.nccl_available:
