@@ -138,6 +138,13 @@ def test_gpu_subsets():
     assert one["distributed_type"] == "NO" and one["gpu_ids"] == "2"
 
 
+def test_gpu_ids_follow_an_existing_cuda_visible_devices():
+    assert ac.physical_gpu_ids("1", "2,3") == "3"
+    assert ac.physical_gpu_ids("0,1", "GPU-aa, GPU-bb") == "GPU-aa,GPU-bb"
+    assert ac.physical_gpu_ids("all", "2,3") == "all"
+    assert ac.physical_gpu_ids("1,3", None) == "1,3"
+
+
 def test_multi_node_counts_processes_over_all_machines():
     plan = make_plan(
         LINUX_2X3090, Overrides(num_machines=3, machine_rank=2, main_address="10.0.0.5", port=29555)
@@ -368,6 +375,14 @@ def test_overrides_appear_in_the_file(tmp_path):
     cfg = load(tmp_path / "o.yaml")
     assert (cfg.gpu_ids, cfg.num_processes, cfg.mixed_precision) == ("1,3", 2, "bf16")
     assert cfg.main_process_port == 29601 and cfg.main_process_ip == "127.0.0.1"
+
+
+def test_gpus_with_cuda_visible_devices_set(tmp_path):
+    two = cuda_machine("linux", "NVIDIA A100-SXM4-80GB", 2, (8, 0), 81920)
+    two = replace(two, cuda_visible_devices="2,3")
+    proc = xtrain(tmp_path, "--facts", str(save_facts(tmp_path, two)), "--gpus", "1", "-o", "g.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert load(tmp_path / "g.yaml").gpu_ids == "3"  # torch's GPU 1 is the card listed as 3
 
 
 def test_multi_node_flags(tmp_path):

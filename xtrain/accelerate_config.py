@@ -126,6 +126,21 @@ def _gpu_ids(plan: Plan) -> str:
     return ",".join(str(i) for i in ids)
 
 
+def physical_gpu_ids(gpu_ids: str, cuda_visible_devices: str | None) -> str:
+    """Map torch's GPU ids through an existing ``CUDA_VISIBLE_DEVICES``.
+
+    accelerate exports ``gpu_ids`` as ``CUDA_VISIBLE_DEVICES``, replacing the user's: with
+    ``CUDA_VISIBLE_DEVICES=2,3`` torch's GPU 1 is the card listed as 3, so the file must say 3.
+    """
+    entries = [e.strip() for e in (cuda_visible_devices or "").split(",") if e.strip()]
+    if gpu_ids == "all" or not entries:
+        return gpu_ids
+    ids = [int(i) for i in gpu_ids.split(",")]
+    if any(i >= len(entries) for i in ids):
+        return gpu_ids
+    return ",".join(entries[i] for i in ids)
+
+
 def config_for(
     plan: Plan,
     *,

@@ -140,6 +140,7 @@ def configure(
     diagnosis = diagnose(facts, overrides)
     plan = diagnosis.plan
     cfg = ac.config_for(plan, fsdp=fsdp, deepspeed=deepspeed)
+    cfg["gpu_ids"] = ac.physical_gpu_ids(cfg["gpu_ids"], facts.cuda_visible_devices)
     if slurm is not None:
         cfg.pop("main_process_ip", None)  # the script passes the first node's address
     if deepspeed and plan.os_kind == "windows":
