@@ -678,3 +678,12 @@ def test_rules_table_has_a_row_per_fixture_machine():
     table = doc[doc.index("## Rules table") :]
     for name in MACHINE_NAMES:
         assert re.search(rf"^\| `{re.escape(name)}`", table, re.M), name
+
+
+def test_deepspeed_config_on_windows_is_an_error() -> None:
+    facts = replace(
+        load_machine("windows-2x4090"),
+        accelerate_config={"distributed_type": "DEEPSPEED", "num_processes": 2, "deepspeed_config": {}},
+    )
+    f = finding(diagnose(facts), "deepspeed-windows")
+    assert f.severity == "error" and "WSL2" in f.message and f.fix

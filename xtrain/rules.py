@@ -638,6 +638,16 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
         ]
     problems: list[str] = []
     dtype = str(cfg.get("distributed_type", "NO"))
+    if plan.os_kind == "windows" and dtype == "DEEPSPEED":
+        return [
+            Finding(
+                "deepspeed-windows",
+                "error",
+                f"{path} asks for DeepSpeed, which does not run on native Windows (no NCCL, no "
+                "prebuilt ops): use plain DDP here, or train under WSL2.",
+                fix,
+            )
+        ]
     machines = max(1, _as_int(cfg.get("num_machines"), 1))
     # accelerate's num_processes is the total over all machines (-1: not set).
     total = _as_int(cfg.get("num_processes"), 1)
