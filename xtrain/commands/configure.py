@@ -11,21 +11,10 @@ from pathlib import Path
 
 import typer
 
+from xtrain.commands.options import parse_gpus
 from xtrain.errors import XtrainError
 
 PRECISION_HELP = "no | fp16 | bf16 (default: what the rules pick for the GPUs)"
-
-
-def _parse_gpus(text: str | None) -> list[int] | None:
-    if text is None or text.strip().lower() == "all":
-        return None
-    try:
-        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
-    except ValueError:
-        raise XtrainError(f"--gpus {text!r} is not a list of GPU ids", "e.g. --gpus 0,1") from None
-    if not ids or any(i < 0 for i in ids):
-        raise XtrainError(f"--gpus {text!r} is not a list of GPU ids", "e.g. --gpus 0,1")
-    return ids
 
 
 def _check_port(port: int | None) -> None:
@@ -69,7 +58,7 @@ def configure(
 
     console = Console(highlight=False)
     _check_port(port)
-    gpu_ids = _parse_gpus(gpus)
+    gpu_ids = parse_gpus(gpus)
     if deepspeed is not None and deepspeed not in ac.DEEPSPEED_STAGES:
         raise XtrainError(
             f"--deepspeed {deepspeed!r} is unknown", "use --deepspeed zero2 or --deepspeed zero3"

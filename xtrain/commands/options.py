@@ -1,0 +1,32 @@
+"""Option parsing shared by the commands: a bad value is one clear line, not a usage box."""
+
+from __future__ import annotations
+
+import re
+
+from xtrain.errors import XtrainError
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    """``"0,1"`` -> [0, 1]; None or "all" -> None (every visible GPU)."""
+    if text is None or text.strip().lower() == "all":
+        return None
+    if not re.fullmatch(r"\s*\d+\s*(,\s*\d+\s*)*", text):
+        raise XtrainError(f"--gpus {text!r} is not a list of GPU ids", "e.g. --gpus 0,1 (or --gpus all)")
+    return [int(x) for x in text.split(",")]
+
+
+def parse_int(
+    text: str | None, flag: str, low: int, high: int | None = None, example: str = ""
+) -> int | None:
+    """An integer option, checked here so a bad value is one line, not a usage box."""
+    if text is None:
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise XtrainError(f"{flag} needs a whole number, got {text!r}", example or None) from None
+    if value < low or (high is not None and value > high):
+        span = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise XtrainError(f"{flag} must be {span}, got {value}", example or None)
+    return value
