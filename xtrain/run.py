@@ -119,7 +119,9 @@ def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
     """Start ``processes`` ranks here with torch.multiprocessing (spawn)."""
     from xtrain import launch, probe, rules
     from xtrain.plan import Overrides
+    from xtrain.train.config import gradient_accumulation
 
+    gradient_accumulation(cfg, processes)  # a global batch that does not divide fails here, once
     plan = rules.make_plan(
         probe.collect(quick=True),
         Overrides(num_processes=processes, platform=platform, mixed_precision=_precision_override(cfg)),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import threading
 import time
@@ -39,7 +40,7 @@ from xtrain.train.accelerator import (
     release,
     wants_cpu_staged_allreduce,
 )
-from xtrain.train.config import TrainConfig
+from xtrain.train.config import TrainConfig, config_to_dict, gradient_accumulation, scaled_lr
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed
 from xtrain.train.workload import Workload
@@ -64,7 +65,7 @@ class TrainResult:
     global_batch: int
     resumed_from: str | None = None
     skipped_steps: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    run_info: dict[str, Any] = field(default_factory=dict)  # how it ran: backend, device, hook, ...
 
 
 class TrainingStopped(XtrainError):
@@ -120,18 +121,6 @@ def _agree_to_stop(accelerator: Any, signum: int | None, group: Any) -> int | No
 
 
 # -- pieces of the loop ----------------------------------------------------------------------------
-def _accumulation(cfg: TrainConfig, world_size: int) -> int:
-    from xtrain.train import config as config_mod
-
-    return int(config_mod.gradient_accumulation(cfg, world_size))
-
-
-def _learning_rate(cfg: TrainConfig, global_batch: int) -> float:
-    from xtrain.train import config as config_mod
-
-    return float(config_mod.scaled_lr(cfg, global_batch))
-
-
 def _default_build(cfg: TrainConfig, main_process_first: Callable[[], Any]) -> Workload:
     from xtrain.train.tasks import build_workload
 
@@ -264,9 +253,9 @@ def train(
 
     ``build`` replaces ``xtrain.train.tasks.build_workload`` (tests, benchmarks)."""
     ctx = LaunchContext.from_env()
-    accumulation = _accumulation(cfg, ctx.world_size)
+    accumulation = gradient_accumulation(cfg, ctx.world_size)
     global_batch = cfg.batch.per_device * ctx.world_size * accumulation
-    config_dict = asdict(cfg)
+    config_dict = config_to_dict(cfg)
     # Everything a user can get wrong about resuming is checked before anything starts.
     resume_from = checkpoint.find_resume(cfg.run.output_dir, cfg.run.resume)
     resume_state = checkpoint.read_state(resume_from, config_dict) if resume_from else None
@@ -316,7 +305,7 @@ def _train(
     total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * order.steps_per_epoch))
 
     model = workload.model
-    optimizer = _optimizer(model, cfg, _learning_rate(cfg, global_batch), device)
+    optimizer = _optimizer(model, cfg, scaled_lr(cfg, global_batch), device)
     scheduler = _scheduler(cfg, optimizer, total_steps)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total_params = sum(p.numel() for p in model.parameters())
@@ -519,6 +508,15 @@ def _train(
         global_batch=global_batch,
         resumed_from=str(resume_from) if resume_from else None,
         skipped_steps=skipped,
+        run_info={
+            "device": str(device),
+            "backend": accelerator.state.backend if world > 1 else None,
+            "distributed_type": str(accelerator.distributed_type),
+            "precision": mixed_precision(cfg, plan),
+            "plan_os": plan.os_kind,
+            "cpu_staged_allreduce": cpu_staged,
+            "use_libuv": os.environ.get("USE_LIBUV"),
+        },
     )
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

@@ -1,0 +1,131 @@
+"""Every way to start `xtrain.run` with 2 real CPU processes (gloo) gives the result of 1 process
+with the same global batch; bad input ends in one line without a traceback.
+
+Tolerances (stated in docs/training.md): loss at every step and final eval loss within 1e-4
+relative, adapter weights within 1e-5 absolute. The data order and the dropout masks do not
+depend on the process count, so the only differences left are float summation orders (DDP's
+gradient average vs accumulation in one process, per-process thread counts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests_support import Job, assert_same_training, make_job, run_xtrain
+
+pytestmark = pytest.mark.slow
+
+SPAWN = [sys.executable, "-m", "xtrain.run"]
+MODES = {
+    "accelerate": [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "xtrain.run",
+    ],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"],
+    "spawn": [*SPAWN, "--processes", "2"],
+    "windows": [*SPAWN, "--processes", "2"],  # + XTRAIN_PLATFORM=windows, forced CPU-staged hook
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    return make_job(tmp_path_factory.mktemp("modes"))
+
+
+@pytest.fixture(scope="module")
+def reference(job: Job) -> Path:
+    """One process, accumulation 2: what every 2-process mode must reproduce."""
+    out = job.root / "ref"
+    proc = run_xtrain([*SPAWN, "--config", str(job.config), f"run.output_dir={out}"], job.env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["world_size"] == 1 and result["accumulation"] == 2
+    return out
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_two_processes_match_one(mode: str, job, reference: Path) -> None:
+    out = job.root / mode
+    env = dict(job.env)
+    if mode == "windows":
+        env.update(XTRAIN_PLATFORM="windows", XTRAIN_FORCE_CPU_STAGED="1")
+    proc = run_xtrain([*MODES[mode], "--config", str(job.config), f"run.output_dir={out}"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["world_size"] == 2 and result["accumulation"] == 1 and result["global_batch"] == 8
+    info = result["run_info"]
+    assert info["backend"] == "gloo" and info["distributed_type"] == "DistributedType.MULTI_CPU"
+    if mode == "windows":
+        assert info["plan_os"] == "windows"
+        assert info["cpu_staged_allreduce"] is True
+        assert info["use_libuv"] == "0"
+    else:
+        assert info["cpu_staged_allreduce"] is False
+    assert_same_training(reference, out)
+
+
+# -- bad input: one line, non-zero exit, no traceback, nothing touched -------------------------------
+BAD_INPUTS = {
+    "missing data file": (["data.train={root}/nope.jsonl"], "nope.jsonl"),
+    "wrong column": (["data.text_column=body"], "body"),
+    "unknown task": (["model.task=translate"], "translate"),
+    "missing model path": (["model.name_or_path={root}/no-model"], "no-model"),
+    "global batch not divisible": (["batch.global_batch=10"], "10"),
+}
+
+
+@pytest.fixture(scope="module")
+def finished_run(job, reference: Path) -> tuple[Path, dict[str, float]]:
+    """The reference run's folder with its checkpoints, fingerprinted: a bad run must not touch it."""
+    return reference, _fingerprint(reference)
+
+
+def _fingerprint(folder: Path) -> dict[str, float]:
+    return {str(p.relative_to(folder)): p.stat().st_mtime for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line(case: str, job, finished_run) -> None:
+    out, before = finished_run
+    overrides, expected = BAD_INPUTS[case]
+    args = [o.format(root=job.root) for o in overrides]
+    proc = run_xtrain([*SPAWN, "--config", str(job.config), f"run.output_dir={out}", *args], job.env)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "Warning" not in ln and "warn" not in ln]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: ") and expected in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert _fingerprint(out) == before
+
+
+def test_bad_input_under_spawn_is_one_line(job) -> None:
+    out = job.root / "bad-spawn"
+    proc = run_xtrain(
+        [*SPAWN, "--processes", "2", "--config", str(job.config), f"run.output_dir={out}",
+         f"data.train={job.root}/nope.jsonl"],
+        job.env,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "nope.jsonl" in errors[0]
+    assert not (out / "checkpoints").exists()
+
+
+def test_processes_conflicting_with_the_launcher(job) -> None:
+    env = {**job.env, "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
+    proc = run_xtrain([*SPAWN, "--processes", "2", "--config", str(job.config)], env)
+    assert proc.returncode == 2 and "conflicts" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_run_help_is_fast_and_plain() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "xtrain.run", "--help"], capture_output=True, text=True, timeout=60,
+        env={**os.environ},
+    )  # fmt: skip
+    assert proc.returncode == 0 and "--processes" in proc.stdout and "--platform" not in proc.stdout

@@ -1,0 +1,180 @@
+"""Helpers for the multi-process training tests (test_launch_modes.py, test_resume.py): a tiny
+job on disk (data files, YAML config), a subprocess runner that never leaves workers behind, and
+the comparison of two runs' results."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 300
+
+# Tolerances between runs with different process counts (docs/training.md states them).
+LOSS_REL = 1e-4
+WEIGHT_ATOL = 1e-5
+
+CONFIG = """\
+model:
+  name_or_path: {model}
+  task: causal-lm
+lora:
+  r: 4
+  alpha: 8
+  dropout: 0.1
+data:
+  train: {root}/train.jsonl
+  eval: {root}/eval.jsonl
+  text_column: text
+  max_length: 48
+optim:
+  lr: 0.005
+  warmup_steps: 1
+batch:
+  per_device: 4
+  global_batch: 8
+run:
+  max_steps: {steps}
+  log_every: 1
+  save_every: {save_every}
+  keep_checkpoints: 3
+  tensorboard: false
+  seed: 7
+"""
+
+
+@dataclass
+class Job:
+    root: Path
+    config: Path
+    env: dict[str, str]
+
+
+def make_job(root: Path, steps: int = 4, save_every: int = 2, model: str | None = None) -> Job:
+    """Data files and a config in ``root``; the model is the built-in tiny llama, written to a
+    folder first and then loaded from disk like any pretrained checkpoint."""
+    from xtrain import builtin
+
+    root.mkdir(parents=True, exist_ok=True)
+    cache = root / "xtrain-cache"
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(root / "hf"),  # no accelerate default config, a private datasets cache
+        "XTRAIN_CACHE": str(cache),
+        "OMP_NUM_THREADS": "1",  # same threads per process in every mode: fewer float differences
+        "PYTHONWARNINGS": "ignore",
+    }
+    env.pop("XTRAIN_PLATFORM", None)
+    env.pop("XTRAIN_FORCE_CPU_STAGED", None)
+    if model is None:
+        model = str(builtin.ensure_builtin_model("builtin:tiny-llama", cache / "builtin"))
+    stories = builtin.story_examples(72, seed=11)
+    with open(root / "train.jsonl", "w", encoding="utf-8") as f:
+        for row in stories[:64]:
+            f.write(json.dumps(row) + "\n")
+    with open(root / "eval.jsonl", "w", encoding="utf-8") as f:
+        for row in stories[64:]:
+            f.write(json.dumps(row) + "\n")
+    config = root / "job.yaml"
+    config.write_text(CONFIG.format(model=model, root=root, steps=steps, save_every=save_every))
+    return Job(root=root, config=config, env=env)
+
+
+def start_xtrain(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start a command in its own process group (so all its workers can be killed at once)."""
+    return subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def run_xtrain(
+    cmd: list[str], env: dict[str, str], timeout: float = TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    proc = start_xtrain(cmd, env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout}s: {' '.join(cmd)}\n{err[-3000:]}") from None
+    finally:
+        kill_group(proc)  # workers left behind by a failed launcher
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def run_until(
+    cmd: list[str], env: dict[str, str], ready: Callable[[], bool], timeout: float = TIMEOUT_S
+) -> int:
+    """Start ``cmd``, SIGKILL its whole process group as soon as ``ready()``; returns the exit code
+    (-9 when it was killed)."""
+    proc = start_xtrain(cmd, env)
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None:
+            if ready():
+                kill_group(proc)
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out: {' '.join(cmd)}")
+            time.sleep(0.01)
+        proc.communicate(timeout=60)
+    finally:
+        kill_group(proc)
+    return proc.returncode
+
+
+def python_run(*args: str) -> list[str]:
+    return [sys.executable, "-m", "xtrain.run", *args]
+
+
+def adapter_weights(out: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "adapter" / "adapter_model.safetensors"))
+
+
+def assert_same_training(ref: Path, out: Path, exact: bool = False) -> None:
+    """Same loss trajectory, final eval loss and adapter weights (bitwise when ``exact``)."""
+    import torch
+
+    a = json.loads((ref / "train_result.json").read_text())
+    b = json.loads((out / "train_result.json").read_text())
+    assert [s for s, _ in a["losses"]] == [s for s, _ in b["losses"]]
+    if exact:
+        assert a["losses"] == b["losses"]
+        assert a["eval_metrics"] == b["eval_metrics"]
+    else:
+        for (_, la), (_, lb) in zip(a["losses"], b["losses"], strict=True):
+            assert lb == pytest.approx(la, rel=LOSS_REL)
+        assert b["eval_metrics"]["eval_loss"] == pytest.approx(a["eval_metrics"]["eval_loss"], rel=LOSS_REL)
+    wa, wb = adapter_weights(ref), adapter_weights(out)
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        if exact:
+            assert torch.equal(wa[k], wb[k]), k
+        else:
+            torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=WEIGHT_ATOL)
