@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
-from xtrain.shell import set_env
+from xtrain.shell import quote, set_env
 
 # The keys ClusterConfig (accelerate 1.15) knows. Loading is strict: any other key is an error.
 CLUSTER_KEYS = (
@@ -322,16 +321,6 @@ def validate_dict(cfg: dict[str, Any]) -> Any:
 # ---------------------------------------------------------------------------------------------
 # What to run next
 # ---------------------------------------------------------------------------------------------
-_SAFE = re.compile(r"^[A-Za-z0-9_./:\\=,+@%-]+$")
-
-
-def quote(shell: str, text: str) -> str:
-    """``text`` as one argument in the user's shell (single quotes in both when needed)."""
-    if _SAFE.match(text):
-        return text
-    if shell == "powershell":
-        return "'" + text.replace("'", "''") + "'"
-    return "'" + text.replace("'", "'\\''") + "'"
 
 
 def next_commands(plan: Plan, path: str | Path | None) -> list[str]:

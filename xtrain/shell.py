@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
+_SAFE = re.compile(r"^[A-Za-z0-9_./:\\=,+@%-]+$")
+
 
 def shell_for(os_kind: str) -> str:
     return "powershell" if os_kind == "windows" else "bash"
@@ -28,3 +32,12 @@ def join_lines(shell: str, parts: list[str]) -> str:
 
 def python_exe(shell: str) -> str:
     return "python" if shell == "powershell" else "python3"
+
+
+def quote(shell: str, text: str) -> str:
+    """``text`` as one argument in the user's shell (single quotes in both when needed)."""
+    if _SAFE.match(text):
+        return text
+    if shell == "powershell":
+        return "'" + text.replace("'", "''") + "'"
+    return "'" + text.replace("'", "'\\''") + "'"
