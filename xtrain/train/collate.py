@@ -1,0 +1,105 @@
+"""Batching and evaluation pieces shared by the built-in tasks.
+
+Everything here is a top-level class or function holding plain data only, so it pickles into
+spawned DataLoader workers (Windows, macOS) and into ``torch.multiprocessing`` workers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100  # labels the loss skips (padding, prompt tokens)
+
+
+class PadCollator:
+    """Pads a list of tokenised examples to the longest in the batch (right padding).
+
+    ``input_ids`` are padded with ``pad_token_id``, sequence ``labels`` with -100, everything
+    else (``attention_mask``, ``token_type_ids``) with 0. Scalar labels (classification) become
+    a 1-D tensor. ``pad_to_multiple_of`` rounds the length up (8 suits GPU tensor cores).
+    """
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
+        self.pad_token_id = int(pad_token_id)
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def _pad_value(self, key: str) -> int:
+        if key == "input_ids":
+            return self.pad_token_id
+        if key == "labels":
+            return IGNORE_INDEX
+        return 0
+
+    def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        if not features:
+            raise ValueError("empty batch")
+        length = max(len(f["input_ids"]) for f in features)
+        if self.pad_to_multiple_of:
+            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
+        batch: dict[str, torch.Tensor] = {}
+        for key in features[0]:
+            values = [f[key] for f in features]
+            if isinstance(values[0], (int, float)) or (torch.is_tensor(values[0]) and values[0].ndim == 0):
+                batch[key] = torch.as_tensor([int(v) for v in values], dtype=torch.long)
+                continue
+            pad = self._pad_value(key)
+            out = torch.full((len(values), length), pad, dtype=torch.long)
+            for i, v in enumerate(values):
+                v = torch.as_tensor(v, dtype=torch.long)
+                out[i, : len(v)] = v
+            batch[key] = out
+        return batch
+
+    def __repr__(self) -> str:
+        return f"PadCollator(pad_token_id={self.pad_token_id}, pad_to_multiple_of={self.pad_to_multiple_of})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation: per-example statistics (gathered by the loop), then one reduction
+
+
+def causal_lm_eval_batch(outputs: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per example: summed next-token cross-entropy, predicted tokens, correct predictions."""
+    logits = outputs.logits[:, :-1, :].detach().float()
+    labels = batch["labels"][:, 1:].to(logits.device)
+    mask = labels != IGNORE_INDEX
+    ce = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
+    correct = (logits.argmax(dim=-1) == labels) & mask
+    return {
+        "loss_sum": ce.sum(dim=1),
+        "count": mask.sum(dim=1).float(),
+        "correct": correct.sum(dim=1).float(),
+    }
+
+
+def causal_lm_reduce(stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    tokens = float(stats["count"].sum())
+    if tokens == 0:
+        return {}
+    loss = float(stats["loss_sum"].sum()) / tokens
+    return {
+        "token_accuracy": float(stats["correct"].sum()) / tokens,
+        "perplexity": math.exp(min(loss, 50.0)),
+    }
+
+
+def seq_cls_eval_batch(outputs: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per example: cross-entropy, 1, and whether the predicted class is right."""
+    logits = outputs.logits.detach().float()
+    labels = batch["labels"].to(logits.device)
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    return {
+        "loss_sum": ce,
+        "count": torch.ones_like(ce),
+        "correct": (logits.argmax(dim=-1) == labels).float(),
+    }
+
+
+def seq_cls_reduce(stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    n = float(stats["count"].sum())
+    return {"accuracy": float(stats["correct"].sum()) / n} if n else {}

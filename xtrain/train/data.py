@@ -1,0 +1,336 @@
+"""Loading training data with ``datasets`` and tokenising it through ``Dataset.map``.
+
+Sources (``data.train`` / ``data.eval``):
+
+- a file: ``.json``/``.jsonl``, ``.csv``/``.tsv``, ``.parquet``, ``.txt``, ``.arrow``
+  (or any extension with ``data.format``), read by ``load_dataset(<builder>, data_files=...)``;
+- a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (``load_from_disk``),
+  or a folder of data files (``load_dataset(folder)``);
+- ``builtin:NAME`` (``xtrain.builtin``: written as jsonl once, then read like any file);
+- a Hugging Face hub id (``load_dataset(id)``; needs the network or a filled cache).
+
+Tokenisation runs through ``Dataset.map`` with a fingerprint made of stable parts (the input
+data's fingerprint, the tokenizer's serialised form, the settings), so a second run, and every
+other process of the same run, loads the cached result instead of tokenising again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from xtrain import builtin
+from xtrain.errors import XtrainError
+from xtrain.train.collate import IGNORE_INDEX
+
+# Bump when the tokenising functions below change what they produce (invalidates the cache).
+TOKENIZE_VERSION = 1
+
+EXTENSIONS = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".txt": "text",
+    ".text": "text",
+    ".arrow": "arrow",
+}
+EVAL_SPLITS = ("validation", "eval", "valid", "dev", "test")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+def _looks_like_hub_id(source: str) -> bool:
+    if source.startswith((".", "/", "~", "\\")) or "\\" in source or re.match(r"^[A-Za-z]:", source):
+        return False
+    if Path(source).suffix.lower() in EXTENSIONS:
+        return False
+    return bool(_HUB_ID.match(source)) and ".." not in source
+
+
+def _pick_split(ds: Any, source: str, role: str) -> Any:
+    """One split of a DatasetDict: "train" for training, validation/eval/test for evaluation."""
+    from datasets import DatasetDict
+
+    if not isinstance(ds, DatasetDict):
+        return ds
+    names = list(ds.keys())
+    wanted = ("train",) if role == "train" else EVAL_SPLITS
+    for name in wanted:
+        if name in ds:
+            return ds[name]
+    if len(names) == 1:
+        return ds[names[0]]
+    raise XtrainError(
+        f"{source} has splits {', '.join(names)} and none of them is a {role} split",
+        f"expected {' or '.join(wanted)}",
+    )
+
+
+def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = "data.train") -> Any:
+    """A ``datasets.Dataset`` from a file, a folder, ``builtin:NAME`` or a hub id."""
+    import datasets
+
+    if builtin.is_builtin(source):
+        split = "train" if role == "train" else "eval"
+        path = builtin.builtin_data_file(source, split)
+        return _load_file(path, "json", source)
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        saved = (path / "dataset_dict.json").exists() or (path / "state.json").exists()
+        try:
+            if saved or fmt == "arrow":
+                ds = datasets.load_from_disk(str(path))
+            else:
+                ds = datasets.load_dataset(str(path))
+        except XtrainError:
+            raise
+        except Exception as e:
+            raise XtrainError(f"cannot read data folder {source}: {_first_line(e)}") from None
+        return _pick_split(ds, source, role)
+    if path.is_file():
+        builder = fmt if fmt != "auto" else EXTENSIONS.get(path.suffix.lower())
+        if builder is None:
+            raise XtrainError(
+                f"cannot tell the format of {source} from its extension",
+                f"set data.format (json, csv, parquet, text, arrow); known: {', '.join(EXTENSIONS)}",
+            )
+        return _load_file(path, builder, source)
+    if _looks_like_hub_id(source):
+        try:
+            ds = datasets.load_dataset(source)
+        except Exception as e:
+            raise XtrainError(
+                f"{key} '{source}' is not a local file or folder, and loading it from the Hugging Face "
+                f"hub failed: {_first_line(e)}",
+                "check the path (relative paths are looked up next to the config file, then in the "
+                "current folder), or download the data set first",
+            ) from None
+        return _pick_split(ds, source, role)
+    raise XtrainError(
+        f"data file {source} not found ({key})",
+        "check the path: relative paths are looked up next to the config file, then in the current folder",
+    )
+
+
+def _load_file(path: Path, builder: str, source: str) -> Any:
+    import datasets
+
+    kwargs: dict[str, Any] = {}
+    if builder == "csv" and path.suffix.lower() == ".tsv":
+        kwargs["delimiter"] = "\t"
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+    except Exception as e:
+        raise XtrainError(f"cannot read {source} as {builder}: {_first_line(e)}") from None
+
+
+def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> None:
+    """Each configured column (``{"data.text_column": "text", ...}``) must exist in ``ds``."""
+    have = list(ds.column_names)
+    for key, col in columns.items():
+        if col is not None and col not in have:
+            raise XtrainError(
+                f"column '{col}' not in {source} (columns: {', '.join(have)})",
+                f"set {key} to one of them",
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Fingerprints
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of everything in the tokenizer that changes its output (stable across processes)."""
+    from datasets.fingerprint import Hasher
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        body: Any = json.loads(backend.to_str())
+        # Truncation/padding are call-time state that the tokenizer remembers from its last call.
+        body.pop("truncation", None)
+        body.pop("padding", None)
+    else:  # a tokenizer without a tokenizers backend: its vocabulary and settings
+        body = sorted(tokenizer.get_vocab().items())
+    specials = sorted((str(k), str(v)) for k, v in tokenizer.special_tokens_map.items())
+    return Hasher.hash([type(tokenizer).__name__, body, specials, getattr(tokenizer, "add_bos_token", None)])
+
+
+def map_fingerprint(ds: Any, *parts: Any) -> str:
+    from datasets.fingerprint import Hasher
+
+    return Hasher.hash([getattr(ds, "_fingerprint", None), TOKENIZE_VERSION, *parts])
+
+
+def tokenized(ds: Any, function: Any, fn_kwargs: dict[str, Any], fingerprint: str, desc: str) -> Any:
+    """``ds.map(function, batched=True)`` replacing all columns, cached under ``fingerprint``."""
+    return ds.map(
+        function,
+        batched=True,
+        batch_size=1000,
+        fn_kwargs=fn_kwargs,
+        remove_columns=list(ds.column_names),
+        new_fingerprint=fingerprint,
+        desc=desc,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenising functions (top-level: datasets may run them in worker processes)
+
+
+def _has_target(labels: Sequence[int]) -> bool:
+    # The model shifts labels by one: position 0 never counts.
+    return any(t != IGNORE_INDEX for t in labels[1:])
+
+
+def tokenize_causal_lm(
+    batch: dict[str, list[Any]],
+    tokenizer: Any,
+    text_column: str,
+    prompt_column: str | None,
+    response_column: str | None,
+    max_length: int,
+    packing: bool,
+) -> dict[str, list[list[int]]]:
+    """Text -> input_ids/labels (+ eos). Prompt/response: labels -100 on the prompt.
+    Packing: the examples of this map batch are concatenated and cut into max_length blocks."""
+    eos = tokenizer.eos_token_id
+    tail = [eos] if eos is not None else []
+    ids_list: list[list[int]] = []
+    labels_list: list[list[int]] = []
+    if prompt_column is not None and response_column is not None:
+        prompts = [p if p is not None else "" for p in batch[prompt_column]]
+        responses = [r if r is not None else "" for r in batch[response_column]]
+        p_ids = tokenizer(prompts, add_special_tokens=True)["input_ids"]
+        r_ids = tokenizer(responses, add_special_tokens=False)["input_ids"]
+        for p, r in zip(p_ids, r_ids, strict=True):
+            ids_list.append(list(p) + list(r) + tail)
+            labels_list.append([IGNORE_INDEX] * len(p) + list(r) + tail)
+    else:
+        texts = [t if t is not None else "" for t in batch[text_column]]
+        for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]:
+            ids = list(ids)
+            if tail and (not ids or ids[-1] != eos):
+                ids = ids + tail
+            ids_list.append(ids)
+            labels_list.append(list(ids))
+
+    out_ids: list[list[int]] = []
+    out_labels: list[list[int]] = []
+    if packing:
+        flat_ids = [t for ids in ids_list for t in ids]
+        flat_labels = [t for labels in labels_list for t in labels]
+        for start in range(0, len(flat_ids), max_length):
+            out_ids.append(flat_ids[start : start + max_length])
+            out_labels.append(flat_labels[start : start + max_length])
+    else:
+        out_ids = [ids[:max_length] for ids in ids_list]
+        out_labels = [labels[:max_length] for labels in labels_list]
+    keep = [i for i, labels in enumerate(out_labels) if _has_target(labels)]
+    return {
+        "input_ids": [out_ids[i] for i in keep],
+        "attention_mask": [[1] * len(out_ids[i]) for i in keep],
+        "labels": [out_labels[i] for i in keep],
+    }
+
+
+def tokenize_seq_cls(
+    batch: dict[str, list[Any]],
+    tokenizer: Any,
+    text_column: str,
+    text_pair_column: str | None,
+    label_column: str,
+    label_to_id: dict[str, int] | None,
+    max_length: int,
+) -> dict[str, list[Any]]:
+    """Text (+ pair) -> input_ids/attention_mask(/token_type_ids), label -> class id."""
+    texts = [t if t is not None else "" for t in batch[text_column]]
+    pairs = None
+    if text_pair_column is not None:
+        pairs = [t if t is not None else "" for t in batch[text_pair_column]]
+    enc = tokenizer(texts, pairs, truncation=True, max_length=max_length)
+    out = {k: list(v) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    if label_to_id is None:
+        out["labels"] = [int(v) for v in batch[label_column]]
+    else:
+        out["labels"] = [label_to_id[label_key(v)] for v in batch[label_column]]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels
+
+
+def label_key(value: Any) -> str:
+    """The mapping key of a label value: ``True`` and ``"True"`` are the same label."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def label_mapping(
+    train_labels: list[Any], eval_labels: list[Any], num_labels: int | None, sources: tuple[str, str]
+) -> tuple[dict[str, int] | None, int, dict[int, str] | None]:
+    """(label -> id or None for integer labels, num_labels, id -> name or None).
+
+    Integer labels are used as they are (0..n-1); anything else (strings, booleans) is mapped by
+    sorted order, which is stable across runs and processes.
+    """
+    values = list(train_labels) + list(eval_labels)
+    if any(v is None for v in values):
+        where = sources[0] if any(v is None for v in train_labels) else sources[1]
+        raise XtrainError(f"the label column of {where} has empty values", "fill or drop those rows")
+    ints = all(
+        (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
+        for v in values
+    )
+    if ints:
+        ids = sorted({int(v) for v in values})
+        if ids and ids[0] < 0:
+            raise XtrainError(f"integer labels must be >= 0, found {ids[0]}", "use 0..num_labels-1")
+        n = num_labels or (ids[-1] + 1 if ids else 0)
+        if ids and ids[-1] >= n:
+            raise XtrainError(
+                f"label {ids[-1]} does not fit model.num_labels={n}",
+                f"set model.num_labels={ids[-1] + 1} or leave it unset to infer it",
+            )
+        if n < 2:
+            raise XtrainError(
+                f"seq-cls needs at least 2 classes, the data has {n}", "check data.label_column"
+            )
+        return None, n, None
+    if any(isinstance(v, float) for v in values):
+        raise XtrainError(
+            "labels must be integers or strings, found fractional numbers",
+            "seq-cls is classification; regression needs a custom task",
+        )
+    names = sorted({label_key(v) for v in train_labels})
+    unseen = sorted({label_key(v) for v in eval_labels} - set(names))
+    if unseen:
+        raise XtrainError(
+            f"label '{unseen[0]}' of {sources[1]} is not among the training labels ({', '.join(names)})",
+            "train and eval data must use the same label names",
+        )
+    if len(names) < 2:
+        raise XtrainError(
+            f"seq-cls needs at least 2 classes, the data has {len(names)}", "check data.label_column"
+        )
+    n = num_labels or len(names)
+    if n < len(names):
+        raise XtrainError(
+            f"the data has {len(names)} labels but model.num_labels={n}",
+            f"set model.num_labels={len(names)} or leave it unset",
+        )
+    mapping = {name: i for i, name in enumerate(names)}
+    return mapping, n, {i: name for name, i in mapping.items()}

@@ -1,0 +1,117 @@
+"""Loading the tokenizer and the model: a local folder, a hub id or ``builtin:NAME``, all through
+``from_pretrained``. Failures a user can cause become one ``XtrainError`` line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from xtrain import builtin
+from xtrain.errors import XtrainError
+
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """``org/name`` or ``name``: what the hub accepts. Paths (``./x``, ``/x``, ``a/b/c``) are not."""
+    if name.startswith((".", "/", "~", "\\")) or "\\" in name or re.match(r"^[A-Za-z]:", name):
+        return False
+    return bool(re.match(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$", name)) and ".." not in name and len(name) <= 96
+
+
+def resolve_model(name_or_path: str) -> str:
+    """The folder (built-in or local) or hub id that ``from_pretrained`` gets."""
+    if builtin.is_builtin(name_or_path):
+        return str(builtin.ensure_builtin_model(name_or_path))
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise XtrainError(
+                f"model path {name_or_path} is a file, not a model folder",
+                "point model.name_or_path at the folder holding config.json",
+            )
+        return str(path)
+    if not looks_like_hub_id(name_or_path):
+        raise XtrainError(
+            f"model path {name_or_path} not found",
+            "check model.name_or_path (relative paths are looked up next to the config file, "
+            "then in the current folder)",
+        )
+    return name_or_path
+
+
+def _load_error(what: str, name: str, local: bool, e: BaseException) -> XtrainError:
+    reason = _first_line(e)
+    if "trust_remote_code" in str(e):
+        return XtrainError(
+            f"{name} needs custom code from its repository to load its {what}",
+            "set model.trust_remote_code=true if you trust that code",
+        )
+    if local:
+        return XtrainError(f"cannot load the {what} from {name}: {reason}")
+    return XtrainError(
+        f"model '{name}' is not a local folder, and loading its {what} from the Hugging Face hub "
+        f"failed: {reason}",
+        "check the name and your network, or download it and set model.name_or_path to the folder",
+    )
+
+
+def load_tokenizer(source: str, trust_remote_code: bool) -> Any:
+    """``AutoTokenizer.from_pretrained``; a missing pad token falls back to eos (then unk)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise _load_error("tokenizer", source, Path(source).exists(), e) from None
+    if tokenizer.pad_token_id is None:
+        fallback = tokenizer.eos_token or tokenizer.unk_token
+        if fallback is None:
+            raise XtrainError(
+                f"the tokenizer of {source} has no pad, eos or unk token to pad batches with",
+                "use a tokenizer with a pad token",
+            )
+        tokenizer.pad_token = fallback
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def load_dtype(setting: str) -> Any:
+    """``model.dtype``: auto keeps the checkpoint's dtype on a GPU and float32 on CPU (half-precision
+    matmuls are slow or missing there); otherwise the named dtype."""
+    import torch
+
+    if setting == "auto":
+        return "auto" if torch.cuda.is_available() else torch.float32
+    return getattr(torch, DTYPES[setting])
+
+
+def _dtype_kwarg() -> str:
+    """transformers >= 4.56 calls it ``dtype``; older versions ``torch_dtype``."""
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+def load_model(source: str, task: str, dtype: str, trust_remote_code: bool, **extra: Any) -> Any:
+    """``AutoModelForCausalLM`` or ``AutoModelForSequenceClassification`` ``.from_pretrained``."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    auto = AutoModelForCausalLM if task == "causal-lm" else AutoModelForSequenceClassification
+    kwargs = {_dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
+    try:
+        return auto.from_pretrained(source, **kwargs)
+    except Exception as e:
+        if "Unrecognized configuration class" in str(e) or "does not support" in str(e):
+            raise XtrainError(
+                f"{source} has no {task} head in transformers ({_first_line(e)[:120]})",
+                "use a model of that kind, or a custom task",
+            ) from None
+        raise _load_error("model", source, Path(source).exists(), e) from None
