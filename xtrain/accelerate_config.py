@@ -215,7 +215,7 @@ def to_yaml(cfg: dict[str, Any], header: str | None = None) -> str:
 def header_for(plan: Plan) -> str:
     return (
         f"accelerate config written by `xtrain configure`: {plan.summary()}\n"
-        "Loaded by `accelerate launch` (and `xtrain train`). After a hardware change run\n"
+        "Loaded by `accelerate launch`. After a hardware change run\n"
         "`xtrain configure --force` again (it keeps a backup of this file)."
     )
 
@@ -323,12 +323,13 @@ def validate_dict(cfg: dict[str, Any]) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-def next_commands(plan: Plan, path: str | Path | None) -> list[str]:
+def next_commands(plan: Plan, path: str | Path | None, sharded: bool = False) -> list[str]:
     """The exact commands to run next, in the user's shell (plan.shell); comments start with #.
 
     ``path`` is where the accelerate config was written; at accelerate's default location
     ``accelerate launch`` needs no ``--config_file``. Without ``--config`` xtrain.run trains its
-    built-in job, so the first launch line works as printed.
+    built-in job, so the first launch line works as printed. ``sharded`` (FSDP/DeepSpeed): only
+    ``accelerate launch`` reads those settings from the file (`xtrain train` passes plain DDP flags).
     """
     sh = plan.shell
     lines = [set_env(sh, k, v) for k, v in plan.env.items()]
@@ -353,7 +354,7 @@ def next_commands(plan: Plan, path: str | Path | None) -> list[str]:
     if path is not None and Path(path).expanduser().resolve() != default_config_path().resolve():
         config_file = f" --config_file {quote(sh, str(path))}"
     lines.append(f"accelerate launch{config_file} -m xtrain.run")
-    if plan.num_machines == 1 and not config_file:
+    if plan.num_machines == 1 and not config_file and not sharded:
         lines.append("xtrain train YOUR.yaml   # your own job")
     else:
         lines.append(f"accelerate launch{config_file} -m xtrain.run --config YOUR.yaml   # your own job")

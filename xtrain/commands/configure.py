@@ -201,6 +201,6 @@ def configure(
     if job is not None:
         commands = [f"sbatch {slurm_path}", f"sbatch {slurm_path} --config YOUR.yaml   # your own job"]
     else:
-        commands = ac.next_commands(plan, target)
+        commands = ac.next_commands(plan, target, sharded=fsdp or deepspeed is not None)
     for line in commands:
         console.print(f"  {line}", markup=False, soft_wrap=True)

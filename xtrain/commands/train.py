@@ -75,6 +75,11 @@ def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[
     visible = []
     if plan.gpu_ids is not None and plan.device == "cuda":
         visible = [set_env(sh, "CUDA_VISIBLE_DEVICES", ",".join(map(str, plan.gpu_ids)))]
+    if plan.world_size == 1:  # one process: xtrain runs it as a plain child, no launcher
+        return [
+            ("what xtrain runs (one process, no launcher)", env + visible + [spawn]),
+            ("the same with accelerate launch", env + visible + [accelerate]),
+        ]
     if plan.launcher == "spawn":
         return [
             ("what xtrain runs (spawned workers, no torchrun: the Windows path)", env + visible + [spawn]),
@@ -112,7 +117,7 @@ def train(
     run_argv = ["--config", str(config), *overrides]
 
     if dry_run:
-        console.print(f"[bold]Plan:[/] {plan.summary()}")
+        console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
         for title, lines in equivalent_commands(plan, run_argv):
             console.print(f"\n# {title} ({'PowerShell' if plan.shell == 'powershell' else 'bash'})")
             for line in lines:
