@@ -71,11 +71,15 @@ def test_two_processes_match_one(mode: str, job, reference: Path) -> None:
 
 # -- bad input: one line, non-zero exit, no traceback, nothing touched -------------------------------
 BAD_INPUTS = {
-    "missing data file": (["data.train={root}/nope.jsonl"], "nope.jsonl"),
-    "wrong column": (["data.text_column=body"], "body"),
-    "unknown task": (["model.task=translate"], "translate"),
-    "missing model path": (["model.name_or_path={root}/no-model"], "no-model"),
-    "global batch not divisible": (["batch.global_batch=10"], "10"),
+    "missing data file": (["data.train={root}/nope.jsonl"], "data file {root}/nope.jsonl not found"),
+    "wrong column": (["data.text_column=body"], "column 'body' not in"),
+    "unknown task": (["model.task=translate"], "model.task must be one of"),
+    "missing model path": (["model.name_or_path={root}/no-model"], "model path {root}/no-model not found"),
+    "global batch not divisible": (["batch.global_batch=10"], "global batch 10 is not divisible"),
+    "resume from a missing checkpoint": (
+        ["run.resume={root}/step-9"],
+        "checkpoint {root}/step-9 does not exist",
+    ),
 }
 
 
@@ -94,6 +98,7 @@ def test_bad_input_is_one_line(case: str, job, finished_run) -> None:
     out, before = finished_run
     overrides, expected = BAD_INPUTS[case]
     args = [o.format(root=job.root) for o in overrides]
+    expected = expected.format(root=job.root)
     proc = run_xtrain([*SPAWN, "--config", str(job.config), f"run.output_dir={out}", *args], job.env)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and "Warning" not in ln and "warn" not in ln]
@@ -129,3 +134,34 @@ def test_run_help_is_fast_and_plain() -> None:
         env={**os.environ},
     )  # fmt: skip
     assert proc.returncode == 0 and "--processes" in proc.stdout and "--platform" not in proc.stdout
+
+
+def test_saved_adapter_reloads_with_peft_and_reproduces_eval_loss(
+    job: Job, reference: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The adapter of a real run (a pretrained checkpoint on disk) loads with PeftModel and its
+    tokenizer, and gives the run's final eval loss on the eval set."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from xtrain.train.config import load_config
+    from xtrain.train.tasks import build_workload
+
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "XTRAIN_CACHE"):
+        monkeypatch.setenv(key, job.env[key])
+    cfg = load_config(job.config, ["lora.enabled=false"])  # the eval set and collator, base model only
+    workload = build_workload(cfg)
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.name_or_path)
+    model = PeftModel.from_pretrained(base, str(reference / "adapter")).eval()
+    assert AutoTokenizer.from_pretrained(str(reference / "adapter")).pad_token_id is not None
+    rows = [workload.eval_dataset[i] for i in range(len(workload.eval_dataset))]
+    loss_sum = count = 0.0
+    with torch.no_grad():
+        for i in range(0, len(rows), 4):
+            batch = workload.collator(rows[i : i + 4])
+            stats = workload.eval_batch(model(**batch), batch)
+            loss_sum += float(stats["loss_sum"].sum())
+            count += float(stats["count"].sum())
+    expected = json.loads((reference / "train_result.json").read_text())["eval_metrics"]["eval_loss"]
+    assert loss_sum / count == pytest.approx(expected, rel=1e-5)

@@ -113,6 +113,8 @@ def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
         data = {"message": e.message, "hint": e.hint, "exit_code": e.exit_code}
         (Path(error_dir) / f"rank-{rank}.json").write_text(json.dumps(data), encoding="utf-8")
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:  # Ctrl+C before the loop took over the signal (or a second one)
+        sys.exit(130)
 
 
 def _spawn(cfg: Any, processes: int, platform: str | None) -> None:

@@ -33,10 +33,9 @@ STATE_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")
 
-# Config sections that decide the shape of the trained weights: a checkpoint only fits a run
-# whose values here are the same.
+# Config values that decide the shape of the trained weights: a checkpoint only fits a run
+# whose values here are the same. (model.name_or_path may change: a model folder can move.)
 _MUST_MATCH = (
-    ("model", "name_or_path"),
     ("model", "task"),
     ("model", "custom"),
     ("lora", "enabled"),
@@ -133,6 +132,10 @@ def find_resume(output_dir: str | Path, resume: str | None) -> Path | None:
     path = Path(mode).expanduser()
     if not path.exists():
         raise XtrainError(f"checkpoint {path} does not exist", "use run.resume=auto, or a step-N folder")
+    if not path.is_dir():
+        raise XtrainError(
+            f"run.resume={path} is a file, not a checkpoint folder", "point it at a step-N folder"
+        )
     if _TMP_DIR.match(path.name) or not (path / STATE_FILE).is_file():
         raise XtrainError(
             f"checkpoint {path} is incomplete (its write did not finish)",
@@ -162,7 +165,9 @@ def read_state(path: Path, config: dict[str, Any]) -> TrainState:
     return state
 
 
-def changes(state: TrainState, global_batch: int, num_samples: int, total_steps: int) -> list[str]:
+def changes(
+    state: TrainState, config: dict[str, Any], global_batch: int, num_samples: int, total_steps: int
+) -> list[str]:
     """What differs from the run that wrote the checkpoint (shown as notes, not errors)."""
     notes = [f"resuming at step {state.step} (epoch {state.epoch}, {state.samples_seen} samples seen)"]
     if state.world_size:
@@ -177,6 +182,10 @@ def changes(state: TrainState, global_batch: int, num_samples: int, total_steps:
             f"the training set changed from {state.num_samples} to {num_samples} samples: the data "
             "order differs from the original run"
         )
+    old_model = (state.config.get("model") or {}).get("name_or_path")
+    new_model = (config.get("model") or {}).get("name_or_path")
+    if old_model and old_model != new_model:
+        notes.append(f"model.name_or_path changed from {old_model} to {new_model}")
     if state.total_steps != total_steps:
         notes.append(f"the run length changed from {state.total_steps} to {total_steps} steps")
     return notes

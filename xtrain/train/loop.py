@@ -344,7 +344,9 @@ def _train(
         start_step = resume_state.step
         losses, eval_history = list(resume_state.losses), list(resume_state.eval_history)
         skipped = resume_state.skipped_steps
-        for note in checkpoint.changes(resume_state, global_batch, order.num_samples, total_steps):
+        for note in checkpoint.changes(
+            resume_state, config_dict, global_batch, order.num_samples, total_steps
+        ):
             rep.note(note)
     elif accelerator.is_main_process:
         checkpoint.remove_partial(out)
