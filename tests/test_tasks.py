@@ -30,11 +30,14 @@ REVIEWS = builtin.sentiment_examples(40, seed=5)
 def private_caches(tmp_path_factory, monkeypatch):
     """Built-in assets and the datasets cache in a temporary folder shared by this module."""
     import datasets
+    import huggingface_hub.constants
 
     root = tmp_path_factory.getbasetemp() / "tasks-caches"
     monkeypatch.setenv("XTRAIN_CACHE", str(root / "xtrain"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
+    # Offline: hub lookups fail at once instead of retrying an unreachable network.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     return root
 
 
@@ -298,7 +301,8 @@ def test_quickstart_workload_learns_with_a_plain_loop():
         sched.step()
         opt.zero_grad()
     after = accuracy()
-    assert before < 0.6 and after > 0.75, (before, after)
+    print(f"quickstart plain loop: {steps} steps, accuracy {before:.3f} -> {after:.3f}")
+    assert before < 0.6 and after > 0.7 and after - before > 0.15, (before, after)
 
 
 # -- custom tasks ----------------------------------------------------------------------------------
@@ -528,6 +532,11 @@ def test_missing_model_path(path, tmp_path):
 def test_unreachable_hub_model_is_one_line(tmp_path):
     e = one_line_error(causal_cfg("someone/model-that-is-not-here", tmp_path / "x.jsonl"))
     assert "not a local folder" in e.message
+
+
+def test_unreachable_hub_data_is_one_line(llama):
+    e = one_line_error(causal_cfg(llama, "someone/data-that-is-not-here"))
+    assert e.message.startswith("data.train 'someone/data-that-is-not-here' is not a local file or folder")
 
 
 def test_unknown_extension_needs_a_format(llama, tmp_path):
