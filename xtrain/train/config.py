@@ -93,6 +93,7 @@ class RunConfig:
     max_steps: int | None = None  # optimizer steps; wins over epochs
     epochs: float = 1.0
     eval_every: int | None = None  # steps; None: at the end only
+    eval_at_start: bool = False  # also evaluate before the first step (the "before" figures)
     save_every: int | None = None  # steps; None: at the end only
     keep_checkpoints: int = 2
     seed: int = 42
