@@ -115,6 +115,7 @@ def test_override_forms():
     assert load_config(None, ["data.eval="]).data.eval is None
     assert load_config(None, ["data.eval=None"]).data.eval is None
     assert load_config(None, ["model.task=Causal-LM"]).model.task == "causal-lm"
+    assert load_config(None, ["lora.modules_to_save=classifier"]).lora.modules_to_save == ["classifier"]
 
 
 @pytest.mark.parametrize(

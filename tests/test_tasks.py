@@ -253,6 +253,11 @@ def test_label_mapping_rules():
     assert mapping == {"a": 0, "b": 1, "c": 2} and n == 3 and names == {0: "a", 1: "b", 2: "c"}
     assert data_mod.label_mapping([0, 1, 1], [1], None, ("t", "e")) == (None, 2, None)
     assert data_mod.label_mapping([True, False], [], None, ("t", "e"))[0] == {"False": 0, "True": 1}
+    assert data_mod.label_mapping([1, 0], [], None, ("t", "e"), ["neg", "pos", "mixed"]) == (
+        None,
+        3,
+        {0: "neg", 1: "pos", 2: "mixed"},
+    )
     with pytest.raises(XtrainError, match="label 'neutral' of e is not among the training labels"):
         data_mod.label_mapping(["pos", "neg"], ["neutral"], None, ("t", "e"))
     with pytest.raises(XtrainError, match="does not fit model.num_labels=2"):
@@ -573,3 +578,20 @@ def test_pad_collator_pads_right_and_rounds_up():
     cls = PadCollator(pad_token_id=3)([{"input_ids": [1, 2], "labels": 1}, {"input_ids": [1], "labels": 0}])
     assert cls["labels"].tolist() == [1, 0] and cls["input_ids"].tolist() == [[1, 2], [1, 3]]
     assert math.isfinite(0.0)
+
+
+def test_seq_cls_class_label_names(bert, tmp_path):
+    import datasets
+
+    features = datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["sad", "happy"])}
+    )
+    rows = {
+        "text": [r["text"] for r in REVIEWS[:12]],
+        "label": [int(r["label"] == "positive") for r in REVIEWS[:12]],
+    }
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows, features=features)}).save_to_disk(
+        str(tmp_path / "cl")
+    )
+    config = build_workload(seq_cfg(bert, tmp_path / "cl")).model.base_model.model.config
+    assert config.id2label == {0: "sad", 1: "happy"}

@@ -247,6 +247,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         raise XtrainError(f"{key} must be a string, got {_show(value)}")
     if origin is list:
         (item,) = typing.get_args(tp)
+        if isinstance(value, str):  # `a,b` or a single name
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise XtrainError(f"{key} must be a list, got {_show(value)}")
         return [_coerce(v, item, key) for v in value]

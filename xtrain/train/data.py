@@ -280,13 +280,20 @@ def label_key(value: Any) -> str:
 
 
 def label_mapping(
-    train_labels: list[Any], eval_labels: list[Any], num_labels: int | None, sources: tuple[str, str]
+    train_labels: list[Any],
+    eval_labels: list[Any],
+    num_labels: int | None,
+    sources: tuple[str, str],
+    class_names: list[str] | None = None,
 ) -> tuple[dict[str, int] | None, int, dict[int, str] | None]:
     """(label -> id or None for integer labels, num_labels, id -> name or None).
 
-    Integer labels are used as they are (0..n-1); anything else (strings, booleans) is mapped by
-    sorted order, which is stable across runs and processes.
+    Integer labels are used as they are (0..n-1), named by ``class_names`` when the column is a
+    ``datasets.ClassLabel``; anything else (strings, booleans) is mapped by sorted order, which
+    is stable across runs and processes.
     """
+    if class_names:
+        num_labels = max(num_labels or 0, len(class_names))
     values = list(train_labels) + list(eval_labels)
     if any(v is None for v in values):
         where = sources[0] if any(v is None for v in train_labels) else sources[1]
@@ -309,7 +316,7 @@ def label_mapping(
             raise XtrainError(
                 f"seq-cls needs at least 2 classes, the data has {n}", "check data.label_column"
             )
-        return None, n, None
+        return None, n, dict(enumerate(class_names)) if class_names else None
     if any(isinstance(v, float) for v in values):
         raise XtrainError(
             "labels must be integers or strings, found fractional numbers",

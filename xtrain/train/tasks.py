@@ -183,11 +183,13 @@ def build_seq_cls(
         data.require_columns(train, columns, train_name)
         if eval_ds is not None:
             data.require_columns(eval_ds, columns, eval_name)
+        feature = train.features.get(d.label_column)
         mapping, num_labels, id2label = data.label_mapping(
             train.unique(d.label_column),
             eval_ds.unique(d.label_column) if eval_ds is not None else [],
             cfg.model.num_labels,
             (train_name, eval_name),
+            class_names=list(feature.names) if hasattr(feature, "names") else None,  # a ClassLabel column
         )
         kwargs = {
             "tokenizer": tokenizer,
