@@ -2,8 +2,9 @@
 
 Same model (a llama-style causal LM built from a config, LoRA on q/k/v/o), same data, same
 micro-batches, per-device batch, accumulation, AdamW, cosine schedule, grad clipping and
-logging interval. Both are timed over the same steady-state window (after ``--warmup`` steps)
-and run alternately ``--repeats`` times; the median steps/s of each and their ratio are printed.
+logging interval. Both are timed over the same steady-state window (after ``--warmup`` steps) as
+1 / median step time, and run alternately ``--repeats`` times; the best of each and their ratio
+are printed (best and median step times resist the noise of a shared machine).
 
     .venv/bin/python benchmarks/loop_vs_plain.py            # CPU defaults, about a minute
     .venv/bin/python benchmarks/loop_vs_plain.py --json     # machine-readable
@@ -93,8 +94,10 @@ class StepClock(NullReporter):
 
 
 def steady_rate(times: dict[int, float]) -> float:
-    a, b = ARGS.warmup, ARGS.steps
-    return (b - a) / (times[b] - times[a])
+    """Steps/s from the median step time after the warm-up: robust against other processes
+    taking the CPU for a while (this benchmark runs on shared machines)."""
+    steps = range(ARGS.warmup + 1, ARGS.steps + 1)
+    return 1.0 / statistics.median(times[s] - times[s - 1] for s in steps)
 
 
 def run_xtrain() -> float:
@@ -175,9 +178,9 @@ def main() -> None:
         plain.append(run_plain())
         xtrain.append(run_xtrain())
     result = {
-        "plain_steps_per_s": statistics.median(plain),
-        "xtrain_steps_per_s": statistics.median(xtrain),
-        "ratio": statistics.median(xtrain) / statistics.median(plain),
+        "plain_steps_per_s": max(plain),
+        "xtrain_steps_per_s": max(xtrain),
+        "ratio": max(xtrain) / max(plain),
         "runs": {"plain": plain, "xtrain": xtrain},
         "setup": {k: v for k, v in vars(ARGS).items() if k != "json"},
         "machine": {
@@ -194,7 +197,7 @@ def main() -> None:
             f"plain PyTorch loop: {result['plain_steps_per_s']:.3f} steps/s\n"
             f"xtrain loop:        {result['xtrain_steps_per_s']:.3f} steps/s\n"
             f"ratio xtrain/plain: {result['ratio']:.3f}  "
-            f"(median of {ARGS.repeats}; global batch {ARGS.per_device}x{ARGS.accum}, seq {ARGS.seq})"
+            f"(best of {ARGS.repeats}; global batch {ARGS.per_device}x{ARGS.accum}, seq {ARGS.seq})"
         )
 
 

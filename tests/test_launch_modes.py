@@ -26,6 +26,8 @@ MODES = {
         sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "xtrain.run",
     ],
+    # the design card's command, with the default config `xtrain configure --processes 2` writes
+    "accelerate-config": [sys.executable, "-m", "accelerate.commands.launch", "-m", "xtrain.run"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"],
     "spawn": [*SPAWN, "--processes", "2"],
     "windows": [*SPAWN, "--processes", "2"],  # + XTRAIN_PLATFORM=windows, forced CPU-staged hook
@@ -54,6 +56,10 @@ def test_two_processes_match_one(mode: str, job, reference: Path) -> None:
     env = dict(job.env)
     if mode == "windows":
         env.update(XTRAIN_PLATFORM="windows", XTRAIN_FORCE_CPU_STAGED="1")
+    if mode == "accelerate-config":
+        env["HF_HOME"] = str(job.root / "hf-configured")
+        configure = run_xtrain([sys.executable, "-m", "xtrain", "configure", "--processes", "2"], env)
+        assert configure.returncode == 0, configure.stderr
     proc = run_xtrain([*MODES[mode], "--config", str(job.config), f"run.output_dir={out}"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "train_result.json").read_text())

@@ -184,6 +184,16 @@ def _scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: 
     return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
 
 
+def _reseed(value: int, device: torch.device) -> None:
+    """Seed the generators dropout draws from on this device. (``torch.manual_seed`` would also
+    queue a lazy seeding of every CUDA device with a stack trace each time: 1 ms per call.)"""
+    torch.default_generator.manual_seed(value)
+    if device.type == "cuda":
+        torch.cuda.manual_seed(value)  # the current device: initialised, so no lazy queue
+    elif device.type == "mps":
+        torch.mps.manual_seed(value)
+
+
 def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> dict[str, Any]:
     return {k: v.to(device, non_blocking=non_blocking) if torch.is_tensor(v) else v for k, v in batch.items()}
 
@@ -421,13 +431,14 @@ def _train(
             accelerator.step = 0  # align accelerate's micro-step counter: sync on the last micro-batch
             for a in range(accumulation):
                 batch = _to_device(next(batches), device, pin)
-                torch.manual_seed(mix_seed(seed, step, order.micro_index(rank, a)))
-                with accelerator.accumulate(model):
+                _reseed(mix_seed(seed, step, order.micro_index(rank, a)), device)
+                with accelerator.accumulate(model):  # DDP syncs on the last micro-batch only
                     loss = model(**batch).loss
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and max_norm:
+                    accelerator.backward(loss)  # divides by the accumulation
+                if accelerator.sync_gradients:
+                    if max_norm:
                         accelerator.clip_grad_norm_(params, max_norm)
-                    optimizer.step()
+                    optimizer.step()  # accelerate's wrappers: the scaler, and no step on overflow
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
                 window.loss += loss.detach().float()
