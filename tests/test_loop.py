@@ -282,3 +282,19 @@ def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
     other.lora.r = 16
     with pytest.raises(XtrainError, match="lora.r=8"):
         read_state(step, asdict(other))
+
+
+@pytest.mark.slow
+def test_rerunning_a_finished_run_only_writes_its_outputs_again(tmp_path: Path) -> None:
+    from xtrain.train.loop import train
+
+    out = tmp_path / "run"
+    first = train(tiny_config(out), cpu_plan(), build=build_tiny)
+    before = adapter_tensors(out)
+    rep = ListReporter()
+    again = train(tiny_config(out), cpu_plan(), rep, build=build_tiny)
+    assert again.resumed_from and again.resumed_from.endswith("step-6")
+    assert again.losses == first.losses and again.eval_metrics == first.eval_metrics
+    assert not [e for e in rep.events if e[0] in ("progress", "checkpoint")]  # nothing trained or saved
+    after = adapter_tensors(out)
+    assert all(torch.equal(before[k], after[k]) for k in before)
