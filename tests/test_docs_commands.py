@@ -88,6 +88,7 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^(sbatch|srun|squeue|scancel|sinfo)\b", "needs a SLURM cluster"),
     (r"^ls /usr/lib/wsl/lib", "WSL2 only"),
     (r"^wsl(\.exe)? ", "Windows only"),
+    (r"\bbenchmarks/\S+\.py\b", "runs a benchmark (a timing run, not a test)"),
 ]
 
 # Doc commands another test already runs, as (doc, regex, the test that runs them).
