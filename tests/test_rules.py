@@ -333,8 +333,15 @@ def test_platform_forced_to_windows_takes_the_windows_path():
     plan = make_plan(load_machine("linux-cpu"), Overrides(platform="windows", num_processes=2))
     assert plan.os_kind == "windows" and plan.shell == "powershell"
     assert plan.launcher == "spawn"
-    assert plan.env == {"USE_LIBUV": "0"}
+    assert plan.env == {"USE_LIBUV": "0", "OMP_NUM_THREADS": "1"}  # 2 cores / 2 processes
     assert (plan.backend, plan.cpu, plan.num_processes) == ("gloo", True, 2)
+
+
+def test_cpu_processes_share_the_cores():
+    cpu = load_machine("linux-cpu")
+    assert "OMP_NUM_THREADS" not in make_plan(cpu).env  # one process keeps torch's default
+    assert make_plan(replace(cpu, cpu_count=16), Overrides(num_processes=4)).env["OMP_NUM_THREADS"] == "4"
+    assert make_plan(cpu, Overrides(num_processes=3)).env["OMP_NUM_THREADS"] == "1"
 
 
 def test_cpu_processes_form_one_gloo_group():

@@ -39,32 +39,34 @@ def read_result(run_dir: Path) -> dict[str, Any]:
         raise XtrainError(f"the run left no readable {path}: {e}", "see the messages above") from None
 
 
-def closing_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str, str]]:
-    """(what, before, after) rows of the closing table."""
+def metric_rows(result: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(metric, before, after) rows: the evaluation at step 0 against the final one."""
     history = result.get("eval_history") or []
     before = next((h for h in history if h.get("step") == 0), {})
     after = result.get("eval_metrics") or (history[-1] if history else {})
-    rows: list[tuple[str, str, str]] = []
 
     def fmt(d: dict[str, Any], key: str) -> str:
         return f"{d[key]:.4f}" if isinstance(d.get(key), (int, float)) else "-"
 
-    rows.append(("eval loss", fmt(before, "eval_loss"), fmt(after, "eval_loss")))
-    for key in sorted(k for k in after if k not in ("eval_loss", "step")):
-        rows.append((key, fmt(before, key), fmt(after, key)))
-    rows.append(("optimizer steps", "", str(result.get("final_step", "-"))))
-    rows.append(
+    keys = ["eval_loss"] + sorted(k for k in after if k not in ("eval_loss", "step"))
+    return [(k, fmt(before, k), fmt(after, k)) for k in keys if k in after]
+
+
+def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
+    """(what, value) rows: how the run went and where its files are."""
+    world, accumulation = result.get("world_size", 1), result.get("accumulation", 1)
+    global_batch = result.get("global_batch", 0)
+    per_device = global_batch // max(1, world * accumulation)
+    rows = [
+        ("optimizer steps", str(result.get("final_step", "-"))),
         (
             "global batch",
-            "",
-            f"{result.get('global_batch')} = per-device x {result.get('world_size')} process(es) "
-            f"x {result.get('accumulation')} accumulation",
-        )
-    )
-    rows.append(("samples/s", "", f"{result.get('samples_per_s', 0):.1f}"))
-    rows.append(("wall time", "", f"{seconds:.1f} s"))
-    for name, path in sorted((result.get("outputs") or {}).items()):
-        rows.append((name, "", str(path)))
+            f"{global_batch} = {per_device} per-device x {world} process(es) x {accumulation} accumulation",
+        ),
+        ("samples/s", f"{result.get('samples_per_s', 0):.1f}"),
+        ("wall time", f"{seconds:.1f} s (start-up included)"),
+    ]
+    rows += [(name, str(path)) for name, path in sorted((result.get("outputs") or {}).items())]
     return rows
 
 
@@ -90,8 +92,8 @@ def quickstart(
     diagnosis = diagnose(probe.collect(), Overrides(num_processes=n, platform=platform))
     worst = {s: sum(f.severity == s for f in diagnosis.findings) for s in ("warn", "error")}
     console.print(
-        f"[bold]doctor:[/] {diagnosis.plan.summary()} "
-        f"({worst['error']} error(s), {worst['warn']} warning(s); `xtrain doctor` shows them)",
+        f"[bold]doctor:[/] {worst['error']} error(s), {worst['warn']} warning(s) "
+        "(`xtrain doctor` explains them)",
         soft_wrap=True,
     )
     for f in diagnosis.findings:
@@ -112,12 +114,16 @@ def quickstart(
     table = Table(
         title=f"quickstart: {cfg.model.task} LoRA on {cfg.model.name_or_path}", title_justify="left"
     )
-    table.add_column("")
+    table.add_column("metric")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
-    for what, before, after in closing_rows(result, seconds):
-        table.add_row(what, before, after)
+    for row in metric_rows(result):
+        table.add_row(*row)
     console.print(table)
+    runs = Table(show_header=False, box=None, padding=(0, 2))
+    for what, value in run_rows(result, seconds):
+        runs.add_row(what, value)
+    console.print(runs)
     console.print(
         "Next: `xtrain train examples/seq-cls.yaml` for your own data (docs/configuration.md).",
         soft_wrap=True,

@@ -424,6 +424,8 @@ def _train(
     last_saved = start_step if resume_from is not None else -1
     final_metrics: dict[str, float] = {}
     batches: Iterator[Any] = iter(loader)
+    if cfg.run.eval_at_start and start_step == 0:
+        run_eval(0)  # the "before" of a before/after comparison (xtrain quickstart's table)
     model.train()
 
     with StopSignals() as signals:
