@@ -103,6 +103,12 @@ def quickstart(
     run_dir = new_run_dir(output_dir)
     overrides = [f"run.output_dir={run_dir.as_posix()}", "run.eval_at_start=true"]
     cfg = load_config(None, overrides)
+    world = diagnosis.plan.world_size
+    fixed = cfg.batch.global_batch or cfg.batch.per_device
+    if fixed % (cfg.batch.per_device * world) and fixed % world == 0:
+        # e.g. 4 or 8 GPUs: smaller micro-batches keep the same global batch (and result)
+        overrides.append(f"batch.per_device={fixed // world}")
+        cfg = load_config(None, overrides)
     plan = plan_for_training(cfg, n, None, platform)
     started = time.perf_counter()
     code = launch_training(plan, overrides, console)
