@@ -96,8 +96,10 @@ def worker_plan(cfg: Any, platform: str | None) -> Any:
 def run_worker(cfg: Any, platform: str | None) -> Any:
     """Train as one rank of the launch context (or as the only process)."""
     from xtrain.train.loop import train
+    from xtrain.train.quiet import quiet_libraries
     from xtrain.train.report import RichReporter
 
+    quiet_libraries()
     plan = worker_plan(cfg, platform)
     reporter = RichReporter() if _is_rank0() else None
     return train(cfg, plan, reporter)
