@@ -117,9 +117,8 @@ def quickstart(
     seconds = time.perf_counter() - started
 
     result = read_result(run_dir)
-    table = Table(
-        title=f"quickstart: {cfg.model.task} LoRA on {cfg.model.name_or_path}", title_justify="left"
-    )
+    console.print(f"\n[bold]quickstart:[/] {cfg.model.task} LoRA on {cfg.model.name_or_path}", soft_wrap=True)
+    table = Table()
     table.add_column("metric")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
