@@ -47,6 +47,11 @@ from xtrain.train.workload import Workload
 
 BuildFn = Callable[[TrainConfig, Callable[[], Any]], Workload]
 
+# Consecutive optimizer steps with a non-finite loss (on any rank) that stop a run. A few in a
+# row happen with fp16 while the scaler finds its scale (those steps are skipped, not applied);
+# more is a diverged run. Checked at the logging interval's host sync, never per step.
+NONFINITE_LIMIT = 3
+
 
 @dataclass
 class TrainResult:
@@ -66,6 +71,49 @@ class TrainResult:
     resumed_from: str | None = None
     skipped_steps: int = 0
     run_info: dict[str, Any] = field(default_factory=dict)  # how it ran: backend, device, hook, ...
+
+
+class NonFiniteLoss(XtrainError):
+    """The loss stayed NaN/inf: the run stops without writing the non-finite weights."""
+
+    def __init__(self, first_bad: int, step: int, last_good: Path | None, reason: str) -> None:
+        where = f"last good checkpoint: {last_good}" if last_good else "no checkpoint was saved"
+        super().__init__(
+            f"training diverged: the loss is not finite since step {first_bad} ({reason}); "
+            f"stopped at step {step}, nothing written; {where}",
+            "lower optim.lr, keep optim.max_grad_norm set, or use bf16 instead of fp16; "
+            "run.resume=auto continues from the last good checkpoint",
+            exit_code=3,
+        )
+        self.first_bad = first_bad
+        self.step = step
+        self.last_good = last_good
+
+
+def out_of_memory_error(
+    device: Any, per_device: int, world: int, accumulation: int, global_batch: int
+) -> XtrainError:
+    """Out of device memory: name the batch arithmetic and a smaller per-device batch that keeps
+    the global batch (the accumulation grows instead)."""
+    procs = f"{world} process{'es' if world != 1 else ''}"
+    message = (
+        f"out of memory on {device} with batch.per_device={per_device} "
+        f"(global batch {global_batch} = {per_device} per device x {procs} x accumulation {accumulation})"
+    )
+    smaller = [d for d in range(per_device - 1, 0, -1) if per_device % d == 0]
+    if not smaller:
+        return XtrainError(
+            message,
+            "the per-device batch is already 1: lower data.max_length, set "
+            "model.gradient_checkpointing=true, or use run.mixed_precision=bf16/fp16",
+        )
+    new = smaller[0] if per_device % 2 else per_device // 2
+    new_acc = global_batch // (new * world)
+    return XtrainError(
+        message,
+        f"batch.per_device={new} batch.global_batch={global_batch} keeps the global batch "
+        f"{global_batch}; accumulation becomes {new_acc}",
+    )
 
 
 class TrainingStopped(XtrainError):
@@ -284,6 +332,10 @@ def train(
             resume_from,
             resume_state,
         )
+    except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is the same class
+        raise out_of_memory_error(
+            accelerator.device, cfg.batch.per_device, ctx.world_size, accumulation, global_batch
+        ) from None
     finally:
         release(accelerator)
 
@@ -400,7 +452,20 @@ def _train(
             config=config_dict, losses=losses, eval_history=eval_history, skipped_steps=skipped,
         )  # fmt: skip
 
+    def last_good() -> Path | None:
+        found = checkpoint.list_checkpoints(out)
+        return found[-1][1] if found else None
+
+    def check_finite(step: int) -> None:
+        """Before anything is saved: no NaN/inf weights ever reach a checkpoint or the adapter
+        (one host sync per save; all ranks hold the same weights, so all agree)."""
+        finite = torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()
+        if not bool(finite):
+            bad_since = step - int(streak) + 1 if int(streak) else step
+            raise NonFiniteLoss(bad_since, step, last_good(), "the weights are NaN/inf")
+
     def save(step: int) -> Path:
+        check_finite(step)
         path = checkpoint.save(accelerator, out, state_at(step), cfg.run.keep_checkpoints)
         rep.checkpoint_saved(step, str(path))
         return path
@@ -419,6 +484,9 @@ def _train(
     tokens_key = workload.tokens_key
     window = _Window(torch.zeros((), device=device), torch.zeros((), device=device, dtype=torch.long))
     window.reset()
+    # consecutive steps whose loss was NaN/inf on this rank: device-side, read at the window sync
+    streak = torch.zeros((), device=device, dtype=torch.long)
+    step_bad = torch.zeros((), device=device, dtype=torch.bool)
     trained_s, trained_samples, trained_tokens = 0.0, 0, 0
     log_every = max(1, cfg.run.log_every)
     last_saved = start_step if resume_from is not None else -1
@@ -431,6 +499,7 @@ def _train(
     with StopSignals() as signals:
         for step in range(start_step, total_steps):
             accelerator.step = 0  # align accelerate's micro-step counter: sync on the last micro-batch
+            step_bad.zero_()
             for a in range(accumulation):
                 batch = _to_device(next(batches), device, pin)
                 _reseed(mix_seed(seed, step, order.micro_index(rank, a)), device)
@@ -444,21 +513,27 @@ def _train(
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
                 window.loss += loss.detach().float()
+                step_bad |= ~torch.isfinite(loss.detach())
                 if tokens_key and tokens_key in batch:
                     window.tokens += batch[tokens_key].sum()
             if optimizer.step_was_skipped:
                 skipped += 1
             window.steps += 1
+            streak.add_(1).mul_(step_bad)  # +1, or back to 0 after a finite step
             done = step + 1
 
             stop = _agree_to_stop(accelerator, signals.signum, stop_group)
             eval_due = bool(cfg.run.eval_every) and done % cfg.run.eval_every == 0 and done < total_steps
             save_due = bool(cfg.run.save_every) and done % cfg.run.save_every == 0 and done < total_steps
             if done % log_every == 0 or done == total_steps or eval_due or save_due or stop:
-                # the one host sync of the window
-                sums = accelerator.reduce(
-                    torch.stack([window.loss, window.tokens.to(window.loss.dtype)]), "sum"
-                )
+                # the one host sync of the window: [loss, tokens, non-finite streak] of every rank
+                stats = accelerator.gather(
+                    torch.stack([window.loss, window.tokens.to(window.loss.dtype), streak.float()])
+                ).reshape(-1, 3)
+                sums = stats[:, :2].sum(0)
+                worst = int(stats[:, 2].max())
+                if worst >= NONFINITE_LIMIT:
+                    raise NonFiniteLoss(done - worst + 1, done, last_good(), f"{worst} steps in a row")
                 elapsed = time.perf_counter() - window.started
                 loss_value = float(sums[0]) / (window.steps * accumulation * world)
                 tokens = int(sums[1])
