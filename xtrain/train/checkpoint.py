@@ -106,6 +106,17 @@ def partial_checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if _TMP_DIR.match(p.name))
 
 
+def check_output_dir(output_dir: str | Path) -> Path:
+    """``run.output_dir`` must be a folder or not exist yet (checked before anything starts)."""
+    out = Path(output_dir).expanduser()
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise XtrainError(
+                f"run.output_dir {out} cannot be a folder: {p} is a file", "choose another run.output_dir"
+            )
+    return out
+
+
 def find_resume(output_dir: str | Path, resume: str | None) -> Path | None:
     """The checkpoint to resume from, or None to start fresh. Reads only; raises XtrainError
     for a resume request that cannot be honoured (before anything is written)."""

@@ -315,6 +315,7 @@ def train(
     global_batch = cfg.batch.per_device * ctx.world_size * accumulation
     config_dict = config_to_dict(cfg)
     # Everything a user can get wrong about resuming is checked before anything starts.
+    checkpoint.check_output_dir(cfg.run.output_dir)
     resume_from = checkpoint.find_resume(cfg.run.output_dir, cfg.run.resume)
     resume_state = checkpoint.read_state(resume_from, config_dict) if resume_from else None
 

@@ -1,0 +1,137 @@
+# ruff: noqa: E501  (the table reads best one case per line)
+"""One table of bad inputs (config, data, CLI, environment): each ends in exactly one error line
+containing the expected text, the expected exit code, no traceback, and the finished run in the
+output folder untouched. docs/reliability.md shows the same table.
+
+Most cases run in-process through the real entry points (``xtrain.run.main``, ``xtrain.cli.main``)
+because config errors come before any training; the ``sub`` cases run as real subprocesses
+(``python -m xtrain.run`` and the ``xtrain`` console script) to check the process boundary.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from tests_support import REPO, Job, make_job, run_xtrain
+
+# id: (entry, argv, extra env, expected text in the error line, exit code, subprocess?)
+#   entry "run": python -m xtrain.run, "cli": xtrain;  {c} config, {r} job folder, {o} finished output
+CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
+    # -- config file --------------------------------------------------------------------------------
+    "config file missing": ("run", ["--config", "{r}/nope.yaml"], {}, "config file {r}/nope.yaml not found", 2, True),
+    "config is a folder": ("run", ["--config", "{r}"], {}, "is a folder, not a YAML file", 2, False),
+    "config not YAML": ("run", ["--config", "{r}/broken.yaml"], {}, "is not valid YAML at line", 2, False),
+    "config is a list": ("run", ["--config", "{r}/list.yaml"], {}, "must be a mapping of sections", 2, False),
+    "python tag in YAML": ("run", ["--config", "{r}/evil.yaml"], {}, "could not determine a constructor", 2, True),
+    "unknown section": ("run", ["--config", "{r}/typo.yaml"], {}, "unknown section 'modle'", 2, False),
+    # -- config values and overrides ----------------------------------------------------------------
+    "unknown key": ("run", ["--config", "{c}", "optim.learning_rate=1"], {}, "unknown key 'optim.learning_rate'", 2, False),
+    "not a number": ("run", ["--config", "{c}", "run.max_steps=abc"], {}, "run.max_steps must be a positive integer", 2, False),
+    "negative lr": ("run", ["--config", "{c}", "optim.lr=-1"], {}, "optim.lr must be a positive number", 2, False),
+    "unknown precision": ("run", ["--config", "{c}", "run.mixed_precision=fp8"], {}, "run.mixed_precision must be one of", 2, False),
+    "unknown task": ("run", ["--config", "{c}", "model.task=translate"], {}, "model.task must be one of", 2, False),
+    "custom task unset": ("run", ["--config", "{c}", "model.task=custom"], {}, "model.custom is not set", 2, False),
+    "custom spec malformed": ("run", ["--config", "{c}", "model.task=custom", "model.custom=nocolon"], {}, "must look like module:function", 2, False),
+    "override without section": ("run", ["--config", "{c}", "max_steps=3"], {}, "must look like section.key=value", 2, False),
+    "prompt without response": ("run", ["--config", "{c}", "data.prompt_column=q"], {}, "go together", 2, False),
+    "lr scaling without base": ("run", ["--config", "{c}", "optim.lr_scaling=linear"], {}, "needs optim.base_global_batch", 2, False),
+    "global batch not divisible": ("run", ["--config", "{c}", "batch.global_batch=10"], {}, "global batch 10 is not divisible", 2, True),
+    # -- data and model -----------------------------------------------------------------------------
+    "missing data file": ("run", ["--config", "{c}", "data.train={r}/nope.jsonl"], {}, "data file {r}/nope.jsonl not found", 2, True),
+    "wrong column": ("run", ["--config", "{c}", "data.text_column=body"], {}, "column 'body' not in", 2, False),
+    "unknown data format": ("run", ["--config", "{c}", "data.train={r}/data.bin"], {}, "cannot tell the format", 2, False),
+    "missing model path": ("run", ["--config", "{c}", "model.name_or_path={r}/no-model"], {}, "model path {r}/no-model not found", 2, False),
+    "custom module missing": ("run", ["--config", "{c}", "model.task=custom", "model.custom=no_such_mod_xyz:build", "run.output_dir={r}/fresh"], {}, "cannot import the custom task module", 2, False),
+    # -- outputs and resume -------------------------------------------------------------------------
+    "output dir is a file": ("run", ["--config", "{c}", "run.output_dir={r}/train.jsonl/out"], {}, "is a file", 2, False),
+    "resume=off over a finished run": ("run", ["--config", "{c}", "run.resume=off"], {}, "resume=off would overwrite them", 2, True),
+    "resume path missing": ("run", ["--config", "{c}", "run.resume={r}/step-9"], {}, "checkpoint {r}/step-9 does not exist", 2, False),
+    "resume path is a file": ("run", ["--config", "{c}", "run.resume={c}"], {}, "is a file, not a checkpoint folder", 2, False),
+    "resume from a partial write": ("run", ["--config", "{c}", "run.resume={r}/step-3.tmp"], {}, "is incomplete", 2, False),
+    "resume with another LoRA rank": ("run", ["--config", "{c}", "lora.r=8"], {}, "was trained with lora.r=4", 2, False),
+    # -- command line and environment ---------------------------------------------------------------
+    "processes zero": ("run", ["--config", "{c}", "--processes", "0"], {}, "--processes must be at least 1", 2, False),
+    "override not key=value": ("run", ["--config", "{c}", "oops"], {}, "overrides must look like key=value", 2, False),
+    "processes vs launcher": ("run", ["--config", "{c}", "--processes", "2"], {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, "conflicts with the launcher", 2, True),
+    "unknown platform": ("run", ["--config", "{c}"], {"XTRAIN_PLATFORM": "beos"}, "unknown platform 'beos'", 2, False),
+    "train: config missing": ("cli", ["train", "{r}/nope.yaml"], {}, "config {r}/nope.yaml not found", 2, True),
+    "train: processes not a number": ("cli", ["train", "{c}", "--processes", "abc"], {}, "--processes needs a whole number", 2, False),
+    "train: override not key=value": ("cli", ["train", "{c}", "oops"], {}, "is not key=value", 2, False),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """A tiny job, its finished run in ``{r}/out`` (the config's output dir), and bad files."""
+    job = make_job(tmp_path_factory.mktemp("bad"), steps=2, save_every=1)
+    job.config.write_text(job.config.read_text() + f"  output_dir: {job.root / 'out'}\n")
+    proc = run_xtrain([sys.executable, "-m", "xtrain.run", "--config", str(job.config)], job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = job.root
+    (r / "broken.yaml").write_text("model:\n  task: [causal-lm\n")
+    (r / "list.yaml").write_text("- model\n- data\n")
+    (r / "evil.yaml").write_text(f'model: !!python/object/apply:os.system ["touch {r}/pwned"]\n')
+    (r / "typo.yaml").write_text("modle:\n  task: causal-lm\n")
+    (r / "data.bin").write_bytes(b"\x00\x01")
+    shutil.copytree(r / "out" / "checkpoints" / "step-2", r / "step-3.tmp")
+    (r / "step-3.tmp" / "xtrain_state.json").unlink()
+    return job
+
+
+def fingerprint(folder: Path) -> dict[str, tuple[float, int]]:
+    return {
+        str(p.relative_to(folder)): (p.stat().st_mtime, p.stat().st_size) for p in sorted(folder.rglob("*"))
+    }
+
+
+def _run_in_process(entry: str, argv: list[str], env: dict[str, str], monkeypatch, capsys) -> tuple[int, str]:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "XTRAIN_PLATFORM"):
+        if k not in env:
+            monkeypatch.delenv(k, raising=False)
+    monkeypatch.chdir(REPO)
+    if entry == "run":
+        from xtrain.run import main
+
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse
+            code = int(e.code or 0)
+    else:
+        from xtrain.cli import main
+
+        code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input(case: str, job: Job, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    entry, argv, extra, expected, code, sub = CASES[case]
+    fill = {"c": str(job.config), "r": str(job.root), "o": str(job.root / "out")}
+    argv = [a.format(**fill) for a in argv]
+    expected = expected.format(**fill)
+    out = job.root / "out"
+    before = fingerprint(out)
+    if sub:
+        cmd = [sys.executable, "-m", "xtrain.run" if entry == "run" else "xtrain", *argv]
+        proc = run_xtrain(cmd, {**job.env, **extra}, timeout=120)
+        got, err = proc.returncode, proc.stderr
+    else:
+        got, err = _run_in_process(entry, argv, {**job.env, **extra}, monkeypatch, capsys)
+    assert got == code, err[-3000:]
+    assert "Traceback" not in err
+    errors = [ln for ln in err.splitlines() if re.search(r"\berror:", ln)]
+    assert len(errors) == 1, err[-3000:]
+    assert expected in errors[0], errors[0]
+    assert fingerprint(out) == before, "the finished run was changed"
+    assert not (job.root / "pwned").exists()
+
+
+def test_the_table_is_large_enough() -> None:
+    assert len(CASES) >= 25
+    assert sum(1 for c in CASES.values() if c[5]) >= 5  # real subprocesses
