@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -281,3 +282,83 @@ def test_one_rank_killed_stops_the_others(job: Job, launcher: str) -> None:
     assert complete_steps(out) == [2, 4]
     assert_loadable(out / "checkpoints" / "step-4")
     assert not (out / "adapter").exists()
+
+
+# -- security ------------------------------------------------------------------------------------------
+XTRAIN_SOURCES = sorted((REPO / "xtrain").rglob("*.py"))
+
+
+def _calls(pattern: str) -> list[tuple[str, str]]:
+    found = []
+    for path in XTRAIN_SOURCES:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            code = line.split("#", 1)[0]
+            if re.search(pattern, code):
+                found.append((str(path.relative_to(REPO)), line.strip()))
+    return found
+
+
+def test_yaml_is_only_read_with_safe_load() -> None:
+    """No yaml.load / unsafe_load / full_load / Loader= anywhere; a `!!python/...` tag in a
+    config is refused in one line (the bad-input table runs it and checks nothing executed)."""
+    assert _calls(r"yaml\.(load|unsafe_load|full_load|load_all)\s*\(|Loader\s*=") == []
+    assert _calls(r"yaml\.safe_load\(")  # the loaders exist and are the safe ones
+
+
+def test_torch_load_only_with_weights_only() -> None:
+    unsafe = [(f, ln) for f, ln in _calls(r"torch\.load\(") if "weights_only=True" not in ln]
+    assert unsafe == []
+
+
+def test_no_remote_code_unless_asked() -> None:
+    from xtrain.train.config import TrainConfig, load_config
+
+    assert TrainConfig().model.trust_remote_code is False
+    assert load_config(None).model.trust_remote_code is False
+    assert _calls(r"trust_remote_code\s*=\s*True") == []
+    # every from_pretrained call passes the config's choice through
+    for f, ln in _calls(r"\.from_pretrained\("):
+        if "Auto" in ln and "tokenizer" not in f:
+            assert "trust_remote_code" in ln or "kwargs" in ln, (f, ln)
+
+
+def test_single_machine_rendezvous_is_loopback() -> None:
+    from xtrain.facts import Facts
+    from xtrain.launch import accelerate_args
+    from xtrain.plan import Overrides
+    from xtrain.rules import make_plan
+
+    plan = make_plan(Facts(torch_version="2.13.0", gloo_available=True), Overrides(num_processes=2))
+    assert plan.main_address == "127.0.0.1"
+    args = accelerate_args("xtrain.run", [], plan)
+    assert args[args.index("--main_process_ip") + 1] == "127.0.0.1"
+    windows = make_plan(
+        Facts(torch_version="2.13.0", gloo_available=True), Overrides(num_processes=2, platform="windows")
+    )
+    assert windows.launcher == "spawn" and windows.main_address == "127.0.0.1"
+
+
+def test_writes_stay_inside_the_output_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every name xtrain writes under is fixed (checkpoints/step-N from an integer, adapter,
+    model, merged, logs, train_result.json): a run creates nothing next to run.output_dir, and
+    run.resume (any path) is only read."""
+    from test_loop import build_tiny, cpu_plan, tiny_config
+
+    from xtrain.train.loop import train
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "step-1").mkdir()
+    cfg = tiny_config(work / "out", max_steps=2, save_every=1, save_merged=True)
+    cfg.run.resume = "auto"
+    train(cfg, cpu_plan(), build=build_tiny)
+    assert sorted(p.name for p in work.iterdir()) == ["out"]
+    names = {p.relative_to(work / "out").parts[0] for p in (work / "out").rglob("*")}
+    assert names <= {"checkpoints", "adapter", "merged", "model", "logs", "train_result.json"}
+    cfg.run.resume = str(outside / "step-1")  # incomplete: refused, nothing there removed
+    with pytest.raises(XtrainError, match="is incomplete"):
+        train(cfg, cpu_plan(), build=build_tiny)
+    assert sorted(p.name for p in outside.iterdir()) == ["step-1"]
