@@ -134,8 +134,8 @@ def launch_training(plan: Any, run_argv: list[str], console: Any) -> int:
     try:
         launch.launch(RUN_MODULE, run_argv, plan)
     except launch.WorkerFailed as e:
-        # A user error or a Ctrl+C was already reported by rank 0 in one line (exit 2 / 130).
-        if e.worker_exit_code not in (2, 130):
+        # Rank 0 already reported these in one line: a user error (2), a diverged run (3), Ctrl+C (130).
+        if e.worker_exit_code not in (2, 3, 130):
             console.print(f"[bold red]error:[/] {e.one_line()}", soft_wrap=True)
         return e.worker_exit_code if e.worker_exit_code > 0 else 1
     return 0
