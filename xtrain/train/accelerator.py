@@ -72,6 +72,8 @@ def apply_plan_env(plan: Plan) -> None:
 
 def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, accumulation: int) -> Any:
     """The Accelerator for this process. Must run before anything creates a process group."""
+    from datetime import timedelta
+
     import torch
     from accelerate import Accelerator
     from accelerate.utils import (
@@ -93,7 +95,8 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, accumula
         DistributedDataParallelKwargs(find_unused_parameters=False, gradient_as_bucket_view=True),
     ]
     if ctx.distributed and plan.backend:
-        handlers.append(InitProcessGroupKwargs(backend=plan.backend))
+        timeout = timedelta(seconds=cfg.run.collective_timeout_s)
+        handlers.append(InitProcessGroupKwargs(backend=plan.backend, timeout=timeout))
 
     out = Path(cfg.run.output_dir)
     log_with = None

@@ -102,6 +102,9 @@ class RunConfig:
     mixed_precision: str = "auto"  # auto (from the plan) | no | fp16 | bf16
     tensorboard: bool = True
     save_merged: bool = False  # also write the LoRA-merged full model
+    # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
+    # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
+    collective_timeout_s: int = 1800
 
 
 @dataclass
@@ -160,6 +163,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "run.eval_every": _POS_INT,
     "run.save_every": _POS_INT,
     "run.keep_checkpoints": _POS_INT,
+    "run.collective_timeout_s": _POS_INT,
     "run.seed": (lambda v: v >= 0, "an integer >= 0"),
     "run.log_every": _POS_INT,
 }
