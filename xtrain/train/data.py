@@ -16,6 +16,7 @@ other process of the same run, loads the cached result instead of tokenising aga
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -151,9 +152,9 @@ def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> Non
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A hash of everything in the tokenizer that changes its output (stable across processes)."""
-    from datasets.fingerprint import Hasher
-
+    """A hash of everything in the tokenizer that changes its output (stable across processes).
+    sha256 of canonical JSON: datasets' Hasher over the parsed JSON took seconds for 100k+
+    vocabularies, at every start and resume (benchmarks/fingerprint.py)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         body: Any = json.loads(backend.to_str())
@@ -163,7 +164,8 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     else:  # a tokenizer without a tokenizers backend: its vocabulary and settings
         body = sorted(tokenizer.get_vocab().items())
     specials = sorted((str(k), str(v)) for k, v in tokenizer.special_tokens_map.items())
-    return Hasher.hash([type(tokenizer).__name__, body, specials, getattr(tokenizer, "add_bos_token", None)])
+    payload = [type(tokenizer).__name__, body, specials, getattr(tokenizer, "add_bos_token", None)]
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
 def map_fingerprint(ds: Any, *parts: Any) -> str:
