@@ -98,6 +98,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         r"^xtrain configure\b",
         "tests/test_configure.py::test_doc_configure_commands_run",
     ),
+    (
+        "docs/performance.md",
+        r"^xtrain bench\b",  # a timing run (minutes); the test runs it short
+        "tests/test_bench.py::test_bench_json_one_vs_two_processes",
+    ),
 ]
 
 # Shell commands that are harmless here and run as they are (with bash).
