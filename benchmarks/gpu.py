@@ -58,6 +58,7 @@ def measure(
             run = result.runs[0]
             rows.append({"loop": "xtrain", "mode": mode, "precision": precision, "compile": False,
                          "tokens_per_s": run.tokens_per_s, "mfu": run.mfu})  # fmt: skip
+            say(json.dumps(rows[-1]))  # each row as it comes: a cut-off run keeps what it measured
             for compiled in (False, True) if compile_rows else (False,):
                 say(f"gpu: plain loop {mode} {precision} compile={compiled}")
                 cmd = [PYTHON, str(HERE / "loops.py"), "--worker", "plain", "--size", size,
@@ -70,6 +71,7 @@ def measure(
                 row_mfu = mfu(tps, fpt, 1, peak) if gpu else None
                 rows.append({"loop": "plain", "mode": mode, "precision": precision, "compile": compiled,
                              "tokens_per_s": tps, "mfu": row_mfu})  # fmt: skip
+                say(json.dumps(rows[-1]))
     return {
         "setup": {
             "size": size,

@@ -155,9 +155,12 @@ def test_multi_node_counts_processes_over_all_machines():
     assert (cfg["main_process_ip"], cfg["main_process_port"]) == ("10.0.0.5", 29555)
 
 
-def test_windows_plan_gets_a_plain_multi_gpu_config():
+def test_windows_plan_gets_a_single_process_config():
+    """No torchrun on Windows (its rendezvous needs libuv): accelerate starts one process and
+    xtrain.run spawns the 2 workers (test_launch_modes.py runs it under a libuv-less torch)."""
     cfg = ac.config_for(make_plan(WINDOWS_2X4090))
-    assert cfg["distributed_type"] == "MULTI_GPU" and cfg["mixed_precision"] == "fp16"
+    assert cfg["distributed_type"] == "NO" and cfg["num_processes"] == 2
+    assert cfg["mixed_precision"] == "fp16" and cfg["main_process_ip"] == "127.0.0.1"
 
 
 def test_fsdp_and_deepspeed_need_gpus_and_exclude_each_other():
@@ -307,12 +310,12 @@ def test_next_commands_bash(tmp_path):
     assert f"accelerate launch --config_file '{tmp_path}/my config.yaml' -m xtrain.run" in elsewhere
 
 
-def test_next_commands_powershell_avoid_torchrun():
+def test_next_commands_powershell_headline_command():
     plan = make_plan(WINDOWS_2X4090)
     lines = ac.next_commands(plan, None)
     assert lines[0] == '$env:USE_LIBUV = "0"'
-    assert "python -m xtrain.run --processes 2" in lines
-    assert not any(line.startswith("accelerate launch") for line in lines)
+    assert "accelerate launch -m xtrain.run" in lines  # works: the config runs no torchrun
+    assert "xtrain train YOUR.yaml --processes 2   # your own job" in lines
     assert not any("export " in line for line in lines)
 
 
@@ -421,8 +424,9 @@ def test_windows_next_commands_in_powershell(tmp_path):
     proc = xtrain(tmp_path, "--facts", str(facts), "-o", "w.yaml")
     assert proc.returncode == 0, proc.stderr
     assert '$env:USE_LIBUV = "0"' in proc.stdout
-    assert "python -m xtrain.run --processes 2" in proc.stdout
-    assert load(tmp_path / "w.yaml").num_processes == 2
+    assert "accelerate launch --config_file w.yaml -m xtrain.run" in proc.stdout
+    written = load(tmp_path / "w.yaml")
+    assert written.num_processes == 2 and written.distributed_type.value == "NO"
 
 
 BAD_INPUTS = {

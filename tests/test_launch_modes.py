@@ -31,7 +31,17 @@ MODES = {
     "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"],
     "spawn": [*SPAWN, "--processes", "2"],
     "windows": [*SPAWN, "--processes", "2"],  # + XTRAIN_PLATFORM=windows, forced CPU-staged hook
+    # the headline command on Windows, with the config `xtrain configure` writes there, under a
+    # torch that behaves like a Windows wheel without libuv (tests/nolibuv/sitecustomize.py)
+    "accelerate-windows-config": [sys.executable, "-m", "accelerate.commands.launch", "-m", "xtrain.run"],
 }  # fmt: skip
+NO_LIBUV = Path(__file__).resolve().parent / "nolibuv"
+
+
+def no_libuv_env(env: dict[str, str]) -> dict[str, str]:
+    """Every TCPStore that does not pass use_libuv=False fails, as with a Windows torch wheel."""
+    path = os.pathsep.join(p for p in (str(NO_LIBUV), env.get("PYTHONPATH", "")) if p)
+    return {**env, "PYTHONPATH": path, "XTRAIN_TEST_NO_LIBUV": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +64,19 @@ def reference(job: Job) -> Path:
 def test_two_processes_match_one(mode: str, job, reference: Path) -> None:
     out = job.root / mode
     env = dict(job.env)
-    if mode == "windows":
+    if mode in ("windows", "accelerate-windows-config"):
         env.update(XTRAIN_PLATFORM="windows", XTRAIN_FORCE_CPU_STAGED="1")
+    if mode == "accelerate-windows-config":
+        env["HF_HOME"] = str(job.root / "hf-windows")
+        configure = run_xtrain(
+            [sys.executable, "-m", "xtrain", "configure", "--processes", "2", "--platform", "windows"], env
+        )
+        assert configure.returncode == 0, configure.stderr
+        written = (job.root / "hf-windows/accelerate/default_config.yaml").read_text()
+        assert "distributed_type: 'NO'" in written and "num_processes: 2" in written
+        # accelerate exports the config's gpu_ids as CUDA_VISIBLE_DEVICES; on a 2-GPU Windows
+        # machine that names 2 cards. Here it stands in for them (a CPU torch ignores it).
+        env = no_libuv_env({**env, "CUDA_VISIBLE_DEVICES": "0,1"})
     if mode == "accelerate-config":
         env["HF_HOME"] = str(job.root / "hf-configured")
         configure = run_xtrain([sys.executable, "-m", "xtrain", "configure", "--processes", "2"], env)
@@ -66,13 +87,25 @@ def test_two_processes_match_one(mode: str, job, reference: Path) -> None:
     assert result["world_size"] == 2 and result["accumulation"] == 1 and result["global_batch"] == 8
     info = result["run_info"]
     assert info["backend"] == "gloo" and info["distributed_type"] == "DistributedType.MULTI_CPU"
-    if mode == "windows":
+    if mode == "accelerate-windows-config":
+        assert "xtrain.run starts the 2 workers itself" in proc.stderr
+    if mode in ("windows", "accelerate-windows-config"):
         assert info["plan_os"] == "windows"
         assert info["cpu_staged_allreduce"] is True
         assert info["use_libuv"] == "0"
     else:
         assert info["cpu_staged_allreduce"] is False
     assert_same_training(reference, out)
+
+
+def test_no_libuv_simulation_breaks_torchrun(job) -> None:
+    """The control for accelerate-windows-config: under the same libuv-less torch, a MULTI_GPU
+    launch (torchrun's static rendezvous) fails even with USE_LIBUV=0, as on Windows."""
+    env = no_libuv_env({**job.env, "USE_LIBUV": "0"})
+    proc = run_xtrain([*MODES["accelerate"], "--config", str(job.config), "run.max_steps=1",
+                       f"run.output_dir={job.root / 'no-libuv'}"], env, timeout=120)  # fmt: skip
+    assert proc.returncode != 0
+    assert "built without libuv support" in proc.stderr
 
 
 # -- bad input: one line, non-zero exit, no traceback, nothing touched -------------------------------

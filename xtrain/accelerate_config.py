@@ -17,6 +17,13 @@ Why the values are what they are (checked in accelerate 1.15, ``commands/launch.
   ``CUDA_VISIBLE_DEVICES`` alone, and local rank i uses GPU i anyway. Other subsets are listed.
 - Several machines rendezvous through c10d at ``main_process_ip:main_process_port``
   (``same_network: false`` makes accelerate pass that endpoint to torchrun).
+- Windows (the plan's launcher is ``spawn``): ``distributed_type: NO`` with ``num_processes: N``.
+  A MULTI_GPU config would make ``accelerate launch`` start torchrun, whose rendezvous stores
+  (static_tcp_rendezvous.py, c10d_rendezvous_backend.py in torch 2.13) create a TCPStore with
+  libuv whatever USE_LIBUV says, and Windows wheels have no libuv (pytorch#148283). With ``NO``
+  accelerate's simple launcher starts one ``python -m xtrain.run`` (setting MASTER_ADDR/PORT
+  because N > 1), which sees that and spawns the N workers itself with a libuv-free rendezvous
+  (``xtrain.run.accelerate_single_launch``). A plain script under this config runs one process.
 - DeepSpeed: ``gradient_accumulation_steps`` is left out on purpose: accelerate exports it as
   ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``, which overrides the accumulation the training loop
   derives from the global batch.
@@ -162,6 +169,8 @@ def config_for(
         distributed_type = "FSDP"
     elif deepspeed:
         distributed_type = "DEEPSPEED"
+    elif plan.world_size > 1 and plan.launcher == "spawn":
+        distributed_type = "NO"  # one process from accelerate; xtrain.run spawns the workers
     elif plan.world_size > 1:
         distributed_type = "MULTI_GPU"  # also for CPU processes: see the module docstring
     else:
@@ -323,6 +332,13 @@ def validate_dict(cfg: dict[str, Any]) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
+def _config_file_flag(plan: Plan, path: str | Path | None) -> str:
+    """`` --config_file PATH`` unless the file is accelerate's default (then it needs no flag)."""
+    if path is None or Path(path).expanduser().resolve() == default_config_path().resolve():
+        return ""
+    return f" --config_file {quote(plan.shell, str(path))}"
+
+
 def next_commands(plan: Plan, path: str | Path | None, sharded: bool = False) -> list[str]:
     """The exact commands to run next, in the user's shell (plan.shell); comments start with #.
 
@@ -335,13 +351,17 @@ def next_commands(plan: Plan, path: str | Path | None, sharded: bool = False) ->
     lines = [set_env(sh, k, v) for k, v in plan.env.items()]
     procs = "" if plan.num_processes == 1 else f" --processes {plan.num_processes}"
 
-    if plan.launcher == "spawn":  # Windows: torchrun (and so accelerate launch) may fail on libuv
-        if "USE_LIBUV" not in plan.env:
-            lines.append(set_env(sh, "USE_LIBUV", "0"))
-        lines.append(f"python -m xtrain.run{procs}")
-        lines.append(f"xtrain train YOUR.yaml{procs}   # your own job")
+    if plan.launcher == "spawn":  # Windows: no torchrun (its rendezvous needs libuv)
         if plan.num_machines > 1:
             lines.append("# several Windows machines: use WSL2 or Linux (torchrun's rendezvous needs libuv)")
+            return lines
+        config_file = _config_file_flag(plan, path)
+        # a single-process accelerate config: xtrain.run starts the workers itself
+        lines.append(f"accelerate launch{config_file} -m xtrain.run")
+        if config_file or sharded:
+            lines.append(f"accelerate launch{config_file} -m xtrain.run --config YOUR.yaml   # your own job")
+        else:
+            lines.append(f"xtrain train YOUR.yaml{procs}   # your own job")
         return lines
 
     if plan.cpu and plan.world_size > 1:
@@ -350,9 +370,7 @@ def next_commands(plan: Plan, path: str | Path | None, sharded: bool = False) ->
             + set_env(sh, "ACCELERATE_USE_CPU", "1")
             + " (xtrain.run passes cpu=True itself)"
         )
-    config_file = ""
-    if path is not None and Path(path).expanduser().resolve() != default_config_path().resolve():
-        config_file = f" --config_file {quote(sh, str(path))}"
+    config_file = _config_file_flag(plan, path)
     lines.append(f"accelerate launch{config_file} -m xtrain.run")
     if plan.num_machines == 1 and not config_file and not sharded:
         lines.append("xtrain train YOUR.yaml   # your own job")

@@ -219,9 +219,11 @@ def accelerate_args(
     args: list[str] = []
     if config_file:
         args += ["--config_file", str(config_file)]
-    if n * plan.num_machines > 1:
+    if n * plan.num_machines > 1 and plan.launcher != "spawn":
         # also on CPU: the worker passes cpu=True (see the module docstring). One process gets
         # accelerate's simple launcher (a plain child process), as `accelerate launch` does.
+        # A spawn plan (Windows) gets the simple launcher too: torchrun's stores need libuv,
+        # and xtrain.run starts the workers itself (xtrain.run.accelerate_single_launch).
         args.append("--multi_gpu")
     args += [
         "--num_processes",

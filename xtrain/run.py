@@ -28,6 +28,11 @@ from typing import Any
 from xtrain.errors import XtrainError
 
 PLATFORM_ENV = "XTRAIN_PLATFORM"
+SINGLE_LAUNCH_NOTE = (
+    "xtrain: accelerate launch started one process (a single-process launch runs no torchrun, whose "
+    "rendezvous needs libuv on Windows); xtrain.run starts the {n} workers itself (spawn, "
+    "127.0.0.1 rendezvous without libuv), as `python -m xtrain.run --processes {n}` does\n"
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -62,8 +67,40 @@ def _is_rank0() -> bool:
 
 
 def _precision_override(cfg: Any) -> str | None:
+    """The precision the user chose: ``run.mixed_precision`` in the train config, else the one
+    ``accelerate launch`` exports from its config or ``--mixed_precision`` flag, else None (the
+    plan decides)."""
     mp = cfg.run.mixed_precision
-    return None if mp in (None, "", "auto") else mp
+    if mp in (None, "", "auto"):
+        mp = os.environ.get("ACCELERATE_MIXED_PRECISION") or None
+    return mp
+
+
+def accelerate_single_launch(environ: dict[str, str] | None = None) -> bool:
+    """``accelerate launch`` started this as ONE process for a config that asks for several.
+
+    That is xtrain's Windows accelerate config (``distributed_type: NO``, ``num_processes: N``):
+    accelerate's simple launcher starts one ``python -m xtrain.run`` without torchrun (whose
+    rendezvous stores need libuv, which Windows torch lacks) and exports the config's precision
+    as ACCELERATE_MIXED_PRECISION and, for N > 1, MASTER_ADDR/MASTER_PORT, but no WORLD_SIZE
+    (accelerate/utils/launch.py ``prepare_simple_launcher_cmd_env``). xtrain.run then starts the
+    workers itself, exactly like ``python -m xtrain.run --processes N``."""
+    env = os.environ if environ is None else environ
+    return "WORLD_SIZE" not in env and "ACCELERATE_MIXED_PRECISION" in env and "MASTER_ADDR" in env
+
+
+def single_launch_processes(cfg: Any, platform: str | None) -> int:
+    """How many workers to start under ``accelerate_single_launch``: one per GPU that accelerate
+    left visible (it exports the config's ``gpu_ids`` as CUDA_VISIBLE_DEVICES), else the plan's
+    count for this machine. (accelerate does not export ``num_processes`` itself.)"""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        return len([e for e in visible.split(",") if e.strip()])
+    from xtrain import probe, rules
+    from xtrain.plan import Overrides
+
+    overrides = Overrides(platform=platform, mixed_precision=_precision_override(cfg))
+    return rules.make_plan(probe.collect(quick=True), overrides).num_processes
 
 
 def worker_plan(cfg: Any, platform: str | None) -> Any:
@@ -169,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         from xtrain.train.config import load_config
 
         cfg = load_config(args.config, args.overrides)
+        processes = args.processes
+        if not _launched() and accelerate_single_launch():
+            processes = processes or single_launch_processes(cfg, platform)
+            if processes > 1:
+                sys.stderr.write(SINGLE_LAUNCH_NOTE.format(n=processes))
+                sys.stderr.flush()
         if _launched():
             world = int(os.environ["WORLD_SIZE"])
             if args.processes is not None and args.processes != world:
@@ -177,13 +220,11 @@ def main(argv: list[str] | None = None) -> int:
                     "leave out --processes when starting through accelerate launch or torchrun",
                 )
             run_worker(cfg, platform)
-        elif args.processes is not None and args.processes > 1:
-            _spawn(cfg, args.processes, platform)
+        elif processes is not None and processes > 1:
+            _spawn(cfg, processes, platform)
         else:
-            if args.processes is not None and args.processes < 1:
-                raise XtrainError(
-                    f"--processes must be at least 1, got {args.processes}", "e.g. --processes 2"
-                )
+            if processes is not None and processes < 1:
+                raise XtrainError(f"--processes must be at least 1, got {processes}", "e.g. --processes 2")
             run_worker(cfg, platform)
     except XtrainError as e:
         if _is_rank0():

@@ -83,7 +83,7 @@ def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[
     if plan.launcher == "spawn":
         return [
             ("what xtrain runs (spawned workers, no torchrun: the Windows path)", env + visible + [spawn]),
-            ("accelerate launch (torchrun underneath: may fail on Windows with the libuv error)",
+            ("the same with accelerate launch (it starts one process, xtrain.run the workers: no torchrun)",
              env + visible + [accelerate]),
         ]  # fmt: skip
     return [
@@ -98,6 +98,9 @@ def train(
     overrides: list[str] = typer.Argument(None, metavar="[KEY=VALUE]...", help="e.g. run.max_steps=100"),
     processes: str = typer.Option(None, "--processes", "-n", help="Processes (default: one per GPU)."),
     gpus: str = typer.Option(None, "--gpus", help='GPU ids, e.g. "0,1" (default: all).'),
+    precision: str = typer.Option(
+        None, "--precision", help="no, fp16 or bf16 (default: the config, else the plan)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the equivalent commands and exit."),
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
@@ -108,6 +111,8 @@ def train(
 
     console = Console(highlight=False)
     overrides = check_overrides(list(overrides or []))
+    if precision is not None:  # the same as the override run.mixed_precision=..., checked the same way
+        overrides.append(f"run.mixed_precision={precision}")
     n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
     gpu_ids = parse_gpus(gpus)
     if not config.is_file():

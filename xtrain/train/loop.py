@@ -41,6 +41,7 @@ from xtrain.train.accelerator import (
     wants_cpu_staged_allreduce,
 )
 from xtrain.train.config import TrainConfig, config_to_dict, gradient_accumulation, scaled_lr
+from xtrain.train.precision import SkipDetector, upcast_trainable
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed
 from xtrain.train.workload import Workload
@@ -368,6 +369,7 @@ def _train(
     total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * order.steps_per_epoch))
 
     model = workload.model
+    upcast_trainable(model, mixed_precision(cfg, plan))  # fp32 master weights under autocast
     optimizer = _optimizer(model, cfg, scaled_lr(cfg, global_batch), device)
     scheduler = _scheduler(cfg, optimizer, total_steps)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -481,6 +483,16 @@ def _train(
 
     # -- the loop ---------------------------------------------------------------------------------------
     params = [p for p in model.parameters() if p.requires_grad]
+    skips = SkipDetector(accelerator.scaler)  # fp16: was a step skipped? (read one step late)
+
+    def settle() -> None:
+        nonlocal skipped
+        if skips.pending:
+            if skips.settle():
+                skipped += 1  # overflow: no update, and the lr schedule does not advance
+            else:
+                scheduler.step()
+
     max_norm = cfg.optim.max_grad_norm
     tokens_key = workload.tokens_key
     window = _Window(torch.zeros((), device=device), torch.zeros((), device=device, dtype=torch.long))
@@ -510,15 +522,18 @@ def _train(
                 if accelerator.sync_gradients:
                     if max_norm:
                         accelerator.clip_grad_norm_(params, max_norm)
-                    optimizer.step()  # accelerate's wrappers: the scaler, and no step on overflow
-                    scheduler.step()
+                    settle()  # the previous step's skip check + lr step (fp16; see precision.py)
+                    skips.before_step()
+                    optimizer.step()  # accelerate's wrapper: scaler.step + scaler.update (fp16)
+                    if skips.scaler is None:
+                        scheduler.step()
+                    else:
+                        skips.record()  # settled before the next update, or at the next sync
                     optimizer.zero_grad(set_to_none=True)
                 window.loss += loss.detach().float()
                 step_bad |= ~torch.isfinite(loss.detach())
                 if tokens_key and tokens_key in batch:
                     window.tokens += batch[tokens_key].sum()
-            if optimizer.step_was_skipped:
-                skipped += 1
             window.steps += 1
             streak.add_(1).mul_(step_bad)  # +1, or back to 0 after a finite step
             done = step + 1
@@ -527,6 +542,7 @@ def _train(
             eval_due = bool(cfg.run.eval_every) and done % cfg.run.eval_every == 0 and done < total_steps
             save_due = bool(cfg.run.save_every) and done % cfg.run.save_every == 0 and done < total_steps
             if done % log_every == 0 or done == total_steps or eval_due or save_due or stop:
+                settle()  # lr, skipped count and scheduler state complete before log/save
                 # the one host sync of the window: [loss, tokens, non-finite streak] of every rank
                 stats = accelerator.gather(
                     torch.stack([window.loss, window.tokens.to(window.loss.dtype), streak.float()])
@@ -607,6 +623,11 @@ def _train(
             "plan_os": plan.os_kind,
             "cpu_staged_allreduce": cpu_staged,
             "use_libuv": os.environ.get("USE_LIBUV"),
+            # this rank's peak of allocated device memory (the main process writes the result)
+            "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2**20
+            if device.type == "cuda"
+            else None,
+            "skip_check": "loss scale" if skips.scaler is not None else None,
         },
     )
     accelerator.wait_for_everyone()
