@@ -92,6 +92,7 @@ class Facts:
     hostname: str = ""
     hostname_resolves: bool | None = None
     python: str = ""
+    python_executable: str = ""  # sys.executable: fixes run pip with this interpreter
     cpu_count: int = 1
     memory_mib: int | None = None
     # torch
@@ -113,6 +114,8 @@ class Facts:
     smi_gpu_names: list[str] = field(default_factory=list)
     gpus: list[GPU] = field(default_factory=list)  # what torch sees
     cuda_visible_devices: str | None = None
+    # variables already set in the environment that change how processes connect (LAUNCH_ENV)
+    launch_env: dict[str, str] = field(default_factory=dict)
     p2p: list[list[bool]] | None = None  # p2p[i][j]: GPU i can access GPU j directly
     # OS resources
     shm_mib: int | None = None  # /dev/shm size (Linux/WSL2)
