@@ -173,9 +173,12 @@ class Facts:
 
     @classmethod
     def load(cls, path: str | Path) -> Facts:
+        from xtrain.encoding import read_text
+
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
+            # a snapshot saved with PowerShell's `>` is UTF-16; ANSI bytes get a one-line refusal
+            text = read_text(p, "facts file")
         except OSError as e:
             raise XtrainError(
                 f"cannot read facts file {p}: {e.strerror or e}",
