@@ -214,8 +214,16 @@ def test_facts_snapshot_in_ansi_is_refused(tmp_path):
 def test_doctor_reads_a_snapshot_saved_with_powershell_redirect(tmp_path):
     """`xtrain doctor --json > facts.json` in PowerShell 5.1 writes UTF-16: doctor reads it back."""
     src = MACHINES_DIR / "windows-2x4090.json"
+    doc = subprocess.run(
+        [sys.executable, "-m", "xtrain", "doctor", "--facts", str(src), "--json"],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=120,
+    ).stdout
     path = tmp_path / "facts.json"
-    path.write_bytes(powershell_bytes(src.read_text(encoding="utf-8"), "out-file"))
+    path.write_bytes(powershell_bytes(doc, "out-file"))  # what `... --json > facts.json` leaves
+    assert Facts.load(path) == Facts.load(src)
     done = subprocess.run(
         [sys.executable, "-m", "xtrain", "doctor", "--facts", str(path), "--json"],
         capture_output=True,

@@ -191,6 +191,8 @@ class Facts:
                 f"facts file {p} is not valid JSON (line {e.lineno}: {e.msg})",
                 "save a fresh one with `xtrain doctor --save FILE`",
             ) from None
+        if isinstance(data, dict) and {"facts", "plan", "findings"} <= set(data):
+            data = data["facts"]  # `xtrain doctor --json > FILE` (PowerShell writes it as UTF-16)
         try:
             return cls.from_dict(data)
         except XtrainError as e:

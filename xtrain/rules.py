@@ -667,8 +667,8 @@ def check_port(facts: Facts, plan: Plan) -> list[Finding]:
                 "running.",
                 "\n".join(
                     [
-                        comment(f"or stop the other job that holds port {facts.port}"),
                         f"xtrain configure --port {facts.port + 1} --force",
+                        comment(f"or stop the other job that holds port {facts.port}"),
                     ]
                 ),
             )
