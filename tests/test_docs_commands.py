@@ -659,7 +659,7 @@ PS_FORBIDDEN = [
     (r"(^|\s)~/", "PowerShell does not expand ~ for programs: use $env:USERPROFILE"),
     (r"`[ \t]+$", "a space after the continuation backtick breaks the continuation"),
     (r"\S`$", "put a space before the continuation backtick"),
-    (r"\$env:\w+\s*=\s*[^\"\s]", 'quote the value: $env:NAME = "value"'),
+    (r"\$env:\w+\s*=\s*[^\"'(\s]", 'quote the value: $env:NAME = "value" (or compute it in parentheses)'),
     (r"\$env:\w+=", 'spaces around =: $env:NAME = "value"'),
 ]
 PS_AUTOMATIC = {"HOME", "PWD", "PROFILE", "LASTEXITCODE", "NULL", "TRUE", "FALSE", "ENV"}

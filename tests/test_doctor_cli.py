@@ -233,5 +233,5 @@ def test_render_every_fixture_machine(path):
     lines = [line.strip() for line in text.splitlines()]
     for f in diagnosis.findings:
         assert f.code in text
-        if f.fix:
-            assert f.fix in lines, f"fix of {f.code} was wrapped: {f.fix!r}"
+        for fix_line in (f.fix or "").splitlines():  # each line of a fix printed whole
+            assert fix_line in lines, f"fix of {f.code} was wrapped: {fix_line!r}"

@@ -355,3 +355,113 @@ def test_garbage_snapshot_raises_one_line(tmp_path, content, says):
     line = e.value.one_line()
     assert says in line and "\n" not in line
     assert str(path) in line and e.value.hint
+
+
+# -- `xtrain train` plans from the same facts as doctor (quick mode) ------------------------------
+def _rtx4090_rig(driver: str | None = None) -> Facts:
+    from xtrain.facts import GPU
+
+    gpus = [GPU(i, "NVIDIA GeForce RTX 4090", 24564, (8, 9)) for i in range(2)]
+    return Facts(
+        os_kind="linux",
+        torch_version="2.13.0+cu126",
+        torch_cuda="12.6",
+        cuda_available=True,
+        nccl_available=True,
+        gloo_available=True,
+        gpus=gpus,
+        cpu_count=16,
+        nvidia_smi=True,
+        driver_version=driver,
+    )
+
+
+class _FakeCuda:
+    def __init__(self, peer: bool) -> None:
+        self.peer = peer
+
+    def can_device_access_peer(self, a: int, b: int) -> bool:
+        return self.peer
+
+
+def _quick_plan_facts(monkeypatch, tmp_path, peer: bool, driver: str) -> Facts:
+    """Run the quick probes that matter for the plan on a simulated 2x RTX 4090 machine."""
+    from types import SimpleNamespace
+
+    exe = fake_smi(
+        tmp_path,
+        f'print("NVIDIA GeForce RTX 4090, 24564, {driver}\\n" * 2)\n',
+    )
+    monkeypatch.setattr(probe, "find_nvidia_smi", lambda: exe)
+    monkeypatch.setattr(probe, "_torch", lambda: SimpleNamespace(cuda=_FakeCuda(peer)))
+    facts = _rtx4090_rig()
+    quick = dict(probe.QUICK_PROBES)
+    for name in ("p2p", "driver", "env"):
+        probe.run_probe(facts, name, quick[name])
+    assert facts.probe_errors == {}
+    return facts
+
+
+@needs_posix
+@pytest.mark.parametrize(
+    "peer,driver,disabled",
+    [
+        (False, "566.36", True),  # a new driver reports the truth: no P2P between 4090s
+        (True, "535.104.05", True),  # before 550.40.07 the report is wrong: P2P off anyway
+        (True, "566.36", False),  # a matrix that says yes on a new driver is believed
+    ],
+)
+def test_quick_probes_give_the_p2p_plan_doctor_gives(monkeypatch, tmp_path, peer, driver, disabled):
+    from dataclasses import replace
+
+    from xtrain.rules import make_plan
+
+    quick = _quick_plan_facts(monkeypatch, tmp_path, peer, driver)
+    assert quick.driver_version == driver and quick.p2p == [[True, peer], [peer, True]]
+    full = replace(_rtx4090_rig(driver), p2p=[[True, peer], [peer, True]], driver_cuda="12.7")
+    assert make_plan(quick).env == make_plan(full).env
+    assert ("NCCL_P2P_DISABLE" in make_plan(quick).env) is disabled
+
+
+def test_quick_mode_asks_nvidia_smi_only_when_the_plan_needs_the_driver(monkeypatch):
+    from dataclasses import replace
+
+    from xtrain.facts import GPU
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("no nvidia-smi call expected")
+
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
+    a100s = replace(_rtx4090_rig(), gpus=[GPU(i, "NVIDIA A100-SXM4-80GB", 81920, (8, 0)) for i in range(2)])
+    assert probe.probe_driver_for_plan(a100s) == {}
+    one = replace(_rtx4090_rig(), gpus=_rtx4090_rig().gpus[:1])
+    assert probe.probe_driver_for_plan(one) == {}
+    assert probe.needs_driver_version(_rtx4090_rig())
+
+
+def test_launch_variables_are_collected_in_both_modes(monkeypatch):
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    monkeypatch.delenv("NCCL_IB_DISABLE", raising=False)
+    for quick in (True, False):
+        names = [name for name, _ in (probe.QUICK_PROBES if quick else probe.FULL_PROBES)]
+        assert {"env", "p2p"} <= set(names)
+    facts = Facts()
+    probe.run_probe(facts, "env", probe.probe_env)
+    assert facts.launch_env == {"NCCL_P2P_DISABLE": "1", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+@pytest.mark.parametrize("name", MACHINE_NAMES)
+def test_what_quick_mode_skips_does_not_change_the_plan(name):
+    """Blank every fact quick mode does not collect: each fixture's plan stays the same."""
+    from dataclasses import replace
+
+    from xtrain.rules import make_plan
+
+    full = Facts.load(MACHINES_DIR / f"{name}.json")
+    quick = replace(full, hostname_resolves=None, libuv_error=None, port_free=None, driver_cuda=None)
+    if quick.libuv_ok is not False or quick.os_kind == "windows":  # Windows plans without libuv anyway
+        quick = replace(quick, libuv_ok=None)
+    if not probe.needs_driver_version(full):
+        quick = replace(quick, driver_version=None, smi_gpu_count=None, smi_gpu_names=[])
+    assert make_plan(quick) == make_plan(full)

@@ -287,8 +287,10 @@ def test_windows_fixes_are_powershell():
     d = diagnose(load_machine("windows-2x4090"))
     assert '$env:USE_LIBUV = "0"' in finding(d, "libuv").fix
     cpu = diagnose(load_machine("windows-cpu-torch-with-driver"))
+    # the interpreter that runs xtrain (a path with a space: quoted, run with &), this torch release
     assert finding(cpu, "cpu-torch-with-driver").fix == (
-        "python -m pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu126"
+        "& 'C:\\Users\\sam\\Documents\\LoRA runs\\.venv\\Scripts\\python.exe' -m pip install "
+        "--force-reinstall torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
     )
 
 
@@ -402,7 +404,7 @@ def test_bf16_refused_below_compute_capability_8():
 def test_cpu_torch_with_driver_picks_the_index_the_driver_runs():
     win = load_machine("windows-cpu-torch-with-driver")
     fix = finding(diagnose(win), "cpu-torch-with-driver").fix
-    assert fix.startswith("python -m pip ") and fix.endswith("/whl/cu126")
+    assert " -m pip install --force-reinstall torch==2.13.0 " in fix and fix.endswith("/whl/cu126")
     assert "`pip install torch` on Windows" in finding(diagnose(win), "cpu-torch-with-driver").message
     # A CUDA 13 driver on a Turing-or-newer card gets the CUDA 13 build.
     assert finding(diagnose(replace(win, driver_cuda="13.0")), "cpu-torch-with-driver").fix.endswith("cu130")
@@ -411,7 +413,8 @@ def test_cpu_torch_with_driver_picks_the_index_the_driver_runs():
     assert finding(diagnose(pascal), "cpu-torch-with-driver").fix.endswith("cu126")
     # A CUDA 11 driver runs no torch 2.13 build: update it first.
     old = finding(diagnose(replace(win, driver_cuda="11.8")), "cpu-torch-with-driver")
-    assert old.fix.startswith("update the NVIDIA driver")
+    assert old.fix.startswith("# update the NVIDIA driver (it supports CUDA 11.8)")
+    assert old.fix.splitlines()[1] == "nvidia-smi" and old.fix.endswith("/whl/cu126")
 
 
 def test_cpu_torch_with_driver_on_linux_uses_bash():
@@ -420,7 +423,7 @@ def test_cpu_torch_with_driver_on_linux_uses_bash():
     d = diagnose(cpu_build)
     assert d.plan.device == "cpu"
     f = finding(d, "cpu-torch-with-driver")
-    assert f.severity == "error" and f.fix.startswith("python3 -m pip install")
+    assert f.severity == "error" and f.fix.startswith("/home/ubuntu/xtrain/.venv/bin/python -m pip install")
     assert "cuda-visible-devices" not in codes(d)
 
 
@@ -515,20 +518,29 @@ def test_small_shm_without_nccl_does_not_claim_the_variable():
 def test_empty_hostname():
     d = diagnose(replace(load_machine("windows-2x4090"), hostname=""))
     f = finding(d, "hostname-empty")
-    assert f.severity == "error" and f.fix.startswith("Rename-Computer")
-    assert finding(
-        diagnose(replace(load_machine("linux-cpu"), hostname=" ")), "hostname-empty"
-    ).fix.startswith("sudo hostnamectl")
+    # one machine: pin gloo to loopback (no rename, no reboot)
+    assert f.severity == "error" and "$env:GLOO_SOCKET_IFNAME = " in f.fix and "Rename" not in f.fix
+    assert finding(diagnose(replace(load_machine("linux-cpu"), hostname=" ")), "hostname-empty").fix == (
+        "export GLOO_SOCKET_IFNAME=lo"
+    )
+    # several machines need a real name
+    multi = diagnose(
+        replace(load_machine("linux-cpu"), hostname=""), Overrides(num_machines=2, main_address="10.0.0.1")
+    )
+    assert finding(multi, "hostname-empty").fix == "sudo hostnamectl set-hostname xtrain-pc"
 
 
 def test_unresolvable_hostname():
     facts = replace(load_machine("linux-2x3090"), hostname="box", hostname_resolves=False)
     f = finding(diagnose(facts), "hostname-unresolvable")
-    assert f.severity == "warn" and "/etc/hosts" in f.fix
+    assert f.severity == "warn" and f.fix == "export GLOO_SOCKET_IFNAME=lo"
     multi = diagnose(facts, Overrides(num_machines=2, main_address="10.0.0.1"))
     assert finding(multi, "hostname-unresolvable").severity == "error"
+    assert "/etc/hosts" in finding(multi, "hostname-unresolvable").fix
     win = replace(load_machine("windows-2x4090"), hostname_resolves=False)
-    assert "drivers\\etc\\hosts" in finding(diagnose(win), "hostname-unresolvable").fix
+    assert "GLOO_SOCKET_IFNAME" in finding(diagnose(win), "hostname-unresolvable").fix
+    win_multi = diagnose(win, Overrides(num_machines=2, main_address="10.0.0.1"))
+    assert "drivers\\etc\\hosts" in finding(win_multi, "hostname-unresolvable").fix
 
 
 def test_port_busy():
@@ -609,7 +621,7 @@ def test_mismatched_gpus():
     d = diagnose(mixed)
     f = finding(d, "mismatched-gpus")
     assert f.severity == "warn" and "slowest (NVIDIA GeForce RTX 3090)" in f.message
-    assert f.fix.startswith("xtrain configure --gpus 1")
+    assert f.fix.splitlines()[-1] == "xtrain configure --gpus 1 --force"
     assert d.plan.mixed_precision == "fp16" and d.plan.tf32 is True
 
 
@@ -620,16 +632,20 @@ def test_driver_older_than_the_torch_build():
     )
     assert minor.severity == "warn"
     major = finding(diagnose(replace(h100, driver_version="520.61.05", driver_cuda="11.8")), "driver-too-old")
-    assert major.severity == "error" and major.fix.startswith("update the NVIDIA driver")
+    assert major.severity == "error" and major.fix.startswith("# update the NVIDIA driver")
     cu130 = replace(h100, torch_version="2.13.0+cu130", torch_cuda="13.0", driver_cuda="12.8")
     f = finding(diagnose(cu130), "driver-too-old")
-    assert f.fix.endswith("/whl/cu126") and "python3 -m pip" in f.fix
+    assert f.fix.endswith("torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126")
+    assert "/home/ubuntu/xtrain/.venv/bin/python -m pip" in f.fix
 
 
 def test_packages_missing():
     facts = replace(load_machine("windows-2x4090"), packages={"accelerate": "1.15.0", "peft": None})
     f = finding(diagnose(facts), "packages-missing")
-    assert f.severity == "error" and f.fix == "python -m pip install peft"
+    assert (
+        f.severity == "error"
+        and f.fix == "C:\\Users\\alex\\xtrain\\.venv\\Scripts\\python.exe -m pip install peft"
+    )
 
 
 def test_probe_errors_are_reported():

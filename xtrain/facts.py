@@ -92,6 +92,7 @@ class Facts:
     hostname: str = ""
     hostname_resolves: bool | None = None
     python: str = ""
+    python_executable: str = ""  # sys.executable: fixes run pip with this interpreter
     cpu_count: int = 1
     memory_mib: int | None = None
     # torch
@@ -113,6 +114,8 @@ class Facts:
     smi_gpu_names: list[str] = field(default_factory=list)
     gpus: list[GPU] = field(default_factory=list)  # what torch sees
     cuda_visible_devices: str | None = None
+    # variables already set in the environment that change how processes connect (LAUNCH_ENV)
+    launch_env: dict[str, str] = field(default_factory=dict)
     p2p: list[list[bool]] | None = None  # p2p[i][j]: GPU i can access GPU j directly
     # OS resources
     shm_mib: int | None = None  # /dev/shm size (Linux/WSL2)
@@ -170,9 +173,12 @@ class Facts:
 
     @classmethod
     def load(cls, path: str | Path) -> Facts:
+        from xtrain.encoding import read_text
+
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
+            # a snapshot saved with PowerShell's `>` is UTF-16; ANSI bytes get a one-line refusal
+            text = read_text(p, "facts file")
         except OSError as e:
             raise XtrainError(
                 f"cannot read facts file {p}: {e.strerror or e}",
@@ -185,6 +191,8 @@ class Facts:
                 f"facts file {p} is not valid JSON (line {e.lineno}: {e.msg})",
                 "save a fresh one with `xtrain doctor --save FILE`",
             ) from None
+        if isinstance(data, dict) and {"facts", "plan", "findings"} <= set(data):
+            data = data["facts"]  # `xtrain doctor --json > FILE` (PowerShell writes it as UTF-16)
         try:
             return cls.from_dict(data)
         except XtrainError as e:

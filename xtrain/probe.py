@@ -6,9 +6,13 @@ instead of raising: a broken driver, a missing nvidia-smi or a torch that fails 
 something to report, not a crash. Later probes read what earlier ones found (the GPU probe
 needs torch, the P2P probe needs the GPUs).
 
-``collect(quick=True)`` skips everything slow or subprocess-based (nvidia-smi, the TCPStore
-test, the P2P matrix, hostname resolution, the port check, accelerate's own config loader).
-Training workers call it at start, so it costs little beyond ``import torch``.
+``collect(quick=True)`` is what `xtrain train` and the training workers plan from. It skips what
+is slow and does not change the plan (hostname resolution, the port check, the TCPStore test,
+accelerate's own config loader) but collects every fact the plan reads the same way doctor does:
+the P2P matrix (a few CUDA calls, only with 2+ GPUs), the driver version (one nvidia-smi call,
+only where it changes the plan: 2+ RTX 40 cards, whose P2P report is trusted only from driver
+550.40.07 on) and the launch variables already set (NCCL_P2P_DISABLE, ...). It costs little
+beyond ``import torch``.
 
 Parsing is kept in pure functions (``classify_os``, ``parse_smi_header``, ``parse_smi_query``,
 ``accelerate_config_path``) so it is tested without the hardware.
@@ -34,6 +38,17 @@ from typing import Any
 from xtrain.facts import DEFAULT_PORT, GPU, Facts
 
 PACKAGES = ("accelerate", "transformers", "peft", "datasets")
+# Variables a user may already have set that change how processes connect (shown by doctor,
+# kept in facts so `xtrain train` and doctor see the same environment).
+LAUNCH_ENV = (
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
+    "NCCL_IB_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "USE_LIBUV",
+)
 SMI_TIMEOUT_S = 5.0
 RESOLVE_TIMEOUT_S = 2.0
 STORE_TIMEOUT_S = 2.0
@@ -118,6 +133,7 @@ def probe_platform(facts: Facts) -> dict[str, Any]:
         "os_release": release,
         "arch": uname.machine,
         "python": platform.python_version(),
+        "python_executable": sys.executable,
         "cpu_count": cpus,
     }
 
@@ -278,7 +294,41 @@ def probe_nvidia_smi(facts: Facts) -> dict[str, Any]:
 
 
 def probe_env(facts: Facts) -> dict[str, Any]:
-    return {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    return {
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "launch_env": {k: os.environ[k] for k in LAUNCH_ENV if k in os.environ},
+    }
+
+
+def needs_driver_version(facts: Facts) -> bool:
+    """The plan reads the driver version only for 2+ RTX 40 cards (rules._p2p_missing)."""
+    from xtrain.rules import is_rtx40  # pure; imported here to keep probe -> rules one-way
+
+    return len(facts.gpus) >= 2 and any(is_rtx40(g) for g in facts.gpus)
+
+
+def probe_driver_for_plan(facts: Facts) -> dict[str, Any]:
+    """Quick mode: the driver version by one nvidia-smi query, only where the plan needs it."""
+    if not needs_driver_version(facts):
+        return {}
+    exe = find_nvidia_smi()
+    if exe is None:
+        return {}
+    done = subprocess.run(
+        [exe, "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=SMI_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"nvidia-smi exited {done.returncode}")
+    rows = parse_smi_query(done.stdout)
+    return {
+        "driver_version": next((r[2] for r in rows if r[2]), None),
+        "smi_gpu_count": len(rows),
+        "smi_gpu_names": [r[0] for r in rows],
+    }
 
 
 def probe_libuv(facts: Facts) -> dict[str, Any]:
@@ -382,7 +432,9 @@ QUICK_PROBES: tuple[tuple[str, Probe], ...] = (
     ("torch", probe_torch),
     ("backends", probe_backends),
     ("gpus", probe_gpus),
+    ("p2p", probe_p2p),
     ("nvidia_smi", probe_nvidia_smi_present),
+    ("driver", probe_driver_for_plan),
     ("env", probe_env),
     ("shm", probe_shm),
     ("packages", probe_packages),

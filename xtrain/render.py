@@ -63,6 +63,8 @@ def facts_rows(facts: Facts) -> list[tuple[str, str]]:
     if facts.memory_mib is not None:
         cpu += f", {_gib(facts.memory_mib)} RAM"
     rows.append(("Python / CPU", f"{facts.python or 'unknown'}; {cpu}"))
+    if facts.python_executable:
+        rows.append(("Interpreter", facts.python_executable))
     if facts.torch_version is None:
         torch_line = "not installed"
     else:
@@ -89,6 +91,10 @@ def facts_rows(facts: Facts) -> list[tuple[str, str]]:
     rows.append(("GPUs", gpus))
     if facts.cuda_visible_devices is not None:
         rows.append(("CUDA_VISIBLE_DEVICES", repr(facts.cuda_visible_devices)))
+    if facts.launch_env:
+        rows.append(
+            ("Set in environment", ", ".join(f"{k}={v}" for k, v in sorted(facts.launch_env.items())))
+        )
     backends = ", ".join(
         f"{name} {_yes_no(ok)}"
         + (f" {facts.nccl_version}" if name == "nccl" and ok and facts.nccl_version else "")
@@ -158,8 +164,9 @@ def render_findings(console: Console, findings: list[Finding]) -> None:
         for f in fixes:
             style = SEVERITY_STYLE[f.severity]
             console.print(f"  [{style}]{f.code}[/]:", highlight=False)
-            # one line, no markup interpretation, no hard wrapping: safe to copy
-            console.print(Text("    " + f.fix), soft_wrap=True, highlight=False)
+            # each line a command or a "#" comment; no markup, no hard wrapping: safe to copy
+            for line in f.fix.splitlines():
+                console.print(Text("    " + line), soft_wrap=True, highlight=False)
 
 
 def render_plan(console: Console, plan: Plan) -> None:

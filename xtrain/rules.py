@@ -13,12 +13,12 @@ from collections.abc import Callable
 from xtrain.errors import XtrainError
 from xtrain.facts import GPU, OS_KINDS, Facts
 from xtrain.plan import Diagnosis, Finding, Overrides, Plan
-from xtrain.shell import set_env, shell_for
+from xtrain.shell import comment, join_commands, pip_command, quote, set_env, shell_for, unset_env
+from xtrain.torch_wheels import index_url, pick_tag, pinned_version
 
 PRECISIONS = ("no", "fp16", "bf16")
 SMALL_SHM_MIB = 512  # below this NCCL's shared-memory transport fails (Docker's default is 64 MiB)
 RTX40_P2P_FIXED_DRIVER = (550, 40, 7)  # accelerate: older drivers wrongly report P2P on RTX 40 cards
-PYTORCH_INDEX = "https://download.pytorch.org/whl"
 
 
 def is_geforce(gpu: GPU) -> bool:
@@ -282,15 +282,47 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
 Check = Callable[[Facts, Plan], list[Finding]]
 
 
+def _min_cc(facts: Facts) -> float | None:
+    """Lowest compute capability of the cards: torch's view, else guessed from nvidia-smi names."""
+    caps = [g.cc for g in facts.gpus if g.cc] or [
+        cc for cc in (_cc_from_name(n) for n in facts.smi_gpu_names) if cc is not None
+    ]
+    return min(caps) if caps else None
+
+
 def _torch_index_tag(facts: Facts) -> str | None:
-    """The PyTorch wheel index tag that the installed driver can run (2.13: cu126 / cu130)."""
-    drv = _version(facts.driver_cuda)
-    min_cc = min((_cc_from_name(n) for n in facts.smi_gpu_names), default=None)
-    if drv >= (13, 0) and (min_cc is None or min_cc >= 7.5):
-        return "cu130"
-    if drv >= (12, 0) or not drv:
-        return "cu126"  # a 12.0-12.5 driver runs it through CUDA minor-version compatibility
-    return None
+    """The PyTorch wheel index tag of this torch release that the installed driver runs."""
+    return pick_tag(facts.torch_version, facts.driver_cuda, facts.driver_version, _min_cc(facts))
+
+
+def _pip(facts: Facts, plan: Plan, args: list[str]) -> str:
+    """pip run by the interpreter that runs xtrain, in the user's shell."""
+    return pip_command(plan.shell, facts.python_executable or None, args)
+
+
+def _torch_install(facts: Facts, plan: Plan, reinstall: bool) -> str | None:
+    """The pip line for this torch release in the CUDA build the driver runs (PyPI's build on a
+    machine without an NVIDIA driver); None when the driver runs no build of this release."""
+    args = ["install"] + (["--force-reinstall"] if reinstall else [])
+    args.append(f"torch=={pinned_version(facts.torch_version)}")
+    if facts.nvidia_smi:
+        tag = _torch_index_tag(facts)
+        if tag is None:
+            return None
+        args += ["--index-url", index_url(tag)]
+    return _pip(facts, plan, args)
+
+
+def _driver_update_lines(facts: Facts) -> list[str]:
+    """Comment + check command for "update the driver" (there is no command that does it)."""
+    have = f" (it supports CUDA {facts.driver_cuda})" if facts.driver_cuda else ""
+    return [
+        comment(
+            f"update the NVIDIA driver{have} to one for CUDA 12.6 or newer, reboot, then check "
+            "the CUDA Version that nvidia-smi reports:"
+        ),
+        "nvidia-smi",
+    ]
 
 
 def _cc_from_name(name: str) -> float | None:
@@ -312,26 +344,34 @@ def _cc_from_name(name: str) -> float | None:
 
 
 def check_torch(facts: Facts, plan: Plan) -> list[Finding]:
-    sh = plan.shell
     if facts.torch_version is None:
         return [
             Finding(
                 "torch-missing",
                 "error",
                 "PyTorch is not installed in this Python.",
-                _pip(sh, "install torch"),
+                _torch_install(facts, plan, reinstall=False) or "\n".join(_driver_update_lines(facts)),
             )
         ]
     out: list[Finding] = []
     if facts.nvidia_smi and facts.torch_cuda is None:
-        tag = _torch_index_tag(facts)
-        if tag:
-            fix = _pip(sh, f"install --force-reinstall torch --index-url {PYTORCH_INDEX}/{tag}")
-        else:
-            fix = (
-                "update the NVIDIA driver (CUDA 12.6 or newer), then reinstall torch from "
-                f"{PYTORCH_INDEX}/cu126"
-            )
+        fix = _torch_install(facts, plan, reinstall=True) or "\n".join(
+            [
+                *_driver_update_lines(facts),
+                comment("then install the CUDA build of torch:"),
+                _pip(
+                    facts,
+                    plan,
+                    [
+                        "install",
+                        "--force-reinstall",
+                        f"torch=={pinned_version(facts.torch_version)}",
+                        "--index-url",
+                        index_url("cu126"),
+                    ],
+                ),
+            ]
+        )
         why = (
             " (`pip install torch` on Windows always gives the CPU build)"
             if plan.os_kind == "windows"
@@ -352,7 +392,12 @@ def check_torch(facts: Facts, plan: Plan) -> list[Finding]:
                 "error",
                 f"torch is built for CUDA {facts.torch_cuda} but cannot use the GPU "
                 f"(driver {facts.driver_version or 'unknown'}).",
-                "update the NVIDIA driver, reboot, and check `nvidia-smi` works",
+                "\n".join(
+                    [
+                        comment("update the NVIDIA driver and reboot; then nvidia-smi must list the GPUs:"),
+                        "nvidia-smi",
+                    ]
+                ),
             )
         )
     return out
@@ -377,7 +422,12 @@ def check_driver(facts: Facts, plan: Plan) -> list[Finding]:
             "warn",
             f"The driver supports CUDA {facts.driver_cuda}, torch was built with {facts.torch_cuda}: "
             "it runs through minor-version compatibility, but JIT-compiled kernels may fail.",
-            "update the NVIDIA driver when convenient",
+            "\n".join(
+                [
+                    comment("optional: update the NVIDIA driver when convenient; it supports now:"),
+                    "nvidia-smi",
+                ]
+            ),
         )
     ]
 
@@ -415,7 +465,12 @@ def check_backend(facts: Facts, plan: Plan) -> list[Finding]:
                 "warn",
                 "Windows torch has no NCCL: xtrain uses gloo (works; about 1.6-1.8x on 2 GPUs "
                 "instead of 1.9-2.0x with NCCL under WSL2; to switch, install WSL2 and see docs/wsl2.md).",
-                "wsl --install -d Ubuntu",
+                "\n".join(
+                    [
+                        comment("optional, for NCCL speed: train under WSL2 (docs/wsl2.md)"),
+                        "wsl --install -d Ubuntu",
+                    ]
+                ),
             )
         )
     elif multi_gpu and not facts.nccl_available:
@@ -424,7 +479,7 @@ def check_backend(facts: Facts, plan: Plan) -> list[Finding]:
                 "nccl-missing",
                 "warn",
                 "This torch build has no NCCL: gloo will be used for GPU gradients (slow).",
-                _pip(plan.shell, f"install --force-reinstall torch --index-url {PYTORCH_INDEX}/cu126"),
+                _torch_install(facts, plan, reinstall=True) or "\n".join(_driver_update_lines(facts)),
             )
         )
     if plan.backend == "gloo" and not facts.gloo_available:
@@ -433,7 +488,7 @@ def check_backend(facts: Facts, plan: Plan) -> list[Finding]:
                 "gloo-missing",
                 "error",
                 "This torch build has no gloo backend: processes cannot form a group.",
-                _pip(plan.shell, "install --force-reinstall torch"),
+                _torch_install(facts, plan, reinstall=True) or "\n".join(_driver_update_lines(facts)),
             )
         )
     return out
@@ -477,7 +532,7 @@ def check_p2p(facts: Facts, plan: Plan) -> list[Finding]:
         if rtx40
         else "these GPUs cannot access each other peer-to-peer"
     )
-    fix = "; ".join(set_env(plan.shell, k, "1") for k in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE"))
+    fix = join_commands([set_env(plan.shell, k, "1") for k in ("NCCL_P2P_DISABLE", "NCCL_IB_DISABLE")])
     return [
         Finding(
             "p2p-missing",
@@ -491,19 +546,20 @@ def check_p2p(facts: Facts, plan: Plan) -> list[Finding]:
 
 def check_shm(facts: Facts, plan: Plan) -> list[Finding]:
     out: list[Finding] = []
-    if facts.shm_mib is not None and facts.shm_mib < SMALL_SHM_MIB and plan.world_size > 1:
-        fix = (
-            "sudo mount -o remount,size=8G /dev/shm"
-            if plan.os_kind != "wsl2"
-            else "sudo mount -o remount,size=8G /dev/shm (or set NCCL_SHM_DISABLE=1)"
-        )
+    on_linux = plan.os_kind in ("linux", "wsl2")  # /dev/shm (a forced --platform windows has none)
+    if on_linux and facts.shm_mib is not None and facts.shm_mib < SMALL_SHM_MIB and plan.world_size > 1:
+        lines = ["sudo mount -o remount,size=8G /dev/shm"]
+        if plan.os_kind == "wsl2":
+            lines.append(comment("or, instead: export NCCL_SHM_DISABLE=1"))
+        if plan.os_kind == "linux":
+            lines.append(comment("in Docker: start the container with docker run --shm-size=8g ..."))
         sets = " (xtrain sets NCCL_SHM_DISABLE=1)" if "NCCL_SHM_DISABLE" in plan.env else ""
         out.append(
             Finding(
                 "shm-small",
                 "warn",
                 f"/dev/shm is only {facts.shm_mib} MiB: NCCL and DataLoader workers need more{sets}.",
-                fix + ("; in Docker: docker run --shm-size=8g" if plan.os_kind == "linux" else ""),
+                "\n".join(lines),
             )
         )
     if plan.os_kind == "wsl2" and plan.device == "cuda":
@@ -517,38 +573,85 @@ def check_shm(facts: Facts, plan: Plan) -> list[Finding]:
     return out
 
 
-def check_hostname(facts: Facts, plan: Plan) -> list[Finding]:
-    if not facts.hostname.strip():
-        fix = (
-            "Rename-Computer -NewName xtrain-pc (as Administrator, then reboot)"
-            if plan.shell == "powershell"
-            else "sudo hostnamectl set-hostname xtrain-pc"
+# gloo binds its transport to the address the hostname resolves to, unless GLOO_SOCKET_IFNAME
+# names an interface (FIELD_NOTES, turn 2). On one machine the fix is to pin gloo to loopback,
+# not to rename the host. Linux calls the loopback "lo", macOS "lo0". Windows: torch's gloo uses
+# the libuv transport there (GlooDeviceFactory.cpp registers makeUVDevice for WIN32), which
+# matches GLOO_SOCKET_IFNAME with strcmp against uv_interface_addresses() names; libuv on
+# Windows takes those from the adapter's FriendlyName (src/win/util.c), i.e. PowerShell's
+# InterfaceAlias, "Loopback Pseudo-Interface 1" on an English install (loopback adapters are
+# listed, with 127.0.0.1 and ::1). Not run on Windows here, and the alias may differ by
+# language, so the fix asks Windows for the alias of 127.0.0.1 instead of spelling it out. The
+# rendezvous itself is already 127.0.0.1 in xtrain's single-machine plans.
+LOOPBACK_IFNAME = {"linux": "lo", "wsl2": "lo", "macos": "lo0"}
+WINDOWS_LOOPBACK_ALIAS = "(Get-NetIPAddress -IPAddress 127.0.0.1).InterfaceAlias"
+
+
+def _gloo_loopback_fix(plan: Plan) -> str:
+    if plan.shell == "powershell":
+        return "\n".join(
+            [
+                comment(
+                    "pin gloo to the loopback adapter (its Windows alias, e.g. Loopback Pseudo-Interface 1):"
+                ),
+                f"$env:GLOO_SOCKET_IFNAME = {WINDOWS_LOOPBACK_ALIAS}",
+            ]
         )
+    return set_env(plan.shell, "GLOO_SOCKET_IFNAME", LOOPBACK_IFNAME.get(plan.os_kind, "lo"))
+
+
+def _hosts_entry_fix(facts: Facts, plan: Plan) -> str:
+    """Several machines: the name must resolve to this machine's LAN address on every peer."""
+    if plan.shell == "powershell":
+        ip = (
+            "(Get-NetIPConfiguration | Where-Object IPv4DefaultGateway | Select-Object -First 1)"
+            ".IPv4Address[0].IPAddress"
+        )
+        return "\n".join(
+            [
+                comment("as Administrator: map this PC's name to its LAN address"),
+                'Add-Content -Path "$env:SystemRoot\\System32\\drivers\\etc\\hosts" '
+                f'-Value "$({ip}) $env:COMPUTERNAME"',
+            ]
+        )
+    return 'echo "$(hostname -I | cut -d" " -f1) $(hostname)" | sudo tee -a /etc/hosts'
+
+
+def check_hostname(facts: Facts, plan: Plan) -> list[Finding]:
+    pinned = "GLOO_SOCKET_IFNAME" in facts.launch_env  # gloo then never looks at the hostname
+    one_machine = plan.num_machines == 1
+    if not facts.hostname.strip():
+        if pinned and one_machine:
+            return []
+        if one_machine:
+            fix = _gloo_loopback_fix(plan)
+        elif plan.shell == "powershell":
+            fix = "\n".join([comment("as Administrator, then reboot:"), "Rename-Computer -NewName xtrain-pc"])
+        else:
+            fix = "sudo hostnamectl set-hostname xtrain-pc"
         return [
             Finding(
                 "hostname-empty",
                 "error",
                 'The hostname is empty: gloo fails with "makeUVDevice(): interface or hostname '
-                "can't be empty\".",
+                "can't be empty\" unless GLOO_SOCKET_IFNAME names an interface.",
                 fix,
             )
         ]
-    if facts.hostname_resolves is False:
-        if plan.shell == "powershell":
-            fix = (
-                "Add-Content C:\\Windows\\System32\\drivers\\etc\\hosts "
-                f'"127.0.0.1 {facts.hostname}" (as Administrator)'
-            )
-        else:
-            fix = f'echo "127.0.1.1 {facts.hostname}" | sudo tee -a /etc/hosts'
-        severity = "error" if plan.num_machines > 1 else "warn"
+    if facts.hostname_resolves is False and not (pinned and one_machine):
         return [
             Finding(
                 "hostname-unresolvable",
-                severity,
-                f"The hostname {facts.hostname!r} does not resolve: torchelastic publishes it and "
-                "peers cannot connect (xtrain uses 127.0.0.1 on one machine).",
-                fix,
+                "warn" if one_machine else "error",
+                f"The hostname {facts.hostname!r} does not resolve: gloo binds to the hostname's "
+                "address, and torchelastic publishes the name to its peers"
+                + (
+                    " (on one machine, pin gloo to loopback with GLOO_SOCKET_IFNAME; xtrain's "
+                    "rendezvous is already 127.0.0.1)."
+                    if one_machine
+                    else "."
+                ),
+                _gloo_loopback_fix(plan) if one_machine else _hosts_entry_fix(facts, plan),
             )
         ]
     return []
@@ -562,7 +665,12 @@ def check_port(facts: Facts, plan: Plan) -> list[Finding]:
                 "warn" if plan.world_size > 1 else "ok",
                 f"Port {facts.port} (the default rendezvous port) is in use: another training may be "
                 "running.",
-                f"xtrain configure --port {facts.port + 1}   (or stop the other job)",
+                "\n".join(
+                    [
+                        f"xtrain configure --port {facts.port + 1} --force",
+                        comment(f"or stop the other job that holds port {facts.port}"),
+                    ]
+                ),
             )
         ]
     return []
@@ -580,7 +688,12 @@ def check_visible_devices(facts: Facts, plan: Plan) -> list[Finding]:
             "warn",
             f"CUDA_VISIBLE_DEVICES={cvd!r} hides {facts.smi_gpu_count - len(facts.gpus)} of "
             f"{facts.smi_gpu_count} GPUs from torch.",
-            f"{_unset(plan.shell, 'CUDA_VISIBLE_DEVICES')}   (or choose GPUs with --gpus)",
+            "\n".join(
+                [
+                    unset_env(plan.shell, "CUDA_VISIBLE_DEVICES"),
+                    comment("or keep it and choose GPUs with --gpus, e.g. xtrain train CONFIG --gpus 0,1"),
+                ]
+            ),
         )
     ]
 
@@ -598,7 +711,12 @@ def check_mismatched_gpus(facts: Facts, plan: Plan) -> list[Finding]:
             "warn",
             f"Different GPUs ({kinds}): every step waits for the slowest ({slowest.name}) and the "
             "smallest memory sets the batch.",
-            f"xtrain configure --gpus {','.join(map(str, same))}   (to use only the matching cards)",
+            "\n".join(
+                [
+                    comment("use only the matching cards:"),
+                    f"xtrain configure --gpus {quote(plan.shell, ','.join(map(str, same)))} --force",
+                ]
+            ),
         )
     ]
 
@@ -616,14 +734,19 @@ def check_packages(facts: Facts, plan: Plan) -> list[Finding]:
             "packages-missing",
             "error",
             f"Missing packages: {', '.join(missing)}.",
-            _pip(plan.shell, "install " + " ".join(missing)),
+            _pip(facts, plan, ["install", *missing]),
         )
     ]
 
 
 def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
     path = facts.accelerate_config_path or "accelerate's default config"
-    fix = "xtrain configure --force   (keeps a backup of the old file)"
+    fix = "\n".join(
+        [
+            comment("rewrite it for this machine (the old file is kept as a backup):"),
+            "xtrain configure --force",
+        ]
+    )
     if facts.accelerate_config_error:
         return [
             Finding(
@@ -706,19 +829,12 @@ def _as_int(value: object, default: int) -> int:
 
 
 def _driver_fix(facts: Facts, plan: Plan) -> str:
-    tag = _torch_index_tag(facts)
-    if tag is None:
-        return "update the NVIDIA driver (it must support CUDA 12.6 or newer for torch 2.13)"
-    reinstall = _pip(plan.shell, f"install --force-reinstall torch --index-url {PYTORCH_INDEX}/{tag}")
-    return f"update the NVIDIA driver, or {reinstall}"
-
-
-def _pip(shell: str, args: str) -> str:
-    return f"{'python' if shell == 'powershell' else 'python3'} -m pip {args}"
-
-
-def _unset(shell: str, name: str) -> str:
-    return f"Remove-Item Env:{name}" if shell == "powershell" else f"unset {name}"
+    install = _torch_install(facts, plan, reinstall=True)
+    if install is None:
+        return "\n".join(_driver_update_lines(facts))
+    return "\n".join(
+        [comment("update the NVIDIA driver, or install the torch build this driver runs:"), install]
+    )
 
 
 def check_probe_errors(facts: Facts, plan: Plan) -> list[Finding]:
@@ -731,7 +847,12 @@ def check_probe_errors(facts: Facts, plan: Plan) -> list[Finding]:
             "probe-failed",
             "warn",
             f"Some facts could not be collected ({what}).",
-            "xtrain doctor --save facts.json   (and attach it to a bug report if this looks wrong)",
+            "\n".join(
+                [
+                    comment("if the plan looks wrong, save the facts and attach them to a bug report:"),
+                    "xtrain doctor --save facts.json --force",
+                ]
+            ),
         )
     ]
 

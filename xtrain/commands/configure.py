@@ -50,6 +50,7 @@ def configure(
 ) -> None:
     """Write the accelerate config for this machine (and print what to run next)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from xtrain import accelerate_config as ac
     from xtrain.facts import Facts
@@ -192,8 +193,9 @@ def configure(
         # Findings about the old accelerate config are moot: this command replaces it.
         if f.severity != "ok" and not f.code.startswith("accelerate-config"):
             colour = "red" if f.severity == "error" else "yellow"
-            fix = f" [dim]fix:[/] {f.fix}" if f.fix else ""
-            console.print(f"[{colour}]{f.severity}[/] {f.message}{fix}", soft_wrap=True)
+            console.print(f"[{colour}]{f.severity}[/] {escape(f.message)}", soft_wrap=True)
+            for line in (f.fix or "").splitlines():  # each fix line whole, as printed by doctor
+                console.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
     for note in notes:
         console.print(f"[yellow]note[/] {note}", soft_wrap=True)
 

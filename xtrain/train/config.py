@@ -375,14 +375,17 @@ def _validate(cfg: TrainConfig) -> None:
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
+    from xtrain.encoding import read_text
+
     try:
-        text = path.read_text(encoding="utf-8")
+        # UTF-8 (BOM or not) or UTF-16 with a BOM (PowerShell's `>`); ANSI bytes: one-line refusal
+        text = read_text(path, "config file")
     except FileNotFoundError:
         raise XtrainError(f"config file {path} not found", "check the path") from None
     except IsADirectoryError:
         raise XtrainError(f"config path {path} is a folder, not a YAML file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise XtrainError(f"config file {path} cannot be read: {e}") from None
+    except OSError as e:
+        raise XtrainError(f"config file {path} cannot be read: {e.strerror or e}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -127,12 +127,24 @@ def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = 
 def _load_file(path: Path, builder: str, source: str) -> Any:
     import datasets
 
+    from xtrain import encoding
+
     kwargs: dict[str, Any] = {}
     if builder == "csv" and path.suffix.lower() == ".tsv":
         kwargs["delimiter"] = "\t"
+    original = path
+    if builder in ("json", "csv", "text"):
+        # datasets reads text as UTF-8: a BOM or UTF-16 (PowerShell's `>`) gets a cached UTF-8 copy
+        path = encoding.utf8_copy(path, "data file")
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     except Exception as e:
+        cause: BaseException | None = e
+        while cause is not None and not isinstance(cause, UnicodeDecodeError):
+            cause = cause.__cause__ or cause.__context__
+        if isinstance(cause, UnicodeDecodeError) or "codec can't decode" in str(e):
+            # a non-UTF-8 byte past the part utf8_copy checks
+            raise encoding.not_utf8(original, "data file") from None
         raise XtrainError(f"cannot read {source} as {builder}: {_first_line(e)}") from None
 
 
