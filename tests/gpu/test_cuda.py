@@ -107,7 +107,8 @@ def test_tf32_is_on_for_fp32_matmuls(job) -> None:
     acc = build_accelerator(TrainConfig(), plan, LaunchContext(), 1)
     try:
         matmul = torch.backends.cuda.matmul
-        on = getattr(matmul, "fp32_precision", None) == "tf32" or matmul.allow_tf32
+        # never read allow_tf32 after fp32_precision was set: torch raises on mixing the two APIs
+        on = matmul.fp32_precision == "tf32" if hasattr(matmul, "fp32_precision") else matmul.allow_tf32
         assert on == plan.tf32
     finally:
         release(acc)

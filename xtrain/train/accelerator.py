@@ -86,8 +86,9 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, accumula
     apply_plan_env(plan)
     _cache_lomo_check()
     if plan.tf32 and torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        from xtrain.train.cuda_settings import set_tf32
+
+        set_tf32(True)  # the fp32_precision API where torch has it (allow_tf32 is deprecated)
 
     handlers: list[Any] = [
         # LoRA: every trainable parameter gets a gradient each step, so no unused-parameter
