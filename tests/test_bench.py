@@ -53,9 +53,10 @@ def test_mfu_is_achieved_over_peak_per_device() -> None:
 @pytest.mark.parametrize(
     ("name", "precision", "tflops", "entry"),
     [
-        ("NVIDIA GeForce RTX 4090", "bf16", 82.6, "RTX 4090"),
-        ("NVIDIA GeForce RTX 3090", "fp16", 35.6, "RTX 3090"),
-        ("NVIDIA GeForce RTX 3090 Ti", "bf16", 40.0, "RTX 3090 Ti"),
+        ("NVIDIA GeForce RTX 4090", "bf16", 165.2, "RTX 4090"),
+        ("NVIDIA GeForce RTX 4090", "no", 82.6, "RTX 4090"),
+        ("NVIDIA GeForce RTX 3090", "fp16", 71.0, "RTX 3090"),
+        ("NVIDIA GeForce RTX 3090 Ti", "bf16", 80.0, "RTX 3090 Ti"),
         ("NVIDIA A100-SXM4-80GB", "bf16", 312.0, "A100"),
         ("NVIDIA A100 80GB PCIe", "no", 19.5, "A100"),
         ("NVIDIA H100 80GB HBM3", "bf16", 989.4, "H100 SXM"),

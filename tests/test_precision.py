@@ -43,3 +43,10 @@ def test_fused_adamw_skip_is_read_from_the_scale() -> None:
         results.append((skips.settle(), torch.equal(before, model.weight.detach())))
         opt.zero_grad()
     assert results == [(True, True), (False, False)]
+
+
+def test_frequent_overflow_threshold() -> None:
+    from xtrain.train.precision import frequent_overflow
+
+    assert not frequent_overflow(3, 30)  # the scaler's first steps
+    assert frequent_overflow(4, 30) and not frequent_overflow(40, 1000) and frequent_overflow(51, 1000)

@@ -113,7 +113,11 @@ class Peak:
 
 
 _NVIDIA = "NVIDIA datasheet, dense (half the sparse figure)"
-_GEFORCE = "Lightning's throughput table (FIELD_NOTES): the card's FP32 rate for every dtype"
+_GEFORCE = "NVIDIA Ada/Ampere GA102 whitepapers, dense tensor FLOPS with FP32 accumulate (what autocast runs)"
+# GeForce cards run fp16/bf16 tensor math with FP32 accumulation at half their "FP16 accumulate"
+# headline (RTX 4090: 165.2 vs 330.3 dense); autocast accumulates in FP32, so that is the peak. On
+# Ada fp16 and bf16 run at the same rate. TF32 tensor math is a quarter of it, equal to the FP32
+# (non-tensor) rate. (An earlier table used 82.6 for every dtype on the 4090: MFU read 2x high.)
 # Ordered: the first pattern that matches the lower-cased device name wins.
 PEAKS: list[tuple[str, Peak]] = [
     (r"gh200", Peak("GH200", 989.4, 989.4, 494.7, 66.9, _NVIDIA)),
@@ -130,12 +134,12 @@ PEAKS: list[tuple[str, Peak]] = [
     (r"rtx a6000", Peak("RTX A6000", 154.8, 154.8, 77.4, 38.7, _NVIDIA)),
     (r"v100", Peak("V100", None, 125.0, None, 15.7, _NVIDIA)),
     (r"\bt4\b", Peak("T4", None, 65.0, None, 8.1, _NVIDIA)),
-    (r"rtx 5090", Peak("RTX 5090", 104.8, 104.8, 104.8, 104.8, _GEFORCE)),
-    (r"rtx 4090", Peak("RTX 4090", 82.6, 82.6, 82.6, 82.6, _GEFORCE)),
-    (r"rtx 4080", Peak("RTX 4080", 48.7, 48.7, 48.7, 48.7, _GEFORCE)),
-    (r"rtx 3090 ti", Peak("RTX 3090 Ti", 40.0, 40.0, 40.0, 40.0, _GEFORCE)),
-    (r"rtx 3090", Peak("RTX 3090", 35.6, 35.6, 35.6, 35.6, _GEFORCE)),
-    (r"rtx 3080", Peak("RTX 3080", 29.8, 29.8, 29.8, 29.8, _GEFORCE)),
+    (r"rtx 5090", Peak("RTX 5090", 209.5, 209.5, 104.8, 104.8, _GEFORCE)),
+    (r"rtx 4090", Peak("RTX 4090", 165.2, 165.2, 82.6, 82.6, _GEFORCE)),
+    (r"rtx 4080", Peak("RTX 4080", 97.5, 97.5, 48.7, 48.7, _GEFORCE)),
+    (r"rtx 3090 ti", Peak("RTX 3090 Ti", 80.0, 80.0, 40.0, 40.0, _GEFORCE)),
+    (r"rtx 3090", Peak("RTX 3090", 71.0, 71.0, 35.6, 35.6, _GEFORCE)),
+    (r"rtx 3080", Peak("RTX 3080", 59.5, 59.5, 29.8, 29.8, _GEFORCE)),
 ]
 
 

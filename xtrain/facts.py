@@ -106,6 +106,8 @@ class Facts:
     mpi_available: bool = False
     libuv_ok: bool | None = None  # a TCPStore with use_libuv=True could start
     libuv_error: str | None = None  # why it could not (torch's own message)
+    # torchrun's rendezvous stores pass use_libuv, so USE_LIBUV=0 reaches them (not in torch 2.13)
+    torchrun_honours_use_libuv: bool | None = None
     # NVIDIA driver and GPUs
     nvidia_smi: bool = False
     driver_version: str | None = None

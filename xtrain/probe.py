@@ -293,6 +293,28 @@ def probe_nvidia_smi(facts: Facts) -> dict[str, Any]:
     }
 
 
+TORCHRUN_STORES = (
+    "torch.distributed.elastic.rendezvous.static_tcp_rendezvous",
+    "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend",
+)
+
+
+def probe_torchrun_libuv(facts: Facts) -> dict[str, Any]:
+    """Do torchrun's rendezvous stores (accelerate's ``rdzv_backend: static`` and ``c10d``) pass
+    ``use_libuv`` to their TCPStore? In torch 2.13 they do not, so the C++ default (libuv) applies
+    whatever USE_LIBUV says, and a Windows wheel (no libuv) cannot start torchrun (pytorch#148283;
+    fixes #175316 closed, #196855 open). A torch whose store code names ``use_libuv`` has the fix."""
+    if _torch() is None:
+        return {}
+    import importlib
+    import inspect
+
+    for name in TORCHRUN_STORES:
+        if "use_libuv" not in inspect.getsource(importlib.import_module(name)):
+            return {"torchrun_honours_use_libuv": False}
+    return {"torchrun_honours_use_libuv": True}
+
+
 def probe_env(facts: Facts) -> dict[str, Any]:
     return {
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -431,6 +453,7 @@ QUICK_PROBES: tuple[tuple[str, Probe], ...] = (
     ("hostname", probe_hostname),
     ("torch", probe_torch),
     ("backends", probe_backends),
+    ("torchrun_libuv", probe_torchrun_libuv),
     ("gpus", probe_gpus),
     ("p2p", probe_p2p),
     ("nvidia_smi", probe_nvidia_smi_present),
@@ -452,6 +475,7 @@ FULL_PROBES: tuple[tuple[str, Probe], ...] = (
     ("nvidia_smi", probe_nvidia_smi),
     ("env", probe_env),
     ("libuv", probe_libuv),
+    ("torchrun_libuv", probe_torchrun_libuv),
     ("shm", probe_shm),
     ("packages", probe_packages),
     ("accelerate_config", probe_accelerate_config),

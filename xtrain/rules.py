@@ -119,6 +119,13 @@ def _precision(facts: Facts, device: str, gpus: list[GPU], asked: str | None) ->
     return "fp16", f"compute capability {min_cc:.1f} < 8.0 has no fast bf16: fp16 with a GradScaler"
 
 
+def _torchrun_works_on_windows(facts: Facts) -> bool:
+    """On a real Windows machine: torch has libuv after all, or torchrun's stores honour
+    USE_LIBUV=0 (a torch with the fix for pytorch#148283). A plan forced to Windows on another OS
+    (``--platform windows``) keeps the Windows path whatever this machine's torch can do."""
+    return facts.os_kind == "windows" and (facts.libuv_ok is True or facts.torchrun_honours_use_libuv is True)
+
+
 def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
     """Resolve every "auto" setting for this machine in one place."""
     ov = overrides or Overrides()
@@ -192,12 +199,13 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
             "windows": "Windows torch has no NCCL: gloo",
             "cuda": "this torch has no NCCL: gloo",
         }.get(os_kind if os_kind == "windows" else device, f"gloo on {device}")
-    launcher = "spawn" if os_kind == "windows" else "accelerate"
+    launcher = "spawn" if os_kind == "windows" and not _torchrun_works_on_windows(facts) else "accelerate"
     reasons["launcher"] = (
         "torch.multiprocessing spawn with a 127.0.0.1 rendezvous: torchrun's stores need libuv, "
         "which Windows torch lacks"
         if launcher == "spawn"
         else "accelerate launch (torchrun underneath)"
+        + ("; this Windows torch's torchrun works without libuv" if os_kind == "windows" else "")
     )
     cpu_staged = device == "cuda" and backend == "gloo" and os_kind == "windows"
     if cpu_staged:
@@ -497,15 +505,18 @@ def check_backend(facts: Facts, plan: Plan) -> list[Finding]:
 def check_libuv(facts: Facts, plan: Plan) -> list[Finding]:
     if not plan.distributed:
         return []  # one process starts no TCPStore: libuv does not matter
-    if plan.os_kind == "windows":
+    if plan.os_kind == "windows" and plan.launcher == "spawn":
         return [
             Finding(
                 "libuv",
                 "warn",
-                "Windows torch lacks libuv: torchrun and `accelerate launch` can fail with "
-                "'use_libuv was requested but PyTorch was built without libuv support' "
-                "(`xtrain train` sets USE_LIBUV=0 and spawns its workers without torchrun; set it "
-                "yourself for other launchers).",
+                "Windows torch lacks libuv, and torchrun's rendezvous stores ignore USE_LIBUV "
+                "(pytorch#148283): torchrun, and `accelerate launch` with a MULTI_GPU config, fail "
+                "with 'use_libuv was requested but PyTorch was built without libuv support'. "
+                "xtrain runs no torchrun here: `xtrain train`, `python -m xtrain.run --processes N` "
+                "and `accelerate launch -m xtrain.run` with the config `xtrain configure` writes "
+                "(one process from accelerate, the workers from xtrain.run) all work. USE_LIBUV=0 "
+                "is for your own init_process_group scripts.",
                 set_env(plan.shell, "USE_LIBUV", "0"),
             )
         ]
@@ -796,6 +807,12 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
         problems.append(
             f"{per_machine} process(es) per machine: `accelerate launch` would use {per_machine} of "
             f"{plan.num_processes} GPUs"
+        )
+    if plan.launcher == "spawn" and dtype == "MULTI_GPU" and per_machine > 1:
+        problems.append(
+            "distributed_type MULTI_GPU makes `accelerate launch` start torchrun, whose rendezvous "
+            "needs libuv, which Windows torch lacks (xtrain's Windows config is NO with num_processes "
+            f"{plan.num_processes}: xtrain.run then starts the workers)"
         )
     mp = cfg.get("mixed_precision")
     if mp == "bf16" and plan.device == "cuda" and min(g.cc for g in facts.gpus) < 8.0:

@@ -83,7 +83,7 @@ def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[
     if plan.launcher == "spawn":
         return [
             ("what xtrain runs (spawned workers, no torchrun: the Windows path)", env + visible + [spawn]),
-            ("the same with accelerate launch (it starts one process, xtrain.run the workers: no torchrun)",
+            ("the same with accelerate launch (one process; xtrain.run starts the workers: no torchrun)",
              env + visible + [accelerate]),
         ]  # fmt: skip
     return [
@@ -124,7 +124,8 @@ def train(
     if dry_run:
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
         for title, lines in equivalent_commands(plan, run_argv):
-            console.print(f"\n# {title} ({'PowerShell' if plan.shell == 'powershell' else 'bash'})")
+            shell = "PowerShell" if plan.shell == "powershell" else "bash"
+            console.print(f"\n# {title} ({shell})", soft_wrap=True, markup=False)
             for line in lines:
                 console.print(line, soft_wrap=True, markup=False)
         return

@@ -41,7 +41,7 @@ from xtrain.train.accelerator import (
     wants_cpu_staged_allreduce,
 )
 from xtrain.train.config import TrainConfig, config_to_dict, gradient_accumulation, scaled_lr
-from xtrain.train.precision import SkipDetector, upcast_trainable
+from xtrain.train.precision import SkipDetector, frequent_overflow, upcast_trainable
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed
 from xtrain.train.workload import Workload
@@ -592,6 +592,11 @@ def _train(
                 rep.progress(done, total_steps)
 
     # -- the end ----------------------------------------------------------------------------------------
+    if frequent_overflow(skipped, total_steps):
+        rep.note(
+            f"{skipped} of {total_steps} optimizer steps were skipped for fp16 overflow (their update "
+            "dropped); bf16 has fp32's range and needs no loss scaling: --precision bf16"
+        )
     if not eval_history or eval_history[-1]["step"] != total_steps:
         final_metrics = run_eval(total_steps)
     else:

@@ -38,6 +38,12 @@ def upcast_trainable(model: torch.nn.Module, mixed_precision: str) -> int:
     return count
 
 
+def frequent_overflow(skipped: int, steps: int) -> bool:
+    """More skipped steps than the few a GradScaler spends finding its scale at the start (it
+    begins at 2**16 and halves per overflow): worth suggesting bf16."""
+    return skipped > max(3, steps // 20)
+
+
 class SkipDetector:
     """Tells whether an optimizer step was skipped for an inf/NaN gradient (fp16), without
     stalling the GPU.
