@@ -111,8 +111,9 @@ def _precision(facts: Facts, device: str, gpus: list[GPU], asked: str | None) ->
         return "no", f"no CUDA GPU: fp32 on {device} (autocast gains little there)"
     if all(is_geforce(g) for g in gpus):
         return "fp16", (
-            "GeForce card: fp16 autocast with a GradScaler (same tensor-core rate as bf16; "
-            "pass --precision bf16 to trade range for precision)"
+            "GeForce card: fp16 autocast with a GradScaler (same tensor-core rate as bf16; fp16 "
+            "keeps more mantissa bits but needs loss scaling, overflowing steps are skipped; "
+            "--precision bf16 on compute capability >= 8.0 has fp32's range, no scaling)"
         )
     if min_cc >= 8.0:
         return "bf16", "datacenter GPU with compute capability >= 8.0: bf16 needs no loss scaling"
