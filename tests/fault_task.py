@@ -8,6 +8,9 @@ library has no fault switches; the faults enter through the public custom-task h
     FAULT=stall-save   the checkpoint write of step FAULT_AT stops after accelerate's files are
                        written (before xtrain's state file and the rename): it touches
                        FAULT_MARKER and sleeps, so the test can SIGKILL it mid-save
+    FAULT=slow         from the FAULT_AT-th training forward on, touch FAULT_MARKER and sleep
+                       FAULT_SLEEP seconds (default 0.2) per forward: a run that is inside the
+                       loop and stays there while a test signals or kills it
     FAULT_RANK         the rank that fails (default 0)
 """
 
@@ -37,10 +40,14 @@ def build(cfg: Any, main_process_first: Any) -> Any:
         if not module.training:
             return  # evaluation passes do not count
         calls[0] += 1
+        if mode == "slow" and calls[0] > at:
+            time.sleep(float(os.environ.get("FAULT_SLEEP", "0.2")))
         if calls[0] != at:
             return
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "slow":
+            Path(os.environ["FAULT_MARKER"]).touch()
         if mode == "oom":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
 

@@ -49,14 +49,13 @@ def configure(
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Write the accelerate config for this machine (and print what to run next)."""
-    from rich.console import Console
-
     from xtrain import accelerate_config as ac
+    from xtrain.console import make_console
     from xtrain.facts import Facts
     from xtrain.plan import Overrides
     from xtrain.rules import diagnose
 
-    console = Console(highlight=False)
+    console = make_console()
     _check_port(port)
     gpu_ids = parse_gpus(gpus)
     if deepspeed is not None and deepspeed not in ac.DEEPSPEED_STAGES:

@@ -8,6 +8,7 @@ default for library use and for every rank but the main one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -104,6 +105,11 @@ class ListReporter(NullReporter):
         self.events.append(("end", result))
 
 
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 def _fmt(value: float) -> str:
     if value == 0:
         return "0"
@@ -115,15 +121,21 @@ def _fmt(value: float) -> str:
 
 
 class RichReporter:
-    """A rich progress bar and banner on stderr (the main process of the CLI)."""
+    """A rich progress bar and banner on stderr (the main process of the CLI). When stderr is
+    not a terminal (a log file, a pipe) there is no live bar: a plain progress line is printed at
+    log points, at most every ``plain_every_s`` seconds (and at the last step)."""
 
-    def __init__(self, console: Any = None) -> None:
-        from rich.console import Console
+    def __init__(self, console: Any = None, plain_every_s: float = 10.0) -> None:
+        from xtrain.console import make_console
 
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or make_console(stderr=True)
         self._progress: Any = None
         self._task: Any = None
         self._fields = "starting"
+        self._plain_every_s = plain_every_s
+        self._last_plain = -float("inf")
+        self._started = 0.0
+        self._start_step = 0
 
     # -- events --------------------------------------------------------------------------------
     def start(self, info: StartInfo) -> None:
@@ -145,6 +157,9 @@ class RichReporter:
         )
         if info.resumed_from:
             c.print(f"  resuming from {info.resumed_from} (step {info.start_step})")
+        if not c.is_terminal:  # a file or a pipe: periodic plain lines instead of a live bar
+            self._started, self._start_step = time.monotonic(), info.start_step
+            return
         self._progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -160,7 +175,7 @@ class RichReporter:
         )
 
     def progress(self, step: int, total: int, metrics: dict[str, float] | None = None) -> None:
-        if self._progress is None:
+        if self._progress is None and not (metrics and not self.console.is_terminal):
             return
         if metrics:
             parts = [f"loss {metrics['loss']:.4f}"] if "loss" in metrics else []
@@ -171,7 +186,21 @@ class RichReporter:
             if metrics.get("tokens_per_s"):
                 parts.append(f"{_fmt(metrics['tokens_per_s'])} tok/s")
             self._fields = "  ".join(parts)
+        if self._progress is None:
+            self._plain_line(step, total)
+            return
         self._progress.update(self._task, completed=step, stats=self._fields)
+
+    def _plain_line(self, step: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._last_plain < self._plain_every_s and step < total:
+            return
+        self._last_plain = now
+        done, elapsed = step - self._start_step, now - self._started
+        eta = ""
+        if done > 0 and step < total:
+            eta = f"  eta {_duration(elapsed / done * (total - step))}"
+        self.console.print(f"  step {step}/{total} ({100 * step // max(1, total)}%)  {self._fields}{eta}")
 
     def evaluated(self, step: int, metrics: dict[str, float]) -> None:
         text = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
