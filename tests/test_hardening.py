@@ -116,7 +116,7 @@ def test_atomic_replace_retries_a_windows_sharing_violation(tmp_path: Path, monk
     assert not (tmp_path / "g.tmp").exists()
 
 
-# -- resume that survives damage ------------------------------------------------------------------------
+# -- resume that survives damage ------------------------------------------------------------------
 def _flip_a_byte(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -168,7 +168,7 @@ def test_keep_checkpoints_zero_keeps_all(tmp_path: Path) -> None:
     assert cfg.run.keep_checkpoints == 0
 
 
-# -- preflight ----------------------------------------------------------------------------------------------
+# -- preflight -------------------------------------------------------------------------------------
 def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
     """A cache the run writes to (the datasets cache under HF_HOME) that cannot be written: one
     line naming the variable to set, before anything starts. (Read-only folders are simulated
@@ -199,3 +199,81 @@ def test_preflight_refuses_special_filesystems_and_full_disks(tmp_path: Path) ->
     with pytest.raises(XtrainError, match=r"not enough disk space for run.output_dir .* GiB needed"):
         check_disk(tmp_path, trainable=10**15, total=10**15, keep=2, save_merged=False)
     assert check_disk(tmp_path, trainable=1000, total=10**6, keep=2, save_merged=True) == []
+
+
+def test_rerunning_a_finished_run_keeps_its_train_result(tmp_path: Path) -> None:
+    from test_loop import build_tiny, cpu_plan, tiny_config
+
+    from xtrain.train.loop import train
+
+    out = tmp_path / "run"
+    train(tiny_config(out, max_steps=2), cpu_plan(), build=build_tiny)
+    before = (out / "train_result.json").read_bytes()
+    assert json.loads(before)["samples_per_s"] > 0
+    train(tiny_config(out, max_steps=2), cpu_plan(), build=build_tiny)
+    assert (out / "train_result.json").read_bytes() == before
+
+
+# -- printed commands ------------------------------------------------------------------------------
+@pytest.mark.parametrize("address", ["10.0.0.1; rm -rf ~", "$(id)", "host name", "`calc`", "a'b"])
+def test_configure_refuses_a_main_address_that_is_not_a_host(address: str, capsys) -> None:
+    from xtrain.cli import main
+
+    code = main(["configure", "--machines", "2", "--main-address", address, "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "is neither an IP address nor a hostname" in err
+
+
+def test_configure_accepts_ips_and_hostnames() -> None:
+    from xtrain.commands.configure import check_main_address
+
+    for address in ("10.0.0.1", "fe80::1", "node-01.cluster.local", "gpu7"):
+        check_main_address(address)
+
+
+def test_mixed_type_labels_are_refused() -> None:
+    from xtrain.train.data import label_mapping
+
+    with pytest.raises(XtrainError, match=r"the label column mixes types \(number 1, str 'pos'\)"):
+        label_mapping([1, "pos"], [], None, ("train.jsonl", "eval.jsonl"))
+
+
+# -- workers die with their launcher ----------------------------------------------------------------
+CHAIN = """
+import os, subprocess, sys, time
+if sys.argv[1] == "launcher":
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[3], "worker", sys.argv[2], sys.argv[3]],
+                             env={**os.environ, "XTRAIN_PARENT_PID": str(os.getpid())})
+    print(child.pid, flush=True)
+    time.sleep(120)
+else:
+    from xtrain import lifetime
+    if sys.argv[2] == "thread-only":
+        lifetime._set_pdeathsig = lambda: False  # the portable fallback alone (macOS, Windows)
+    assert lifetime.watch_parent(interval_s=0.2)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", ["pdeathsig", "thread-only"])
+def test_a_worker_dies_with_its_launcher(how: str) -> None:
+    import psutil
+
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", CHAIN, "launcher", how, CHAIN], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    worker = None
+    try:
+        assert launcher.stdout is not None
+        worker = psutil.Process(int(launcher.stdout.readline()))
+        time.sleep(1.5)  # the worker imported xtrain and watches
+        assert worker.is_running()
+        os.kill(launcher.pid, signal.SIGKILL)  # the launcher alone: no signal reaches the worker
+        launcher.wait()
+        worker.wait(timeout=5)
+    finally:
+        launcher.kill()
+        launcher.wait()
+        if worker is not None and worker.is_running():
+            worker.kill()  # a failed test leaves no orphan behind

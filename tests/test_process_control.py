@@ -227,3 +227,24 @@ def test_second_ctrl_c_stops_at_once(job: Job) -> None:
     (line,) = stop_lines(err)
     assert line.startswith("second Ctrl+C: stopped at once;"), line
     assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("*.tmp"))
+
+
+def test_one_process_xtrain_train_sigterm_saves_143(job: Job) -> None:
+    """World size 1: `xtrain train` runs one plain child; SIGTERM to `xtrain train` alone is
+    passed on and waited for (not a kill of the child, as subprocess.call does on Ctrl+C)."""
+    out = job.root / "one-term"
+    run, out, marker = start(job, "one-term", xtrain_train(job, out, "--processes", "1"))
+    pids: list[int] = []
+    try:
+        run.wait_for(marker)
+        pids = [p.pid for p in run.tree()]
+        os.kill(run.proc.pid, signal.SIGTERM)
+        assert run.finish(STOP_S) == 143, run.stderr()[-3000:]
+    finally:
+        run.cleanup(pids)
+    err = run.stderr()
+    assert "Traceback" not in err
+    (line,) = stop_lines(err)
+    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
+    newest_is_complete(out, line)
+    assert_all_gone(pids)

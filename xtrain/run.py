@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from xtrain import lifetime, stops
+from xtrain import launchenv, lifetime, stops
 from xtrain.errors import XtrainError
 
 PLATFORM_ENV = "XTRAIN_PLATFORM"
@@ -59,7 +59,8 @@ def _launched() -> bool:
 
 
 def _is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0") or 0) == 0
+    rank = os.environ.get("RANK", "0").strip() or "0"
+    return not rank.isdigit() or int(rank) == 0  # a malformed RANK is reported (by every rank)
 
 
 def _precision_override(cfg: Any) -> str | None:
@@ -156,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     platform = args.platform or os.environ.get(PLATFORM_ENV) or None
     cfg = None
+    try:
+        launchenv.check()  # WORLD_SIZE=abc & co.: one line, not a ValueError deep in torch
+    except XtrainError as e:  # every rank says it: a malformed rank cannot tell who is rank 0
+        sys.stderr.write(f"error: {e.one_line()}\n")
+        return e.exit_code
     try:
         from xtrain.train.config import load_config
 

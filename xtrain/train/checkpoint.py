@@ -42,16 +42,36 @@ STATE_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")
 
-# Config values that decide the shape of the trained weights: a checkpoint only fits a run
-# whose values here are the same. (model.name_or_path may change: a model folder can move.)
+# The one rule for config changes on resume. Values that live in what the checkpoint restores
+# (the shape and scale of the trained weights, the optimizer's hyper-parameters, which
+# accelerate loads back with its state) must match: a different value is refused, naming the
+# key. Every other value may change: it applies from the resumed step on, with a note naming
+# the key and both values. (model.name_or_path may change: a model folder can move.)
 _MUST_MATCH = (
     ("model", "task"),
     ("model", "custom"),
+    ("model", "num_labels"),
     ("lora", "enabled"),
     ("lora", "r"),
+    ("lora", "alpha"),
     ("lora", "target_modules"),
     ("lora", "modules_to_save"),
+    ("optim", "lr"),
+    ("optim", "betas"),
+    ("optim", "eps"),
+    ("optim", "weight_decay"),
+    ("optim", "lr_scaling"),
+    ("optim", "base_global_batch"),
 )
+# keys whose change has its own note below (or that only say where this run is)
+_OWN_NOTE = {
+    "model.name_or_path",
+    "batch.global_batch",
+    "run.max_steps",
+    "run.epochs",
+    "run.resume",
+    "run.output_dir",
+}
 
 
 @dataclass
@@ -257,7 +277,7 @@ def read_state(path: Path, config: dict[str, Any]) -> TrainState:
     for section, key in _MUST_MATCH:
         old = (state.config.get(section) or {}).get(key)
         new = (config.get(section) or {}).get(key)
-        if state.config and old != new:
+        if state.config and key in (state.config.get(section) or {}) and _normal(old) != _normal(new):
             raise XtrainError(
                 f"checkpoint {path.name} was trained with {section}.{key}={old!r}, this run has {new!r}",
                 f"set {section}.{key}={old!r} to resume, or use a new run.output_dir",
@@ -288,7 +308,24 @@ def changes(
         notes.append(f"model.name_or_path changed from {old_model} to {new_model}")
     if state.total_steps != total_steps:
         notes.append(f"the run length changed from {state.total_steps} to {total_steps} steps")
+    must = {f"{s}.{k}" for s, k in _MUST_MATCH}
+    for section, values in sorted(config.items()):
+        old_section = state.config.get(section) or {}
+        if not isinstance(values, dict) or not isinstance(old_section, dict):
+            continue
+        for key, new in sorted(values.items()):
+            name = f"{section}.{key}"
+            if name in must or name in _OWN_NOTE or key not in old_section:
+                continue
+            old = old_section[key]
+            if _normal(old) != _normal(new):
+                notes.append(f"{name} changed from {old!r} to {new!r}: applied from step {state.step} on")
     return notes
+
+
+def _normal(value: Any) -> Any:
+    """JSON round trip: a tuple read back from a checkpoint is a list."""
+    return json.loads(json.dumps(value, default=str))
 
 
 # -- writing -------------------------------------------------------------------------------------
@@ -441,7 +478,10 @@ def save_final(model: Any, tokenizer: Any, output_dir: str | Path, save_merged: 
     return paths
 
 
-def write_result(output_dir: str | Path, result: dict[str, Any]) -> Path:
+def write_result(output_dir: str | Path, result: dict[str, Any], keep: bool = False) -> Path:
+    """Write train_result.json; with ``keep`` an existing one stays as it is."""
     path = Path(output_dir) / "train_result.json"
+    if keep and path.is_file():
+        return path
     atomic.write_text(path, json.dumps(result, indent=1, default=str))
     return path

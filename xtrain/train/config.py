@@ -377,6 +377,10 @@ def _validate(cfg: TrainConfig) -> None:
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
+    if path.exists() and not path.is_dir() and not path.is_file():  # /dev/null, a pipe, a device
+        raise XtrainError(
+            f"config path {path} is not a regular file", "give a YAML file, e.g. examples/*.yaml"
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -640,7 +640,8 @@ def _train(
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         outputs.update(checkpoint.save_final(unwrapped, workload.tokenizer, out, cfg.run.save_merged))
-        outputs["result"] = str(checkpoint.write_result(out, asdict(result)))
+        # a re-run of a finished run trains nothing: its train_result.json (throughput, ...) stays
+        outputs["result"] = str(checkpoint.write_result(out, asdict(result), keep=start_step >= total_steps))
     accelerator.wait_for_everyone()
     rep.end(result)
     return result
