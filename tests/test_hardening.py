@@ -277,3 +277,31 @@ def test_a_worker_dies_with_its_launcher(how: str) -> None:
         launcher.wait()
         if worker is not None and worker.is_running():
             worker.kill()  # a failed test leaves no orphan behind
+
+
+# -- rendezvous -------------------------------------------------------------------------------------
+def test_torchrun_agent_store_listens_on_loopback_only() -> None:
+    """The store torchrun's static rendezvous creates inside `xtrain train` (checked from the
+    OS; without the patch it listens on 0.0.0.0, FIELD_NOTES)."""
+    import psutil
+    from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
+
+    from xtrain.launch import free_port
+    from xtrain.rendezvous import loopback_agent_store
+
+    port = free_port()
+    with loopback_agent_store():
+        handler = StaticTCPRendezvous("127.0.0.1", port, 0, 1, "test", 30)
+        handler.next_rendezvous()
+    mine = [c.laddr for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+    assert [a.ip for a in mine if a.port == port] == ["127.0.0.1"], mine
+    del handler
+
+
+def test_loopback_transport_keeps_the_users_choice() -> None:
+    from xtrain.rendezvous import loopback_interface, loopback_transport_env
+
+    if loopback_interface() is None:
+        pytest.skip("no loopback interface name here")
+    assert loopback_transport_env({})["GLOO_SOCKET_IFNAME"] == loopback_interface()
+    assert "GLOO_SOCKET_IFNAME" not in loopback_transport_env({"GLOO_SOCKET_IFNAME": "eth0"})

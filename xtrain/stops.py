@@ -107,16 +107,22 @@ def read_outcome(folder: str | Path) -> dict[str, Any] | None:
 
 
 # -- launcher side ----------------------------------------------------------------------------------
+STOP_GRACE_S = 120.0  # after a forwarded stop, workers that have not ended by then are killed
+
+
 class LauncherSignals:
     """In a launcher, while workers run: the first SIGINT/SIGTERM goes to ``forward(signum)``
     (the workers stop at the next step and save); a second SIGINT kills every descendant at once
-    and raises ``StopAtOnce``. Handlers only in the main thread; restored on exit."""
+    and raises ``StopAtOnce``; workers still running ``grace_s`` after the first signal (a rank
+    stuck in a collective) are killed. Handlers only in the main thread; restored on exit."""
 
-    def __init__(self, forward: Callable[[int], None]) -> None:
+    def __init__(self, forward: Callable[[int], None], grace_s: float = STOP_GRACE_S) -> None:
         self.forward = forward
+        self.grace_s = grace_s
         self.signum: int | None = None
         self.at_once = False
         self._old: dict[int, Any] = {}
+        self._timer: threading.Timer | None = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None:
@@ -128,6 +134,11 @@ class LauncherSignals:
             kill_process_tree()
             raise StopAtOnce()
         self.signum = signum
+        from xtrain.lifetime import kill_process_tree
+
+        self._timer = threading.Timer(self.grace_s, kill_process_tree)
+        self._timer.daemon = True
+        self._timer.start()
         self.forward(signum)
 
     def __enter__(self) -> LauncherSignals:
@@ -137,6 +148,8 @@ class LauncherSignals:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old.clear()
