@@ -129,6 +129,8 @@ def launch_training(plan: Any, run_argv: list[str], console: Any, output_dir: st
     """Start xtrain.run on every planned process; returns its exit code (0 on success)."""
     import sys
 
+    from rich.markup import escape
+
     from xtrain import launch, stops
 
     console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
@@ -143,6 +145,6 @@ def launch_training(plan: Any, run_argv: list[str], console: Any, output_dir: st
         if e.outcome is not None:  # rank 0 already reported it in one line
             return int(e.outcome.get("exit_code") or e.worker_exit_code or 1)
         if e.worker_exit_code not in (2, 3, 130):
-            console.print(f"[bold red]error:[/] {e.one_line()}", soft_wrap=True)
+            console.print(f"[bold red]error:[/] {escape(e.one_line())}", soft_wrap=True)
         return e.worker_exit_code if e.worker_exit_code > 0 else 1
     return 0

@@ -105,6 +105,13 @@ class ListReporter(NullReporter):
         self.events.append(("end", result))
 
 
+def _esc(text: Any) -> str:
+    """A path or message as plain text (a folder named "[run1]" is not rich markup)."""
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
 def _duration(seconds: float) -> str:
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
@@ -153,10 +160,10 @@ class RichReporter:
         share = 100 * info.trainable_params / max(1, info.total_params)
         c.print(
             f"  trainable parameters {info.trainable_params:,} of {info.total_params:,} ({share:.2f}%), "
-            f"{info.total_steps} steps -> {info.output_dir}"
+            f"{info.total_steps} steps -> {_esc(info.output_dir)}"
         )
         if info.resumed_from:
-            c.print(f"  resuming from {info.resumed_from} (step {info.start_step})")
+            c.print(f"  resuming from {_esc(info.resumed_from)} (step {info.start_step})")
         if not c.is_terminal:  # a file or a pipe: periodic plain lines instead of a live bar
             self._started, self._start_step = time.monotonic(), info.start_step
             return
@@ -207,10 +214,10 @@ class RichReporter:
         self._print(f"  eval @ step {step}: {text}")
 
     def checkpoint_saved(self, step: int, path: str) -> None:
-        self._print(f"  checkpoint step {step} -> {path}")
+        self._print(f"  checkpoint step {step} -> {_esc(path)}")
 
     def note(self, message: str) -> None:
-        self._print(f"  [yellow]note:[/] {message}")
+        self._print(f"  [yellow]note:[/] {_esc(message)}")
 
     def end(self, result: Any) -> None:
         if self._progress is not None:
@@ -225,7 +232,7 @@ class RichReporter:
         if result.eval_metrics:
             c.print("  final eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
         for name, path in outputs.items():
-            c.print(f"  {name}: {path}")
+            c.print(f"  {name}: {_esc(path)}")
 
     def _print(self, text: str) -> None:
         (self._progress.console if self._progress is not None else self.console).print(text)
