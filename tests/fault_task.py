@@ -11,6 +11,8 @@ library has no fault switches; the faults enter through the public custom-task h
     FAULT=slow         from the FAULT_AT-th training forward on, touch FAULT_MARKER and sleep
                        FAULT_SLEEP seconds (default 0.2) per forward: a run that is inside the
                        loop and stays there while a test signals or kills it
+    FAULT=stall-build  touch FAULT_MARKER while the task is being built and sleep: a run that is
+                       stopped before its training loop runs
     FAULT_RANK         the rank that fails (default 0)
 """
 
@@ -34,6 +36,9 @@ def build(cfg: Any, main_process_first: Any) -> Any:
     mine = int(os.environ.get("RANK", "0") or 0) == int(os.environ.get("FAULT_RANK", "0") or 0)
     if not mode or not mine:
         return workload
+    if mode == "stall-build":
+        Path(os.environ["FAULT_MARKER"]).touch()
+        time.sleep(600)  # the test signals the process here
     calls = [0]
 
     def before(module: Any, args: Any, kwargs: Any) -> None:

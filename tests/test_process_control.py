@@ -248,3 +248,24 @@ def test_one_process_xtrain_train_sigterm_saves_143(job: Job) -> None:
     assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
     newest_is_complete(out, line)
     assert_all_gone(pids)
+
+
+def test_sigterm_before_the_loop_says_nothing_was_written(job: Job) -> None:
+    """`python -m xtrain.run` (one process, no launcher) stopped while it builds the model: exit
+    143 and one line saying no checkpoint was written, instead of dying silently by the signal."""
+    out = job.root / "early"
+    marker = job.root / "early.building"
+    env = {**job.env, "FAULT": "stall-build", "FAULT_MARKER": str(marker)}
+    run = Run(python_run(*run_args(job, out)), env, job.root / "early-logs")
+    try:
+        run.wait_for(marker)
+        os.kill(run.proc.pid, signal.SIGTERM)
+        assert run.finish(STOP_S) == 143, run.stderr()[-3000:]
+    finally:
+        run.cleanup([])
+    err = run.stderr()
+    assert "Traceback" not in err
+    assert stop_lines(err) == [
+        "stopped on SIGTERM; no checkpoint was written (run the same command again to start over)"
+    ]
+    assert not (out / "checkpoints").exists()

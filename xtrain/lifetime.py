@@ -61,9 +61,15 @@ class _WindowsParent:
 
     def __init__(self, pid: int) -> None:
         import ctypes
+        from ctypes import wintypes
 
-        self._k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
-        self._handle = self._k32.OpenProcess(self.SYNCHRONIZE, False, pid)
+        k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+        k32.OpenProcess.restype = wintypes.HANDLE  # 64-bit handles: not the default c_int
+        k32.OpenProcess.argtypes = [wintypes.DWORD, wintypes.BOOL, wintypes.DWORD]
+        k32.WaitForSingleObject.restype = wintypes.DWORD
+        k32.WaitForSingleObject.argtypes = [wintypes.HANDLE, wintypes.DWORD]
+        self._k32 = k32
+        self._handle = k32.OpenProcess(self.SYNCHRONIZE, False, pid)
 
     def gone(self) -> bool:
         if not self._handle:

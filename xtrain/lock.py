@@ -114,7 +114,7 @@ def acquire(output_dir: str | Path) -> RunLock:
     path = out / LOCK_NAME
     for _ in range(20):
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
         except OSError as e:
             raise XtrainError(
                 f"cannot write in run.output_dir {out}: {e.strerror or e}", "choose a writable run.output_dir"
