@@ -65,6 +65,10 @@ def test_a_killed_runs_lock_is_taken_over(tmp_path: Path) -> None:
     with run_lock.acquire(out) as held:
         assert json.loads(held.path.read_text())["pid"] == os.getpid()
     assert not (out / run_lock.LOCK_NAME).exists()
+    fresh = tmp_path / "fresh"
+    with run_lock.acquire(fresh):
+        assert fresh.is_dir()
+    assert not fresh.exists()  # created for the lock, left empty: removed again
 
 
 def test_second_xtrain_run_exits_with_one_line(tmp_path: Path) -> None:

@@ -32,9 +32,10 @@ _WIN_LOCK_OFFSET = 1 << 30  # Windows locks are mandatory: lock a byte far past 
 class RunLock:
     """A held lock; ``release()`` (idempotent) removes the file and unlocks it."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, created_dir: bool = False) -> None:
         self.path = path
         self._fd: int | None = fd
+        self._created_dir = created_dir  # removed again when the run leaves it empty
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -45,6 +46,9 @@ class RunLock:
         with contextlib.suppress(OSError):
             _unlock(fd)
         os.close(fd)
+        if self._created_dir:  # a run refused before writing anything leaves no empty folder
+            with contextlib.suppress(OSError):
+                self.path.parent.rmdir()
 
     def __enter__(self) -> RunLock:
         return self
@@ -105,6 +109,7 @@ def acquire(output_dir: str | Path) -> RunLock:
     """Lock ``output_dir`` for this run (created if missing); raises XtrainError naming the
     running process when another run holds it."""
     out = Path(output_dir).expanduser()
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -137,4 +142,4 @@ def acquire(output_dir: str | Path) -> RunLock:
     os.ftruncate(fd, 0)
     os.lseek(fd, 0, os.SEEK_SET)
     os.write(fd, json.dumps(info).encode("utf-8"))
-    return RunLock(path, fd)
+    return RunLock(path, fd, created)
