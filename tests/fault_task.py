@@ -8,6 +8,11 @@ library has no fault switches; the faults enter through the public custom-task h
     FAULT=stall-save   the checkpoint write of step FAULT_AT stops after accelerate's files are
                        written (before xtrain's state file and the rename): it touches
                        FAULT_MARKER and sleeps, so the test can SIGKILL it mid-save
+    FAULT=slow         from the FAULT_AT-th training forward on, touch FAULT_MARKER and sleep
+                       FAULT_SLEEP seconds (default 0.2) per forward: a run that is inside the
+                       loop and stays there while a test signals or kills it
+    FAULT=stall-build  touch FAULT_MARKER while the task is being built and sleep: a run that is
+                       stopped before its training loop runs
     FAULT_RANK         the rank that fails (default 0)
 """
 
@@ -31,16 +36,23 @@ def build(cfg: Any, main_process_first: Any) -> Any:
     mine = int(os.environ.get("RANK", "0") or 0) == int(os.environ.get("FAULT_RANK", "0") or 0)
     if not mode or not mine:
         return workload
+    if mode == "stall-build":
+        Path(os.environ["FAULT_MARKER"]).touch()
+        time.sleep(600)  # the test signals the process here
     calls = [0]
 
     def before(module: Any, args: Any, kwargs: Any) -> None:
         if not module.training:
             return  # evaluation passes do not count
         calls[0] += 1
+        if mode == "slow" and calls[0] > at:
+            time.sleep(float(os.environ.get("FAULT_SLEEP", "0.2")))
         if calls[0] != at:
             return
         if mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "slow":
+            Path(os.environ["FAULT_MARKER"]).touch()
         if mode == "oom":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")
 

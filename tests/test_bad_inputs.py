@@ -28,6 +28,8 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "config is a list": ("run", ["--config", "{r}/list.yaml"], {}, "must be a mapping of sections", 2, False),
     "python tag in YAML": ("run", ["--config", "{r}/evil.yaml"], {}, "could not determine a constructor", 2, True),
     "unknown section": ("run", ["--config", "{r}/typo.yaml"], {}, "unknown section 'modle'", 2, False),
+    "config is /dev/null": ("run", ["--config", "/dev/null"], {}, "config path /dev/null is not a regular file", 2, False),
+    "config not UTF-8": ("run", ["--config", "{r}/latin1.yaml"], {}, "config file {r}/latin1.yaml cannot be read: 'utf-8' codec", 2, False),
     # -- config values and overrides ----------------------------------------------------------------
     "unknown key": ("run", ["--config", "{c}", "optim.learning_rate=1"], {}, "unknown key 'optim.learning_rate'", 2, False),
     "not a number": ("run", ["--config", "{c}", "run.max_steps=abc"], {}, "run.max_steps must be a positive integer", 2, False),
@@ -39,10 +41,18 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "override without section": ("run", ["--config", "{c}", "max_steps=3"], {}, "must look like section.key=value", 2, False),
     "prompt without response": ("run", ["--config", "{c}", "data.prompt_column=q"], {}, "go together", 2, False),
     "lr scaling without base": ("run", ["--config", "{c}", "optim.lr_scaling=linear"], {}, "needs optim.base_global_batch", 2, False),
+    "huge seed": ("run", ["--config", "{c}", "run.seed=99999999999"], {}, "run.seed must be an integer in 0..4294967295", 2, False),
+    "huge collective timeout": ("run", ["--config", "{c}", "run.collective_timeout_s=99999999999"], {}, "run.collective_timeout_s must be a whole number of seconds in 1..604800", 2, False),
+    "negative keep_checkpoints": ("run", ["--config", "{c}", "run.keep_checkpoints=-1"], {}, "run.keep_checkpoints must be an integer >= 0", 2, False),
     "global batch not divisible": ("run", ["--config", "{c}", "batch.global_batch=10"], {}, "global batch 10 is not divisible", 2, True),
     # -- data and model -----------------------------------------------------------------------------
     "missing data file": ("run", ["--config", "{c}", "data.train={r}/nope.jsonl"], {}, "data file {r}/nope.jsonl not found", 2, True),
     "wrong column": ("run", ["--config", "{c}", "data.text_column=body"], {}, "column 'body' not in", 2, False),
+    "numeric text column": ("run", ["--config", "{c}", "data.train={r}/numbers.jsonl", "run.output_dir={r}/fresh-num"], {}, "column 'text' of {r}/numbers.jsonl holds int64 values, not text", 2, False),
+    "empty CSV": ("run", ["--config", "{c}", "data.train={r}/empty.csv", "run.output_dir={r}/fresh-empty"], {}, "data file {r}/empty.csv is empty", 2, False),
+    "header-only CSV": ("run", ["--config", "{c}", "data.train={r}/header.csv", "run.output_dir={r}/fresh-header"], {}, "data file {r}/header.csv has no rows", 2, False),
+    "max_length above the model": ("run", ["--config", "{c}", "data.max_length=100000", "run.output_dir={r}/fresh-len"], {}, "data.max_length=100000 is above the model's limit of 512 positions", 2, False),
+    "target_modules match nothing": ("run", ["--config", "{c}", "lora.target_modules=[nomatch]", "run.output_dir={r}/fresh-tm"], {}, "lora.target_modules ['nomatch'] not found in the model", 2, False),
     "unknown data format": ("run", ["--config", "{c}", "data.train={r}/data.bin"], {}, "cannot tell the format", 2, False),
     "missing model path": ("run", ["--config", "{c}", "model.name_or_path={r}/no-model"], {}, "model path {r}/no-model not found", 2, False),
     "custom module missing": ("run", ["--config", "{c}", "model.task=custom", "model.custom=no_such_mod_xyz:build", "run.output_dir={r}/fresh"], {}, "cannot import the custom task module", 2, False),
@@ -53,10 +63,15 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "resume path is a file": ("run", ["--config", "{c}", "run.resume={c}"], {}, "is a file, not a checkpoint folder", 2, False),
     "resume from a partial write": ("run", ["--config", "{c}", "run.resume={r}/step-3.tmp"], {}, "is incomplete", 2, False),
     "resume with another LoRA rank": ("run", ["--config", "{c}", "lora.r=8"], {}, "was trained with lora.r=4", 2, False),
+    "resume with another lr": ("run", ["--config", "{c}", "run.resume=auto", "optim.lr=0.1"], {}, "was trained with optim.lr=0.005, this run has 0.1", 2, False),
     # -- command line and environment ---------------------------------------------------------------
     "processes zero": ("run", ["--config", "{c}", "--processes", "0"], {}, "--processes must be at least 1", 2, False),
     "override not key=value": ("run", ["--config", "{c}", "oops"], {}, "overrides must look like key=value", 2, False),
     "processes vs launcher": ("run", ["--config", "{c}", "--processes", "2"], {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, "conflicts with the launcher", 2, True),
+    "WORLD_SIZE not a number": ("run", ["--config", "{c}"], {"WORLD_SIZE": "two"}, "environment variable WORLD_SIZE='two' is not a whole number", 2, True),
+    "RANK not below WORLD_SIZE": ("run", ["--config", "{c}"], {"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5 is not below WORLD_SIZE=2", 2, False),
+    "XTRAIN_PLAN malformed": ("run", ["--config", "{c}"], {"XTRAIN_PLAN": "{oops"}, "XTRAIN_PLAN is not a plan xtrain wrote", 2, False),
+    "facts with an impossible value": ("cli", ["doctor", "--facts", "{r}/bad-facts.json"], {}, "facts have an impossible value: cpu_count=0", 2, False),
     "unknown platform": ("run", ["--config", "{c}"], {"XTRAIN_PLATFORM": "beos"}, "unknown platform 'beos'", 2, False),
     "train: config missing": ("cli", ["train", "{r}/nope.yaml"], {}, "config {r}/nope.yaml not found", 2, True),
     "train: processes not a number": ("cli", ["train", "{c}", "--processes", "abc"], {}, "--processes needs a whole number", 2, False),
@@ -77,6 +92,13 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     (r / "evil.yaml").write_text(f'model: !!python/object/apply:os.system ["touch {r}/pwned"]\n')
     (r / "typo.yaml").write_text("modle:\n  task: causal-lm\n")
     (r / "data.bin").write_bytes(b"\x00\x01")
+    (r / "latin1.yaml").write_bytes(b"model:\n  task: caus\xe9\n")
+    (r / "numbers.jsonl").write_text('{"text": 5}\n{"text": 7}\n')
+    (r / "empty.csv").write_text("")
+    (r / "header.csv").write_text("text\n")
+    from xtrain.facts import Facts
+
+    (r / "bad-facts.json").write_text(Facts(torch_version="2.13.0", cpu_count=0).to_json())
     shutil.copytree(r / "out" / "checkpoints" / "step-2", r / "step-3.tmp")
     (r / "step-3.tmp" / "xtrain_state.json").unlink()
     return job

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xtrain import atomic
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
 from xtrain.shell import quote, set_env
@@ -281,7 +282,7 @@ def write_text_safely(
         if exists and backup:
             backup_path = backup_path_for(path)
             shutil.copy2(path, backup_path)  # the old file stays in place until the atomic swap
-        os.replace(tmp_name, path)
+        atomic.replace(tmp_name, path)  # retries a Windows sharing violation
         tmp_name = None
     except OSError as e:
         raise XtrainError(f"cannot write {path}: {e.strerror or e}", "choose a writable --output") from None

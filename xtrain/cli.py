@@ -37,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, standalone_mode=True)
     except XtrainError as e:
-        from rich.console import Console
+        from rich.markup import escape
 
-        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {e.one_line()}", soft_wrap=True)
+        from xtrain.console import make_console
+
+        make_console(stderr=True).print(f"[bold red]error:[/] {escape(e.one_line())}", soft_wrap=True)
         return e.exit_code
     except SystemExit as e:
         return int(e.code or 0) if not isinstance(e.code, str) else 1

@@ -73,6 +73,25 @@ def _gpu_from_dict(g: Any) -> GPU:
     )
 
 
+def _impossible(facts: Any) -> str | None:
+    """The first value no machine can have (a hand-edited or truncated snapshot), else None."""
+    if facts.cpu_count < 1:
+        return f"cpu_count={facts.cpu_count}"
+    if not 0 < facts.port < 65536:
+        return f"port={facts.port}"
+    for name in ("memory_mib", "shm_mib", "smi_gpu_count"):
+        value = getattr(facts, name)
+        if value is not None and value < 0:
+            return f"{name}={value}"
+    indexes = [g.index for g in facts.gpus]
+    if any(i < 0 for i in indexes) or len(set(indexes)) != len(indexes):
+        return f"GPU indexes {indexes}"
+    for g in facts.gpus:
+        if g.memory_mib < 0:
+            return f"GPU {g.index} memory_mib={g.memory_mib}"
+    return None
+
+
 def _check_types(values: dict[str, Any]) -> None:
     """Refuse a hand-edited snapshot whose values have the wrong type (one clear line)."""
     hints = get_type_hints(Facts)
@@ -170,6 +189,12 @@ class Facts:
             raise XtrainError(
                 f"facts have os_kind={facts.os_kind!r}",
                 f"use one of {', '.join(OS_KINDS)}",
+            )
+        impossible = _impossible(facts)
+        if impossible:
+            raise XtrainError(
+                f"facts have an impossible value: {impossible}",
+                "save a fresh one with `xtrain doctor --save FILE`",
             )
         return facts
 

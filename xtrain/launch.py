@@ -3,14 +3,16 @@
 
 Two launchers, chosen by the plan (``Plan.launcher``, decided in ``xtrain.rules``):
 
-- ``spawn``: ``torch.multiprocessing.start_processes(start_method="spawn")`` with a rendezvous
-  on 127.0.0.1. No torchrun, so no TCPStore that insists on libuv: the Windows path
-  (FIELD_NOTES: torchrun's stores fail there). Spawn is used on every OS so that the code CI
-  runs on Linux is the code Windows runs.
+- ``spawn``: ``torch.multiprocessing.start_processes(start_method="spawn")`` with a FileStore
+  rendezvous in a private temporary folder on one machine (``xtrain.rendezvous``: no socket;
+  MASTER_ADDR/PORT stay set for code that uses env://). No torchrun, so no TCPStore that
+  insists on libuv: the Windows path (FIELD_NOTES: torchrun's stores fail there). Spawn is
+  used on every OS so that the code CI runs on Linux is the code Windows runs.
 - ``accelerate``: accelerate's own launcher (``launch_command``), called in-process with args
   built by its own parser, i.e. exactly ``accelerate launch --multi_gpu ... -m MODULE``
-  (torchrun underneath). Always ``--multi_gpu`` for several processes, also on CPU: ``--cpu
-  --num_processes 2`` starts ONE process (FIELD_NOTES); the worker passes ``cpu=True`` itself.
+  (torchrun underneath; on one machine its agent's TCPStore listens on 127.0.0.1 only).
+  Always ``--multi_gpu`` for several processes, also on CPU: ``--cpu --num_processes 2``
+  starts ONE process (FIELD_NOTES); the worker passes ``cpu=True`` itself.
 
 Both give every worker the same environment, set before any process group exists:
 MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, the plan's variables
@@ -26,15 +28,19 @@ from __future__ import annotations
 import contextlib
 import os
 import runpy
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from xtrain import lifetime, stops
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
+from xtrain.rendezvous import RENDEZVOUS_ENV, file_url, loopback_agent_store, loopback_transport_env
 
 PLAN_ENV = "XTRAIN_PLAN"
 
@@ -49,6 +55,21 @@ class WorkerFailed(XtrainError):
         self.rank = rank
         self.worker_exit_code = exit_code
         self.details = details
+        self.outcome: dict[str, Any] | None = None  # rank 0's report (xtrain.stops), when made
+
+
+class WorkerStopped(WorkerFailed):
+    """The launcher got SIGINT/SIGTERM and passed it on: the workers stopped (and saved, when
+    the loop was running). ``outcome`` is rank 0's own report when it made one (it then printed
+    its one line already); ``at_once``: a second Ctrl+C killed them without saving."""
+
+    def __init__(self, signum: int, at_once: bool = False, outcome: dict[str, Any] | None = None) -> None:
+        code = stops.exit_code(signum)
+        super().__init__(None, code, f"stopped on {stops.signal_name(signum)}")
+        self.exit_code = code
+        self.signum = signum
+        self.at_once = at_once
+        self.outcome = outcome
 
 
 # -- small pieces ---------------------------------------------------------------------------
@@ -138,6 +159,7 @@ def _spawn_entry(local_rank: int, fn: Callable[..., Any], args: tuple, env: dict
     nprocs = int(env["LOCAL_WORLD_SIZE"])
     os.environ["LOCAL_RANK"] = str(local_rank)
     os.environ["RANK"] = str(node_rank * nprocs + local_rank)
+    lifetime.watch_parent()  # a killed launcher takes this worker with it
     fn(*args)
 
 
@@ -152,7 +174,9 @@ def spawn(
     machine). ``fn`` must be a top-level importable function: spawn pickles it by name.
 
     Raises ``WorkerFailed`` naming the first rank that failed; torch.multiprocessing then stops
-    the other ranks (SIGTERM, SIGKILL after 30 s), so a crash never leaves the caller hanging."""
+    the other ranks (SIGTERM, SIGKILL after 30 s), so a crash never leaves the caller hanging.
+    SIGINT/SIGTERM to this process is passed on as SIGTERM (the ranks stop at the next step and
+    save) and ends as ``WorkerStopped``; a second Ctrl+C kills them at once."""
     import torch.multiprocessing as mp
 
     if plan is None:
@@ -168,23 +192,56 @@ def spawn(
         "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(n),
         "XTRAIN_NODE_RANK": str(plan.machine_rank),
+        **lifetime.child_env(),
     }
-    # Also in the parent's environment while the children start, so they have it from their
-    # first line (CUDA_VISIBLE_DEVICES must be there before CUDA initialises).
-    with patched_environ(env):
+    lifetime.kill_children_on_exit()  # Windows: a job object ends the workers with this process
+
+    def forward(signum: int) -> None:
+        # Ctrl+C in a terminal reaches the whole group; a signal sent to this process alone is
+        # passed on as SIGTERM (the same stop in the workers, not a second Ctrl+C there).
+        import multiprocessing
+
+        for child in multiprocessing.active_children():
+            if child.pid and os.name == "posix":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGTERM)
+            elif child.pid:
+                child.terminate()
+
+    with contextlib.ExitStack() as stack:
+        if plan.num_machines == 1:  # a FileStore in a private folder: no socket (xtrain.rendezvous)
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="xtrain-rdzv-"))
+            env = {**env, **loopback_transport_env(), RENDEZVOUS_ENV: file_url(folder)}
+        # Also in the parent's environment while the children start, so they have it from their
+        # first line (CUDA_VISIBLE_DEVICES must be there before CUDA initialises).
+        stack.enter_context(patched_environ(env))
+        stack.enter_context(_quiet_launcher_logs("torch.multiprocessing"))
+        signals = stack.enter_context(stops.LauncherSignals(forward))
         try:
             mp.start_processes(_spawn_entry, args=(fn, args, env), nprocs=n, join=True, start_method="spawn")
-        except mp.ProcessRaisedException as e:
-            rank = plan.machine_rank * n + e.error_index
-            raise WorkerFailed(
-                rank, 1, f"worker rank {rank} failed: {_last_line(e.msg) or 'an exception'}", e.msg
-            ) from None
-        except mp.ProcessExitedException as e:
-            rank = plan.machine_rank * n + e.error_index
-            how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
-            raise WorkerFailed(
-                rank, e.exit_code if e.exit_code > 0 else 1, f"worker rank {rank} died ({how})"
-            ) from None
+        except stops.StopAtOnce:
+            raise WorkerStopped(signal.SIGINT, at_once=True) from None
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            if signals.signum is not None:
+                raise WorkerStopped(signals.signum) from None
+            _spawn_failure(e, plan, n)
+
+
+def _spawn_failure(e: Exception, plan: Plan, n: int) -> None:
+    import torch.multiprocessing as mp
+
+    if isinstance(e, mp.ProcessRaisedException):
+        rank = plan.machine_rank * n + e.error_index
+        raise WorkerFailed(
+            rank, 1, f"worker rank {rank} failed: {_last_line(e.msg) or 'an exception'}", e.msg
+        ) from None
+    if isinstance(e, mp.ProcessExitedException):
+        rank = plan.machine_rank * n + e.error_index
+        how = f"signal {e.signal_name}" if e.signal_name else f"exit code {e.exit_code}"
+        raise WorkerFailed(
+            rank, e.exit_code if e.exit_code > 0 else 1, f"worker rank {rank} died ({how})"
+        ) from None
+    raise e
 
 
 def run_module(module: str, argv: Sequence[str]) -> None:
@@ -274,9 +331,29 @@ def _accelerate_launch(
             target, rest, plan, module=module, config_file=config_file, extra=extra, port=port, nprocs=nprocs
         )
     )
-    with patched_environ(plan_env(plan)):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    local = plan.num_machines == 1
+    env = {**plan_env(plan), **(loopback_transport_env() if local else {}), **lifetime.child_env()}
+    agent_store = loopback_agent_store() if local else contextlib.nullcontext()
+    lifetime.kill_children_on_exit()
+
+    def before_agent(signum: int) -> None:  # a stop before torchrun's agent took the signals over
+        raise stops.StopRequested(signum)
+
+    import torch.distributed.run  # noqa: F401  (its loggers exist before they are quieted)
+
+    quiet = _quiet_launcher_logs("torch.distributed.elastic")
+    with patched_environ(env), agent_store, quiet, stops.LauncherSignals(before_agent):
         try:
             launch_command(args)
+        except stops.StopRequested as e:
+            raise WorkerStopped(e.signum) from None
+        except SignalException as e:
+            # torchrun's agent passed the signal on and waited for the workers; workers still
+            # alive mean a second signal cut that wait short: end them now
+            at_once = lifetime.kill_process_tree() > 0
+            raise WorkerStopped(int(e.sigval), at_once=at_once) from None
         except ChildFailedError as e:
             rank, failure = e.get_first_failure()
             code = failure.exitcode if failure.exitcode is not None else 1
@@ -296,6 +373,25 @@ def _accelerate_launch(
             raise XtrainError(
                 f"accelerate launch refused: {e}", "check the plan with `xtrain doctor`"
             ) from None
+
+
+@contextlib.contextmanager
+def _quiet_launcher_logs(prefix: str) -> Iterator[None]:
+    """torchrun's agent and torch.multiprocessing log every worker exit and signal ("Sending
+    process ... closing signal", "failed (exitcode: 2)") after the worker's own one-line error;
+    xtrain reports failures itself, so those records are dropped while they run here."""
+    import logging
+
+    names = [n for n in logging.Logger.manager.loggerDict if n.startswith(prefix)]
+    loggers = [logging.getLogger(n) for n in names]
+    saved = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        yield
+    finally:
+        for lg, was in zip(loggers, saved, strict=True):
+            lg.disabled = was
 
 
 def accelerate_launch(
@@ -338,13 +434,46 @@ def launch(
     the same entry as the multi-process paths. No launcher, no rendezvous, nothing to hang on.
     """
     argv = list(argv)
+    with (
+        tempfile.TemporaryDirectory(prefix="xtrain-report-") as report,
+        patched_environ({stops.REPORT_ENV: report}),
+    ):
+        try:
+            _launch(module, argv, plan, port, config_file)
+        except WorkerFailed as e:
+            e.outcome = stops.read_outcome(report)  # rank 0's one line, when it said it already
+            raise
+
+
+def _launch(module: str, argv: list[str], plan: Plan, port: int | None, config_file: str | None) -> None:
     if plan.world_size == 1:
-        env = {**os.environ, **plan_env(plan)}
-        code = subprocess.call([sys.executable, "-m", module, *argv], env=env)
-        if code != 0:
-            raise WorkerFailed(0, code, f"{module} failed (exit code {code})")
-        return
-    if plan.launcher == "spawn":
+        _one_process(module, argv, plan)
+    elif plan.launcher == "spawn":
         spawn(run_module, (module, argv), plan, port=port)
     else:
         _accelerate_launch([module, *argv], plan, module=True, config_file=config_file, port=port)
+
+
+def _one_process(module: str, argv: list[str], plan: Plan) -> None:
+    """``python -m module`` as a plain child that watches this process; a stop signal is passed
+    on (SIGTERM) and waited for, a second Ctrl+C kills it."""
+    lifetime.kill_children_on_exit()
+    env = {**os.environ, **plan_env(plan), **lifetime.child_env()}
+    proc = subprocess.Popen([sys.executable, "-m", module, *argv], env=env)
+
+    def forward(signum: int) -> None:
+        with contextlib.suppress(OSError):
+            if os.name == "posix":
+                os.kill(proc.pid, signal.SIGTERM)
+            else:
+                proc.terminate()  # Windows: Ctrl+C reaches the child through the console anyway
+
+    try:
+        with stops.LauncherSignals(forward) as signals:
+            code = proc.wait()
+    except stops.StopAtOnce:
+        raise WorkerStopped(signal.SIGINT, at_once=True) from None
+    if signals.signum is not None and code != 0:
+        raise WorkerStopped(signals.signum)
+    if code != 0:
+        raise WorkerFailed(0, code, f"{module} failed (exit code {code})")

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from xtrain import launchenv, lifetime, stops
 from xtrain.errors import XtrainError
 
 PLATFORM_ENV = "XTRAIN_PLATFORM"
@@ -63,7 +64,8 @@ def _launched() -> bool:
 
 
 def _is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0") or 0) == 0
+    rank = os.environ.get("RANK", "0").strip() or "0"
+    return not rank.isdigit() or int(rank) == 0  # a malformed RANK is reported (by every rank)
 
 
 def _precision_override(cfg: Any) -> str | None:
@@ -136,10 +138,12 @@ def run_worker(cfg: Any, platform: str | None) -> Any:
     from xtrain.train.quiet import quiet_libraries
     from xtrain.train.report import RichReporter
 
+    lifetime.watch_parent()  # started by a launcher: end with it (xtrain.lifetime)
     quiet_libraries()
     plan = worker_plan(cfg, platform)
     reporter = RichReporter() if _is_rank0() else None
-    return train(cfg, plan, reporter)
+    with stops.early_stop_signals():  # SIGTERM before the loop: the same one line and code
+        return train(cfg, plan, reporter)
 
 
 def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
@@ -154,6 +158,8 @@ def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:  # Ctrl+C before the loop took over the signal (or a second one)
         sys.exit(130)
+    except stops.StopRequested as e:  # the parent says what was (not) saved
+        sys.exit(stops.exit_code(e.signum))
 
 
 def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
@@ -167,41 +173,32 @@ def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
         probe.collect(quick=True),
         Overrides(num_processes=processes, platform=platform, mixed_precision=_precision_override(cfg)),
     )
-    got_sigint = False
-
-    def forward(signum: int, frame: Any) -> None:
-        # The terminal sends Ctrl+C to every process of the group; the workers stop at the next
-        # step and save. A SIGINT sent to this process alone is passed on as SIGTERM (same
-        # effect in the workers, without counting as a second Ctrl+C).
-        nonlocal got_sigint
-        got_sigint = True
-        import multiprocessing
-
-        if os.name == "posix":
-            for child in multiprocessing.active_children():
-                if child.pid:
-                    os.kill(child.pid, signal.SIGTERM)
-
     with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as error_dir:
-        old = signal.signal(signal.SIGINT, forward)
         try:
             launch.spawn(spawned_worker, (cfg, platform, error_dir), plan, nprocs=processes)
         except launch.WorkerFailed as failed:
             reported = sorted(Path(error_dir).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+            stopped = failed if isinstance(failed, launch.WorkerStopped) else None
+            if stopped is not None and (stopped.at_once or not reported):
+                raise stops.stopped_error(cfg.run.output_dir, stopped.signum, stopped.at_once) from None
             if reported:
                 data = json.loads(reported[0].read_text(encoding="utf-8"))
-                code = 130 if got_sigint else int(data["exit_code"])
+                code = stopped.exit_code if stopped is not None else int(data["exit_code"])
                 raise XtrainError(data["message"], data["hint"], exit_code=code) from None
             if failed.details:
                 sys.stderr.write(failed.details.rstrip() + "\n")
             raise
-        finally:
-            signal.signal(signal.SIGINT, old)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     platform = args.platform or os.environ.get(PLATFORM_ENV) or None
+    cfg = None
+    try:
+        launchenv.check()  # WORLD_SIZE=abc & co.: one line, not a ValueError deep in torch
+    except XtrainError as e:  # every rank says it: a malformed rank cannot tell who is rank 0
+        sys.stderr.write(f"error: {e.one_line()}\n")
+        return e.exit_code
     try:
         from xtrain.train.config import load_config
 
@@ -227,14 +224,22 @@ def main(argv: list[str] | None = None) -> int:
                 raise XtrainError(f"--processes must be at least 1, got {processes}", "e.g. --processes 2")
             run_worker(cfg, platform)
     except XtrainError as e:
-        if _is_rank0():
-            prefix = "" if e.exit_code in (130, 143) else "error: "  # a stop is not an error
-            sys.stderr.write(f"{prefix}{e.one_line()}\n")
-            sys.stderr.flush()
-        return e.exit_code
-    except KeyboardInterrupt:
-        return 130
+        return _report(e)
+    except (KeyboardInterrupt, stops.StopRequested) as e:  # before the loop, or a second Ctrl+C
+        signum = e.signum if isinstance(e, stops.StopRequested) else signal.SIGINT
+        out = cfg.run.output_dir if cfg is not None else None
+        return _report(stops.stopped_error(out, signum, at_once=isinstance(e, stops.StopAtOnce)))
     return 0
+
+
+def _report(e: XtrainError) -> int:
+    """Rank 0 prints the one line (and tells xtrain's launcher it did); returns the exit code."""
+    if _is_rank0():
+        prefix = "" if e.exit_code in (130, 143) else "error: "  # a stop is not an error
+        sys.stderr.write(f"{prefix}{e.one_line()}\n")
+        sys.stderr.flush()
+        stops.record_outcome(e)
+    return e.exit_code
 
 
 if __name__ == "__main__":

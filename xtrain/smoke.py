@@ -23,8 +23,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xtrain import atomic, lifetime
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
+from xtrain.rendezvous import init_worker_group
 
 DEFAULT_SIZE_MIB = 16.0
 DEFAULT_ITERS = 10
@@ -214,6 +216,7 @@ def worker(result_dir: str, size_mib: float, iters: int, timeout_s: int) -> None
     import torch
     import torch.distributed as dist
 
+    lifetime.watch_parent()  # a killed launcher takes this worker with it
     plan = Plan.from_dict(json.loads(os.environ["XTRAIN_PLAN"]))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -222,13 +225,14 @@ def worker(result_dir: str, size_mib: float, iters: int, timeout_s: int) -> None
         device = _device(plan, local_rank)
         out.device = str(device)
         _matmul_check(device)
-        dist.init_process_group(
-            backend=plan.backend or "gloo",
-            init_method="env://",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        if not init_worker_group(plan.backend or "gloo", rank, world, timeout_s):
+            dist.init_process_group(
+                backend=plan.backend or "gloo",
+                init_method="env://",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=timeout_s),
+            )
         staged = plan.cpu_staged_allreduce and device.type != "cpu"
 
         def all_reduce(t: torch.Tensor) -> None:
@@ -279,10 +283,7 @@ def _sync(device) -> None:
 
 
 def _write(result_dir: str, out: RankResult) -> None:
-    path = Path(result_dir) / f"rank-{out.rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(out)), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_text(Path(result_dir) / f"rank-{out.rank}.json", json.dumps(asdict(out)))
 
 
 def main(argv: list[str] | None = None) -> None:

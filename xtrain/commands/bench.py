@@ -64,14 +64,13 @@ def bench(
         platform=platform,
     )
 
-    from rich.console import Console
-
     from xtrain.bench import run_bench
+    from xtrain.console import make_console
     from xtrain.probe import collect
     from xtrain.rules import diagnose
 
-    err = Console(stderr=True, highlight=False)
-    out = Console(highlight=False)
+    err = make_console(stderr=True)
+    out = make_console()
     facts = collect(quick=True)
     diagnosis = diagnose(facts)
     errors = [f for f in diagnosis.findings if f.severity == "error"]

@@ -7,6 +7,8 @@ With --slurm it writes an sbatch script too (and plans for the cluster's nodes, 
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 
 import typer
@@ -20,6 +22,27 @@ PRECISION_HELP = "no | fp16 | bf16 (default: what the rules pick for the GPUs)"
 def _check_port(port: int | None) -> None:
     if port is not None and not 1 <= port <= 65535:
         raise XtrainError(f"--port {port} is not a TCP port", "use 1024..65535, e.g. --port 29500")
+
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
+
+
+def check_main_address(address: str | None) -> None:
+    """--main-address goes into the accelerate config and into printed commands: only an IP
+    address or a DNS hostname is accepted, so a pasted command can never run something else."""
+    if address is None:
+        return
+    try:
+        ipaddress.ip_address(address)
+        return
+    except ValueError:
+        pass
+    if not _HOSTNAME.match(address):
+        raise XtrainError(
+            f"--main-address {address!r} is neither an IP address nor a hostname",
+            "give the rank-0 machine's IP, e.g. --main-address 10.0.0.1",
+        )
 
 
 def configure(
@@ -49,16 +72,17 @@ def configure(
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Write the accelerate config for this machine (and print what to run next)."""
-    from rich.console import Console
     from rich.markup import escape
 
     from xtrain import accelerate_config as ac
+    from xtrain.console import make_console
     from xtrain.facts import Facts
     from xtrain.plan import Overrides
     from xtrain.rules import diagnose
 
-    console = Console(highlight=False)
+    console = make_console()
     _check_port(port)
+    check_main_address(main_address)
     gpu_ids = parse_gpus(gpus)
     if deepspeed is not None and deepspeed not in ac.DEEPSPEED_STAGES:
         raise XtrainError(

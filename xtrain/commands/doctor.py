@@ -38,13 +38,11 @@ def check_save_path(path: Path, force: bool) -> None:
 
 def write_snapshot(path: Path, text: str) -> None:
     """Write through a temporary file and rename: a failed write leaves no half file behind."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    from xtrain import atomic
+
     try:
-        tmp.write_text(text + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        atomic.write_text(path, text + "\n")
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise XtrainError(f"cannot save to {path}: {e.strerror or e}", "choose another path") from None
 
 
@@ -140,10 +138,10 @@ def doctor(
         facts = collect(port=overrides.port if overrides.port is not None else DEFAULT_PORT)
     diagnosis = diagnose(facts, overrides)
 
-    from rich.console import Console
+    from xtrain.console import make_console
 
-    out = Console(highlight=False)
-    err = Console(stderr=True, highlight=False)
+    out = make_console()
+    err = make_console(stderr=True)
     if save is not None:
         write_snapshot(save, facts.to_json())
     if not json_out:

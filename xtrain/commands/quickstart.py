@@ -78,16 +78,16 @@ def quickstart(
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Offline LoRA fine-tune of a built-in model on built-in data, end to end (about a minute)."""
-    from rich.console import Console
     from rich.table import Table
 
     from xtrain import probe
     from xtrain.commands.train import launch_training, plan_for_training
+    from xtrain.console import make_console
     from xtrain.plan import Overrides
     from xtrain.rules import diagnose
     from xtrain.train.config import load_config
 
-    console = Console(highlight=False)
+    console = make_console()
     n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
     diagnosis = diagnose(probe.collect(), Overrides(num_processes=n, platform=platform))
     worst = {s: sum(f.severity == s for f in diagnosis.findings) for s in ("warn", "error")}

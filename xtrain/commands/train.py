@@ -105,11 +105,10 @@ def train(
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Train CONFIG on every planned device (one process per GPU, fixed global batch)."""
-    from rich.console import Console
-
+    from xtrain.console import make_console
     from xtrain.train.config import load_config
 
-    console = Console(highlight=False)
+    console = make_console()
     overrides = check_overrides(list(overrides or []))
     if precision is not None:  # the same as the override run.mixed_precision=..., checked the same way
         overrides.append(f"run.mixed_precision={precision}")
@@ -129,19 +128,29 @@ def train(
             for line in lines:
                 console.print(line, soft_wrap=True, markup=False)
         return
-    raise typer.Exit(launch_training(plan, run_argv, console))
+    raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir))
 
 
-def launch_training(plan: Any, run_argv: list[str], console: Any) -> int:
+def launch_training(plan: Any, run_argv: list[str], console: Any, output_dir: str | None = None) -> int:
     """Start xtrain.run on every planned process; returns its exit code (0 on success)."""
-    from xtrain import launch
+    import sys
+
+    from rich.markup import escape
+
+    from xtrain import launch, stops
 
     console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
     try:
         launch.launch(RUN_MODULE, run_argv, plan)
+    except launch.WorkerStopped as e:
+        # Ctrl+C / SIGTERM: rank 0 said where the stop checkpoint is, else say what is there
+        if e.outcome is None or e.at_once:
+            sys.stderr.write(stops.stopped_error(output_dir, e.signum, e.at_once).one_line() + "\n")
+        return e.exit_code
     except launch.WorkerFailed as e:
-        # Rank 0 already reported these in one line: a user error (2), a diverged run (3), Ctrl+C (130).
+        if e.outcome is not None:  # rank 0 already reported it in one line
+            return int(e.outcome.get("exit_code") or e.worker_exit_code or 1)
         if e.worker_exit_code not in (2, 3, 130):
-            console.print(f"[bold red]error:[/] {e.one_line()}", soft_wrap=True)
+            console.print(f"[bold red]error:[/] {escape(e.one_line())}", soft_wrap=True)
         return e.worker_exit_code if e.worker_exit_code > 0 else 1
     return 0

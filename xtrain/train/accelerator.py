@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain.plan import Plan
+from xtrain.rendezvous import init_worker_group
 from xtrain.train.config import TrainConfig
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
@@ -98,6 +99,8 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, accumula
     if ctx.distributed and plan.backend:
         timeout = timedelta(seconds=cfg.run.collective_timeout_s)
         handlers.append(InitProcessGroupKwargs(backend=plan.backend, timeout=timeout))
+        # xtrain's spawn launcher sent a socket-free rendezvous: join it (accelerate keeps the group)
+        init_worker_group(plan.backend, ctx.rank, ctx.world_size, cfg.run.collective_timeout_s)
 
     out = Path(cfg.run.output_dir)
     log_with = None

@@ -3,7 +3,9 @@
 Layout under ``output_dir``::
 
     checkpoints/step-N/      accelerate's save_state (model, optimizer, scheduler, scaler,
-                             per-rank RNG) + xtrain_state.json (step, data position, config)
+                             per-rank RNG) + manifest.json (every file's size, and sha256 up to
+                             HASH_LIMIT) + xtrain_state.json (step, data position, config),
+                             written last: it marks the checkpoint complete
     checkpoints/step-N.tmp/  a checkpoint being written: renamed to step-N only when complete,
                              so a crash mid-write never leaves a step-N that cannot be loaded
     adapter/                 the final PEFT adapter (+ tokenizer): PeftModel.from_pretrained
@@ -12,37 +14,64 @@ Layout under ``output_dir``::
     train_result.json        losses, eval metrics, throughput, output paths
 
 Every write goes to a temporary name first and is renamed into place, and errors a user can
-cause are raised before anything is written.
+cause are raised before anything is written. A checkpoint is verified against its manifest
+before it is resumed from: with ``run.resume=auto`` a damaged newest checkpoint is skipped
+(with a note) for the newest intact one.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xtrain import atomic
 from xtrain.errors import XtrainError
 
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "xtrain_state.json"
+MANIFEST_FILE = "manifest.json"
+HASH_LIMIT = 64 * 2**20  # files up to this size are hashed too (LoRA checkpoints: all of them)
+# per-rank RNG states: optional on load (accelerate keeps the seeded RNG without them), and on
+# several machines without a shared disk each machine has only its own
+_OPTIONAL = re.compile(r"^random_states_\d+\.pkl$")
 STATE_VERSION = 1
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")
 
-# Config values that decide the shape of the trained weights: a checkpoint only fits a run
-# whose values here are the same. (model.name_or_path may change: a model folder can move.)
+# The one rule for config changes on resume. Values that live in what the checkpoint restores
+# (the shape and scale of the trained weights, the optimizer's hyper-parameters, which
+# accelerate loads back with its state) must match: a different value is refused, naming the
+# key. Every other value may change: it applies from the resumed step on, with a note naming
+# the key and both values. (model.name_or_path may change: a model folder can move.)
 _MUST_MATCH = (
     ("model", "task"),
     ("model", "custom"),
+    ("model", "num_labels"),
     ("lora", "enabled"),
     ("lora", "r"),
+    ("lora", "alpha"),
     ("lora", "target_modules"),
     ("lora", "modules_to_save"),
+    ("optim", "lr"),
+    ("optim", "betas"),
+    ("optim", "eps"),
+    ("optim", "weight_decay"),
+    ("optim", "lr_scaling"),
+    ("optim", "base_global_batch"),
 )
+# keys whose change has its own note below (or that only say where this run is)
+_OWN_NOTE = {
+    "model.name_or_path",
+    "batch.global_batch",
+    "run.max_steps",
+    "run.epochs",
+    "run.resume",
+    "run.output_dir",
+}
 
 
 @dataclass
@@ -117,15 +146,90 @@ def check_output_dir(output_dir: str | Path) -> Path:
     return out
 
 
-def find_resume(output_dir: str | Path, resume: str | None) -> Path | None:
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file of a checkpoint being written (sizes, and hashes of the small ones)."""
+    files: dict[str, dict[str, Any]] = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if not p.is_file() or rel in (STATE_FILE, MANIFEST_FILE) or _OPTIONAL.match(rel):
+            continue
+        size = p.stat().st_size
+        files[rel] = {"size": size, **({"sha256": _sha256(p)} if size <= HASH_LIMIT else {})}
+    atomic.write_text(folder / MANIFEST_FILE, json.dumps({"version": 1, "files": files}, indent=1))
+
+
+def damage(path: Path) -> str | None:
+    """Why checkpoint ``path`` cannot be resumed from (None: intact). Checks that the state file
+    parses and, when a manifest was written (every checkpoint since manifests exist), that each
+    file it lists is there with its size and hash."""
+    try:
+        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        if not isinstance(state, dict):
+            return f"{STATE_FILE} is not a JSON object"
+    except OSError as e:
+        return f"{STATE_FILE} cannot be read ({e.strerror or e})"
+    except ValueError:
+        return f"{STATE_FILE} is not valid JSON"
+    manifest = path / MANIFEST_FILE
+    if not manifest.exists():
+        return None  # written before manifests existed: the state file is all there is to check
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST_FILE} cannot be read"
+    for rel, want in files.items():
+        p = path / rel
+        if not p.is_file():
+            return f"{rel} is missing"
+        size = p.stat().st_size
+        if size != want.get("size"):
+            return f"{rel} has {size} bytes, {want.get('size')} were written"
+        if "sha256" in want and _sha256(p) != want["sha256"]:
+            return f"{rel} does not match the hash written with it"
+    return None
+
+
+def find_resume_checked(output_dir: str | Path, resume: str | None) -> tuple[Path | None, list[str]]:
+    """``find_resume`` plus a note for each damaged checkpoint that ``resume=auto`` skipped."""
+    notes: list[str] = []
+    return find_resume(output_dir, resume, notes), notes
+
+
+def find_resume(output_dir: str | Path, resume: str | None, notes: list[str] | None = None) -> Path | None:
     """The checkpoint to resume from, or None to start fresh. Reads only; raises XtrainError
-    for a resume request that cannot be honoured (before anything is written)."""
+    for a resume request that cannot be honoured (before anything is written). With ``auto``
+    a damaged checkpoint is skipped for the newest intact one (a note for each goes to
+    ``notes``); when none is intact the run stops with the reasons."""
     out = Path(output_dir)
     mode = (resume or "off").strip()
     existing = list_checkpoints(out)
     if mode.lower() == "auto":
         if existing:
-            return existing[-1][1]
+            reasons = []
+            for _, path in reversed(existing):
+                why = damage(path)
+                if why is None:
+                    if notes is not None:
+                        notes += [
+                            f"checkpoint {p} is damaged ({r}): resuming from {path.name}" for p, r in reasons
+                        ]
+                    return path
+                reasons.append((path, why))
+            raise XtrainError(
+                f"no checkpoint in {checkpoints_dir(out)} is intact: "
+                + "; ".join(f"{p.name}: {r}" for p, r in reasons),
+                "start again in a new run.output_dir (nothing was changed)",
+            )
         if (out / "adapter").exists() or (out / "model").exists():
             raise XtrainError(
                 f"{out} already holds a finished training's output but no checkpoint to resume from",
@@ -152,6 +256,11 @@ def find_resume(output_dir: str | Path, resume: str | None) -> Path | None:
             f"checkpoint {path} is incomplete (its write did not finish)",
             f"resume from an earlier step-N folder in {path.parent}",
         )
+    why = damage(path)
+    if why is not None:
+        raise XtrainError(
+            f"checkpoint {path} is damaged: {why}", f"resume from another step-N folder in {path.parent}"
+        )
     return path
 
 
@@ -168,7 +277,7 @@ def read_state(path: Path, config: dict[str, Any]) -> TrainState:
     for section, key in _MUST_MATCH:
         old = (state.config.get(section) or {}).get(key)
         new = (config.get(section) or {}).get(key)
-        if state.config and old != new:
+        if state.config and key in (state.config.get(section) or {}) and _normal(old) != _normal(new):
             raise XtrainError(
                 f"checkpoint {path.name} was trained with {section}.{key}={old!r}, this run has {new!r}",
                 f"set {section}.{key}={old!r} to resume, or use a new run.output_dir",
@@ -199,24 +308,40 @@ def changes(
         notes.append(f"model.name_or_path changed from {old_model} to {new_model}")
     if state.total_steps != total_steps:
         notes.append(f"the run length changed from {state.total_steps} to {total_steps} steps")
+    must = {f"{s}.{k}" for s, k in _MUST_MATCH}
+    for section, values in sorted(config.items()):
+        old_section = state.config.get(section) or {}
+        if not isinstance(values, dict) or not isinstance(old_section, dict):
+            continue
+        for key, new in sorted(values.items()):
+            name = f"{section}.{key}"
+            if name in must or name in _OWN_NOTE or key not in old_section:
+                continue
+            old = old_section[key]
+            if _normal(old) != _normal(new):
+                notes.append(f"{name} changed from {old!r} to {new!r}: applied from step {state.step} on")
     return notes
 
 
+def _normal(value: Any) -> Any:
+    """JSON round trip: a tuple read back from a checkpoint is a list."""
+    return json.loads(json.dumps(value, default=str))
+
+
 # -- writing -------------------------------------------------------------------------------------
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def remove_partial(output_dir: str | Path) -> list[Path]:
-    """Delete unfinished checkpoint writes (call on the main process only)."""
-    gone = partial_checkpoints(output_dir)
+    """Delete unfinished writes: checkpoints (``step-N.tmp``) and final outputs (``adapter.tmp``,
+    ``adapter.old``, ``train_result.json.tmp``, ...) of a run that was killed (main process)."""
+    out = Path(output_dir)
+    gone = partial_checkpoints(out)
+    for name in ("adapter", "model", "merged"):
+        gone += [p for p in (out / f"{name}.tmp", out / f"{name}.old") if p.is_dir()]
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
+    leftover = out / "train_result.json.tmp"
+    if leftover.is_file():
+        leftover.unlink(missing_ok=True)
+        gone.append(leftover)
     return gone
 
 
@@ -234,10 +359,11 @@ def save(accelerator: Any, output_dir: str | Path, state: TrainState, keep: int)
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()  # every rank's files (RNG states) are in tmp
     if accelerator.is_main_process:
-        _write_text_atomic(tmp / STATE_FILE, state.to_json())
+        write_manifest(tmp)
+        atomic.write_text(tmp / STATE_FILE, state.to_json())  # last: marks the checkpoint complete
         if final.exists():  # the same step saved before (e.g. a finished run re-exported)
             shutil.rmtree(final)
-        os.replace(tmp, final)
+        atomic.replace(tmp, final)
         rotate(output_dir, keep)
     accelerator.wait_for_everyone()
     return final
@@ -316,11 +442,11 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         old = final.with_name(final.name + ".old")
         if old.exists():
             shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(tmp, final)
+        atomic.replace(final, old)
+        atomic.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     else:
-        os.replace(tmp, final)
+        atomic.replace(tmp, final)
 
 
 def save_final(model: Any, tokenizer: Any, output_dir: str | Path, save_merged: bool) -> dict[str, str]:
@@ -352,7 +478,10 @@ def save_final(model: Any, tokenizer: Any, output_dir: str | Path, save_merged: 
     return paths
 
 
-def write_result(output_dir: str | Path, result: dict[str, Any]) -> Path:
+def write_result(output_dir: str | Path, result: dict[str, Any], keep: bool = False) -> Path:
+    """Write train_result.json; with ``keep`` an existing one stays as it is."""
     path = Path(output_dir) / "train_result.json"
-    _write_text_atomic(path, json.dumps(result, indent=1, default=str))
+    if keep and path.is_file():
+        return path
+    atomic.write_text(path, json.dumps(result, indent=1, default=str))
     return path

@@ -162,9 +162,11 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "run.epochs": _POS_NUM,
     "run.eval_every": _POS_INT,
     "run.save_every": _POS_INT,
-    "run.keep_checkpoints": _POS_INT,
-    "run.collective_timeout_s": _POS_INT,
-    "run.seed": (lambda v: v >= 0, "an integer >= 0"),
+    "run.keep_checkpoints": (lambda v: v >= 0, "an integer >= 0 (0 keeps every checkpoint)"),
+    # torch's process-group timeout is a C++ duration in milliseconds; a week is plenty
+    "run.collective_timeout_s": (lambda v: 0 < v <= 7 * 86400, "a whole number of seconds in 1..604800"),
+    # numpy's seed (set by accelerate's set_seed) must fit in 32 bits
+    "run.seed": (lambda v: 0 <= v < 2**32, "an integer in 0..4294967295"),
     "run.log_every": _POS_INT,
 }
 # Input paths in a config file are looked up next to the file first (then the current folder).
@@ -377,6 +379,10 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
     from xtrain.encoding import read_text
 
+    if path.exists() and not path.is_dir() and not path.is_file():  # /dev/null, a pipe, a device
+        raise XtrainError(
+            f"config path {path} is not a regular file", "give a YAML file, e.g. examples/*.yaml"
+        )
     try:
         # UTF-8 (BOM or not) or UTF-16 with a BOM (PowerShell's `>`); ANSI bytes: one-line refusal
         text = read_text(path, "config file")

@@ -137,7 +137,15 @@ def _load_file(path: Path, builder: str, source: str) -> Any:
         # datasets reads text as UTF-8: a BOM or UTF-16 (PowerShell's `>`) gets a cached UTF-8 copy
         path = encoding.utf8_copy(path, "data file")
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+        size = path.stat().st_size
+    except OSError:
+        size = -1
+    if size == 0:
+        raise XtrainError(
+            f"data file {source} is empty", "point data.train/data.eval at a file with examples"
+        )
+    try:
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     except Exception as e:
         cause: BaseException | None = e
         while cause is not None and not isinstance(cause, UnicodeDecodeError):
@@ -145,7 +153,12 @@ def _load_file(path: Path, builder: str, source: str) -> Any:
         if isinstance(cause, UnicodeDecodeError) or "codec can't decode" in str(e):
             # a non-UTF-8 byte past the part utf8_copy checks
             raise encoding.not_utf8(original, "data file") from None
+        if "corresponds to no data" in str(e):  # a CSV with a header line only
+            raise XtrainError(f"data file {source} has no rows", "add examples below the header") from None
         raise XtrainError(f"cannot read {source} as {builder}: {_first_line(e)}") from None
+    if len(ds) == 0:
+        raise XtrainError(f"data file {source} has no rows", "add examples to it")
+    return ds
 
 
 def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> None:
@@ -156,6 +169,13 @@ def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> Non
             raise XtrainError(
                 f"column '{col}' not in {source} (columns: {', '.join(have)})",
                 f"set {key} to one of them",
+            )
+        # text columns must hold text: numbers would fail inside the tokenizer with a traceback
+        features = getattr(ds, "features", None) or {}
+        dtype = getattr(features.get(col), "dtype", "string") if col is not None else "string"
+        if key != "data.label_column" and dtype not in ("string", "large_string", "null"):
+            raise XtrainError(
+                f"column '{col}' of {source} holds {dtype} values, not text", f"point {key} at a text column"
             )
 
 
@@ -293,6 +313,12 @@ def label_key(value: Any) -> str:
     return str(value)
 
 
+def _kind(value: Any) -> str:
+    return (
+        "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+    )
+
+
 def label_mapping(
     train_labels: list[Any],
     eval_labels: list[Any],
@@ -312,6 +338,14 @@ def label_mapping(
     if any(v is None for v in values):
         where = sources[0] if any(v is None for v in train_labels) else sources[1]
         raise XtrainError(f"the label column of {where} has empty values", "fill or drop those rows")
+    first: dict[str, Any] = {}
+    for v in values:
+        first.setdefault(_kind(v), v)
+    if len(first) > 1:  # e.g. 1 and "pos" in one JSON column: silently two string classes otherwise
+        raise XtrainError(
+            f"the label column mixes types ({', '.join(f'{k} {v!r}' for k, v in sorted(first.items()))})",
+            "use one type for every label: all integers 0..n-1 or all strings",
+        )
     ints = all(
         (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
         for v in values

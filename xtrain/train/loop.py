@@ -30,8 +30,11 @@ from typing import Any
 
 import torch
 
+from xtrain import lock as run_lock
+from xtrain import preflight
 from xtrain.errors import XtrainError
 from xtrain.plan import Plan
+from xtrain.stops import StopAtOnce
 from xtrain.train import checkpoint
 from xtrain.train.accelerator import (
     LaunchContext,
@@ -142,7 +145,7 @@ class StopSignals:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            raise StopAtOnce()  # a KeyboardInterrupt: the second Ctrl+C stops at once
         self.signum = signum
 
     def __enter__(self) -> StopSignals:
@@ -310,14 +313,33 @@ def train(
 ) -> TrainResult:
     """Train as the config says, in this process, as one rank of the launch context.
 
-    ``build`` replaces ``xtrain.train.tasks.build_workload`` (tests, benchmarks)."""
+    ``build`` replaces ``xtrain.train.tasks.build_workload`` (tests, benchmarks). The main
+    process holds the output folder's run lock (``xtrain.lock``) from before anything is read
+    until the run ends: a second run on the same folder stops at once, touching nothing."""
+    checkpoint.check_output_dir(cfg.run.output_dir)
+    preflight.check_paths(cfg)  # output folder and caches writable: before anything starts
+    if LaunchContext.from_env().rank != 0:
+        return _train_unlocked(cfg, plan, reporter, build=build)
+    with run_lock.acquire(cfg.run.output_dir):
+        return _train_unlocked(cfg, plan, reporter, build=build)
+
+
+def _train_unlocked(
+    cfg: TrainConfig,
+    plan: Plan,
+    reporter: Reporter | None = None,
+    *,
+    build: BuildFn | None = None,
+) -> TrainResult:
     ctx = LaunchContext.from_env()
     accumulation = gradient_accumulation(cfg, ctx.world_size)
     global_batch = cfg.batch.per_device * ctx.world_size * accumulation
     config_dict = config_to_dict(cfg)
     # Everything a user can get wrong about resuming is checked before anything starts.
     checkpoint.check_output_dir(cfg.run.output_dir)
-    resume_from = checkpoint.find_resume(cfg.run.output_dir, cfg.run.resume)
+    resume_from, damaged = checkpoint.find_resume_checked(cfg.run.output_dir, cfg.run.resume)
+    for note in damaged if (reporter is not None and ctx.rank == 0) else []:
+        reporter.note(note)  # a damaged newest checkpoint was skipped for the previous good one
     resume_state = checkpoint.read_state(resume_from, config_dict) if resume_from else None
 
     accelerator = build_accelerator(cfg, plan, ctx, accumulation)
@@ -374,6 +396,11 @@ def _train(
     scheduler = _scheduler(cfg, optimizer, total_steps)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total_params = sum(p.numel() for p in model.parameters())
+    saves = total_steps // cfg.run.save_every + 1 if cfg.run.save_every else 1
+    for note in preflight.check_disk(
+        out, trainable, total_params, cfg.run.keep_checkpoints, cfg.run.save_merged, saves
+    ):
+        rep.note(note)  # (a run that cannot fit stops here, before the first step)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     checkpoint.install_model_hooks(accelerator)
     cpu_staged = False
@@ -639,7 +666,8 @@ def _train(
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         outputs.update(checkpoint.save_final(unwrapped, workload.tokenizer, out, cfg.run.save_merged))
-        outputs["result"] = str(checkpoint.write_result(out, asdict(result)))
+        # a re-run of a finished run trains nothing: its train_result.json (throughput, ...) stays
+        outputs["result"] = str(checkpoint.write_result(out, asdict(result), keep=start_step >= total_steps))
     accelerator.wait_for_everyone()
     rep.end(result)
     return result

@@ -8,6 +8,7 @@ default for library use and for every rank but the main one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -104,6 +105,18 @@ class ListReporter(NullReporter):
         self.events.append(("end", result))
 
 
+def _esc(text: Any) -> str:
+    """A path or message as plain text (a folder named "[run1]" is not rich markup)."""
+    from rich.markup import escape
+
+    return escape(str(text))
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
 def _fmt(value: float) -> str:
     if value == 0:
         return "0"
@@ -115,15 +128,21 @@ def _fmt(value: float) -> str:
 
 
 class RichReporter:
-    """A rich progress bar and banner on stderr (the main process of the CLI)."""
+    """A rich progress bar and banner on stderr (the main process of the CLI). When stderr is
+    not a terminal (a log file, a pipe) there is no live bar: a plain progress line is printed at
+    log points, at most every ``plain_every_s`` seconds (and at the last step)."""
 
-    def __init__(self, console: Any = None) -> None:
-        from rich.console import Console
+    def __init__(self, console: Any = None, plain_every_s: float = 10.0) -> None:
+        from xtrain.console import make_console
 
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or make_console(stderr=True)
         self._progress: Any = None
         self._task: Any = None
         self._fields = "starting"
+        self._plain_every_s = plain_every_s
+        self._last_plain = -float("inf")
+        self._started = 0.0
+        self._start_step = 0
 
     # -- events --------------------------------------------------------------------------------
     def start(self, info: StartInfo) -> None:
@@ -141,10 +160,13 @@ class RichReporter:
         share = 100 * info.trainable_params / max(1, info.total_params)
         c.print(
             f"  trainable parameters {info.trainable_params:,} of {info.total_params:,} ({share:.2f}%), "
-            f"{info.total_steps} steps -> {info.output_dir}"
+            f"{info.total_steps} steps -> {_esc(info.output_dir)}"
         )
         if info.resumed_from:
-            c.print(f"  resuming from {info.resumed_from} (step {info.start_step})")
+            c.print(f"  resuming from {_esc(info.resumed_from)} (step {info.start_step})")
+        if not c.is_terminal:  # a file or a pipe: periodic plain lines instead of a live bar
+            self._started, self._start_step = time.monotonic(), info.start_step
+            return
         self._progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -160,7 +182,7 @@ class RichReporter:
         )
 
     def progress(self, step: int, total: int, metrics: dict[str, float] | None = None) -> None:
-        if self._progress is None:
+        if self._progress is None and not (metrics and not self.console.is_terminal):
             return
         if metrics:
             parts = [f"loss {metrics['loss']:.4f}"] if "loss" in metrics else []
@@ -171,17 +193,31 @@ class RichReporter:
             if metrics.get("tokens_per_s"):
                 parts.append(f"{_fmt(metrics['tokens_per_s'])} tok/s")
             self._fields = "  ".join(parts)
+        if self._progress is None:
+            self._plain_line(step, total)
+            return
         self._progress.update(self._task, completed=step, stats=self._fields)
+
+    def _plain_line(self, step: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._last_plain < self._plain_every_s and step < total:
+            return
+        self._last_plain = now
+        done, elapsed = step - self._start_step, now - self._started
+        eta = ""
+        if done > 0 and step < total:
+            eta = f"  eta {_duration(elapsed / done * (total - step))}"
+        self.console.print(f"  step {step}/{total} ({100 * step // max(1, total)}%)  {self._fields}{eta}")
 
     def evaluated(self, step: int, metrics: dict[str, float]) -> None:
         text = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         self._print(f"  eval @ step {step}: {text}")
 
     def checkpoint_saved(self, step: int, path: str) -> None:
-        self._print(f"  checkpoint step {step} -> {path}")
+        self._print(f"  checkpoint step {step} -> {_esc(path)}")
 
     def note(self, message: str) -> None:
-        self._print(f"  [yellow]note:[/] {message}")
+        self._print(f"  [yellow]note:[/] {_esc(message)}")
 
     def end(self, result: Any) -> None:
         if self._progress is not None:
@@ -196,7 +232,7 @@ class RichReporter:
         if result.eval_metrics:
             c.print("  final eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
         for name, path in outputs.items():
-            c.print(f"  {name}: {path}")
+            c.print(f"  {name}: {_esc(path)}")
 
     def _print(self, text: str) -> None:
         (self._progress.console if self._progress is not None else self.console).print(text)

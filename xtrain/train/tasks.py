@@ -85,6 +85,13 @@ def _collator(tokenizer: Any) -> collate.PadCollator:
 
 
 def _finish_model(model: Any, cfg: TrainConfig, task: str) -> Any:
+    # a longer sequence than the model has positions fails inside the first forward pass
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and 0 < limit < cfg.data.max_length:
+        raise XtrainError(
+            f"data.max_length={cfg.data.max_length} is above the model's limit of {limit} positions",
+            f"set data.max_length={limit} or less",
+        )
     if cfg.model.gradient_checkpointing:
         lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
     if cfg.lora.enabled:

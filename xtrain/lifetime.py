@@ -1,0 +1,221 @@
+"""Workers live and die with their launcher.
+
+Signals do not reach every worker: torchrun starts each worker in a session of its own, so
+killing the launcher's process group misses them (FIELD_NOTES), and SIGKILL of the launcher
+alone reaches nobody. So each worker watches its launcher with the OS's own means:
+
+- Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``: the kernel kills the worker when its parent
+  dies (no delay, nothing more is written).
+- everywhere (the fallback, also for macOS and Windows): a daemon thread that checks the parent
+  every ``WATCH_INTERVAL_S`` and kills this process once it is gone (on POSIX the parent id
+  changes; on Windows a handle to the parent is waited on, so a reused PID cannot fool it).
+- Windows launchers: ``kill_children_on_exit`` puts the launcher in a Job Object with
+  JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE: when the launcher ends in any way (console closed, Ctrl+C,
+  killed in Task Manager) Windows ends every process it started.
+
+A worker only watches when a launcher started it (``WORLD_SIZE`` set) or xtrain did
+(``XTRAIN_PARENT_PID``): a run started by hand under ``nohup`` must outlive its shell.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+PARENT_ENV = "XTRAIN_PARENT_PID"
+WATCH_INTERVAL_S = 0.5
+_watching = False
+
+
+def _set_pdeathsig() -> bool:
+    """Linux only: SIGKILL this process when its parent thread exits."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        return libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _die() -> None:
+    """End this process now, writing nothing more (no atexit, no finally blocks)."""
+    if os.name == "posix":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(137)
+
+
+class _WindowsParent:
+    """A handle to the parent process; ``gone()`` is true once it has exited."""
+
+    SYNCHRONIZE = 0x00100000
+    WAIT_OBJECT_0 = 0
+
+    def __init__(self, pid: int) -> None:
+        import ctypes
+        from ctypes import wintypes
+
+        k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+        k32.OpenProcess.restype = wintypes.HANDLE  # 64-bit handles: not the default c_int
+        k32.OpenProcess.argtypes = [wintypes.DWORD, wintypes.BOOL, wintypes.DWORD]
+        k32.WaitForSingleObject.restype = wintypes.DWORD
+        k32.WaitForSingleObject.argtypes = [wintypes.HANDLE, wintypes.DWORD]
+        self._k32 = k32
+        self._handle = k32.OpenProcess(self.SYNCHRONIZE, False, pid)
+
+    def gone(self) -> bool:
+        if not self._handle:
+            return False  # cannot watch (no right to open it): rely on the launcher's job object
+        return self._k32.WaitForSingleObject(self._handle, 0) == self.WAIT_OBJECT_0
+
+
+def parent_to_watch(environ: Any = None) -> int | None:
+    """The launcher's PID when this process was started by one, else None."""
+    env = os.environ if environ is None else environ
+    sent = env.get(PARENT_ENV, "")
+    if sent.strip().isdigit():
+        return int(sent)
+    if "WORLD_SIZE" in env:
+        return os.getppid()
+    return None
+
+
+def watch_parent(parent_pid: int | None = None, interval_s: float = WATCH_INTERVAL_S) -> bool:
+    """Make this process end when ``parent_pid`` (default: the launcher that started it, see
+    ``parent_to_watch``) ends. Idempotent; returns whether a watch is active."""
+    global _watching
+    pid = parent_to_watch() if parent_pid is None else parent_pid
+    if pid is None or pid <= 1:
+        return False
+    if _watching:
+        return True
+    if os.name == "nt":
+        parent = _WindowsParent(pid)
+        gone = parent.gone
+    else:
+        if os.getppid() == pid:
+            _set_pdeathsig()
+
+        def gone() -> bool:
+            return os.getppid() != pid
+
+    if gone():  # the launcher died before the watch started
+        _die()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            if gone():
+                _die()
+
+    threading.Thread(target=watch, name="xtrain-parent-watch", daemon=True).start()
+    _watching = True
+    return True
+
+
+def child_env() -> dict[str, str]:
+    """What a launcher adds to a child's environment so the child watches it."""
+    return {PARENT_ENV: str(os.getpid())}
+
+
+def kill_children_on_exit() -> bool:
+    """Windows: every process this one starts from now on ends when this one ends (a Job Object
+    with kill-on-close that holds this process). Elsewhere a no-op (workers watch their parent).
+    Best effort: returns False when Windows refused (e.g. a job that forbids nesting)."""
+    if os.name != "nt":
+        return False
+    try:
+        return _windows_kill_on_close_job()
+    except OSError:
+        return False
+
+
+_job_handle: Any = None  # kept open for the life of this process: closing it kills the job
+
+
+def _windows_kill_on_close_job() -> bool:
+    global _job_handle
+    if _job_handle is not None:
+        return True
+    import ctypes
+    from ctypes import wintypes
+
+    k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+    k32.CreateJobObjectW.restype = wintypes.HANDLE
+    k32.CreateJobObjectW.argtypes = [ctypes.c_void_p, wintypes.LPCWSTR]
+    k32.SetInformationJobObject.restype = wintypes.BOOL
+    k32.SetInformationJobObject.argtypes = [wintypes.HANDLE, ctypes.c_int, ctypes.c_void_p, wintypes.DWORD]
+    k32.AssignProcessToJobObject.restype = wintypes.BOOL
+    k32.AssignProcessToJobObject.argtypes = [wintypes.HANDLE, wintypes.HANDLE]
+    k32.GetCurrentProcess.restype = wintypes.HANDLE
+    k32.CloseHandle.argtypes = [wintypes.HANDLE]
+
+    class IO_COUNTERS(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_ulonglong) for n in (
+            "ReadOperationCount", "WriteOperationCount", "OtherOperationCount",
+            "ReadTransferCount", "WriteTransferCount", "OtherTransferCount",
+        )]  # fmt: skip
+
+    class JOBOBJECT_BASIC_LIMIT_INFORMATION(ctypes.Structure):
+        _fields_ = [
+            ("PerProcessUserTimeLimit", ctypes.c_int64),
+            ("PerJobUserTimeLimit", ctypes.c_int64),
+            ("LimitFlags", wintypes.DWORD),
+            ("MinimumWorkingSetSize", ctypes.c_size_t),
+            ("MaximumWorkingSetSize", ctypes.c_size_t),
+            ("ActiveProcessLimit", wintypes.DWORD),
+            ("Affinity", ctypes.c_size_t),
+            ("PriorityClass", wintypes.DWORD),
+            ("SchedulingClass", wintypes.DWORD),
+        ]
+
+    class JOBOBJECT_EXTENDED_LIMIT_INFORMATION(ctypes.Structure):
+        _fields_ = [
+            ("BasicLimitInformation", JOBOBJECT_BASIC_LIMIT_INFORMATION),
+            ("IoInfo", IO_COUNTERS),
+            ("ProcessMemoryLimit", ctypes.c_size_t),
+            ("JobMemoryLimit", ctypes.c_size_t),
+            ("PeakProcessMemoryUsed", ctypes.c_size_t),
+            ("PeakJobMemoryUsed", ctypes.c_size_t),
+        ]
+
+    JobObjectExtendedLimitInformation = 9
+    JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE = 0x2000
+
+    job = k32.CreateJobObjectW(None, None)
+    if not job:
+        return False
+    info = JOBOBJECT_EXTENDED_LIMIT_INFORMATION()
+    info.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
+    ok = k32.SetInformationJobObject(
+        job, JobObjectExtendedLimitInformation, ctypes.byref(info), ctypes.sizeof(info)
+    ) and k32.AssignProcessToJobObject(job, k32.GetCurrentProcess())
+    if not ok:
+        k32.CloseHandle(job)
+        return False
+    _job_handle = job  # never closed: Windows closes it when this process ends, killing the job
+    return True
+
+
+def kill_process_tree(timeout_s: float = 5.0) -> int:
+    """SIGKILL every descendant of this process (a second Ctrl+C: stop at once). Returns how
+    many were killed."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(children, timeout=timeout_s)
+    return len(children)

@@ -1,0 +1,120 @@
+"""Preflight: what would fail after hours of training is checked before the first step.
+
+- ``check_paths`` (before anything is written): the output folder is not on a special
+  filesystem (/proc, /sys, /dev) and can be written; the caches the run will write to
+  (the datasets cache under HF_HOME / HF_DATASETS_CACHE, XTRAIN_CACHE for built-in models and
+  data, both under HOME by default) are writable, or the one line names the variable to set.
+- ``check_disk`` (once the model is built, before the first step): the free space of the output
+  folder against what the run will write: ``keep_checkpoints + 1`` checkpoints (a new one is
+  complete before the oldest goes), the final adapter and the merged model. Refused when it
+  cannot fit, a note when it is tight.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
+TIGHT_FACTOR = 2.0  # less than this many times the estimate left: a note
+BYTES_PER_TRAINABLE = 4 * 3  # fp32 weights + AdamW's two moments, per checkpoint
+
+
+def _nearest_existing(path: Path) -> Path:
+    for p in (path, *path.parents):
+        if p.exists():
+            return p
+    return path
+
+
+def _writable(folder: Path) -> str | None:
+    """None when a file can be created in ``folder`` (or, when missing, in its nearest existing
+    parent); else the OS's reason."""
+    where = _nearest_existing(folder)
+    if not where.is_dir():
+        return f"{where} is not a folder"
+    try:
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".xtrain-preflight-"):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def _special(path: Path) -> bool:
+    if sys.platform == "win32":
+        return False
+    resolved = str(path.resolve())
+    return any(resolved == r or resolved.startswith(r + "/") for r in SPECIAL_ROOTS)
+
+
+def _hf_datasets_cache(env: Any) -> Path:
+    if env.get("HF_DATASETS_CACHE"):
+        return Path(env["HF_DATASETS_CACHE"]).expanduser()
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "datasets"
+
+
+def check_paths(cfg: Any, environ: Any = None) -> None:
+    """Raise XtrainError (one line) when the output folder or a cache the run needs cannot be
+    written. Writes nothing that stays (a probe file is created and removed)."""
+    env = os.environ if environ is None else environ
+    out = Path(cfg.run.output_dir).expanduser()
+    if _special(out):
+        raise XtrainError(
+            f"run.output_dir {out} is on a special filesystem", "choose a folder on a disk, e.g. runs/my-run"
+        )
+    why = _writable(out)
+    if why:
+        raise XtrainError(
+            f"run.output_dir {out} cannot be written: {why}", "choose a writable run.output_dir"
+        )
+    caches = [("HF_DATASETS_CACHE or HF_HOME", _hf_datasets_cache(env))]
+    names = (str(cfg.model.name_or_path), str(cfg.data.train or ""), str(cfg.data.eval or ""))
+    if any(n.startswith("builtin:") for n in names):
+        from xtrain.builtin import cache_root
+
+        caches.append(("XTRAIN_CACHE", cache_root().parent))
+    for var, folder in caches:
+        why = _writable(folder)
+        if why:
+            raise XtrainError(
+                f"the cache folder {folder} cannot be written: {why}",
+                f"set {var} to a writable folder (HOME may be read-only here)",
+            )
+
+
+def estimate_bytes(trainable: int, total: int, keep: int, save_merged: bool, saves: int = 1) -> int:
+    """What a run writes under its output folder, roughly (checkpoints dominate). ``saves``:
+    how many checkpoints the run writes in all (what ``keep=0``, keep all, keeps)."""
+    kept = min(keep + 1, saves) if keep > 0 else saves
+    checkpoint = trainable * BYTES_PER_TRAINABLE + 2**20
+    final = trainable * 4 + (total * 4 if save_merged else 0)
+    return kept * checkpoint + final
+
+
+def check_disk(
+    output_dir: str | Path, trainable: int, total: int, keep: int, save_merged: bool, saves: int = 1
+) -> list[str]:
+    """Refuse a run whose outputs cannot fit on the output folder's disk; a note when tight."""
+    need = estimate_bytes(trainable, total, keep, save_merged, saves)
+    try:
+        free = shutil.disk_usage(_nearest_existing(Path(output_dir).expanduser())).free
+    except OSError:
+        return []
+    gib = 2**30
+    if free < need:
+        raise XtrainError(
+            f"not enough disk space for run.output_dir {output_dir}: {free / gib:.2f} GiB free, "
+            f"about {need / gib:.2f} GiB needed for the checkpoints and the final outputs",
+            "free some space, lower run.keep_checkpoints, or choose another run.output_dir",
+        )
+    if free < TIGHT_FACTOR * need:
+        return [f"disk space is tight: {free / gib:.2f} GiB free for about {need / gib:.2f} GiB of outputs"]
+    return []
