@@ -29,7 +29,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "python tag in YAML": ("run", ["--config", "{r}/evil.yaml"], {}, "could not determine a constructor", 2, True),
     "unknown section": ("run", ["--config", "{r}/typo.yaml"], {}, "unknown section 'modle'", 2, False),
     "config is /dev/null": ("run", ["--config", "/dev/null"], {}, "config path /dev/null is not a regular file", 2, False),
-    "config not UTF-8": ("run", ["--config", "{r}/latin1.yaml"], {}, "config file {r}/latin1.yaml cannot be read: 'utf-8' codec", 2, False),
+    "config not UTF-8": ("run", ["--config", "{r}/latin1.yaml"], {}, "config file {r}/latin1.yaml is not UTF-8: byte 0xe9", 2, False),
     # -- config values and overrides ----------------------------------------------------------------
     "unknown key": ("run", ["--config", "{c}", "optim.learning_rate=1"], {}, "unknown key 'optim.learning_rate'", 2, False),
     "not a number": ("run", ["--config", "{c}", "run.max_steps=abc"], {}, "run.max_steps must be a positive integer", 2, False),
