@@ -71,6 +71,7 @@ class TrainResult:
     resumed_from: str | None = None
     skipped_steps: int = 0
     run_info: dict[str, Any] = field(default_factory=dict)  # how it ran: backend, device, hook, ...
+    predictions: list[dict[str, str]] = field(default_factory=list)  # [{"reference", "prediction"}]
 
 
 class NonFiniteLoss(XtrainError):
@@ -253,8 +254,17 @@ def _default_eval_batch(outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
     return {"loss_sum": loss.expand(n), "count": torch.ones(n, device=loss.device)}
 
 
-def evaluate(accelerator: Any, model: Any, loader: Any, workload: Workload) -> dict[str, float]:
-    """Eval loss (and the task's metrics) over the whole eval set, gathered from all ranks."""
+def evaluate(
+    accelerator: Any, model: Any, loader: Any, workload: Workload, samples: list[Any] | None = None
+) -> dict[str, float]:
+    """Eval loss (and the task's metrics) over the whole eval set, gathered from all ranks.
+    A task that evaluates by generation (``workload.evaluate``) runs that instead; its sample
+    predictions are appended to ``samples``."""
+    if workload.evaluate is not None:
+        metrics, predictions = workload.evaluate(accelerator, model, loader)
+        if samples is not None:
+            samples.extend(predictions)
+        return metrics
     eval_batch = workload.eval_batch or _default_eval_batch
     parts: dict[str, list[torch.Tensor]] = {}
     model.eval()
@@ -472,11 +482,18 @@ def _train(
         return path
 
     def run_eval(step: int) -> dict[str, float]:
-        metrics = evaluate(accelerator, model, eval_loader, workload) if eval_loader is not None else {}
+        samples: list[Any] = []
+        metrics = evaluate(accelerator, model, eval_loader, workload, samples) if eval_loader is not None else {}
         if metrics:
             eval_history.append({"step": step, **metrics})
             accelerator.log(metrics, step=step)
             rep.evaluated(step, metrics)
+        if samples:  # generative tasks: reference vs prediction, shown and logged as text
+            from xtrain.train.generation import predictions_markdown
+
+            predictions[:] = [asdict(s) for s in samples]
+            rep.predictions(step, predictions)
+            accelerator.log({"eval/predictions": predictions_markdown(samples)}, step=step)
         return metrics
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -492,6 +509,7 @@ def _train(
     log_every = max(1, cfg.run.log_every)
     last_saved = start_step if resume_from is not None else -1
     final_metrics: dict[str, float] = {}
+    predictions: list[dict[str, str]] = []  # the last eval's sample predictions (generative tasks)
     batches: Iterator[Any] = iter(loader)
     if cfg.run.eval_at_start and start_step == 0:
         run_eval(0)  # the "before" of a before/after comparison (xtrain quickstart's table)
@@ -599,6 +617,7 @@ def _train(
         global_batch=global_batch,
         resumed_from=str(resume_from) if resume_from else None,
         skipped_steps=skipped,
+        predictions=predictions,
         run_info={
             "device": str(device),
             "backend": accelerator.state.backend if world > 1 else None,

@@ -50,6 +50,9 @@ class Reporter(Protocol):
 
     def checkpoint_saved(self, step: int, path: str) -> None: ...
 
+    def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
+        """Sample predictions of a generative eval: [{"reference": ..., "prediction": ...}]."""
+
     def note(self, message: str) -> None:
         """Something the user should know (resumed, global batch changed, stopping, ...)."""
 
@@ -69,6 +72,9 @@ class NullReporter:
         pass
 
     def checkpoint_saved(self, step: int, path: str) -> None:
+        pass
+
+    def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
         pass
 
     def note(self, message: str) -> None:
@@ -96,6 +102,9 @@ class ListReporter(NullReporter):
 
     def checkpoint_saved(self, step: int, path: str) -> None:
         self.events.append(("checkpoint", (step, path)))
+
+    def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
+        self.events.append(("predictions", (step, [dict(s) for s in samples])))
 
     def note(self, message: str) -> None:
         self.events.append(("note", message))
@@ -179,6 +188,13 @@ class RichReporter:
 
     def checkpoint_saved(self, step: int, path: str) -> None:
         self._print(f"  checkpoint step {step} -> {path}")
+
+    def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
+        from rich.markup import escape
+
+        for s in samples:
+            ref, pred = escape(repr(s["reference"])), escape(repr(s["prediction"]))
+            self._print(f"    [dim]reference[/] {ref}  [dim]prediction[/] {pred}")
 
     def note(self, message: str) -> None:
         self._print(f"  [yellow]note:[/] {message}")
