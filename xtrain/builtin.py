@@ -210,7 +210,9 @@ def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -
         from xtrain import builtin_image
 
         final = cache_root(cache_dir) / "data" / short
-        return _build_atomically(final, lambda tmp: builtin_image.build_ocr_lines(tmp, VERSION), PREFIX + short)
+        return _build_atomically(
+            final, lambda tmp: builtin_image.build_ocr_lines(tmp, VERSION), PREFIX + short
+        )
     gen, n_train, n_eval = _DATA_SPECS[short]
 
     def build(tmp: Path) -> None:

@@ -380,7 +380,9 @@ def _validate(cfg: TrainConfig) -> None:
             )
     if m.task == "image-to-text":
         if d.packing:
-            raise XtrainError("data.packing is for task causal-lm, not image-to-text", "set data.packing=false")
+            raise XtrainError(
+                "data.packing is for task causal-lm, not image-to-text", "set data.packing=false"
+            )
         if d.prompt_column is not None:
             raise XtrainError(
                 "data.prompt_column/response_column are for task causal-lm, not image-to-text",

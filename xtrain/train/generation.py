@@ -51,7 +51,9 @@ class GenerationEval:
     num_beams: int = 1
     sample_predictions: int = 4
 
-    def __call__(self, accelerator: Any, model: Any, loader: Any) -> tuple[dict[str, float], list[Prediction]]:
+    def __call__(
+        self, accelerator: Any, model: Any, loader: Any
+    ) -> tuple[dict[str, float], list[Prediction]]:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         generator = accelerator.unwrap_model(model)
         references: list[str] = []
@@ -79,7 +81,9 @@ class GenerationEval:
                 loss_sum += float(losses.sum())
                 count += float(counts.sum())
                 labels = labels.masked_fill(labels == IGNORE_INDEX, pad)
-                references += [t.strip() for t in self.tokenizer.batch_decode(labels, skip_special_tokens=True)]
+                references += [
+                    t.strip() for t in self.tokenizer.batch_decode(labels, skip_special_tokens=True)
+                ]
                 predictions += [
                     t.strip() for t in self.tokenizer.batch_decode(generated, skip_special_tokens=True)
                 ]

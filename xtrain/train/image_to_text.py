@@ -81,8 +81,9 @@ def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any
     return image_processor, tokenizer, processor or ProcessorFiles(image_processor, tokenizer)
 
 
-def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoConfig, VisionEncoderDecoderModel
+def check_model_type(source: str, trust_remote_code: bool) -> None:
+    """Only vision encoder-decoder checkpoints: said before anything else is loaded."""
+    from transformers import AutoConfig
 
     local = Path(source).exists()
     try:
@@ -91,10 +92,15 @@ def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
         raise models._load_error("config", source, local, e) from None
     if config.model_type != "vision-encoder-decoder":
         raise XtrainError(
-            f"{source} is a {config.model_type} model, not a vision encoder-decoder "
-            "(TrOCR, ViT-GPT2, Donut)",
+            f"{source} is a {config.model_type} model, not a vision encoder-decoder (TrOCR, ViT-GPT2, Donut)",
             "image-to-text takes VisionEncoderDecoderModel checkpoints; other models need a custom task",
         )
+
+
+def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
+    from transformers import VisionEncoderDecoderModel
+
+    local = Path(source).exists()
     kwargs = {models._dtype_kwarg(): models.load_dtype(dtype), "trust_remote_code": trust_remote_code}
     try:
         return VisionEncoderDecoderModel.from_pretrained(source, **kwargs)
@@ -111,14 +117,16 @@ def fix_special_tokens(model: Any, tokenizer: Any) -> None:
     the checkpoint where set, else from the tokenizer (TrOCR and GPT-2 checkpoints often lack them)."""
     config, decoder, gen = model.config, model.config.decoder, model.generation_config
     start = _first(
-        config.decoder_start_token_id,
+        getattr(config, "decoder_start_token_id", None),
         getattr(gen, "decoder_start_token_id", None),
         getattr(decoder, "decoder_start_token_id", None),
         tokenizer.bos_token_id,
         tokenizer.cls_token_id,
         tokenizer.eos_token_id,
     )
-    pad = _first(config.pad_token_id, getattr(decoder, "pad_token_id", None), tokenizer.pad_token_id)
+    pad = _first(
+        getattr(config, "pad_token_id", None), getattr(decoder, "pad_token_id", None), tokenizer.pad_token_id
+    )
     eos = _first(
         getattr(config, "eos_token_id", None),
         getattr(decoder, "eos_token_id", None),
@@ -158,7 +166,9 @@ def target_pattern(model: Any, lora_cfg: Any) -> str:
         if isinstance(explicit, list):
             names = explicit
         else:
-            names = _auto_names(getattr(model, part), ENCODER_TARGETS if part == "encoder" else DECODER_TARGETS)
+            names = _auto_names(
+                getattr(model, part), ENCODER_TARGETS if part == "encoder" else DECODER_TARGETS
+            )
         alternatives.append(rf"{part}\..*\.(?:{'|'.join(re.escape(n) for n in names)})")
     return "^(?:" + "|".join(alternatives) + ")$"
 
@@ -208,6 +218,7 @@ def build_image_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.n
     d = cfg.data
     with main_process_first():  # a built-in model is written once, by the first process
         source = models.resolve_model(cfg.model.name_or_path)
+    check_model_type(source, cfg.model.trust_remote_code)
     image_processor, tokenizer, saver = load_processors(source, cfg.model.trust_remote_code)
     columns = {"data.image_column": d.image_column, "data.text_column": d.text_column}
     with main_process_first():

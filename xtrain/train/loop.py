@@ -483,7 +483,9 @@ def _train(
 
     def run_eval(step: int) -> dict[str, float]:
         samples: list[Any] = []
-        metrics = evaluate(accelerator, model, eval_loader, workload, samples) if eval_loader is not None else {}
+        metrics = (
+            evaluate(accelerator, model, eval_loader, workload, samples) if eval_loader is not None else {}
+        )
         if metrics:
             eval_history.append({"step": step, **metrics})
             accelerator.log(metrics, step=step)
