@@ -168,7 +168,7 @@ def test_csv_with_paths_relative_to_the_file(trocr, tmp_path):
     row = workload.train_dataset[0]
     assert row["image"].mode == "RGB" and row["text"] in TEXTS
     batch = _train_batch(workload)
-    assert batch["pixel_values"].shape == (4, 3, 32, 128)
+    assert batch["pixel_values"].shape == (4, 3, builtin_image.IMAGE_HEIGHT, builtin_image.IMAGE_WIDTH)
     labels = batch["labels"]
     assert (labels == -100).any() and (labels[:, 0] != -100).all()  # padded with -100 only
     assert torch.isfinite(workload.model(**batch).loss)
@@ -445,7 +445,13 @@ def test_one_and_two_processes_give_the_same_cer(ocr_job, ocr_straight):
     from peft import PeftModel
 
     adapted = PeftModel.from_pretrained(base, one["outputs"]["adapter"])  # plain peft loads it
-    assert adapted.generate(pixel_values=torch.zeros(1, 3, 32, 128), max_new_tokens=2).shape[0] == 1
+    assert (
+        adapted.generate(
+            pixel_values=torch.zeros(1, 3, builtin_image.IMAGE_HEIGHT, builtin_image.IMAGE_WIDTH),
+            max_new_tokens=2,
+        ).shape[0]
+        == 1
+    )
 
 
 def _base_model(result: dict):
