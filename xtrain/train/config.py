@@ -105,6 +105,7 @@ class RunConfig:
     mixed_precision: str = "auto"  # auto (from the plan) | no | fp16 | bf16
     tensorboard: bool = True
     save_merged: bool = False  # also write the LoRA-merged full model
+    best_metric: str | None = None  # e.g. cer or eval_loss: keep the best model so far in output_dir/best
     # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
     # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
     collective_timeout_s: int = 1800

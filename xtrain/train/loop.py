@@ -496,6 +496,14 @@ def _train(
             predictions[:] = [asdict(s) for s in samples]
             rep.predictions(step, predictions)
             accelerator.log({"eval/predictions": predictions_markdown(samples)}, step=step)
+        best = cfg.run.best_metric
+        if best and best in metrics and checkpoint.is_new_best(best, metrics[best], eval_history[:-1]):
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                unwrapped = accelerator.unwrap_model(model)
+                checkpoint.save_best(unwrapped, workload.tokenizer, out, step, best, metrics[best])
+            accelerator.wait_for_everyone()
+            rep.note(f"best {best} so far ({metrics[best]:.4f} at step {step}) -> {out / checkpoint.BEST}")
         return metrics
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -601,6 +609,8 @@ def _train(
     else:
         final_metrics = {k: v for k, v in eval_history[-1].items() if k != "step"}
     outputs: dict[str, str] = {}
+    if (out / checkpoint.BEST).is_dir() and cfg.run.best_metric:
+        outputs["best"] = str(out / checkpoint.BEST)
     if last_saved != total_steps:
         outputs["checkpoint"] = str(save(total_steps))
     else:
