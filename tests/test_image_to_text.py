@@ -377,6 +377,7 @@ run:
   log_every: 1
   save_every: 2
   eval_at_start: true
+  best_metric: cer
   tensorboard: false
   seed: 7
 """
@@ -445,6 +446,9 @@ def test_one_and_two_processes_give_the_same_cer(ocr_job, ocr_straight):
     from peft import PeftModel
 
     adapted = PeftModel.from_pretrained(base, one["outputs"]["adapter"])  # plain peft loads it
+    best = json.loads((ocr_straight / "best" / "best.json").read_text())  # run.best_metric: cer
+    assert best["metric"] == "cer" and best["value"] == min(h["cer"] for h in one["eval_history"])
+    assert one["outputs"]["best"] == str(ocr_straight / "best")
     assert (
         adapted.generate(
             pixel_values=torch.zeros(1, 3, builtin_image.IMAGE_HEIGHT, builtin_image.IMAGE_WIDTH),
@@ -452,6 +456,27 @@ def test_one_and_two_processes_give_the_same_cer(ocr_job, ocr_straight):
         ).shape[0]
         == 1
     )
+
+
+@pytest.mark.slow
+def test_predict_reads_images_with_the_trained_adapter(ocr_job, ocr_straight, capsys):
+    from xtrain.cli import main
+
+    out = ocr_job.root / "predictions.jsonl"
+    image = str(ocr_job.root / "img" / "0.png")
+    assert main(["predict", str(ocr_straight), image, "--max-new-tokens", "4", "-o", str(out)]) == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["input"].endswith("0.png") and isinstance(rows[0]["text"], str)
+    assert "0.png\t" in capsys.readouterr().out
+    assert main(["predict", str(ocr_straight), "--prompt", "hi"]) == 2  # an image model takes images
+
+
+def test_predict_continues_prompts_with_a_causal_lm(private_caches, capsys):
+    from xtrain.cli import main
+
+    llama = str(builtin.ensure_builtin_model("builtin:tiny-llama"))
+    assert main(["predict", llama, "--prompt", "once upon a time", "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.startswith("once upon a time\t")
 
 
 def _base_model(result: dict):
