@@ -499,3 +499,11 @@ def test_kill_and_resume_is_exact(ocr_job, ocr_straight):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "train_result.json").read_text())["resumed_from"]
     assert_same_training(ocr_straight, out, exact=True)
+
+
+def test_quickstart_task_is_checked_before_anything_runs(tmp_path, capsys):
+    from xtrain.cli import main
+
+    assert main(["quickstart", "--task", "ocr-please", "--output-dir", str(tmp_path)]) == 2
+    assert "--task image-to-text" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

@@ -20,12 +20,9 @@ def predict(
     output: Path = typer.Option(None, "--output", "-o", help="Also write the results as JSON lines here."),
 ) -> None:
     """Generate text with a trained result: images -> text, or prompts -> continuations."""
-    from rich.console import Console
-
     from xtrain import predict as lib
     from xtrain.train.quiet import quiet_libraries
 
-    console = Console(highlight=False)
     new_tokens = parse_int(max_new_tokens, "--max-new-tokens", 1, example="e.g. --max-new-tokens 64")
     beams = parse_int(num_beams, "--num-beams", 1, example="e.g. --num-beams 4")
     if not inputs and not prompt:
@@ -41,8 +38,8 @@ def predict(
     else:
         texts = lib.predict_prompts(predictor, list(prompt), new_tokens, beams)
         rows = [{"input": p, "text": t} for p, t in zip(prompt, texts, strict=True)]
-    for row in rows:
-        console.print(f"{row['input']}\t{row['text']}", markup=False, soft_wrap=True)
+    for row in rows:  # plain tab-separated lines (rich would expand the tab): easy to pipe
+        typer.echo(f"{row['input']}\t{row['text']}")
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")

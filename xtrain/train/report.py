@@ -205,9 +205,9 @@ class RichReporter:
             self._progress = None
         c = self.console
         outputs = getattr(result, "outputs", {}) or {}
+        tokens = f", {_fmt(result.tokens_per_s)} tokens/s" if result.tokens_per_s else ""  # none for images
         c.print(
-            f"[bold green]done[/] step {result.final_step}: "
-            f"{_fmt(result.samples_per_s)} samples/s, {_fmt(result.tokens_per_s)} tokens/s"
+            f"[bold green]done[/] step {result.final_step}: {_fmt(result.samples_per_s)} samples/s{tokens}"
         )
         if result.eval_metrics:
             c.print("  final eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
