@@ -479,6 +479,23 @@ def test_predict_continues_prompts_with_a_causal_lm(private_caches, capsys):
     assert capsys.readouterr().out.startswith("once upon a time\t")
 
 
+@pytest.mark.slow
+def test_torchrun_with_loader_workers_gives_the_same_cer(ocr_job, ocr_straight):
+    import sys
+
+    from tests_support import assert_same_training, run_xtrain
+
+    out = ocr_job.root / "torchrun"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"]
+    args = ["--config", str(ocr_job.config), f"run.output_dir={out}", "data.num_workers=1"]
+    proc = run_xtrain([*torchrun, *args], ocr_job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = json.loads((ocr_straight / "train_result.json").read_text())
+    two = json.loads((out / "train_result.json").read_text())
+    assert [h["cer"] for h in one["eval_history"]] == [h["cer"] for h in two["eval_history"]]
+    assert_same_training(ocr_straight, out)
+
+
 def _base_model(result: dict):
     from transformers import VisionEncoderDecoderModel
 

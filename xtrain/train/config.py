@@ -66,6 +66,7 @@ class DataConfig:
     label_column: str = "label"
     max_length: int = 512
     packing: bool = False  # causal-lm: concatenate and cut into max_length blocks
+    num_workers: int | None = None  # DataLoader worker processes per training process; None: the plan's
 
 
 @dataclass
@@ -169,6 +170,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "lora.dropout": _FRACTION,
     "data.eval_fraction": _FRACTION,
     "data.max_length": _POS_INT,
+    "data.num_workers": (lambda v: v >= 0, "an integer >= 0"),
     "optim.lr": _POS_NUM,
     "optim.weight_decay": _NONNEG,
     "optim.betas": (lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),

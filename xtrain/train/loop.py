@@ -396,6 +396,8 @@ def _train(
         stop_group = dist.new_group(backend="gloo")  # stop flags travel on the CPU
 
     pin = bool(plan.pin_memory and device.type == "cuda")
+    # data.num_workers overrides the plan's choice (image decoding wants workers even where text needs none)
+    workers = plan.dataloader_workers if cfg.data.num_workers is None else cfg.data.num_workers
     eval_loader = None
     if workload.eval_dataset is not None and len(workload.eval_dataset) > 0:
         eval_loader = accelerator.prepare(
@@ -403,7 +405,7 @@ def _train(
                 workload.eval_dataset,
                 batch_size=cfg.batch.per_device * world,  # split_batches: per_device on each rank
                 collate_fn=workload.collator,
-                num_workers=plan.dataloader_workers,
+                num_workers=workers,
                 pin_memory=pin,
             )
         )
@@ -429,7 +431,7 @@ def _train(
         workload.train_dataset,
         batch_sampler=RankBatchSampler(order, rank, start_step, total_steps),
         collate_fn=workload.collator,
-        num_workers=plan.dataloader_workers,
+        num_workers=workers,
         pin_memory=pin,
     )
 
