@@ -151,6 +151,31 @@ def run_plain() -> tuple[float, float]:
     return steady(times), timer.seconds / (times[ARGS.steps] - times[0])
 
 
+def measure(repeats: int = 3, steps: int = 30, log: Any = None) -> dict[str, Any]:
+    """For benchmarks/run_all.py: both loops, ``repeats`` interleaved runs, one compute thread."""
+    global ARGS
+    from common import Spread
+
+    say = log or (lambda m: None)
+    torch.set_num_threads(1)
+    ARGS = argparse.Namespace(steps=steps, warmup=5, repeats=repeats, per_device=16, accum=2, json=False)
+    images = ARGS.per_device * ARGS.accum
+    rates: dict[str, list[float]] = {"plain": [], "xtrain": []}
+    shares: dict[str, list[float]] = {"plain": [], "xtrain": []}
+    for r in range(repeats):
+        for name in ("plain", "xtrain") if r % 2 == 0 else ("xtrain", "plain"):
+            step_s, share = run_plain() if name == "plain" else run_xtrain()
+            rates[name].append(images / step_s)
+            shares[name].append(share)
+            say(f"image-to-text: repeat {r + 1}/{repeats} {name}: {images / step_s:.1f} images/s")
+    return {
+        "setup": {"steps": steps, "repeats": repeats, "per_device": ARGS.per_device, "accum": ARGS.accum},
+        "images_per_s": {k: Spread.of(v).to_dict() for k, v in rates.items()},
+        "data_share": {k: Spread.of(v).to_dict() for k, v in shares.items()},
+        "ratio": statistics.median(rates["xtrain"]) / statistics.median(rates["plain"]),
+    }
+
+
 def main() -> None:
     global ARGS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
