@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import pickle
@@ -344,6 +345,8 @@ def test_generation_eval_in_one_process(trocr, tmp_path):
     metrics, samples = workload.evaluate(accelerator, workload.model, loader)
     assert set(metrics) == {"eval_loss", "cer", "wer"} and metrics["cer"] > 0.5  # random weights
     assert [s.reference for s in samples] == TEXTS[:3]
+    beams, _ = dataclasses.replace(workload.evaluate, num_beams=2)(accelerator, workload.model, loader)
+    assert set(beams) == set(metrics) and beams["eval_loss"] == pytest.approx(metrics["eval_loss"])
     assert isinstance(ImageTextCollator, type)
     with contextlib.suppress(Exception):
         accelerator.end_training()
