@@ -42,6 +42,7 @@ _MUST_MATCH = (
     ("lora", "r"),
     ("lora", "target_modules"),
     ("lora", "modules_to_save"),
+    ("lora", "apply_to"),  # image-to-text: which half holds adapters
 )
 
 
@@ -166,6 +167,8 @@ def read_state(path: Path, config: dict[str, Any]) -> TrainState:
             f"resume from another step-N folder in {path.parent}, or use a new run.output_dir",
         ) from None
     for section, key in _MUST_MATCH:
+        if key not in (state.config.get(section) or {}):
+            continue  # a key newer than the checkpoint: it had the default then
         old = (state.config.get(section) or {}).get(key)
         new = (config.get(section) or {}).get(key)
         if state.config and old != new:
