@@ -381,7 +381,7 @@ run:
   save_every: 2
   eval_at_start: true
   best_metric: cer
-  tensorboard: false
+  tensorboard: true
   seed: 7
 """
 
@@ -427,6 +427,13 @@ def ocr_straight(ocr_job):
     proc = run_xtrain(python_run("--config", str(ocr_job.config), f"run.output_dir={out}"), ocr_job.env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reference" in proc.stderr and "prediction" in proc.stderr  # sample predictions shown
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for folder in {p.parent for p in (out / "logs").rglob("events.out.tfevents.*")}:
+        logged = EventAccumulator(str(folder)).Reload().Tags()
+        tags |= set(logged["tensors"]) | set(logged["scalars"])
+    assert {"eval/predictions/text_summary", "cer"} <= tags  # sample predictions as text, CER as a scalar
     return out
 
 
