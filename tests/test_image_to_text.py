@@ -489,19 +489,32 @@ def test_predict_continues_prompts_with_a_causal_lm(private_caches, capsys):
     assert capsys.readouterr().out.startswith("once upon a time\t")
 
 
+LAUNCHERS = {
+    "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"],
+    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                   "-m", "xtrain.run"],
+    "windows": ["-m", "xtrain.run", "--processes", "2"],  # spawn + CPU-staged all-reduce, as on Windows
+}  # fmt: skip
+
+
 @pytest.mark.slow
-def test_torchrun_with_loader_workers_gives_the_same_cer(ocr_job, ocr_straight):
+@pytest.mark.parametrize("mode", list(LAUNCHERS))
+def test_launchers_with_loader_workers_give_the_same_cer(ocr_job, ocr_straight, mode):
     import sys
 
     from tests_support import assert_same_training, run_xtrain
 
-    out = ocr_job.root / "torchrun"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"]
+    out = ocr_job.root / mode
+    env = dict(ocr_job.env)
+    if mode == "windows":
+        env.update(XTRAIN_PLATFORM="windows", XTRAIN_FORCE_CPU_STAGED="1")
     args = ["--config", str(ocr_job.config), f"run.output_dir={out}", "data.num_workers=1"]
-    proc = run_xtrain([*torchrun, *args], ocr_job.env)
+    proc = run_xtrain([sys.executable, *LAUNCHERS[mode], *args], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = json.loads((ocr_straight / "train_result.json").read_text())
     two = json.loads((out / "train_result.json").read_text())
+    assert two["world_size"] == 2 and two["run_info"]["cpu_staged_allreduce"] is (mode == "windows")
     assert [h["cer"] for h in one["eval_history"]] == [h["cer"] for h in two["eval_history"]]
     assert_same_training(ocr_straight, out)
 
