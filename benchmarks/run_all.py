@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fingerprint  # noqa: E402
+import image_to_text  # noqa: E402
 import loops  # noqa: E402
 import packing  # noqa: E402
 import resume  # noqa: E402
@@ -53,6 +54,7 @@ def run(repeats: int, only: set[str] | None) -> dict[str, Any]:
         "resume": lambda: resume.measure(repeats=repeats, log=log),
         "packing": lambda: packing.measure(repeats=repeats, log=log),
         "fingerprint": lambda: fingerprint.measure(repeats=2 * repeats, log=log),
+        "image_to_text": lambda: image_to_text.measure(repeats=repeats, log=log),
     }
     for name, fn in sections.items():
         if only and name not in only:
@@ -322,6 +324,29 @@ def render(r: dict[str, Any], command: str) -> str:
             "padded batches only over their longest row). Packing also lets attention cross document "
             "boundaries inside a block (no per-document mask), the usual trade for pre-training-style "
             "data.\n"
+        )
+    if "image_to_text" in r:
+        it = r["image_to_text"]
+        s = it["setup"]
+        w("## Image to text (VisionEncoderDecoder, images read from PNG files)\n")
+        w(
+            "`xtrain quickstart --task image-to-text`'s job (`builtin:tiny-trocr` on `builtin:ocr-lines`: "
+            "lazy PNG rows, the ViT image processor, full fine-tune), global batch "
+            f"{s['per_device']} x {s['accum']}, {s['steps']} steps, one process, through xtrain's loop "
+            "and through a hand-written PyTorch loop over the same workload "
+            f"(`benchmarks/image_to_text.py`). {s['repeats']} interleaved repeats. Data share: the time "
+            "spent reading images and collating (in the training process: the CPU plan has no "
+            f"DataLoader workers) over the training time. Load average after: {_load(it)}.\n"
+        )
+        rows = [
+            [label, _s(it["images_per_s"][key], "{:.1f}"), _s(it["data_share"][key], "{:.0%}")]
+            for label, key in (("hand-written", "plain"), ("xtrain", "xtrain"))
+        ]
+        w(table(["loop", "images/s", "data share of step time"], rows))
+        w(
+            f"\nxtrain / hand-written: **{it['ratio']:.2f}x**. On GPUs the model's step is much faster "
+            "than decoding PNGs on one core, so give image jobs DataLoader workers "
+            "(`data.num_workers`; Linux plans a few per GPU, Windows none unless set).\n"
         )
     if "fingerprint" in r:
         fp = r["fingerprint"]

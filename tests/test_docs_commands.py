@@ -103,6 +103,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         r"^xtrain bench\b",  # a timing run (minutes); the test runs it short
         "tests/test_bench.py::test_bench_json_one_vs_two_processes",
     ),
+    (
+        "docs/image-to-text.md",
+        r"^xtrain predict\b",  # needs a trained run: the test trains one first
+        "tests/test_image_to_text.py::test_predict_reads_images_with_the_trained_adapter",
+    ),
 ]
 
 # Shell commands that are harmless here and run as they are (with bash).

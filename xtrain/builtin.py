@@ -10,6 +10,8 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:tiny-bert``: a 2-layer BERT encoder for sequence classification (hidden 64, 4 heads).
 - ``builtin:sentiment``: synthetic labelled sentences (``text``, ``label`` = positive/negative).
 - ``builtin:tiny-stories``: synthetic short stories (``text``) for causal LM.
+- ``builtin:tiny-trocr`` / ``builtin:ocr-lines``: a tiny OCR model and rendered text lines for
+  image-to-text (``xtrain.builtin_image``).
 
 The folders live under ``$XTRAIN_CACHE/builtin`` (default ``~/.cache/xtrain/builtin``). A build
 goes to a temporary folder that is renamed into place only when complete, so processes that
@@ -34,8 +36,9 @@ PREFIX = "builtin:"
 VERSION = 3
 MARKER = "xtrain_builtin.json"
 
-MODELS = ("tiny-llama", "tiny-bert")
-DATASETS = ("sentiment", "tiny-stories")
+MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr")
+DATASETS = ("sentiment", "tiny-stories", "ocr-lines")
+IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin_image
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
 
@@ -203,6 +206,13 @@ def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
 def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
     """Write a built-in data set once; returns its folder holding ``train.jsonl`` and ``eval.jsonl``."""
     short = _check_name(name, DATASETS, "data set")
+    if short in IMAGE_ASSETS:
+        from xtrain import builtin_image
+
+        final = cache_root(cache_dir) / "data" / short
+        return _build_atomically(
+            final, lambda tmp: builtin_image.build_ocr_lines(tmp, VERSION), PREFIX + short
+        )
     gen, n_train, n_eval = _DATA_SPECS[short]
 
     def build(tmp: Path) -> None:
@@ -325,4 +335,8 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
     """Build a built-in model + tokenizer once; returns the folder ``from_pretrained`` loads."""
     short = _check_name(name, MODELS, "model")
     final = cache_root(cache_dir) / short
+    if short in IMAGE_ASSETS:
+        from xtrain import builtin_image
+
+        return _build_atomically(final, builtin_image.build_tiny_trocr, PREFIX + short)
     return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)

@@ -20,13 +20,14 @@ app = typer.Typer(
 
 def _register() -> None:
     # Each command lives in its own module under xtrain/commands; none imports torch at import time.
-    from xtrain.commands import bench, configure, doctor, quickstart, train
+    from xtrain.commands import bench, configure, doctor, predict, quickstart, train
 
     app.command("doctor")(doctor.doctor)
     app.command("configure")(configure.configure)
     app.command("train")(train.train)
     app.command("quickstart")(quickstart.quickstart)
     app.command("bench")(bench.bench)
+    app.command("predict")(predict.predict)
 
 
 _register()

@@ -18,6 +18,15 @@ from xtrain.commands.options import parse_int
 from xtrain.errors import XtrainError
 
 DEFAULT_DIR = Path("xtrain-quickstart")
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+# --task -> (the packaged job, None: xtrain/data/quickstart.yaml; the command to try next)
+JOBS: dict[str, tuple[Path | None, str]] = {
+    "seq-cls": (None, "xtrain train examples/seq-cls.yaml"),
+    "image-to-text": (
+        DATA_DIR / "quickstart-image-to-text.yaml",
+        "xtrain train examples/image-to-text-ocr.yaml",
+    ),
+}
 
 
 def new_run_dir(root: Path) -> Path:
@@ -71,6 +80,9 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
 
 
 def quickstart(
+    task: str = typer.Option(
+        "seq-cls", "--task", help="The built-in job: seq-cls (text classification) or image-to-text (OCR)."
+    ),
     processes: str = typer.Option(
         None, "--processes", "-n", help="Processes (default: one per GPU; one on CPU)."
     ),
@@ -88,6 +100,9 @@ def quickstart(
     from xtrain.train.config import load_config
 
     console = make_console()
+    if task not in JOBS:
+        raise XtrainError(f"unknown quickstart task '{task}'", f"use --task {' or --task '.join(JOBS)}")
+    job, next_command = JOBS[task]
     n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
     diagnosis = diagnose(probe.collect(), Overrides(num_processes=n, platform=platform))
     worst = {s: sum(f.severity == s for f in diagnosis.findings) for s in ("warn", "error")}
@@ -102,22 +117,26 @@ def quickstart(
 
     run_dir = new_run_dir(output_dir)
     overrides = [f"run.output_dir={run_dir.as_posix()}", "run.eval_at_start=true"]
-    cfg = load_config(None, overrides)
+    cfg = load_config(job, overrides)
     world = diagnosis.plan.world_size
     fixed = cfg.batch.global_batch or cfg.batch.per_device
     if fixed % (cfg.batch.per_device * world) and fixed % world == 0:
         # e.g. 4 or 8 GPUs: smaller micro-batches keep the same global batch (and result)
         overrides.append(f"batch.per_device={fixed // world}")
-        cfg = load_config(None, overrides)
+        cfg = load_config(job, overrides)
     plan = plan_for_training(cfg, n, None, platform)
     started = time.perf_counter()
-    code = launch_training(plan, overrides, console)
+    run_argv = ["--config", str(job), *overrides] if job is not None else overrides
+    code = launch_training(plan, run_argv, console)
     if code != 0:
         raise typer.Exit(code)
     seconds = time.perf_counter() - started
 
     result = read_result(run_dir)
-    console.print(f"\n[bold]quickstart:[/] {cfg.model.task} LoRA on {cfg.model.name_or_path}", soft_wrap=True)
+    how = "LoRA" if cfg.lora.enabled else "full fine-tune"
+    console.print(
+        f"\n[bold]quickstart:[/] {cfg.model.task} {how} on {cfg.model.name_or_path}", soft_wrap=True
+    )
     table = Table()
     table.add_column("metric")
     table.add_column("before", justify="right")
@@ -125,11 +144,13 @@ def quickstart(
     for row in metric_rows(result):
         table.add_row(*row)
     console.print(table)
+    cer = next(((b, a) for k, b, a in metric_rows(result) if k == "cer"), None)
+    if cer is not None:  # the OCR headline: character error rate, lower is better
+        console.print(f"CER {cer[0]} -> {cer[1]} (share of characters wrong; 0 is perfect)")
+    for sample in result.get("predictions") or []:
+        console.print(f"  {sample['reference']!r} -> {sample['prediction']!r}", soft_wrap=True, markup=False)
     runs = Table(show_header=False, box=None, padding=(0, 2))
     for what, value in run_rows(result, seconds):
         runs.add_row(what, value)
     console.print(runs)
-    console.print(
-        "Next: `xtrain train examples/seq-cls.yaml` for your own data (docs/configuration.md).",
-        soft_wrap=True,
-    )
+    console.print(f"Next: `{next_command}` for your own data (docs/configuration.md).", soft_wrap=True)

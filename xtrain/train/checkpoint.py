@@ -62,6 +62,7 @@ _MUST_MATCH = (
     ("optim", "weight_decay"),
     ("optim", "lr_scaling"),
     ("optim", "base_global_batch"),
+    ("lora", "apply_to"),  # image-to-text: which half holds adapters
 )
 # keys whose change has its own note below (or that only say where this run is)
 _OWN_NOTE = {
@@ -275,6 +276,8 @@ def read_state(path: Path, config: dict[str, Any]) -> TrainState:
             f"resume from another step-N folder in {path.parent}, or use a new run.output_dir",
         ) from None
     for section, key in _MUST_MATCH:
+        if key not in (state.config.get(section) or {}):
+            continue  # a key newer than the checkpoint: it had the default then
         old = (state.config.get(section) or {}).get(key)
         new = (config.get(section) or {}).get(key)
         if state.config and key in (state.config.get(section) or {}) and _normal(old) != _normal(new):
@@ -476,6 +479,43 @@ def save_final(model: Any, tokenizer: Any, output_dir: str | Path, save_merged: 
         _replace_dir(tmp, out / "merged")
         paths["merged"] = str(out / "merged")
     return paths
+
+
+# -- the best model by an eval metric (run.best_metric) ------------------------------------------
+BEST = "best"
+_LOWER_IS_BETTER = ("loss", "cer", "wer", "perplexity", "error")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Losses and error rates fall as a model improves; accuracies and scores rise."""
+    return any(part in metric.lower() for part in _LOWER_IS_BETTER)
+
+
+def is_new_best(metric: str, value: float, history: list[dict[str, float]]) -> bool:
+    """Whether ``value`` beats every earlier eval in ``history`` (ties keep the earlier model)."""
+    earlier = [h[metric] for h in history if metric in h]
+    if not earlier:
+        return True
+    return value < min(earlier) if lower_is_better(metric) else value > max(earlier)
+
+
+def save_best(
+    model: Any, tokenizer: Any, output_dir: str | Path, step: int, metric: str, value: float
+) -> Path:
+    """``output_dir/best``: the model (adapter, or full model without LoRA) of the best eval so far,
+    with ``best.json`` naming the step and the value (main process only; replaced atomically)."""
+    out = Path(output_dir)
+    tmp = out / f"{BEST}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(str(tmp))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    (tmp / "best.json").write_text(
+        json.dumps({"step": step, "metric": metric, "value": value}), encoding="utf-8"
+    )
+    _replace_dir(tmp, out / BEST)
+    return out / BEST
 
 
 def write_result(output_dir: str | Path, result: dict[str, Any], keep: bool = False) -> Path:

@@ -30,7 +30,7 @@ QUICKSTART_CONFIG = Path(__file__).resolve().parent.parent / "data" / "quickstar
 @dataclass
 class ModelConfig:
     name_or_path: str = "builtin:tiny-bert"  # local folder, hub id, or builtin:NAME (built offline)
-    task: str = "seq-cls"  # causal-lm | seq-cls | custom
+    task: str = "seq-cls"  # causal-lm | seq-cls | image-to-text | custom
     custom: str | None = None  # "module:function" returning a Workload (task: custom)
     num_labels: int | None = None  # seq-cls; None: inferred from the data
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (weights' load dtype)
@@ -46,6 +46,8 @@ class LoraConfig:
     dropout: float = 0.05
     target_modules: str | list[str] = "auto"  # auto: found for common architectures
     modules_to_save: list[str] | None = None  # None: the task head for seq-cls
+    # image-to-text: which half of the encoder-decoder model gets adapters (auto targets or the names above)
+    apply_to: str = "both"  # both | encoder | decoder
 
 
 @dataclass
@@ -57,12 +59,14 @@ class DataConfig:
     eval_fraction: float = 0.0  # split this share off train when no eval set is given
     format: str = "auto"  # auto (from the extension) | json | csv | parquet | text | arrow
     text_column: str = "text"
+    image_column: str = "image"  # image-to-text: image paths (relative to the data file) or an Image feature
     text_pair_column: str | None = None
     prompt_column: str | None = None  # causal-lm prompt/response: loss masked on the prompt
     response_column: str | None = None
     label_column: str = "label"
     max_length: int = 512
     packing: bool = False  # causal-lm: concatenate and cut into max_length blocks
+    num_workers: int | None = None  # DataLoader worker processes per training process; None: the plan's
 
 
 @dataclass
@@ -102,9 +106,19 @@ class RunConfig:
     mixed_precision: str = "auto"  # auto (from the plan) | no | fp16 | bf16
     tensorboard: bool = True
     save_merged: bool = False  # also write the LoRA-merged full model
+    best_metric: str | None = None  # e.g. cer or eval_loss: keep the best model so far in output_dir/best
     # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
     # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
     collective_timeout_s: int = 1800
+
+
+@dataclass
+class GenerationConfig:
+    """How generative tasks (image-to-text) decode at evaluation and in ``xtrain predict``."""
+
+    max_new_tokens: int = 128
+    num_beams: int = 1  # 1: greedy
+    sample_predictions: int = 4  # reference vs prediction pairs shown and logged at each eval
 
 
 @dataclass
@@ -115,15 +129,17 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     batch: BatchConfig = field(default_factory=BatchConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
 
 
 # ---------------------------------------------------------------------------------------------
 # The schema, derived from the dataclasses above
 
-TASKS = ("causal-lm", "seq-cls", "custom")
+TASKS = ("causal-lm", "seq-cls", "image-to-text", "custom")
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": TASKS,
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "lora.apply_to": ("both", "encoder", "decoder"),
     "data.format": ("auto", "json", "csv", "parquet", "text", "arrow"),
     "optim.schedule": ("cosine", "linear", "constant"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
@@ -134,7 +150,13 @@ ALIASES: dict[str, dict[Any, str]] = {
     "model.dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"},
     "run.mixed_precision": {False: "no", "none": "no", "off": "no", "float16": "fp16", "bfloat16": "bf16"},
     "run.resume": {False: "off", True: "auto", "no": "off", "none": "off"},
-    "model.task": {"causal_lm": "causal-lm", "clm": "causal-lm", "seq_cls": "seq-cls"},
+    "model.task": {
+        "causal_lm": "causal-lm",
+        "clm": "causal-lm",
+        "seq_cls": "seq-cls",
+        "image_to_text": "image-to-text",
+        "ocr": "image-to-text",
+    },
 }
 # Range checks: key -> (predicate on the typed value, what a valid value is).
 _POS_INT = (lambda v: v > 0, "a positive integer")
@@ -148,6 +170,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "lora.dropout": _FRACTION,
     "data.eval_fraction": _FRACTION,
     "data.max_length": _POS_INT,
+    "data.num_workers": (lambda v: v >= 0, "an integer >= 0"),
     "optim.lr": _POS_NUM,
     "optim.weight_decay": _NONNEG,
     "optim.betas": (lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
@@ -168,6 +191,9 @@ CHECKS: dict[str, tuple[Any, str]] = {
     # numpy's seed (set by accelerate's set_seed) must fit in 32 bits
     "run.seed": (lambda v: 0 <= v < 2**32, "an integer in 0..4294967295"),
     "run.log_every": _POS_INT,
+    "generation.max_new_tokens": _POS_INT,
+    "generation.num_beams": _POS_INT,
+    "generation.sample_predictions": (lambda v: v >= 0, "an integer >= 0"),
 }
 # Input paths in a config file are looked up next to the file first (then the current folder).
 _INPUT_PATHS = ("model.name_or_path", "data.train", "data.eval")
@@ -357,6 +383,21 @@ def _validate(cfg: TrainConfig) -> None:
                 "data.prompt_column/response_column are for task causal-lm, not seq-cls",
                 "use data.text_column (and data.text_pair_column) with data.label_column",
             )
+    if m.task == "image-to-text":
+        if d.packing:
+            raise XtrainError(
+                "data.packing is for task causal-lm, not image-to-text", "set data.packing=false"
+            )
+        if d.prompt_column is not None:
+            raise XtrainError(
+                "data.prompt_column/response_column are for task causal-lm, not image-to-text",
+                "use data.image_column and data.text_column",
+            )
+    elif cfg.lora.apply_to != "both" and m.task != "custom":
+        raise XtrainError(
+            f"lora.apply_to={cfg.lora.apply_to} is for encoder-decoder models (task image-to-text)",
+            "leave lora.apply_to at both for this task",
+        )
     if isinstance(cfg.lora.target_modules, list) and not cfg.lora.target_modules:
         raise XtrainError("lora.target_modules is an empty list", "use auto, or list module names")
     if o.lr_scaling != "none" and o.base_global_batch is None:

@@ -75,6 +75,7 @@ class TrainResult:
     resumed_from: str | None = None
     skipped_steps: int = 0
     run_info: dict[str, Any] = field(default_factory=dict)  # how it ran: backend, device, hook, ...
+    predictions: list[dict[str, str]] = field(default_factory=list)  # [{"reference", "prediction"}]
 
 
 class NonFiniteLoss(XtrainError):
@@ -257,8 +258,17 @@ def _default_eval_batch(outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
     return {"loss_sum": loss.expand(n), "count": torch.ones(n, device=loss.device)}
 
 
-def evaluate(accelerator: Any, model: Any, loader: Any, workload: Workload) -> dict[str, float]:
-    """Eval loss (and the task's metrics) over the whole eval set, gathered from all ranks."""
+def evaluate(
+    accelerator: Any, model: Any, loader: Any, workload: Workload, samples: list[Any] | None = None
+) -> dict[str, float]:
+    """Eval loss (and the task's metrics) over the whole eval set, gathered from all ranks.
+    A task that evaluates by generation (``workload.evaluate``) runs that instead; its sample
+    predictions are appended to ``samples``."""
+    if workload.evaluate is not None:
+        metrics, predictions = workload.evaluate(accelerator, model, loader)
+        if samples is not None:
+            samples.extend(predictions)
+        return metrics
     eval_batch = workload.eval_batch or _default_eval_batch
     parts: dict[str, list[torch.Tensor]] = {}
     model.eval()
@@ -415,6 +425,8 @@ def _train(
         stop_group = dist.new_group(backend="gloo")  # stop flags travel on the CPU
 
     pin = bool(plan.pin_memory and device.type == "cuda")
+    # data.num_workers overrides the plan's choice (image decoding wants workers even where text needs none)
+    workers = plan.dataloader_workers if cfg.data.num_workers is None else cfg.data.num_workers
     eval_loader = None
     if workload.eval_dataset is not None and len(workload.eval_dataset) > 0:
         eval_loader = accelerator.prepare(
@@ -422,7 +434,7 @@ def _train(
                 workload.eval_dataset,
                 batch_size=cfg.batch.per_device * world,  # split_batches: per_device on each rank
                 collate_fn=workload.collator,
-                num_workers=plan.dataloader_workers,
+                num_workers=workers,
                 pin_memory=pin,
             )
         )
@@ -448,7 +460,7 @@ def _train(
         workload.train_dataset,
         batch_sampler=RankBatchSampler(order, rank, start_step, total_steps),
         collate_fn=workload.collator,
-        num_workers=plan.dataloader_workers,
+        num_workers=workers,
         pin_memory=pin,
     )
 
@@ -501,11 +513,28 @@ def _train(
         return path
 
     def run_eval(step: int) -> dict[str, float]:
-        metrics = evaluate(accelerator, model, eval_loader, workload) if eval_loader is not None else {}
+        samples: list[Any] = []
+        metrics = (
+            evaluate(accelerator, model, eval_loader, workload, samples) if eval_loader is not None else {}
+        )
         if metrics:
             eval_history.append({"step": step, **metrics})
             accelerator.log(metrics, step=step)
             rep.evaluated(step, metrics)
+        if samples:  # generative tasks: reference vs prediction, shown and logged as text
+            from xtrain.train.generation import predictions_markdown
+
+            predictions[:] = [asdict(s) for s in samples]
+            rep.predictions(step, predictions)
+            accelerator.log({"eval/predictions": predictions_markdown(samples)}, step=step)
+        best = cfg.run.best_metric
+        if best and best in metrics and checkpoint.is_new_best(best, metrics[best], eval_history[:-1]):
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                unwrapped = accelerator.unwrap_model(model)
+                checkpoint.save_best(unwrapped, workload.tokenizer, out, step, best, metrics[best])
+            accelerator.wait_for_everyone()
+            rep.note(f"best {best} so far ({metrics[best]:.4f} at step {step}) -> {out / checkpoint.BEST}")
         return metrics
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -531,6 +560,7 @@ def _train(
     log_every = max(1, cfg.run.log_every)
     last_saved = start_step if resume_from is not None else -1
     final_metrics: dict[str, float] = {}
+    predictions: list[dict[str, str]] = []  # the last eval's sample predictions (generative tasks)
     batches: Iterator[Any] = iter(loader)
     if cfg.run.eval_at_start and start_step == 0:
         run_eval(0)  # the "before" of a before/after comparison (xtrain quickstart's table)
@@ -629,6 +659,8 @@ def _train(
     else:
         final_metrics = {k: v for k, v in eval_history[-1].items() if k != "step"}
     outputs: dict[str, str] = {}
+    if (out / checkpoint.BEST).is_dir() and cfg.run.best_metric:
+        outputs["best"] = str(out / checkpoint.BEST)
     if last_saved != total_steps:
         outputs["checkpoint"] = str(save(total_steps))
     else:
@@ -647,6 +679,7 @@ def _train(
         global_batch=global_batch,
         resumed_from=str(resume_from) if resume_from else None,
         skipped_steps=skipped,
+        predictions=predictions,
         run_info={
             "device": str(device),
             "backend": accelerator.state.backend if world > 1 else None,

@@ -51,6 +51,9 @@ class Reporter(Protocol):
 
     def checkpoint_saved(self, step: int, path: str) -> None: ...
 
+    def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
+        """Sample predictions of a generative eval: [{"reference": ..., "prediction": ...}]."""
+
     def note(self, message: str) -> None:
         """Something the user should know (resumed, global batch changed, stopping, ...)."""
 
@@ -70,6 +73,9 @@ class NullReporter:
         pass
 
     def checkpoint_saved(self, step: int, path: str) -> None:
+        pass
+
+    def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
         pass
 
     def note(self, message: str) -> None:
@@ -97,6 +103,9 @@ class ListReporter(NullReporter):
 
     def checkpoint_saved(self, step: int, path: str) -> None:
         self.events.append(("checkpoint", (step, path)))
+
+    def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
+        self.events.append(("predictions", (step, [dict(s) for s in samples])))
 
     def note(self, message: str) -> None:
         self.events.append(("note", message))
@@ -216,6 +225,13 @@ class RichReporter:
     def checkpoint_saved(self, step: int, path: str) -> None:
         self._print(f"  checkpoint step {step} -> {_esc(path)}")
 
+    def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
+        from rich.markup import escape
+
+        for s in samples:
+            ref, pred = escape(repr(s["reference"])), escape(repr(s["prediction"]))
+            self._print(f"    [dim]reference[/] {ref}  [dim]prediction[/] {pred}")
+
     def note(self, message: str) -> None:
         self._print(f"  [yellow]note:[/] {_esc(message)}")
 
@@ -225,9 +241,9 @@ class RichReporter:
             self._progress = None
         c = self.console
         outputs = getattr(result, "outputs", {}) or {}
+        tokens = f", {_fmt(result.tokens_per_s)} tokens/s" if result.tokens_per_s else ""  # none for images
         c.print(
-            f"[bold green]done[/] step {result.final_step}: "
-            f"{_fmt(result.samples_per_s)} samples/s, {_fmt(result.tokens_per_s)} tokens/s"
+            f"[bold green]done[/] step {result.final_step}: {_fmt(result.samples_per_s)} samples/s{tokens}"
         )
         if result.eval_metrics:
             c.print("  final eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))

@@ -4,6 +4,8 @@
   optional packing; metric: next-token accuracy (and perplexity).
 - ``seq-cls``: text (+ optional text pair) and a label (integers, or names mapped in sorted
   order); the classifier head is trained whole next to the LoRA adapters; metric: accuracy.
+- ``image-to-text``: images and their text for a vision encoder-decoder (TrOCR, ViT-GPT2); metric:
+  CER/WER by generation (``image_to_text.py``).
 - ``custom``: ``model.custom: module:function``, called with the config, returns a Workload.
 
 Order matters for reproducibility: data first (inside ``main_process_first`` so one process
@@ -292,7 +294,16 @@ def build_custom(cfg: TrainConfig, main_process_first: MainProcessFirst = contex
     return workload
 
 
+def build_image_to_text(
+    cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext
+) -> Workload:
+    from xtrain.train.image_to_text import build_image_to_text as build
+
+    return build(cfg, main_process_first)
+
+
 BUILDERS: dict[str, Callable[[TrainConfig, MainProcessFirst], Workload]] = {
     "causal-lm": build_causal_lm,
     "seq-cls": build_seq_cls,
+    "image-to-text": build_image_to_text,
 }

@@ -24,6 +24,20 @@ ReduceFn = Callable[[dict[str, torch.Tensor]], dict[str, float]]
 
 
 @dataclass
+class Prediction:
+    """One sample of a generative eval: what the model should write and what it wrote."""
+
+    reference: str
+    prediction: str
+
+
+# evaluate(accelerator, model, eval_loader) -> (metrics with "eval_loss", sample predictions).
+# Replaces the loop's forward-only evaluation (eval_batch/reduce_metrics) when a task evaluates by
+# generating (image-to-text: CER/WER); it runs on every rank and must gather in data order.
+EvaluateFn = Callable[[Any, Any, Any], tuple[dict[str, float], list[Prediction]]]
+
+
+@dataclass
 class Workload:
     """Everything the loop needs from a task."""
 
@@ -36,3 +50,4 @@ class Workload:
     tokenizer: Any | None = None  # saved next to the adapter when present
     main_metric: str | None = None  # e.g. "accuracy": shown in banners and closing tables
     tokens_key: str | None = "attention_mask"  # batch key whose sum counts tokens (tokens/s)
+    evaluate: EvaluateFn | None = None  # evaluation by generation (xtrain.train.generation)

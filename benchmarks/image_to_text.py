@@ -1,0 +1,220 @@
+"""image-to-text: xtrain's loop vs a hand-written loop on the same VisionEncoderDecoder job, in one
+process, and the share of step time spent waiting for data (reading PNGs + the image processor).
+
+Same workload for both (xtrain's image-to-text builder on ``builtin:tiny-trocr`` and
+``builtin:ocr-lines``: lazy PNG rows, the collator, full fine-tune), same micro-batches,
+accumulation, AdamW, cosine schedule and clipping. Images/s = global batch / median step time
+after ``--warmup`` steps, best of ``--repeats`` alternating runs (robust on a shared machine).
+
+    .venv/bin/python benchmarks/image_to_text.py            # CPU defaults, a few minutes
+    .venv/bin/python benchmarks/image_to_text.py --json
+
+The data share is the time spent inside the data set and the collator over the time of the
+training steps (the DataLoader runs in the training process here: CPU plans use no workers; on
+Linux GPUs xtrain plans DataLoader workers, which hide this time behind the GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from xtrain.facts import Facts  # noqa: E402
+from xtrain.rules import make_plan  # noqa: E402
+from xtrain.train.config import TrainConfig, load_config  # noqa: E402
+from xtrain.train.report import NullReporter  # noqa: E402
+from xtrain.train.workload import Workload  # noqa: E402
+
+ARGS: argparse.Namespace
+JOB = ROOT / "xtrain" / "data" / "quickstart-image-to-text.yaml"
+
+
+class Timer:
+    """Seconds spent in data loading (shared by the timed data set and collator)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.started = time.perf_counter()
+
+
+class TimedRows:
+    def __init__(self, rows: Any, timer: Timer) -> None:
+        self.rows, self.timer = rows, timer
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Any:
+        t = time.perf_counter()
+        try:
+            return self.rows[i]
+        finally:
+            self.timer.seconds += time.perf_counter() - t
+
+
+class TimedCollator:
+    def __init__(self, collator: Any, timer: Timer) -> None:
+        self.collator, self.timer = collator, timer
+
+    def __call__(self, rows: list[Any]) -> Any:
+        t = time.perf_counter()
+        try:
+            return self.collator(rows)
+        finally:
+            self.timer.seconds += time.perf_counter() - t
+
+
+def job_config() -> TrainConfig:
+    cfg = load_config(
+        JOB, [f"batch.per_device={ARGS.per_device}", f"batch.global_batch={ARGS.per_device * ARGS.accum}"]
+    )
+    cfg.run.max_steps = ARGS.steps
+    cfg.run.log_every = 10
+    cfg.run.tensorboard = False
+    cfg.run.eval_at_start = False
+    cfg.run.eval_every = None
+    cfg.data.eval = None
+    return cfg
+
+
+def workload(cfg: TrainConfig, timer: Timer) -> Workload:
+    from xtrain.train.tasks import build_workload
+
+    w = build_workload(cfg)
+    w.train_dataset = TimedRows(w.train_dataset, timer)
+    w.collator = TimedCollator(w.collator, timer)
+    timer.started = time.perf_counter()  # training starts now: the share's denominator
+    return w
+
+
+class StepClock(NullReporter):
+    def __init__(self) -> None:
+        self.times: dict[int, float] = {}
+
+    def progress(self, step: int, total: int, metrics: dict[str, float] | None = None) -> None:
+        self.times[step] = time.perf_counter()
+
+
+def steady(times: dict[int, float]) -> float:
+    """Median seconds per step after the warm-up."""
+    return statistics.median(times[s] - times[s - 1] for s in range(ARGS.warmup + 1, ARGS.steps + 1))
+
+
+def run_xtrain() -> tuple[float, float]:
+    from xtrain.train.loop import train
+
+    cfg, timer, clock = job_config(), Timer(), StepClock()
+    with tempfile.TemporaryDirectory() as out:
+        cfg.run.output_dir = out
+        plan = make_plan(Facts(torch_version=torch.__version__, gloo_available=True))
+        train(cfg, plan, clock, build=lambda c, mpf: workload(c, timer))
+    return steady(clock.times), timer.seconds / (clock.times[ARGS.steps] - timer.started)
+
+
+def run_plain() -> tuple[float, float]:
+    """The floor: a plain PyTorch loop over the same workload."""
+    from transformers import get_scheduler
+
+    cfg, timer = job_config(), Timer()
+    torch.manual_seed(0)
+    w = workload(cfg, timer)
+    model = w.model
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.optim.lr)
+    sched = get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=ARGS.steps)
+    loader = torch.utils.data.DataLoader(
+        w.train_dataset, batch_size=ARGS.per_device, shuffle=True, collate_fn=w.collator
+    )
+    batches = iter(loader)
+    times: dict[int, float] = {0: timer.started}
+    for step in range(ARGS.steps):
+        for _ in range(ARGS.accum):
+            loss = model(**next(batches)).loss
+            (loss / ARGS.accum).backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        times[step + 1] = time.perf_counter()
+    return steady(times), timer.seconds / (times[ARGS.steps] - times[0])
+
+
+def measure(repeats: int = 3, steps: int = 30, log: Any = None) -> dict[str, Any]:
+    """For benchmarks/run_all.py: both loops, ``repeats`` interleaved runs, one compute thread."""
+    global ARGS
+    from common import Spread
+
+    say = log or (lambda m: None)
+    torch.set_num_threads(1)
+    ARGS = argparse.Namespace(steps=steps, warmup=5, repeats=repeats, per_device=16, accum=2, json=False)
+    images = ARGS.per_device * ARGS.accum
+    rates: dict[str, list[float]] = {"plain": [], "xtrain": []}
+    shares: dict[str, list[float]] = {"plain": [], "xtrain": []}
+    for r in range(repeats):
+        for name in ("plain", "xtrain") if r % 2 == 0 else ("xtrain", "plain"):
+            step_s, share = run_plain() if name == "plain" else run_xtrain()
+            rates[name].append(images / step_s)
+            shares[name].append(share)
+            say(f"image-to-text: repeat {r + 1}/{repeats} {name}: {images / step_s:.1f} images/s")
+    return {
+        "setup": {"steps": steps, "repeats": repeats, "per_device": ARGS.per_device, "accum": ARGS.accum},
+        "images_per_s": {k: Spread.of(v).to_dict() for k, v in rates.items()},
+        "data_share": {k: Spread.of(v).to_dict() for k, v in shares.items()},
+        "ratio": statistics.median(rates["xtrain"]) / statistics.median(rates["plain"]),
+    }
+
+
+def main() -> None:
+    global ARGS
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--per-device", type=int, default=16)
+    p.add_argument("--accum", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    ARGS = p.parse_args()
+
+    runs: dict[str, list[tuple[float, float]]] = {"plain": [], "xtrain": []}
+    for _ in range(ARGS.repeats):  # alternate, so drifting machine load hits both alike
+        runs["plain"].append(run_plain())
+        runs["xtrain"].append(run_xtrain())
+    images = ARGS.per_device * ARGS.accum
+    best = {k: min(v) for k, v in runs.items()}  # the fastest run (smallest step time)
+    result = {
+        "plain_images_per_s": images / best["plain"][0],
+        "xtrain_images_per_s": images / best["xtrain"][0],
+        "ratio": best["plain"][0] / best["xtrain"][0],
+        "data_share_plain": best["plain"][1],
+        "data_share_xtrain": best["xtrain"][1],
+        "runs": runs,
+        "setup": {k: v for k, v in vars(ARGS).items() if k != "json"},
+        "threads": torch.get_num_threads(),
+    }
+    if ARGS.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(
+        f"hand-written loop: {result['plain_images_per_s']:.1f} images/s, "
+        f"data {100 * result['data_share_plain']:.0f}% of step time\n"
+        f"xtrain loop:       {result['xtrain_images_per_s']:.1f} images/s, "
+        f"data {100 * result['data_share_xtrain']:.0f}% of step time\n"
+        f"ratio xtrain/plain: {result['ratio']:.3f} (best of {ARGS.repeats}; global batch "
+        f"{ARGS.per_device}x{ARGS.accum}, {torch.get_num_threads()} thread(s))"
+    )
+
+
+if __name__ == "__main__":
+    main()

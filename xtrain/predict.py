@@ -1,0 +1,160 @@
+"""Generate with a trained result: an adapter, a full model, or a run's output folder.
+
+- image-to-text (``VisionEncoderDecoderModel``): images (files, or folders of images) -> text;
+- causal-lm: text prompts -> their continuations.
+
+An adapter folder loads its base model from ``base_model_name_or_path`` (peft's own record) and the
+processor/tokenizer saved next to the adapter. Library code: returns data, prints nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif")
+_OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
+
+
+@dataclass
+class Predictor:
+    model: Any
+    tokenizer: Any
+    image_processor: Any | None  # set for image-to-text models
+    source: str  # the folder the weights came from
+
+    @property
+    def takes_images(self) -> bool:
+        return self.image_processor is not None
+
+
+def model_folder(path: str | Path) -> Path:
+    """``path`` itself when it holds a model or an adapter, else the result inside a run folder."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise XtrainError(
+            f"{folder} is not a folder", "pass a run's output_dir, its adapter/ or a model folder"
+        )
+    if (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file():
+        return folder
+    for name in _OUTPUT_FOLDERS:
+        if (folder / name / "adapter_config.json").is_file() or (folder / name / "config.json").is_file():
+            return folder / name
+    raise XtrainError(
+        f"{folder} holds no adapter or model",
+        "pass a finished run's output_dir (with adapter/ or model/), or the adapter folder itself",
+    )
+
+
+def load_predictor(path: str | Path) -> Predictor:
+    from transformers import AutoConfig
+
+    from xtrain.train import models
+
+    folder = model_folder(path)
+    adapter = (folder / "adapter_config.json").is_file()
+    base = str(folder)
+    if adapter:
+        base = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))[
+            "base_model_name_or_path"
+        ]
+        base = models.resolve_model(base) if base.startswith("builtin:") else base
+    try:
+        config = AutoConfig.from_pretrained(base)
+    except Exception as e:
+        raise models._load_error("config", base, Path(base).exists(), e) from None
+    kind = config.model_type
+    if kind == "vision-encoder-decoder":
+        from transformers import VisionEncoderDecoderModel
+
+        from xtrain.train.image_to_text import fix_special_tokens, load_processors
+
+        image_processor, tokenizer, _ = load_processors(str(folder), False)
+        model = VisionEncoderDecoderModel.from_pretrained(base)
+        fix_special_tokens(model, tokenizer)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(base)
+        except ValueError:
+            raise XtrainError(
+                f"{base} is a {kind} model without a text generation head",
+                "xtrain predict runs generative models (image-to-text, causal-lm)",
+            ) from None
+        image_processor, tokenizer = None, models.load_tokenizer(str(folder), False)
+    if adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(folder))
+    model.eval()
+    return Predictor(model=model, tokenizer=tokenizer, image_processor=image_processor, source=str(folder))
+
+
+def image_files(inputs: list[str]) -> list[Path]:
+    """Files as given; folders expanded to their images (sorted by name)."""
+    out: list[Path] = []
+    for item in inputs:
+        p = Path(item).expanduser()
+        if p.is_dir():
+            out += sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise XtrainError(f"input {item} not found", "pass image files or folders of images")
+    if not out:
+        raise XtrainError("no images found in the inputs", f"images end in {', '.join(IMAGE_EXTENSIONS)}")
+    return out
+
+
+def predict_images(
+    predictor: Predictor, files: list[Path], max_new_tokens: int, num_beams: int, batch_size: int = 8
+) -> list[str]:
+    import torch
+
+    from xtrain.train.image_data import open_image
+
+    if not predictor.takes_images:
+        raise XtrainError(
+            f"{predictor.source} is a text model", "give it prompts with --prompt instead of images"
+        )
+    texts: list[str] = []
+    for start in range(0, len(files), batch_size):
+        chunk = files[start : start + batch_size]
+        images = [open_image(str(f), None, start + i, "the inputs") for i, f in enumerate(chunk)]
+        pixels = predictor.image_processor(images=images, return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            ids = predictor.model.generate(
+                pixel_values=pixels, max_new_tokens=max_new_tokens, num_beams=num_beams
+            )
+        texts += [t.strip() for t in predictor.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+    return texts
+
+
+def predict_prompts(
+    predictor: Predictor, prompts: list[str], max_new_tokens: int, num_beams: int
+) -> list[str]:
+    import torch
+
+    if predictor.takes_images:
+        raise XtrainError(
+            f"{predictor.source} reads images", "pass image files or folders instead of --prompt"
+        )
+    out = []
+    for prompt in prompts:  # one at a time: no left-padding subtleties, prompts are few
+        enc = predictor.tokenizer(prompt, return_tensors="pt")
+        with torch.no_grad():
+            ids = predictor.model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                num_beams=num_beams,
+                do_sample=False,
+                pad_token_id=predictor.tokenizer.pad_token_id,
+            )
+        new = ids[0, enc["input_ids"].shape[1] :]
+        out.append(predictor.tokenizer.decode(new, skip_special_tokens=True).strip())
+    return out

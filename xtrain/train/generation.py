@@ -1,0 +1,110 @@
+"""Evaluation by generation (image-to-text today; speech-to-text and vision-language reuse it).
+
+Every process generates for its share of the eval set; the generated ids and the labels are
+padded to one length across processes (``pad_across_processes``) and gathered in data order
+(``gather_for_metrics``, which drops the duplicated samples of the last batch), so 1 and N
+processes score the same predictions. The text metrics come from ``jiwer`` (corpus-level: total
+edits / total reference characters or words), not from a hand-written edit distance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from xtrain.train.collate import IGNORE_INDEX
+from xtrain.train.workload import Prediction
+
+
+def text_metrics(references: list[str], predictions: list[str]) -> dict[str, float]:
+    """``cer`` (character error rate) and ``wer`` (word error rate) over the whole set: 0 is
+    perfect; above 1 when the predictions hold more wrong characters than the references have."""
+    import jiwer
+
+    pairs = [(r, p) for r, p in zip(references, predictions, strict=True) if r.strip()]
+    if not pairs:
+        return {}
+    refs, hyps = [r for r, _ in pairs], [p for _, p in pairs]
+    return {"cer": float(jiwer.cer(refs, hyps)), "wer": float(jiwer.wer(refs, hyps))}
+
+
+def _loss_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example: summed token cross-entropy and the number of target tokens. An encoder-decoder
+    model's logits at position i predict labels[i] (the decoder input is the shifted labels)."""
+    logits = logits.detach().float()
+    labels = labels.to(logits.device)
+    ce = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
+    return ce.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1).float()
+
+
+@dataclass
+class GenerationEval:
+    """The ``Workload.evaluate`` hook of generative tasks: eval loss, then ``generate`` on the
+    model's inputs, decoded and scored against the labels."""
+
+    tokenizer: Any
+    input_key: str = "pixel_values"  # the batch key ``generate`` takes
+    max_new_tokens: int = 128
+    num_beams: int = 1
+    sample_predictions: int = 4
+
+    def __call__(
+        self, accelerator: Any, model: Any, loader: Any
+    ) -> tuple[dict[str, float], list[Prediction]]:
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        generator = accelerator.unwrap_model(model)
+        references: list[str] = []
+        predictions: list[str] = []
+        loss_sum, count = 0.0, 0.0
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            for batch in loader:
+                labels = batch["labels"]
+                losses, counts = _loss_stats(model(**batch).logits, labels)
+                with accelerator.autocast():
+                    generated = generator.generate(
+                        **{self.input_key: batch[self.input_key]},
+                        max_new_tokens=self.max_new_tokens,
+                        num_beams=self.num_beams,
+                        do_sample=False,
+                    )
+                # ranks generate different lengths: pad to one shape before gathering
+                generated = accelerator.pad_across_processes(generated.contiguous(), dim=1, pad_index=pad)
+                labels = accelerator.pad_across_processes(labels.contiguous(), dim=1, pad_index=IGNORE_INDEX)
+                generated, labels, losses, counts = accelerator.gather_for_metrics(
+                    (generated, labels, losses, counts)
+                )
+                loss_sum += float(losses.sum())
+                count += float(counts.sum())
+                labels = labels.masked_fill(labels == IGNORE_INDEX, pad)
+                references += [
+                    t.strip() for t in self.tokenizer.batch_decode(labels, skip_special_tokens=True)
+                ]
+                predictions += [
+                    t.strip() for t in self.tokenizer.batch_decode(generated, skip_special_tokens=True)
+                ]
+        if was_training:
+            model.train()
+        if not references:
+            return {}, []
+        metrics = {"eval_loss": loss_sum / max(count, 1.0), **text_metrics(references, predictions)}
+        samples = [
+            Prediction(reference=r, prediction=p)
+            for r, p in list(zip(references, predictions, strict=True))[: self.sample_predictions]
+        ]
+        return metrics, samples
+
+
+def predictions_markdown(samples: list[Prediction]) -> str:
+    """A Markdown table of sample predictions (TensorBoard renders text summaries as Markdown)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ") or " "
+
+    rows = ["| reference | prediction |", "|---|---|"]
+    rows += [f"| {cell(s.reference)} | {cell(s.prediction)} |" for s in samples]
+    return "\n".join(rows)

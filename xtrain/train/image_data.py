@@ -1,0 +1,193 @@
+"""Image-text examples for ``image-to-text``: lazy image reading, RGB conversion, batching.
+
+Images are never decoded up front. The image column stays undecoded (``datasets.Image(decode=False)``
+for an Image feature, a path string for CSV/JSON), and ``ImageTextRows[i]`` opens row ``i`` only
+when the DataLoader asks for it. (``set_transform`` would decode lazily too, but it is called
+without row numbers, and an unreadable image must be reported with its file and row.)
+
+Everything here is a top-level class holding plain data, so it pickles into spawned DataLoader
+workers (Windows, macOS).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+from xtrain.train.collate import IGNORE_INDEX
+
+_HINT = "fix or remove that row; images must be files Pillow can open (PNG, JPEG, TIFF, BMP, WebP, ...)"
+
+
+class UnreadableImage(XtrainError):
+    """A missing or undecodable image: one line with the file and the row.
+
+    A DataLoader worker re-raises an exception in the main process as ``type(e)(traceback text)``;
+    the constructor keeps only the original message from that text, so the user still sees one line.
+    """
+
+    def __init__(self, message: str, hint: str | None = _HINT, exit_code: int = 2) -> None:
+        if "Original Traceback" in message:
+            last = message.rstrip().splitlines()[-1]
+            message = last.split(": ", 1)[1] if ": " in last else last
+            message = message.removesuffix(f" ({_HINT})")
+        super().__init__(message, hint, exit_code)
+
+
+def to_rgb(image: Any) -> Any:
+    """Any PIL image as 8-bit RGB: grayscale, palette, CMYK, 16-bit and float images converted;
+    transparency composited onto white (transparent text images would otherwise turn black)."""
+    from PIL import Image
+
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+        import numpy as np
+
+        array = np.asarray(image, dtype=np.float64)
+        top = float(array.max()) if array.size else 0.0
+        # 16-bit data (values above 255) is scaled down; float images in [0, 1] are scaled up.
+        scale = 255.0 / 65535.0 if top > 255 else (255.0 if image.mode == "F" and top <= 1.0 else 1.0)
+        array = np.clip(array * scale, 0, 255).astype(np.uint8)
+        return Image.fromarray(array, mode="L").convert("RGB")
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        rgba = image.convert("RGBA")
+        page = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(page, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _describe(value: Any, base_dir: Path | None) -> str:
+    if isinstance(value, str):
+        return str(resolve_path(value, base_dir))
+    if isinstance(value, dict):
+        return str(value.get("path") or "embedded image bytes")
+    return type(value).__name__
+
+
+def resolve_path(path: str, base_dir: Path | None) -> Path:
+    """A relative image path is relative to the data file's folder."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or base_dir is None else base_dir / p
+
+
+def open_image(value: Any, base_dir: Path | None, row: int, source: str) -> Any:
+    """The RGB PIL image of one cell of the image column: a path string, an undecoded Image
+    feature cell (``{"bytes", "path"}``) or an already decoded PIL image."""
+    from PIL import Image, UnidentifiedImageError
+
+    what = _describe(value, base_dir)
+    try:
+        if isinstance(value, str):
+            image = Image.open(resolve_path(value, base_dir))
+        elif isinstance(value, dict) and value.get("bytes"):
+            image = Image.open(io.BytesIO(value["bytes"]))
+        elif isinstance(value, dict) and value.get("path"):
+            image = Image.open(resolve_path(value["path"], base_dir))
+        elif hasattr(value, "convert"):
+            image = value
+        else:
+            raise UnreadableImage(f"row {row} of {source} has no image (value: {value!r:.80})")
+        image.load()  # decode now: a truncated file fails here, inside this row's error
+        return to_rgb(image)
+    except XtrainError:
+        raise
+    except FileNotFoundError:
+        raise UnreadableImage(f"image {what} (row {row} of {source}) not found") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+        reason = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise UnreadableImage(f"cannot read image {what} (row {row} of {source}): {reason}") from None
+
+
+def check_image_files(ds: Any, image_column: str, base_dir: Path | None, source: str) -> None:
+    """Missing files are found before training starts (a ``stat`` per path, nothing decoded)."""
+    feature = ds.features.get(image_column)
+    if getattr(feature, "dtype", None) != "string":
+        return  # an Image feature: bytes are embedded or paths were checked when it was built
+    for row, value in enumerate(ds[image_column]):
+        if value is None or not str(value).strip():
+            raise UnreadableImage(f"row {row} of {source} has an empty {image_column} cell")
+        if not resolve_path(value, base_dir).is_file():
+            raise UnreadableImage(f"image {resolve_path(value, base_dir)} (row {row} of {source}) not found")
+
+
+class ImageTextRows:
+    """A map-style data set over ``ds``: ``[i]`` -> ``{"image": RGB PIL image, "text": str}``,
+    the image read from disk (or bytes) only then."""
+
+    def __init__(
+        self, ds: Any, image_column: str, text_column: str, base_dir: Path | None, source: str
+    ) -> None:
+        self.ds = _undecoded(ds, image_column)
+        self.image_column = image_column
+        self.text_column = text_column
+        self.base_dir = base_dir
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = self.ds[int(i)]
+        text = row[self.text_column]
+        return {
+            "image": open_image(row[self.image_column], self.base_dir, int(i), self.source),
+            "text": "" if text is None else str(text),
+        }
+
+
+def _undecoded(ds: Any, image_column: str) -> Any:
+    """An Image feature column switched to undecoded cells (a metadata change: no data is rewritten)."""
+    from datasets import Image
+
+    feature = ds.features.get(image_column)
+    if isinstance(feature, Image) and feature.decode:
+        return ds.cast_column(image_column, Image(decode=False))
+    return ds
+
+
+class ImageTextCollator:
+    """A list of ``{"image", "text"}`` -> ``pixel_values`` (the image processor) and ``labels``
+    (the tokenizer, truncated to ``max_length``, ending in eos, padded with -100)."""
+
+    def __init__(
+        self, image_processor: Any, tokenizer: Any, max_length: int, pad_to_multiple_of: int | None = None
+    ) -> None:
+        self.image_processor = image_processor
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def labels(self, texts: list[str]) -> list[list[int]]:
+        eos = self.tokenizer.eos_token_id
+        out = []
+        for ids in self.tokenizer(texts, add_special_tokens=True)["input_ids"]:
+            ids = list(ids)
+            if eos is not None and (not ids or ids[-1] != eos):
+                ids.append(eos)  # generation stops at eos only if it learned to write it
+            if len(ids) > self.max_length:  # truncated, still ending in eos
+                ids = ids[: self.max_length - 1] + [eos] if eos is not None else ids[: self.max_length]
+            out.append(ids)
+        return out
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        if not features:
+            raise ValueError("empty batch")
+        images = [f["image"] for f in features]
+        pixel_values = self.image_processor(images=images, return_tensors="pt")["pixel_values"]
+        ids = self.labels([f["text"] for f in features])
+        length = max(len(x) for x in ids)
+        if self.pad_to_multiple_of:
+            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
+        labels = torch.full((len(ids), length), IGNORE_INDEX, dtype=torch.long)
+        for i, x in enumerate(ids):
+            labels[i, : len(x)] = torch.as_tensor(x, dtype=torch.long)
+        return {"pixel_values": pixel_values, "labels": labels}
+
+    def __repr__(self) -> str:
+        return f"ImageTextCollator(max_length={self.max_length})"
