@@ -2,16 +2,14 @@
 
     python -m pytest -q tests/gpu
 
-Two-GPU cases skip on one GPU. docs/performance.md records what it measured on which GPU."""
+Two-GPU cases skip on one GPU. tests/gpu is a package so that this conftest does not shadow
+tests/conftest.py (both would be the module ``conftest``). docs/performance.md records what it measured on which GPU."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests_support
 
 
 def _cuda_count() -> int:

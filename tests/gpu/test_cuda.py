@@ -121,8 +121,9 @@ def _free_port() -> int:
 
 
 def test_cpu_staged_hook_equals_plain_allreduce_on_cuda(tmp_path: Path) -> None:
-    import gpu_workers
     import torch.multiprocessing as mp
+
+    from gpu import gpu_workers
 
     mp.start_processes(gpu_workers.comm_hook_equality, args=(2, _free_port(), str(tmp_path)), nprocs=2,
                        join=True, start_method="spawn")  # fmt: skip
