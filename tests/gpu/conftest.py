@@ -3,7 +3,8 @@
     python -m pytest -q tests/gpu
 
 Two-GPU cases skip on one GPU. tests/gpu is a package so that this conftest does not shadow
-tests/conftest.py (both would be the module ``conftest``). docs/performance.md records what it measured on which GPU."""
+tests/conftest.py (both would be the module ``conftest``). docs/performance.md records what it
+measured on which GPU."""
 
 from __future__ import annotations
 
