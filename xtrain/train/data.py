@@ -161,6 +161,11 @@ def _load_file(path: Path, builder: str, source: str) -> Any:
     return ds
 
 
+# Columns that are checked for presence only: labels (ints or names), images and audio (paths,
+# or datasets' Image/Audio feature dicts).
+NOT_TEXT_COLUMNS = ("data.label_column", "data.image_column", "data.audio_column")
+
+
 def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> None:
     """Each configured column (``{"data.text_column": "text", ...}``) must exist in ``ds``."""
     have = list(ds.column_names)
@@ -173,7 +178,7 @@ def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> Non
         # text columns must hold text: numbers would fail inside the tokenizer with a traceback
         features = getattr(ds, "features", None) or {}
         dtype = getattr(features.get(col), "dtype", "string") if col is not None else "string"
-        if key != "data.label_column" and dtype not in ("string", "large_string", "null"):
+        if key not in NOT_TEXT_COLUMNS and dtype not in ("string", "large_string", "null"):
             raise XtrainError(
                 f"column '{col}' of {source} holds {dtype} values, not text", f"point {key} at a text column"
             )
