@@ -242,6 +242,14 @@ def test_lora_targets_attention_of_each_half(whisper, tmp_path, extra, encoder, 
     assert kinds == {"q_proj", "k_proj", "v_proj", "out_proj"}
 
 
+def test_gradient_checkpointing_keeps_encoder_adapters_training(whisper, tmp_path):
+    workload = build_workload(_cfg(whisper, _jsonl(tmp_path, 4), "model.gradient_checkpointing=true"))
+    workload.model.train()
+    workload.model(**_batch(workload)).loss.backward()
+    grads = {n: p.grad for n, p in workload.model.named_parameters() if "lora_B" in n}
+    assert any(".encoder." in n and g is not None and g.abs().sum() > 0 for n, g in grads.items())
+
+
 def test_full_fine_tune_with_frozen_encoder(whisper, tmp_path):
     cfg = _cfg(whisper, _jsonl(tmp_path, 4), "lora.enabled=false", "model.freeze_encoder=true")
     model = build_workload(cfg).model
