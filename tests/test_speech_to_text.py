@@ -9,6 +9,7 @@ import csv
 import json
 import pickle
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -198,6 +199,25 @@ def test_missing_and_corrupt_audio_are_one_line(whisper, tmp_path):
     (tmp_path / "clips" / "002.wav").write_bytes(b"RIFF not really a wave file")
     with pytest.raises(XtrainError, match=r"cannot read audio .*002.wav \(row 2 of"):
         build_workload(_cfg(whisper, train))
+
+
+def test_corrupt_embedded_audio_is_one_line_even_from_a_dataloader_worker(whisper, tmp_path):
+    import datasets
+    from torch.utils.data import DataLoader
+
+    names = _clips(tmp_path / "clips", 4)
+    cells = [{"bytes": (tmp_path / "clips" / n).read_bytes(), "path": n} for n in names]
+    cells[2] = {"bytes": b"RIFF but not audio", "path": "broken.wav"}
+    ds = datasets.Dataset.from_dict({"audio": cells, "text": TEXTS[:4]})
+    ds = ds.cast_column("audio", datasets.Audio(decode=False))
+    ds.save_to_disk(str(tmp_path / "saved"))
+    workload = build_workload(_cfg(whisper, tmp_path / "saved"))  # lazy: nothing decoded yet
+    loader = DataLoader(workload.train_dataset, batch_size=4, collate_fn=workload.collator, num_workers=1)
+    with pytest.raises(XtrainError) as e:
+        list(loader)
+    message = e.value.one_line()
+    assert "\n" not in message and "Traceback" not in message
+    assert re.search(r"cannot read audio broken.wav \(row 2 of .*saved\)", message), message
 
 
 def test_worker_error_keeps_one_line():
