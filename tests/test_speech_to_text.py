@@ -236,8 +236,10 @@ def test_config_checks(whisper, tmp_path):
     assert _cfg(whisper, "x.jsonl", "model.task=asr").model.task == "speech-to-text"
     with pytest.raises(XtrainError, match="not a speech encoder-decoder"):
         build_workload(_cfg(str(builtin.ensure_builtin_model("builtin:tiny-trocr")), _jsonl(tmp_path)))
-    with pytest.raises(XtrainError, match="no language tokens"):
+    with pytest.raises(XtrainError, match="generation.language=de but .* no language/task tokens"):
         build_workload(_cfg(whisper, _jsonl(tmp_path), "generation.language=de"))
+    with pytest.raises(XtrainError, match="generation.speech_task=translate"):
+        build_workload(_cfg(whisper, _jsonl(tmp_path), "generation.speech_task=translate"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -114,15 +114,17 @@ def set_prefix(tokenizer: Any, model: Any, language: str | None, task: str) -> d
         if getattr(target, "forced_decoder_ids", None) is not None:
             target.forced_decoder_ids = None
     multilingual = hasattr(gen, "lang_to_id") and hasattr(gen, "task_to_id")
-    if hasattr(tokenizer, "set_prefix_tokens"):
-        tokenizer.set_prefix_tokens(language=language if multilingual else None, task=task)
-    if not multilingual:
-        if language is not None:
+    if not multilingual:  # English-only Whisper (*.en: no language or task token) or another model
+        if language is not None or task != "transcribe":
+            key = "language" if language is not None else "speech_task"
             raise XtrainError(
-                f"generation.language={language} but {type(model).__name__} has no language tokens",
-                "leave generation.language unset for an English-only or non-Whisper model",
+                f"generation.{key}={language or task} but {type(model).__name__} has no language/task tokens",
+                "leave generation.language unset and generation.speech_task=transcribe for an "
+                "English-only or non-Whisper model",
             )
         return {}
+    if hasattr(tokenizer, "set_prefix_tokens"):
+        tokenizer.set_prefix_tokens(language=language, task=task)
     return {"language": language, "task": task} if language else {"task": task}
 
 
