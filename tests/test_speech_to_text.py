@@ -432,3 +432,15 @@ def test_kill_and_resume_is_exact(words_job, words_straight):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "train_result.json").read_text())["resumed_from"]
     assert_same_training(words_straight, out, exact=True)
+
+
+@pytest.mark.slow
+def test_predict_transcribes_audio_with_the_trained_adapter(words_job, words_straight, capsys):
+    from xtrain.cli import main
+
+    clips = words_job.root / "wav"
+    assert main(["predict", str(words_straight), str(clips / "0.wav"), str(clips / "1.wav")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split("\t")[0] for line in lines] == [str(clips / "0.wav"), str(clips / "1.wav")]
+    assert main(["predict", str(words_straight), "--prompt", "hi"]) == 2
+    assert "reads audio" in capsys.readouterr().err

@@ -193,6 +193,14 @@ def apply_lora(model: Any, lora_cfg: Any) -> Any:
     return peft_model
 
 
+def cap_new_tokens(model: Any, max_new_tokens: int) -> int:
+    """``max_new_tokens`` within the decoder's positions: Whisper's ``generate`` refuses a prompt
+    (up to 4 tokens: start, language, task, no-timestamps) + new tokens beyond
+    ``max_target_positions`` (448) instead of stopping there."""
+    positions = getattr(getattr(model, "config", None), "max_target_positions", None)
+    return max(1, min(max_new_tokens, positions - 4)) if positions else max_new_tokens
+
+
 def max_seconds(cfg_seconds: float | None, feature_extractor: Any) -> float | None:
     """``data.max_audio_seconds``, else the model's window (30 s for Whisper)."""
     if cfg_seconds is not None:
@@ -274,7 +282,7 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
         evaluate=GenerationEval(
             tokenizer=tokenizer,
             input_key="input_features",
-            max_new_tokens=g.max_new_tokens,
+            max_new_tokens=cap_new_tokens(model, g.max_new_tokens),
             num_beams=g.num_beams,
             sample_predictions=g.sample_predictions,
             generate_kwargs=generate_kwargs,
