@@ -42,7 +42,7 @@ _MUST_MATCH = (
     ("lora", "r"),
     ("lora", "target_modules"),
     ("lora", "modules_to_save"),
-    ("lora", "apply_to"),  # image-to-text, speech-to-text: which half holds adapters
+    ("lora", "apply_to"),  # image-to-text: which half holds adapters
     ("model", "freeze_encoder"),  # speech-to-text: which weights the optimizer holds
 )
 
