@@ -238,6 +238,10 @@ def test_config_checks(whisper, tmp_path):
         build_workload(_cfg(str(builtin.ensure_builtin_model("builtin:tiny-trocr")), _jsonl(tmp_path)))
     with pytest.raises(XtrainError, match="generation.language=de but .* no language/task tokens"):
         build_workload(_cfg(whisper, _jsonl(tmp_path), "generation.language=de"))
+    with pytest.raises(
+        XtrainError, match="column 'nope' not in .*set data.audio_column|column 'nope' not in"
+    ):
+        build_workload(_cfg(whisper, _jsonl(tmp_path), "data.audio_column=nope"))
     with pytest.raises(XtrainError, match="generation.speech_task=translate"):
         build_workload(_cfg(whisper, _jsonl(tmp_path), "generation.speech_task=translate"))
 

@@ -209,6 +209,19 @@ def max_seconds(cfg_seconds: float | None, feature_extractor: Any) -> float | No
     return float(window) if window else None
 
 
+def _require_columns(ds: Any, audio_column: str, text_column: str, source: str) -> None:
+    """Both columns exist; the text column holds text (the audio column holds paths or an
+    ``Audio`` feature's dicts, so only its presence is checked)."""
+    from xtrain.train import data
+
+    if audio_column not in ds.column_names:
+        raise XtrainError(
+            f"column '{audio_column}' not in {source} (columns: {', '.join(ds.column_names)})",
+            "set data.audio_column to one of them",
+        )
+    data.require_columns(ds, {"data.text_column": text_column}, source)
+
+
 def _file_name_column(ds: Any, audio_column: str) -> Any:
     """An audiofolder's ``file_name`` column serves as the audio column when there is none."""
     if ds is not None and "file_name" in ds.column_names and audio_column not in ds.column_names:
@@ -217,7 +230,6 @@ def _file_name_column(ds: Any, audio_column: str) -> Any:
 
 
 def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.nullcontext) -> Workload:
-    from xtrain.train import data
     from xtrain.train.tasks import _raw_datasets
 
     d, m = cfg.data, cfg.model
@@ -227,7 +239,6 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
     feature_extractor, tokenizer, saver = load_processors(source, m.trust_remote_code)
     rate = int(feature_extractor.sampling_rate)
     seconds = max_seconds(d.max_audio_seconds, feature_extractor)
-    columns = {"data.audio_column": d.audio_column, "data.text_column": d.text_column}
     # An audiofolder is read through its metadata file (its paths are relative to that file).
     train_meta, eval_meta = audiofolder_metadata(d.train, "train"), audiofolder_metadata(d.eval, "eval")
     if train_meta or eval_meta:
@@ -242,7 +253,7 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
         eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
         for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
             if ds is not None:
-                data.require_columns(ds, columns, name)
+                _require_columns(ds, d.audio_column, d.text_column, name)
                 check_audio_files(ds, d.audio_column, folder, name, seconds, d.long_audio)
 
     def rows(ds: Any, folder: Path | None, name: str) -> AudioTextRows:
