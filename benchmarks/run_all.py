@@ -28,6 +28,7 @@ import loops  # noqa: E402
 import packing  # noqa: E402
 import resume  # noqa: E402
 import scaling  # noqa: E402
+import speech_to_text  # noqa: E402
 import startup  # noqa: E402
 from common import REPO, machine, table  # noqa: E402
 
@@ -55,6 +56,7 @@ def run(repeats: int, only: set[str] | None) -> dict[str, Any]:
         "packing": lambda: packing.measure(repeats=repeats, log=log),
         "fingerprint": lambda: fingerprint.measure(repeats=2 * repeats, log=log),
         "image_to_text": lambda: image_to_text.measure(repeats=repeats, log=log),
+        "speech_to_text": lambda: speech_to_text.measure(repeats=repeats, log=log),
     }
     for name, fn in sections.items():
         if only and name not in only:
@@ -347,6 +349,35 @@ def render(r: dict[str, Any], command: str) -> str:
             f"\nxtrain / hand-written: **{it['ratio']:.2f}x**. On GPUs the model's step is much faster "
             "than decoding PNGs on one core, so give image jobs DataLoader workers "
             "(`data.num_workers`; Linux plans a few per GPU, Windows none unless set).\n"
+        )
+    if "speech_to_text" in r:
+        st = r["speech_to_text"]
+        s = st["setup"]
+        w("## Speech to text (Whisper, audio read from WAV files)\n")
+        w(
+            "`xtrain quickstart --task speech-to-text`'s job (`builtin:tiny-whisper` on "
+            "`builtin:spoken-words`: lazy 8 kHz WAV rows read with soundfile, resampled to 16 kHz, "
+            f"Whisper log-mel features, full fine-tune; clips of {st['mean_clip_s']:.2f} s on average), "
+            f"global batch {s['per_device']} x {s['accum']}, {s['steps']} steps, one process, through "
+            "xtrain's loop and through a hand-written PyTorch loop over the same workload "
+            f"(`benchmarks/speech_to_text.py`). {s['repeats']} interleaved repeats. Data share: the time "
+            "spent reading, resampling and featurising audio (in the training process: the CPU plan has "
+            f"no DataLoader workers) over the training time. Load average after: {_load(st)}.\n"
+        )
+        rows = [
+            [
+                label,
+                _s(st["audio_s_per_s"][key], "{:.1f}"),
+                _s(st["clips_per_s"][key], "{:.1f}"),
+                _s(st["data_share"][key], "{:.0%}"),
+            ]
+            for label, key in (("hand-written", "plain"), ("xtrain", "xtrain"))
+        ]
+        w(table(["loop", "audio seconds/s", "clips/s", "data share of step time"], rows))
+        w(
+            f"\nxtrain / hand-written: **{st['ratio']:.2f}x**. A real Whisper pads every clip to 30 s, "
+            "so its step costs far more than decoding a clip; still give audio jobs DataLoader workers "
+            "(`data.num_workers`) so decoding overlaps the GPU.\n"
         )
     if "fingerprint" in r:
         fp = r["fingerprint"]

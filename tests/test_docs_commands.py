@@ -108,6 +108,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         r"^xtrain predict\b",  # needs a trained run: the test trains one first
         "tests/test_image_to_text.py::test_predict_reads_images_with_the_trained_adapter",
     ),
+    (
+        "docs/speech-to-text.md",
+        r"^xtrain predict\b",  # needs a trained run: the test trains one first
+        "tests/test_speech_to_text.py::test_predict_transcribes_audio_with_the_trained_adapter",
+    ),
 ]
 
 # Shell commands that are harmless here and run as they are (with bash).

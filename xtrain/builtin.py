@@ -12,6 +12,8 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:tiny-stories``: synthetic short stories (``text``) for causal LM.
 - ``builtin:tiny-trocr`` / ``builtin:ocr-lines``: a tiny OCR model and rendered text lines for
   image-to-text (``xtrain.builtin_image``).
+- ``builtin:tiny-whisper`` / ``builtin:spoken-words``: a tiny Whisper model and synthetic
+  tone-sequence "speech" for speech-to-text (``xtrain.builtin_audio``).
 
 The folders live under ``$XTRAIN_CACHE/builtin`` (default ``~/.cache/xtrain/builtin``). A build
 goes to a temporary folder that is renamed into place only when complete, so processes that
@@ -36,9 +38,10 @@ PREFIX = "builtin:"
 VERSION = 3
 MARKER = "xtrain_builtin.json"
 
-MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr")
-DATASETS = ("sentiment", "tiny-stories", "ocr-lines")
+MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr", "tiny-whisper")
+DATASETS = ("sentiment", "tiny-stories", "ocr-lines", "spoken-words")
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin_image
+AUDIO_ASSETS = ("tiny-whisper", "spoken-words")  # built by xtrain.builtin_audio
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
 
@@ -213,6 +216,13 @@ def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -
         return _build_atomically(
             final, lambda tmp: builtin_image.build_ocr_lines(tmp, VERSION), PREFIX + short
         )
+    if short in AUDIO_ASSETS:
+        from xtrain import builtin_audio
+
+        final = cache_root(cache_dir) / "data" / short
+        return _build_atomically(
+            final, lambda tmp: builtin_audio.build_spoken_words(tmp, VERSION), PREFIX + short
+        )
     gen, n_train, n_eval = _DATA_SPECS[short]
 
     def build(tmp: Path) -> None:
@@ -339,4 +349,8 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
         from xtrain import builtin_image
 
         return _build_atomically(final, builtin_image.build_tiny_trocr, PREFIX + short)
+    if short in AUDIO_ASSETS:
+        from xtrain import builtin_audio
+
+        return _build_atomically(final, builtin_audio.build_tiny_whisper, PREFIX + short)
     return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)

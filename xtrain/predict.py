@@ -1,6 +1,7 @@
 """Generate with a trained result: an adapter, a full model, or a run's output folder.
 
 - image-to-text (``VisionEncoderDecoderModel``): images (files, or folders of images) -> text;
+- speech-to-text (Whisper and other speech seq2seq models): audio files (or folders) -> transcripts;
 - causal-lm: text prompts -> their continuations.
 
 An adapter folder loads its base model from ``base_model_name_or_path`` (peft's own record) and the
@@ -17,6 +18,7 @@ from typing import Any
 from xtrain.errors import XtrainError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif")
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3")  # what soundfile reads
 _OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
 
 
@@ -26,6 +28,11 @@ class Predictor:
     tokenizer: Any
     image_processor: Any | None  # set for image-to-text models
     source: str  # the folder the weights came from
+    feature_extractor: Any | None = None  # set for speech-to-text models
+
+    @property
+    def takes_audio(self) -> bool:
+        return self.feature_extractor is not None
 
     @property
     def takes_images(self) -> bool:
@@ -68,7 +75,17 @@ def load_predictor(path: str | Path) -> Predictor:
     except Exception as e:
         raise models._load_error("config", base, Path(base).exists(), e) from None
     kind = config.model_type
-    if kind == "vision-encoder-decoder":
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+    feature_extractor = None
+    if kind in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
+        from xtrain.train import speech_to_text
+
+        feature_extractor, tokenizer, _ = speech_to_text.load_processors(str(folder), False)
+        model = speech_to_text.load_model(base, "auto", False)
+        speech_to_text.fix_special_tokens(model, tokenizer)
+        image_processor = None
+    elif kind == "vision-encoder-decoder":
         from transformers import VisionEncoderDecoderModel
 
         from xtrain.train.image_to_text import fix_special_tokens, load_processors
@@ -84,7 +101,7 @@ def load_predictor(path: str | Path) -> Predictor:
         except ValueError:
             raise XtrainError(
                 f"{base} is a {kind} model without a text generation head",
-                "xtrain predict runs generative models (image-to-text, causal-lm)",
+                "xtrain predict runs generative models (image-to-text, speech-to-text, causal-lm)",
             ) from None
         image_processor, tokenizer = None, models.load_tokenizer(str(folder), False)
     if adapter:
@@ -92,23 +109,57 @@ def load_predictor(path: str | Path) -> Predictor:
 
         model = PeftModel.from_pretrained(model, str(folder))
     model.eval()
-    return Predictor(model=model, tokenizer=tokenizer, image_processor=image_processor, source=str(folder))
+    return Predictor(
+        model=model,
+        tokenizer=tokenizer,
+        image_processor=image_processor,
+        source=str(folder),
+        feature_extractor=feature_extractor,
+    )
 
 
-def image_files(inputs: list[str]) -> list[Path]:
-    """Files as given; folders expanded to their images (sorted by name)."""
+def image_files(
+    inputs: list[str], extensions: tuple[str, ...] = IMAGE_EXTENSIONS, what: str = "images"
+) -> list[Path]:
+    """Files as given; folders expanded to their images (or clips: ``extensions``), sorted by name."""
     out: list[Path] = []
     for item in inputs:
         p = Path(item).expanduser()
         if p.is_dir():
-            out += sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_EXTENSIONS)
+            out += sorted(f for f in p.iterdir() if f.suffix.lower() in extensions)
         elif p.is_file():
             out.append(p)
         else:
-            raise XtrainError(f"input {item} not found", "pass image files or folders of images")
+            raise XtrainError(f"input {item} not found", f"pass files or folders of {what}")
     if not out:
-        raise XtrainError("no images found in the inputs", f"images end in {', '.join(IMAGE_EXTENSIONS)}")
+        raise XtrainError(f"no {what} found in the inputs", f"{what} end in {', '.join(extensions)}")
     return out
+
+
+def predict_audio(
+    predictor: Predictor, files: list[Path], max_new_tokens: int, num_beams: int, batch_size: int = 8
+) -> list[str]:
+    """Transcripts of audio files (mono, resampled to the model's rate, cut to its window)."""
+    import torch
+
+    from xtrain.train.audio_data import read_audio
+    from xtrain.train.speech_to_text import cap_new_tokens, max_seconds
+
+    fe = predictor.feature_extractor
+    rate, window = int(fe.sampling_rate), max_seconds(None, fe)
+    texts: list[str] = []
+    for start in range(0, len(files), batch_size):
+        chunk = files[start : start + batch_size]
+        clips = [read_audio(str(f), None, start + i, "the inputs", rate, window) for i, f in enumerate(chunk)]
+        features = fe(clips, sampling_rate=rate, return_tensors="pt")["input_features"]
+        with torch.no_grad():
+            ids = predictor.model.generate(
+                input_features=features,
+                max_new_tokens=cap_new_tokens(predictor.model, max_new_tokens),
+                num_beams=num_beams,
+            )
+        texts += [t.strip() for t in predictor.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+    return texts
 
 
 def predict_images(
@@ -140,9 +191,10 @@ def predict_prompts(
 ) -> list[str]:
     import torch
 
-    if predictor.takes_images:
+    if predictor.takes_images or predictor.takes_audio:
+        what = "images" if predictor.takes_images else "audio"
         raise XtrainError(
-            f"{predictor.source} reads images", "pass image files or folders instead of --prompt"
+            f"{predictor.source} reads {what}", f"pass {what} files or folders instead of --prompt"
         )
     out = []
     for prompt in prompts:  # one at a time: no left-padding subtleties, prompts are few

@@ -1,4 +1,4 @@
-"""`xtrain predict`: run a trained adapter or model on images or text prompts."""
+"""`xtrain predict`: run a trained adapter or model on images, audio or text prompts."""
 
 from __future__ import annotations
 
@@ -13,25 +13,31 @@ from xtrain.errors import XtrainError
 
 def predict(
     model: Path = typer.Argument(..., help="A run's output_dir, its adapter/ or best/, or a model folder."),
-    inputs: list[str] = typer.Argument(None, help="Image files or folders of images (image-to-text)."),
+    inputs: list[str] = typer.Argument(
+        None, help="Image or audio files, or folders of them (image-to-text, speech-to-text)."
+    ),
     prompt: list[str] = typer.Option(None, "--prompt", "-p", help="A text prompt (causal-lm); repeatable."),
     max_new_tokens: str = typer.Option("128", "--max-new-tokens", help="Longest generated text (tokens)."),
     num_beams: str = typer.Option("1", "--num-beams", help="Beam width (1: greedy)."),
     output: Path = typer.Option(None, "--output", "-o", help="Also write the results as JSON lines here."),
 ) -> None:
-    """Generate text with a trained result: images -> text, or prompts -> continuations."""
+    """Generate text with a trained result: images or audio -> text, or prompts -> continuations."""
     from xtrain import predict as lib
     from xtrain.train.quiet import quiet_libraries
 
     new_tokens = parse_int(max_new_tokens, "--max-new-tokens", 1, example="e.g. --max-new-tokens 64")
     beams = parse_int(num_beams, "--num-beams", 1, example="e.g. --num-beams 4")
     if not inputs and not prompt:
-        raise XtrainError("nothing to predict", "pass image files/folders, or --prompt TEXT")
+        raise XtrainError("nothing to predict", "pass image or audio files/folders, or --prompt TEXT")
     if inputs and prompt:
-        raise XtrainError("pass images or --prompt, not both")
+        raise XtrainError("pass images/audio or --prompt, not both")
     quiet_libraries()
     predictor = lib.load_predictor(model)
-    if inputs:
+    if inputs and predictor.takes_audio:
+        files = lib.image_files(list(inputs), lib.AUDIO_EXTENSIONS, "audio files")
+        texts = lib.predict_audio(predictor, files, new_tokens, beams)
+        rows = [{"input": str(f), "text": t} for f, t in zip(files, texts, strict=True)]
+    elif inputs:
         files = lib.image_files(list(inputs))
         texts = lib.predict_images(predictor, files, new_tokens, beams)
         rows = [{"input": str(f), "text": t} for f, t in zip(files, texts, strict=True)]

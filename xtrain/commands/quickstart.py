@@ -26,6 +26,10 @@ JOBS: dict[str, tuple[Path | None, str]] = {
         DATA_DIR / "quickstart-image-to-text.yaml",
         "xtrain train examples/image-to-text-ocr.yaml",
     ),
+    "speech-to-text": (
+        DATA_DIR / "quickstart-speech-to-text.yaml",
+        "xtrain train examples/speech-to-text-words.yaml",
+    ),
 }
 
 
@@ -81,7 +85,9 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
 
 def quickstart(
     task: str = typer.Option(
-        "seq-cls", "--task", help="The built-in job: seq-cls (text classification) or image-to-text (OCR)."
+        "seq-cls",
+        "--task",
+        help="The built-in job: seq-cls (text classification), image-to-text (OCR) or speech-to-text (ASR).",
     ),
     processes: str = typer.Option(
         None, "--processes", "-n", help="Processes (default: one per GPU; one on CPU)."
@@ -145,8 +151,11 @@ def quickstart(
         table.add_row(*row)
     console.print(table)
     cer = next(((b, a) for k, b, a in metric_rows(result) if k == "cer"), None)
-    if cer is not None:  # the OCR headline: character error rate, lower is better
+    if cer is not None and cfg.model.task == "image-to-text":  # the OCR headline: lower is better
         console.print(f"CER {cer[0]} -> {cer[1]} (share of characters wrong; 0 is perfect)")
+    wer = next(((b, a) for k, b, a in metric_rows(result) if k == "wer"), None)
+    if wer is not None and cfg.model.task == "speech-to-text":  # the ASR headline
+        console.print(f"WER {wer[0]} -> {wer[1]} (share of words wrong; 0 is perfect)")
     for sample in result.get("predictions") or []:
         console.print(f"  {sample['reference']!r} -> {sample['prediction']!r}", soft_wrap=True, markup=False)
     runs = Table(show_header=False, box=None, padding=(0, 2))

@@ -63,6 +63,7 @@ _MUST_MATCH = (
     ("optim", "lr_scaling"),
     ("optim", "base_global_batch"),
     ("lora", "apply_to"),  # image-to-text: which half holds adapters
+    ("model", "freeze_encoder"),  # speech-to-text: which weights the optimizer holds
 )
 # keys whose change has its own note below (or that only say where this run is)
 _OWN_NOTE = {

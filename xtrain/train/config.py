@@ -30,12 +30,13 @@ QUICKSTART_CONFIG = Path(__file__).resolve().parent.parent / "data" / "quickstar
 @dataclass
 class ModelConfig:
     name_or_path: str = "builtin:tiny-bert"  # local folder, hub id, or builtin:NAME (built offline)
-    task: str = "seq-cls"  # causal-lm | seq-cls | image-to-text | custom
+    task: str = "seq-cls"  # causal-lm | seq-cls | image-to-text | speech-to-text | custom
     custom: str | None = None  # "module:function" returning a Workload (task: custom)
     num_labels: int | None = None  # seq-cls; None: inferred from the data
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (weights' load dtype)
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
+    freeze_encoder: bool = False  # speech-to-text full fine-tune: train the decoder only
 
 
 @dataclass
@@ -46,7 +47,8 @@ class LoraConfig:
     dropout: float = 0.05
     target_modules: str | list[str] = "auto"  # auto: found for common architectures
     modules_to_save: list[str] | None = None  # None: the task head for seq-cls
-    # image-to-text: which half of the encoder-decoder model gets adapters (auto targets or the names above)
+    # image-to-text, speech-to-text: which half of the encoder-decoder model gets adapters
+    # (auto targets or the names above)
     apply_to: str = "both"  # both | encoder | decoder
 
 
@@ -60,6 +62,9 @@ class DataConfig:
     format: str = "auto"  # auto (from the extension) | json | csv | parquet | text | arrow
     text_column: str = "text"
     image_column: str = "image"  # image-to-text: image paths (relative to the data file) or an Image feature
+    audio_column: str = "audio"  # speech-to-text: audio paths (relative to the data file) or an Audio feature
+    max_audio_seconds: float | None = None  # speech-to-text: None: the model's window (30 s for Whisper)
+    long_audio: str = "refuse"  # speech-to-text, clips over max_audio_seconds: refuse | cut
     text_pair_column: str | None = None
     prompt_column: str | None = None  # causal-lm prompt/response: loss masked on the prompt
     response_column: str | None = None
@@ -114,11 +119,13 @@ class RunConfig:
 
 @dataclass
 class GenerationConfig:
-    """How generative tasks (image-to-text) decode at evaluation and in ``xtrain predict``."""
+    """How generative tasks (image-to-text, speech-to-text) decode at evaluation and in ``xtrain predict``."""
 
     max_new_tokens: int = 128
     num_beams: int = 1  # 1: greedy
     sample_predictions: int = 4  # reference vs prediction pairs shown and logged at each eval
+    language: str | None = None  # speech-to-text, multilingual Whisper: e.g. en, de; None: detected
+    speech_task: str = "transcribe"  # speech-to-text, Whisper: transcribe | translate (to English)
 
 
 @dataclass
@@ -135,12 +142,14 @@ class TrainConfig:
 # ---------------------------------------------------------------------------------------------
 # The schema, derived from the dataclasses above
 
-TASKS = ("causal-lm", "seq-cls", "image-to-text", "custom")
+TASKS = ("causal-lm", "seq-cls", "image-to-text", "speech-to-text", "custom")
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": TASKS,
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "lora.apply_to": ("both", "encoder", "decoder"),
     "data.format": ("auto", "json", "csv", "parquet", "text", "arrow"),
+    "data.long_audio": ("refuse", "cut"),
+    "generation.speech_task": ("transcribe", "translate"),
     "optim.schedule": ("cosine", "linear", "constant"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "run.mixed_precision": ("auto", "no", "fp16", "bf16"),
@@ -156,6 +165,8 @@ ALIASES: dict[str, dict[Any, str]] = {
         "seq_cls": "seq-cls",
         "image_to_text": "image-to-text",
         "ocr": "image-to-text",
+        "speech_to_text": "speech-to-text",
+        "asr": "speech-to-text",
     },
 }
 # Range checks: key -> (predicate on the typed value, what a valid value is).
@@ -170,6 +181,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "lora.dropout": _FRACTION,
     "data.eval_fraction": _FRACTION,
     "data.max_length": _POS_INT,
+    "data.max_audio_seconds": _POS_NUM,
     "data.num_workers": (lambda v: v >= 0, "an integer >= 0"),
     "optim.lr": _POS_NUM,
     "optim.weight_decay": _NONNEG,
@@ -383,21 +395,31 @@ def _validate(cfg: TrainConfig) -> None:
                 "data.prompt_column/response_column are for task causal-lm, not seq-cls",
                 "use data.text_column (and data.text_pair_column) with data.label_column",
             )
-    if m.task == "image-to-text":
+    if m.task in ("image-to-text", "speech-to-text"):
         if d.packing:
-            raise XtrainError(
-                "data.packing is for task causal-lm, not image-to-text", "set data.packing=false"
-            )
+            raise XtrainError(f"data.packing is for task causal-lm, not {m.task}", "set data.packing=false")
         if d.prompt_column is not None:
             raise XtrainError(
-                "data.prompt_column/response_column are for task causal-lm, not image-to-text",
-                "use data.image_column and data.text_column",
+                f"data.prompt_column/response_column are for task causal-lm, not {m.task}",
+                f"use data.{'image' if m.task == 'image-to-text' else 'audio'}_column and data.text_column",
             )
     elif cfg.lora.apply_to != "both" and m.task != "custom":
         raise XtrainError(
-            f"lora.apply_to={cfg.lora.apply_to} is for encoder-decoder models (task image-to-text)",
+            f"lora.apply_to={cfg.lora.apply_to} is for encoder-decoder models "
+            "(tasks image-to-text, speech-to-text)",
             "leave lora.apply_to at both for this task",
         )
+    if m.freeze_encoder:
+        if m.task != "speech-to-text":
+            raise XtrainError(
+                f"model.freeze_encoder is for task speech-to-text, not {m.task}",
+                "set model.freeze_encoder=false",
+            )
+        if cfg.lora.enabled and cfg.lora.apply_to != "decoder":
+            raise XtrainError(
+                f"model.freeze_encoder with LoRA on the {cfg.lora.apply_to} half would adapt the encoder",
+                "with LoRA set lora.apply_to=decoder instead (or lora.enabled=false for a full fine-tune)",
+            )
     if isinstance(cfg.lora.target_modules, list) and not cfg.lora.target_modules:
         raise XtrainError("lora.target_modules is an empty list", "use auto, or list module names")
     if o.lr_scaling != "none" and o.base_global_batch is None:

@@ -5,11 +5,16 @@ padded to one length across processes (``pad_across_processes``) and gathered in
 (``gather_for_metrics``, which drops the duplicated samples of the last batch), so 1 and N
 processes score the same predictions. The text metrics come from ``jiwer`` (corpus-level: total
 edits / total reference characters or words), not from a hand-written edit distance.
+
+``normalize=True`` (speech-to-text) scores ``normalize_text`` of both sides: lower case,
+punctuation removed, whitespace collapsed, the usual convention for ASR word error rates.
+Image-to-text scores the text as written (OCR is judged on case and punctuation too).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import unicodedata
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,6 +22,13 @@ import torch.nn.functional as F
 
 from xtrain.train.collate import IGNORE_INDEX
 from xtrain.train.workload import Prediction
+
+
+def normalize_text(text: str) -> str:
+    """Lower case, every Unicode punctuation character (categories P*) replaced by a space,
+    whitespace collapsed: "Hello, World!" and "hello world" score as the same transcript."""
+    text = "".join(" " if unicodedata.category(c).startswith("P") else c for c in text.lower())
+    return " ".join(text.split())
 
 
 def text_metrics(references: list[str], predictions: list[str]) -> dict[str, float]:
@@ -50,6 +62,8 @@ class GenerationEval:
     max_new_tokens: int = 128
     num_beams: int = 1
     sample_predictions: int = 4
+    generate_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. Whisper's language/task
+    normalize: bool = False  # score normalize_text of both sides (speech-to-text)
 
     def __call__(
         self, accelerator: Any, model: Any, loader: Any
@@ -71,6 +85,7 @@ class GenerationEval:
                         max_new_tokens=self.max_new_tokens,
                         num_beams=self.num_beams,
                         do_sample=False,
+                        **self.generate_kwargs,
                     )
                 # ranks generate different lengths: pad to one shape before gathering
                 generated = accelerator.pad_across_processes(generated.contiguous(), dim=1, pad_index=pad)
@@ -91,7 +106,10 @@ class GenerationEval:
             model.train()
         if not references:
             return {}, []
-        metrics = {"eval_loss": loss_sum / max(count, 1.0), **text_metrics(references, predictions)}
+        scored = (references, predictions)
+        if self.normalize:
+            scored = ([normalize_text(t) for t in references], [normalize_text(t) for t in predictions])
+        metrics = {"eval_loss": loss_sum / max(count, 1.0), **text_metrics(*scored)}
         samples = [
             Prediction(reference=r, prediction=p)
             for r, p in list(zip(references, predictions, strict=True))[: self.sample_predictions]

@@ -6,6 +6,8 @@
   order); the classifier head is trained whole next to the LoRA adapters; metric: accuracy.
 - ``image-to-text``: images and their text for a vision encoder-decoder (TrOCR, ViT-GPT2); metric:
   CER/WER by generation (``image_to_text.py``).
+- ``speech-to-text``: audio clips and their transcripts for a speech encoder-decoder (Whisper);
+  metric: WER/CER by generation (``speech_to_text.py``).
 - ``custom``: ``model.custom: module:function``, called with the config, returns a Workload.
 
 Order matters for reproducibility: data first (inside ``main_process_first`` so one process
@@ -302,8 +304,17 @@ def build_image_to_text(
     return build(cfg, main_process_first)
 
 
+def build_speech_to_text(
+    cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext
+) -> Workload:
+    from xtrain.train.speech_to_text import build_speech_to_text as build
+
+    return build(cfg, main_process_first)
+
+
 BUILDERS: dict[str, Callable[[TrainConfig, MainProcessFirst], Workload]] = {
     "causal-lm": build_causal_lm,
     "seq-cls": build_seq_cls,
     "image-to-text": build_image_to_text,
+    "speech-to-text": build_speech_to_text,
 }
