@@ -71,7 +71,7 @@ def load_predictor(path: str | Path) -> Predictor:
         ]
         base = models.resolve_model(base) if base.startswith("builtin:") else base
     try:
-        config = AutoConfig.from_pretrained(base)
+        config = AutoConfig.from_pretrained(base, trust_remote_code=False)  # predict runs no hub code
     except Exception as e:
         raise models._load_error("config", base, Path(base).exists(), e) from None
     kind = config.model_type
@@ -91,13 +91,13 @@ def load_predictor(path: str | Path) -> Predictor:
         from xtrain.train.image_to_text import fix_special_tokens, load_processors
 
         image_processor, tokenizer, _ = load_processors(str(folder), False)
-        model = VisionEncoderDecoderModel.from_pretrained(base)
+        model = VisionEncoderDecoderModel.from_pretrained(base, trust_remote_code=False)
         fix_special_tokens(model, tokenizer)
     else:
         from transformers import AutoModelForCausalLM
 
         try:
-            model = AutoModelForCausalLM.from_pretrained(base)
+            model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False)
         except ValueError:
             raise XtrainError(
                 f"{base} is a {kind} model without a text generation head",

@@ -583,6 +583,9 @@ def _train(
                     skips.before_step()
                     optimizer.step()  # accelerate's wrapper: scaler.step + scaler.update (fp16)
                     if skips.scaler is None:
+                        # no loss scale to read: the optimizer's own word (its wrapper holds the
+                        # schedule back on a skip)
+                        skipped += int(optimizer.step_was_skipped)
                         scheduler.step()
                     else:
                         skips.record()  # settled before the next update, or at the next sync
