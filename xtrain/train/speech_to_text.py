@@ -63,7 +63,8 @@ def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any
     tokenizer = getattr(processor, "tokenizer", None)
     if feature_extractor is None:
         try:
-            feature_extractor = AutoFeatureExtractor.from_pretrained(source, trust_remote_code=trust_remote_code)
+            trust = trust_remote_code
+            feature_extractor = AutoFeatureExtractor.from_pretrained(source, trust_remote_code=trust)
         except Exception as e:
             raise models._load_error("feature extractor", source, Path(source).exists(), e) from None
         processor = None
