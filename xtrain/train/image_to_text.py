@@ -46,39 +46,9 @@ DECODER_TARGETS: dict[str, tuple[str, ...]] = {
 PARTS = {"both": ("encoder", "decoder"), "encoder": ("encoder",), "decoder": ("decoder",)}
 
 
-class ProcessorFiles:
-    """Saves an image processor and a tokenizer side by side (what ``save_final`` writes next to
-    the adapter), for checkpoints without a processor class of their own."""
-
-    def __init__(self, image_processor: Any, tokenizer: Any) -> None:
-        self.image_processor = image_processor
-        self.tokenizer = tokenizer
-
-    def save_pretrained(self, folder: str) -> None:
-        self.image_processor.save_pretrained(folder)
-        self.tokenizer.save_pretrained(folder)
-
-
 def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
     """(image processor, tokenizer, what to save with the adapter)."""
-    from transformers import AutoImageProcessor, AutoProcessor
-
-    processor: Any = None
-    with contextlib.suppress(Exception):  # many checkpoints have no processor class: fall back
-        processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
-    image_processor = getattr(processor, "image_processor", None)
-    tokenizer = getattr(processor, "tokenizer", None)
-    if image_processor is None:
-        try:
-            image_processor = AutoImageProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
-        except Exception as e:
-            raise models._load_error("image processor", source, Path(source).exists(), e) from None
-    if tokenizer is None:
-        tokenizer = models.load_tokenizer(source, trust_remote_code)
-        processor = None
-    elif tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    return image_processor, tokenizer, processor or ProcessorFiles(image_processor, tokenizer)
+    return models.load_processors(source, trust_remote_code, "image_processor")
 
 
 def check_model_type(source: str, trust_remote_code: bool) -> None:

@@ -115,3 +115,46 @@ def load_model(source: str, task: str, dtype: str, trust_remote_code: bool, **ex
                 "use a model of that kind, or a custom task",
             ) from None
         raise _load_error("model", source, Path(source).exists(), e) from None
+
+
+class ProcessorFiles:
+    """Saves an input processor (image processor or feature extractor) and a tokenizer side by side
+    (what ``save_final`` writes next to the adapter), for checkpoints without a processor class."""
+
+    def __init__(self, inputs: Any, tokenizer: Any) -> None:
+        self.inputs = inputs
+        self.tokenizer = tokenizer
+
+    def save_pretrained(self, folder: str) -> None:
+        self.inputs.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+
+
+def load_processors(source: str, trust_remote_code: bool, part: str) -> tuple[Any, Any, Any]:
+    """(input processor, tokenizer, what to save with the adapter) of an encoder-decoder checkpoint.
+    ``part`` is the processor's attribute: ``image_processor`` or ``feature_extractor``. The
+    checkpoint's AutoProcessor when it has one, else the Auto class of that part + its tokenizer."""
+    import contextlib
+
+    import transformers
+
+    auto = {"image_processor": "AutoImageProcessor", "feature_extractor": "AutoFeatureExtractor"}[part]
+    processor: Any = None
+    with contextlib.suppress(Exception):  # many checkpoints have no processor class: fall back
+        processor = transformers.AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
+    inputs = getattr(processor, part, None)
+    tokenizer = getattr(processor, "tokenizer", None)
+    if inputs is None:
+        loader = getattr(transformers, auto)
+        try:
+            inputs = loader.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except Exception as e:
+            what = part.replace("_", " ")
+            raise _load_error(what, source, Path(source).exists(), e) from None
+        processor = None
+    if tokenizer is None:
+        tokenizer = load_tokenizer(source, trust_remote_code)
+        processor = None
+    elif tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return inputs, tokenizer, processor or ProcessorFiles(inputs, tokenizer)

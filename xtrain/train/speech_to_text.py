@@ -40,40 +40,9 @@ from xtrain.train.workload import Workload
 ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # Whisper, Speech2Text, SeamlessM4T-style
 
 
-class ProcessorFiles:
-    """Saves a feature extractor and a tokenizer side by side, for checkpoints without a processor."""
-
-    def __init__(self, feature_extractor: Any, tokenizer: Any) -> None:
-        self.feature_extractor = feature_extractor
-        self.tokenizer = tokenizer
-
-    def save_pretrained(self, folder: str) -> None:
-        self.feature_extractor.save_pretrained(folder)
-        self.tokenizer.save_pretrained(folder)
-
-
 def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
     """(feature extractor, tokenizer, what to save with the adapter)."""
-    from transformers import AutoFeatureExtractor, AutoProcessor
-
-    processor: Any = None
-    with contextlib.suppress(Exception):  # some checkpoints have no processor class: fall back
-        processor = AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
-    feature_extractor = getattr(processor, "feature_extractor", None)
-    tokenizer = getattr(processor, "tokenizer", None)
-    if feature_extractor is None:
-        try:
-            trust = trust_remote_code
-            feature_extractor = AutoFeatureExtractor.from_pretrained(source, trust_remote_code=trust)
-        except Exception as e:
-            raise models._load_error("feature extractor", source, Path(source).exists(), e) from None
-        processor = None
-    if tokenizer is None:
-        tokenizer = models.load_tokenizer(source, trust_remote_code)
-        processor = None
-    elif tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    return feature_extractor, tokenizer, processor or ProcessorFiles(feature_extractor, tokenizer)
+    return models.load_processors(source, trust_remote_code, "feature_extractor")
 
 
 def check_model_type(source: str, trust_remote_code: bool) -> None:
