@@ -35,7 +35,7 @@ def measure(
 ) -> dict[str, Any]:
     import torch
 
-    from xtrain import probe
+    from xtrain.machine import probe
 
     say = log or (lambda m: None)
     facts = probe.collect(quick=True)

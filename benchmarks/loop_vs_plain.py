@@ -31,8 +31,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from xtrain.facts import Facts  # noqa: E402
-from xtrain.rules import make_plan  # noqa: E402
+from xtrain.machine.facts import Facts  # noqa: E402
+from xtrain.planning.rules import make_plan  # noqa: E402
 from xtrain.train.config import TrainConfig  # noqa: E402
 from xtrain.train.report import NullReporter  # noqa: E402
 from xtrain.train.workload import Workload  # noqa: E402

@@ -136,8 +136,9 @@ def run_plain(a: argparse.Namespace) -> list[float]:
 
 
 def run_xtrain(a: argparse.Namespace) -> list[float]:
-    from xtrain import probe, rules
-    from xtrain.plan import Overrides
+    from xtrain.machine import probe
+    from xtrain.planning import rules
+    from xtrain.planning.plan import Overrides
     from xtrain.train.config import TrainConfig
     from xtrain.train.loop import train
     from xtrain.train.report import NullReporter

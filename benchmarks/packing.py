@@ -75,7 +75,7 @@ def padding_share(data_file: Path, model_dir: Path, per_device: int) -> float:
 def measure(repeats: int = 5, steps: int = 40, log: Any = None) -> dict[str, Any]:
     import os
 
-    from xtrain import probe
+    from xtrain.machine import probe
 
     say = log or (lambda m: None)
     env = bench_env(1)

@@ -233,7 +233,8 @@ def render(r: dict[str, Any], command: str) -> str:
         ar = sc["allreduce"]
         w("## 1 vs 2 processes\n")
         w(
-            f"`xtrain bench`'s path: `python -m xtrain.run` launched by `xtrain.launch` ({s['launcher']} "
+            f"`xtrain bench`'s path: `python -m xtrain.run` launched by "
+            f"`xtrain.launch.launcher` ({s['launcher']} "
             f"launcher, {s['backend']} on {s['device']}), the {s['size']} model, global batch "
             f"{s['global_batch']} in both runs (the 1-process run accumulates 2 micro-batches), "
             f"{s['steps']} steps, rates from the loop's logging windows after the first, one thread per "

@@ -47,8 +47,8 @@ def measure(
     precision: str | None = None,
     log: Any = None,
 ) -> dict[str, Any]:
-    from xtrain import probe
-    from xtrain.smoke import run_smoke
+    from xtrain.launch.smoke import run_smoke
+    from xtrain.machine import probe
 
     say = log or (lambda m: None)
     if threads is not None:  # launched workers inherit this process's environment

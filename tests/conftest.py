@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from xtrain.facts import Facts
+from xtrain.machine.facts import Facts
 
 MACHINES_DIR = Path(__file__).parent / "fixtures" / "machines"
 MACHINE_NAMES = sorted(p.stem for p in MACHINES_DIR.glob("*.json"))

@@ -96,7 +96,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     (r / "numbers.jsonl").write_text('{"text": 5}\n{"text": 7}\n')
     (r / "empty.csv").write_text("")
     (r / "header.csv").write_text("text\n")
-    from xtrain.facts import Facts
+    from xtrain.machine.facts import Facts
 
     (r / "bad-facts.json").write_text(Facts(torch_version="2.13.0", cpu_count=0).to_json())
     shutil.copytree(r / "out" / "checkpoints" / "step-2", r / "step-3.tmp")

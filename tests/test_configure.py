@@ -1,4 +1,4 @@
-"""`xtrain configure` and xtrain/accelerate_config.py.
+"""`xtrain configure` and xtrain/launch/accelerate_config.py.
 
 Unit tests of the pure parts, then the command end to end as a subprocess (HF_HOME always
 points into a tmp dir: the real ~/.cache is never touched), and real launches that prove the
@@ -24,10 +24,10 @@ import pytest
 import yaml
 from test_presets import LINUX_2X3090, LINUX_8XA100, LINUX_CPU, WINDOWS_2X4090, cuda_machine
 
-from xtrain import accelerate_config as ac
 from xtrain.errors import XtrainError
-from xtrain.plan import Overrides
-from xtrain.rules import make_plan
+from xtrain.launch import accelerate_config as ac
+from xtrain.planning.plan import Overrides
+from xtrain.planning.rules import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -245,7 +245,7 @@ def test_default_config_path_matches_accelerate(tmp_path):
     code = (
         "import importlib, json, os\n"
         "import accelerate.commands.config.config_args as ca\n"
-        "from xtrain.accelerate_config import default_config_path\n"
+        "from xtrain.launch.accelerate_config import default_config_path\n"
         "out = []\n"
         "for env in ({'HF_HOME': '/x/hf'}, {'XDG_CACHE_HOME': '/x/xdg'}, {}):\n"
         "    for k in ('HF_HOME', 'XDG_CACHE_HOME'): os.environ.pop(k, None)\n"
@@ -562,7 +562,7 @@ def test_two_machines_meet_through_c10d_on_this_host(tmp_path):
 # ---------------------------------------------------------------------------------------------
 def node_argv(script_text: str, rank: int, nnodes: int, extra: list[str]) -> list[str]:
     """What `accelerate launch` receives on node ``rank``: the script's payload expanded by bash."""
-    from xtrain.slurm import node_command
+    from xtrain.launch.slurm import node_command
 
     payload = node_command(script_text).replace("exec accelerate launch", "printf '%s\\n'", 1)
     env = {"PATH": os.environ["PATH"], "SLURM_NNODES": str(nnodes), "SLURM_NODEID": str(rank)}
@@ -577,7 +577,7 @@ def node_argv(script_text: str, rank: int, nnodes: int, extra: list[str]) -> lis
 def test_slurm_script_and_its_launch_line_parse(tmp_path):
     from accelerate.commands.launch import launch_command_parser
 
-    from xtrain.slurm import sbatch_directives
+    from xtrain.launch.slurm import sbatch_directives
 
     args = ["--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "4", "--time", "02:00:00"]
     proc = xtrain(tmp_path, *args, "--partition", "gpu", "--job-name", "lora", "--port", "29777")

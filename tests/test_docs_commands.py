@@ -470,7 +470,7 @@ class Session:
                 args = parse_or_fail(launch_command_parser(), words[2:], cmd)
                 assert args.module and args.training_script == "xtrain.run", cmd.where()
                 if args.config_file:
-                    from xtrain.accelerate_config import validate
+                    from xtrain.launch.accelerate_config import validate
 
                     validate(args.config_file)
                 run_args = list(args.training_script_args)
@@ -519,17 +519,17 @@ def expand(value: str, env: dict[str, str]) -> str:
 
 @contextlib.contextmanager
 def snapshot_as_probe(path: Path) -> Iterator[None]:
-    """``xtrain.probe.collect`` answers with a saved snapshot (for commands without --facts)."""
-    import xtrain.probe
-    from xtrain.facts import Facts
+    """``xtrain.machine.probe.collect`` answers with a saved snapshot (for commands without --facts)."""
+    import xtrain.machine.probe
+    from xtrain.machine.facts import Facts
 
     facts = Facts.load(path)
-    real = xtrain.probe.collect
-    xtrain.probe.collect = lambda *a, **k: facts  # type: ignore[assignment]
+    real = xtrain.machine.probe.collect
+    xtrain.machine.probe.collect = lambda *a, **k: facts  # type: ignore[assignment]
     try:
         yield
     finally:
-        xtrain.probe.collect = real  # type: ignore[assignment]
+        xtrain.machine.probe.collect = real  # type: ignore[assignment]
 
 
 def parse_or_fail(parser, words: list[str], cmd: Command):
@@ -847,9 +847,9 @@ def test_docs_home_links_every_doc() -> None:
 
 
 def _finding_codes() -> set[str]:
-    import xtrain.rules
+    import xtrain.planning.rules
 
-    source = Path(xtrain.rules.__file__).read_text(encoding="utf-8")
+    source = Path(xtrain.planning.rules.__file__).read_text(encoding="utf-8")
     return set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', source))
 
 
@@ -865,7 +865,7 @@ def test_troubleshooting_names_real_finding_codes() -> None:
         assert m, f"troubleshooting.md '{title}' has no **Detected by:** line"
         named = re.findall(r"`([a-z0-9-]+)`", m.group(1))
         unknown = [c for c in named if c not in codes]
-        assert not unknown, f"'{title}': {unknown} are not finding codes of xtrain/rules.py"
+        assert not unknown, f"'{title}': {unknown} are not finding codes of xtrain/planning/rules.py"
     for code in ("cpu-torch-with-driver", "libuv", "p2p-missing", "cuda-visible-devices", "port-busy"):
         assert f"`{code}`" in text, code
 

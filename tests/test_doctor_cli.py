@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xtrain.facts import GPU, Facts
+from xtrain.machine.facts import GPU, Facts
 
 
 def xtrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -221,8 +221,8 @@ MACHINES = sorted((Path(__file__).parent / "fixtures" / "machines").glob("*.json
 def test_render_every_fixture_machine(path):
     from rich.console import Console
 
-    from xtrain.render import render_diagnosis
-    from xtrain.rules import diagnose
+    from xtrain.commands.render import render_diagnosis
+    from xtrain.planning.rules import diagnose
 
     facts = Facts.load(path)
     diagnosis = diagnose(facts)

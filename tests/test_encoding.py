@@ -18,7 +18,7 @@ from conftest import MACHINES_DIR
 
 from xtrain import encoding
 from xtrain.errors import XtrainError
-from xtrain.facts import Facts
+from xtrain.machine.facts import Facts
 
 
 def powershell_bytes(text: str, how: str) -> bytes:

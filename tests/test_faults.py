@@ -323,10 +323,10 @@ def test_no_remote_code_unless_asked() -> None:
 
 
 def test_single_machine_rendezvous_is_loopback() -> None:
-    from xtrain.facts import Facts
-    from xtrain.launch import accelerate_args
-    from xtrain.plan import Overrides
-    from xtrain.rules import make_plan
+    from xtrain.launch.launcher import accelerate_args
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.plan import Overrides
+    from xtrain.planning.rules import make_plan
 
     plan = make_plan(Facts(torch_version="2.13.0", gloo_available=True), Overrides(num_processes=2))
     assert plan.main_address == "127.0.0.1"

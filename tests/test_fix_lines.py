@@ -20,9 +20,9 @@ import pytest
 from conftest import MACHINE_NAMES, load_machine
 from ps_syntax import PsSyntaxError, check_line
 
-from xtrain.facts import GPU, Facts
-from xtrain.plan import Finding, Overrides
-from xtrain.rules import diagnose
+from xtrain.machine.facts import GPU, Facts
+from xtrain.planning.plan import Finding, Overrides
+from xtrain.planning.rules import diagnose
 
 BASH_COMMANDS = {"export", "unset", "sudo", "echo", "nvidia-smi", "xtrain", "wsl"}
 PS_COMMANDS = {"Remove-Item", "Rename-Computer", "Add-Content", "nvidia-smi", "xtrain", "wsl"}
@@ -129,9 +129,9 @@ def check_powershell_lines(lines: list[str]) -> None:
 
 
 def test_cases_cover_every_finding_with_a_fix() -> None:
-    import xtrain.rules
+    import xtrain.planning.rules
 
-    source = Path(xtrain.rules.__file__).read_text(encoding="utf-8")
+    source = Path(xtrain.planning.rules.__file__).read_text(encoding="utf-8")
     codes = set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', source))
     seen_fix = {f.code for _, facts, ov in CASES for f in _fixes(facts, ov)[1]}
     info_only = {
@@ -277,7 +277,7 @@ def test_gloo_hostname_fix_pins_loopback_not_a_rename() -> None:
     ],
 )
 def test_wheel_tag_table(torch_version, driver_cuda, driver_version, cc, tag) -> None:
-    from xtrain.torch_wheels import pick_tag
+    from xtrain.machine.torch_wheels import pick_tag
 
     assert pick_tag(torch_version, driver_cuda, driver_version, cc) == tag
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 from xtrain import atomic
-from xtrain import lock as run_lock
 from xtrain.errors import XtrainError
+from xtrain.train import lock as run_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
 HOLD = """
 import sys, time
-from xtrain import lock
+from xtrain.train import lock
 held = lock.acquire(sys.argv[1])
 print("held", flush=True)
 time.sleep(120)
@@ -177,8 +177,8 @@ def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
     """A cache the run writes to (the datasets cache under HF_HOME) that cannot be written: one
     line naming the variable to set, before anything starts. (Read-only folders are simulated
     with a file in the way and with /proc: these tests may run as root.)"""
-    from xtrain.preflight import check_paths
     from xtrain.train.config import load_config
+    from xtrain.train.preflight import check_paths
 
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -193,8 +193,8 @@ def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
 
 
 def test_preflight_refuses_special_filesystems_and_full_disks(tmp_path: Path) -> None:
-    from xtrain.preflight import check_disk, check_paths
     from xtrain.train.config import load_config
+    from xtrain.train.preflight import check_disk, check_paths
 
     if sys.platform.startswith("linux"):
         cfg = load_config(None, ["run.output_dir=/proc/xtrain-out"])
@@ -252,7 +252,7 @@ if sys.argv[1] == "launcher":
     print(child.pid, flush=True)
     time.sleep(120)
 else:
-    from xtrain import lifetime
+    from xtrain.launch import lifetime
     if sys.argv[2] == "thread-only":
         lifetime._set_pdeathsig = lambda: False  # the portable fallback alone (macOS, Windows)
     assert lifetime.watch_parent(interval_s=0.2)
@@ -290,8 +290,8 @@ def test_torchrun_agent_store_listens_on_loopback_only() -> None:
     import psutil
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
-    from xtrain.launch import free_port
-    from xtrain.rendezvous import loopback_agent_store
+    from xtrain.launch.launcher import free_port
+    from xtrain.launch.rendezvous import loopback_agent_store
 
     port = free_port()
     with loopback_agent_store():
@@ -303,7 +303,7 @@ def test_torchrun_agent_store_listens_on_loopback_only() -> None:
 
 
 def test_loopback_transport_keeps_the_users_choice() -> None:
-    from xtrain.rendezvous import loopback_interface, loopback_transport_env
+    from xtrain.launch.rendezvous import loopback_interface, loopback_transport_env
 
     if loopback_interface() is None:
         pytest.skip("no loopback interface name here")

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from xtrain import builtin, builtin_image
+from xtrain import builtin
+from xtrain.builtin import image as builtin_image
 from xtrain.errors import XtrainError
 from xtrain.train.config import load_config
-from xtrain.train.image_data import ImageTextCollator, UnreadableImage, to_rgb
 from xtrain.train.tasks import build_workload
+from xtrain.train.tasks.image_data import ImageTextCollator, UnreadableImage, to_rgb
 
 TEXTS = builtin_image.line_texts(12, seed=3)
 

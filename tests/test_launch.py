@@ -1,4 +1,4 @@
-"""xtrain.launch: both launchers for real, with 2 gloo CPU processes, plus the env they set."""
+"""xtrain.launch.launcher: both launchers for real, with 2 gloo CPU processes, plus the env they set."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from xtrain.errors import XtrainError
-from xtrain.facts import GPU, Facts
-from xtrain.launch import (
+from xtrain.launch.launcher import (
     PLAN_ENV,
     WorkerFailed,
     accelerate_args,
@@ -20,8 +19,9 @@ from xtrain.launch import (
     plan_env,
     spawn,
 )
-from xtrain.plan import Overrides, Plan
-from xtrain.rules import make_plan
+from xtrain.machine.facts import GPU, Facts
+from xtrain.planning.plan import Overrides, Plan
+from xtrain.planning.rules import make_plan
 
 TESTS = Path(__file__).parent
 
@@ -201,7 +201,7 @@ def test_launch_single_process_runs_one_child_with_plan_env(worker_env):
 
 # -- the smoke test on top of the launcher ----------------------------------------------------------
 def test_bus_bandwidth_is_nccl_tests_formula():
-    from xtrain.smoke import bus_bandwidth
+    from xtrain.launch.smoke import bus_bandwidth
 
     assert bus_bandwidth(2_000_000_000, 1.0, 2) == (2.0, 2.0)  # 2(n-1)/n = 1 for two ranks
     assert bus_bandwidth(2_000_000_000, 1.0, 4) == (2.0, 3.0)  # 2*3/4 = 1.5
@@ -211,7 +211,7 @@ def test_bus_bandwidth_is_nccl_tests_formula():
 def test_smoke_reports_a_broken_backend_without_raising():
     import dataclasses
 
-    from xtrain.smoke import run_smoke
+    from xtrain.launch.smoke import run_smoke
 
     # A plan asking this CPU-only torch for NCCL: every rank fails in init_process_group.
     plan = dataclasses.replace(cpu_plan("windows"), backend="nccl")

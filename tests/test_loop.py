@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from xtrain.errors import XtrainError
-from xtrain.facts import Facts
-from xtrain.rules import make_plan
+from xtrain.machine.facts import Facts
+from xtrain.planning.rules import make_plan
 from xtrain.train.config import TrainConfig
 from xtrain.train.report import ListReporter
 from xtrain.train.sampler import DataOrder, RankBatchSampler

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from xtrain import accelerate_config as ac
-from xtrain.facts import GPU, Facts
-from xtrain.plan import Overrides
-from xtrain.rules import make_plan
+from xtrain.launch import accelerate_config as ac
+from xtrain.machine.facts import GPU, Facts
+from xtrain.planning.plan import Overrides
+from xtrain.planning.rules import make_plan
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
 PRESET_FILES = sorted(PRESETS_DIR.glob("*.yaml"))

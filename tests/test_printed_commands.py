@@ -11,9 +11,9 @@ import shlex
 import pytest
 from conftest import MACHINE_NAMES, load_machine
 
-from xtrain import accelerate_config as ac
 from xtrain.commands.train import equivalent_commands
-from xtrain.rules import make_plan
+from xtrain.launch import accelerate_config as ac
+from xtrain.planning.rules import make_plan
 from xtrain.run import parse_args
 
 ENV_LINE = {

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import MACHINE_NAMES, MACHINES_DIR
 
-import xtrain.probe as probe
+import xtrain.machine.probe as probe
 from xtrain.errors import XtrainError
-from xtrain.facts import Facts
-from xtrain.rules import diagnose
+from xtrain.machine.facts import Facts
+from xtrain.planning.rules import diagnose
 
 SMI_LINUX = """\
 Tue Oct  1 12:00:00 2024
@@ -359,7 +359,7 @@ def test_garbage_snapshot_raises_one_line(tmp_path, content, says):
 
 # -- `xtrain train` plans from the same facts as doctor (quick mode) ------------------------------
 def _rtx4090_rig(driver: str | None = None) -> Facts:
-    from xtrain.facts import GPU
+    from xtrain.machine.facts import GPU
 
     gpus = [GPU(i, "NVIDIA GeForce RTX 4090", 24564, (8, 9)) for i in range(2)]
     return Facts(
@@ -414,7 +414,7 @@ def _quick_plan_facts(monkeypatch, tmp_path, peer: bool, driver: str) -> Facts:
 def test_quick_probes_give_the_p2p_plan_doctor_gives(monkeypatch, tmp_path, peer, driver, disabled):
     from dataclasses import replace
 
-    from xtrain.rules import make_plan
+    from xtrain.planning.rules import make_plan
 
     quick = _quick_plan_facts(monkeypatch, tmp_path, peer, driver)
     assert quick.driver_version == driver and quick.p2p == [[True, peer], [peer, True]]
@@ -426,7 +426,7 @@ def test_quick_probes_give_the_p2p_plan_doctor_gives(monkeypatch, tmp_path, peer
 def test_quick_mode_asks_nvidia_smi_only_when_the_plan_needs_the_driver(monkeypatch):
     from dataclasses import replace
 
-    from xtrain.facts import GPU
+    from xtrain.machine.facts import GPU
 
     def no_subprocess(*args, **kwargs):
         raise AssertionError("no nvidia-smi call expected")
@@ -456,7 +456,7 @@ def test_what_quick_mode_skips_does_not_change_the_plan(name):
     """Blank every fact quick mode does not collect: each fixture's plan stays the same."""
     from dataclasses import replace
 
-    from xtrain.rules import make_plan
+    from xtrain.planning.rules import make_plan
 
     full = Facts.load(MACHINES_DIR / f"{name}.json")
     quick = replace(full, hostname_resolves=None, libuv_error=None, port_free=None, driver_cuda=None)

@@ -15,9 +15,9 @@ import pytest
 from conftest import MACHINE_NAMES, load_machine
 
 from xtrain.errors import XtrainError
-from xtrain.facts import GPU, Facts
-from xtrain.plan import Diagnosis, Finding, Overrides, Plan
-from xtrain.rules import diagnose, is_geforce, is_rtx40, make_plan
+from xtrain.machine.facts import GPU, Facts
+from xtrain.planning.plan import Diagnosis, Finding, Overrides, Plan
+from xtrain.planning.rules import diagnose, is_geforce, is_rtx40, make_plan
 
 # -- the plan and findings every fixture machine must give --------------------------------------
 # plan fields that are checked per machine
@@ -686,9 +686,9 @@ DOCS = Path(__file__).parent.parent / "docs" / "findings.md"
 
 
 def test_every_finding_code_is_documented():
-    import xtrain.rules
+    import xtrain.planning.rules
 
-    source = Path(xtrain.rules.__file__).read_text(encoding="utf-8")
+    source = Path(xtrain.planning.rules.__file__).read_text(encoding="utf-8")
     found = set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', source))
     assert len(found) >= 20
     doc = DOCS.read_text(encoding="utf-8")

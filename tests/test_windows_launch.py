@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 from conftest import load_machine
 
-from xtrain import accelerate_config as ac
-from xtrain import probe
-from xtrain.facts import Facts
-from xtrain.plan import Overrides
-from xtrain.rules import make_plan
+from xtrain.launch import accelerate_config as ac
+from xtrain.machine import probe
+from xtrain.machine.facts import Facts
+from xtrain.planning.plan import Overrides
+from xtrain.planning.rules import make_plan
 from xtrain.run import accelerate_single_launch, single_launch_processes
 from xtrain.train.config import TrainConfig
 

@@ -1,7 +1,7 @@
 """`xtrain bench`: how fast does training run here, and how well does it scale?
 
 A short LoRA (or full) fine-tune of a llama-style causal LM built from a config, sized for the
-device (``pick_size``), run through the real launch path (``xtrain.launch.launch`` of
+device (``pick_size``), run through the real launch path (``xtrain.launch.launcher.launch`` of
 ``python -m xtrain.run --config C``, exactly what ``xtrain train`` does) first with one process,
 then with every planned process. The global batch stays the same in both runs (``per_device x
 processes``; the one-process run accumulates), as it does when a user adds GPUs to an xtrain job.
@@ -271,7 +271,7 @@ class BenchResult:
     runs: list[RunFigures] = field(default_factory=list)
     speedup: float | None = None
     efficiency: float | None = None
-    allreduce: dict[str, Any] | None = None  # from xtrain.smoke (busbw_gbps, algbw_gbps, ...)
+    allreduce: dict[str, Any] | None = None  # from xtrain.launch.smoke (busbw_gbps, algbw_gbps, ...)
     peak_tflops: float | None = None
     peak_name: str | None = None  # the table entry used; None: "unknown"
     peak_source: str | None = None
@@ -455,9 +455,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 def run_training(plan: Any, config_path: Path, output_dir: Path, log_file: Path) -> dict[str, Any]:
     """``python -m xtrain.run --config C`` on every process of ``plan``, through
-    ``xtrain.launch.launch`` (the path `xtrain train` takes). Returns train_result.json, plus
+    ``xtrain.launch.launcher.launch`` (the path `xtrain train` takes). Returns train_result.json, plus
     ``wall_s`` and the logging windows."""
-    from xtrain.launch import WorkerFailed, launch
+    from xtrain.launch.launcher import WorkerFailed, launch
 
     start = time.perf_counter()
     try:
@@ -520,8 +520,8 @@ DEFAULT_STEPS = {"tiny": 30, "small": 40, "base": 40}
 
 
 def plan_for(facts: Any, processes: int | None, precision: str | None, platform: str | None) -> Any:
-    from xtrain.plan import Overrides
-    from xtrain.rules import make_plan
+    from xtrain.planning.plan import Overrides
+    from xtrain.planning.rules import make_plan
 
     return make_plan(facts, Overrides(num_processes=processes, mixed_precision=precision, platform=platform))
 
@@ -645,7 +645,7 @@ def _measure(
             result.runs[0].samples_per_s, result.runs[-1].samples_per_s, n
         )
         if options.smoke:
-            from xtrain.smoke import run_smoke
+            from xtrain.launch.smoke import run_smoke
 
             tell(f"timing an all-reduce over {n} processes ({plan_n.backend})")
             with output_to(root / "smoke.log"):

@@ -79,7 +79,7 @@ def load_predictor(path: str | Path) -> Predictor:
 
     feature_extractor = None
     if kind in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
-        from xtrain.train import speech_to_text
+        from xtrain.train.tasks import speech_to_text
 
         feature_extractor, tokenizer, _ = speech_to_text.load_processors(str(folder), False)
         model = speech_to_text.load_model(base, "auto", False)
@@ -88,7 +88,7 @@ def load_predictor(path: str | Path) -> Predictor:
     elif kind == "vision-encoder-decoder":
         from transformers import VisionEncoderDecoderModel
 
-        from xtrain.train.image_to_text import fix_special_tokens, load_processors
+        from xtrain.train.tasks.image_to_text import fix_special_tokens, load_processors
 
         image_processor, tokenizer, _ = load_processors(str(folder), False)
         model = VisionEncoderDecoderModel.from_pretrained(base, trust_remote_code=False)
@@ -142,8 +142,8 @@ def predict_audio(
     """Transcripts of audio files (mono, resampled to the model's rate, cut to its window)."""
     import torch
 
-    from xtrain.train.audio_data import read_audio
-    from xtrain.train.speech_to_text import cap_new_tokens, max_seconds
+    from xtrain.train.tasks.audio_data import read_audio
+    from xtrain.train.tasks.speech_to_text import cap_new_tokens, max_seconds
 
     fe = predictor.feature_extractor
     rate, window = int(fe.sampling_rate), max_seconds(None, fe)
@@ -167,7 +167,7 @@ def predict_images(
 ) -> list[str]:
     import torch
 
-    from xtrain.train.image_data import open_image
+    from xtrain.train.tasks.image_data import open_image
 
     if not predictor.takes_images:
         raise XtrainError(

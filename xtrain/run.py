@@ -25,8 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from xtrain import launchenv, lifetime, stops
 from xtrain.errors import XtrainError
+from xtrain.launch import env as launchenv
+from xtrain.launch import lifetime, stops
 
 PLATFORM_ENV = "XTRAIN_PLATFORM"
 SINGLE_LAUNCH_NOTE = (
@@ -98,8 +99,9 @@ def single_launch_processes(cfg: Any, platform: str | None) -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     if visible:
         return len([e for e in visible.split(",") if e.strip()])
-    from xtrain import probe, rules
-    from xtrain.plan import Overrides
+    from xtrain.machine import probe
+    from xtrain.planning import rules
+    from xtrain.planning.plan import Overrides
 
     overrides = Overrides(platform=platform, mixed_precision=_precision_override(cfg))
     return rules.make_plan(probe.collect(quick=True), overrides).num_processes
@@ -108,8 +110,8 @@ def single_launch_processes(cfg: Any, platform: str | None) -> int:
 def worker_plan(cfg: Any, platform: str | None) -> Any:
     """This rank's plan: the one xtrain's launcher sent (``XTRAIN_PLAN``), else the rules'
     answer for this machine and the launch context (accelerate launch, torchrun, plain python)."""
-    from xtrain.launch import PLAN_ENV
-    from xtrain.plan import Overrides, Plan
+    from xtrain.launch.launcher import PLAN_ENV
+    from xtrain.planning.plan import Overrides, Plan
     from xtrain.train.accelerator import LaunchContext
 
     ctx = LaunchContext.from_env()
@@ -118,7 +120,8 @@ def worker_plan(cfg: Any, platform: str | None) -> Any:
         plan = Plan.from_dict(json.loads(sent))
         if plan.world_size == ctx.world_size:
             return plan
-    from xtrain import probe, rules
+    from xtrain.machine import probe
+    from xtrain.planning import rules
 
     return rules.make_plan(
         probe.collect(quick=True),
@@ -138,7 +141,7 @@ def run_worker(cfg: Any, platform: str | None) -> Any:
     from xtrain.train.quiet import quiet_libraries
     from xtrain.train.report import RichReporter
 
-    lifetime.watch_parent()  # started by a launcher: end with it (xtrain.lifetime)
+    lifetime.watch_parent()  # started by a launcher: end with it (xtrain.launch.lifetime)
     quiet_libraries()
     plan = worker_plan(cfg, platform)
     reporter = RichReporter() if _is_rank0() else None
@@ -164,8 +167,10 @@ def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
 
 def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
     """Start ``processes`` ranks here with torch.multiprocessing (spawn)."""
-    from xtrain import launch, probe, rules
-    from xtrain.plan import Overrides
+    from xtrain.launch import launcher as launch
+    from xtrain.machine import probe
+    from xtrain.planning import rules
+    from xtrain.planning.plan import Overrides
     from xtrain.train.config import gradient_accumulation
 
     gradient_accumulation(cfg, processes)  # a global batch that does not divide fails here, once

@@ -98,7 +98,8 @@ def test_fused_adamw_overflow_is_a_skipped_step() -> None:
 def test_tf32_is_on_for_fp32_matmuls(job) -> None:
     r = train(job, "tf32", "run.mixed_precision=no", "run.max_steps=2")
     assert r["run_info"]["device"].startswith("cuda")
-    from xtrain import probe, rules
+    from xtrain.machine import probe
+    from xtrain.planning import rules
     from xtrain.train.accelerator import LaunchContext, build_accelerator, release
     from xtrain.train.config import TrainConfig
 

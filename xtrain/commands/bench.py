@@ -66,8 +66,8 @@ def bench(
 
     from xtrain.bench import run_bench
     from xtrain.console import make_console
-    from xtrain.probe import collect
-    from xtrain.rules import diagnose
+    from xtrain.machine.probe import collect
+    from xtrain.planning.rules import diagnose
 
     err = make_console(stderr=True)
     out = make_console()

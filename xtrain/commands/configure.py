@@ -74,11 +74,11 @@ def configure(
     """Write the accelerate config for this machine (and print what to run next)."""
     from rich.markup import escape
 
-    from xtrain import accelerate_config as ac
     from xtrain.console import make_console
-    from xtrain.facts import Facts
-    from xtrain.plan import Overrides
-    from xtrain.rules import diagnose
+    from xtrain.launch import accelerate_config as ac
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.plan import Overrides
+    from xtrain.planning.rules import diagnose
 
     console = make_console()
     _check_port(port)
@@ -94,7 +94,7 @@ def configure(
     job = None
     notes: list[str] = []
     if slurm is not None:
-        from xtrain import slurm as sl
+        from xtrain.launch import slurm as sl
 
         if nodes is None:
             raise XtrainError(
@@ -137,7 +137,7 @@ def configure(
         if facts_file is not None:
             facts = Facts.load(facts_file)
         else:
-            from xtrain.probe import collect
+            from xtrain.machine.probe import collect
 
             facts = collect(quick=True, port=port or 29500)
         overrides = Overrides(

@@ -104,8 +104,8 @@ def doctor(
     ] = None,
 ) -> None:
     """Check this machine for multi-GPU training and print findings with fixes."""
-    from xtrain.facts import DEFAULT_PORT, OS_KINDS
-    from xtrain.plan import Overrides
+    from xtrain.machine.facts import DEFAULT_PORT, OS_KINDS
+    from xtrain.planning.plan import Overrides
 
     # -- validate everything cheap before probing (probing imports torch) ----------------------
     overrides = Overrides(
@@ -127,13 +127,13 @@ def doctor(
         check_save_path(save, force)
 
     # -- facts -> plan + findings ----------------------------------------------------------------
-    from xtrain.facts import Facts
-    from xtrain.rules import diagnose
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.rules import diagnose
 
     if facts_file is not None:
         facts = Facts.load(facts_file)
     else:
-        from xtrain.probe import collect
+        from xtrain.machine.probe import collect
 
         facts = collect(port=overrides.port if overrides.port is not None else DEFAULT_PORT)
     diagnosis = diagnose(facts, overrides)
@@ -145,7 +145,7 @@ def doctor(
     if save is not None:
         write_snapshot(save, facts.to_json())
     if not json_out:
-        from xtrain.render import render_diagnosis
+        from xtrain.commands.render import render_diagnosis
 
         render_diagnosis(out, facts, diagnosis)
         if save is not None:
@@ -154,7 +154,7 @@ def doctor(
     # -- smoke: start the processes for real ------------------------------------------------------
     smoke_result = None
     if smoke:
-        from xtrain.smoke import run_smoke
+        from xtrain.launch.smoke import run_smoke
 
         plan = diagnosis.plan
         if not json_out:
@@ -165,7 +165,7 @@ def doctor(
             )
             out.print(f"\nRunning the smoke test ({what})...")
             smoke_result = run_smoke(plan)
-            from xtrain.render import render_smoke
+            from xtrain.commands.render import render_smoke
 
             render_smoke(out, smoke_result)
         else:

@@ -98,11 +98,11 @@ def quickstart(
     """Offline LoRA fine-tune of a built-in model on built-in data, end to end (about a minute)."""
     from rich.table import Table
 
-    from xtrain import probe
     from xtrain.commands.train import launch_training, plan_for_training
     from xtrain.console import make_console
-    from xtrain.plan import Overrides
-    from xtrain.rules import diagnose
+    from xtrain.machine import probe
+    from xtrain.planning.plan import Overrides
+    from xtrain.planning.rules import diagnose
     from xtrain.train.config import load_config
 
     console = make_console()

@@ -30,9 +30,9 @@ def plan_for_training(
 ) -> Any:
     """The plan for this machine, with the config's precision, checked against the config's
     global batch before any process starts."""
-    from xtrain import probe
-    from xtrain.plan import Overrides
-    from xtrain.rules import make_plan
+    from xtrain.machine import probe
+    from xtrain.planning.plan import Overrides
+    from xtrain.planning.rules import make_plan
     from xtrain.train.config import gradient_accumulation
 
     precision = cfg.run.mixed_precision
@@ -52,7 +52,7 @@ def plan_for_training(
 def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[str]]]:
     """What `xtrain train` does, as commands the user could type: [(title, lines)], the
     command xtrain itself uses first."""
-    from xtrain.launch import accelerate_args
+    from xtrain.launch.launcher import accelerate_args
     from xtrain.shell import join_lines, python_exe, quote, set_env
 
     sh = plan.shell
@@ -137,7 +137,8 @@ def launch_training(plan: Any, run_argv: list[str], console: Any, output_dir: st
 
     from rich.markup import escape
 
-    from xtrain import launch, stops
+    from xtrain.launch import launcher as launch
+    from xtrain.launch import stops
 
     console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
     try:

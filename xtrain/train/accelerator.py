@@ -1,6 +1,6 @@
 """Build the Accelerator for the launch context from the plan (and tear it down again).
 
-Every choice here comes from ``xtrain.rules`` through the ``Plan``; this module only applies it
+Every choice here comes from ``xtrain.planning.rules`` through the ``Plan``; this module only applies it
 in the order the libraries need (FIELD_NOTES):
 
 - the plan's environment (USE_LIBUV, NCCL_P2P_DISABLE, ...) goes into ``os.environ`` before any
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xtrain.plan import Plan
-from xtrain.rendezvous import init_worker_group
+from xtrain.launch.rendezvous import init_worker_group
+from xtrain.planning.plan import Plan
 from xtrain.train.config import TrainConfig
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere

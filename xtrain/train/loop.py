@@ -30,12 +30,11 @@ from typing import Any
 
 import torch
 
-from xtrain import lock as run_lock
-from xtrain import preflight
 from xtrain.errors import XtrainError
-from xtrain.plan import Plan
-from xtrain.stops import StopAtOnce
-from xtrain.train import checkpoint
+from xtrain.launch.stops import StopAtOnce
+from xtrain.planning.plan import Plan
+from xtrain.train import checkpoint, preflight
+from xtrain.train import lock as run_lock
 from xtrain.train.accelerator import (
     LaunchContext,
     build_accelerator,
@@ -324,7 +323,7 @@ def train(
     """Train as the config says, in this process, as one rank of the launch context.
 
     ``build`` replaces ``xtrain.train.tasks.build_workload`` (tests, benchmarks). The main
-    process holds the output folder's run lock (``xtrain.lock``) from before anything is read
+    process holds the output folder's run lock (``xtrain.train.lock``) from before anything is read
     until the run ends: a second run on the same folder stops at once, touching nothing."""
     checkpoint.check_output_dir(cfg.run.output_dir)
     preflight.check_paths(cfg)  # output folder and caches writable: before anything starts

@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from xtrain.errors import XtrainError
-from xtrain.facts import GPU, Facts
+from xtrain.machine.facts import GPU, Facts
 
 # Where the script puts the first node's host name; the accelerate config leaves the IP out.
 MAIN_ADDR_VAR = "MAIN_ADDR"

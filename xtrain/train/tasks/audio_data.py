@@ -25,7 +25,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.train.collate import IGNORE_INDEX
-from xtrain.train.image_data import resolve_path
+from xtrain.train.tasks.image_data import resolve_path
 
 _HINT = "fix or remove that row; audio must be files soundfile can read (WAV, FLAC, OGG, MP3)"
 LONG_AUDIO = ("refuse", "cut")

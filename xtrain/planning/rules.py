@@ -11,10 +11,10 @@ import re
 from collections.abc import Callable
 
 from xtrain.errors import XtrainError
-from xtrain.facts import GPU, OS_KINDS, Facts
-from xtrain.plan import Diagnosis, Finding, Overrides, Plan
+from xtrain.machine.facts import GPU, OS_KINDS, Facts
+from xtrain.machine.torch_wheels import index_url, pick_tag, pinned_version
+from xtrain.planning.plan import Diagnosis, Finding, Overrides, Plan
 from xtrain.shell import comment, join_commands, pip_command, quote, set_env, shell_for, unset_env
-from xtrain.torch_wheels import index_url, pick_tag, pinned_version
 
 PRECISIONS = ("no", "fp16", "bf16")
 SMALL_SHM_MIB = 512  # below this NCCL's shared-memory transport fails (Docker's default is 64 MiB)
@@ -796,7 +796,7 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
         if cfg.get(key) is not None and _as_int(cfg[key], -2) == -2:
             problems.append(f"{key} {cfg[key]!r} is not a number")
     per_machine = total // machines if total > 0 else 1
-    # MULTI_GPU + use_cpu is how several CPU processes start (see xtrain/accelerate_config.py)
+    # MULTI_GPU + use_cpu is how several CPU processes start (see xtrain/launch/accelerate_config.py)
     cpu_processes = dtype == "MULTI_GPU" and bool(cfg.get("use_cpu"))
     if dtype in ("MULTI_GPU", "FSDP", "DEEPSPEED") and plan.device != "cuda" and not cpu_processes:
         problems.append(f"distributed_type {dtype} but no CUDA GPU")

@@ -8,7 +8,7 @@ write the text of an image; evaluated by generating (CER, WER, eval loss).
 - LoRA: ``lora.apply_to`` (both | encoder | decoder) picks the half that gets adapters; the
   auto targets are the attention projections of each half (ViT/DeiT/BEiT/Swin encoders;
   TrOCR, GPT-2, BERT/RoBERTa, mBART decoders). ``lora.enabled: false`` trains everything.
-- Data: see ``xtrain.train.image_data`` (paths relative to the data file, ``imagefolder`` with
+- Data: see ``xtrain.train.tasks.image_data`` (paths relative to the data file, ``imagefolder`` with
   metadata, ``Image`` features; read lazily, converted to RGB).
 """
 
@@ -24,7 +24,7 @@ from xtrain.errors import XtrainError
 from xtrain.train import data, lora, models
 from xtrain.train.config import TrainConfig
 from xtrain.train.generation import GenerationEval
-from xtrain.train.image_data import ImageTextCollator, ImageTextRows, check_image_files
+from xtrain.train.tasks.image_data import ImageTextCollator, ImageTextRows, check_image_files
 from xtrain.train.workload import Workload
 
 _QKV = ("query", "key", "value", "q_proj", "k_proj", "v_proj")  # both spellings across transformers versions
@@ -183,7 +183,7 @@ def base_dir(source: str, role: str) -> Path | None:
 
 
 def build_image_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.nullcontext) -> Workload:
-    from xtrain.train.tasks import _raw_datasets
+    from xtrain.train.tasks.common import raw_datasets
 
     d = cfg.data
     with main_process_first():  # a built-in model is written once, by the first process
@@ -192,7 +192,7 @@ def build_image_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.n
     image_processor, tokenizer, saver = load_processors(source, cfg.model.trust_remote_code)
     columns = {"data.image_column": d.image_column, "data.text_column": d.text_column}
     with main_process_first():
-        train, eval_ds, train_name, eval_name = _raw_datasets(cfg)
+        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         train_dir = base_dir(d.train or "", "train")
         eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
         for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):

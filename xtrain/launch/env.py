@@ -49,7 +49,7 @@ def check(environ: Any = None) -> None:
         raise XtrainError(f"MASTER_PORT={port} is not a TCP port", "use 1024..65535")
     plan = env.get("XTRAIN_PLAN")
     if plan:
-        from xtrain.plan import Plan
+        from xtrain.planning.plan import Plan
 
         try:
             Plan.from_dict(json.loads(plan))

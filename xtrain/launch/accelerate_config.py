@@ -42,7 +42,7 @@ from typing import Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.plan import Plan
+from xtrain.planning.plan import Plan
 from xtrain.shell import quote, set_env
 
 # The keys ClusterConfig (accelerate 1.15) knows. Loading is strict: any other key is an error.

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from xtrain.facts import DEFAULT_PORT, GPU, Facts
+from xtrain.machine.facts import DEFAULT_PORT, GPU, Facts
 
 PACKAGES = ("accelerate", "transformers", "peft", "datasets")
 # Variables a user may already have set that change how processes connect (shown by doctor,
@@ -324,7 +324,7 @@ def probe_env(facts: Facts) -> dict[str, Any]:
 
 def needs_driver_version(facts: Facts) -> bool:
     """The plan reads the driver version only for 2+ RTX 40 cards (rules._p2p_missing)."""
-    from xtrain.rules import is_rtx40  # pure; imported here to keep probe -> rules one-way
+    from xtrain.planning.rules import is_rtx40  # pure; imported here to keep probe -> rules one-way
 
     return len(facts.gpus) >= 2 and any(is_rtx40(g) for g in facts.gpus)
 

@@ -128,13 +128,13 @@ class LauncherSignals:
         if self.signum is not None:
             if signum != signal.SIGINT:
                 return  # a repeated SIGTERM changes nothing: the workers are already stopping
-            from xtrain.lifetime import kill_process_tree
+            from xtrain.launch.lifetime import kill_process_tree
 
             self.at_once = True
             kill_process_tree()
             raise StopAtOnce()
         self.signum = signum
-        from xtrain.lifetime import kill_process_tree
+        from xtrain.launch.lifetime import kill_process_tree
 
         self._timer = threading.Timer(self.grace_s, kill_process_tree)
         self._timer.daemon = True

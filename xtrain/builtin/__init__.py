@@ -11,9 +11,9 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:sentiment``: synthetic labelled sentences (``text``, ``label`` = positive/negative).
 - ``builtin:tiny-stories``: synthetic short stories (``text``) for causal LM.
 - ``builtin:tiny-trocr`` / ``builtin:ocr-lines``: a tiny OCR model and rendered text lines for
-  image-to-text (``xtrain.builtin_image``).
+  image-to-text (``xtrain.builtin.image``).
 - ``builtin:tiny-whisper`` / ``builtin:spoken-words``: a tiny Whisper model and synthetic
-  tone-sequence "speech" for speech-to-text (``xtrain.builtin_audio``).
+  tone-sequence "speech" for speech-to-text (``xtrain.builtin.audio``).
 
 The folders live under ``$XTRAIN_CACHE/builtin`` (default ``~/.cache/xtrain/builtin``). A build
 goes to a temporary folder that is renamed into place only when complete, so processes that
@@ -40,8 +40,8 @@ MARKER = "xtrain_builtin.json"
 
 MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr", "tiny-whisper")
 DATASETS = ("sentiment", "tiny-stories", "ocr-lines", "spoken-words")
-IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin_image
-AUDIO_ASSETS = ("tiny-whisper", "spoken-words")  # built by xtrain.builtin_audio
+IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
+AUDIO_ASSETS = ("tiny-whisper", "spoken-words")  # built by xtrain.builtin.audio
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
 
@@ -210,14 +210,14 @@ def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -
     """Write a built-in data set once; returns its folder holding ``train.jsonl`` and ``eval.jsonl``."""
     short = _check_name(name, DATASETS, "data set")
     if short in IMAGE_ASSETS:
-        from xtrain import builtin_image
+        from xtrain.builtin import image as builtin_image
 
         final = cache_root(cache_dir) / "data" / short
         return _build_atomically(
             final, lambda tmp: builtin_image.build_ocr_lines(tmp, VERSION), PREFIX + short
         )
     if short in AUDIO_ASSETS:
-        from xtrain import builtin_audio
+        from xtrain.builtin import audio as builtin_audio
 
         final = cache_root(cache_dir) / "data" / short
         return _build_atomically(
@@ -346,11 +346,11 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
     short = _check_name(name, MODELS, "model")
     final = cache_root(cache_dir) / short
     if short in IMAGE_ASSETS:
-        from xtrain import builtin_image
+        from xtrain.builtin import image as builtin_image
 
         return _build_atomically(final, builtin_image.build_tiny_trocr, PREFIX + short)
     if short in AUDIO_ASSETS:
-        from xtrain import builtin_audio
+        from xtrain.builtin import audio as builtin_audio
 
         return _build_atomically(final, builtin_audio.build_tiny_whisper, PREFIX + short)
     return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)

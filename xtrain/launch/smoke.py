@@ -1,7 +1,7 @@
 """`xtrain doctor --smoke`: start the planned processes for real and time an all-reduce.
 
-The parent (``run_smoke``) starts ``python -m xtrain.smoke RESULT_DIR ...`` on every planned
-process through ``xtrain.launch.launch``, the same path training uses (spawn on Windows,
+The parent (``run_smoke``) starts ``python -m xtrain.launch.smoke RESULT_DIR ...`` on every planned
+process through ``xtrain.launch.launcher.launch``, the same path training uses (spawn on Windows,
 accelerate launch elsewhere). Each worker reads the plan from ``XTRAIN_PLAN``, joins the process
 group with the plan's backend, checks one all-reduce (rank r contributes r+1 everywhere, so every
 element must be n(n+1)/2), times a few more after a warm-up, and writes ``rank-R.json`` into
@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xtrain import atomic, lifetime
+from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.plan import Plan
-from xtrain.rendezvous import init_worker_group
+from xtrain.launch import lifetime
+from xtrain.launch.rendezvous import init_worker_group
+from xtrain.planning.plan import Plan
 
 DEFAULT_SIZE_MIB = 16.0
 DEFAULT_ITERS = 10
@@ -96,7 +97,7 @@ def run_smoke(
         result.elapsed_s = time.perf_counter() - start
         return result
 
-    from xtrain.launch import WorkerFailed, launch
+    from xtrain.launch.launcher import WorkerFailed, launch
 
     result = SmokeResult(
         ok=False,
@@ -112,7 +113,7 @@ def run_smoke(
     with tempfile.TemporaryDirectory(prefix="xtrain-smoke-") as tmp:
         argv = [tmp, str(size_mib), str(iters), str(timeout_s)]
         try:
-            launch("xtrain.smoke", argv, plan, port=port)
+            launch("xtrain.launch.smoke", argv, plan, port=port)
         except WorkerFailed as e:
             result.error = e.one_line()
         result.ranks = _read_ranks(Path(tmp), plan.world_size)
@@ -289,7 +290,7 @@ def _write(result_dir: str, out: RankResult) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 4:
-        raise SystemExit("usage: python -m xtrain.smoke RESULT_DIR SIZE_MIB ITERS TIMEOUT_S")
+        raise SystemExit("usage: python -m xtrain.launch.smoke RESULT_DIR SIZE_MIB ITERS TIMEOUT_S")
     worker(args[0], float(args[1]), int(args[2]), int(args[3]))
 
 

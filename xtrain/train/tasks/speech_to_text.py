@@ -12,7 +12,7 @@
 - LoRA: ``lora.apply_to`` (both | encoder | decoder) picks the half; auto targets are the
   attention projections (q/k/v/out_proj) of that half. ``model.freeze_encoder`` keeps the encoder
   fixed in a full fine-tune (``lora.enabled: false``). Full fine-tune is possible.
-- Data: see ``xtrain.train.audio_data`` (paths relative to the data file, ``audiofolder`` with
+- Data: see ``xtrain.train.tasks.audio_data`` (paths relative to the data file, ``audiofolder`` with
   metadata, ``Audio`` features; read lazily with soundfile, mono, resampled).
 """
 
@@ -26,15 +26,15 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
-from xtrain.train.audio_data import (
+from xtrain.train.config import TrainConfig
+from xtrain.train.generation import GenerationEval
+from xtrain.train.tasks.audio_data import (
     AudioTextRows,
     SpeechTextCollator,
     audiofolder_metadata,
     check_audio_files,
 )
-from xtrain.train.config import TrainConfig
-from xtrain.train.generation import GenerationEval
-from xtrain.train.image_to_text import PARTS, base_dir
+from xtrain.train.tasks.image_to_text import PARTS, base_dir
 from xtrain.train.workload import Workload
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # Whisper, Speech2Text, SeamlessM4T-style
@@ -198,7 +198,7 @@ def _file_name_column(ds: Any, audio_column: str) -> Any:
 
 
 def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.nullcontext) -> Workload:
-    from xtrain.train.tasks import _raw_datasets
+    from xtrain.train.tasks.common import raw_datasets
 
     d, m = cfg.data, cfg.model
     with main_process_first():  # a built-in model is written once, by the first process
@@ -215,7 +215,7 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
         )
         cfg = dataclasses.replace(cfg, data=d)
     with main_process_first():
-        train, eval_ds, train_name, eval_name = _raw_datasets(cfg)
+        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         train, eval_ds = (_file_name_column(ds, d.audio_column) for ds in (train, eval_ds))
         train_dir = base_dir(d.train or "", "train")
         eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir

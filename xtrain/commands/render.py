@@ -14,11 +14,11 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from xtrain.facts import Facts
-from xtrain.plan import Diagnosis, Finding, Plan
+from xtrain.machine.facts import Facts
+from xtrain.planning.plan import Diagnosis, Finding, Plan
 
 if TYPE_CHECKING:
-    from xtrain.smoke import SmokeResult
+    from xtrain.launch.smoke import SmokeResult
 
 SEVERITY_STYLE = {"ok": "green", "warn": "yellow", "error": "bold red"}
 SEVERITY_MARK = {"ok": "ok", "warn": "warn", "error": "ERROR"}

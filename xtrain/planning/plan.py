@@ -41,7 +41,7 @@ class Overrides:
 
 @dataclass
 class Plan:
-    """How to launch and train on this machine. Produced only by ``xtrain.rules.make_plan``."""
+    """How to launch and train on this machine. Produced only by ``xtrain.planning.rules.make_plan``."""
 
     os_kind: str
     shell: str  # powershell | bash: the syntax fixes and next commands are written in

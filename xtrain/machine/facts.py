@@ -1,6 +1,6 @@
 """Machine facts: one plain, JSON-serialisable snapshot of what this machine is and can do.
 
-Facts are data only. ``xtrain.probe`` collects them from the real machine; ``xtrain.rules``
+Facts are data only. ``xtrain.machine.probe`` collects them from the real machine; ``xtrain.planning.rules``
 turns them into a plan and findings without touching the machine, so every platform can be
 tested here from a saved snapshot (``tests/fixtures/machines/*.json``).
 """

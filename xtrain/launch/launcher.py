@@ -1,10 +1,10 @@
 """Starting worker processes: the one launch path for `doctor --smoke`, `xtrain train` and
 `python -m xtrain.run --processes N`.
 
-Two launchers, chosen by the plan (``Plan.launcher``, decided in ``xtrain.rules``):
+Two launchers, chosen by the plan (``Plan.launcher``, decided in ``xtrain.planning.rules``):
 
 - ``spawn``: ``torch.multiprocessing.start_processes(start_method="spawn")`` with a FileStore
-  rendezvous in a private temporary folder on one machine (``xtrain.rendezvous``: no socket;
+  rendezvous in a private temporary folder on one machine (``xtrain.launch.rendezvous``: no socket;
   MASTER_ADDR/PORT stay set for code that uses env://). No torchrun, so no TCPStore that
   insists on libuv: the Windows path (FIELD_NOTES: torchrun's stores fail there). Spawn is
   used on every OS so that the code CI runs on Linux is the code Windows runs.
@@ -37,10 +37,10 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from xtrain import lifetime, stops
 from xtrain.errors import XtrainError
-from xtrain.plan import Plan
-from xtrain.rendezvous import RENDEZVOUS_ENV, file_url, loopback_agent_store, loopback_transport_env
+from xtrain.launch import lifetime, stops
+from xtrain.launch.rendezvous import RENDEZVOUS_ENV, file_url, loopback_agent_store, loopback_transport_env
+from xtrain.planning.plan import Plan
 
 PLAN_ENV = "XTRAIN_PLAN"
 
@@ -55,7 +55,7 @@ class WorkerFailed(XtrainError):
         self.rank = rank
         self.worker_exit_code = exit_code
         self.details = details
-        self.outcome: dict[str, Any] | None = None  # rank 0's report (xtrain.stops), when made
+        self.outcome: dict[str, Any] | None = None  # rank 0's report (xtrain.launch.stops), when made
 
 
 class WorkerStopped(WorkerFailed):
@@ -180,7 +180,7 @@ def spawn(
     import torch.multiprocessing as mp
 
     if plan is None:
-        raise XtrainError("spawn needs a plan", "pass the plan from xtrain.rules.make_plan")
+        raise XtrainError("spawn needs a plan", "pass the plan from xtrain.planning.rules.make_plan")
     n = plan.num_processes if nprocs is None else nprocs
     if n < 1:
         raise XtrainError(f"cannot start {n} processes", "use 1 or more")
@@ -209,7 +209,7 @@ def spawn(
                 child.terminate()
 
     with contextlib.ExitStack() as stack:
-        if plan.num_machines == 1:  # a FileStore in a private folder: no socket (xtrain.rendezvous)
+        if plan.num_machines == 1:  # a FileStore in a private folder: no socket (xtrain.launch.rendezvous)
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="xtrain-rdzv-"))
             env = {**env, **loopback_transport_env(), RENDEZVOUS_ENV: file_url(folder)}
         # Also in the parent's environment while the children start, so they have it from their
@@ -405,13 +405,13 @@ def accelerate_launch(
 ) -> int:
     """``accelerate launch --multi_gpu ... [-m] MODULE ARGS`` in this process; returns the exit
     code (0, or the first failed worker's code). The worker's own traceback has already gone
-    to stderr; the failure's one-line summary goes to the ``xtrain.launch`` logger."""
+    to stderr; the failure's one-line summary goes to the ``xtrain.launch.launcher`` logger."""
     try:
         _accelerate_launch(argv_tail, plan, module, config_file, extra, port, nprocs)
     except WorkerFailed as e:
         import logging
 
-        logging.getLogger("xtrain.launch").error(e.one_line())
+        logging.getLogger("xtrain.launch.launcher").error(e.one_line())
         return e.exit_code
     return 0
 

@@ -1,0 +1,1 @@
+"""Starting processes: accelerate configs, the worker launcher, rendezvous, lifetime, stops, SLURM."""

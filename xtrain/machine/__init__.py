@@ -1,0 +1,1 @@
+"""Machine facts: what this machine is and can do (plain data), and the probes that collect them."""
