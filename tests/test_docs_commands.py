@@ -847,9 +847,12 @@ def test_docs_home_links_every_doc() -> None:
 
 
 def _finding_codes() -> set[str]:
+    import xtrain.planning.checks
     import xtrain.planning.rules
 
-    source = Path(xtrain.planning.rules.__file__).read_text(encoding="utf-8")
+    source = "".join(
+        Path(m.__file__).read_text(encoding="utf-8") for m in (xtrain.planning.rules, xtrain.planning.checks)
+    )
     return set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', source))
 
 

@@ -160,9 +160,9 @@ def test_overflow_skips_are_counted_not_fatal(tmp_path: Path) -> None:
 
     from accelerate.optimizer import AcceleratedOptimizer
 
-    original = loop._optimizer
+    original = loop.build_optimizer
     mp = pytest.MonkeyPatch()
-    mp.setattr(loop, "_optimizer", lambda *a: SkipNonFinite(original(*a).param_groups))
+    mp.setattr(loop, "build_optimizer", lambda *a: SkipNonFinite(original(*a).param_groups))
     mp.setattr(AcceleratedOptimizer, "step_was_skipped", property(lambda self: self.optimizer.skipped))
     try:
         out = tmp_path / "run"

@@ -686,9 +686,12 @@ DOCS = Path(__file__).parent.parent / "docs" / "findings.md"
 
 
 def test_every_finding_code_is_documented():
+    import xtrain.planning.checks
     import xtrain.planning.rules
 
-    source = Path(xtrain.planning.rules.__file__).read_text(encoding="utf-8")
+    source = "".join(
+        Path(m.__file__).read_text(encoding="utf-8") for m in (xtrain.planning.rules, xtrain.planning.checks)
+    )
     found = set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', source))
     assert len(found) >= 20
     doc = DOCS.read_text(encoding="utf-8")

@@ -520,10 +520,9 @@ DEFAULT_STEPS = {"tiny": 30, "small": 40, "base": 40}
 
 
 def plan_for(facts: Any, processes: int | None, precision: str | None, platform: str | None) -> Any:
-    from xtrain.planning.plan import Overrides
-    from xtrain.planning.rules import make_plan
+    from xtrain.planning.resolve import machine_plan
 
-    return make_plan(facts, Overrides(num_processes=processes, mixed_precision=precision, platform=platform))
+    return machine_plan(facts=facts, processes=processes, precision=precision, platform=platform)
 
 
 def run_bench(

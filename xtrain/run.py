@@ -69,16 +69,6 @@ def _is_rank0() -> bool:
     return not rank.isdigit() or int(rank) == 0  # a malformed RANK is reported (by every rank)
 
 
-def _precision_override(cfg: Any) -> str | None:
-    """The precision the user chose: ``run.mixed_precision`` in the train config, else the one
-    ``accelerate launch`` exports from its config or ``--mixed_precision`` flag, else None (the
-    plan decides)."""
-    mp = cfg.run.mixed_precision
-    if mp in (None, "", "auto"):
-        mp = os.environ.get("ACCELERATE_MIXED_PRECISION") or None
-    return mp
-
-
 def accelerate_single_launch(environ: dict[str, str] | None = None) -> bool:
     """``accelerate launch`` started this as ONE process for a config that asks for several.
 
@@ -99,19 +89,16 @@ def single_launch_processes(cfg: Any, platform: str | None) -> int:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
     if visible:
         return len([e for e in visible.split(",") if e.strip()])
-    from xtrain.machine import probe
-    from xtrain.planning import rules
-    from xtrain.planning.plan import Overrides
+    from xtrain.planning.resolve import machine_plan
 
-    overrides = Overrides(platform=platform, mixed_precision=_precision_override(cfg))
-    return rules.make_plan(probe.collect(quick=True), overrides).num_processes
+    return machine_plan(cfg, platform=platform).num_processes
 
 
 def worker_plan(cfg: Any, platform: str | None) -> Any:
     """This rank's plan: the one xtrain's launcher sent (``XTRAIN_PLAN``), else the rules'
     answer for this machine and the launch context (accelerate launch, torchrun, plain python)."""
     from xtrain.launch.launcher import PLAN_ENV
-    from xtrain.planning.plan import Overrides, Plan
+    from xtrain.planning.plan import Plan
     from xtrain.train.accelerator import LaunchContext
 
     ctx = LaunchContext.from_env()
@@ -120,18 +107,14 @@ def worker_plan(cfg: Any, platform: str | None) -> Any:
         plan = Plan.from_dict(json.loads(sent))
         if plan.world_size == ctx.world_size:
             return plan
-    from xtrain.machine import probe
-    from xtrain.planning import rules
+    from xtrain.planning.resolve import machine_plan
 
-    return rules.make_plan(
-        probe.collect(quick=True),
-        Overrides(
-            num_processes=ctx.local_world_size,
-            num_machines=ctx.num_machines,
-            main_address=ctx.main_address if ctx.num_machines > 1 else None,
-            platform=platform,
-            mixed_precision=_precision_override(cfg),
-        ),
+    return machine_plan(
+        cfg,
+        processes=ctx.local_world_size,
+        num_machines=ctx.num_machines,
+        main_address=ctx.main_address,
+        platform=platform,
     )
 
 
@@ -168,16 +151,10 @@ def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
 def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
     """Start ``processes`` ranks here with torch.multiprocessing (spawn)."""
     from xtrain.launch import launcher as launch
-    from xtrain.machine import probe
-    from xtrain.planning import rules
-    from xtrain.planning.plan import Overrides
-    from xtrain.train.config import gradient_accumulation
+    from xtrain.planning.resolve import machine_plan, run_settings
 
-    gradient_accumulation(cfg, processes)  # a global batch that does not divide fails here, once
-    plan = rules.make_plan(
-        probe.collect(quick=True),
-        Overrides(num_processes=processes, platform=platform, mixed_precision=_precision_override(cfg)),
-    )
+    plan = machine_plan(cfg, processes=processes, platform=platform)
+    run_settings(cfg, plan, processes)  # a global batch that does not divide fails here, once
     with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as error_dir:
         try:
             launch.spawn(spawned_worker, (cfg, platform, error_dir), plan, nprocs=processes)

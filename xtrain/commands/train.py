@@ -30,22 +30,10 @@ def plan_for_training(
 ) -> Any:
     """The plan for this machine, with the config's precision, checked against the config's
     global batch before any process starts."""
-    from xtrain.machine import probe
-    from xtrain.planning.plan import Overrides
-    from xtrain.planning.rules import make_plan
-    from xtrain.train.config import gradient_accumulation
+    from xtrain.planning.resolve import machine_plan, run_settings
 
-    precision = cfg.run.mixed_precision
-    plan = make_plan(
-        probe.collect(quick=True),
-        Overrides(
-            num_processes=processes,
-            gpu_ids=gpu_ids,
-            mixed_precision=None if precision in (None, "", "auto") else precision,
-            platform=platform,
-        ),
-    )
-    gradient_accumulation(cfg, plan.world_size)  # a global batch that does not divide stops here
+    plan = machine_plan(cfg, processes=processes, gpu_ids=gpu_ids, platform=platform)
+    run_settings(cfg, plan, plan.world_size)  # a global batch that does not divide stops here
     return plan
 
 

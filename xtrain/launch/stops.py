@@ -1,6 +1,6 @@
 """Stopping a run on Ctrl+C or SIGTERM: exit codes and the one line, on both sides.
 
-Workers: the loop's ``StopSignals`` stops at the next step boundary and saves (exit 130 for
+Workers: the loop's ``StepSignals`` stops at the next step boundary and saves (exit 130 for
 SIGINT, 143 for SIGTERM). Before the loop runs (loading the model, the data) a stop has nothing
 to save: ``early_stop_signals`` turns SIGTERM into ``StopRequested`` so the run ends with the same
 one line and code instead of dying silently. A second Ctrl+C raises ``StopAtOnce``.
@@ -110,30 +110,60 @@ def read_outcome(folder: str | Path) -> dict[str, Any] | None:
 STOP_GRACE_S = 120.0  # after a forwarded stop, workers that have not ended by then are killed
 
 
-class LauncherSignals:
+class Signals:
+    """SIGINT/SIGTERM caught while a block runs (handlers only in the main thread, restored on
+    exit). The first signal is recorded in ``signum`` and passed to ``first``; later ones go to
+    ``again``, which by default turns a second SIGINT into ``StopAtOnce``."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+            self.first(signum)
+        else:
+            self.again(signum)
+
+    def first(self, signum: int) -> None:
+        """The first signal (the subclass acts on it)."""
+
+    def again(self, signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise StopAtOnce()  # a KeyboardInterrupt: the second Ctrl+C stops at once
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old.clear()
+
+
+class StepSignals(Signals):
+    """In a worker's training loop: the loop reads ``signum`` at every step boundary, saves and
+    stops (all ranks agree first); a second SIGINT stops at once."""
+
+
+class LauncherSignals(Signals):
     """In a launcher, while workers run: the first SIGINT/SIGTERM goes to ``forward(signum)``
     (the workers stop at the next step and save); a second SIGINT kills every descendant at once
     and raises ``StopAtOnce``; workers still running ``grace_s`` after the first signal (a rank
-    stuck in a collective) are killed. Handlers only in the main thread; restored on exit."""
+    stuck in a collective) are killed."""
 
     def __init__(self, forward: Callable[[int], None], grace_s: float = STOP_GRACE_S) -> None:
+        super().__init__()
         self.forward = forward
         self.grace_s = grace_s
-        self.signum: int | None = None
         self.at_once = False
-        self._old: dict[int, Any] = {}
         self._timer: threading.Timer | None = None
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None:
-            if signum != signal.SIGINT:
-                return  # a repeated SIGTERM changes nothing: the workers are already stopping
-            from xtrain.launch.lifetime import kill_process_tree
-
-            self.at_once = True
-            kill_process_tree()
-            raise StopAtOnce()
-        self.signum = signum
+    def first(self, signum: int) -> None:
         from xtrain.launch.lifetime import kill_process_tree
 
         self._timer = threading.Timer(self.grace_s, kill_process_tree)
@@ -141,15 +171,16 @@ class LauncherSignals:
         self._timer.start()
         self.forward(signum)
 
-    def __enter__(self) -> LauncherSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
+    def again(self, signum: int) -> None:
+        if signum != signal.SIGINT:
+            return  # a repeated SIGTERM changes nothing: the workers are already stopping
+        from xtrain.launch.lifetime import kill_process_tree
+
+        self.at_once = True
+        kill_process_tree()
+        raise StopAtOnce()
 
     def __exit__(self, *exc: Any) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        self._old.clear()
+        super().__exit__(*exc)

@@ -22,6 +22,7 @@ from typing import Any
 
 from xtrain.launch.rendezvous import init_worker_group
 from xtrain.planning.plan import Plan
+from xtrain.planning.resolve import RunSettings
 from xtrain.train.config import TrainConfig
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
@@ -59,19 +60,13 @@ class LaunchContext:
         )
 
 
-def mixed_precision(cfg: TrainConfig, plan: Plan) -> str:
-    """The config's precision when set, else the plan's."""
-    mp = cfg.run.mixed_precision
-    return plan.mixed_precision if mp in (None, "", "auto") else mp
-
-
 def apply_plan_env(plan: Plan) -> None:
     """Plan variables into this process's environment; a value the user set wins."""
     for key, value in plan.env.items():
         os.environ.setdefault(key, str(value))
 
 
-def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, accumulation: int) -> Any:
+def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings: RunSettings) -> Any:
     """The Accelerator for this process. Must run before anything creates a process group."""
     from datetime import timedelta
 
@@ -108,8 +103,8 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, accumula
         log_with = "tensorboard"
     return Accelerator(
         cpu=plan.cpu,
-        mixed_precision=mixed_precision(cfg, plan),
-        gradient_accumulation_steps=accumulation,
+        mixed_precision=settings.precision,
+        gradient_accumulation_steps=settings.accumulation,
         dataloader_config=DataLoaderConfiguration(split_batches=True),
         kwargs_handlers=handlers,
         log_with=log_with,

@@ -609,3 +609,12 @@ def scaled_lr(cfg: TrainConfig, global_batch: int) -> float:
         return o.lr
     ratio = global_batch / o.base_global_batch
     return o.lr * (ratio if o.lr_scaling == "linear" else math.sqrt(ratio))
+
+
+def flat_config(cfg: TrainConfig) -> dict[str, Any]:
+    """The config as flat scalars (TensorBoard's hparams accept nothing else)."""
+    flat: dict[str, Any] = {}
+    for section, values in dataclasses.asdict(cfg).items():
+        for key, value in values.items():
+            flat[f"{section}.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat

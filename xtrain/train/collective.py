@@ -1,0 +1,57 @@
+"""What every rank must agree on outside the hot path: the workload (built by the main process
+first) and whether to stop (a signal any rank got)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from xtrain.errors import XtrainError
+from xtrain.train.config import TrainConfig
+from xtrain.train.workload import Workload
+
+BuildFn = Callable[[TrainConfig, Callable[[], Any]], Workload]
+
+
+def build_workload_main_first(accelerator: Any, cfg: TrainConfig, build: BuildFn) -> Workload:
+    """The main process builds first (it fills the datasets cache), the others follow. When the
+    main process fails, the others raise the same error instead of waiting forever."""
+    if accelerator.num_processes == 1:
+        return build(cfg, contextlib.nullcontext)
+    from accelerate.utils import broadcast_object_list
+
+    workload: Workload | None = None
+    failure: list[Any] = [None]
+    error: BaseException | None = None
+    if accelerator.is_main_process:
+        try:
+            workload = build(cfg, contextlib.nullcontext)
+        except XtrainError as e:
+            error, failure[0] = e, (e.message, e.hint, e.exit_code)
+        except Exception as e:
+            error, failure[0] = e, ("the main process failed to build the workload", None, 1)
+    broadcast_object_list(failure, from_process=0)
+    if error is not None:
+        raise error
+    if failure[0] is not None:
+        message, hint, code = failure[0]
+        raise XtrainError(message, hint, exit_code=code)
+    if workload is None:
+        workload = build(cfg, contextlib.nullcontext)
+    return workload
+
+
+def agree_to_stop(accelerator: Any, signum: int | None, group: Any) -> int | None:
+    """All ranks stop together: the highest signal number any rank got (CPU all-reduce, no
+    device sync)."""
+    if accelerator.num_processes == 1:
+        return signum
+    import torch.distributed as dist
+
+    flag = torch.tensor([signum or 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    value = int(flag.item())
+    return value or None

@@ -1,0 +1,71 @@
+"""How a training run fails or stops, as one line each: divergence, out of memory, a stop signal."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+# Consecutive optimizer steps with a non-finite loss (on any rank) that stop a run. A few in a
+# row happen with fp16 while the scaler finds its scale (those steps are skipped, not applied);
+# more is a diverged run. Checked at the logging interval's host sync, never per step.
+NONFINITE_LIMIT = 3
+
+
+class NonFiniteLoss(XtrainError):
+    """The loss stayed NaN/inf: the run stops without writing the non-finite weights."""
+
+    def __init__(self, first_bad: int, step: int, last_good: Path | None, reason: str) -> None:
+        where = f"last good checkpoint: {last_good}" if last_good else "no checkpoint was saved"
+        super().__init__(
+            f"training diverged: the loss is not finite since step {first_bad} ({reason}); "
+            f"stopped at step {step}, nothing written; {where}",
+            "lower optim.lr, keep optim.max_grad_norm set, or use bf16 instead of fp16; "
+            "run.resume=auto continues from the last good checkpoint",
+            exit_code=3,
+        )
+        self.first_bad = first_bad
+        self.step = step
+        self.last_good = last_good
+
+
+def out_of_memory_error(
+    device: Any, per_device: int, world: int, accumulation: int, global_batch: int
+) -> XtrainError:
+    """Out of device memory: name the batch arithmetic and a smaller per-device batch that keeps
+    the global batch (the accumulation grows instead)."""
+    procs = f"{world} process{'es' if world != 1 else ''}"
+    message = (
+        f"out of memory on {device} with batch.per_device={per_device} "
+        f"(global batch {global_batch} = {per_device} per device x {procs} x accumulation {accumulation})"
+    )
+    smaller = [d for d in range(per_device - 1, 0, -1) if per_device % d == 0]
+    if not smaller:
+        return XtrainError(
+            message,
+            "the per-device batch is already 1: lower data.max_length, set "
+            "model.gradient_checkpointing=true, or use run.mixed_precision=bf16/fp16",
+        )
+    new = smaller[0] if per_device % 2 else per_device // 2
+    new_acc = global_batch // (new * world)
+    return XtrainError(
+        message,
+        f"batch.per_device={new} batch.global_batch={global_batch} keeps the global batch "
+        f"{global_batch}; accumulation becomes {new_acc}",
+    )
+
+
+class TrainingStopped(XtrainError):
+    """SIGINT/SIGTERM: the run stopped at a step boundary after saving a checkpoint."""
+
+    def __init__(self, step: int, path: Path, signum: int) -> None:
+        code = 130 if signum == signal.SIGINT else 128 + int(signum)
+        super().__init__(
+            f"stopped at step {step}; checkpoint saved to {path}",
+            "run the same command again to resume",
+            exit_code=code,
+        )
+        self.step = step
+        self.path = path

@@ -1,0 +1,47 @@
+"""What a training run produced: ``TrainResult`` (also ``output_dir/train_result.json``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced (also written to ``output_dir/train_result.json``)."""
+
+    final_step: int
+    total_steps: int
+    losses: list[list[float]]  # [[step, mean loss over the log window], ...]
+    eval_metrics: dict[str, float]  # the final evaluation ({} without an eval set)
+    eval_history: list[dict[str, float]]  # [{"step": s, "eval_loss": ...}, ...]
+    outputs: dict[str, str]  # adapter / model / merged / checkpoint / result -> path
+    samples_per_s: float  # over the optimizer steps of this session (eval and saves excluded)
+    tokens_per_s: float
+    world_size: int
+    accumulation: int
+    global_batch: int
+    resumed_from: str | None = None
+    skipped_steps: int = 0
+    run_info: dict[str, Any] = field(default_factory=dict)  # how it ran: backend, device, hook, ...
+    predictions: list[dict[str, str]] = field(default_factory=list)  # [{"reference", "prediction"}]
+
+
+def run_info(accelerator: Any, plan: Any, settings: Any, cpu_staged: bool, skips: Any) -> dict[str, Any]:
+    """How the run ran (``TrainResult.run_info``): device, backend, precision, hooks, memory."""
+    import torch
+
+    device, world = accelerator.device, accelerator.num_processes
+    return {
+        "device": str(device),
+        "backend": accelerator.state.backend if world > 1 else None,
+        "distributed_type": str(accelerator.distributed_type),
+        "precision": settings.precision,
+        "plan_os": plan.os_kind,
+        "cpu_staged_allreduce": cpu_staged,
+        "use_libuv": os.environ.get("USE_LIBUV"),
+        # this rank's peak of allocated device memory (the main process writes the result)
+        "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "skip_check": "loss scale" if skips.scaler is not None else None,
+    }

@@ -1,0 +1,70 @@
+"""The logging window: loss, tokens and non-finite steps summed on the device, read once.
+
+Per micro-batch the loop only adds device tensors (no host sync). When a window closes (every
+``run.log_every`` steps, before an eval, a save or a stop) one ``gather`` brings every rank's
+[loss sum, tokens, non-finite streak] to the host: the only sync of the window.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class WindowStats:
+    """A closed window, on the host."""
+
+    loss: float  # mean loss per micro-batch over the window and all ranks
+    tokens: int
+    samples: int
+    seconds: float
+    worst_streak: int  # the longest run of consecutive non-finite steps on any rank, up to now
+
+
+class LogWindow:
+    def __init__(self, device: torch.device) -> None:
+        self.loss = torch.zeros((), device=device)
+        self.tokens = torch.zeros((), device=device, dtype=torch.long)
+        # consecutive steps whose loss was NaN/inf on this rank (kept across windows)
+        self.streak = torch.zeros((), device=device, dtype=torch.long)
+        self.step_bad = torch.zeros((), device=device, dtype=torch.bool)
+        self.steps = 0
+        self.started = 0.0
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss.zero_()
+        self.tokens.zero_()
+        self.steps = 0
+        self.started = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, tokens: torch.Tensor | None) -> None:
+        """One micro-batch's loss (and token count), device-side."""
+        loss = loss.detach()
+        self.loss += loss.float()
+        self.step_bad |= ~torch.isfinite(loss)
+        if tokens is not None:
+            self.tokens += tokens.sum()
+
+    def end_step(self) -> None:
+        self.steps += 1
+        self.streak.add_(1).mul_(self.step_bad)  # +1, or back to 0 after a finite step
+        self.step_bad.zero_()
+
+    def close(self, accelerator: Any, micro_batches_per_step: int, global_batch: int) -> WindowStats:
+        """The window's one host sync: every rank's sums, gathered."""
+        stats = accelerator.gather(
+            torch.stack([self.loss, self.tokens.to(self.loss.dtype), self.streak.float()])
+        ).reshape(-1, 3)
+        sums = stats[:, :2].sum(0)
+        return WindowStats(
+            loss=float(sums[0]) / (self.steps * micro_batches_per_step),
+            tokens=int(sums[1]),
+            samples=self.steps * global_batch,
+            seconds=time.perf_counter() - self.started,
+            worst_streak=int(stats[:, 2].max()),
+        )
