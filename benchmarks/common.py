@@ -172,17 +172,17 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 
 def time_to_first_step(cmd: list[str], output_dir: Path, env: dict[str, str], timeout: float = 900) -> float:
-    """Seconds from starting ``cmd`` (an xtrain training with run.log_every=1 and TensorBoard on)
-    to the end of its first optimizer step, as the loop's first TensorBoard event records it."""
+    """Seconds from starting ``cmd`` (an xtrain training with run.log_every=1) to the end of its
+    first optimizer step, as the loop's first logging window in train_result.json records it."""
     from xtrain.bench import read_windows
 
-    t0 = time.time()  # the event's wall_time is time.time() in the training process
+    t0 = time.time()  # the window's time is time.time() in the training process
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     windows = read_windows(output_dir)
     if not windows:
-        raise RuntimeError(f"no TensorBoard events under {output_dir}")
+        raise RuntimeError(f"no logging windows in {output_dir / 'train_result.json'}")
     return windows[0].wall_time - t0
 
 

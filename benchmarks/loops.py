@@ -6,7 +6,11 @@ AdamW, cosine schedule with warm-up, gradient clipping at 1.0, logging every 10 
 CPU (or ``--precision`` on a GPU). Each run is a fresh process; the three loops run interleaved
 ``--repeats`` times. A run's speed is 1 / its median optimizer-step time after ``--warmup`` steps.
 
-    python benchmarks/loops.py [--repeats 5] [--steps 40] [--json]
+    python benchmarks/loops.py [--repeats 5] [--steps 40] [--json] [--reference DIR]
+
+``--reference DIR`` adds a fourth loop, ``xtrain_ref``: the xtrain loop of another checkout (a
+git worktree of an older commit, say), run by that checkout's own ``benchmarks/loops.py`` with
+``PYTHONPATH=DIR``, interleaved with the others: a before/after of a loop change in one run.
 
 xtrain runs in-process through ``xtrain.train.loop.train`` with a ``build`` hook (the same
 loop ``python -m xtrain.run`` runs; the launch path adds nothing per step).
@@ -239,16 +243,25 @@ def measure(
     precision: str = "no",
     threads: int | None = 1,
     log: Any = None,
+    reference: str | None = None,
 ) -> dict[str, Any]:
-    """Interleaved runs of the three loops; medians, spreads and ratios, by wall time and by the
+    """Interleaved runs of the loops; medians, spreads and ratios, by wall time and by the
     process's CPU time per step."""
-    rates: dict[str, dict[str, list[float]]] = {"wall": {k: [] for k in LOOPS}, "cpu": {k: [] for k in LOOPS}}
+    loops = LOOPS + (("xtrain_ref",) if reference else ())
+    rates: dict[str, dict[str, list[float]]] = {"wall": {k: [] for k in loops}, "cpu": {k: [] for k in loops}}
     base = [PYTHON, str(Path(__file__).resolve()), "--steps", str(steps), "--warmup", str(warmup),
             "--size", size, "--per-device", str(per_device), "--accum", str(accum),
             "--precision", precision]  # fmt: skip
+    n = len(loops)
     for r in range(repeats):
-        for loop in LOOPS[r % 3 :] + LOOPS[: r % 3]:  # rotate the order: no loop always goes first
-            got = run_json([*base, "--worker", loop], env=bench_env(threads))
+        for loop in loops[r % n :] + loops[: r % n]:  # rotate the order: no loop always goes first
+            if loop == "xtrain_ref":
+                ref = str(Path(reference).resolve())
+                cmd = [*base, "--worker", "xtrain"]
+                cmd[1] = str(Path(ref) / "benchmarks" / "loops.py")
+                got = run_json(cmd, env=bench_env(threads, PYTHONPATH=ref))
+            else:
+                got = run_json([*base, "--worker", loop], env=bench_env(threads))
             rates["wall"][loop].append(got["steps_per_s"])
             rates["cpu"][loop].append(got["cpu_steps_per_s"])
             if log:
@@ -264,6 +277,7 @@ def measure(
             "accum": accum,
             "precision": precision,
             "threads": threads,
+            "reference": reference,
         },  # fmt: skip
         "runs": rates,
     }
@@ -278,6 +292,13 @@ def measure(
             "paired_xtrain_vs_plain": Spread.of(paired).to_dict(),
             "paired_xtrain_vs_trainer": Spread.of(paired_t).to_dict(),
         }
+        plain_s = 1 / med["plain"].median
+        out[clock]["overhead_ms_per_step"] = {
+            k: 1000 * (1 / v.median - plain_s) for k, v in med.items() if k != "plain"
+        }  # the host work a loop adds to the hand-written one, per optimizer step
+        if reference:
+            paired_r = [x / r for x, r in zip(by_loop["xtrain"], by_loop["xtrain_ref"], strict=True)]
+            out[clock]["paired_xtrain_vs_ref"] = Spread.of(paired_r).to_dict()
     return out
 
 
@@ -295,6 +316,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (plain loop only)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--reference", help="another xtrain checkout: its loop runs too, as xtrain_ref")
     return p.parse_args(argv)
 
 
@@ -304,7 +326,7 @@ def main() -> None:
         worker(a)
         return
     result = measure(a.repeats, a.steps, a.warmup, a.size, a.per_device, a.accum, a.precision,
-                     log=lambda m: print(m, file=sys.stderr))  # fmt: skip
+                     log=lambda m: print(m, file=sys.stderr), reference=a.reference)  # fmt: skip
     result["machine"] = machine()
     if a.json:
         print(json.dumps(result, indent=1))
@@ -312,12 +334,16 @@ def main() -> None:
     for clock in ("wall", "cpu"):
         r = result[clock]
         print(f"-- by {clock} time per step")
-        for k in LOOPS:
-            print(f"{k:8} {Spread(**_spread(r['steps_per_s'][k])).show(unit=' steps/s')}")
+        for k in r["steps_per_s"]:
+            print(f"{k:10} {Spread(**_spread(r['steps_per_s'][k])).show(unit=' steps/s')}")
         print(f"xtrain / plain   {r['xtrain_vs_plain']:.3f} "
               f"(paired {Spread(**_spread(r['paired_xtrain_vs_plain'])).show('{:.3f}')})")  # fmt: skip
         print(f"xtrain / Trainer {r['xtrain_vs_trainer']:.3f} "
               f"(paired {Spread(**_spread(r['paired_xtrain_vs_trainer'])).show('{:.3f}')})")  # fmt: skip
+        extra = ", ".join(f"{k} {v:+.2f} ms" for k, v in r["overhead_ms_per_step"].items())
+        print(f"per step over plain: {extra}")
+        if "paired_xtrain_vs_ref" in r:
+            print(f"xtrain / ref     (paired {Spread(**_spread(r['paired_xtrain_vs_ref'])).show('{:.3f}')})")
 
 
 def _spread(d: dict[str, float]) -> dict[str, Any]:

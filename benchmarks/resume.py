@@ -4,8 +4,8 @@ Both checkpoints are real: a micro llama-style model (1 layer x 32, 16-token blo
 batch 2, ~240 samples, so ~120 steps per epoch) is trained for 10 and for 10,000 steps (83
 epochs) through ``python -m xtrain.run``; nothing is edited by hand. Each timed run copies one
 checkpoint into a fresh output folder and resumes it with ``run.resume=auto`` for 3 more steps;
-its time to the first step is measured from the process start to the loop's first TensorBoard
-event (``run.log_every=1``). The runs alternate between the two checkpoints ``--repeats`` times.
+its time to the first step is measured from the process start to the loop's first logging window
+(train_result.json, ``run.log_every=1``). The runs alternate between the two checkpoints ``--repeats`` times.
 
 xtrain's sampler computes the resumed step's samples from (seed, epoch, position) directly, so
 the cost must not grow with the step; a loader that skipped batches by iterating would pay for

@@ -5,9 +5,9 @@ The training job is the same for both: the bench's ``tiny`` llama-style model sa
 (loaded with ``from_pretrained``), ~250 tiny stories in a jsonl file tokenized and packed into
 128-token blocks with ``datasets.map``, LoRA r=16 on q/k/v/o, per-device batch 8, one process.
 Time to the first step runs from the process start to the end of optimizer step 1 (xtrain: the
-loop's first TensorBoard event with ``run.log_every=1``; Trainer: a callback). One untimed run of
-each fills the caches (``datasets`` map cache, bytecode), so the figures are warm starts. The
-variants alternate ``--repeats`` times.
+loop's first logging window in train_result.json with ``run.log_every=1``; Trainer: a
+callback). One untimed run of each fills the caches (``datasets`` map cache, bytecode), so the
+figures are warm starts. The variants alternate ``--repeats`` times.
 
     python benchmarks/startup.py [--repeats 5] [--json]
 """

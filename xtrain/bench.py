@@ -6,11 +6,11 @@ device (``pick_size``), run through the real launch path (``xtrain.launch.launch
 then with every planned process. The global batch stays the same in both runs (``per_device x
 processes``; the one-process run accumulates), as it does when a user adds GPUs to an xtrain job.
 
-Rates come from the loop itself: it logs samples/s and tokens/s per logging window to
-TensorBoard. The first window (first CUDA kernels, allocator warm-up, DDP's first bucket pass) is
-left out, so the figures are the steady state a long run sees; start-up (imports, model, data)
-is never in them. Without event files the loop's whole-session rate from ``train_result.json``
-is used instead, and the result says so.
+Rates come from the loop itself: it records every logging window (steps, seconds, samples,
+tokens) in ``train_result.json``. The first window (first CUDA kernels, allocator warm-up, DDP's
+first bucket pass) is left out, so the figures are the steady state a long run sees; start-up
+(imports, model, data) is never in them. Without windows the loop's whole-session rate from
+``train_result.json`` is used instead, and the result says so.
 
 Pure pieces, tested without training: ``scaling`` (speedup, efficiency), ``flops_per_token``,
 ``peak_tflops`` (the peak table), ``mfu``, ``pick_size``, ``steady_rates``. Library code: no
@@ -206,34 +206,22 @@ def steady_rates(windows: list[Window], global_batch: int, skip: int = 1) -> tup
 
 
 def read_windows(output_dir: Path) -> list[Window]:
-    """The loop's logging windows from its TensorBoard event files (empty when there are none)."""
-    files = sorted((output_dir / "logs").rglob("events.out.tfevents.*"))
-    if not files:
+    """The loop's logging windows, as it recorded them in ``train_result.json`` (empty when
+    there is none)."""
+    path = output_dir / "train_result.json"
+    if not path.is_file():
         return []
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-
-    values: dict[int, dict[str, float]] = {}
-    for f in files:
-        for event in EventFileLoader(str(f)).Load():
-            for v in event.summary.value:
-                if v.tag in ("samples_per_s", "tokens_per_s"):
-                    number = v.simple_value if not v.tensor.float_val else v.tensor.float_val[0]
-                    logged = values.setdefault(int(event.step), {"wall_time": event.wall_time})
-                    logged[v.tag] = float(number)
-    windows, prev = [], 0
-    for step in sorted(values):
-        rates = values[step]
-        windows.append(
-            Window(
-                step,
-                step - prev,
-                rates.get("samples_per_s", 0.0),
-                rates.get("tokens_per_s", 0.0),
-                rates["wall_time"],
-            )
+    recorded = json.loads(path.read_text(encoding="utf-8")).get("windows") or []
+    return [
+        Window(
+            int(w["step"]),
+            int(w["steps"]),
+            w["samples"] / w["seconds"] if w["seconds"] > 0 else 0.0,
+            w["tokens"] / w["seconds"] if w["seconds"] > 0 else 0.0,
+            float(w["time"]),
         )
-        prev = step
-    return windows
+        for w in recorded
+    ]
 
 
 # -- results --------------------------------------------------------------------------------------------
@@ -408,7 +396,7 @@ def job_config(
             "max_steps": steps,
             "log_every": log_every,
             "resume": "off",
-            "tensorboard": True,
+            "tensorboard": False,  # the rates come from train_result.json's windows
             "keep_checkpoints": 1,
             "mixed_precision": precision or "auto",
             "seed": 0,

@@ -225,4 +225,9 @@ def _report(e: XtrainError) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code in (130, 143):
+        # the run has stopped and said so: a further Ctrl+C during interpreter shutdown (atexit
+        # finalizers) would only add a KeyboardInterrupt traceback after the one line
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)

@@ -42,6 +42,7 @@ from typing import Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
+from xtrain.launch.env import visible_entries
 from xtrain.planning.plan import Plan
 from xtrain.shell import quote, set_env
 
@@ -134,18 +135,16 @@ def _gpu_ids(plan: Plan) -> str:
 
 
 def physical_gpu_ids(gpu_ids: str, cuda_visible_devices: str | None) -> str:
-    """Map torch's GPU ids through an existing ``CUDA_VISIBLE_DEVICES``.
+    """Map torch's GPU ids through an existing ``CUDA_VISIBLE_DEVICES`` (unchanged when they do
+    not fit it: doctor reports that).
 
     accelerate exports ``gpu_ids`` as ``CUDA_VISIBLE_DEVICES``, replacing the user's: with
     ``CUDA_VISIBLE_DEVICES=2,3`` torch's GPU 1 is the card listed as 3, so the file must say 3.
     """
-    entries = [e.strip() for e in (cuda_visible_devices or "").split(",") if e.strip()]
-    if gpu_ids == "all" or not entries:
+    if gpu_ids == "all":
         return gpu_ids
-    ids = [int(i) for i in gpu_ids.split(",")]
-    if any(i >= len(entries) for i in ids):
-        return gpu_ids
-    return ",".join(entries[i] for i in ids)
+    mapped = visible_entries([int(i) for i in gpu_ids.split(",")], cuda_visible_devices)
+    return gpu_ids if mapped is None else mapped
 
 
 def config_for(
@@ -234,15 +233,10 @@ def header_for(plan: Plan) -> str:
 # Where it goes, writing it, checking it
 # ---------------------------------------------------------------------------------------------
 def default_config_path() -> Path:
-    """accelerate's default config file, computed the way accelerate computes it (at call time).
+    """accelerate's default config file (``xtrain.machine.probe.accelerate_config_path``)."""
+    from xtrain.machine.probe import accelerate_config_path
 
-    ``$HF_HOME/accelerate/default_config.yaml``, else ``$XDG_CACHE_HOME/huggingface/...``, else
-    ``~/.cache/huggingface/accelerate/default_config.yaml`` (config_args.py).
-    """
-    hf_home = os.path.expanduser(
-        os.environ.get("HF_HOME", os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
-    )
-    return Path(hf_home) / "accelerate" / "default_config.yaml"
+    return accelerate_config_path()
 
 
 def backup_path_for(path: Path, now: float | None = None) -> Path:

@@ -64,3 +64,16 @@ def check(environ: Any = None) -> None:
             f"environment variable XTRAIN_RENDEZVOUS={url!r} is not a file:// URL",
             "unset it: xtrain's launchers set it for their own workers",
         )
+
+
+def visible_entries(gpu_ids: list[int], cuda_visible_devices: str | None) -> str | None:
+    """torch's GPU ids as ``CUDA_VISIBLE_DEVICES`` entries. torch's ids count only the devices an
+    existing ``CUDA_VISIBLE_DEVICES`` leaves visible (``2,3``: torch's 1 is the card listed as 3),
+    so they map through it; None when an id is beyond it. The one mapping for the launcher and
+    the accelerate config."""
+    entries = [e.strip() for e in (cuda_visible_devices or "").split(",") if e.strip()]
+    if not entries:
+        return ",".join(str(i) for i in gpu_ids)
+    if any(i >= len(entries) for i in gpu_ids):
+        return None
+    return ",".join(entries[i] for i in gpu_ids)

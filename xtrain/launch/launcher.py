@@ -39,6 +39,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.launch import lifetime, stops
+from xtrain.launch.env import visible_entries
 from xtrain.launch.rendezvous import RENDEZVOUS_ENV, file_url, loopback_agent_store, loopback_transport_env
 from xtrain.planning.plan import Plan
 
@@ -90,19 +91,15 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def _visible_devices(gpu_ids: list[int]) -> str:
-    """CUDA_VISIBLE_DEVICES for the plan's GPU ids. The ids are torch's indices, which count
-    only the devices an existing CUDA_VISIBLE_DEVICES leaves visible, so map through it."""
+    """CUDA_VISIBLE_DEVICES for the plan's GPU ids, mapped through the current one."""
     current = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if current is None or not current.strip():
-        return ",".join(str(i) for i in gpu_ids)
-    entries = [e.strip() for e in current.split(",") if e.strip()]
-    try:
-        return ",".join(entries[i] for i in gpu_ids)
-    except IndexError:
+    mapped = visible_entries(gpu_ids, current)
+    if mapped is None:
         raise XtrainError(
             f"GPU ids {gpu_ids} do not fit CUDA_VISIBLE_DEVICES={current!r}",
             "run `xtrain doctor` again in this shell and pick ids from its GPU list",
-        ) from None
+        )
+    return mapped
 
 
 def plan_env(plan: Plan) -> dict[str, str]:

@@ -96,10 +96,12 @@ def accelerate_config_path(environ: Mapping[str, str] | None = None) -> Path:
     """accelerate's default config file, computed as accelerate 1.x does (config_args.py).
 
     ``$HF_HOME/accelerate/default_config.yaml``, else ``$XDG_CACHE_HOME/huggingface/...``, else
-    ``~/.cache/huggingface/...``. Computed here so that probing does not import accelerate.
+    ``~/.cache/huggingface/...``, read at call time with ``os.environ.get(name, default)`` exactly
+    as accelerate reads them (a set but empty variable counts as set). Computed here so that
+    probing does not import accelerate; ``xtrain configure`` writes to the same path.
     """
     env = os.environ if environ is None else environ
-    hf_home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    hf_home = env.get("HF_HOME", os.path.join(env.get("XDG_CACHE_HOME", "~/.cache"), "huggingface"))
     return Path(os.path.expanduser(hf_home)) / "accelerate" / "default_config.yaml"
 
 

@@ -627,4 +627,3 @@ CHECKS: tuple[Check, ...] = (
     check_accelerate_config,
     check_probe_errors,
 )
-

@@ -284,7 +284,6 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
     )
 
 
-
 def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:
     """Facts (+ user overrides) -> plan and findings. Pure: safe on any saved snapshot."""
     from xtrain.planning.checks import CHECKS

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -120,6 +121,7 @@ class Recipe:
         self.skipped = 0  # optimizer steps dropped for fp16 overflow
         self.last_saved = -1
         self.trained = [0.0, 0, 0]  # seconds, samples, tokens over closed windows
+        self.windows: list[dict[str, float]] = []  # this session's closed windows (TrainResult)
 
     # -- the whole run --------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -331,6 +333,10 @@ class Recipe:
             )
         for i, v in enumerate((w.seconds, w.samples, w.tokens)):
             self.trained[i] += v
+        self.windows.append(
+            {"step": done, "steps": self.window.steps, "seconds": w.seconds, "samples": w.samples,
+             "tokens": w.tokens, "time": time.time()}
+        )  # fmt: skip
         metrics = {
             "loss": w.loss,
             "lr": float(self.scheduler.get_last_lr()[0]),
@@ -447,6 +453,7 @@ class Recipe:
             resumed_from=str(self.resume_from) if self.resume_from else None,
             skipped_steps=self.skipped,
             predictions=self.predictions,
+            windows=self.windows,
             run_info=run_info(self.accelerator, self.plan, self.settings, self.cpu_staged, self.skips),
         )
         acc.wait_for_everyone()

@@ -143,7 +143,6 @@ def enable_gradient_checkpointing(model: Any, with_lora: bool) -> None:
 def apply_lora(model: Any, lora: Any, task: str) -> Any:
     """``get_peft_model`` with the config's settings; the task head is trained whole for seq-cls
     (peft's ``TaskType.SEQ_CLS`` puts ``classifier``/``score`` in ``modules_to_save``)."""
-    import torch
     from peft import LoraConfig, TaskType, get_peft_model
 
     targets: str | list[str] = lora.target_modules
@@ -167,9 +166,39 @@ def apply_lora(model: Any, lora: Any, task: str) -> Any:
                 f"Linear layers it has: {available}",
             ) from None
         raise
-    # Trained weights stay in float32 even when the base model was loaded in half precision
-    # (mixed precision autocasts the compute; a half-precision trainable weight breaks the scaler).
+    return _trainable_fp32(peft_model)
+
+
+def _trainable_fp32(peft_model: Any) -> Any:
+    """Trained weights stay in float32 even when the base model was loaded in half precision
+    (mixed precision autocasts the compute; a half-precision trainable weight breaks the scaler)."""
+    import torch
+
     for p in peft_model.parameters():
         if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16):
             p.data = p.data.float()
     return peft_model
+
+
+def apply_lora_matching(model: Any, lora: Any, pattern: str, where: str) -> Any:
+    """``get_peft_model`` on the Linear layers whose full module name matches ``pattern`` (a
+    regex): how encoder-decoder and multimodal tasks pick their halves. ``where`` names the part
+    in the one-line error when nothing matches."""
+    import re
+
+    from peft import LoraConfig, get_peft_model
+
+    if not any(re.fullmatch(pattern, n) for n in linear_layers(model)):
+        available = ", ".join(sorted(set(linear_layers(model).values()))[:16])
+        raise XtrainError(
+            f"lora.target_modules {lora.target_modules} matched no layer of the {where}",
+            f"Linear layers it has: {available}",
+        )
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=pattern,
+        modules_to_save=lora.modules_to_save,
+    )
+    return _trainable_fp32(get_peft_model(model, config))

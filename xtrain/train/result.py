@@ -26,6 +26,9 @@ class TrainResult:
     skipped_steps: int = 0
     run_info: dict[str, Any] = field(default_factory=dict)  # how it ran: backend, device, hook, ...
     predictions: list[dict[str, str]] = field(default_factory=list)  # [{"reference", "prediction"}]
+    # this session's logging windows: [{"step", "steps", "seconds", "samples", "tokens", "time"}]
+    # (``time``: time.time() when the window closed), what ``xtrain bench`` measures rates from
+    windows: list[dict[str, float]] = field(default_factory=list)
 
 
 def run_info(accelerator: Any, plan: Any, settings: Any, cpu_staged: bool, skips: Any) -> dict[str, Any]:

@@ -136,29 +136,8 @@ def target_pattern(model: Any, lora_cfg: Any) -> str:
 
 
 def apply_lora(model: Any, lora_cfg: Any) -> Any:
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    pattern = target_pattern(model, lora_cfg)
-    if not any(re.fullmatch(pattern, n) for n in lora.linear_layers(model)):
-        available = ", ".join(sorted(set(lora.linear_layers(model).values()))[:16])
-        raise XtrainError(
-            f"lora.target_modules {lora_cfg.target_modules} matched no layer of the "
-            f"{lora_cfg.apply_to if lora_cfg.apply_to != 'both' else 'encoder or decoder'}",
-            f"Linear layers it has: {available}",
-        )
-    config = LoraConfig(
-        r=lora_cfg.r,
-        lora_alpha=lora_cfg.alpha,
-        lora_dropout=lora_cfg.dropout,
-        target_modules=pattern,
-        modules_to_save=lora_cfg.modules_to_save,
-    )
-    peft_model = get_peft_model(model, config)
-    for p in peft_model.parameters():  # trained weights stay float32 (see lora.apply_lora)
-        if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16):
-            p.data = p.data.float()
-    return peft_model
+    where = lora_cfg.apply_to if lora_cfg.apply_to != "both" else "encoder or decoder"
+    return lora.apply_lora_matching(model, lora_cfg, target_pattern(model, lora_cfg), where)
 
 
 def cap_new_tokens(model: Any, max_new_tokens: int) -> int:
