@@ -407,16 +407,23 @@ def words_straight(words_job):
 
 
 @pytest.mark.slow
-def test_one_and_two_processes_give_the_same_wer(words_job, words_straight):
-    from tests_support import assert_same_training, python_run, run_xtrain
+@pytest.mark.parametrize("mode", ["spawn", "torchrun", "accelerate-config"])
+def test_one_and_two_processes_give_the_same_wer(mode, words_job, words_straight):
+    """The same launch modes as the other tasks (tests_support.TWO_PROCESSES): `python -m
+    xtrain.run --processes 2`, `torchrun --nproc_per_node 2 -m xtrain.run` and `accelerate launch
+    -m xtrain.run` with the config `xtrain configure --processes 2` writes, each against one process
+    with the same global batch."""
+    from tests_support import assert_same_training, run_xtrain, two_process_command
 
-    out = words_job.root / "two"
-    args = ("--processes", "2", "--config", str(words_job.config), f"run.output_dir={out}")
-    proc = run_xtrain(python_run(*args), words_job.env)
+    out = words_job.root / f"two-{mode}"
+    command, env = two_process_command(mode, words_job.root, words_job.env)
+    proc = run_xtrain([*command, "--config", str(words_job.config), f"run.output_dir={out}"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = json.loads((words_straight / "train_result.json").read_text())
     two = json.loads((out / "train_result.json").read_text())
     assert (two["world_size"], two["accumulation"], one["accumulation"]) == (2, 1, 2)
+    assert two["run_info"]["backend"] == "gloo"
+    assert two["run_info"]["distributed_type"] == "DistributedType.MULTI_CPU"
     assert one["eval_history"][0]["step"] == 0  # eval_at_start: the "before" WER
     for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
         assert (a["step"], a["wer"], a["cer"]) == (b["step"], b["wer"], b["cer"])

@@ -56,4 +56,3 @@ def build_workload(
 ) -> Workload:
     """The Workload of ``cfg.model.task``."""
     return builder(cfg.model.task)(cfg, main_process_first)
-
