@@ -16,25 +16,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests_support import Job, assert_same_training, make_job, run_xtrain
+from tests_support import TWO_PROCESSES, Job, assert_same_training, make_job, run_xtrain, two_process_command
 
 pytestmark = pytest.mark.slow
 
 SPAWN = [sys.executable, "-m", "xtrain.run"]
 MODES = {
-    "accelerate": [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "xtrain.run",
-    ],
-    # the design card's command, with the default config `xtrain configure --processes 2` writes
-    "accelerate-config": [sys.executable, "-m", "accelerate.commands.launch", "-m", "xtrain.run"],
-    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"],
-    "spawn": [*SPAWN, "--processes", "2"],
+    **TWO_PROCESSES,
     "windows": [*SPAWN, "--processes", "2"],  # + XTRAIN_PLATFORM=windows, forced CPU-staged hook
     # the headline command on Windows, with the config `xtrain configure` writes there, under a
     # torch that behaves like a Windows wheel without libuv (tests/nolibuv/sitecustomize.py)
     "accelerate-windows-config": [sys.executable, "-m", "accelerate.commands.launch", "-m", "xtrain.run"],
-}  # fmt: skip
+}
 NO_LIBUV = Path(__file__).resolve().parent / "nolibuv"
 
 
@@ -77,11 +70,10 @@ def test_two_processes_match_one(mode: str, job, reference: Path) -> None:
         # accelerate exports the config's gpu_ids as CUDA_VISIBLE_DEVICES; on a 2-GPU Windows
         # machine that names 2 cards. Here it stands in for them (a CPU torch ignores it).
         env = no_libuv_env({**env, "CUDA_VISIBLE_DEVICES": "0,1"})
-    if mode == "accelerate-config":
-        env["HF_HOME"] = str(job.root / "hf-configured")
-        configure = run_xtrain([sys.executable, "-m", "xtrain", "configure", "--processes", "2"], env)
-        assert configure.returncode == 0, configure.stderr
-    proc = run_xtrain([*MODES[mode], "--config", str(job.config), f"run.output_dir={out}"], env)
+    command = MODES[mode]
+    if mode in TWO_PROCESSES:
+        command, env = two_process_command(mode, job.root, env)
+    proc = run_xtrain([*command, "--config", str(job.config), f"run.output_dir={out}"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "train_result.json").read_text())
     assert result["world_size"] == 2 and result["accumulation"] == 1 and result["global_batch"] == 8

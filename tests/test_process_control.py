@@ -269,3 +269,73 @@ def test_sigterm_before_the_loop_says_nothing_was_written(job: Job) -> None:
         "stopped on SIGTERM; no checkpoint was written (run the same command again to start over)"
     ]
     assert not (out / "checkpoints").exists()
+
+
+# -- launchers the user starts: torchrun, accelerate launch ------------------------------------------
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"]
+ACCELERATE_ONE = [
+    sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1",
+    "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "xtrain.run",
+]  # fmt: skip
+
+
+def assert_resumes(job: Job, out: Path, line: str) -> None:
+    """The stop checkpoint is one a run resumes from (one plain process, 2 more steps)."""
+    import json
+
+    from tests_support import run_xtrain
+
+    step = int(re.search(r"stopped at step (\d+)", line).group(1))
+    proc = run_xtrain(python_run(*run_args(job, out), f"run.max_steps={step + 2}"), job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["resumed_from"].endswith(f"step-{step}") and result["final_step"] == step + 2
+
+
+def test_user_started_torchrun_ctrl_c_stops_the_workers_cleanly(job: Job) -> None:
+    """Ctrl+C on `torchrun -m xtrain.run`: torchrun's agent forwards SIGINT to the workers (their
+    own sessions), which stop at the next step, save, and rank 0 prints the one line; then the
+    agent re-raises its SignalException: exit 1 with its traceback (torchrun's code, not xtrain's:
+    docs/reliability.md). If torch changes that, this test says so and the docs must follow."""
+    out = job.root / "torchrun-int"
+    run, out, marker = start(job, "torchrun-int", [*TORCHRUN, *run_args(job, out)])
+    pids: list[int] = []
+    try:
+        run.wait_for(marker)
+        pids = [p.pid for p in run.tree()]
+        os.killpg(run.proc.pid, signal.SIGINT)  # the terminal's Ctrl+C: the launcher's group
+        assert run.finish(STOP_S) == 1, run.stderr()[-3000:]
+    finally:
+        run.cleanup(pids)
+    err = run.stderr()
+    assert "SignalException: Process" in err and "got signal: 2" in err  # torchrun's own ending
+    (line,) = stop_lines(err)
+    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
+    newest_is_complete(out, line)
+    assert_all_gone(pids)
+    assert_resumes(job, out, line)
+
+
+def test_sigterm_to_one_process_accelerate_launch_stops_with_a_checkpoint(job: Job) -> None:
+    """`accelerate launch` with one process runs it as a plain child and installs no handler:
+    SIGTERM to accelerate alone ends accelerate at once (-15) and reaches nobody else. The worker
+    sees its parent gone (xtrain.launch.lifetime), stops as on SIGTERM and saves, instead of
+    training on alone (as it did before) or dying without a checkpoint."""
+    out = job.root / "acc-one-term"
+    env_job = Job(job.root, job.config, {**job.env, "HF_HOME": str(job.root / "hf-none")})  # no config
+    run, out, marker = start(env_job, "acc-one-term", [*ACCELERATE_ONE, *run_args(job, out)])
+    pids: list[int] = []
+    try:
+        run.wait_for(marker)
+        pids = [p.pid for p in run.tree()]
+        assert len(pids) == 2, pids  # accelerate and the one worker
+        os.kill(run.proc.pid, signal.SIGTERM)
+        assert run.finish(STOP_S) == -signal.SIGTERM
+        assert_all_gone(pids[1:])  # within LIFETIME_S of accelerate's end, after saving
+    finally:
+        run.cleanup(pids)
+    err = run.stderr()
+    assert "Traceback" not in err
+    (line,) = stop_lines(err)
+    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
+    newest_is_complete(out, line)

@@ -154,6 +154,9 @@ def test_jsonl_with_relative_paths_builds_whisper_batches(whisper, tmp_path):
     pickle.loads(pickle.dumps(workload.train_dataset))
     loss = workload.model(**batch).loss
     assert torch.isfinite(loss)
+    # data.group_by_length: audio seconds from the headers read by the file check, no decoding
+    expected = [soundfile.info(str(tmp_path / "clips" / f"{i:03d}.wav")).duration for i in range(len(TEXTS))]
+    assert workload.train_lengths() == pytest.approx(expected)
 
 
 def test_csv_and_audiofolder_with_metadata(whisper, tmp_path):
@@ -190,6 +193,9 @@ def test_audio_feature_saved_with_save_to_disk(whisper, tmp_path):
     workload = build_workload(_cfg(whisper, tmp_path / "saved"))
     assert workload.train_dataset.ds.features["audio"].decode is False
     assert _batch(workload)["input_features"].shape[0] == 4
+    # lengths of embedded clips: read from the bytes' headers, one batch of rows at a time
+    expected = [soundfile.info(str(tmp_path / "clips" / n)).duration for n in names]
+    assert workload.train_lengths() == pytest.approx(expected)
 
 
 def test_missing_and_corrupt_audio_are_one_line(whisper, tmp_path):
@@ -407,16 +413,23 @@ def words_straight(words_job):
 
 
 @pytest.mark.slow
-def test_one_and_two_processes_give_the_same_wer(words_job, words_straight):
-    from tests_support import assert_same_training, python_run, run_xtrain
+@pytest.mark.parametrize("mode", ["spawn", "torchrun", "accelerate-config"])
+def test_one_and_two_processes_give_the_same_wer(mode, words_job, words_straight):
+    """The same launch modes as the other tasks (tests_support.TWO_PROCESSES): `python -m
+    xtrain.run --processes 2`, `torchrun --nproc_per_node 2 -m xtrain.run` and `accelerate launch
+    -m xtrain.run` with the config `xtrain configure --processes 2` writes, each against one process
+    with the same global batch."""
+    from tests_support import assert_same_training, run_xtrain, two_process_command
 
-    out = words_job.root / "two"
-    args = ("--processes", "2", "--config", str(words_job.config), f"run.output_dir={out}")
-    proc = run_xtrain(python_run(*args), words_job.env)
+    out = words_job.root / f"two-{mode}"
+    command, env = two_process_command(mode, words_job.root, words_job.env)
+    proc = run_xtrain([*command, "--config", str(words_job.config), f"run.output_dir={out}"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = json.loads((words_straight / "train_result.json").read_text())
     two = json.loads((out / "train_result.json").read_text())
     assert (two["world_size"], two["accumulation"], one["accumulation"]) == (2, 1, 2)
+    assert two["run_info"]["backend"] == "gloo"
+    assert two["run_info"]["distributed_type"] == "DistributedType.MULTI_CPU"
     assert one["eval_history"][0]["step"] == 0  # eval_at_start: the "before" WER
     for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
         assert (a["step"], a["wer"], a["cer"]) == (b["step"], b["wer"], b["cer"])
@@ -449,3 +462,51 @@ def test_predict_transcribes_audio_with_the_trained_adapter(words_job, words_str
     assert [line.split("\t")[0] for line in lines] == [str(clips / "0.wav"), str(clips / "1.wav")]
     assert main(["predict", str(words_straight), "--prompt", "hi"]) == 2
     assert "reads audio" in capsys.readouterr().err
+
+
+def _loop_groups_by_length() -> bool:
+    """Whether the training loop hands data.group_by_length's lengths to its DataOrder."""
+    from xtrain.train import loop
+
+    return "train_lengths(workload)" in Path(loop.__file__).read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not _loop_groups_by_length(), reason="the loop does not pass sample lengths to DataOrder yet"
+)
+def test_group_by_length_same_for_one_and_two_processes_and_resumes_exactly(words_job, words_straight):
+    """data.group_by_length on the speech job: 1 and 2 processes train on the same samples per
+    step (same WER/CER, eval loss and adapter), a kill mid-run resumes bit for bit, and the order
+    really changed (not the plain run's losses)."""
+    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+
+    def args(name: str, *extra: str) -> list[str]:
+        out = words_job.root / name
+        return [
+            "--config",
+            str(words_job.config),
+            f"run.output_dir={out}",
+            "data.group_by_length=true",
+            *extra,
+        ]
+
+    one, two, killed = (words_job.root / n for n in ("grouped-one", "grouped-two", "grouped-killed"))
+    for cmd in (python_run(*args("grouped-one")), python_run("--processes", "2", *args("grouped-two"))):
+        proc = run_xtrain(cmd, words_job.env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (json.loads((out / "train_result.json").read_text()) for out in (one, two))
+    assert [(e["step"], e["wer"], e["cer"]) for e in a["eval_history"]] == [
+        (e["step"], e["wer"], e["cer"]) for e in b["eval_history"]
+    ]
+    assert_same_training(one, two)
+    plain = json.loads((words_straight / "train_result.json").read_text())
+    assert [x for _, x in plain["losses"]] != [x for _, x in a["losses"]]
+
+    marker = killed / "checkpoints" / "step-2" / "xtrain_state.json"
+    resume = args("grouped-killed", "run.resume=auto")
+    assert run_until(python_run(*resume), words_job.env, marker.exists) == -9
+    proc = run_xtrain(python_run(*resume), words_job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((killed / "train_result.json").read_text())["resumed_from"]
+    assert_same_training(one, killed, exact=True)

@@ -151,6 +151,32 @@ def python_run(*args: str) -> list[str]:
     return [sys.executable, "-m", "xtrain.run", *args]
 
 
+# The ways to start `xtrain.run` with 2 CPU processes that every task must agree on
+# (test_launch_modes.py for causal-lm, test_speech_to_text.py for speech-to-text).
+TWO_PROCESSES = {
+    "spawn": [sys.executable, "-m", "xtrain.run", "--processes", "2"],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "xtrain.run"],
+    "accelerate": [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "xtrain.run",
+    ],
+    # the design card's command, with the default config `xtrain configure --processes 2` writes
+    "accelerate-config": [sys.executable, "-m", "accelerate.commands.launch", "-m", "xtrain.run"],
+}  # fmt: skip
+
+
+def two_process_command(mode: str, root: Path, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of launch mode ``mode`` (a key of ``TWO_PROCESSES``);
+    ``accelerate-config`` first writes accelerate's default config with ``xtrain configure``
+    into a private ``HF_HOME`` under ``root``."""
+    env = dict(env)
+    if mode == "accelerate-config":
+        env["HF_HOME"] = str(root / "hf-configured")
+        configure = run_xtrain([sys.executable, "-m", "xtrain", "configure", "--processes", "2"], env)
+        assert configure.returncode == 0, configure.stderr
+    return list(TWO_PROCESSES[mode]), env
+
+
 def adapter_weights(out: Path) -> dict:
     from safetensors.torch import load_file
 

@@ -13,7 +13,9 @@ alone reaches nobody. So each worker watches its launcher with the OS's own mean
   JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE: when the launcher ends in any way (console closed, Ctrl+C,
   killed in Task Manager) Windows ends every process it started.
 
-A worker only watches when a launcher started it (``WORLD_SIZE`` set) or xtrain did
+A worker only watches when a launcher started it (``WORLD_SIZE`` set, or ``accelerate launch``'s
+one-process launcher: ``ACCELERATE_USE_CPU`` set and the parent's command line names accelerate;
+there the end is a stop with a checkpoint, see ``watch_parent``) or xtrain did
 (``XTRAIN_PARENT_PID``): a run started by hand under ``nohup`` must outlive its shell.
 """
 
@@ -83,15 +85,46 @@ def parent_to_watch(environ: Any = None) -> int | None:
     sent = env.get(PARENT_ENV, "")
     if sent.strip().isdigit():
         return int(sent)
-    if "WORLD_SIZE" in env:
+    if "WORLD_SIZE" in env or _under_accelerate_simple_launcher(env):
         return os.getppid()
     return None
 
 
+def _under_accelerate_simple_launcher(env: Any) -> bool:
+    """``accelerate launch`` with one process (its ``simple_launcher``: a 1-process config, or
+    xtrain's Windows config, where xtrain.run spawns the workers) sets ``ACCELERATE_USE_CPU`` but
+    no ``WORLD_SIZE``; SIGTERM ends it at once (it installs no handler) and would leave this run
+    going on alone."""
+    if "ACCELERATE_USE_CPU" not in env or "WORLD_SIZE" in env:
+        return False
+    import psutil
+
+    try:
+        return any("accelerate" in part for part in psutil.Process(os.getppid()).cmdline())
+    except psutil.Error:
+        return False
+
+
+def _stop_then_die(grace_s: float) -> None:
+    """The parent is gone but had no way to pass a stop on: stop as on SIGTERM (the loop saves at
+    the next step boundary and exits 143), and end for good after ``grace_s``."""
+    timer = threading.Timer(grace_s, _die)
+    timer.daemon = True
+    timer.start()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def watch_parent(parent_pid: int | None = None, interval_s: float = WATCH_INTERVAL_S) -> bool:
     """Make this process end when ``parent_pid`` (default: the launcher that started it, see
-    ``parent_to_watch``) ends. Idempotent; returns whether a watch is active."""
+    ``parent_to_watch``) ends. Idempotent; returns whether a watch is active.
+
+    Under ``accelerate launch``'s one-process launcher the end is a stop, not a kill: a Ctrl+C
+    reaches this process and accelerate alike, and accelerate exits at once (its KeyboardInterrupt)
+    while this process is still saving its stop checkpoint; a SIGTERM to accelerate alone reaches
+    only accelerate. So there the watch thread sends this process SIGTERM (stop at the next step,
+    save) and kills it only ``STOP_GRACE_S`` later; no PR_SET_PDEATHSIG."""
     global _watching
+    graceful = parent_pid is None and _under_accelerate_simple_launcher(os.environ)
     pid = parent_to_watch() if parent_pid is None else parent_pid
     if pid is None or pid <= 1:
         return False
@@ -101,20 +134,25 @@ def watch_parent(parent_pid: int | None = None, interval_s: float = WATCH_INTERV
         parent = _WindowsParent(pid)
         gone = parent.gone
     else:
-        if os.getppid() == pid:
+        if os.getppid() == pid and not graceful:
             _set_pdeathsig()
 
         def gone() -> bool:
             return os.getppid() != pid
 
-    if gone():  # the launcher died before the watch started
+    if gone() and not graceful:  # the launcher died before the watch started
         _die()
 
     def watch() -> None:
         while True:
-            time.sleep(interval_s)
             if gone():
+                if graceful:
+                    from xtrain.launch.stops import STOP_GRACE_S
+
+                    _stop_then_die(STOP_GRACE_S)
+                    return
                 _die()
+            time.sleep(interval_s)
 
     threading.Thread(target=watch, name="xtrain-parent-watch", daemon=True).start()
     _watching = True

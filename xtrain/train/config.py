@@ -71,6 +71,9 @@ class DataConfig:
     label_column: str = "label"
     max_length: int = 512
     packing: bool = False  # causal-lm: concatenate and cut into max_length blocks
+    # Each optimizer step's samples of similar length (speech: audio seconds; text: tokens), less
+    # padding; the order stays independent of the process count (xtrain.train.sampler).
+    group_by_length: bool = False
     num_workers: int | None = None  # DataLoader worker processes per training process; None: the plan's
 
 
@@ -395,6 +398,15 @@ def _validate(cfg: TrainConfig) -> None:
                 "data.prompt_column/response_column are for task causal-lm, not seq-cls",
                 "use data.text_column (and data.text_pair_column) with data.label_column",
             )
+    if d.group_by_length and (d.packing or m.task == "image-to-text"):
+        why = (
+            "packed blocks all have max_length tokens"
+            if d.packing
+            else "its images are all resized to one size"
+        )
+        raise XtrainError(
+            f"data.group_by_length has nothing to group here: {why}", "set data.group_by_length=false"
+        )
     if m.task in ("image-to-text", "speech-to-text"):
         if d.packing:
             raise XtrainError(f"data.packing is for task causal-lm, not {m.task}", "set data.packing=false")

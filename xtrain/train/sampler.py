@@ -15,18 +15,31 @@ does not depend on the number of processes and needs no iteration to reach a pos
 So one process with accumulation 2 and two processes with accumulation 1 see exactly the same
 micro-batches per optimizer step, and resuming at step ``s`` (even with another process count)
 starts directly at that step's samples.
+
+Length grouping (``data.group_by_length``, ``lengths`` given): the order becomes a pure function
+of (seed, lengths, global batch, per-device batch), still independent of the process count:
+
+- the epoch's permutation is drawn as above and its incomplete last global batch dropped;
+- it is cut into megabatches of ``MEGABATCH_STEPS`` global batches, each sorted by length
+  (longest first; equal lengths keep their shuffled order), so a global batch, and each of its
+  micro-batches, holds samples of similar length (less padding);
+- the epoch's global batches are then shuffled (seeded by ``(seed, epoch)``), the one holding
+  the epoch's longest sample first (an out-of-memory shows at the first step, not hours in), and
+  the micro-batches inside each step are shuffled too, so no rank always gets the longest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
 from xtrain.errors import XtrainError
 
+MEGABATCH_STEPS = 16  # global batches sorted together by length (HF's LengthGroupedSampler: 50)
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, a, b) into distinct seeds
 _MASK = (1 << 63) - 1
 
@@ -49,6 +62,7 @@ class DataOrder:
     world_size: int
     seed: int
     shuffle: bool = True
+    lengths: tuple[float, ...] | None = None  # one per sample: group each step by length
     _cache: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +84,8 @@ class DataOrder:
                 f"({self.global_batch})",
                 "use more data or a smaller batch.global_batch",
             )
+        if self.lengths is not None and len(self.lengths) != self.num_samples:
+            raise ValueError(f"{len(self.lengths)} lengths for {self.num_samples} samples")
 
     @property
     def micro_per_step(self) -> int:
@@ -93,9 +109,39 @@ class DataOrder:
                 perm = torch.randperm(self.num_samples, generator=g).tolist()
             else:
                 perm = list(range(self.num_samples))
+            if self.lengths is not None:
+                perm = self._grouped(perm, epoch)
             self._cache.clear()
             self._cache[epoch] = perm
         return perm
+
+    def _grouped(self, perm: list[int], epoch: int) -> list[int]:
+        """``perm`` (the epoch's shuffle) regrouped by length; see the module docstring."""
+        assert self.lengths is not None
+        lengths, size = self.lengths, self.global_batch
+        perm = perm[: self.steps_per_epoch * size]  # the dropped tail stays a random one
+        mega = MEGABATCH_STEPS * size
+        batches: list[list[int]] = []
+        for start in range(0, len(perm), mega):
+            # sorted() is stable: equal lengths keep their (shuffled) order
+            chunk = sorted(perm[start : start + mega], key=lambda i: -lengths[i])
+            batches.extend(chunk[k : k + size] for k in range(0, len(chunk), size))
+        g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 1))
+        order = (
+            torch.randperm(len(batches), generator=g).tolist() if self.shuffle else list(range(len(batches)))
+        )
+        longest = max(range(len(batches)), key=lambda b: lengths[batches[b][0]])
+        order.remove(longest)
+        steps = [batches[index] for index in (longest, *order)]
+        b, micro = self.per_device, self.micro_per_step
+        if self.shuffle:  # whole micro-batches shuffled inside each step: no rank always gets the longest
+            mg = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 2))
+            within = torch.argsort(torch.rand(len(steps), micro, generator=mg), dim=1).tolist()
+        else:
+            within = [list(range(micro))] * len(steps)
+        return [
+            i for step, ms in zip(steps, within, strict=True) for m in ms for i in step[m * b : (m + 1) * b]
+        ]
 
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, step within the epoch) of global optimizer step ``step``."""
@@ -141,3 +187,41 @@ class RankBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return max(0, self.end_step - self.start_step) * self.order.accumulation
+
+
+def train_lengths(workload: Any) -> tuple[float, ...]:
+    """One length per training sample for ``data.group_by_length``: the task's own
+    (``Workload.train_lengths``: audio seconds for speech-to-text), else the token count of a
+    tokenized data set's ``input_ids`` (causal-lm, seq-cls), read from its Arrow column without
+    touching the rows."""
+    if workload.train_lengths is not None:
+        lengths = tuple(float(x) for x in workload.train_lengths())
+    else:
+        ds = workload.train_dataset
+        if "input_ids" not in (getattr(ds, "column_names", None) or ()):
+            raise XtrainError(
+                "data.group_by_length needs the length of every training sample, and this task gives none",
+                "set data.group_by_length=false (or, in a custom task, set Workload.train_lengths)",
+            )
+        import pyarrow.compute as pc
+
+        column = ds.with_format("arrow")["input_ids"]  # follows any select/shuffle indices
+        lengths = tuple(float(x) for x in pc.list_value_length(column).to_pylist())
+    if len(lengths) != len(workload.train_dataset):
+        raise XtrainError(
+            f"the task gave {len(lengths)} sample lengths for {len(workload.train_dataset)} training samples",
+            "Workload.train_lengths must return one length per training sample",
+        )
+    return lengths
+
+
+def padding_fraction(order: DataOrder, lengths: Sequence[float], steps: range) -> float:
+    """The share of padding when every micro-batch of ``steps`` is padded to its longest sample:
+    ``1 - sum(lengths) / sum(longest x batch size)`` (what ``data.group_by_length`` lowers)."""
+    used = padded = 0.0
+    for step in steps:
+        for m in range(order.micro_per_step):
+            batch = [lengths[i] for i in order.micro_batch(step, m)]
+            used += sum(batch)
+            padded += max(batch) * len(batch)
+    return 1.0 - used / padded if padded else 0.0

@@ -7,7 +7,7 @@ model or a dataset beyond this contract, so ``causal-lm``, ``seq-cls`` and any `
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,3 +51,6 @@ class Workload:
     main_metric: str | None = None  # e.g. "accuracy": shown in banners and closing tables
     tokens_key: str | None = "attention_mask"  # batch key whose sum counts tokens (tokens/s)
     evaluate: EvaluateFn | None = None  # evaluation by generation (xtrain.train.generation)
+    # One length per training sample, for data.group_by_length (speech-to-text: audio seconds from
+    # the file headers). None: the token count of an ``input_ids`` column (xtrain.train.sampler).
+    train_lengths: Callable[[], Sequence[float]] | None = None

@@ -131,14 +131,17 @@ def check_audio_files(
     source: str,
     max_seconds: float | None,
     long_audio: str,
-) -> None:
+) -> list[float] | None:
     """Path cells are checked before training: the file exists, its header reads, and (with
-    ``long_audio: refuse``) it is not longer than ``max_seconds``. Only headers are read."""
+    ``long_audio: refuse``) it is not longer than ``max_seconds``. Only headers are read.
+    Returns each clip's length in seconds from those headers (``None`` for an ``Audio`` feature
+    column, whose cells are checked when each row is read)."""
     feature = ds.features.get(audio_column)
     if getattr(feature, "dtype", None) != "string":
-        return  # an Audio feature: checked when each row is read
+        return None
     import soundfile
 
+    durations = []
     for row, value in enumerate(ds[audio_column]):
         if value is None or not str(value).strip():
             raise UnreadableAudio(f"row {row} of {source} has an empty {audio_column} cell")
@@ -156,6 +159,25 @@ def check_audio_files(
                 f"longer than data.max_audio_seconds={max_seconds:g}",
                 "split long recordings, or set data.long_audio=cut (keeps the start; the text must match it)",
             )
+        durations.append(float(info.duration))
+    return durations
+
+
+def clip_seconds(value: Any, base_dir: Path | None) -> float:
+    """A clip's length in seconds without decoding it: a decoded cell's array length, else the
+    file header (``soundfile.info``) of its path or embedded bytes; 0 when it cannot be read
+    (the row then fails with its one line when the batch reads it)."""
+    if isinstance(value, dict) and value.get("array") is not None:
+        return len(value["array"]) / float(value["sampling_rate"])
+    opened = _source(value, base_dir)
+    if opened is None:
+        return 0.0
+    import soundfile
+
+    try:
+        return float(soundfile.info(opened).duration)
+    except Exception:
+        return 0.0
 
 
 METADATA = ("metadata.jsonl", "metadata.csv", "metadata.json")
@@ -203,8 +225,10 @@ class AudioTextRows:
         sampling_rate: int,
         max_seconds: float | None,
         long_audio: str,
+        durations: list[float] | None = None,
     ) -> None:
         self.ds = _undecoded(ds, audio_column)
+        self.durations = durations  # seconds per row, when the headers were read already
         self.audio_column = audio_column
         self.text_column = text_column
         self.base_dir = base_dir
@@ -215,6 +239,18 @@ class AudioTextRows:
 
     def __len__(self) -> int:
         return len(self.ds)
+
+    def lengths(self) -> list[float]:
+        """Each clip's seconds as the model gets it (cut to ``max_seconds`` under
+        ``long_audio: cut``), from the file headers: no clip is decoded."""
+        seconds = self.durations
+        if seconds is None:  # an Audio feature column: one header read per cell, a batch of rows at a time
+            seconds = []
+            for batch in self.ds.select_columns([self.audio_column]).iter(batch_size=256):
+                seconds.extend(clip_seconds(v, self.base_dir) for v in batch[self.audio_column])
+            self.durations = seconds
+        limit = self.max_seconds if self.max_seconds is not None else float("inf")
+        return [min(x, limit) for x in seconds]
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self.ds[int(i)]

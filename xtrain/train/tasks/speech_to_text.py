@@ -198,16 +198,22 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
         train, eval_ds = (_file_name_column(ds, d.audio_column) for ds in (train, eval_ds))
         train_dir = base_dir(d.train or "", "train")
         eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
-        for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
+        durations: dict[str, list[float] | None] = {}  # seconds per clip, from the headers checked here
+        for role, ds, name, folder in (
+            ("train", train, train_name, train_dir),
+            ("eval", eval_ds, eval_name, eval_dir),
+        ):
             if ds is not None:
                 _require_columns(ds, d.audio_column, d.text_column, name)
-                check_audio_files(ds, d.audio_column, folder, name, seconds, d.long_audio)
+                durations[role] = check_audio_files(ds, d.audio_column, folder, name, seconds, d.long_audio)
 
-    def rows(ds: Any, folder: Path | None, name: str) -> AudioTextRows:
-        return AudioTextRows(ds, d.audio_column, d.text_column, folder, name, rate, seconds, d.long_audio)
+    def rows(ds: Any, folder: Path | None, name: str, role: str) -> AudioTextRows:
+        return AudioTextRows(
+            ds, d.audio_column, d.text_column, folder, name, rate, seconds, d.long_audio, durations.get(role)
+        )
 
-    train_rows = rows(train, train_dir, train_name)
-    eval_rows = rows(eval_ds, eval_dir, eval_name) if eval_ds is not None else None
+    train_rows = rows(train, train_dir, train_name, "train")
+    eval_rows = rows(eval_ds, eval_dir, eval_name, "eval") if eval_ds is not None else None
 
     from transformers import set_seed
 
@@ -246,4 +252,5 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
             generate_kwargs=generate_kwargs,
             normalize=True,
         ),
+        train_lengths=train_rows.lengths,  # audio seconds, from the headers read above
     )
