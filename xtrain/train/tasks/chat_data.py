@@ -274,3 +274,19 @@ def messages_column_of(ds: Any, column: str, source: str) -> list[Any]:
             "set data.messages_column to the column of conversations",
         )
     return list(ds[column])
+
+
+def text_chat_rows(
+    ds: Any, column: str, render: Render, tokenizer: Any, max_length: int, source: str
+) -> list[dict[str, list[int]]]:
+    """causal-lm chat: every conversation of ``ds`` checked, rendered and labelled, cut to
+    ``max_length``; one whose answers all lie past the cut is dropped (as causal-lm does)."""
+    rows = []
+    for row, cell in enumerate(messages_column_of(ds, column, source)):
+        conv = parse_conversation(cell, row, source, allow_images=False)
+        enc = encode(render, tokenizer, conv, f"row {row} of {source}")
+        ids, labels = enc.input_ids[:max_length], enc.labels[:max_length]
+        if all(t == IGNORE_INDEX for t in labels[1:]):  # the model shifts: position 0 never counts
+            continue
+        rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels})
+    return rows
