@@ -126,18 +126,17 @@ def set_pixel_bounds(image_processor: Any, min_pixels: int | None, max_pixels: i
     if min_pixels is None and max_pixels is None:
         return
     size = getattr(image_processor, "size", None)
-    current = dict(size.items()) if hasattr(size, "items") else {}
-    current = {k: v for k, v in current.items() if v is not None}
-    if (
-        "shortest_edge" not in current
-        or "longest_edge" not in current
-        or not hasattr(image_processor, "merge_size")
-    ):
+    edges = {
+        k: size.get(k) if isinstance(size, dict) else getattr(size, k, None)
+        for k in ("shortest_edge", "longest_edge")
+    }
+    if None in edges.values() or not hasattr(image_processor, "merge_size"):
         raise XtrainError(
             f"data.min_pixels/max_pixels need a Qwen2-VL-style image processor that bounds the image "
-            f"area; {type(image_processor).__name__} resizes to {current or size}",
+            f"area; {type(image_processor).__name__} resizes to {size}",
             "leave data.min_pixels and data.max_pixels unset for this model",
         )
+    current = edges
     low = min_pixels if min_pixels is not None else current["shortest_edge"]
     high = max_pixels if max_pixels is not None else current["longest_edge"]
     if low > high:
@@ -145,7 +144,12 @@ def set_pixel_bounds(image_processor: Any, min_pixels: int | None, max_pixels: i
             f"the image area bounds are {low}..{high} pixels: the minimum is above the maximum",
             "set data.min_pixels <= data.max_pixels",
         )
-    image_processor.size = {"shortest_edge": low, "longest_edge": high}
+    if isinstance(size, dict):
+        image_processor.size = {**size, "shortest_edge": low, "longest_edge": high}
+    else:  # transformers 5: a SizeDict dataclass
+        import dataclasses
+
+        image_processor.size = dataclasses.replace(size, shortest_edge=low, longest_edge=high)
     for name, value in (("min_pixels", low), ("max_pixels", high)):  # older processors read these
         if hasattr(image_processor, name):
             setattr(image_processor, name, value)
