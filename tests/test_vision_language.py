@@ -395,3 +395,23 @@ def test_kill_and_resume_is_exact(vqa_job, vqa_straight):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "train_result.json").read_text())["resumed_from"]
     assert_same_training(vqa_straight, out, exact=True)
+
+
+def test_memory_estimate_tells_what_fits_two_24gb_cards():
+    from xtrain.train.memory import estimate_gib, memory_warning
+
+    qwen7b = {"params": 8_300_000_000, "hidden": 3584, "layers": 28}  # Qwen2-VL-7B
+    lora = 40_000_000  # r=16 on every projection of the language model
+    fp32 = estimate_gib(qwen7b["params"], lora, 4, 1024, qwen7b["hidden"], qwen7b["layers"], False)
+    bf16 = estimate_gib(qwen7b["params"], lora, 2, 1024, qwen7b["hidden"], qwen7b["layers"], True)
+    assert fp32 > 24 and 15 < bf16 < 24  # float32 weights alone are 31 GiB; bf16 + checkpointing fits
+    no_ckpt = estimate_gib(qwen7b["params"], lora, 2, 4096, qwen7b["hidden"], qwen7b["layers"], False)
+    assert no_ckpt > 24  # 4 long conversations a GPU without checkpointing do not
+    warning = memory_warning(fp32, 24, "RTX 4090")
+    assert (
+        warning
+        and "RTX 4090" in warning
+        and "model.gradient_checkpointing" in warning
+        and "\n" not in warning
+    )
+    assert memory_warning(bf16, 24) is None
