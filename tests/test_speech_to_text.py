@@ -464,17 +464,7 @@ def test_predict_transcribes_audio_with_the_trained_adapter(words_job, words_str
     assert "reads audio" in capsys.readouterr().err
 
 
-def _loop_groups_by_length() -> bool:
-    """Whether the training loop hands data.group_by_length's lengths to its DataOrder."""
-    from xtrain.train import loop
-
-    return "train_lengths(workload)" in Path(loop.__file__).read_text(encoding="utf-8")
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not _loop_groups_by_length(), reason="the loop does not pass sample lengths to DataOrder yet"
-)
 def test_group_by_length_same_for_one_and_two_processes_and_resumes_exactly(words_job, words_straight):
     """data.group_by_length on the speech job: 1 and 2 processes train on the same samples per
     step (same WER/CER, eval loss and adapter), a kill mid-run resumes bit for bit, and the order

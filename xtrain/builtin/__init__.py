@@ -14,6 +14,8 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
   image-to-text (``xtrain.builtin.image``).
 - ``builtin:tiny-whisper`` / ``builtin:spoken-words``: a tiny Whisper model and synthetic
   tone-sequence "speech" for speech-to-text (``xtrain.builtin.audio``).
+- ``builtin:tiny-qwen2-vl`` / ``builtin:shapes-vqa``: a tiny Qwen2-VL model with its processor and
+  questions about coloured shapes for vision-language (``xtrain.builtin.vision_language``).
 
 The folders live under ``$XTRAIN_CACHE/builtin`` (default ``~/.cache/xtrain/builtin``). A build
 goes to a temporary folder that is renamed into place only when complete, so processes that
@@ -38,10 +40,11 @@ PREFIX = "builtin:"
 VERSION = 3
 MARKER = "xtrain_builtin.json"
 
-MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr", "tiny-whisper")
-DATASETS = ("sentiment", "tiny-stories", "ocr-lines", "spoken-words")
+MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr", "tiny-whisper", "tiny-qwen2-vl")
+DATASETS = ("sentiment", "tiny-stories", "ocr-lines", "spoken-words", "shapes-vqa")
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 AUDIO_ASSETS = ("tiny-whisper", "spoken-words")  # built by xtrain.builtin.audio
+VL_ASSETS = ("tiny-qwen2-vl", "shapes-vqa")  # built by xtrain.builtin.vision_language
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
 
@@ -223,6 +226,11 @@ def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -
         return _build_atomically(
             final, lambda tmp: builtin_audio.build_spoken_words(tmp, VERSION), PREFIX + short
         )
+    if short in VL_ASSETS:
+        from xtrain.builtin import vision_language as builtin_vl
+
+        final = cache_root(cache_dir) / "data" / short
+        return _build_atomically(final, lambda tmp: builtin_vl.build_shapes_vqa(tmp, VERSION), PREFIX + short)
     gen, n_train, n_eval = _DATA_SPECS[short]
 
     def build(tmp: Path) -> None:
@@ -353,4 +361,8 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
         from xtrain.builtin import audio as builtin_audio
 
         return _build_atomically(final, builtin_audio.build_tiny_whisper, PREFIX + short)
+    if short in VL_ASSETS:
+        from xtrain.builtin import vision_language as builtin_vl
+
+        return _build_atomically(final, builtin_vl.build_tiny_qwen2_vl, PREFIX + short)
     return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)

@@ -30,6 +30,10 @@ JOBS: dict[str, tuple[Path | None, str]] = {
         DATA_DIR / "quickstart-speech-to-text.yaml",
         "xtrain train examples/speech-to-text-words.yaml",
     ),
+    "vision-language": (
+        DATA_DIR / "quickstart-vision-language.yaml",
+        "xtrain train examples/vision-language-qwen2-vl.yaml",
+    ),
 }
 
 
@@ -87,7 +91,8 @@ def quickstart(
     task: str = typer.Option(
         "seq-cls",
         "--task",
-        help="The built-in job: seq-cls (text classification), image-to-text (OCR) or speech-to-text (ASR).",
+        help="The built-in job: seq-cls (text classification), image-to-text (OCR), speech-to-text (ASR) "
+        "or vision-language (questions about images).",
     ),
     processes: str = typer.Option(
         None, "--processes", "-n", help="Processes (default: one per GPU; one on CPU)."
@@ -156,6 +161,9 @@ def quickstart(
     wer = next(((b, a) for k, b, a in metric_rows(result) if k == "wer"), None)
     if wer is not None and cfg.model.task == "speech-to-text":  # the ASR headline
         console.print(f"WER {wer[0]} -> {wer[1]} (share of words wrong; 0 is perfect)")
+    exact = next(((b, a) for k, b, a in metric_rows(result) if k == "exact_match"), None)
+    if exact is not None and cfg.model.task == "vision-language":  # the VQA headline: higher is better
+        console.print(f"exact match {exact[0]} -> {exact[1]} (share of answers right; 1 is perfect)")
     for sample in result.get("predictions") or []:
         console.print(f"  {sample['reference']!r} -> {sample['prediction']!r}", soft_wrap=True, markup=False)
     runs = Table(show_header=False, box=None, padding=(0, 2))

@@ -30,13 +30,14 @@ QUICKSTART_CONFIG = Path(__file__).resolve().parent.parent / "data" / "quickstar
 @dataclass
 class ModelConfig:
     name_or_path: str = "builtin:tiny-bert"  # local folder, hub id, or builtin:NAME (built offline)
-    task: str = "seq-cls"  # causal-lm | seq-cls | image-to-text | speech-to-text | custom
+    task: str = "seq-cls"  # causal-lm | seq-cls | image-to-text | speech-to-text | vision-language | custom
     custom: str | None = None  # "module:function" returning a Workload (task: custom)
     num_labels: int | None = None  # seq-cls; None: inferred from the data
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (weights' load dtype)
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     freeze_encoder: bool = False  # speech-to-text full fine-tune: train the decoder only
+    freeze_vision: bool = True  # vision-language full fine-tune: keep the vision tower fixed
 
 
 @dataclass
@@ -50,6 +51,9 @@ class LoraConfig:
     # image-to-text, speech-to-text: which half of the encoder-decoder model gets adapters
     # (auto targets or the names above)
     apply_to: str = "both"  # both | encoder | decoder
+    # vision-language: the adapters go on the language model's attention/MLP layers; these add
+    projector: bool = False  # train the projector/merger (vision -> text) whole, saved with the adapter
+    vision_blocks: bool = False  # also put adapters on the vision tower's blocks
 
 
 @dataclass
@@ -66,6 +70,12 @@ class DataConfig:
     max_audio_seconds: float | None = None  # speech-to-text: None: the model's window (30 s for Whisper)
     long_audio: str = "refuse"  # speech-to-text, clips over max_audio_seconds: refuse | cut
     text_pair_column: str | None = None
+    # chat data (causal-lm, vision-language): conversations of {role, content} turns
+    messages_column: str = "messages"
+    images_column: str = "images"  # vision-language: images for image parts that name no file
+    chat_template: str | None = None  # a Jinja file or template text; None: the tokenizer's/processor's
+    min_pixels: int | None = None  # vision-language (Qwen2-VL-style processors): image area bounds
+    max_pixels: int | None = None  # (fewer pixels: fewer image tokens, less memory); None: the processor's
     prompt_column: str | None = None  # causal-lm prompt/response: loss masked on the prompt
     response_column: str | None = None
     label_column: str = "label"
@@ -145,7 +155,7 @@ class TrainConfig:
 # ---------------------------------------------------------------------------------------------
 # The schema, derived from the dataclasses above
 
-TASKS = ("causal-lm", "seq-cls", "image-to-text", "speech-to-text", "custom")
+TASKS = ("causal-lm", "seq-cls", "image-to-text", "speech-to-text", "vision-language", "custom")
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": TASKS,
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -170,6 +180,9 @@ ALIASES: dict[str, dict[Any, str]] = {
         "ocr": "image-to-text",
         "speech_to_text": "speech-to-text",
         "asr": "speech-to-text",
+        "vision_language": "vision-language",
+        "vlm": "vision-language",
+        "image-text-to-text": "vision-language",
     },
 }
 # Range checks: key -> (predicate on the typed value, what a valid value is).
@@ -185,6 +198,8 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "data.eval_fraction": _FRACTION,
     "data.max_length": _POS_INT,
     "data.max_audio_seconds": _POS_NUM,
+    "data.min_pixels": _POS_INT,
+    "data.max_pixels": _POS_INT,
     "data.num_workers": (lambda v: v >= 0, "an integer >= 0"),
     "optim.lr": _POS_NUM,
     "optim.weight_decay": _NONNEG,
@@ -211,7 +226,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "generation.sample_predictions": (lambda v: v >= 0, "an integer >= 0"),
 }
 # Input paths in a config file are looked up next to the file first (then the current folder).
-_INPUT_PATHS = ("model.name_or_path", "data.train", "data.eval")
+_INPUT_PATHS = ("model.name_or_path", "data.train", "data.eval", "data.chat_template")
 
 
 def _sections() -> dict[str, type]:
@@ -407,15 +422,23 @@ def _validate(cfg: TrainConfig) -> None:
         raise XtrainError(
             f"data.group_by_length has nothing to group here: {why}", "set data.group_by_length=false"
         )
-    if m.task in ("image-to-text", "speech-to-text"):
+    if m.task in ("image-to-text", "speech-to-text", "vision-language"):
         if d.packing:
             raise XtrainError(f"data.packing is for task causal-lm, not {m.task}", "set data.packing=false")
         if d.prompt_column is not None:
+            column = {"image-to-text": "image", "speech-to-text": "audio"}.get(m.task)
             raise XtrainError(
                 f"data.prompt_column/response_column are for task causal-lm, not {m.task}",
-                f"use data.{'image' if m.task == 'image-to-text' else 'audio'}_column and data.text_column",
+                f"use data.{column}_column and data.text_column"
+                if column
+                else "use data.messages_column (conversations)",
             )
-    elif cfg.lora.apply_to != "both" and m.task != "custom":
+    if m.task == "vision-language" and cfg.lora.apply_to != "both":
+        raise XtrainError(
+            "lora.apply_to is for encoder-decoder models, not vision-language",
+            "use lora.projector and lora.vision_blocks to choose what else is trained",
+        )
+    if m.task not in ("image-to-text", "speech-to-text", "custom") and cfg.lora.apply_to != "both":
         raise XtrainError(
             f"lora.apply_to={cfg.lora.apply_to} is for encoder-decoder models "
             "(tasks image-to-text, speech-to-text)",
@@ -432,6 +455,25 @@ def _validate(cfg: TrainConfig) -> None:
                 f"model.freeze_encoder with LoRA on the {cfg.lora.apply_to} half would adapt the encoder",
                 "with LoRA set lora.apply_to=decoder instead (or lora.enabled=false for a full fine-tune)",
             )
+    if m.task != "vision-language":
+        for key, value in (
+            ("lora.projector", cfg.lora.projector),
+            ("lora.vision_blocks", cfg.lora.vision_blocks),
+            ("data.min_pixels", d.min_pixels is not None),
+            ("data.max_pixels", d.max_pixels is not None),
+        ):
+            if value:
+                raise XtrainError(f"{key} is for task vision-language, not {m.task}", f"leave {key} unset")
+    if d.min_pixels is not None and d.max_pixels is not None and d.min_pixels > d.max_pixels:
+        raise XtrainError(
+            f"data.min_pixels={d.min_pixels} is above data.max_pixels={d.max_pixels}",
+            "set data.min_pixels <= data.max_pixels",
+        )
+    if d.chat_template is not None and m.task not in ("causal-lm", "vision-language", "custom"):
+        raise XtrainError(
+            f"data.chat_template is for chat data (tasks causal-lm, vision-language), not {m.task}",
+            "leave data.chat_template unset",
+        )
     if isinstance(cfg.lora.target_modules, list) and not cfg.lora.target_modules:
         raise XtrainError("lora.target_modules is an empty list", "use auto, or list module names")
     if o.lr_scaling != "none" and o.base_global_batch is None:
@@ -530,7 +572,9 @@ def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
             continue
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        if not value or value.startswith("builtin:") or Path(value).expanduser().is_absolute():
+        if not value or value.startswith("builtin:") or "{" in value or "\n" in value:
+            continue  # (a chat template given as text, not as a file)
+        if Path(value).expanduser().is_absolute():
             continue
         candidate = base / value
         if candidate.exists():

@@ -1,4 +1,4 @@
-"""Evaluation by generation (image-to-text today; speech-to-text and vision-language reuse it).
+"""Evaluation by generation (image-to-text, speech-to-text, vision-language).
 
 Every process generates for its share of the eval set; the generated ids and the labels are
 padded to one length across processes (``pad_across_processes``) and gathered in data order
@@ -9,6 +9,13 @@ edits / total reference characters or words), not from a hand-written edit dista
 ``normalize=True`` (speech-to-text) scores ``normalize_text`` of both sides: lower case,
 punctuation removed, whitespace collapsed, the usual convention for ASR word error rates.
 Image-to-text scores the text as written (OCR is judged on case and punctuation too).
+
+Decoder-only models (vision-language) set ``prompt_prefix``: the batch then holds the whole
+conversation (for the eval loss, labels shifted by one) and the prompt alone under
+``gen_input_ids`` / ``gen_attention_mask`` / ... (left-padded, so every prompt ends in the same
+column); ``generate`` gets those plus the batch's other inputs (pixel values, image grids), its
+output is cut after the prompt, and the references are decoded from ``answer_key``.
+``exact_match`` scores the share of answers equal to their reference after ``normalize_text``.
 """
 
 from __future__ import annotations
@@ -43,11 +50,23 @@ def text_metrics(references: list[str], predictions: list[str]) -> dict[str, flo
     return {"cer": float(jiwer.cer(refs, hyps)), "wer": float(jiwer.wer(refs, hyps))}
 
 
-def _loss_stats(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def exact_match(references: list[str], predictions: list[str]) -> float:
+    """The share of predictions equal to their reference after ``normalize_text`` of both."""
+    pairs = list(zip(references, predictions, strict=True))
+    hits = sum(normalize_text(r) == normalize_text(p) for r, p in pairs)
+    return hits / len(pairs) if pairs else 0.0
+
+
+def _loss_stats(
+    logits: torch.Tensor, labels: torch.Tensor, shift: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per example: summed token cross-entropy and the number of target tokens. An encoder-decoder
-    model's logits at position i predict labels[i] (the decoder input is the shifted labels)."""
+    model's logits at position i predict labels[i] (the decoder input is the shifted labels); a
+    decoder-only model's predict labels[i + 1] (``shift``)."""
     logits = logits.detach().float()
     labels = labels.to(logits.device)
+    if shift:
+        logits, labels = logits[:, :-1], labels[:, 1:]
     ce = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=IGNORE_INDEX, reduction="none")
     return ce.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1).float()
 
@@ -64,6 +83,20 @@ class GenerationEval:
     sample_predictions: int = 4
     generate_kwargs: dict[str, Any] = field(default_factory=dict)  # e.g. Whisper's language/task
     normalize: bool = False  # score normalize_text of both sides (speech-to-text)
+    prompt_prefix: str | None = None  # decoder-only: the prompt's inputs are under this prefix
+    answer_key: str = "labels"  # the batch key the references are decoded from
+    error_rates: bool = True  # cer/wer
+    exact_match: bool = False  # normalised exact match (short answers)
+
+    def _inputs(self, batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the model's inputs for the loss, the inputs of ``generate``)."""
+        if self.prompt_prefix is None:
+            return dict(batch), {self.input_key: batch[self.input_key]}
+        p = self.prompt_prefix
+        prompt = {k[len(p) :]: v for k, v in batch.items() if k.startswith(p)}
+        whole = {k: v for k, v in batch.items() if not k.startswith(p) and k != self.answer_key}
+        shared = {k: v for k, v in whole.items() if k not in prompt and k != "labels"}
+        return whole, {**prompt, **shared}
 
     def __call__(
         self, accelerator: Any, model: Any, loader: Any
@@ -77,16 +110,22 @@ class GenerationEval:
         model.eval()
         with torch.no_grad():
             for batch in loader:
-                labels = batch["labels"]
-                losses, counts = _loss_stats(model(**batch).logits, labels)
+                whole, gen_inputs = self._inputs(batch)
+                decoder_only = self.prompt_prefix is not None
+                if decoder_only:  # batched prompts are padded: generate needs to know with what
+                    gen_inputs["pad_token_id"] = pad
+                losses, counts = _loss_stats(model(**whole).logits, batch["labels"], shift=decoder_only)
+                labels = batch[self.answer_key]
                 with accelerator.autocast():
                     generated = generator.generate(
-                        **{self.input_key: batch[self.input_key]},
+                        **gen_inputs,
                         max_new_tokens=self.max_new_tokens,
                         num_beams=self.num_beams,
                         do_sample=False,
                         **self.generate_kwargs,
                     )
+                if decoder_only:  # the output repeats the (left-padded) prompt: keep what follows
+                    generated = generated[:, gen_inputs["input_ids"].shape[1] :]
                 # ranks generate different lengths: pad to one shape before gathering
                 generated = accelerator.pad_across_processes(generated.contiguous(), dim=1, pad_index=pad)
                 labels = accelerator.pad_across_processes(labels.contiguous(), dim=1, pad_index=IGNORE_INDEX)
@@ -109,7 +148,11 @@ class GenerationEval:
         scored = (references, predictions)
         if self.normalize:
             scored = ([normalize_text(t) for t in references], [normalize_text(t) for t in predictions])
-        metrics = {"eval_loss": loss_sum / max(count, 1.0), **text_metrics(*scored)}
+        metrics = {"eval_loss": loss_sum / max(count, 1.0)}
+        if self.error_rates:
+            metrics.update(text_metrics(*scored))
+        if self.exact_match:
+            metrics["exact_match"] = exact_match(references, predictions)
         samples = [
             Prediction(reference=r, prediction=p)
             for r, p in list(zip(references, predictions, strict=True))[: self.sample_predictions]

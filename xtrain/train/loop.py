@@ -46,7 +46,7 @@ from xtrain.train.optim import build_optimizer, build_scheduler
 from xtrain.train.precision import SkipDetector, frequent_overflow, upcast_trainable
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.result import TrainResult, run_info
-from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed
+from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed, train_lengths
 from xtrain.train.window import LogWindow
 
 __all__ = ["NonFiniteLoss", "Recipe", "TrainResult", "TrainingStopped", "train"]
@@ -162,8 +162,15 @@ class Recipe:
         """Workload, data order, optimizer, schedule; all prepared by accelerate."""
         cfg, s, acc = self.cfg, self.settings, self.accelerator
         self.workload = build_workload_main_first(acc, cfg, self.build)
+        # data.group_by_length: one length per sample (a task without lengths: one line, before any step)
+        lengths = train_lengths(self.workload) if cfg.data.group_by_length else None
         self.order = DataOrder(
-            len(self.workload.train_dataset), s.global_batch, s.per_device, self.world, cfg.run.seed
+            len(self.workload.train_dataset),
+            s.global_batch,
+            s.per_device,
+            self.world,
+            cfg.run.seed,
+            lengths=lengths,
         )
         self.total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * self.order.steps_per_epoch))
 

@@ -8,6 +8,8 @@
   CER/WER by generation (``image_to_text.py``).
 - ``speech-to-text``: audio clips and their transcripts for a speech encoder-decoder (Whisper);
   metric: WER/CER by generation (``speech_to_text.py``).
+- ``vision-language``: image + text conversations (``messages``) for a decoder-only VLM (Qwen2-VL);
+  loss on the assistant turns only; metric: exact match of generated answers (``vision_language.py``).
 - ``custom``: ``model.custom: module:function``, called with the config, returns a Workload.
 
 Order matters for reproducibility: data first (inside ``main_process_first`` so one process
@@ -35,6 +37,7 @@ BUILDERS: dict[str, str] = {
     "seq-cls": "seq_cls:build_seq_cls",
     "image-to-text": "image_to_text:build_image_to_text",
     "speech-to-text": "speech_to_text:build_speech_to_text",
+    "vision-language": "vision_language:build_vision_language",
     "custom": "custom:build_custom",
 }
 

@@ -1,12 +1,16 @@
-"""``causal-lm``: a text column, or prompt/response columns with the loss on the response only;
-optional packing; metric: next-token accuracy (and perplexity)."""
+"""``causal-lm``: a text column, or prompt/response columns with the loss on the response only,
+or chat conversations (``data.messages_column``, rendered by the chat template, loss on the
+assistant turns only: ``chat_data``); optional packing; metric: next-token accuracy (and perplexity)."""
 
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
+from xtrain.errors import XtrainError
 from xtrain.train import collate, data, models
 from xtrain.train.config import TrainConfig
+from xtrain.train.tasks import chat_data
 from xtrain.train.tasks.common import (
     MainProcessFirst,
     finish_model,
@@ -16,6 +20,36 @@ from xtrain.train.tasks.common import (
     require_nonempty,
 )
 from xtrain.train.workload import Workload
+
+
+def is_chat(cfg: TrainConfig, train: Any) -> bool:
+    """Chat data: the messages column is there, and neither a text column nor prompt/response."""
+    d = cfg.data
+    names = train.column_names
+    return d.prompt_column is None and d.messages_column in names and d.text_column not in names
+
+
+def chat_rows(
+    cfg: TrainConfig, tokenizer: Any, source: str, train: tuple[Any, str], eval_: tuple[Any, str]
+) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None]:
+    """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
+    d = cfg.data
+    if d.packing:
+        raise XtrainError("data.packing is for plain text, not chat conversations", "set data.packing=false")
+    template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
+    if d.chat_template is not None:
+        tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
+    render = chat_data.renderer(tokenizer, template)
+    out: list[list[dict[str, list[int]]] | None] = []
+    for ds, name in (train, eval_):
+        if ds is None:
+            out.append(None)
+            continue
+        rows = chat_data.text_chat_rows(ds, d.messages_column, render, tokenizer, d.max_length, name)
+        require_nonempty(rows, name, "training" if ds is train[0] else "eval")
+        out.append(rows)
+    assert out[0] is not None
+    return out[0], out[1]
 
 
 def build_causal_lm(
@@ -42,21 +76,29 @@ def build_causal_lm(
     ]
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
-        data.require_columns(train, columns, train_name)
-        train = data.tokenized(
-            train, data.tokenize_causal_lm, kwargs, data.map_fingerprint(train, *settings), "tokenizing train"
-        )
-        require_nonempty(train, train_name, "training")
-        if eval_ds is not None:
-            data.require_columns(eval_ds, columns, eval_name)
-            eval_ds = data.tokenized(
-                eval_ds,
+        chat = is_chat(cfg, train)
+        if not chat:
+            data.require_columns(train, columns, train_name)
+            train = data.tokenized(
+                train,
                 data.tokenize_causal_lm,
                 kwargs,
-                data.map_fingerprint(eval_ds, *settings),
-                "tokenizing eval",
+                data.map_fingerprint(train, *settings),
+                "tokenizing train",
             )
-            require_nonempty(eval_ds, eval_name, "eval")
+            require_nonempty(train, train_name, "training")
+            if eval_ds is not None:
+                data.require_columns(eval_ds, columns, eval_name)
+                eval_ds = data.tokenized(
+                    eval_ds,
+                    data.tokenize_causal_lm,
+                    kwargs,
+                    data.map_fingerprint(eval_ds, *settings),
+                    "tokenizing eval",
+                )
+                require_nonempty(eval_ds, eval_name, "eval")
+    if chat:  # rendered in every process: no datasets cache to share (fast: no model involved)
+        train, eval_ds = chat_rows(cfg, tokenizer, source, (train, train_name), (eval_ds, eval_name))
 
     from transformers import set_seed
 

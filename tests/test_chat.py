@@ -1,0 +1,108 @@
+"""Text-only chat under causal-lm: the `messages` format rendered by a chat template, loss on the
+assistant turns only, a missing template or a bad row as one line (examples/chat-sft.yaml)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from xtrain import builtin
+from xtrain.errors import XtrainError
+from xtrain.train.config import load_config
+from xtrain.train.tasks import build_workload
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "chat-sft.yaml"
+
+
+@pytest.fixture(autouse=True)
+def private_caches(tmp_path_factory, monkeypatch):
+    import datasets
+
+    root = tmp_path_factory.getbasetemp() / "chat-caches"
+    monkeypatch.setenv("XTRAIN_CACHE", str(root / "xtrain"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    return root
+
+
+def _write(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps({"messages": m}) + "\n" for m in rows), encoding="utf-8")
+    return path
+
+
+def _cfg(data: Path, *extra: str):
+    base = ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm", f"data.train={data}"]
+    return load_config(None, [*base, "data.eval=null", *extra])
+
+
+def _answers(messages: list[dict]) -> list[str]:
+    return [m["content"] for m in messages if m["role"] == "assistant"]
+
+
+def test_only_the_assistant_answers_carry_loss():
+    workload = build_workload(load_config(EXAMPLE, ["data.eval=null"]))
+    tokenizer = workload.tokenizer
+    rows = [
+        json.loads(x)["messages"] for x in (REPO / "examples/data/chat-train.jsonl").read_text().splitlines()
+    ]
+    assert len(workload.train_dataset) == len(rows)
+    for i in (0, 1, 2):  # a system turn; two turns; one plain turn
+        example = workload.train_dataset[i]
+        learned = tokenizer.decode([t for t in example["labels"] if t != -100])
+        assert learned == "".join(f"{a}{tokenizer.eos_token}" for a in _answers(rows[i]))
+        assert len(example["labels"]) == len(example["input_ids"]) == len(example["attention_mask"])
+    assert len(_answers(rows[1])) == 2
+    batch = workload.collator([workload.train_dataset[i] for i in range(4)])
+    assert workload.model(**batch).loss.isfinite()
+    assert workload.tokenizer.chat_template  # the named template is saved with the adapter
+
+
+def test_a_tokenizer_without_template_is_one_line_naming_the_key(tmp_path):
+    data = _write(
+        tmp_path / "c.jsonl", [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]
+    )
+    with pytest.raises(XtrainError) as e:
+        build_workload(_cfg(data))
+    assert "no chat template" in str(e.value) and "data.chat_template" in str(e.value)
+    inline = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    workload = build_workload(_cfg(data, f"data.chat_template={inline}"))
+    labels = workload.train_dataset[0]["labels"]
+    assert workload.tokenizer.decode([t for t in labels if t != -100]) == "yo</s>"
+    with pytest.raises(XtrainError, match="data.packing is for plain text"):
+        build_workload(_cfg(data, f"data.chat_template={inline}", "data.packing=true"))
+
+
+ANSWER = {"role": "assistant", "content": "x"}
+
+
+@pytest.mark.parametrize(
+    ("turns", "says"),
+    [
+        ([{"role": "user", "content": "hi"}], "has no assistant turn"),
+        ([{"role": "user", "content": "hi"}, {"role": "bot", "content": "yo"}], "role 'bot'"),
+        ([{"role": "assistant", "content": "yo"}], "before any user turn"),
+        ([{"role": "user", "content": [{"type": "image", "image": "a.png"}]}, ANSWER], "chat is text only"),
+        ([{"role": "user", "content": [{"type": "audio"}]}, ANSWER], "type 'audio'"),
+    ],
+)  # fmt: skip
+def test_bad_rows_are_one_line_naming_row_and_file(tmp_path, turns, says):
+    good = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    data = _write(tmp_path / "chat.jsonl", [good, good, turns])
+    template = REPO / "examples/data/chat-template.jinja"
+    with pytest.raises(XtrainError) as e:
+        build_workload(_cfg(data, f"data.chat_template={template}"))
+    message = e.value.one_line()
+    assert says in message and "row 2 of" in message and "chat.jsonl" in message and "\n" not in message
+
+
+def test_builtin_tiny_llama_stays_without_template(private_caches):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(builtin.ensure_builtin_model("builtin:tiny-llama"))
+    assert not tokenizer.chat_template  # the example names one: the error path stays reachable
