@@ -4,7 +4,7 @@
   vision tower with 14-pixel patches and a 2x2 merger, a 2-layer Qwen2 language model, hidden 64)
   with a byte-level BPE tokenizer holding Qwen2-VL's special tokens (``<|im_start|>``,
   ``<|im_end|>``, ``<|vision_start|>``, ``<|image_pad|>``, ...), Qwen2-VL's own chat template, and
-  a ``Qwen2VLProcessor`` saved next to them, so ``AutoProcessor.from_pretrained(folder)`` loads it
+  a ``Qwen2VLProcessor`` saved next to them, so ``AutoProcessor`` loads it from the folder
   like a hub checkpoint. A 56x56 image becomes 4x4 patches, merged into 4 image tokens.
 - ``builtin:shapes-vqa``: 56x56 PNG images of one coloured shape (circle, square, triangle,
   diamond in six colours, random size and position) with one question each ("what colour is the

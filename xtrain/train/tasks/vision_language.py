@@ -102,9 +102,8 @@ def load_processor(source: str, trust_remote_code: bool) -> Any:
             raise models._load_error("processor", source, local, error or ValueError("no processor"))
         tokenizer = models.load_tokenizer(source, trust_remote_code)
         try:
-            images = transformers.AutoImageProcessor.from_pretrained(
-                source, trust_remote_code=trust_remote_code
-            )
+            auto = transformers.AutoImageProcessor
+            images = auto.from_pretrained(source, trust_remote_code=trust_remote_code)
         except Exception as e:
             raise models._load_error("image processor", source, local, e) from None
         processor = image_only_processor(base, images, tokenizer, tokenizer.chat_template)
