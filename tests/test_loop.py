@@ -298,3 +298,25 @@ def test_rerunning_a_finished_run_only_writes_its_outputs_again(tmp_path: Path) 
     assert not [e for e in rep.events if e[0] in ("progress", "checkpoint")]  # nothing trained or saved
     after = adapter_tensors(out)
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.slow
+def test_accumulation_tells_accelerate_which_backward_ends_the_step(tmp_path: Path, monkeypatch) -> None:
+    """The hot path passes accelerate's own ``sync_gradients`` flag: False on every micro-batch
+    but the last. DeepSpeed's backward ends its accumulation (and steps its engine) on that flag,
+    so a flag that stayed True would make every micro-batch an optimizer step there."""
+    from accelerate import Accelerator
+
+    from xtrain.train.loop import train
+
+    seen: list[bool] = []
+    original = Accelerator.backward
+
+    def recording(self, loss, **kwargs):
+        seen.append(bool(self.sync_gradients))
+        return original(self, loss, **kwargs)
+
+    monkeypatch.setattr(Accelerator, "backward", recording)
+    result = train(tiny_config(tmp_path / "run", max_steps=3), cpu_plan(), build=build_tiny)
+    assert result.accumulation == 2
+    assert seen == [False, True] * 3

@@ -274,7 +274,10 @@ class Recipe:
             batch = _to_device(next(batches), device, self.pin)
             _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(self.rank, micro)), device)
             last = micro == accumulation - 1
-            with contextlib.nullcontext() if last else acc.no_sync(model):  # DDP: sync on the last only
+            # accelerate's own flag (public setter): DeepSpeed's backward ends its accumulation and
+            # steps its engine only on the last micro-batch; the optimizer wrappers read it too
+            acc.sync_gradients = last
+            with contextlib.nullcontext() if last else acc.no_sync(model):  # DDP/FSDP: sync on the last only
                 loss = model(**batch).loss
                 acc.backward(loss)  # divides by the accumulation (and scales the loss for fp16)
             window.add(loss, batch.get(tokens_key) if tokens_key else None)
