@@ -161,6 +161,8 @@ def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
         except launch.WorkerFailed as failed:
             reported = sorted(Path(error_dir).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
             stopped = failed if isinstance(failed, launch.WorkerStopped) else None
+            if stopped is not None and stopped.at_once:
+                stops.remove_killed_writes(cfg.run.output_dir)
             if stopped is not None and (stopped.at_once or not reported):
                 raise stops.stopped_error(cfg.run.output_dir, stopped.signum, stopped.at_once) from None
             if reported:

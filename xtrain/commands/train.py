@@ -133,6 +133,8 @@ def launch_training(plan: Any, run_argv: list[str], console: Any, output_dir: st
         launch.launch(RUN_MODULE, run_argv, plan)
     except launch.WorkerStopped as e:
         # Ctrl+C / SIGTERM: rank 0 said where the stop checkpoint is, else say what is there
+        if e.at_once:
+            stops.remove_killed_writes(output_dir)
         if e.outcome is None or e.at_once:
             sys.stderr.write(stops.stopped_error(output_dir, e.signum, e.at_once).one_line() + "\n")
         return e.exit_code

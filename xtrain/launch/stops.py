@@ -51,6 +51,20 @@ class StopAtOnce(KeyboardInterrupt):
     """A second Ctrl+C: stop now without a stop checkpoint."""
 
 
+def remove_killed_writes(output_dir: str | Path | None) -> None:
+    """After a second Ctrl+C killed every worker (launcher side, the workers are gone): a stop
+    checkpoint cut off mid-write (``step-N.tmp``) is removed, so the folder holds complete
+    checkpoints only. (A resume would remove it too; the folder should not wait for one.)"""
+    if not output_dir:
+        return
+    import shutil
+
+    from xtrain.train.checkpoint import partial_checkpoints
+
+    for path in partial_checkpoints(output_dir):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def stopped_error(output_dir: str | Path | None, signum: int, at_once: bool = False) -> XtrainError:
     """The one line for a stop that wrote no stop checkpoint: names the newest complete
     checkpoint (what a resume continues from), or says that there is none."""
