@@ -117,6 +117,26 @@ def load_model(source: str, task: str, dtype: str, trust_remote_code: bool, **ex
         raise _load_error("model", source, Path(source).exists(), e) from None
 
 
+def load_config(source: str, trust_remote_code: bool) -> Any:
+    """The checkpoint's ``AutoConfig`` (tasks check the model type before loading anything else)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except Exception as e:
+        raise _load_error("config", source, Path(source).exists(), e) from None
+
+
+def load_pretrained(model_class: Any, source: str, dtype: str, trust_remote_code: bool) -> Any:
+    """``model_class.from_pretrained`` with the config's dtype and remote-code choice; a failure
+    is one line (the encoder-decoder and vision-language tasks load through here)."""
+    kwargs = {_dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code}
+    try:
+        return model_class.from_pretrained(source, **kwargs)
+    except Exception as e:
+        raise _load_error("model", source, Path(source).exists(), e) from None
+
+
 class ProcessorFiles:
     """Saves an input processor (image processor or feature extractor) and a tokenizer side by side
     (what ``save_final`` writes next to the adapter), for checkpoints without a processor class."""

@@ -53,13 +53,7 @@ def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any
 
 def check_model_type(source: str, trust_remote_code: bool) -> None:
     """Only vision encoder-decoder checkpoints: said before anything else is loaded."""
-    from transformers import AutoConfig
-
-    local = Path(source).exists()
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as e:
-        raise models._load_error("config", source, local, e) from None
+    config = models.load_config(source, trust_remote_code)
     if config.model_type != "vision-encoder-decoder":
         raise XtrainError(
             f"{source} is a {config.model_type} model, not a vision encoder-decoder (TrOCR, ViT-GPT2, Donut)",
@@ -70,12 +64,7 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
 def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
     from transformers import VisionEncoderDecoderModel
 
-    local = Path(source).exists()
-    kwargs = {models._dtype_kwarg(): models.load_dtype(dtype), "trust_remote_code": trust_remote_code}
-    try:
-        return VisionEncoderDecoderModel.from_pretrained(source, **kwargs)
-    except Exception as e:
-        raise models._load_error("model", source, local, e) from None
+    return models.load_pretrained(VisionEncoderDecoderModel, source, dtype, trust_remote_code)
 
 
 def _first(*values: Any) -> Any:

@@ -47,14 +47,9 @@ def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any
 
 def check_model_type(source: str, trust_remote_code: bool) -> None:
     """Only speech sequence-to-sequence checkpoints: said before anything else is loaded."""
-    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
 
-    local = Path(source).exists()
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as e:
-        raise models._load_error("config", source, local, e) from None
+    config = models.load_config(source, trust_remote_code)
     if config.model_type not in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES and not trust_remote_code:
         raise XtrainError(
             f"{source} is a {config.model_type} model, not a speech encoder-decoder (Whisper, Speech2Text)",
@@ -65,12 +60,7 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
 def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
     from transformers import AutoModelForSpeechSeq2Seq
 
-    local = Path(source).exists()
-    kwargs = {models._dtype_kwarg(): models.load_dtype(dtype), "trust_remote_code": trust_remote_code}
-    try:
-        return AutoModelForSpeechSeq2Seq.from_pretrained(source, **kwargs)
-    except Exception as e:
-        raise models._load_error("model", source, local, e) from None
+    return models.load_pretrained(AutoModelForSpeechSeq2Seq, source, dtype, trust_remote_code)
 
 
 def set_prefix(tokenizer: Any, model: Any, language: str | None, task: str) -> dict[str, Any]:

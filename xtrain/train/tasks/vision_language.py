@@ -159,13 +159,9 @@ def set_pixel_bounds(image_processor: Any, min_pixels: int | None, max_pixels: i
 
 
 def check_model_type(source: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except Exception as e:
-        raise models._load_error("config", source, Path(source).exists(), e) from None
+    config = models.load_config(source, trust_remote_code)
     if config.model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and not trust_remote_code:
         raise XtrainError(
             f"{source} is a {config.model_type} model, not a vision-language one (Qwen2-VL, LLaVA, SmolVLM)",
@@ -177,11 +173,7 @@ def check_model_type(source: str, trust_remote_code: bool) -> Any:
 def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
     from transformers import AutoModelForImageTextToText
 
-    kwargs = {models._dtype_kwarg(): models.load_dtype(dtype), "trust_remote_code": trust_remote_code}
-    try:
-        return AutoModelForImageTextToText.from_pretrained(source, **kwargs)
-    except Exception as e:
-        raise models._load_error("model", source, Path(source).exists(), e) from None
+    return models.load_pretrained(AutoModelForImageTextToText, source, dtype, trust_remote_code)
 
 
 def find_part(model: Any, names: tuple[str, ...], within: str | None = None) -> str | None:
