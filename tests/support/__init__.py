@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: the docs-command machinery (docs_commands), ..."""
