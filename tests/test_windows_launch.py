@@ -57,3 +57,76 @@ def test_single_launch_is_read_from_accelerate_simple_launcher_env() -> None:
 def test_single_launch_starts_one_worker_per_gpu_accelerate_left_visible(monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert single_launch_processes(TrainConfig(), "windows") == 2
+
+
+# -- the Job Object that ends every worker with the launcher (Windows; checked here by its layout
+# and its calls, against winnt.h and the Win32 documentation) -------------------------------------
+def test_job_limit_struct_has_the_x64_layout_of_winnt_h() -> None:
+    import ctypes
+
+    from xtrain.launch.lifetime import job_limit_struct
+
+    ext = job_limit_struct(ctypes.c_uint32)  # DWORD is 32 bits on Windows (a C long is 8 bytes here)
+    basic = ext._fields_[0][1]
+    assert ctypes.sizeof(basic) == 64 and ctypes.sizeof(ext) == 144  # x64 sizes
+    assert basic.LimitFlags.offset == 16 and basic.Affinity.offset == 48
+    assert ext.IoInfo.offset == 64 and ext.ProcessMemoryLimit.offset == 112
+
+
+class FakeKernel32:
+    """Records the calls a kill-on-close job makes; ``fail`` names a call that returns 0."""
+
+    def __init__(self, fail: str = "") -> None:
+        self.fail, self.calls = fail, []
+
+    def _call(self, name: str, *args, result=1):
+        self.calls.append((name, args))
+        return 0 if name == self.fail else result
+
+    def CreateJobObjectW(self, attributes, name):
+        return self._call("CreateJobObjectW", attributes, name, result=77)
+
+    def SetInformationJobObject(self, job, info_class, info, size):
+        flags = info._obj.BasicLimitInformation.LimitFlags  # byref(...)._obj: the struct itself
+        return self._call("SetInformationJobObject", job, info_class, flags, size)
+
+    def GetCurrentProcess(self):
+        return -1  # Win32's pseudo-handle of the calling process
+
+    def AssignProcessToJobObject(self, job, process):
+        return self._call("AssignProcessToJobObject", job, process)
+
+    def CloseHandle(self, handle):
+        return self._call("CloseHandle", handle)
+
+
+def test_kill_on_close_job_holds_this_process(monkeypatch) -> None:
+    import ctypes
+
+    from xtrain.launch import lifetime
+
+    monkeypatch.setattr(lifetime, "_job_handle", None)
+    k32 = FakeKernel32()
+    assert lifetime._windows_kill_on_close_job(k32, lifetime.job_limit_struct(ctypes.c_uint32))
+    size = ctypes.sizeof(lifetime.job_limit_struct(ctypes.c_uint32))
+    assert k32.calls == [
+        ("CreateJobObjectW", (None, None)),
+        ("SetInformationJobObject", (77, 9, 0x2000, size)),  # JobObjectExtendedLimitInformation
+        ("AssignProcessToJobObject", (77, -1)),
+    ]
+    assert lifetime._job_handle == 77  # kept open: closing it would kill the job at once
+    assert lifetime._windows_kill_on_close_job(FakeKernel32(fail="CreateJobObjectW"))  # once only
+
+
+@pytest.mark.parametrize("fail", ["CreateJobObjectW", "SetInformationJobObject", "AssignProcessToJobObject"])
+def test_a_refused_job_is_closed_and_reported(monkeypatch, fail: str) -> None:
+    import ctypes
+
+    from xtrain.launch import lifetime
+
+    monkeypatch.setattr(lifetime, "_job_handle", None)
+    k32 = FakeKernel32(fail=fail)
+    assert not lifetime._windows_kill_on_close_job(k32, lifetime.job_limit_struct(ctypes.c_uint32))
+    assert lifetime._job_handle is None
+    closed = [c for c in k32.calls if c[0] == "CloseHandle"]
+    assert closed == ([] if fail == "CreateJobObjectW" else [("CloseHandle", (77,))])

@@ -179,22 +179,20 @@ def kill_children_on_exit() -> bool:
 _job_handle: Any = None  # kept open for the life of this process: closing it kills the job
 
 
-def _windows_kill_on_close_job() -> bool:
-    global _job_handle
-    if _job_handle is not None:
-        return True
-    import ctypes
-    from ctypes import wintypes
+JOB_OBJECT_EXTENDED_LIMIT_INFORMATION_CLASS = 9  # JOBOBJECTINFOCLASS.JobObjectExtendedLimitInformation
+JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE = 0x2000
 
-    k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
-    k32.CreateJobObjectW.restype = wintypes.HANDLE
-    k32.CreateJobObjectW.argtypes = [ctypes.c_void_p, wintypes.LPCWSTR]
-    k32.SetInformationJobObject.restype = wintypes.BOOL
-    k32.SetInformationJobObject.argtypes = [wintypes.HANDLE, ctypes.c_int, ctypes.c_void_p, wintypes.DWORD]
-    k32.AssignProcessToJobObject.restype = wintypes.BOOL
-    k32.AssignProcessToJobObject.argtypes = [wintypes.HANDLE, wintypes.HANDLE]
-    k32.GetCurrentProcess.restype = wintypes.HANDLE
-    k32.CloseHandle.argtypes = [wintypes.HANDLE]
+
+def job_limit_struct(dword: Any = None) -> Any:
+    """The ctypes type of Win32's JOBOBJECT_EXTENDED_LIMIT_INFORMATION (winnt.h). ``dword``: the
+    32-bit unsigned type (``wintypes.DWORD`` on Windows; tests pass ``c_uint32`` to check the x64
+    layout elsewhere, where ``wintypes.DWORD`` is a C long of 8 bytes)."""
+    import ctypes
+
+    if dword is None:
+        from ctypes import wintypes
+
+        dword = wintypes.DWORD
 
     class IO_COUNTERS(ctypes.Structure):
         _fields_ = [(n, ctypes.c_ulonglong) for n in (
@@ -204,15 +202,15 @@ def _windows_kill_on_close_job() -> bool:
 
     class JOBOBJECT_BASIC_LIMIT_INFORMATION(ctypes.Structure):
         _fields_ = [
-            ("PerProcessUserTimeLimit", ctypes.c_int64),
+            ("PerProcessUserTimeLimit", ctypes.c_int64),  # LARGE_INTEGER
             ("PerJobUserTimeLimit", ctypes.c_int64),
-            ("LimitFlags", wintypes.DWORD),
-            ("MinimumWorkingSetSize", ctypes.c_size_t),
+            ("LimitFlags", dword),
+            ("MinimumWorkingSetSize", ctypes.c_size_t),  # SIZE_T
             ("MaximumWorkingSetSize", ctypes.c_size_t),
-            ("ActiveProcessLimit", wintypes.DWORD),
-            ("Affinity", ctypes.c_size_t),
-            ("PriorityClass", wintypes.DWORD),
-            ("SchedulingClass", wintypes.DWORD),
+            ("ActiveProcessLimit", dword),
+            ("Affinity", ctypes.c_size_t),  # ULONG_PTR
+            ("PriorityClass", dword),
+            ("SchedulingClass", dword),
         ]
 
     class JOBOBJECT_EXTENDED_LIMIT_INFORMATION(ctypes.Structure):
@@ -225,16 +223,41 @@ def _windows_kill_on_close_job() -> bool:
             ("PeakJobMemoryUsed", ctypes.c_size_t),
         ]
 
-    JobObjectExtendedLimitInformation = 9
-    JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE = 0x2000
+    return JOBOBJECT_EXTENDED_LIMIT_INFORMATION
 
+
+def _kernel32() -> Any:
+    import ctypes
+    from ctypes import wintypes
+
+    k32 = ctypes.WinDLL("kernel32", use_last_error=True)  # type: ignore[attr-defined]
+    k32.CreateJobObjectW.restype = wintypes.HANDLE
+    k32.CreateJobObjectW.argtypes = [ctypes.c_void_p, wintypes.LPCWSTR]
+    k32.SetInformationJobObject.restype = wintypes.BOOL
+    k32.SetInformationJobObject.argtypes = [wintypes.HANDLE, ctypes.c_int, ctypes.c_void_p, wintypes.DWORD]
+    k32.AssignProcessToJobObject.restype = wintypes.BOOL
+    k32.AssignProcessToJobObject.argtypes = [wintypes.HANDLE, wintypes.HANDLE]
+    k32.GetCurrentProcess.restype = wintypes.HANDLE
+    k32.CloseHandle.argtypes = [wintypes.HANDLE]
+    return k32
+
+
+def _windows_kill_on_close_job(k32: Any = None, limits: Any = None) -> bool:
+    """Create a kill-on-close job and put this process in it. ``k32``/``limits``: kernel32 and the
+    limit struct type, injected by tests (the real ones exist only on Windows)."""
+    global _job_handle
+    if _job_handle is not None:
+        return True
+    import ctypes
+
+    k32 = k32 if k32 is not None else _kernel32()
+    info = (limits or job_limit_struct())()
     job = k32.CreateJobObjectW(None, None)
     if not job:
         return False
-    info = JOBOBJECT_EXTENDED_LIMIT_INFORMATION()
     info.BasicLimitInformation.LimitFlags = JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE
     ok = k32.SetInformationJobObject(
-        job, JobObjectExtendedLimitInformation, ctypes.byref(info), ctypes.sizeof(info)
+        job, JOB_OBJECT_EXTENDED_LIMIT_INFORMATION_CLASS, ctypes.byref(info), ctypes.sizeof(info)
     ) and k32.AssignProcessToJobObject(job, k32.GetCurrentProcess())
     if not ok:
         k32.CloseHandle(job)
