@@ -562,8 +562,6 @@ def test_two_machines_meet_through_c10d_on_this_host(tmp_path):
 # ---------------------------------------------------------------------------------------------
 def node_argv(script_text: str, rank: int, nnodes: int, extra: list[str]) -> list[str]:
     """What `accelerate launch` receives on node ``rank``: the script's payload expanded by bash."""
-    from xtrain.launch.slurm import node_command
-
     payload = node_command(script_text).replace("exec accelerate launch", "printf '%s\\n'", 1)
     env = {"PATH": os.environ["PATH"], "SLURM_NNODES": str(nnodes), "SLURM_NODEID": str(rank)}
     env.update({"MAIN_ADDR": "node001", "MAIN_PORT": "29777"})
@@ -576,8 +574,6 @@ def node_argv(script_text: str, rank: int, nnodes: int, extra: list[str]) -> lis
 
 def test_slurm_script_and_its_launch_line_parse(tmp_path):
     from accelerate.commands.launch import launch_command_parser
-
-    from xtrain.launch.slurm import sbatch_directives
 
     args = ["--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "4", "--time", "02:00:00"]
     proc = xtrain(tmp_path, *args, "--partition", "gpu", "--job-name", "lora", "--port", "29777")
@@ -740,3 +736,22 @@ def test_doc_configure_commands_run(tmp_path, monkeypatch, capsys):
         assert code == 0, (line, out.err)
         assert "Next:" in out.out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["node.json"]
+
+
+# -- reading a generated SLURM script ----------------------------------------------------------
+def sbatch_directives(text: str) -> dict[str, str]:
+    """The ``#SBATCH --key=value`` lines of a script, as a dict."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = re.match(r"^#SBATCH\s+--([\w-]+)(?:=(\S+))?\s*$", line)
+        if m:
+            out[m.group(1)] = m.group(2) or ""
+    return out
+
+
+def node_command(text: str) -> str:
+    """The command each node runs (the ``bash -c '...'`` payload of the srun line)."""
+    m = re.search(r"bash -c '(.*?)' xtrain-node", text, re.S)
+    if not m:
+        raise ValueError("no srun launch line in this script")
+    return m.group(1)

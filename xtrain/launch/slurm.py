@@ -132,21 +132,3 @@ def sbatch_script(job: SlurmJob) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def sbatch_directives(text: str) -> dict[str, str]:
-    """The ``#SBATCH --key=value`` lines of a script, as a dict (for tests and doctor)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        m = re.match(r"^#SBATCH\s+--([\w-]+)(?:=(\S+))?\s*$", line)
-        if m:
-            out[m.group(1)] = m.group(2) or ""
-    return out
-
-
-def node_command(text: str) -> str:
-    """The command each node runs (the ``bash -c '...'`` payload of the srun line)."""
-    m = re.search(r"bash -c '(.*?)' xtrain-node", text, re.S)
-    if not m:
-        raise ValueError("no srun launch line in this script")
-    return m.group(1)

@@ -57,14 +57,6 @@ def to_rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
-def _describe(value: Any, base_dir: Path | None) -> str:
-    if isinstance(value, str):
-        return str(resolve_path(value, base_dir))
-    if isinstance(value, dict):
-        return str(value.get("path") or "embedded image bytes")
-    return type(value).__name__
-
-
 def open_image(value: Any, base_dir: Path | None, row: int, source: str) -> Any:
     """The RGB PIL image of one cell of the image column: a path string, an undecoded Image
     feature cell (``{"bytes", "path"}``) or an already decoded PIL image."""
