@@ -234,12 +234,14 @@ def hand_written_loop(
     device: Any = None,
     precision: str = "no",
     log_every: int | None = None,
+    cpu_times: list[float] | None = None,
 ) -> list[float]:
     """The floor: micro-batches, accumulation, clipping, optimizer and schedule, nothing else.
     ``device``: move each batch there (None: leave it where the collator made it); ``precision``:
     autocast (bf16/fp16, fp16 with a GradScaler); ``log_every``: one host sync (the loss) every
     that many steps, as a loop that logs must. Returns ``time.perf_counter()`` before the first
-    step and after each optimizer step (after its sync)."""
+    step and after each optimizer step (after its sync); ``cpu_times`` gets the process's CPU time
+    at the same points."""
     import torch
 
     model.train()
@@ -249,6 +251,8 @@ def hand_written_loop(
     scaler = torch.amp.GradScaler(kind, enabled=precision == "fp16")
     loss_sum = None
     times = [time.perf_counter()]
+    if cpu_times is not None:
+        cpu_times.append(time.process_time())
     for step in range(steps):
         for _ in range(accum):
             batch = next(batches)
@@ -271,4 +275,6 @@ def hand_written_loop(
             _ = float(loss_sum)  # the logging sync
             loss_sum = None
         times.append(time.perf_counter())
+        if cpu_times is not None:
+            cpu_times.append(time.process_time())
     return times

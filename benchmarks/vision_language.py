@@ -17,10 +17,13 @@ as ``xtrain bench`` reads them; the hand-written loop's are windows of the same 
 step times; both leave out the first window (warm-up) and divide the remaining samples (tokens)
 by the remaining seconds (``xtrain.bench.steady_rates``). **Tokens are non-padding input tokens
 (the attention mask's sum), the image tokens included**: what xtrain's loop counts for this
-task. Every run is a fresh process (one compute thread on CPU); the loops alternate ``--repeats``
-times (A B, B A, ...), and the page reports medians with the min-max, and paired ratios.
+task. The same samples are also divided by the process's CPU time over the same steps, which
+other jobs on a shared machine disturb less than wall time (meaningful on CPU; on CUDA it leaves
+out the GPU and any DataLoader workers). Every run is a fresh process (``--threads`` compute
+threads, 1 by default); the loops alternate ``--repeats`` times (A B, B A, ...); the result has
+medians with the min-max, and paired ratios (runs next to each other), so the noise shows.
 
-    .venv/bin/python benchmarks/vision_language.py                    # CPU, ~3 min on 2 cores
+    .venv/bin/python benchmarks/vision_language.py                    # CPU, ~6 min on 2 busy cores
     .venv/bin/python benchmarks/vision_language.py --device cuda      # a GPU (the plan's precision)
     .venv/bin/python benchmarks/vision_language.py --json
 """
@@ -33,6 +36,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +56,7 @@ from common import (  # noqa: E402
 
 JOB = REPO / "xtrain" / "data" / "quickstart-vision-language.yaml"
 LOOPS = ("plain", "xtrain")
+KEPT = ("samples_per_s", "tokens_per_s", "cpu_samples_per_s", "threads")  # per run, in the result
 
 
 # -- worker side ----------------------------------------------------------------------------------------
@@ -66,20 +71,26 @@ def _plan(a: argparse.Namespace) -> Any:
     return plan
 
 
-def run_xtrain(a: argparse.Namespace) -> list[dict[str, float]]:
-    """xtrain's loop as ``python -m xtrain.run`` runs it; its windows from train_result.json."""
+def run_xtrain(a: argparse.Namespace, cpu: list[float]) -> list[dict[str, float]]:
+    """xtrain's loop as ``python -m xtrain.run`` runs it; its windows from train_result.json,
+    the process's CPU time after each optimizer step (the reporter's calls) into ``cpu``."""
     from xtrain.train.loop import train
     from xtrain.train.report import NullReporter
+
+    class CpuClock(NullReporter):
+        def progress(self, step: int, total: int, metrics: dict[str, float] | None = None) -> None:
+            cpu.append(time.process_time())  # (at a log step: after the window's sync)
 
     cfg = task_config(JOB, a.per_device, a.accum, a.steps, a.log_every)
     with tempfile.TemporaryDirectory() as out:
         cfg.run.output_dir = out
-        train(cfg, _plan(a), NullReporter())
+        train(cfg, _plan(a), CpuClock())
         result = json.loads((Path(out) / "train_result.json").read_text(encoding="utf-8"))
+    cpu.insert(0, float("nan"))  # cpu[step], as the hand-written loop's list
     return result["windows"]
 
 
-def run_plain(a: argparse.Namespace) -> list[dict[str, float]]:
+def run_plain(a: argparse.Namespace, cpu: list[float]) -> list[dict[str, float]]:
     """The same workload, batches and step count through ``common.hand_written_loop``."""
     import torch
     from transformers import get_scheduler, set_seed
@@ -121,6 +132,7 @@ def run_plain(a: argparse.Namespace) -> list[dict[str, float]]:
     times = hand_written_loop(
         model, counted(iter(loader)), steps=a.steps, accum=a.accum, optimizer=opt, scheduler=sched,
         max_grad_norm=o.max_grad_norm, device=device, precision=s.precision, log_every=a.log_every,
+        cpu_times=cpu,
     )  # fmt: skip
     windows = []
     for end in range(a.log_every, a.steps + 1, a.log_every):
@@ -132,23 +144,29 @@ def run_plain(a: argparse.Namespace) -> list[dict[str, float]]:
 
 
 def worker(a: argparse.Namespace) -> None:
+    import torch
+
     from xtrain.bench import Window, steady_rates
 
     set_threads_from_env()
-    windows = {"plain": run_plain, "xtrain": run_xtrain}[a.worker](a)
+    cpu: list[float] = []
+    windows = {"plain": run_plain, "xtrain": run_xtrain}[a.worker](a, cpu)
     gb = a.per_device * a.accum
     rows = [Window(int(w["step"]), int(w["steps"]), w["samples"] / w["seconds"], w["tokens"] / w["seconds"])
             for w in windows]  # fmt: skip
     samples_per_s, tokens_per_s, measured = steady_rates(rows, gb)
+    # the same steps by this process's CPU time: other jobs on a shared machine disturb it less
+    cpu_s = cpu[a.steps] - cpu[a.log_every]
     emit({"loop": a.worker, "samples_per_s": samples_per_s, "tokens_per_s": tokens_per_s,
-          "measured_steps": measured, "tokens_measured": sum(w["tokens"] for w in windows[1:]),
+          "cpu_samples_per_s": measured * gb / cpu_s, "measured_steps": measured,
+          "tokens_measured": sum(w["tokens"] for w in windows[1:]), "threads": torch.get_num_threads(),
           "windows": windows})  # fmt: skip
 
 
 # -- parent side ----------------------------------------------------------------------------------------
 def measure(
-    repeats: int = 5,
-    steps: int = 60,
+    repeats: int = 7,
+    steps: int = 100,
     per_device: int = 8,
     accum: int = 2,
     log_every: int = 10,
@@ -171,10 +189,13 @@ def measure(
             runs[loop].append(got)
             loads.append(os.getloadavg()[0])
             say(f"vision-language: repeat {r + 1}/{repeats} {loop}: {got['samples_per_s']:.1f} samples/s, "
-                f"{got['tokens_per_s']:,.0f} tokens/s (load {loads[-1]:.2f})")  # fmt: skip
+                f"{got['tokens_per_s']:,.0f} tokens/s, {got['cpu_samples_per_s']:.1f} samples per CPU s "
+                f"(load {loads[-1]:.2f})")  # fmt: skip
     samples = {k: [g["samples_per_s"] for g in v] for k, v in runs.items()}
     tokens = {k: [g["tokens_per_s"] for g in v] for k, v in runs.items()}
+    cpu = {k: [g["cpu_samples_per_s"] for g in v] for k, v in runs.items()}
     paired = [x / p for x, p in zip(samples["xtrain"], samples["plain"], strict=True)]
+    paired_cpu = [x / p for x, p in zip(cpu["xtrain"], cpu["plain"], strict=True)]
     counted = {g["tokens_measured"] for v in runs.values() for g in v}
     return {
         "setup": {
@@ -191,22 +212,22 @@ def measure(
         "tokens_per_s": {k: Spread.of(v).to_dict() for k, v in tokens.items()},
         "ratio": statistics.median(samples["xtrain"]) / statistics.median(samples["plain"]),
         "paired_ratio": Spread.of(paired).to_dict(),
+        "cpu_samples_per_s": {k: Spread.of(v).to_dict() for k, v in cpu.items()},
+        "cpu_ratio": statistics.median(cpu["xtrain"]) / statistics.median(cpu["plain"]),
+        "paired_cpu_ratio": Spread.of(paired_cpu).to_dict(),
         # the same batches in both loops: one token count over the measured windows, every run
         "same_tokens": len(counted) == 1,
         "tokens_per_sample": next(iter(counted)) / (runs["xtrain"][0]["measured_steps"] * per_device * accum),
         "load": Spread.of(loads).to_dict(),
-        "runs": {
-            k: [{"samples_per_s": g["samples_per_s"], "tokens_per_s": g["tokens_per_s"]} for g in v]
-            for k, v in runs.items()
-        },
+        "runs": {k: [{m: g[m] for m in KEPT} for g in v] for k, v in runs.items()},
     }
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", choices=LOOPS)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--steps", type=int, default=100)
     p.add_argument("--per-device", type=int, default=8)
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--log-every", type=int, default=10, help="window length (steps); the first is warm-up")
@@ -238,6 +259,12 @@ def main() -> None:
         f"{s['per_device']}x{s['accum']}, {s['measured_steps']} of {s['steps']} steps measured, "
         f"{result['tokens_per_sample']:.1f} tokens/sample (non-padding, image tokens included), "
         f"same batches: {result['same_tokens']}, load {Spread(**_spread(result['load'])).show()}"
+    )
+    by_cpu = {k: Spread(**_spread(v)).show("{:.1f}") for k, v in result["cpu_samples_per_s"].items()}
+    print(
+        f"by CPU time: hand-written {by_cpu['plain']}, xtrain {by_cpu['xtrain']} samples per CPU s; "
+        f"ratio {result['cpu_ratio']:.3f}, "
+        f"paired {Spread(**_spread(result['paired_cpu_ratio'])).show('{:.3f}')}"
     )
 
 
