@@ -515,8 +515,8 @@ def vision_language_section(vl: dict[str, Any]) -> str:
         "`xtrain quickstart --task vision-language`'s job (`builtin:tiny-qwen2-vl` on `builtin:shapes-vqa`: "
         "56x56 PNGs read per row, Qwen2-VL's processor and chat template, LoRA r=16 on the language "
         "model with the merger trained whole, the vision tower frozen), global batch "
-        f"{s['per_device']} x {s['accum']}, {s['steps']} steps, one process, {s['device']}, through "
-        "xtrain's loop and through a hand-written PyTorch loop (`hand_written_loop` in "
+        f"{s['per_device']} x {s['accum']}, {s['steps']} steps, one process on the {s['device'].upper()}, "
+        "through xtrain's loop and through a hand-written PyTorch loop (`hand_written_loop` in "
         "`benchmarks/common.py`) over the same model, LoRA and collated batches, in the same order "
         "(`benchmarks/vision_language.py`). "
         "xtrain's rates are its own logging windows from `train_result.json` (as `xtrain bench` reads "
@@ -548,8 +548,11 @@ def vision_language_section(vl: dict[str, Any]) -> str:
         f"\nxtrain / hand-written: **{vl['cpu_ratio']:.2f}x** by CPU time (paired "
         f"{_s(pc, '{:.3f}')}), {vl['ratio']:.2f}x by wall time (paired {_s(pw, '{:.3f}')}); {verdict}. "
         "By wall time on this shared machine a run gets well under a core at random, so the wall "
-        "ratio moves from run to run; read the CPU-time ratio.\n"
+        "ratio moves from run to run; read the CPU-time ratio."
     )
+    if s["device"] == "cpu":
+        tail += " Not measured on a GPU: `python benchmarks/vision_language.py --device cuda` there."
+    tail += "\n"
     heads = ["loop", "samples/s", "tokens/s", "samples per CPU second"]
     flags = f" --repeats {s['repeats']} --steps {s['steps']}"
     flags += " --device cuda" if s["device"] == "cuda" else ""
