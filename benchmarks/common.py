@@ -202,3 +202,79 @@ def model_size(name: str) -> Any:
         return ModelSize("micro", hidden=32, layers=1, heads=2, intermediate=64, vocab=1000, seq_len=16,
                          per_device=2)  # fmt: skip
     return SIZES[name]
+
+
+# -- task benchmarks: a quickstart job through xtrain's loop and through a hand-written one -------------
+def task_config(job: Path, per_device: int, accum: int, steps: int, log_every: int = 10) -> Any:
+    """A quickstart job (``xtrain/data/quickstart-*.yaml``) as a timing run: ``per_device`` x
+    ``accum`` on one process, ``steps`` optimizer steps, no evaluation, no TensorBoard, no
+    checkpoints before the end."""
+    from xtrain.train.config import load_config
+
+    cfg = load_config(job, [f"batch.per_device={per_device}", f"batch.global_batch={per_device * accum}"])
+    cfg.run.max_steps = steps
+    cfg.run.log_every = log_every
+    cfg.run.tensorboard = False
+    cfg.run.eval_at_start = False
+    cfg.run.eval_every = None
+    cfg.run.save_every = None
+    cfg.data.eval = None
+    return cfg
+
+
+def hand_written_loop(
+    model: Any,
+    batches: Any,
+    *,
+    steps: int,
+    accum: int,
+    optimizer: Any,
+    scheduler: Any,
+    max_grad_norm: float | None,
+    device: Any = None,
+    precision: str = "no",
+    log_every: int | None = None,
+    cpu_times: list[float] | None = None,
+) -> list[float]:
+    """The floor: micro-batches, accumulation, clipping, optimizer and schedule, nothing else.
+    ``device``: move each batch there (None: leave it where the collator made it); ``precision``:
+    autocast (bf16/fp16, fp16 with a GradScaler); ``log_every``: one host sync (the loss) every
+    that many steps, as a loop that logs must. Returns ``time.perf_counter()`` before the first
+    step and after each optimizer step (after its sync); ``cpu_times`` gets the process's CPU time
+    at the same points."""
+    import torch
+
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    kind = device.type if device is not None else "cpu"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler(kind, enabled=precision == "fp16")
+    loss_sum = None
+    times = [time.perf_counter()]
+    if cpu_times is not None:
+        cpu_times.append(time.process_time())
+    for step in range(steps):
+        for _ in range(accum):
+            batch = next(batches)
+            if device is not None:
+                batch = {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v
+                         for k, v in batch.items()}  # fmt: skip
+            with torch.autocast(kind, dtype=dtype, enabled=dtype is not None):
+                loss = model(**batch).loss
+            scaler.scale(loss / accum).backward()
+            if log_every:  # summed on the device: no sync until the log
+                loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        if max_grad_norm:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if log_every and ((step + 1) % log_every == 0 or step + 1 == steps):
+            _ = float(loss_sum)  # the logging sync
+            loss_sum = None
+        times.append(time.perf_counter())
+        if cpu_times is not None:
+            cpu_times.append(time.process_time())
+    return times

@@ -29,10 +29,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import hand_written_loop, task_config  # noqa: E402
 
 from xtrain.machine.facts import Facts  # noqa: E402
 from xtrain.planning.rules import make_plan  # noqa: E402
-from xtrain.train.config import TrainConfig, load_config  # noqa: E402
+from xtrain.train.config import TrainConfig  # noqa: E402
 from xtrain.train.report import NullReporter  # noqa: E402
 from xtrain.train.workload import Workload  # noqa: E402
 
@@ -76,16 +79,7 @@ class TimedCollator:
 
 
 def job_config() -> TrainConfig:
-    cfg = load_config(
-        JOB, [f"batch.per_device={ARGS.per_device}", f"batch.global_batch={ARGS.per_device * ARGS.accum}"]
-    )
-    cfg.run.max_steps = ARGS.steps
-    cfg.run.log_every = 10
-    cfg.run.tensorboard = False
-    cfg.run.eval_at_start = False
-    cfg.run.eval_every = None
-    cfg.data.eval = None
-    return cfg
+    return task_config(JOB, ARGS.per_device, ARGS.accum, ARGS.steps)
 
 
 def workload(cfg: TrainConfig, timer: Timer) -> Workload:
@@ -129,26 +123,19 @@ def run_plain() -> tuple[float, float]:
     cfg, timer = job_config(), Timer()
     torch.manual_seed(0)
     w = workload(cfg, timer)
-    model = w.model
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for p in w.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr)
     sched = get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=ARGS.steps)
     loader = torch.utils.data.DataLoader(
         w.train_dataset, batch_size=ARGS.per_device, shuffle=True, collate_fn=w.collator
     )
-    batches = iter(loader)
-    times: dict[int, float] = {0: timer.started}
-    for step in range(ARGS.steps):
-        for _ in range(ARGS.accum):
-            loss = model(**next(batches)).loss
-            (loss / ARGS.accum).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        times[step + 1] = time.perf_counter()
-    return steady(times), timer.seconds / (times[ARGS.steps] - times[0])
+    times = hand_written_loop(
+        w.model, iter(loader), steps=ARGS.steps, accum=ARGS.accum, optimizer=opt, scheduler=sched,
+        max_grad_norm=1.0,
+    )  # fmt: skip
+    steps = dict(enumerate(times))
+    steps[0] = timer.started
+    return steady(steps), timer.seconds / (times[-1] - timer.started)
 
 
 def measure(repeats: int = 3, steps: int = 30, log: Any = None) -> dict[str, Any]:

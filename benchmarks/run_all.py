@@ -30,6 +30,7 @@ import resume  # noqa: E402
 import scaling  # noqa: E402
 import speech_to_text  # noqa: E402
 import startup  # noqa: E402
+import vision_language  # noqa: E402
 from common import REPO, machine, table  # noqa: E402
 
 from xtrain.bench import PEAKS, SIZES  # noqa: E402
@@ -57,6 +58,7 @@ def run(repeats: int, only: set[str] | None) -> dict[str, Any]:
         "fingerprint": lambda: fingerprint.measure(repeats=2 * repeats, log=log),
         "image_to_text": lambda: image_to_text.measure(repeats=repeats, log=log),
         "speech_to_text": lambda: speech_to_text.measure(repeats=repeats, log=log),
+        "vision_language": lambda: vision_language.measure(repeats=repeats, log=log),
     }
     for name, fn in sections.items():
         if only and name not in only:
@@ -380,6 +382,8 @@ def render(r: dict[str, Any], command: str) -> str:
             "so its step costs far more than decoding a clip; still give audio jobs DataLoader workers "
             "(`data.num_workers`) so decoding overlaps the GPU.\n"
         )
+    if "vision_language" in r:
+        w(vision_language_section(r["vision_language"]))
     if "fingerprint" in r:
         fp = r["fingerprint"]
         w("## Optimisations\n")
@@ -485,6 +489,75 @@ against the whitepaper figure would be half of what `xtrain bench` prints. A GPU
 table shows MFU "unknown".
 """
     )
+
+
+# A profile, not a measurement run_all repeats (cProfile, 40 steps of each loop, one thread, 2026-11-23).
+PROFILE_VLM = """
+Where a step goes (cProfile of 40 steps of each loop, which inflates Python-heavy code): the two
+loops took the same time (4.60 s each, data included; backward 0.63-0.65 s, AdamW 0.10-0.12 s);
+what xtrain adds per step (accelerate's optimizer and clipping wrappers, the window's device-side
+sums, the dropout reseed) came to under 1 ms. Almost half of each step (2.1 of 4.6 s) is the
+DataLoader building the batch in the training process (the CPU plan has no workers): the collator
+runs Qwen2-VL's processor once per conversation (640 calls, 2.8 ms each: resizing and patchifying
+the image 1.2 ms, merging the processor's keyword arguments 0.5 ms, tokenising 0.4 ms). Give
+vision-language jobs DataLoader workers on GPUs (`data.num_workers`; Linux plans a few per GPU).
+One processor call per batch instead of per row would likely save part of its fixed cost per call
+(not tried: the collator carries each row's labels over to that row's expanded ids).
+"""
+
+
+def vision_language_section(vl: dict[str, Any]) -> str:
+    """The vision-language section: samples/s and tokens/s, xtrain vs the hand-written loop."""
+    s = vl["setup"]
+    load = vl["load"]
+    head = (
+        "## Vision-language (Qwen2-VL-shaped, images read from PNG files)\n\n"
+        "`xtrain quickstart --task vision-language`'s job (`builtin:tiny-qwen2-vl` on `builtin:shapes-vqa`: "
+        "56x56 PNGs read per row, Qwen2-VL's processor and chat template, LoRA r=16 on the language "
+        "model with the merger trained whole, the vision tower frozen), global batch "
+        f"{s['per_device']} x {s['accum']}, {s['steps']} steps, one process on the {s['device'].upper()}, "
+        "through xtrain's loop and through a hand-written PyTorch loop (`hand_written_loop` in "
+        "`benchmarks/common.py`) over the same model, LoRA and collated batches, in the same order "
+        "(`benchmarks/vision_language.py`). "
+        "xtrain's rates are its own logging windows from `train_result.json` (as `xtrain bench` reads "
+        f"them), the hand-written loop's are windows of the same {s['log_every']} steps; the first "
+        f"window is left out ({s['measured_steps']} steps measured). **Tokens are non-padding input "
+        "tokens (the attention mask's sum), image tokens included**: "
+        f"{vl['tokens_per_sample']:.1f} per sample, 4 of them image tokens; both loops counted the same "
+        f"tokens in every run: {'yes' if vl['same_tokens'] else 'NO'}. {s['repeats']} interleaved "
+        "repeats, each run a fresh process with one compute thread. *Per CPU second* divides the same "
+        "samples by the process's CPU time, which other jobs disturb less. Load average (1 min) "
+        f"during: {load['median']:.1f} ({load['min']:.1f}-{load['max']:.1f}).\n"
+    )
+    rows = [
+        [
+            label,
+            _s(vl["samples_per_s"][key], "{:.1f}"),
+            _s(vl["tokens_per_s"][key], "{:,.0f}"),
+            _s(vl["cpu_samples_per_s"][key], "{:.1f}"),
+        ]
+        for label, key in (("hand-written", "plain"), ("xtrain", "xtrain"))
+    ]
+    pc, pw = vl["paired_cpu_ratio"], vl["paired_ratio"]
+    verdict = (
+        "the loops differ by less than the run-to-run noise"
+        if pc["min"] <= 1.0 <= pc["max"]
+        else ("xtrain is faster" if pc["min"] > 1.0 else "xtrain is slower by more than the noise")
+    )
+    tail = (
+        f"\nxtrain / hand-written: **{vl['cpu_ratio']:.2f}x** by CPU time (paired "
+        f"{_s(pc, '{:.3f}')}), {vl['ratio']:.2f}x by wall time (paired {_s(pw, '{:.3f}')}); {verdict}. "
+        "By wall time on this shared machine a run gets well under a core at random, so the wall "
+        "ratio moves from run to run; read the CPU-time ratio."
+    )
+    if s["device"] == "cpu":
+        tail += " Not measured on a GPU: `python benchmarks/vision_language.py --device cuda` there."
+    tail += "\n"
+    heads = ["loop", "samples/s", "tokens/s", "samples per CPU second"]
+    flags = f" --repeats {s['repeats']} --steps {s['steps']}"
+    flags += " --device cuda" if s["device"] == "cuda" else ""
+    command = f"\n```bash\npython benchmarks/vision_language.py{flags}\n```\n"
+    return head + command + "\n" + table(heads, rows) + "\n" + tail + PROFILE_VLM
 
 
 def _tf(v: float | None) -> str:
