@@ -1,6 +1,7 @@
 """vision-language: the built-ins (tiny Qwen2-VL, shapes VQA), assistant-only labels on the processor's
 expanded ids, bad rows as one line, pixel bounds, LoRA placement, generation eval with left-padded
-prompts, and real processes: 1 vs 2 processes (gloo), kill + exact resume, plain peft loading, `xtrain predict` (image + question)."""
+prompts, `xtrain predict` (image + question), and real processes: 1 vs 2 processes (gloo), kill +
+exact resume, plain peft loading."""
 
 from __future__ import annotations
 
