@@ -64,6 +64,11 @@ def estimate_gib(
     return 1.1 * (weights + trained + activations + logits) / GIB
 
 
+def size(gib: float, digits: int) -> str:
+    """``24 GiB``, ``17.9 GiB``; below 1 GiB in MiB (tiny models, test cards)."""
+    return f"{gib:.{digits}f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
+
+
 def memory_warning(
     estimate: float,
     gpu_gib: float,
@@ -83,7 +88,7 @@ def memory_warning(
     if per_device != 1:
         fixes.append("use batch.per_device=1 with batch.global_batch for accumulation")
     return (
-        f"the estimated training memory ({estimate:.1f} GiB a process) exceeds {name} ({gpu_gib:.0f} GiB): "
+        f"the estimated training memory ({size(estimate, 1)} a process) exceeds {name} ({size(gpu_gib, 0)}): "
         + ", ".join(fixes[:-1])
         + (", and " if len(fixes) > 1 else "")
         + fixes[-1]
@@ -122,9 +127,7 @@ class MemoryCheck:
     warning: str | None  # one line when it does not fit
 
     def summary(self) -> str:
-        gib = self.estimate_gib
-        size = f"{gib:.1f} GiB" if gib >= 0.1 else f"{gib * 1024:.0f} MiB"  # tiny models: MiB
-        return f"~{size} a process (estimate; {self.gpu_name}: {self.gpu_gib:.0f} GiB)"
+        return f"~{size(self.estimate_gib, 1)} a process (estimate; {self.gpu_name}: {size(self.gpu_gib, 0)})"
 
 
 def weight_bytes(dtype: str, checkpoint_dtype: str | None) -> int:
@@ -164,9 +167,9 @@ def model_shape(config: object) -> Shape | None:
 
     hidden = first("hidden_size", "d_model", "n_embd", "dim")
     layers = first("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-    seq2seq = [first(k) for k in ("encoder_layers", "decoder_layers")]
-    if None not in seq2seq:
-        layers = sum(seq2seq)  # type: ignore[arg-type]
+    seq2seq = [n for n in (first("encoder_layers"), first("decoder_layers")) if n]
+    if seq2seq:  # Whisper/BART: both stacks (num_hidden_layers is the encoder's); TrOCR's decoder
+        layers = sum(seq2seq)
     if not hidden or not layers:
         return None
     gated = getattr(config, "hidden_act", None) in GATED_ACTS
