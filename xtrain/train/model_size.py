@@ -42,7 +42,10 @@ def read_config_offline(cfg: TrainConfig) -> Any | str:
     if cfg.model.trust_remote_code:
         return "the model's config runs custom code (model.trust_remote_code)"
     if builtin.is_builtin(name):
-        source = str(builtin.ensure_builtin_model(name))  # the run builds the same folder
+        try:
+            source = str(builtin.ensure_builtin_model(name))  # the run builds the same folder
+        except XtrainError as e:
+            return e.message
     elif Path(name).expanduser().is_dir():
         source = str(Path(name).expanduser())
     elif models.looks_like_hub_id(name):
@@ -100,9 +103,10 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
             bare = auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
             tied = _tied_count(bare, config)
             model = _trainable(bare, cfg)  # LoRA adds parameters (and modules_to_save copies)
-    except (XtrainError, ValueError, KeyError, AttributeError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - advisory: an estimate must never stop a launch
         # a model of another task, LoRA targets that match nothing: the run says so in one line
-        return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {str(e).splitlines()[0][:120]}"
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {reason}"
     after = sum(p.numel() for p in model.parameters())
     checkpoint_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return memory.ModelSizes(
