@@ -130,6 +130,36 @@ def test_offline_sizes_equal_the_built_model_and_the_run_time_check_warns(caches
     assert tiny.warning and "a 1 MiB card" in tiny.warning and tiny.estimate_gib > 2**20 / memory.GIB
 
 
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm", "data.train=builtin:tiny-stories"],
+        ["model.name_or_path=builtin:tiny-bert", "model.task=seq-cls", "data.train=builtin:sentiment"],
+        [
+            "model.name_or_path=builtin:tiny-qwen2-vl",
+            "model.task=vision-language",
+            "data.train=builtin:shapes-vqa",
+            "lora.vision_blocks=true",
+        ],
+        [
+            "model.name_or_path=builtin:tiny-qwen2-vl",
+            "model.task=vision-language",
+            "data.train=builtin:shapes-vqa",
+            "lora.enabled=false",
+        ],
+    ],  # fmt: skip
+    ids=["causal-lm", "seq-cls-head", "vlm-vision-blocks", "vlm-full"],
+)
+def test_offline_counts_are_the_built_models_for_each_task(caches, overrides):
+    """LoRA counted without peft on the task's own targets equals peft's model (the heads kept
+    whole for seq-cls, adapters in the vision blocks, a full fine-tune without the vision tower)."""
+    from xtrain.train.model_size import live_sizes, offline_sizes
+    from xtrain.train.tasks import build_workload
+
+    cfg = load_config(None, [*overrides, "data.eval=null", "data.max_length=32"])
+    assert offline_sizes(cfg) == live_sizes(build_workload(cfg).model)
+
+
 def test_the_recipe_notes_the_warning_on_a_cuda_card_and_says_nothing_on_the_cpu(monkeypatch):
     """``Recipe._check_memory`` as the loop calls it after ``prepare``, the card's memory injected
     (CUDA itself is not needed: the device is only compared and passed to the properties call)."""

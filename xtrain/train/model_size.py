@@ -3,23 +3,26 @@
 - ``offline_sizes(cfg)``: before launching (``xtrain train``'s plan). The config is read only
   where it already is (a local folder, a built-in, the Hugging Face cache: never a download, never
   a repository's custom code); the model is built on the meta device (``init_empty_weights`` +
-  the task's Auto class ``from_config``: shapes, no memory) and given the task's own LoRA, so
-  both counts are exact. Anything that stops it returns the reason instead (the plan skips the
-  estimate; the run itself reports real problems).
+  the task's Auto class ``from_config``: shapes, no memory), and LoRA is counted on the layers
+  the task's own chooser picks (``r x (in + out)`` each, plus a copy of each module trained whole):
+  both counts are exact, without importing peft (seconds). Anything that stops it returns the
+  reason instead (the plan skips the estimate; the run itself reports real problems).
 - ``live_sizes(model)``: the training loop's model as it is (real counts, real dtypes).
 
-Imports transformers, peft and accelerate: the CLI imports this module only when the plan needs
+Imports transformers and accelerate: the CLI imports this module only when the plan needs
 the estimate (a CUDA machine).
 """
 
 from __future__ import annotations
 
+import importlib
+import re
 from pathlib import Path
 from typing import Any
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train import memory
+from xtrain.train import lora, memory
 from xtrain.train.config import TrainConfig
 
 # task -> the class its builder loads (custom tasks build their own model: no estimate)
@@ -58,29 +61,47 @@ def read_config_offline(cfg: TrainConfig) -> Any | str:
         return f"{name} is not downloaded yet"
 
 
-def _trainable(model: Any, cfg: TrainConfig) -> Any:
-    """``model`` as the task's builder leaves it: LoRA applied, or what a full fine-tune trains."""
+def _adapted(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """(the Linear layers that get adapters, the modules trained whole) as the task's builder picks
+    them, with the task's own choosers; peft itself is not imported (seconds at import)."""
     task, lora_cfg = cfg.model.task, cfg.lora
+    layers = lora.linear_layers(model)  # qualified name -> leaf name
+    whole = list(lora_cfg.modules_to_save or [])
     if task == "vision-language":
         from xtrain.train.tasks import vision_language
 
-        if lora_cfg.enabled:
-            return vision_language.apply_lora(model, lora_cfg)
-        vision_language.full_fine_tune(model, cfg.model.freeze_vision)
-        return model
-    if not lora_cfg.enabled:
-        return model  # everything trains (a pooler or position table left frozen is noise)
-    if task == "image-to-text":
-        from xtrain.train.tasks import image_to_text
+        projector = vision_language.parts(model)[2] if lora_cfg.projector else None
+        return vision_language.lora_targets(model, lora_cfg), whole + ([projector] if projector else [])
+    if task in ("image-to-text", "speech-to-text"):
+        tasks = importlib.import_module(f"xtrain.train.tasks.{task.replace('-', '_')}")
+        pattern = tasks.target_pattern(model, lora_cfg)  # full match on qualified names, as peft's
+        return [q for q in layers if re.fullmatch(pattern, q)], whole
+    names = lora_cfg.target_modules
+    names = (
+        lora.find_target_modules(model) if names == "auto" else [names] if isinstance(names, str) else names
+    )
+    if task == "seq-cls":
+        whole += ["classifier", "score"]  # peft's SEQ_CLS trains the head whole, whatever else is named
+    return [q for q, leaf in layers.items() if leaf in names or q in names], whole
 
-        return image_to_text.apply_lora(model, lora_cfg)
-    if task == "speech-to-text":
-        from xtrain.train.tasks import speech_to_text
 
-        return speech_to_text.apply_lora(model, lora_cfg)
-    from xtrain.train import lora
+def _lora_counts(model: Any, cfg: TrainConfig) -> tuple[int, int]:
+    """(parameters LoRA adds, parameters that train) for ``cfg.lora``: ``r x (in + out)`` for each
+    adapted layer, and a trained copy of each module kept whole (peft's ``modules_to_save``)."""
+    if not cfg.lora.enabled:
+        if cfg.model.task == "vision-language":
+            from xtrain.train.tasks import vision_language
 
-    return lora.apply_lora(model, lora_cfg, task)
+            vision_language.full_fine_tune(model, cfg.model.freeze_vision)
+            return 0, sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return 0, sum(p.numel() for p in model.parameters())
+    targets, whole = _adapted(model, cfg)
+    modules = dict(model.named_modules())
+    adapters = sum(cfg.lora.r * sum(modules[q].weight.shape) for q in targets)  # Linear and Conv1D
+    # peft matches a kept module by its name or its name's last parts
+    kept = [m for q, m in modules.items() if any(q == k or q.endswith("." + k) for k in whole)]
+    copies = sum(p.numel() for m in kept for p in m.parameters())
+    return adapters + copies, adapters + copies
 
 
 def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
@@ -102,16 +123,16 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
             # Auto classes build from a config with from_config, model classes with their constructor
             bare = auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
             tied = _tied_count(bare, config)
-            model = _trainable(bare, cfg)  # LoRA adds parameters (and modules_to_save copies)
+            added, trainable = _lora_counts(bare, cfg)
     except Exception as e:  # noqa: BLE001 - advisory: an estimate must never stop a launch
         # a model of another task, LoRA targets that match nothing: the run says so in one line
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
         return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {reason}"
-    after = sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for p in bare.parameters()) - tied + added
     checkpoint_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return memory.ModelSizes(
-        params=after - tied,
-        trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        params=params,
+        trainable=trainable,
         shape=shape,
         weight_bytes=memory.weight_bytes(cfg.model.dtype, str(checkpoint_dtype)),
     )
