@@ -77,9 +77,8 @@ def _adapted(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
         pattern = tasks.target_pattern(model, lora_cfg)  # full match on qualified names, as peft's
         return [q for q in layers if re.fullmatch(pattern, q)], whole
     names = lora_cfg.target_modules
-    names = (
-        lora.find_target_modules(model) if names == "auto" else [names] if isinstance(names, str) else names
-    )
+    if isinstance(names, str):  # auto: lora.apply_lora's own choice
+        names = lora.find_target_modules(model) if names == "auto" else [names]
     if task == "seq-cls":
         whole += ["classifier", "score"]  # peft's SEQ_CLS trains the head whole, whatever else is named
     return [q for q, leaf in layers.items() if leaf in names or q in names], whole
