@@ -94,7 +94,8 @@ def test_weight_and_activation_bytes_and_the_smallest_planned_gpu():
 
 @pytest.fixture
 def caches(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("XTRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "memory-caches"))
+    # the built-in models in test_vision_language.py's folder: built once per session
+    monkeypatch.setenv("XTRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "vl-caches" / "xtrain"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
