@@ -44,12 +44,12 @@ QWEN2_VL = {
 
 
 def test_qwen2_vl_7b_without_checkpointing_does_not_fit_a_4090_and_2b_with_it_does():
-    check = memory.check_memory(QWEN2_VL["7b"], 1, 1024, False, "bf16", RTX_4090_GIB, "RTX 4090")
+    check = memory.check_memory(QWEN2_VL["7b"], 1, 1024, False, "bf16", RTX_4090_GIB, "RTX 4090", images=True)
     assert check.estimate_gib > RTX_4090_GIB and check.warning
     assert "RTX 4090 (24 GiB)" in check.warning and "\n" not in check.warning
     # it names what the config does not do yet: bf16 weights and per_device 1 are there already
     assert "model.gradient_checkpointing=true" in check.warning and "model.dtype" not in check.warning
-    assert "batch.per_device" not in check.warning
+    assert "batch.per_device" not in check.warning and "data.max_pixels / data.max_length" in check.warning
     with_ckpt = memory.check_memory(QWEN2_VL["7b"], 1, 1024, True, "bf16", RTX_4090_GIB, "RTX 4090")
     assert 16 < with_ckpt.estimate_gib < RTX_4090_GIB and with_ckpt.warning is None  # tight, fits
     small = memory.check_memory(QWEN2_VL["2b"], 1, 1024, True, "bf16", RTX_4090_GIB, "RTX 4090")
@@ -187,6 +187,7 @@ def test_the_recipe_notes_the_warning_on_a_cuda_card_and_says_nothing_on_the_cpu
         assert check is not None and check.estimate_gib > 0
         notes = [m for kind, m in rep.events if kind == "note"]
         assert (notes == [check.warning] and "a 1 MiB card" in notes[0]) if warns else notes == []
+        assert not warns or "max_pixels" not in notes[0]  # a text model: no image setting to lower
     cpu = SimpleNamespace(device=torch.device("cpu"), cfg=cfg, settings=None, rep=ListReporter())
     assert Recipe._check_memory(cpu, model) is None and cpu.rep.events == []
 

@@ -69,6 +69,7 @@ def memory_lines(cfg: Any, plan: Any, facts: Any) -> list[str]:
         run_settings(cfg, plan, plan.world_size).precision,
         gpu[1],
         gpu[0],
+        images=cfg.model.task == "vision-language",
     )
     lines = [f"[bold]Memory:[/] {escape(check.summary())}"]
     return lines + ([f"[bold yellow]warning:[/] {escape(check.warning)}"] if check.warning else [])

@@ -77,6 +77,7 @@ def memory_warning(
     half_weights: bool = False,
     checkpointing: bool = False,
     per_device: int | None = None,
+    images: bool = True,
 ) -> str | None:
     """One line when ``estimate`` does not fit ``gpu_gib``, naming what lowers it (leaving out
     what the config already does); else None."""
@@ -84,7 +85,7 @@ def memory_warning(
         return None
     fixes = [] if half_weights else ["load the weights in bf16/fp16 (model.dtype)"]
     fixes += [] if checkpointing else ["set model.gradient_checkpointing=true"]
-    fixes.append("lower data.max_pixels / data.max_length")
+    fixes.append("lower data.max_pixels / data.max_length" if images else "lower data.max_length")
     if per_device != 1:
         fixes.append("use batch.per_device=1 with batch.global_batch for accumulation")
     return (
@@ -195,9 +196,11 @@ def check_memory(
     precision: str | None,
     gpu_gib: float,
     gpu_name: str,
+    images: bool = False,
 ) -> MemoryCheck:
     """The estimate for a config's batch and length on a card of ``gpu_gib``, with the warning
-    when it does not fit."""
+    when it does not fit (``images``: a vision-language model, whose image tokens
+    ``data.max_pixels`` bounds)."""
     shape = sizes.shape
     gib = estimate_gib(
         sizes.params,
@@ -218,5 +221,6 @@ def check_memory(
         half_weights=sizes.weight_bytes == 2,
         checkpointing=gradient_checkpointing,
         per_device=per_device,
+        images=images,
     )
     return MemoryCheck(gib, gpu_gib, gpu_name, warning)

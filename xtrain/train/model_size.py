@@ -181,4 +181,5 @@ def check_live_model(
         precision,
         total_bytes / memory.GIB,
         gpu_name,
+        images=cfg.model.task == "vision-language",
     )
