@@ -82,6 +82,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         r"^xtrain predict\b",  # needs a trained run: the test trains one first
         "tests/test_speech_to_text.py::test_predict_transcribes_audio_with_the_trained_adapter",
     ),
+    (
+        "docs/vision-language.md",
+        r"^xtrain predict\b",  # needs a trained run: the test trains one first
+        "tests/test_vision_language.py::test_predict_with_the_trained_run_gives_its_eval_answers",
+    ),
 ]
 
 # Shell commands that are harmless here and run as they are (with bash).

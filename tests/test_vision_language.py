@@ -1,6 +1,7 @@
 """vision-language: the built-ins (tiny Qwen2-VL, shapes VQA), assistant-only labels on the processor's
 expanded ids, bad rows as one line, pixel bounds, LoRA placement, generation eval with left-padded
-prompts, and real processes: 1 vs 2 processes (gloo), kill + exact resume, plain peft loading."""
+prompts, `xtrain predict` (image + question), and real processes: 1 vs 2 processes (gloo), kill +
+exact resume, plain peft loading."""
 
 from __future__ import annotations
 
@@ -272,6 +273,55 @@ def test_generation_eval_left_pads_prompts_and_strips_them(qwen, tmp_path):
     assert single["eval_loss"] == pytest.approx(metrics["eval_loss"], rel=1e-5)
 
 
+# ---------------------------------------------------------------------------------------------
+# xtrain predict
+
+
+def test_predict_answers_like_the_eval_and_refuses_bad_input_in_one_line(qwen, tmp_path, capsys):
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from xtrain.cli import main
+    from xtrain.train import checkpoint
+    from xtrain.train.tasks import chat_data
+
+    _images(tmp_path / "img", 2)
+    system = "Answer in one word."
+    rows = [[{"role": "system", "content": system}, *_turns("img/0.png", "what colour is it?", "red")],
+            _turns("img/1.png", "shape?", "square")]  # fmt: skip
+    data = _jsonl(tmp_path / "e.jsonl", rows)
+    workload = build_workload(_cfg(qwen, data, "lora.projector=true", eval_=data))
+    processor = workload.tokenizer
+    render = chat_data.renderer(processor, chat_data.require_template(processor, None, qwen))
+    for row, (question, sys_) in enumerate((("what colour is it?", system), ("shape?", None))):
+        # predict's user turn renders exactly as training rendered the prompt before the answer
+        prompt = render(chat_data.user_turn(question, images=1, system=sys_), True)
+        assert prompt == workload.eval_dataset.encoded[row].prompt
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare(
+        DataLoader(workload.eval_dataset, batch_size=1, collate_fn=workload.collator)
+    )
+    _, samples = workload.evaluate(accelerator, workload.model, loader)
+    checkpoint.save_final(workload.model, processor, tmp_path / "run", False)  # adapter/ + processor
+
+    img, out = str(tmp_path / "img" / "0.png"), tmp_path / "answers.jsonl"
+    args = ["predict", str(tmp_path / "run"), img, "--max-new-tokens", "4"]
+    assert main([*args, "--question", "what colour is it?", "--system", system, "-o", str(out)]) == 0
+    answers = [json.loads(x) for x in out.read_text().splitlines()]
+    assert answers == [{"input": img, "prompt": "what colour is it?", "text": samples[0].prediction}]
+    assert capsys.readouterr().out == f"{img}\twhat colour is it?\t{samples[0].prediction}\n"
+    # bad input: one line on stderr, exit 2, no traceback
+    cases = [
+        ([*args[:2], str(tmp_path / "img" / "none.png"), "-p", "q?"], "none.png not found"),
+        (args, "answers a question about each image (add --prompt TEXT)"),
+        ([*args[:2], "-p", "q?"], "vision-language model: it answers a question about an image"),
+    ]
+    for argv, says in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in " ".join(err.split()) and "Traceback" not in err
+
+
 def test_exact_match_is_normalised():
     from xtrain.train.generation import exact_match
 
@@ -395,6 +445,19 @@ def test_kill_and_resume_is_exact(vqa_job, vqa_straight):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "train_result.json").read_text())["resumed_from"]
     assert_same_training(vqa_straight, out, exact=True)
+
+
+@pytest.mark.slow
+def test_predict_with_the_trained_run_gives_its_eval_answers(vqa_job, vqa_straight, capsys):
+    from xtrain.cli import main
+
+    result = json.loads((vqa_straight / "train_result.json").read_text())
+    rows = [json.loads(x)["messages"] for x in (vqa_job.root / "eval.jsonl").read_text().splitlines()]
+    for row, sample in zip(rows, result["predictions"], strict=False):  # the first 4 eval rows
+        user = row[0]["content"]
+        image, question = str(vqa_job.root / user[0]["image"]), user[1]["text"]
+        assert main(["predict", str(vqa_straight), image, "-p", question, "--max-new-tokens", "3"]) == 0
+        assert capsys.readouterr().out == f"{image}\t{question}\t{sample['prediction']}\n"
 
 
 def test_memory_estimate_tells_what_fits_two_24gb_cards():

@@ -2,6 +2,8 @@
 
 - image-to-text (``VisionEncoderDecoderModel``): images (files, or folders of images) -> text;
 - speech-to-text (Whisper and other speech seq2seq models): audio files (or folders) -> transcripts;
+- vision-language (Qwen2-VL-style ``AutoModelForImageTextToText``): an image and a question -> the
+  answer, the user turn rendered by the processor's chat template as in training;
 - causal-lm: text prompts -> their continuations.
 
 An adapter folder loads its base model from ``base_model_name_or_path`` (peft's own record) and the
@@ -29,10 +31,16 @@ class Predictor:
     image_processor: Any | None  # set for image-to-text models
     source: str  # the folder the weights came from
     feature_extractor: Any | None = None  # set for speech-to-text models
+    processor: Any | None = None  # set for vision-language models (image processor + chat template)
 
     @property
     def takes_audio(self) -> bool:
         return self.feature_extractor is not None
+
+    @property
+    def takes_questions(self) -> bool:
+        """A vision-language model: images and a question about them."""
+        return self.processor is not None
 
     @property
     def takes_images(self) -> bool:
@@ -75,9 +83,12 @@ def load_predictor(path: str | Path) -> Predictor:
     except Exception as e:
         raise models._load_error("config", base, Path(base).exists(), e) from None
     kind = config.model_type
-    from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+    )
 
-    feature_extractor = None
+    feature_extractor = processor = None
     if kind in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES:
         from xtrain.train.tasks import speech_to_text
 
@@ -93,6 +104,17 @@ def load_predictor(path: str | Path) -> Predictor:
         image_processor, tokenizer, _ = load_processors(str(folder), False)
         model = VisionEncoderDecoderModel.from_pretrained(base, trust_remote_code=False)
         fix_special_tokens(model, tokenizer)
+    elif kind in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:  # vision-language (Qwen2-VL, ...)
+        from xtrain.train.tasks import vision_language
+
+        processor = vision_language.load_processor(str(folder), False)  # saved with the adapter
+        model = vision_language.load_model(base, "auto", False)  # the checkpoint's dtype on a GPU
+        tokenizer, image_processor = processor.tokenizer, None
+        vision_language.fix_generation(model, tokenizer)
+        import torch
+
+        if torch.cuda.is_available():  # a 2B-7B model: too slow on the CPU
+            model.to("cuda")
     else:
         from transformers import AutoModelForCausalLM
 
@@ -101,7 +123,8 @@ def load_predictor(path: str | Path) -> Predictor:
         except ValueError:
             raise XtrainError(
                 f"{base} is a {kind} model without a text generation head",
-                "xtrain predict runs generative models (image-to-text, speech-to-text, causal-lm)",
+                "xtrain predict runs generative models (image-to-text, speech-to-text, "
+                "vision-language, causal-lm)",
             ) from None
         image_processor, tokenizer = None, models.load_tokenizer(str(folder), False)
     if adapter:
@@ -115,6 +138,7 @@ def load_predictor(path: str | Path) -> Predictor:
         image_processor=image_processor,
         source=str(folder),
         feature_extractor=feature_extractor,
+        processor=processor,
     )
 
 
@@ -169,6 +193,11 @@ def predict_images(
 
     from xtrain.train.tasks.image_data import open_image
 
+    if predictor.takes_questions:
+        raise XtrainError(
+            f"{predictor.source} is a vision-language model: it answers a question about each image",
+            "add the question with --prompt TEXT",
+        )
     if not predictor.takes_images:
         raise XtrainError(
             f"{predictor.source} is a text model", "give it prompts with --prompt instead of images"
@@ -191,6 +220,11 @@ def predict_prompts(
 ) -> list[str]:
     import torch
 
+    if predictor.takes_questions:
+        raise XtrainError(
+            f"{predictor.source} is a vision-language model: it answers questions about images",
+            "pass image files or folders with the --prompt question",
+        )
     if predictor.takes_images or predictor.takes_audio:
         what = "images" if predictor.takes_images else "audio"
         raise XtrainError(
@@ -209,4 +243,56 @@ def predict_prompts(
             )
         new = ids[0, enc["input_ids"].shape[1] :]
         out.append(predictor.tokenizer.decode(new, skip_special_tokens=True).strip())
+    return out
+
+
+def predict_questions(
+    predictor: Predictor,
+    files: list[Path],
+    questions: list[str],
+    max_new_tokens: int,
+    num_beams: int,
+    system: str | None = None,
+) -> list[tuple[Path, str, str]]:
+    """(image, question, answer) for every question about every image (vision-language).
+
+    The user turn (the image, then the question; ``system`` first when given) is rendered by the
+    chat template saved with the adapter (``chat_data``, as in training, with the generation
+    prompt) and expanded by the processor (``vision_chat.process_text``); the answer is what the
+    model generates after the prompt, up to its end-of-turn token."""
+    import torch
+
+    from xtrain.train.tasks import chat_data
+    from xtrain.train.tasks.image_data import open_image
+    from xtrain.train.tasks.vision_chat import process_text
+
+    if not predictor.takes_questions:
+        raise XtrainError(
+            f"{predictor.source} is not a vision-language model: it takes no question with its inputs",
+            "pass images/audio or --prompt, not both",
+        )
+    if not questions or not all(q.strip() for q in questions):
+        raise XtrainError("a vision-language model answers a question about each image", "add --prompt TEXT")
+    processor, tokenizer = predictor.processor, predictor.tokenizer
+    template = chat_data.require_template(processor, None, predictor.source)
+    render = chat_data.renderer(processor, template)
+    device = next(predictor.model.parameters()).device
+    out = []
+    for i, f in enumerate(files):  # one at a time: no left-padding subtleties, inputs are few
+        image = open_image(str(f), None, i, "the inputs")
+        for question in questions:
+            messages = chat_data.user_turn(question, images=1, system=system)
+            prompt = render(messages, True)
+            enc = process_text(processor, prompt, [image])
+            enc = {k: v.to(device) if torch.is_tensor(v) else v for k, v in enc.items()}
+            with torch.no_grad():
+                ids = predictor.model.generate(
+                    **enc,
+                    max_new_tokens=max_new_tokens,
+                    num_beams=num_beams,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            new = ids[0, enc["input_ids"].shape[1] :]
+            out.append((f, question, tokenizer.decode(new, skip_special_tokens=True).strip()))
     return out

@@ -1,4 +1,5 @@
-"""`xtrain predict`: run a trained adapter or model on images, audio or text prompts."""
+"""`xtrain predict`: run a trained adapter or model on images, audio, images + a question
+(vision-language) or text prompts."""
 
 from __future__ import annotations
 
@@ -14,14 +15,26 @@ from xtrain.errors import XtrainError
 def predict(
     model: Path = typer.Argument(..., help="A run's output_dir, its adapter/ or best/, or a model folder."),
     inputs: list[str] = typer.Argument(
-        None, help="Image or audio files, or folders of them (image-to-text, speech-to-text)."
+        None,
+        help="Image or audio files, or folders of them (image-to-text, speech-to-text, vision-language).",
     ),
-    prompt: list[str] = typer.Option(None, "--prompt", "-p", help="A text prompt (causal-lm); repeatable."),
+    prompt: list[str] = typer.Option(
+        None,
+        "--prompt",
+        "-p",
+        "--question",
+        "-q",
+        help="A text prompt (causal-lm), or a question about every image (vision-language); repeatable.",
+    ),
+    system: str = typer.Option(
+        None, "--system", help="A system turn before the question (vision-language; as in training)."
+    ),
     max_new_tokens: str = typer.Option("128", "--max-new-tokens", help="Longest generated text (tokens)."),
     num_beams: str = typer.Option("1", "--num-beams", help="Beam width (1: greedy)."),
     output: Path = typer.Option(None, "--output", "-o", help="Also write the results as JSON lines here."),
 ) -> None:
-    """Generate text with a trained result: images or audio -> text, or prompts -> continuations."""
+    """Generate text with a trained result: images or audio -> text, images + a question -> the
+    answer, or prompts -> continuations."""
     from xtrain import predict as lib
     from xtrain.train.quiet import quiet_libraries
 
@@ -29,11 +42,28 @@ def predict(
     beams = parse_int(num_beams, "--num-beams", 1, example="e.g. --num-beams 4")
     if not inputs and not prompt:
         raise XtrainError("nothing to predict", "pass image or audio files/folders, or --prompt TEXT")
-    if inputs and prompt:
-        raise XtrainError("pass images/audio or --prompt, not both")
+    for item in inputs or []:  # before the (slow) model load
+        if not Path(item).expanduser().exists():
+            raise XtrainError(f"input {item} not found", "pass files or folders of images or audio")
     quiet_libraries()
     predictor = lib.load_predictor(model)
-    if inputs and predictor.takes_audio:
+    if system is not None and not predictor.takes_questions:
+        raise XtrainError("--system is for vision-language models", "leave it out for this model")
+    if predictor.takes_questions:  # vision-language: images and a question about them
+        if not inputs:
+            raise XtrainError(
+                f"{predictor.source} is a vision-language model: it answers a question about an image",
+                "pass image files or folders with the --prompt question",
+            )
+        files = lib.image_files(list(inputs))
+        answers = lib.predict_questions(predictor, files, list(prompt or []), new_tokens, beams, system)
+        rows = [{"input": str(f), "prompt": q, "text": a} for f, q, a in answers]
+    elif inputs and prompt:
+        raise XtrainError(
+            f"{predictor.source} takes images/audio or --prompt, not both",
+            "questions about images go to vision-language models",
+        )
+    elif inputs and predictor.takes_audio:
         files = lib.image_files(list(inputs), lib.AUDIO_EXTENSIONS, "audio files")
         texts = lib.predict_audio(predictor, files, new_tokens, beams)
         rows = [{"input": str(f), "text": t} for f, t in zip(files, texts, strict=True)]
@@ -45,7 +75,7 @@ def predict(
         texts = lib.predict_prompts(predictor, list(prompt), new_tokens, beams)
         rows = [{"input": p, "text": t} for p, t in zip(prompt, texts, strict=True)]
     for row in rows:  # plain tab-separated lines (rich would expand the tab): easy to pipe
-        typer.echo(f"{row['input']}\t{row['text']}")
+        typer.echo("\t".join(row.values()))  # input, (question,) text
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")

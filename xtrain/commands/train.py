@@ -26,15 +26,53 @@ def check_overrides(overrides: list[str]) -> list[str]:
 
 
 def plan_for_training(
-    cfg: Any, processes: int | None, gpu_ids: list[int] | None, platform: str | None
+    cfg: Any,
+    processes: int | None,
+    gpu_ids: list[int] | None,
+    platform: str | None,
+    facts: Any | None = None,
 ) -> Any:
-    """The plan for this machine, with the config's precision, checked against the config's
-    global batch before any process starts."""
+    """The plan for this machine (or ``facts``, a snapshot), with the config's precision, checked
+    against the config's global batch before any process starts."""
     from xtrain.planning.resolve import machine_plan, run_settings
 
-    plan = machine_plan(cfg, processes=processes, gpu_ids=gpu_ids, platform=platform)
+    plan = machine_plan(cfg, facts=facts, processes=processes, gpu_ids=gpu_ids, platform=platform)
     run_settings(cfg, plan, plan.world_size)  # a global batch that does not divide stops here
     return plan
+
+
+def memory_lines(cfg: Any, plan: Any, facts: Any) -> list[str]:
+    """The plan's memory estimate against its smallest GPU, and the warning when it does not fit
+    (rich markup). CUDA plans only: transformers (seconds to import) loads only then. A model
+    whose config is not on this machine is skipped in a dim line (nothing is downloaded)."""
+    from rich.markup import escape
+
+    from xtrain.planning.resolve import run_settings
+    from xtrain.train import memory
+
+    gpus = [(g.index, g.name, g.memory_mib) for g in facts.gpus]
+    gpu = memory.smallest_gpu(gpus, plan.gpu_ids) if plan.device == "cuda" else None
+    if gpu is None:
+        return []
+    from xtrain.train import model_size
+    from xtrain.train.quiet import quiet_libraries
+
+    quiet_libraries()  # building the model's skeleton: no library chatter
+    sizes = model_size.offline_sizes(cfg)
+    if isinstance(sizes, str):
+        return [f"[dim]memory estimate skipped: {escape(sizes)}[/]"]
+    check = memory.check_memory(
+        sizes,
+        cfg.batch.per_device,
+        cfg.data.max_length,
+        cfg.model.gradient_checkpointing,
+        run_settings(cfg, plan, plan.world_size).precision,
+        gpu[1],
+        gpu[0],
+        images=cfg.model.task == "vision-language",
+    )
+    lines = [f"[bold]Memory:[/] {escape(check.summary())}"]
+    return lines + ([f"[bold yellow]warning:[/] {escape(check.warning)}"] if check.warning else [])
 
 
 def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[str]]]:
@@ -90,6 +128,9 @@ def train(
         None, "--precision", help="no, fp16 or bf16 (default: the config, else the plan)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the equivalent commands and exit."),
+    facts_file: Path = typer.Option(
+        None, "--facts", help="With --dry-run: plan from a snapshot (xtrain doctor --save FILE)."
+    ),
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Train CONFIG on every planned device (one process per GPU, fixed global batch)."""
@@ -104,23 +145,47 @@ def train(
     gpu_ids = parse_gpus(gpus)
     if not config.is_file():
         raise XtrainError(f"config {config} not found", "check the path (examples/ has ready configs)")
+    if facts_file is not None and not dry_run:
+        raise XtrainError(
+            "--facts plans from another machine's snapshot; training runs on this one",
+            "add --dry-run to see that machine's plan, or leave out --facts",
+        )
     cfg = load_config(str(config), overrides)
-    plan = plan_for_training(cfg, n, gpu_ids, platform)
+    facts = _facts(facts_file)
+    plan = plan_for_training(cfg, n, gpu_ids, platform, facts)
     run_argv = ["--config", str(config), *overrides]
+    notes = memory_lines(cfg, plan, facts)
 
     if dry_run:
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
+        for line in notes:
+            console.print(line, soft_wrap=True)
         for title, lines in equivalent_commands(plan, run_argv):
             shell = "PowerShell" if plan.shell == "powershell" else "bash"
             console.print(f"\n# {title} ({shell})", soft_wrap=True, markup=False)
             for line in lines:
                 console.print(line, soft_wrap=True, markup=False)
         return
-    raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir))
+    raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir, notes))
 
 
-def launch_training(plan: Any, run_argv: list[str], console: Any, output_dir: str | None = None) -> int:
-    """Start xtrain.run on every planned process; returns its exit code (0 on success)."""
+def _facts(facts_file: Path | None) -> Any:
+    """The snapshot in ``facts_file``, else this machine's quick probe (what the workers plan from)."""
+    from xtrain.machine import probe
+    from xtrain.machine.facts import Facts
+
+    return probe.collect(quick=True) if facts_file is None else Facts.load(facts_file)
+
+
+def launch_training(
+    plan: Any,
+    run_argv: list[str],
+    console: Any,
+    output_dir: str | None = None,
+    notes: list[str] | None = None,
+) -> int:
+    """Start xtrain.run on every planned process; returns its exit code (0 on success).
+    ``notes``: lines shown under the plan (the memory estimate)."""
     import sys
 
     from rich.markup import escape
@@ -129,6 +194,8 @@ def launch_training(plan: Any, run_argv: list[str], console: Any, output_dir: st
     from xtrain.launch import stops
 
     console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
+    for line in notes or []:
+        console.print(line, soft_wrap=True)
     try:
         launch.launch(RUN_MODULE, run_argv, plan)
     except launch.WorkerStopped as e:

@@ -187,6 +187,7 @@ class Recipe:
             self.rep.note(note)  # (a run that cannot fit stops here, before the first step)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
         checkpoint.install_model_hooks(acc)
+        self.memory = self._check_memory(model)
         self.cpu_staged = False
         if self.world > 1 and wants_cpu_staged_allreduce(self.plan):
             from xtrain.train import comm_hook
@@ -197,6 +198,19 @@ class Recipe:
             import torch.distributed as dist
 
             self.stop_group = dist.new_group(backend="gloo")  # stop flags travel on the CPU
+
+    def _check_memory(self, model: Any) -> Any:
+        """CUDA: the memory estimate with the real counts against this card; the main process
+        notes it when it does not fit (the run goes on: the estimate is rough)."""
+        if self.device.type != "cuda":
+            return None
+        from xtrain.train.model_size import check_live_model
+
+        props = torch.cuda.get_device_properties(self.device)
+        check = check_live_model(model, self.cfg, self.settings.precision, props.total_memory, props.name)
+        if check is not None and check.warning:
+            self.rep.note(check.warning)
+        return check
 
     def _setup_data(self) -> None:
         """The eval loader, the resume position and this rank's train loader from it."""
@@ -464,7 +478,9 @@ class Recipe:
             skipped_steps=self.skipped,
             predictions=self.predictions,
             windows=self.windows,
-            run_info=run_info(self.accelerator, self.plan, self.settings, self.cpu_staged, self.skips),
+            run_info=run_info(
+                self.accelerator, self.plan, self.settings, self.cpu_staged, self.skips, self.memory
+            ),
         )
         acc.wait_for_everyone()
         if acc.is_main_process:

@@ -31,8 +31,11 @@ class TrainResult:
     windows: list[dict[str, float]] = field(default_factory=list)
 
 
-def run_info(accelerator: Any, plan: Any, settings: Any, cpu_staged: bool, skips: Any) -> dict[str, Any]:
-    """How the run ran (``TrainResult.run_info``): device, backend, precision, hooks, memory."""
+def run_info(
+    accelerator: Any, plan: Any, settings: Any, cpu_staged: bool, skips: Any, memory: Any = None
+) -> dict[str, Any]:
+    """How the run ran (``TrainResult.run_info``): device, backend, precision, hooks, memory
+    (``memory``: the loop's ``MemoryCheck`` on CUDA, else None)."""
     import torch
 
     device, world = accelerator.device, accelerator.num_processes
@@ -47,4 +50,6 @@ def run_info(accelerator: Any, plan: Any, settings: Any, cpu_staged: bool, skips
         # this rank's peak of allocated device memory (the main process writes the result)
         "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "skip_check": "loss scale" if skips.scaler is not None else None,
+        # the estimate of xtrain.train.memory for this rank's card (CUDA only)
+        "memory_estimate_gib": round(memory.estimate_gib, 2) if memory is not None else None,
     }

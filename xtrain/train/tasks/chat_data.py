@@ -129,6 +129,15 @@ def parse_conversation(
     return Conversation(out, refs)
 
 
+def user_turn(question: str, images: int = 0, system: str | None = None) -> list[dict[str, Any]]:
+    """A question (after ``images`` image placeholders) as the normalised vision messages that
+    ``parse_conversation`` gives the template: what ``xtrain predict`` renders with the generation
+    prompt, the same way training rendered the prompts before its answers."""
+    parts = [{"type": "image"} for _ in range(images)] + [{"type": "text", "text": question}]
+    turns = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
+    return [*turns, {"role": "user", "content": parts}]
+
+
 # ---------------------------------------------------------------------------------------------
 # Rendering and masking
 

@@ -91,6 +91,14 @@ def carry_labels(short: list[int], labels: list[int], long: list[int], image_tok
     return out
 
 
+def process_text(processor: Any, text: str, images: list[Any]) -> dict[str, Any]:
+    """One rendered conversation (or prompt) and its images -> the processor's tensors (batch of
+    one), each image placeholder expanded into the image's tokens; the template already holds
+    every special token, so the tokenizer adds none."""
+    out = processor(text=[text], images=images or None, add_special_tokens=False, return_tensors="pt")
+    return dict(out)
+
+
 class VisionChatCollator:
     """Rows -> the processor's tensors (``input_ids``, ``attention_mask``, ``pixel_values``,
     ``image_grid_thw``, ...) padded to one length, with ``labels``; eval rows also get ``gen_*``
@@ -106,10 +114,7 @@ class VisionChatCollator:
         return self.processor.tokenizer
 
     def _process(self, text: str, images: list[Any]) -> dict[str, Any]:
-        out = self.processor(
-            text=[text], images=images or None, add_special_tokens=False, return_tensors="pt"
-        )
-        return dict(out)
+        return process_text(self.processor, text, images)
 
     def _image_token(self) -> int | None:
         token = getattr(self.processor, "image_token_id", None)

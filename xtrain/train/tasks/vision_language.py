@@ -93,6 +93,12 @@ def load_processor(source: str, trust_remote_code: bool) -> Any:
         processor = transformers.AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
     except ImportError as e:  # e.g. "Qwen2VLVideoProcessor requires the Torchvision library"
         error = e
+    except OSError as e:
+        # "Can't load video processor": a processor saved by the image-only build (an adapter
+        # folder, trained without torchvision) has no video half to load: build it the same way
+        if "video processor" not in str(e):
+            raise models._load_error("processor", source, local, e) from None
+        error = e
     except Exception as e:
         raise models._load_error("processor", source, local, e) from None
     if processor is None:

@@ -1,0 +1,185 @@
+"""A model's sizes for the memory estimate (``memory.ModelSizes``), without loading its weights.
+
+- ``offline_sizes(cfg)``: before launching (``xtrain train``'s plan). The config is read only
+  where it already is (a local folder, a built-in, the Hugging Face cache: never a download, never
+  a repository's custom code); the model is built on the meta device (``init_empty_weights`` +
+  the task's Auto class ``from_config``: shapes, no memory), and LoRA is counted on the layers
+  the task's own chooser picks (``r x (in + out)`` each, plus a copy of each module trained whole):
+  both counts are exact, without importing peft (seconds). Anything that stops it returns the
+  reason instead (the plan skips the estimate; the run itself reports real problems).
+- ``live_sizes(model)``: the training loop's model as it is (real counts, real dtypes).
+
+Imports transformers and accelerate: the CLI imports this module only when the plan needs
+the estimate (a CUDA machine).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+from xtrain import builtin
+from xtrain.errors import XtrainError
+from xtrain.train import lora, memory
+from xtrain.train.config import TrainConfig
+
+# task -> the class its builder loads (custom tasks build their own model: no estimate)
+AUTO_CLASSES = {
+    "causal-lm": "AutoModelForCausalLM",
+    "seq-cls": "AutoModelForSequenceClassification",
+    "image-to-text": "VisionEncoderDecoderModel",
+    "speech-to-text": "AutoModelForSpeechSeq2Seq",
+    "vision-language": "AutoModelForImageTextToText",
+}
+
+
+def read_config_offline(cfg: TrainConfig) -> Any | str:
+    """The model's ``AutoConfig`` from a local folder, a built-in or the hub cache; else why not."""
+    from transformers import AutoConfig
+
+    from xtrain.train import models
+
+    name = cfg.model.name_or_path
+    if cfg.model.trust_remote_code:
+        return "the model's config runs custom code (model.trust_remote_code)"
+    if builtin.is_builtin(name):
+        try:
+            source = str(builtin.ensure_builtin_model(name))  # the run builds the same folder
+        except XtrainError as e:
+            return e.message
+    elif Path(name).expanduser().is_dir():
+        source = str(Path(name).expanduser())
+    elif models.looks_like_hub_id(name):
+        source = name
+    else:
+        return f"{name} not found"
+    try:  # local_files_only: the hub cache at most, no network
+        return AutoConfig.from_pretrained(source, local_files_only=True, trust_remote_code=False)
+    except Exception:
+        return f"{name} is not downloaded yet"
+
+
+def _adapted(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    """(the Linear layers that get adapters, the modules trained whole) as the task's builder picks
+    them, with the task's own choosers; peft itself is not imported (seconds at import)."""
+    task, lora_cfg = cfg.model.task, cfg.lora
+    layers = lora.linear_layers(model)  # qualified name -> leaf name
+    whole = list(lora_cfg.modules_to_save or [])
+    if task == "vision-language":
+        from xtrain.train.tasks import vision_language
+
+        projector = vision_language.parts(model)[2] if lora_cfg.projector else None
+        return vision_language.lora_targets(model, lora_cfg), whole + ([projector] if projector else [])
+    if task in ("image-to-text", "speech-to-text"):
+        tasks = importlib.import_module(f"xtrain.train.tasks.{task.replace('-', '_')}")
+        pattern = tasks.target_pattern(model, lora_cfg)  # full match on qualified names, as peft's
+        return [q for q in layers if re.fullmatch(pattern, q)], whole
+    names = lora_cfg.target_modules
+    if isinstance(names, str):  # auto: lora.apply_lora's own choice
+        names = lora.find_target_modules(model) if names == "auto" else [names]
+    if task == "seq-cls":
+        whole += ["classifier", "score"]  # peft's SEQ_CLS trains the head whole, whatever else is named
+    return [q for q, leaf in layers.items() if leaf in names or q in names], whole
+
+
+def _lora_counts(model: Any, cfg: TrainConfig) -> tuple[int, int]:
+    """(parameters LoRA adds, parameters that train) for ``cfg.lora``: ``r x (in + out)`` for each
+    adapted layer, and a trained copy of each module kept whole (peft's ``modules_to_save``)."""
+    if not cfg.lora.enabled:
+        if cfg.model.task == "vision-language":
+            from xtrain.train.tasks import vision_language
+
+            vision_language.full_fine_tune(model, cfg.model.freeze_vision)
+            return 0, sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return 0, sum(p.numel() for p in model.parameters())
+    targets, whole = _adapted(model, cfg)
+    modules = dict(model.named_modules())
+    adapters = sum(cfg.lora.r * sum(modules[q].weight.shape) for q in targets)  # Linear and Conv1D
+    # peft matches a kept module by its name or its name's last parts
+    kept = [m for q, m in modules.items() if any(q == k or q.endswith("." + k) for k in whole)]
+    copies = sum(p.numel() for m in kept for p in m.parameters())
+    return adapters + copies, adapters + copies
+
+
+def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
+    """Exact parameter counts from a model built on the meta device; or why there is no estimate."""
+    import transformers
+    from accelerate import init_empty_weights
+
+    if cfg.model.task not in AUTO_CLASSES:
+        return f"task {cfg.model.task} builds its own model"
+    config = read_config_offline(cfg)
+    if isinstance(config, str):
+        return config
+    shape = memory.model_shape(config)
+    if shape is None:
+        return f"the config of {cfg.model.name_or_path} names no hidden size or layer count"
+    auto = getattr(transformers, AUTO_CLASSES[cfg.model.task])
+    try:
+        with init_empty_weights():
+            # Auto classes build from a config with from_config, model classes with their constructor
+            bare = auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
+            tied = _tied_count(bare, config)
+            added, trainable = _lora_counts(bare, cfg)
+    except Exception as e:  # noqa: BLE001 - advisory: an estimate must never stop a launch
+        # a model of another task, LoRA targets that match nothing: the run says so in one line
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {reason}"
+    params = sum(p.numel() for p in bare.parameters()) - tied + added
+    checkpoint_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return memory.ModelSizes(
+        params=params,
+        trainable=trainable,
+        shape=shape,
+        weight_bytes=memory.weight_bytes(cfg.model.dtype, str(checkpoint_dtype)),
+    )
+
+
+def _tied_count(model: Any, config: Any) -> int:
+    """Parameters that loading ties to another (an output head sharing the input embedding:
+    ``tie_word_embeddings``); a model built from its config on the meta device keeps them apart."""
+    keys = getattr(model, "_tied_weights_keys", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not isinstance(keys, dict) or not getattr(text, "tie_word_embeddings", False):
+        return 0
+    params = dict(model.named_parameters())
+    pairs = [(params.get(k), params.get(src)) for k, src in keys.items()]
+    return sum(a.numel() for a, b in pairs if a is not None and b is not None and a is not b)
+
+
+def live_sizes(model: Any) -> memory.ModelSizes | None:
+    """The sizes of a built model: counts, and the bytes of its frozen weights as loaded."""
+    shape = memory.model_shape(getattr(model, "config", None))
+    if shape is None:
+        return None
+    params = trainable = frozen = frozen_bytes = 0
+    for p in model.parameters():
+        params += p.numel()
+        if p.requires_grad:
+            trainable += p.numel()
+        else:
+            frozen += p.numel()
+            frozen_bytes += p.numel() * p.element_size()
+    weight_bytes = 2 if frozen and frozen_bytes / frozen < 3 else 4
+    return memory.ModelSizes(params, trainable, shape, weight_bytes)
+
+
+def check_live_model(
+    model: Any, cfg: TrainConfig, precision: str, total_bytes: int, gpu_name: str
+) -> memory.MemoryCheck | None:
+    """The training loop's check on its CUDA device (``total_bytes``: the card's memory)."""
+    sizes = live_sizes(model)
+    if sizes is None:
+        return None
+    return memory.check_memory(
+        sizes,
+        cfg.batch.per_device,
+        cfg.data.max_length,
+        cfg.model.gradient_checkpointing,
+        precision,
+        total_bytes / memory.GIB,
+        gpu_name,
+        images=cfg.model.task == "vision-language",
+    )
