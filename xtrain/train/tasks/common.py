@@ -81,27 +81,3 @@ def require_nonempty(ds: Any, name: str, what: str) -> None:
         raise XtrainError(
             f"no {what} examples left in {name} after tokenising", "check the columns and data.max_length"
         )
-
-
-def set_decoder_tokens(model: Any, tokenizer: Any, start: int | None, pad: int | None, **extra: Any) -> None:
-    """An encoder-decoder's decoder start and pad ids (and ``extra`` ids such as eos) written on
-    its config and generation config, once the task's rule has chosen them; one line when the
-    checkpoint and tokenizer give neither, or when the tokenizer has more tokens than the decoder
-    (its new ids would index past the embedding)."""
-    if start is None or pad is None:
-        raise XtrainError(
-            "cannot tell the decoder's start and pad tokens: the checkpoint and its tokenizer set neither",
-            "set decoder_start_token_id and pad_token_id in the model's config.json",
-        )
-    for target in (model.config, model.generation_config):
-        target.decoder_start_token_id = start
-        target.pad_token_id = pad
-        for key, value in extra.items():
-            setattr(target, key, value)
-    decoder = getattr(model.config, "decoder", model.config)
-    vocab = getattr(decoder, "vocab_size", None)
-    if vocab and len(tokenizer) > vocab:
-        raise XtrainError(
-            f"the tokenizer has {len(tokenizer)} tokens but the decoder only {vocab}",
-            "use the tokenizer that came with the checkpoint",
-        )
