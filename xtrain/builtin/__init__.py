@@ -263,12 +263,20 @@ def build_tokenizer(kind: str):
 
     ``kind`` "bert" adds ``<s> A </s> [B </s>]`` with token type ids; "llama" adds ``<s>`` only.
     """
-    from tokenizers import processors
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from xtrain.builtin.bpe import train_byte_level_bpe
-
-    tok = train_byte_level_bpe(_corpus(), 1000, SPECIAL_TOKENS, unk_token="<unk>")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     if kind == "bert":
         tok.post_processor = processors.TemplateProcessing(

@@ -141,11 +141,20 @@ def _corpus() -> list[str]:
 
 def build_tokenizer() -> Any:
     """Byte-level BPE (any text encodes) trained in-process, with Qwen2-VL's special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from xtrain.builtin.bpe import train_byte_level_bpe
-
-    tok = train_byte_level_bpe(_corpus(), 600, SPECIAL_TOKENS)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

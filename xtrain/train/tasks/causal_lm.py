@@ -18,7 +18,6 @@ from xtrain.train.tasks.common import (
     prepare_tokenizer,
     raw_datasets,
     require_nonempty,
-    tokenize_split,
 )
 from xtrain.train.workload import Workload
 
@@ -80,12 +79,24 @@ def build_causal_lm(
         chat = is_chat(cfg, train)
         if not chat:
             data.require_columns(train, columns, train_name)
-            train = tokenize_split(train, train_name, "train", data.tokenize_causal_lm, kwargs, settings)
+            train = data.tokenized(
+                train,
+                data.tokenize_causal_lm,
+                kwargs,
+                data.map_fingerprint(train, *settings),
+                "tokenizing train",
+            )
+            require_nonempty(train, train_name, "training")
             if eval_ds is not None:
                 data.require_columns(eval_ds, columns, eval_name)
-                eval_ds = tokenize_split(
-                    eval_ds, eval_name, "eval", data.tokenize_causal_lm, kwargs, settings
+                eval_ds = data.tokenized(
+                    eval_ds,
+                    data.tokenize_causal_lm,
+                    kwargs,
+                    data.map_fingerprint(eval_ds, *settings),
+                    "tokenizing eval",
                 )
+                require_nonempty(eval_ds, eval_name, "eval")
     if chat:  # rendered in every process: no datasets cache to share (fast: no model involved)
         train, eval_ds = chat_rows(cfg, tokenizer, source, (train, train_name), (eval_ds, eval_name))
 

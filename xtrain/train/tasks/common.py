@@ -66,16 +66,6 @@ def finish_model(model: Any, cfg: TrainConfig, task: str) -> Any:
     return model
 
 
-def tokenize_split(
-    ds: Any, name: str, role: str, fn: Callable[..., Any], kwargs: dict, settings: list
-) -> Any:
-    """One split (``role``: train or eval) tokenized by ``fn`` through datasets' cache, keyed by the
-    split's fingerprint and ``settings``; a split left empty stops with one line."""
-    out = data.tokenized(ds, fn, kwargs, data.map_fingerprint(ds, *settings), f"tokenizing {role}")
-    require_nonempty(out, name, "training" if role == "train" else "eval")
-    return out
-
-
 def require_nonempty(ds: Any, name: str, what: str) -> None:
     if len(ds) == 0:
         raise XtrainError(

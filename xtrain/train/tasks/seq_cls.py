@@ -14,7 +14,7 @@ from xtrain.train.tasks.common import (
     pad_collator,
     prepare_tokenizer,
     raw_datasets,
-    tokenize_split,
+    require_nonempty,
 )
 from xtrain.train.workload import Workload
 
@@ -55,9 +55,18 @@ def build_seq_cls(
             data.tokenizer_fingerprint(tokenizer),
             {k: v for k, v in kwargs.items() if k != "tokenizer"},
         ]
-        train = tokenize_split(train, train_name, "train", data.tokenize_seq_cls, kwargs, settings)
+        train = data.tokenized(
+            train, data.tokenize_seq_cls, kwargs, data.map_fingerprint(train, *settings), "tokenizing train"
+        )
+        require_nonempty(train, train_name, "training")
         if eval_ds is not None:
-            eval_ds = tokenize_split(eval_ds, eval_name, "eval", data.tokenize_seq_cls, kwargs, settings)
+            eval_ds = data.tokenized(
+                eval_ds,
+                data.tokenize_seq_cls,
+                kwargs,
+                data.map_fingerprint(eval_ds, *settings),
+                "tokenizing eval",
+            )
 
     from transformers import set_seed
 
