@@ -12,26 +12,29 @@ workers (Windows, macOS).
 from __future__ import annotations
 
 import io
+import math
 from pathlib import Path
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.train.tasks.media_rows import (
-    UnreadableRow,
-    describe_cell,
-    eos_labels,
-    padded_labels,
-    resolve_path,
-    undecoded,
-)
+from xtrain.train.collate import IGNORE_INDEX
 
 _HINT = "fix or remove that row; images must be files Pillow can open (PNG, JPEG, TIFF, BMP, WebP, ...)"
 
 
-class UnreadableImage(UnreadableRow):
-    """A missing or undecodable image: one line with the file and the row."""
+class UnreadableImage(XtrainError):
+    """A missing or undecodable image: one line with the file and the row.
 
-    DEFAULT_HINT = _HINT
+    A DataLoader worker re-raises an exception in the main process as ``type(e)(traceback text)``;
+    the constructor keeps only the original message from that text, so the user still sees one line.
+    """
+
+    def __init__(self, message: str, hint: str | None = _HINT, exit_code: int = 2) -> None:
+        if "Original Traceback" in message:
+            last = message.rstrip().splitlines()[-1]
+            message = last.split(": ", 1)[1] if ": " in last else last
+            message = message.removesuffix(f" ({_HINT})")
+        super().__init__(message, hint, exit_code)
 
 
 def to_rgb(image: Any) -> Any:
@@ -57,12 +60,26 @@ def to_rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
+def _describe(value: Any, base_dir: Path | None) -> str:
+    if isinstance(value, str):
+        return str(resolve_path(value, base_dir))
+    if isinstance(value, dict):
+        return str(value.get("path") or "embedded image bytes")
+    return type(value).__name__
+
+
+def resolve_path(path: str, base_dir: Path | None) -> Path:
+    """A relative image path is relative to the data file's folder."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or base_dir is None else base_dir / p
+
+
 def open_image(value: Any, base_dir: Path | None, row: int, source: str) -> Any:
     """The RGB PIL image of one cell of the image column: a path string, an undecoded Image
     feature cell (``{"bytes", "path"}``) or an already decoded PIL image."""
     from PIL import Image, UnidentifiedImageError
 
-    what = describe_cell(value, base_dir, "embedded image bytes")
+    what = _describe(value, base_dir)
     try:
         if isinstance(value, str):
             image = Image.open(resolve_path(value, base_dir))
@@ -104,7 +121,7 @@ class ImageTextRows:
     def __init__(
         self, ds: Any, image_column: str, text_column: str, base_dir: Path | None, source: str
     ) -> None:
-        self.ds = undecoded(ds, image_column, "Image")
+        self.ds = _undecoded(ds, image_column)
         self.image_column = image_column
         self.text_column = text_column
         self.base_dir = base_dir
@@ -122,6 +139,16 @@ class ImageTextRows:
         }
 
 
+def _undecoded(ds: Any, image_column: str) -> Any:
+    """An Image feature column switched to undecoded cells (a metadata change: no data is rewritten)."""
+    from datasets import Image
+
+    feature = ds.features.get(image_column)
+    if isinstance(feature, Image) and feature.decode:
+        return ds.cast_column(image_column, Image(decode=False))
+    return ds
+
+
 class ImageTextCollator:
     """A list of ``{"image", "text"}`` -> ``pixel_values`` (the image processor) and ``labels``
     (the tokenizer, truncated to ``max_length``, ending in eos, padded with -100)."""
@@ -135,15 +162,31 @@ class ImageTextCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
 
     def labels(self, texts: list[str]) -> list[list[int]]:
-        return eos_labels(self.tokenizer, texts, self.max_length)
+        eos = self.tokenizer.eos_token_id
+        out = []
+        for ids in self.tokenizer(texts, add_special_tokens=True)["input_ids"]:
+            ids = list(ids)
+            if eos is not None and (not ids or ids[-1] != eos):
+                ids.append(eos)  # generation stops at eos only if it learned to write it
+            if len(ids) > self.max_length:  # truncated, still ending in eos
+                ids = ids[: self.max_length - 1] + [eos] if eos is not None else ids[: self.max_length]
+            out.append(ids)
+        return out
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
 
         if not features:
             raise ValueError("empty batch")
         images = [f["image"] for f in features]
         pixel_values = self.image_processor(images=images, return_tensors="pt")["pixel_values"]
-        labels = padded_labels(self.labels([f["text"] for f in features]), self.pad_to_multiple_of)
+        ids = self.labels([f["text"] for f in features])
+        length = max(len(x) for x in ids)
+        if self.pad_to_multiple_of:
+            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
+        labels = torch.full((len(ids), length), IGNORE_INDEX, dtype=torch.long)
+        for i, x in enumerate(ids):
+            labels[i, : len(x)] = torch.as_tensor(x, dtype=torch.long)
         return {"pixel_values": pixel_values, "labels": labels}
 
     def __repr__(self) -> str:
