@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from xtrain.machine.facts import Facts  # noqa: E402
 from xtrain.planning.rules import make_plan  # noqa: E402
-from xtrain.train.config import TrainConfig, load_config  # noqa: E402
+from xtrain.train.config.loading import load_config  # noqa: E402
+from xtrain.train.config.schema import TrainConfig  # noqa: E402
 from xtrain.train.report import NullReporter  # noqa: E402
 from xtrain.train.workload import Workload  # noqa: E402
 

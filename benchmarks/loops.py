@@ -143,7 +143,7 @@ def run_xtrain(a: argparse.Namespace) -> list[float]:
     from xtrain.machine import probe
     from xtrain.planning import rules
     from xtrain.planning.plan import Overrides
-    from xtrain.train.config import TrainConfig
+    from xtrain.train.config.schema import TrainConfig
     from xtrain.train.loop import train
     from xtrain.train.report import NullReporter
     from xtrain.train.workload import Workload

@@ -311,7 +311,8 @@ def test_torch_load_only_with_weights_only() -> None:
 
 
 def test_no_remote_code_unless_asked() -> None:
-    from xtrain.train.config import TrainConfig, load_config
+    from xtrain.train.config.loading import load_config
+    from xtrain.train.config.schema import TrainConfig
 
     assert TrainConfig().model.trust_remote_code is False
     assert load_config(None).model.trust_remote_code is False

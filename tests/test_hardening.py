@@ -166,7 +166,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path:
 
 
 def test_keep_checkpoints_zero_keeps_all(tmp_path: Path) -> None:
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
 
     cfg = load_config(None, [f"run.output_dir={tmp_path}", "run.keep_checkpoints=0"])
     assert cfg.run.keep_checkpoints == 0
@@ -177,7 +177,7 @@ def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
     """A cache the run writes to (the datasets cache under HF_HOME) that cannot be written: one
     line naming the variable to set, before anything starts. (Read-only folders are simulated
     with a file in the way and with /proc: these tests may run as root.)"""
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
     from xtrain.train.preflight import check_paths
 
     blocker = tmp_path / "a-file"
@@ -193,7 +193,7 @@ def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
 
 
 def test_preflight_refuses_special_filesystems_and_full_disks(tmp_path: Path) -> None:
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
     from xtrain.train.preflight import check_disk, check_paths
 
     if sys.platform.startswith("linux"):

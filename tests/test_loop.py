@@ -14,7 +14,7 @@ import torch
 from xtrain.errors import XtrainError
 from xtrain.machine.facts import Facts
 from xtrain.planning.rules import make_plan
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.report import ListReporter
 from xtrain.train.sampler import DataOrder, RankBatchSampler
 from xtrain.train.workload import Workload

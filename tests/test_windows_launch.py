@@ -15,7 +15,7 @@ from xtrain.machine.facts import Facts
 from xtrain.planning.plan import Overrides
 from xtrain.planning.rules import make_plan
 from xtrain.run import accelerate_single_launch, single_launch_processes
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 
 
 def test_this_torch_has_no_libuv_free_torchrun() -> None:

@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {e.one_line()}\n")
         return e.exit_code
     try:
-        from xtrain.train.config import load_config
+        from xtrain.train.config.loading import load_config
 
         cfg = load_config(args.config, args.overrides)
         processes = args.processes

@@ -108,7 +108,7 @@ def quickstart(
     from xtrain.machine import probe
     from xtrain.planning.plan import Overrides
     from xtrain.planning.rules import diagnose
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
 
     console = make_console()
     if task not in JOBS:

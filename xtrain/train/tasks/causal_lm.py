@@ -9,7 +9,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import collate, data, models
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.tasks import chat_data
 from xtrain.train.tasks.common import (
     MainProcessFirst,

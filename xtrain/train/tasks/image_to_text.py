@@ -22,7 +22,7 @@ from typing import Any
 from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import data, lora, models
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.generation import GenerationEval
 from xtrain.train.tasks.image_data import ImageTextCollator, ImageTextRows, check_image_files
 from xtrain.train.workload import Workload

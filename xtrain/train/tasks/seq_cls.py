@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 
 from xtrain.train import collate, data, models
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.tasks.common import (
     MainProcessFirst,
     finish_model,

@@ -26,7 +26,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.generation import GenerationEval
 from xtrain.train.tasks.audio_data import (
     AudioTextRows,
