@@ -54,7 +54,7 @@ def make_model(a: argparse.Namespace) -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from xtrain.bench import LORA_TARGETS
+    from xtrain.bench.sizes import LORA_TARGETS
 
     s = model_size(a.size)
     torch.manual_seed(0)

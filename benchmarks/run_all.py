@@ -32,7 +32,8 @@ import speech_to_text  # noqa: E402
 import startup  # noqa: E402
 from common import REPO, machine, table  # noqa: E402
 
-from xtrain.bench import PEAKS, SIZES  # noqa: E402
+from xtrain.bench.flops import PEAKS  # noqa: E402
+from xtrain.bench.sizes import SIZES  # noqa: E402
 
 
 def log(message: str) -> None:
