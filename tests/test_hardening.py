@@ -130,7 +130,8 @@ def _flip_a_byte(path: Path) -> None:
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path) -> None:
     from test_loop import build_tiny, cpu_plan, tiny_config
 
-    from xtrain.train.checkpoint import MANIFEST_FILE, find_resume
+    from xtrain.train.checkpoint.layout import MANIFEST_FILE
+    from xtrain.train.checkpoint.resume import find_resume
     from xtrain.train.loop import train
     from xtrain.train.report import ListReporter
 

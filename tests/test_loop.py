@@ -243,7 +243,7 @@ def test_resume_auto_ignores_and_removes_partial_checkpoints(tmp_path: Path) -> 
 
 
 def test_resume_errors_come_before_anything_is_written(tmp_path: Path) -> None:
-    from xtrain.train.checkpoint import find_resume
+    from xtrain.train.checkpoint.resume import find_resume
 
     out = tmp_path / "run"
     step = out / "checkpoints" / "step-4"
@@ -267,7 +267,8 @@ def test_resume_errors_come_before_anything_is_written(tmp_path: Path) -> None:
 def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
     from dataclasses import asdict
 
-    from xtrain.train.checkpoint import TrainState, read_state
+    from xtrain.train.checkpoint.layout import TrainState
+    from xtrain.train.checkpoint.resume import read_state
 
     cfg = TrainConfig()
     step = tmp_path / "step-2"
