@@ -324,7 +324,7 @@ def test_no_remote_code_unless_asked() -> None:
 
 
 def test_single_machine_rendezvous_is_loopback() -> None:
-    from xtrain.launch.launcher import accelerate_args
+    from xtrain.launch.accelerate_launcher import accelerate_args
     from xtrain.machine.facts import Facts
     from xtrain.planning.plan import Overrides
     from xtrain.planning.rules import make_plan

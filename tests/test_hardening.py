@@ -291,8 +291,7 @@ def test_torchrun_agent_store_listens_on_loopback_only() -> None:
     import psutil
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
-    from xtrain.launch.launcher import free_port
-    from xtrain.launch.rendezvous import loopback_agent_store
+    from xtrain.launch.rendezvous import free_port, loopback_agent_store
 
     port = free_port()
     with loopback_agent_store():
