@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from collections.abc import Sequence
+from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.launch import lifetime, stops
@@ -66,16 +67,9 @@ def accelerate_args(
     return args + list(argv)
 
 
-def accelerate_launch_raising(
-    argv_tail: list[str],
-    plan: Plan,
-    module: bool = True,
-    config_file: str | None = None,
-    extra: Sequence[str] = (),
-    port: int | None = None,
-    nprocs: int | None = None,
-) -> None:
-    """accelerate_launch that raises ``WorkerFailed`` instead of returning a code."""
+def accelerate_launch_raising(argv_tail: list[str], plan: Plan, **options: Any) -> None:
+    """accelerate_launch that raises ``WorkerFailed`` instead of returning a code. ``options``:
+    the keyword arguments of ``accelerate_args`` (module, config_file, extra, port, nprocs)."""
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
@@ -83,11 +77,7 @@ def accelerate_launch_raising(
         raise XtrainError("nothing to launch", "name a module or script")
     target, rest = argv_tail[0], argv_tail[1:]
     parser = launch_command_parser()
-    args = parser.parse_args(
-        accelerate_args(
-            target, rest, plan, module=module, config_file=config_file, extra=extra, port=port, nprocs=nprocs
-        )
-    )
+    args = parser.parse_args(accelerate_args(target, rest, plan, **options))
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     local = plan.num_machines == 1
@@ -132,20 +122,13 @@ def accelerate_launch_raising(
             ) from None
 
 
-def accelerate_launch(
-    argv_tail: list[str],
-    plan: Plan,
-    module: bool = True,
-    config_file: str | None = None,
-    extra: Sequence[str] = (),
-    port: int | None = None,
-    nprocs: int | None = None,
-) -> int:
+def accelerate_launch(argv_tail: list[str], plan: Plan, **options: Any) -> int:
     """``accelerate launch --multi_gpu ... [-m] MODULE ARGS`` in this process; returns the exit
-    code (0, or the first failed worker's code). The worker's own traceback has already gone
-    to stderr; the failure's one-line summary goes to the ``xtrain.launch.launcher`` logger."""
+    code (0, or the first failed worker's code). ``options``: those of ``accelerate_launch_raising``.
+    The worker's own traceback has already gone to stderr; the failure's one-line summary goes
+    to the ``xtrain.launch.launcher`` logger."""
     try:
-        accelerate_launch_raising(argv_tail, plan, module, config_file, extra, port, nprocs)
+        accelerate_launch_raising(argv_tail, plan, **options)
     except WorkerFailed as e:
         import logging
 
