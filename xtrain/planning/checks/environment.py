@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from xtrain.machine.facts import Facts
 from xtrain.planning.checks.fixes import pip_line
@@ -54,7 +55,6 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
                 "No accelerate default config yet: `xtrain configure` writes one.",
             )
         ]
-    problems: list[str] = []
     dtype = str(cfg.get("distributed_type", "NO"))
     if plan.os_kind == "windows" and dtype == "DEEPSPEED":
         return [
@@ -66,6 +66,22 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
                 fix,
             )
         ]
+    problems = _config_problems(cfg, dtype, facts, plan)
+    if not problems:
+        return [Finding("accelerate-config", "ok", f"{path} matches this machine.")]
+    return [
+        Finding(
+            "accelerate-config-mismatch",
+            "warn",
+            f"{path} does not fit this machine: {'; '.join(problems)}.",
+            fix,
+        )
+    ]
+
+
+def _config_problems(cfg: dict[str, Any], dtype: str, facts: Facts, plan: Plan) -> list[str]:
+    """What in accelerate's config does not fit this machine and its plan (one phrase each)."""
+    problems: list[str] = []
     machines = max(1, _as_int(cfg.get("num_machines"), 1))
     # accelerate's num_processes is the total over all machines (-1: not set).
     total = _as_int(cfg.get("num_processes"), 1)
@@ -103,16 +119,7 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
         have = {g.index for g in facts.gpus}
         if any(i not in have for i in want):
             problems.append(f"gpu_ids {ids} but GPUs {sorted(have)}")
-    if not problems:
-        return [Finding("accelerate-config", "ok", f"{path} matches this machine.")]
-    return [
-        Finding(
-            "accelerate-config-mismatch",
-            "warn",
-            f"{path} does not fit this machine: {'; '.join(problems)}.",
-            fix,
-        )
-    ]
+    return problems
 
 
 def _as_int(value: object, default: int) -> int:
