@@ -174,7 +174,7 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 def time_to_first_step(cmd: list[str], output_dir: Path, env: dict[str, str], timeout: float = 900) -> float:
     """Seconds from starting ``cmd`` (an xtrain training with run.log_every=1) to the end of its
     first optimizer step, as the loop's first logging window in train_result.json records it."""
-    from xtrain.bench import read_windows
+    from xtrain.bench.rates import read_windows
 
     t0 = time.time()  # the window's time is time.time() in the training process
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
@@ -196,7 +196,7 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
 def model_size(name: str) -> Any:
     """A bench model size: xtrain.bench's sizes plus ``micro`` (1 layer x 32, 16-token rows),
     where a step is so cheap that a loop's own per-step overhead shows."""
-    from xtrain.bench import SIZES, ModelSize
+    from xtrain.bench.sizes import SIZES, ModelSize
 
     if name == "micro":
         return ModelSize("micro", hidden=32, layers=1, heads=2, intermediate=64, vocab=1000, seq_len=16,

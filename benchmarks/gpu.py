@@ -21,7 +21,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PYTHON, bench_env, machine, run_json  # noqa: E402
 
-from xtrain.bench import SIZES, BenchOptions, flops_per_token, mfu, peak_tflops, run_bench  # noqa: E402
+from xtrain.bench.flops import flops_per_token, mfu, peak_tflops  # noqa: E402
+from xtrain.bench.runner import BenchOptions, run_bench  # noqa: E402
+from xtrain.bench.sizes import SIZES  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -81,7 +83,7 @@ def measure(
             "params": SIZES[size].param_counts(None)[0],
         },  # fmt: skip
         "gpu": gpu,
-        "peak_note": "dense peak from xtrain.bench.PEAKS",
+        "peak_note": "dense peak from xtrain.bench.flops.PEAKS",
         "rows": rows,
     }
 

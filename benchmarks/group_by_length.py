@@ -28,7 +28,7 @@ JOB = ROOT / "xtrain" / "data" / "quickstart-speech-to-text.yaml"
 
 
 def measure(steps: int = 60, warmup: int = 5) -> dict[str, Any]:
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
     from xtrain.train.sampler import DataOrder, padding_fraction, train_lengths
     from xtrain.train.tasks import build_workload
 

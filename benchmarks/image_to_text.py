@@ -35,7 +35,7 @@ from common import hand_written_loop, task_config  # noqa: E402
 
 from xtrain.machine.facts import Facts  # noqa: E402
 from xtrain.planning.rules import make_plan  # noqa: E402
-from xtrain.train.config import TrainConfig  # noqa: E402
+from xtrain.train.config.schema import TrainConfig  # noqa: E402
 from xtrain.train.report import NullReporter  # noqa: E402
 from xtrain.train.workload import Workload  # noqa: E402
 

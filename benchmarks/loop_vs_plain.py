@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from xtrain.machine.facts import Facts  # noqa: E402
 from xtrain.planning.rules import make_plan  # noqa: E402
-from xtrain.train.config import TrainConfig  # noqa: E402
+from xtrain.train.config.schema import TrainConfig  # noqa: E402
 from xtrain.train.report import NullReporter  # noqa: E402
 from xtrain.train.workload import Workload  # noqa: E402
 
@@ -101,7 +101,7 @@ def steady_rate(times: dict[int, float]) -> float:
 
 
 def run_xtrain() -> float:
-    import xtrain.train.config as config_mod
+    import xtrain.train.config.batch as config_batch
     from xtrain.train.loop import train
 
     cfg = TrainConfig()
@@ -113,7 +113,7 @@ def run_xtrain() -> float:
     cfg.run.seed = 0
     cfg.optim.lr = 1e-3
     cfg.optim.warmup_steps = 2
-    assert config_mod.gradient_accumulation(cfg, 1) == ARGS.accum
+    assert config_batch.gradient_accumulation(cfg, 1) == ARGS.accum
     clock = StepClock()
     with tempfile.TemporaryDirectory() as out:
         cfg.run.output_dir = out

@@ -54,7 +54,7 @@ def make_model(a: argparse.Namespace) -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from xtrain.bench import LORA_TARGETS
+    from xtrain.bench.sizes import LORA_TARGETS
 
     s = model_size(a.size)
     torch.manual_seed(0)
@@ -143,7 +143,7 @@ def run_xtrain(a: argparse.Namespace) -> list[float]:
     from xtrain.machine import probe
     from xtrain.planning import rules
     from xtrain.planning.plan import Overrides
-    from xtrain.train.config import TrainConfig
+    from xtrain.train.config.schema import TrainConfig
     from xtrain.train.loop import train
     from xtrain.train.report import NullReporter
     from xtrain.train.workload import Workload

@@ -25,17 +25,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Spread, bench_env, machine  # noqa: E402
 
-from xtrain.bench import (  # noqa: E402, E501
-    SIZES,
-    ModelSize,
-    figures,
-    job_config,
-    output_to,
-    plan_for,
-    prepare_job,
-    run_training,
-    write_config,
-)
+from xtrain.bench.job import job_config, prepare_job, write_config
+from xtrain.bench.rates import figures
+from xtrain.bench.runner import output_to, plan_for, run_training
+from xtrain.bench.sizes import SIZES, ModelSize
 
 MAX_LENGTH = 256
 

@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PYTHON, Spread, bench_env, machine, model_size, time_to_first_step, wall  # noqa: E402
 
-from xtrain.bench import job_config, prepare_job, write_config  # noqa: E402
+from xtrain.bench.job import job_config, prepare_job, write_config  # noqa: E402
 
 MICRO = model_size("micro")
 STARTS = (10, 10_000)

@@ -33,7 +33,8 @@ import startup  # noqa: E402
 import vision_language  # noqa: E402
 from common import REPO, machine, table  # noqa: E402
 
-from xtrain.bench import PEAKS, SIZES  # noqa: E402
+from xtrain.bench.flops import PEAKS  # noqa: E402
+from xtrain.bench.sizes import SIZES  # noqa: E402
 
 
 def log(message: str) -> None:

@@ -25,17 +25,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Spread, machine  # noqa: E402
 
-from xtrain.bench import (  # noqa: E402
-    SIZES,
-    figures,
-    job_config,
-    output_to,
-    plan_for,
-    prepare_job,
-    run_training,
-    scaling,
-    write_config,
-)
+from xtrain.bench.flops import scaling
+from xtrain.bench.job import job_config, prepare_job, write_config
+from xtrain.bench.rates import figures
+from xtrain.bench.runner import output_to, plan_for, run_training
+from xtrain.bench.sizes import SIZES
 
 
 def measure(

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_startup import heavy_imports  # noqa: E402
 from common import PYTHON, Spread, bench_env, machine, run_json, time_to_first_step, wall  # noqa: E402
 
-from xtrain.bench import SIZES, ModelSize, job_config, prepare_job, write_config  # noqa: E402
+from xtrain.bench.job import job_config, prepare_job, write_config  # noqa: E402
+from xtrain.bench.sizes import SIZES, ModelSize  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,19 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from xtrain.bench import (
-    SIZES,
-    BenchResult,
-    RunFigures,
-    Window,
-    find_peak,
-    flops_per_token,
-    mfu,
-    peak_tflops,
-    pick_size,
-    scaling,
-    steady_rates,
-)
+from xtrain.bench.flops import find_peak, flops_per_token, mfu, peak_tflops, scaling
+from xtrain.bench.rates import RunFigures, Window, steady_rates
+from xtrain.bench.result import BenchResult
+from xtrain.bench.sizes import SIZES, pick_size
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -107,7 +98,7 @@ def test_param_counts_match_the_built_model(lora_r: int | None) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from xtrain.bench import LORA_TARGETS
+    from xtrain.bench.sizes import LORA_TARGETS
 
     s = SIZES["tiny"]
     config = LlamaConfig(

@@ -10,7 +10,7 @@ import pytest
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train.config import load_config
+from xtrain.train.config.loading import load_config
 from xtrain.train.tasks import build_workload
 
 REPO = Path(__file__).resolve().parents[1]

@@ -56,7 +56,7 @@ WORKER = textwrap.dedent(
 
 @pytest.mark.slow
 def test_cpu_staged_hook_matches_default_allreduce(tmp_path: Path) -> None:
-    from xtrain.launch.launcher import free_port
+    from xtrain.launch.rendezvous import free_port
 
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -9,16 +9,9 @@ import pytest
 import yaml
 
 from xtrain.errors import XtrainError
-from xtrain.train.config import (
-    TrainConfig,
-    config_from_dict,
-    config_keys,
-    config_to_dict,
-    effective_global_batch,
-    gradient_accumulation,
-    load_config,
-    scaled_lr,
-)
+from xtrain.train.config.batch import effective_global_batch, gradient_accumulation, scaled_lr
+from xtrain.train.config.loading import config_from_dict, config_to_dict, load_config
+from xtrain.train.config.schema import TrainConfig, config_keys
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

@@ -269,9 +269,8 @@ def _finding_codes() -> set[str]:
     import xtrain.planning.checks
     import xtrain.planning.rules
 
-    source = "".join(
-        Path(m.__file__).read_text(encoding="utf-8") for m in (xtrain.planning.rules, xtrain.planning.checks)
-    )
+    files = [Path(xtrain.planning.rules.__file__), *Path(xtrain.planning.checks.__file__).parent.glob("*.py")]
+    source = "".join(f.read_text(encoding="utf-8") for f in files)
     return set(re.findall(r'Finding\(\s*"([a-z0-9-]+)"', source))
 
 

@@ -79,7 +79,7 @@ run:
 
 @pytest.mark.parametrize("how", READABLE)
 def test_config_in_each_encoding_loads(tmp_path, how):
-    from xtrain.train.config import _read_yaml
+    from xtrain.train.config.loading import _read_yaml
 
     path = tmp_path / "train.yaml"
     path.write_bytes(powershell_bytes(CONFIG, how))
@@ -89,7 +89,7 @@ def test_config_in_each_encoding_loads(tmp_path, how):
 
 
 def test_config_in_ansi_is_refused_in_one_line(tmp_path):
-    from xtrain.train.config import _read_yaml
+    from xtrain.train.config.loading import _read_yaml
 
     path = tmp_path / "train.yaml"
     path.write_bytes(powershell_bytes(CONFIG, "set-content"))
@@ -99,7 +99,7 @@ def test_config_in_ansi_is_refused_in_one_line(tmp_path):
 
 
 def test_example_config_saved_by_out_file_loads_like_the_original(tmp_path):
-    from xtrain.train.config import config_to_dict, load_config
+    from xtrain.train.config.loading import config_to_dict, load_config
 
     example = Path(__file__).parent.parent / "examples" / "lora-causal-lm.yaml"
     if not example.exists():

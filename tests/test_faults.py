@@ -311,7 +311,8 @@ def test_torch_load_only_with_weights_only() -> None:
 
 
 def test_no_remote_code_unless_asked() -> None:
-    from xtrain.train.config import TrainConfig, load_config
+    from xtrain.train.config.loading import load_config
+    from xtrain.train.config.schema import TrainConfig
 
     assert TrainConfig().model.trust_remote_code is False
     assert load_config(None).model.trust_remote_code is False
@@ -323,7 +324,7 @@ def test_no_remote_code_unless_asked() -> None:
 
 
 def test_single_machine_rendezvous_is_loopback() -> None:
-    from xtrain.launch.launcher import accelerate_args
+    from xtrain.launch.accelerate_launcher import accelerate_args
     from xtrain.machine.facts import Facts
     from xtrain.planning.plan import Overrides
     from xtrain.planning.rules import make_plan

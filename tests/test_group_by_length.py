@@ -11,7 +11,7 @@ import random
 import pytest
 
 from xtrain.errors import XtrainError
-from xtrain.train.config import load_config
+from xtrain.train.config.loading import load_config
 from xtrain.train.sampler import MEGABATCH_STEPS, DataOrder, RankBatchSampler, padding_fraction, train_lengths
 from xtrain.train.workload import Workload
 

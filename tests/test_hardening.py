@@ -130,7 +130,8 @@ def _flip_a_byte(path: Path) -> None:
 def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path) -> None:
     from test_loop import build_tiny, cpu_plan, tiny_config
 
-    from xtrain.train.checkpoint import MANIFEST_FILE, find_resume
+    from xtrain.train.checkpoint.layout import MANIFEST_FILE
+    from xtrain.train.checkpoint.resume import find_resume
     from xtrain.train.loop import train
     from xtrain.train.report import ListReporter
 
@@ -166,7 +167,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path:
 
 
 def test_keep_checkpoints_zero_keeps_all(tmp_path: Path) -> None:
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
 
     cfg = load_config(None, [f"run.output_dir={tmp_path}", "run.keep_checkpoints=0"])
     assert cfg.run.keep_checkpoints == 0
@@ -177,7 +178,7 @@ def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
     """A cache the run writes to (the datasets cache under HF_HOME) that cannot be written: one
     line naming the variable to set, before anything starts. (Read-only folders are simulated
     with a file in the way and with /proc: these tests may run as root.)"""
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
     from xtrain.train.preflight import check_paths
 
     blocker = tmp_path / "a-file"
@@ -193,7 +194,7 @@ def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
 
 
 def test_preflight_refuses_special_filesystems_and_full_disks(tmp_path: Path) -> None:
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
     from xtrain.train.preflight import check_disk, check_paths
 
     if sys.platform.startswith("linux"):
@@ -290,8 +291,7 @@ def test_torchrun_agent_store_listens_on_loopback_only() -> None:
     import psutil
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 
-    from xtrain.launch.launcher import free_port
-    from xtrain.launch.rendezvous import loopback_agent_store
+    from xtrain.launch.rendezvous import free_port, loopback_agent_store
 
     port = free_port()
     with loopback_agent_store():

@@ -20,7 +20,7 @@ import torch
 from xtrain import builtin
 from xtrain.builtin import image as builtin_image
 from xtrain.errors import XtrainError
-from xtrain.train.config import load_config
+from xtrain.train.config.loading import load_config
 from xtrain.train.tasks import build_workload
 from xtrain.train.tasks.image_data import ImageTextCollator, UnreadableImage, to_rgb
 

@@ -9,16 +9,12 @@ from pathlib import Path
 import pytest
 
 from xtrain.errors import XtrainError
-from xtrain.launch.launcher import (
-    PLAN_ENV,
-    WorkerFailed,
-    accelerate_args,
-    accelerate_launch,
-    free_port,
-    launch,
-    plan_env,
-    spawn,
-)
+from xtrain.launch.accelerate_launcher import accelerate_args, accelerate_launch
+from xtrain.launch.env import PLAN_ENV, plan_env
+from xtrain.launch.failures import WorkerFailed
+from xtrain.launch.launcher import launch
+from xtrain.launch.rendezvous import free_port
+from xtrain.launch.spawn import spawn
 from xtrain.machine.facts import GPU, Facts
 from xtrain.planning.plan import Overrides, Plan
 from xtrain.planning.rules import make_plan

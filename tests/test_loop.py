@@ -14,7 +14,7 @@ import torch
 from xtrain.errors import XtrainError
 from xtrain.machine.facts import Facts
 from xtrain.planning.rules import make_plan
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.report import ListReporter
 from xtrain.train.sampler import DataOrder, RankBatchSampler
 from xtrain.train.workload import Workload
@@ -243,7 +243,7 @@ def test_resume_auto_ignores_and_removes_partial_checkpoints(tmp_path: Path) -> 
 
 
 def test_resume_errors_come_before_anything_is_written(tmp_path: Path) -> None:
-    from xtrain.train.checkpoint import find_resume
+    from xtrain.train.checkpoint.resume import find_resume
 
     out = tmp_path / "run"
     step = out / "checkpoints" / "step-4"
@@ -267,7 +267,8 @@ def test_resume_errors_come_before_anything_is_written(tmp_path: Path) -> None:
 def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
     from dataclasses import asdict
 
-    from xtrain.train.checkpoint import TrainState, read_state
+    from xtrain.train.checkpoint.layout import TrainState
+    from xtrain.train.checkpoint.resume import read_state
 
     cfg = TrainConfig()
     step = tmp_path / "step-2"

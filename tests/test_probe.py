@@ -17,6 +17,8 @@ from conftest import MACHINE_NAMES, MACHINES_DIR
 import xtrain.machine.probe as probe
 from xtrain.errors import XtrainError
 from xtrain.machine.facts import Facts
+from xtrain.machine.probes import accelerate_config, nvidia, torch_stack
+from xtrain.machine.probes import system as system_probes
 from xtrain.planning.rules import diagnose
 
 SMI_LINUX = """\
@@ -47,16 +49,16 @@ SMI_WINDOWS = """\
     ],
 )
 def test_parse_smi_header(text, want):
-    assert probe.parse_smi_header(text) == want
+    assert nvidia.parse_smi_header(text) == want
 
 
 def test_parse_smi_query():
     text = "NVIDIA GeForce RTX 4090, 24564, 566.36\nNVIDIA GeForce RTX 3090, [N/A], 566.36\n\n"
-    assert probe.parse_smi_query(text) == [
+    assert nvidia.parse_smi_query(text) == [
         ("NVIDIA GeForce RTX 4090", 24564, "566.36"),
         ("NVIDIA GeForce RTX 3090", None, "566.36"),
     ]
-    assert probe.parse_smi_query("No devices were found\n") == []
+    assert nvidia.parse_smi_query("No devices were found\n") == []
 
 
 @pytest.mark.parametrize(
@@ -70,16 +72,19 @@ def test_parse_smi_query():
     ],
 )
 def test_classify_os(system, release, kind):
-    assert probe.classify_os(system, release) == kind
+    assert system_probes.classify_os(system, release) == kind
 
 
 def test_accelerate_config_path_follows_accelerate():
     home = Path("~").expanduser()
-    assert probe.accelerate_config_path({}) == home / ".cache/huggingface/accelerate/default_config.yaml"
-    assert probe.accelerate_config_path({"XDG_CACHE_HOME": "/x"}) == Path(
+    assert (
+        accelerate_config.accelerate_config_path({})
+        == home / ".cache/huggingface/accelerate/default_config.yaml"
+    )
+    assert accelerate_config.accelerate_config_path({"XDG_CACHE_HOME": "/x"}) == Path(
         "/x/huggingface/accelerate/default_config.yaml"
     )
-    assert probe.accelerate_config_path({"HF_HOME": "/hf", "XDG_CACHE_HOME": "/x"}) == Path(
+    assert accelerate_config.accelerate_config_path({"HF_HOME": "/hf", "XDG_CACHE_HOME": "/x"}) == Path(
         "/hf/accelerate/default_config.yaml"
     )
 
@@ -91,7 +96,7 @@ def test_accelerate_config_path_matches_accelerates_own(tmp_path):
     env["XDG_CACHE_HOME"] = str(tmp_path)
     code = "from accelerate.commands.config.config_args import default_config_file as f; print(f)"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == str(probe.accelerate_config_path(env))
+    assert done.stdout.strip() == str(accelerate_config.accelerate_config_path(env))
 
 
 # -- each probe fails safely -----------------------------------------------------------------------------
@@ -126,9 +131,9 @@ def test_nvidia_smi_parsed_through_a_real_subprocess(monkeypatch, tmp_path):
             print("NVIDIA GeForce RTX 4090, 24564, 566.36")
         """,
     )
-    monkeypatch.setattr(probe, "find_nvidia_smi", lambda: exe)
+    monkeypatch.setattr(nvidia, "find_nvidia_smi", lambda: exe)
     facts = Facts()
-    probe.run_probe(facts, "nvidia_smi", probe.probe_nvidia_smi)
+    probe.run_probe(facts, "nvidia_smi", nvidia.probe_nvidia_smi)
     assert facts.probe_errors == {}
     assert (facts.nvidia_smi, facts.driver_version, facts.driver_cuda) == (True, "566.36", "12.7")
     assert (facts.smi_gpu_count, facts.smi_gpu_names) == (1, ["NVIDIA GeForce RTX 4090"])
@@ -143,9 +148,9 @@ def test_nvidia_smi_that_fails_is_present_but_recorded(monkeypatch, tmp_path):
         sys.exit(9)
         """,
     )
-    monkeypatch.setattr(probe, "find_nvidia_smi", lambda: exe)
+    monkeypatch.setattr(nvidia, "find_nvidia_smi", lambda: exe)
     facts = Facts()
-    probe.run_probe(facts, "nvidia_smi", probe.probe_nvidia_smi)
+    probe.run_probe(facts, "nvidia_smi", nvidia.probe_nvidia_smi)
     assert facts.nvidia_smi is True and facts.driver_version is None
     assert facts.probe_errors["nvidia_smi"].startswith(
         "RuntimeError: nvidia-smi exited 9: NVIDIA-SMI has failed"
@@ -155,17 +160,17 @@ def test_nvidia_smi_that_fails_is_present_but_recorded(monkeypatch, tmp_path):
 @needs_posix
 def test_nvidia_smi_that_hangs_times_out(monkeypatch, tmp_path):
     exe = fake_smi(tmp_path, "time.sleep(30)\n")
-    monkeypatch.setattr(probe, "find_nvidia_smi", lambda: exe)
-    monkeypatch.setattr(probe, "SMI_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(nvidia, "find_nvidia_smi", lambda: exe)
+    monkeypatch.setattr(nvidia, "SMI_TIMEOUT_S", 0.5)
     facts = Facts()
-    probe.run_probe(facts, "nvidia_smi", probe.probe_nvidia_smi)
+    probe.run_probe(facts, "nvidia_smi", nvidia.probe_nvidia_smi)
     assert facts.probe_errors["nvidia_smi"].startswith("TimeoutExpired")
 
 
 def test_missing_nvidia_smi_is_a_fact(monkeypatch):
-    monkeypatch.setattr(probe, "find_nvidia_smi", lambda: None)
+    monkeypatch.setattr(nvidia, "find_nvidia_smi", lambda: None)
     facts = Facts()
-    probe.run_probe(facts, "nvidia_smi", probe.probe_nvidia_smi)
+    probe.run_probe(facts, "nvidia_smi", nvidia.probe_nvidia_smi)
     assert facts.nvidia_smi is False and facts.probe_errors == {}
 
 
@@ -192,7 +197,7 @@ def test_libuv_failure_is_a_fact(monkeypatch):
 
     monkeypatch.setattr(dist, "TCPStore", no_libuv)
     facts = Facts()
-    probe.run_probe(facts, "libuv", probe.probe_libuv)
+    probe.run_probe(facts, "libuv", torch_stack.probe_libuv)
     assert facts.libuv_ok is False and "without libuv support" in facts.libuv_error
     assert facts.probe_errors == {}
 
@@ -203,13 +208,13 @@ def test_port_busy_and_free():
         listener.listen()
         busy = listener.getsockname()[1]
         facts = Facts(port=busy)
-        probe.run_probe(facts, "port", probe.probe_port)
+        probe.run_probe(facts, "port", system_probes.probe_port)
         assert facts.port_free is False
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     facts = Facts(port=free)
-    probe.run_probe(facts, "port", probe.probe_port)
+    probe.run_probe(facts, "port", system_probes.probe_port)
     assert facts.port_free is True
 
 
@@ -226,10 +231,10 @@ def hf_home(monkeypatch, tmp_path) -> Path:
 
 def read_accelerate_config(full: bool = False) -> Facts:
     facts = Facts()
-    probe.run_probe(facts, "packages", probe.probe_packages)
-    probe.run_probe(facts, "accelerate_config", probe.probe_accelerate_config)
+    probe.run_probe(facts, "packages", system_probes.probe_packages)
+    probe.run_probe(facts, "accelerate_config", accelerate_config.probe_accelerate_config)
     if full:
-        probe.run_probe(facts, "accelerate_loads", probe.probe_accelerate_loads)
+        probe.run_probe(facts, "accelerate_loads", accelerate_config.probe_accelerate_loads)
     return facts
 
 
@@ -392,8 +397,8 @@ def _quick_plan_facts(monkeypatch, tmp_path, peer: bool, driver: str) -> Facts:
         tmp_path,
         f'print("NVIDIA GeForce RTX 4090, 24564, {driver}\\n" * 2)\n',
     )
-    monkeypatch.setattr(probe, "find_nvidia_smi", lambda: exe)
-    monkeypatch.setattr(probe, "_torch", lambda: SimpleNamespace(cuda=_FakeCuda(peer)))
+    monkeypatch.setattr(nvidia, "find_nvidia_smi", lambda: exe)
+    monkeypatch.setattr(torch_stack, "loaded_torch", lambda: SimpleNamespace(cuda=_FakeCuda(peer)))
     facts = _rtx4090_rig()
     quick = dict(probe.QUICK_PROBES)
     for name in ("p2p", "driver", "env"):
@@ -433,10 +438,10 @@ def test_quick_mode_asks_nvidia_smi_only_when_the_plan_needs_the_driver(monkeypa
 
     monkeypatch.setattr(subprocess, "run", no_subprocess)
     a100s = replace(_rtx4090_rig(), gpus=[GPU(i, "NVIDIA A100-SXM4-80GB", 81920, (8, 0)) for i in range(2)])
-    assert probe.probe_driver_for_plan(a100s) == {}
+    assert nvidia.probe_driver_for_plan(a100s) == {}
     one = replace(_rtx4090_rig(), gpus=_rtx4090_rig().gpus[:1])
-    assert probe.probe_driver_for_plan(one) == {}
-    assert probe.needs_driver_version(_rtx4090_rig())
+    assert nvidia.probe_driver_for_plan(one) == {}
+    assert nvidia.needs_driver_version(_rtx4090_rig())
 
 
 def test_launch_variables_are_collected_in_both_modes(monkeypatch):
@@ -447,7 +452,7 @@ def test_launch_variables_are_collected_in_both_modes(monkeypatch):
         names = [name for name, _ in (probe.QUICK_PROBES if quick else probe.FULL_PROBES)]
         assert {"env", "p2p"} <= set(names)
     facts = Facts()
-    probe.run_probe(facts, "env", probe.probe_env)
+    probe.run_probe(facts, "env", system_probes.probe_env)
     assert facts.launch_env == {"NCCL_P2P_DISABLE": "1", "GLOO_SOCKET_IFNAME": "lo"}
 
 
@@ -462,6 +467,6 @@ def test_what_quick_mode_skips_does_not_change_the_plan(name):
     quick = replace(full, hostname_resolves=None, libuv_error=None, port_free=None, driver_cuda=None)
     if quick.libuv_ok is not False or quick.os_kind == "windows":  # Windows plans without libuv anyway
         quick = replace(quick, libuv_ok=None)
-    if not probe.needs_driver_version(full):
+    if not nvidia.needs_driver_version(full):
         quick = replace(quick, driver_version=None, smi_gpu_count=None, smi_gpu_names=[])
     assert make_plan(quick) == make_plan(full)

@@ -20,7 +20,7 @@ import torch
 from xtrain import builtin
 from xtrain.builtin import audio as builtin_audio
 from xtrain.errors import XtrainError
-from xtrain.train.config import load_config
+from xtrain.train.config.loading import load_config
 from xtrain.train.generation import normalize_text, text_metrics
 from xtrain.train.tasks import build_workload
 from xtrain.train.tasks.audio_data import UnreadableAudio, read_audio, resample

@@ -18,7 +18,7 @@ from xtrain.errors import XtrainError
 from xtrain.train import data as data_mod
 from xtrain.train import lora as lora_mod
 from xtrain.train.collate import IGNORE_INDEX, PadCollator
-from xtrain.train.config import load_config
+from xtrain.train.config.loading import load_config
 from xtrain.train.tasks import build_workload
 from xtrain.train.workload import Workload
 

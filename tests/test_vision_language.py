@@ -17,7 +17,7 @@ import torch
 from xtrain import builtin
 from xtrain.builtin import vision_language as builtin_vl
 from xtrain.errors import XtrainError
-from xtrain.train.config import load_config
+from xtrain.train.config.loading import load_config
 from xtrain.train.tasks import build_workload
 
 

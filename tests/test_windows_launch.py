@@ -10,19 +10,19 @@ import pytest
 from conftest import load_machine
 
 from xtrain.launch import accelerate_config as ac
-from xtrain.machine import probe
 from xtrain.machine.facts import Facts
+from xtrain.machine.probes import torch_stack
 from xtrain.planning.plan import Overrides
 from xtrain.planning.rules import make_plan
 from xtrain.run import accelerate_single_launch, single_launch_processes
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 
 
 def test_this_torch_has_no_libuv_free_torchrun() -> None:
     """torch 2.13's torchrun stores do not pass use_libuv (pytorch#148283): the probe says so."""
     import torch  # noqa: F401  (the probe looks only at an imported torch)
 
-    assert probe.probe_torchrun_libuv(Facts()) == {"torchrun_honours_use_libuv": False}
+    assert torch_stack.probe_torchrun_libuv(Facts()) == {"torchrun_honours_use_libuv": False}
 
 
 def test_windows_uses_spawn_and_a_single_process_accelerate_config() -> None:

@@ -21,3 +21,21 @@ class XtrainError(Exception):
 
     def __str__(self) -> str:
         return self.one_line()
+
+
+class RowError(XtrainError):
+    """A bad row of a data set: one line with the row and the file. A subclass names its ``HINT``
+    (used when no hint is given).
+
+    A DataLoader worker re-raises an exception in the main process as ``type(e)(traceback text)``;
+    the constructor keeps only the original message from that text, so the user still sees one line.
+    """
+
+    HINT = ""
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = 2) -> None:
+        if "Original Traceback" in message:
+            last = message.rstrip().splitlines()[-1]
+            message = last.split(": ", 1)[1] if ": " in last else last
+            message = message.removesuffix(f" ({self.HINT})")
+        super().__init__(message, hint or self.HINT, exit_code)

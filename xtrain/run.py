@@ -97,7 +97,7 @@ def single_launch_processes(cfg: Any, platform: str | None) -> int:
 def worker_plan(cfg: Any, platform: str | None) -> Any:
     """This rank's plan: the one xtrain's launcher sent (``XTRAIN_PLAN``), else the rules'
     answer for this machine and the launch context (accelerate launch, torchrun, plain python)."""
-    from xtrain.launch.launcher import PLAN_ENV
+    from xtrain.launch.env import PLAN_ENV
     from xtrain.planning.plan import Plan
     from xtrain.train.accelerator import LaunchContext
 
@@ -150,17 +150,18 @@ def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
 
 def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
     """Start ``processes`` ranks here with torch.multiprocessing (spawn)."""
-    from xtrain.launch import launcher as launch
+    from xtrain.launch.failures import WorkerFailed, WorkerStopped
+    from xtrain.launch.spawn import spawn
     from xtrain.planning.resolve import machine_plan, run_settings
 
     plan = machine_plan(cfg, processes=processes, platform=platform)
     run_settings(cfg, plan, processes)  # a global batch that does not divide fails here, once
     with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as error_dir:
         try:
-            launch.spawn(spawned_worker, (cfg, platform, error_dir), plan, nprocs=processes)
-        except launch.WorkerFailed as failed:
+            spawn(spawned_worker, (cfg, platform, error_dir), plan, nprocs=processes)
+        except WorkerFailed as failed:
             reported = sorted(Path(error_dir).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-            stopped = failed if isinstance(failed, launch.WorkerStopped) else None
+            stopped = failed if isinstance(failed, WorkerStopped) else None
             if stopped is not None and stopped.at_once:
                 stops.remove_killed_writes(cfg.run.output_dir)
             if stopped is not None and (stopped.at_once or not reported):
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {e.one_line()}\n")
         return e.exit_code
     try:
-        from xtrain.train.config import load_config
+        from xtrain.train.config.loading import load_config
 
         cfg = load_config(args.config, args.overrides)
         processes = args.processes

@@ -103,7 +103,7 @@ def test_tf32_is_on_for_fp32_matmuls(job) -> None:
     from xtrain.machine import probe
     from xtrain.planning import rules
     from xtrain.train.accelerator import LaunchContext, build_accelerator, release
-    from xtrain.train.config import TrainConfig
+    from xtrain.train.config.schema import TrainConfig
 
     plan = rules.make_plan(probe.collect(quick=True))
     assert plan.tf32 == (torch.cuda.get_device_capability(0) >= (8, 0))

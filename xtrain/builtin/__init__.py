@@ -32,6 +32,7 @@ import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from xtrain.errors import XtrainError
 
@@ -264,7 +265,6 @@ def build_tokenizer(kind: str):
     ``kind`` "bert" adds ``<s> A </s> [B </s>]`` with token type ids; "llama" adds ``<s>`` only.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -295,15 +295,19 @@ def build_tokenizer(kind: str):
             single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", bos)]
         )
         extra = {"model_input_names": ["input_ids", "attention_mask"]}
+    return fast_tokenizer(
+        tok, 512, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>", **extra
+    )
+
+
+def fast_tokenizer(tok: Any, model_max_length: int, **special: Any) -> Any:
+    """A transformers fast tokenizer over a ``tokenizers`` one, padding on the right; ``special``:
+    its special tokens (and ``model_input_names``, default input ids and attention mask)."""
+    from transformers import PreTrainedTokenizerFast
+
+    special.setdefault("model_input_names", ["input_ids", "attention_mask"])
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        pad_token="<pad>",
-        model_max_length=512,
-        padding_side="right",
-        **extra,
+        tokenizer_object=tok, model_max_length=model_max_length, padding_side="right", **special
     )
 
 

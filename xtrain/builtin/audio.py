@@ -112,7 +112,6 @@ def build_char_tokenizer() -> Any:
     """One token per character, framed like Whisper's: ``<|startoftranscript|> $A <|endoftext|>``
     (the task strips the start token from labels, as it does for a real Whisper tokenizer)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARSET)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
@@ -124,15 +123,15 @@ def build_char_tokenizer() -> Any:
         pair=f"{start} $A $B {end}",
         special_tokens=[(start, vocab[start]), (end, vocab[end])],
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    from xtrain.builtin import fast_tokenizer
+
+    return fast_tokenizer(
+        tok,
+        64,
         bos_token=start,
         eos_token=end,
         pad_token=end,  # as Whisper: labels are padded with -100 anyway
         unk_token="<|unk|>",
-        model_max_length=64,
-        padding_side="right",
-        model_input_names=["input_ids", "attention_mask"],
     )
 
 

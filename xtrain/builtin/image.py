@@ -105,7 +105,6 @@ def build_ocr_lines(folder: Path, version: int) -> None:
 def build_char_tokenizer() -> Any:
     """One token per character; ``</s>`` closes every label; decoding joins characters as they are."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARSET)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
@@ -114,15 +113,15 @@ def build_char_tokenizer() -> Any:
     tok.post_processor = processors.TemplateProcessing(
         single="$A </s>", pair="$A $B </s>", special_tokens=[("</s>", vocab["</s>"])]
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    from xtrain.builtin import fast_tokenizer
+
+    return fast_tokenizer(
+        tok,
+        64,
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
         pad_token="<pad>",
-        model_max_length=64,
-        padding_side="right",
-        model_input_names=["input_ids", "attention_mask"],
     )
 
 

@@ -142,7 +142,6 @@ def _corpus() -> list[str]:
 def build_tokenizer() -> Any:
     """Byte-level BPE (any text encodes) trained in-process, with Qwen2-VL's special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -155,13 +154,13 @@ def build_tokenizer() -> Any:
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    from xtrain.builtin import fast_tokenizer
+
+    return fast_tokenizer(
+        tok,
+        1024,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        model_max_length=1024,
-        padding_side="right",
-        model_input_names=["input_ids", "attention_mask"],
     )
 
 

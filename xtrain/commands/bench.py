@@ -47,7 +47,7 @@ def bench(
     ] = None,
 ) -> None:
     """Measure training speed here: 1 process vs all planned processes, scaling efficiency, MFU."""
-    from xtrain.bench import BenchOptions
+    from xtrain.bench.runner import BenchOptions
 
     if model_size not in SIZE_CHOICES:
         raise XtrainError(f"--model-size {model_size!r} is unknown", f"use one of {', '.join(SIZE_CHOICES)}")
@@ -64,7 +64,7 @@ def bench(
         platform=platform,
     )
 
-    from xtrain.bench import run_bench
+    from xtrain.bench.runner import run_bench
     from xtrain.console import make_console
     from xtrain.machine.probe import collect
     from xtrain.planning.rules import diagnose

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -45,6 +46,92 @@ def check_main_address(address: str | None) -> None:
         )
 
 
+def _check_options(
+    port: int | None, main_address: str | None, gpus: str | None, fsdp: bool, deepspeed: str | None
+) -> list[int] | None:
+    """The options checked before anything is probed; returns the ``--gpus`` ids."""
+    from xtrain.launch.accelerate_config import DEEPSPEED_STAGES
+
+    _check_port(port)
+    check_main_address(main_address)
+    gpu_ids = parse_gpus(gpus)
+    if deepspeed is not None and deepspeed not in DEEPSPEED_STAGES:
+        raise XtrainError(
+            f"--deepspeed {deepspeed!r} is unknown", "use --deepspeed zero2 or --deepspeed zero3"
+        )
+    if fsdp and deepspeed:
+        raise XtrainError("--fsdp and --deepspeed exclude each other", "pick one of them")
+    return gpu_ids
+
+
+def _slurm_facts(
+    facts_file: Path | None,
+    processes: int | None,
+    port: int | None,
+    precision: str | None,
+    notes: list[str],
+    **job: Any,
+) -> tuple[Any, int]:
+    """``--slurm`` (``--nodes`` given): the facts to plan the cluster's nodes from (``--facts``,
+    else a generic GPU node) and the GPUs per node. ``job``: nodes, gpus_per_node, time,
+    partition, job_name."""
+    from xtrain.launch import slurm as sl
+    from xtrain.machine.facts import Facts
+
+    facts = Facts.load(facts_file) if facts_file else None
+    gpus_per_node = job["gpus_per_node"]
+    if gpus_per_node is None:
+        if facts is None or not facts.gpus:
+            raise XtrainError("--slurm needs --gpus-per-node", "e.g. --gpus-per-node 8")
+        gpus_per_node = processes or facts.gpu_count
+    if processes is not None and processes != gpus_per_node:
+        raise XtrainError("--processes and --gpus-per-node disagree", "give only --gpus-per-node")
+    sl.SlurmJob(**{**job, "gpus_per_node": gpus_per_node}, config_path="x").check()
+    if facts is None:
+        facts = sl.cluster_facts(gpus_per_node, port=port or 29500)
+        if precision is None:
+            notes.append(
+                "GPU model unknown: fp16 (runs on every CUDA GPU); use --precision bf16 on "
+                "A100/H100 nodes, or --facts FILE saved on a node with `xtrain doctor --save FILE`"
+            )
+    return facts, gpus_per_node
+
+
+def _write_or_show(console: Any, files: list[tuple[Path, str, str]], dry_run: bool, force: bool) -> None:
+    """Each (path, text, what it is): printed with ``--dry-run``, else written (the old file kept
+    as a backup) and, for the accelerate config (the first), loaded back with accelerate's loader."""
+    from xtrain.launch import accelerate_config as ac
+
+    for i, (path, text, what) in enumerate(files):
+        if dry_run:
+            console.print(f"[dim]# {path} (dry run: nothing written)[/]", soft_wrap=True)
+            console.print(text.rstrip("\n"), markup=False, soft_wrap=True)
+            continue
+        result = ac.write_text_safely(text, path, force=force)
+        if i == 0:
+            ac.validate(result.path)
+        else:
+            result.path.chmod(0o755)
+        console.print(f"[green]Wrote[/] {result.path} [dim]({what})[/]", soft_wrap=True)
+        if result.backup_path:
+            console.print(f"[dim]The old file is kept as {result.backup_path}[/]", soft_wrap=True)
+
+
+def _print_findings(console: Any, findings: list[Any]) -> None:
+    """The doctor findings that still matter once the config is rewritten, with their fixes."""
+    from rich.markup import escape
+
+    for f in findings:
+        # Findings about the old accelerate config are moot: this command replaces it.
+        if f.severity != "ok" and not f.code.startswith("accelerate-config"):
+            colour = "red" if f.severity == "error" else "yellow"
+            console.print(f"[{colour}]{f.severity}[/] {escape(f.message)}", soft_wrap=True)
+            for line in (f.fix or "").splitlines():  # each fix line whole, as printed by doctor
+                console.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
+
+
+# Over 80 lines: about 30 are its typer options; the rest is the command's one sequence (options,
+# facts, plan, files, findings, next commands), with each part's detail in the helpers above.
 def configure(
     output: Path = typer.Option(
         None, "--output", "-o", help="Write here instead of accelerate's default config file."
@@ -72,8 +159,6 @@ def configure(
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Write the accelerate config for this machine (and print what to run next)."""
-    from rich.markup import escape
-
     from xtrain.console import make_console
     from xtrain.launch import accelerate_config as ac
     from xtrain.machine.facts import Facts
@@ -81,16 +166,7 @@ def configure(
     from xtrain.planning.rules import diagnose
 
     console = make_console()
-    _check_port(port)
-    check_main_address(main_address)
-    gpu_ids = parse_gpus(gpus)
-    if deepspeed is not None and deepspeed not in ac.DEEPSPEED_STAGES:
-        raise XtrainError(
-            f"--deepspeed {deepspeed!r} is unknown", "use --deepspeed zero2 or --deepspeed zero3"
-        )
-    if fsdp and deepspeed:
-        raise XtrainError("--fsdp and --deepspeed exclude each other", "pick one of them")
-
+    gpu_ids = _check_options(port, main_address, gpus, fsdp, deepspeed)
     job = None
     notes: list[str] = []
     if slurm is not None:
@@ -105,32 +181,11 @@ def configure(
                 "--slurm sets machines, ranks and the main address itself",
                 "leave out --machines/--machine-rank/--main-address",
             )
-        facts = Facts.load(facts_file) if facts_file else None
-        if gpus_per_node is None:
-            if facts is None or not facts.gpus:
-                raise XtrainError("--slurm needs --gpus-per-node", "e.g. --gpus-per-node 8")
-            gpus_per_node = processes or facts.gpu_count
-        if processes is not None and processes != gpus_per_node:
-            raise XtrainError("--processes and --gpus-per-node disagree", "give only --gpus-per-node")
-        sl.SlurmJob(nodes=nodes, gpus_per_node=gpus_per_node, config_path="x", time=time,
-                    partition=partition, job_name=job_name).check()  # fmt: skip
-        if facts is None:
-            facts = sl.cluster_facts(gpus_per_node, port=port or 29500)
-            if precision is None:
-                notes.append(
-                    "GPU model unknown: fp16 (runs on every CUDA GPU); use --precision bf16 on "
-                    "A100/H100 nodes, or --facts FILE saved on a node with `xtrain doctor --save FILE`"
-                )
-        overrides = Overrides(
-            num_processes=gpus_per_node,
-            gpu_ids=gpu_ids,
-            mixed_precision=precision,
-            port=port,
-            platform=platform or "linux",
-            num_machines=nodes,
-            machine_rank=0,
-            main_address="$" + sl.MAIN_ADDR_VAR,  # resolved by the script on the first node
-        )
+        facts, gpus_per_node = _slurm_facts(facts_file, processes, port, precision, notes, nodes=nodes,
+                                            gpus_per_node=gpus_per_node, time=time, partition=partition,
+                                            job_name=job_name)  # fmt: skip
+        # planned for the nodes; the script resolves the main address on the first node
+        layout = (gpus_per_node, platform or "linux", nodes, 0, "$" + sl.MAIN_ADDR_VAR)
     else:
         if any(v is not None for v in (nodes, gpus_per_node, time, partition)):
             raise XtrainError("--nodes/--gpus-per-node/--time/--partition need --slurm", "add --slurm FILE")
@@ -140,16 +195,18 @@ def configure(
             from xtrain.machine.probe import collect
 
             facts = collect(quick=True, port=port or 29500)
-        overrides = Overrides(
-            num_processes=processes,
-            gpu_ids=gpu_ids,
-            mixed_precision=precision,
-            port=port,
-            platform=platform,
-            num_machines=machines,
-            machine_rank=machine_rank,
-            main_address=main_address,
-        )
+        layout = (processes, platform, machines, machine_rank, main_address)
+    num_processes, plan_platform, num_machines, rank, address = layout
+    overrides = Overrides(
+        num_processes=num_processes,
+        gpu_ids=gpu_ids,
+        mixed_precision=precision,
+        port=port,
+        platform=plan_platform,
+        num_machines=num_machines,
+        machine_rank=rank,
+        main_address=address,
+    )
 
     diagnosis = diagnose(facts, overrides)
     plan = diagnosis.plan
@@ -164,23 +221,15 @@ def configure(
     if slurm is not None:
         slurm_path = slurm.expanduser()
         target = output.expanduser() if output else slurm_path.with_suffix(".accelerate.yaml")
-    else:
-        slurm_path = None
-        target = output.expanduser() if output else ac.default_config_path()
-    if slurm_path is not None:
-        job = sl.SlurmJob(
-            nodes=nodes,
-            gpus_per_node=gpus_per_node,
-            config_path=str(target.resolve()),
-            port=plan.main_port,
-            time=time,
-            partition=partition,
-            job_name=job_name,
-            env=dict(plan.env),
-        )
+        job = sl.SlurmJob(nodes=nodes, gpus_per_node=gpus_per_node, config_path=str(target.resolve()),
+                          port=plan.main_port, time=time, partition=partition, job_name=job_name,
+                          env=dict(plan.env))  # fmt: skip
         script = sl.sbatch_script(job)
         if slurm_path.resolve() == target.resolve():
             raise XtrainError("--slurm and --output name the same file", "give them different names")
+    else:
+        slurm_path = None
+        target = output.expanduser() if output else ac.default_config_path()
 
     if not dry_run:
         # Check every target before writing any, so a refusal leaves nothing half-done.
@@ -192,34 +241,14 @@ def configure(
         header += f"\nFor the sbatch script {slurm_path.name}: it adds each node's rank and the main address."
     text = ac.to_yaml(cfg, header)
     console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
+    files = [(target, text, "loads with accelerate's ClusterConfig")]
+    if job is not None:
+        files.append((slurm_path, script, "sbatch script"))
     if dry_run:
         ac.validate_dict(cfg)
-        console.print(f"[dim]# {target} (dry run: nothing written)[/]", soft_wrap=True)
-        console.print(text.rstrip("\n"), markup=False, soft_wrap=True)
-        if job is not None:
-            console.print(f"[dim]# {slurm_path} (dry run: nothing written)[/]", soft_wrap=True)
-            console.print(script.rstrip("\n"), markup=False, soft_wrap=True)
-    else:
-        result = ac.write_text_safely(text, target, force=force)
-        ac.validate(result.path)
-        console.print(f"[green]Wrote[/] {result.path} [dim](loads with accelerate's ClusterConfig)[/]",
-                      soft_wrap=True)  # fmt: skip
-        if result.backup_path:
-            console.print(f"[dim]The old file is kept as {result.backup_path}[/]", soft_wrap=True)
-        if job is not None:
-            sres = ac.write_text_safely(script, slurm_path, force=force)
-            sres.path.chmod(0o755)
-            console.print(f"[green]Wrote[/] {sres.path} [dim](sbatch script)[/]", soft_wrap=True)
-            if sres.backup_path:
-                console.print(f"[dim]The old file is kept as {sres.backup_path}[/]", soft_wrap=True)
+    _write_or_show(console, files, dry_run, force)
 
-    for f in diagnosis.findings:
-        # Findings about the old accelerate config are moot: this command replaces it.
-        if f.severity != "ok" and not f.code.startswith("accelerate-config"):
-            colour = "red" if f.severity == "error" else "yellow"
-            console.print(f"[{colour}]{f.severity}[/] {escape(f.message)}", soft_wrap=True)
-            for line in (f.fix or "").splitlines():  # each fix line whole, as printed by doctor
-                console.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
+    _print_findings(console, diagnosis.findings)
     for note in notes:
         console.print(f"[yellow]note[/] {note}", soft_wrap=True)
 

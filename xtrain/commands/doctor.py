@@ -61,6 +61,7 @@ def stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+# Over 80 lines only by its typer options (about 40 of them); the body is about 55.
 def doctor(
     json_out: Annotated[
         bool,
@@ -151,39 +152,44 @@ def doctor(
         if save is not None:
             out.print(f"Saved the facts to {save} (send it along with a bug report).", soft_wrap=True)
 
-    # -- smoke: start the processes for real ------------------------------------------------------
-    smoke_result = None
-    if smoke:
-        from xtrain.launch.smoke import run_smoke
-
-        plan = diagnosis.plan
-        if not json_out:
-            what = (
-                f"{plan.num_processes} processes, {plan.backend} on {plan.device}, via {plan.launcher}"
-                if plan.distributed
-                else f"one process on {plan.device}"
-            )
-            out.print(f"\nRunning the smoke test ({what})...")
-            smoke_result = run_smoke(plan)
-            from xtrain.commands.render import render_smoke
-
-            render_smoke(out, smoke_result)
-        else:
-            with stdout_to_stderr():
-                smoke_result = run_smoke(plan)
-
+    smoke_result = _smoke(diagnosis.plan, out, json_out) if smoke else None
     if json_out:
-        doc: dict[str, Any] = {
-            "facts": facts.to_dict(),
-            "plan": diagnosis.plan.to_dict(),
-            "findings": [vars(f) for f in diagnosis.findings],
-        }
-        if smoke_result is not None:
-            doc["smoke"] = smoke_result.to_dict()
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        sys.stdout.flush()
+        _print_json(facts, diagnosis, smoke_result)
         if save is not None:
             err.print(f"Saved the facts to {save}.", soft_wrap=True)
 
     if diagnosis.has_errors or (smoke_result is not None and not smoke_result.ok):
         raise typer.Exit(code=1)
+
+
+def _smoke(plan: Any, out: Any, json_out: bool) -> Any:
+    """``--smoke``: start the planned processes for real; the result is shown unless ``--json``."""
+    from xtrain.launch.smoke import run_smoke
+
+    if json_out:
+        with stdout_to_stderr():
+            return run_smoke(plan)
+    what = (
+        f"{plan.num_processes} processes, {plan.backend} on {plan.device}, via {plan.launcher}"
+        if plan.distributed
+        else f"one process on {plan.device}"
+    )
+    out.print(f"\nRunning the smoke test ({what})...")
+    result = run_smoke(plan)
+    from xtrain.commands.render import render_smoke
+
+    render_smoke(out, result)
+    return result
+
+
+def _print_json(facts: Any, diagnosis: Any, smoke_result: Any) -> None:
+    """``--json``: one object {facts, plan, findings, smoke?} on stdout."""
+    doc: dict[str, Any] = {
+        "facts": facts.to_dict(),
+        "plan": diagnosis.plan.to_dict(),
+        "findings": [vars(f) for f in diagnosis.findings],
+    }
+    if smoke_result is not None:
+        doc["smoke"] = smoke_result.to_dict()
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()

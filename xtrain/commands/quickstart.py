@@ -87,6 +87,42 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
     return rows
 
 
+# The headline metric of each generative task: (metric, its name, what it means).
+HEADLINES = {
+    "image-to-text": ("cer", "CER", "share of characters wrong; 0 is perfect"),  # OCR: lower is better
+    "speech-to-text": ("wer", "WER", "share of words wrong; 0 is perfect"),  # ASR
+    "vision-language": ("exact_match", "exact match", "share of answers right; 1 is perfect"),  # VQA
+}
+
+
+def _print_result(console: Any, cfg: Any, result: dict[str, Any], seconds: float) -> None:
+    """The before/after metrics, the headline, sample predictions and where the run went."""
+    from rich.table import Table
+
+    how = "LoRA" if cfg.lora.enabled else "full fine-tune"
+    console.print(
+        f"\n[bold]quickstart:[/] {cfg.model.task} {how} on {cfg.model.name_or_path}", soft_wrap=True
+    )
+    table = Table()
+    table.add_column("metric")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    for row in metric_rows(result):
+        table.add_row(*row)
+    console.print(table)
+    if cfg.model.task in HEADLINES:
+        key, name, meaning = HEADLINES[cfg.model.task]
+        found = next(((b, a) for k, b, a in metric_rows(result) if k == key), None)
+        if found is not None:
+            console.print(f"{name} {found[0]} -> {found[1]} ({meaning})")
+    for sample in result.get("predictions") or []:
+        console.print(f"  {sample['reference']!r} -> {sample['prediction']!r}", soft_wrap=True, markup=False)
+    runs = Table(show_header=False, box=None, padding=(0, 2))
+    for what, value in run_rows(result, seconds):
+        runs.add_row(what, value)
+    console.print(runs)
+
+
 def quickstart(
     task: str = typer.Option(
         "seq-cls",
@@ -101,14 +137,13 @@ def quickstart(
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Offline LoRA fine-tune of a built-in model on built-in data, end to end (about a minute)."""
-    from rich.table import Table
 
     from xtrain.commands.train import launch_training, plan_for_training
     from xtrain.console import make_console
     from xtrain.machine import probe
     from xtrain.planning.plan import Overrides
     from xtrain.planning.rules import diagnose
-    from xtrain.train.config import load_config
+    from xtrain.train.config.loading import load_config
 
     console = make_console()
     if task not in JOBS:
@@ -143,31 +178,5 @@ def quickstart(
         raise typer.Exit(code)
     seconds = time.perf_counter() - started
 
-    result = read_result(run_dir)
-    how = "LoRA" if cfg.lora.enabled else "full fine-tune"
-    console.print(
-        f"\n[bold]quickstart:[/] {cfg.model.task} {how} on {cfg.model.name_or_path}", soft_wrap=True
-    )
-    table = Table()
-    table.add_column("metric")
-    table.add_column("before", justify="right")
-    table.add_column("after", justify="right")
-    for row in metric_rows(result):
-        table.add_row(*row)
-    console.print(table)
-    cer = next(((b, a) for k, b, a in metric_rows(result) if k == "cer"), None)
-    if cer is not None and cfg.model.task == "image-to-text":  # the OCR headline: lower is better
-        console.print(f"CER {cer[0]} -> {cer[1]} (share of characters wrong; 0 is perfect)")
-    wer = next(((b, a) for k, b, a in metric_rows(result) if k == "wer"), None)
-    if wer is not None and cfg.model.task == "speech-to-text":  # the ASR headline
-        console.print(f"WER {wer[0]} -> {wer[1]} (share of words wrong; 0 is perfect)")
-    exact = next(((b, a) for k, b, a in metric_rows(result) if k == "exact_match"), None)
-    if exact is not None and cfg.model.task == "vision-language":  # the VQA headline: higher is better
-        console.print(f"exact match {exact[0]} -> {exact[1]} (share of answers right; 1 is perfect)")
-    for sample in result.get("predictions") or []:
-        console.print(f"  {sample['reference']!r} -> {sample['prediction']!r}", soft_wrap=True, markup=False)
-    runs = Table(show_header=False, box=None, padding=(0, 2))
-    for what, value in run_rows(result, seconds):
-        runs.add_row(what, value)
-    console.print(runs)
+    _print_result(console, cfg, read_result(run_dir), seconds)
     console.print(f"Next: `{next_command}` for your own data (docs/configuration.md).", soft_wrap=True)

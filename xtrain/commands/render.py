@@ -50,6 +50,11 @@ def p2p_summary(facts: Facts) -> str:
 
 def facts_rows(facts: Facts) -> list[tuple[str, str]]:
     """(label, value) rows of the facts table, in reading order."""
+    return _system_rows(facts) + _gpu_rows(facts) + _comms_rows(facts) + _software_rows(facts)
+
+
+def _system_rows(facts: Facts) -> list[tuple[str, str]]:
+    """OS, hostname, Python and CPU."""
     rows: list[tuple[str, str]] = []
     os_line = f"{facts.os_kind} {facts.os_release}".strip()
     if facts.arch:
@@ -65,6 +70,12 @@ def facts_rows(facts: Facts) -> list[tuple[str, str]]:
     rows.append(("Python / CPU", f"{facts.python or 'unknown'}; {cpu}"))
     if facts.python_executable:
         rows.append(("Interpreter", facts.python_executable))
+    return rows
+
+
+def _gpu_rows(facts: Facts) -> list[tuple[str, str]]:
+    """torch, the NVIDIA driver, the GPUs and the variables that select them."""
+    rows: list[tuple[str, str]] = []
     if facts.torch_version is None:
         torch_line = "not installed"
     else:
@@ -95,6 +106,12 @@ def facts_rows(facts: Facts) -> list[tuple[str, str]]:
         rows.append(
             ("Set in environment", ", ".join(f"{k}={v}" for k, v in sorted(facts.launch_env.items())))
         )
+    return rows
+
+
+def _comms_rows(facts: Facts) -> list[tuple[str, str]]:
+    """Backends, libuv, P2P, shared memory."""
+    rows: list[tuple[str, str]] = []
     backends = ", ".join(
         f"{name} {_yes_no(ok)}"
         + (f" {facts.nccl_version}" if name == "nccl" and ok and facts.nccl_version else "")
@@ -113,6 +130,12 @@ def facts_rows(facts: Facts) -> list[tuple[str, str]]:
     rows.append(("P2P", p2p_summary(facts)))
     if facts.shm_mib is not None:
         rows.append(("/dev/shm", _gib(facts.shm_mib)))
+    return rows
+
+
+def _software_rows(facts: Facts) -> list[tuple[str, str]]:
+    """Packages, accelerate's config, the port, failed probes."""
+    rows: list[tuple[str, str]] = []
     if facts.packages:
         rows.append(
             ("Packages", ", ".join(f"{k} {v or 'MISSING'}" for k, v in sorted(facts.packages.items())))

@@ -233,8 +233,8 @@ def header_for(plan: Plan) -> str:
 # Where it goes, writing it, checking it
 # ---------------------------------------------------------------------------------------------
 def default_config_path() -> Path:
-    """accelerate's default config file (``xtrain.machine.probe.accelerate_config_path``)."""
-    from xtrain.machine.probe import accelerate_config_path
+    """accelerate's default config file (``accelerate_config_path`` of ``xtrain.machine.probes``)."""
+    from xtrain.machine.probes.accelerate_config import accelerate_config_path
 
     return accelerate_config_path()
 

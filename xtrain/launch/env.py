@@ -1,4 +1,5 @@
-"""The launch environment a worker is given, checked before it is used.
+"""The launch environment: what a launcher gives every worker (``plan_env``), and, in the worker,
+the variables checked before they are used.
 
 ``WORLD_SIZE``/``RANK``/... come from a launcher or from a hand-written script (SLURM, a shell
 loop); a typo there otherwise surfaces as a ``ValueError`` traceback deep in torch or accelerate.
@@ -7,11 +8,16 @@ Checked once at the start of ``python -m xtrain.run``: one line naming the varia
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.planning.plan import Plan
+
+PLAN_ENV = "XTRAIN_PLAN"
 
 WHOLE_NUMBERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_PORT")
 XTRAIN_NUMBERS = ("XTRAIN_PARENT_PID", "XTRAIN_NODE_RANK")
@@ -77,3 +83,42 @@ def visible_entries(gpu_ids: list[int], cuda_visible_devices: str | None) -> str
     if any(i >= len(entries) for i in gpu_ids):
         return None
     return ",".join(entries[i] for i in gpu_ids)
+
+
+def _visible_devices(gpu_ids: list[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for the plan's GPU ids, mapped through the current one."""
+    current = os.environ.get("CUDA_VISIBLE_DEVICES")
+    mapped = visible_entries(gpu_ids, current)
+    if mapped is None:
+        raise XtrainError(
+            f"GPU ids {gpu_ids} do not fit CUDA_VISIBLE_DEVICES={current!r}",
+            "run `xtrain doctor` again in this shell and pick ids from its GPU list",
+        )
+    return mapped
+
+
+def plan_env(plan: Plan) -> dict[str, str]:
+    """The environment every worker needs, whichever launcher starts it.
+
+    CUDA_VISIBLE_DEVICES is set whenever the plan names GPUs, so worker ``LOCAL_RANK`` i uses
+    ``cuda:i`` and sees only the planned cards (also for a ``--gpus 1,3`` selection)."""
+    env = {k: str(v) for k, v in plan.env.items()}
+    if plan.device == "cuda" and plan.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = _visible_devices(plan.gpu_ids)
+    env[PLAN_ENV] = plan.to_json()
+    return env
+
+
+@contextlib.contextmanager
+def patched_environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of a block, then restore them exactly."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old

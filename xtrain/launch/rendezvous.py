@@ -29,6 +29,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from xtrain.planning.plan import Plan
+
 RENDEZVOUS_ENV = "XTRAIN_RENDEZVOUS"
 LOOPBACK = "127.0.0.1"
 
@@ -119,3 +121,29 @@ def loopback_agent_store() -> Iterator[None]:
         yield
     finally:
         static.TCPStore = original  # type: ignore[assignment]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def pick_port(plan: Plan, port: int | None) -> int:
+    """An explicit port wins. On one machine a busy planned port is replaced by a free one
+    (as accelerate does); several machines must agree on the port, so it is kept as is."""
+    if port is not None:
+        return port
+    if plan.num_machines > 1 or port_is_free(plan.main_port):
+        return plan.main_port
+    return free_port()

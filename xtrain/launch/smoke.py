@@ -97,7 +97,8 @@ def run_smoke(
         result.elapsed_s = time.perf_counter() - start
         return result
 
-    from xtrain.launch.launcher import WorkerFailed, launch
+    from xtrain.launch.failures import WorkerFailed
+    from xtrain.launch.launcher import launch
 
     result = SmokeResult(
         ok=False,

@@ -59,7 +59,7 @@ def remove_killed_writes(output_dir: str | Path | None) -> None:
         return
     import shutil
 
-    from xtrain.train.checkpoint import partial_checkpoints
+    from xtrain.train.checkpoint.layout import partial_checkpoints
 
     for path in partial_checkpoints(output_dir):
         shutil.rmtree(path, ignore_errors=True)
@@ -68,7 +68,7 @@ def remove_killed_writes(output_dir: str | Path | None) -> None:
 def stopped_error(output_dir: str | Path | None, signum: int, at_once: bool = False) -> XtrainError:
     """The one line for a stop that wrote no stop checkpoint: names the newest complete
     checkpoint (what a resume continues from), or says that there is none."""
-    from xtrain.train.checkpoint import list_checkpoints
+    from xtrain.train.checkpoint.layout import list_checkpoints
 
     found = list_checkpoints(output_dir) if output_dir else []
     how = "second Ctrl+C: stopped at once" if at_once else f"stopped on {signal_name(signum)}"

@@ -127,13 +127,53 @@ def _torchrun_works_on_windows(facts: Facts) -> bool:
 
 
 def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
-    """Resolve every "auto" setting for this machine in one place."""
+    """Resolve every "auto" setting for this machine in one place (each ``_plan_*`` step adds
+    its reasons, in the order doctor shows them)."""
     ov = overrides or Overrides()
     os_kind = _os_kind(facts, ov)
-    shell = shell_for(os_kind)
     gpus = selected_gpus(facts, ov)
     reasons: dict[str, str] = {}
+    device = _plan_device(facts, gpus, reasons)
+    num_processes = _plan_processes(ov, device, gpus, reasons)
+    if device == "cuda" and num_processes < len(gpus):
+        gpus = gpus[:num_processes]
+    _check_machines(ov)
+    world_size = num_processes * ov.num_machines
+    backend, launcher, cpu_staged = _plan_backend(facts, os_kind, device, world_size, reasons)
+    mixed_precision, reasons["mixed_precision"] = _precision(facts, device, gpus, ov.mixed_precision)
+    tf32 = device == "cuda" and min(g.cc for g in gpus) >= 8.0
+    reasons["tf32"] = (
+        "Ampere or newer: TF32 matmuls for the fp32 parts"
+        if tf32
+        else "TF32 needs a CUDA GPU with compute capability >= 8.0"
+    )
+    env = _plan_env(facts, os_kind, device, backend, gpus, num_processes, reasons)
+    workers, pin_memory = _plan_loading(facts, os_kind, device, num_processes, reasons)
+    return Plan(
+        os_kind=os_kind,
+        shell=shell_for(os_kind),
+        device=device,
+        backend=backend,
+        num_processes=num_processes,
+        gpu_ids=[g.index for g in gpus] if device == "cuda" else None,
+        mixed_precision=mixed_precision,
+        tf32=tf32,
+        launcher=launcher,
+        cpu=device == "cpu",
+        cpu_staged_allreduce=cpu_staged,
+        env=env,
+        main_address=ov.main_address or "127.0.0.1",
+        main_port=ov.port if ov.port is not None else facts.port,
+        num_machines=ov.num_machines,
+        machine_rank=ov.machine_rank,
+        dataloader_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=workers > 0,
+        reasons=reasons,
+    )
 
+
+def _plan_device(facts: Facts, gpus: list[GPU], reasons: dict[str, str]) -> str:
     if gpus:
         device = "cuda"
     elif facts.mps_available:
@@ -145,8 +185,11 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         "mps": "Apple GPU through MPS",
         "cpu": "no GPU usable by torch",
     }[device]
+    return device
 
-    # -- processes -------------------------------------------------------------------------
+
+def _plan_processes(ov: Overrides, device: str, gpus: list[GPU], reasons: dict[str, str]) -> int:
+    """Processes on this machine: the user's number (checked against the device), else one per GPU."""
     if ov.num_processes is not None:
         if ov.num_processes < 1:
             raise XtrainError(f"--processes must be at least 1, got {ov.num_processes}", "e.g. --processes 2")
@@ -160,18 +203,16 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
                 "MPS runs one process (torch.distributed has no MPS backend)",
                 "use --processes 1",
             )
-        num_processes = ov.num_processes
         reasons["num_processes"] = "chosen by the user"
-    elif device == "cuda":
-        num_processes = len(gpus)
+        return ov.num_processes
+    if device == "cuda":
         reasons["num_processes"] = "one process per GPU (DDP)"
-    else:
-        num_processes = 1
-        reasons["num_processes"] = f"one process on {device} (more CPU processes rarely train faster)"
-    if device == "cuda" and num_processes < len(gpus):
-        gpus = gpus[:num_processes]
-    gpu_ids = [g.index for g in gpus] if device == "cuda" else None
+        return len(gpus)
+    reasons["num_processes"] = f"one process on {device} (more CPU processes rarely train faster)"
+    return 1
 
+
+def _check_machines(ov: Overrides) -> None:
     if ov.num_machines < 1:
         raise XtrainError(f"--machines must be at least 1, got {ov.num_machines}", "e.g. --machines 2")
     if not 0 <= ov.machine_rank < ov.num_machines:
@@ -184,9 +225,12 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
             "several machines need the main machine's address",
             "pass --main-address IP (the IP of the rank-0 machine)",
         )
-    world_size = num_processes * ov.num_machines
 
-    # -- backend and launcher ----------------------------------------------------------------
+
+def _plan_backend(
+    facts: Facts, os_kind: str, device: str, world_size: int, reasons: dict[str, str]
+) -> tuple[str | None, str, bool]:
+    """(collective backend, launcher, whether gradients are reduced through CPU copies)."""
     if world_size == 1:
         backend = None
         reasons["backend"] = "one process: no process group"
@@ -213,16 +257,19 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
             "gloo's CUDA all-reduce crashes on Windows (pytorch#186535): gradients are reduced "
             "through CPU copies"
         )
+    return backend, launcher, cpu_staged
 
-    mixed_precision, reasons["mixed_precision"] = _precision(facts, device, gpus, ov.mixed_precision)
-    tf32 = device == "cuda" and min(g.cc for g in gpus) >= 8.0
-    reasons["tf32"] = (
-        "Ampere or newer: TF32 matmuls for the fp32 parts"
-        if tf32
-        else "TF32 needs a CUDA GPU with compute capability >= 8.0"
-    )
 
-    # -- environment ---------------------------------------------------------------------------
+def _plan_env(
+    facts: Facts,
+    os_kind: str,
+    device: str,
+    backend: str | None,
+    gpus: list[GPU],
+    num_processes: int,
+    reasons: dict[str, str],
+) -> dict[str, str]:
+    """The environment variables every worker gets."""
     env: dict[str, str] = {}
     if os_kind == "windows" or facts.libuv_ok is False:
         env["USE_LIBUV"] = "0"
@@ -238,8 +285,13 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         # (measured here: 2 processes on 2 cores, 7x slower than with 1 thread each).
         env["OMP_NUM_THREADS"] = str(max(1, facts.cpu_count // num_processes))
         reasons["threads"] = f"{env['OMP_NUM_THREADS']} compute thread(s) per process: cores / processes"
+    return env
 
-    # -- data loading ----------------------------------------------------------------------------
+
+def _plan_loading(
+    facts: Facts, os_kind: str, device: str, num_processes: int, reasons: dict[str, str]
+) -> tuple[int, bool]:
+    """(DataLoader workers per process, pinned memory)."""
     if device == "cuda" and os_kind in ("linux", "wsl2"):
         workers = max(0, min(4, facts.cpu_count // max(1, num_processes) - 1))
         reasons["dataloader_workers"] = "fork is cheap on Linux: a few workers per GPU process"
@@ -258,30 +310,7 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         if pin_memory
         else "no GPU to copy to"
     )
-
-    main_address = ov.main_address or "127.0.0.1"
-    return Plan(
-        os_kind=os_kind,
-        shell=shell,
-        device=device,
-        backend=backend,
-        num_processes=num_processes,
-        gpu_ids=gpu_ids,
-        mixed_precision=mixed_precision,
-        tf32=tf32,
-        launcher=launcher,
-        cpu=device == "cpu",
-        cpu_staged_allreduce=cpu_staged,
-        env=env,
-        main_address=main_address,
-        main_port=ov.port if ov.port is not None else facts.port,
-        num_machines=ov.num_machines,
-        machine_rank=ov.machine_rank,
-        dataloader_workers=workers,
-        pin_memory=pin_memory,
-        persistent_workers=workers > 0,
-        reasons=reasons,
-    )
+    return workers, pin_memory
 
 
 def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:

@@ -23,7 +23,7 @@ from typing import Any
 from xtrain.launch.rendezvous import init_worker_group
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from xtrain.errors import XtrainError
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.workload import Workload
 
 BuildFn = Callable[[TrainConfig, Callable[[], Any]], Workload]

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from xtrain.errors import XtrainError
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 
 
 def build_optimizer(

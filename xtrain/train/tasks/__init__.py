@@ -26,7 +26,7 @@ import importlib
 from collections.abc import Callable
 
 from xtrain.errors import XtrainError
-from xtrain.train.config import TASKS, TrainConfig
+from xtrain.train.config.schema import TASKS, TrainConfig
 from xtrain.train.tasks.common import MainProcessFirst
 from xtrain.train.workload import Workload
 

@@ -23,32 +23,18 @@ import math
 from pathlib import Path
 from typing import Any
 
-from xtrain.errors import XtrainError
-from xtrain.train.collate import IGNORE_INDEX
-from xtrain.train.tasks.image_data import resolve_path
+from xtrain.errors import RowError, XtrainError
+from xtrain.train.tasks.image_data import describe, padded_labels, resolve_path, text_labels, undecoded
 
 _HINT = "fix or remove that row; audio must be files soundfile can read (WAV, FLAC, OGG, MP3)"
 LONG_AUDIO = ("refuse", "cut")
 
 
-class UnreadableAudio(XtrainError):
+class UnreadableAudio(RowError):
     """A missing or undecodable clip: one line with the file and the row (see ``UnreadableImage``:
     a DataLoader worker re-raises as ``type(e)(traceback text)``; only the message is kept)."""
 
-    def __init__(self, message: str, hint: str | None = _HINT, exit_code: int = 2) -> None:
-        if "Original Traceback" in message:
-            last = message.rstrip().splitlines()[-1]
-            message = last.split(": ", 1)[1] if ": " in last else last
-            message = message.removesuffix(f" ({_HINT})")
-        super().__init__(message, hint, exit_code)
-
-
-def _describe(value: Any, base_dir: Path | None) -> str:
-    if isinstance(value, str):
-        return str(resolve_path(value, base_dir))
-    if isinstance(value, dict):
-        return str(value.get("path") or "embedded audio bytes")
-    return type(value).__name__
+    HINT = _HINT
 
 
 def _source(value: Any, base_dir: Path | None) -> Any:
@@ -92,7 +78,7 @@ def read_audio(
     (``{"array", "sampling_rate"}``)."""
     import numpy as np
 
-    what = _describe(value, base_dir)
+    what = describe(value, base_dir, "audio")
     try:
         if isinstance(value, dict) and value.get("array") is not None:
             samples, rate = np.asarray(value["array"], dtype=np.float32), int(value["sampling_rate"])
@@ -201,16 +187,6 @@ def audiofolder_metadata(source: str | None, role: str) -> Path | None:
     return None
 
 
-def _undecoded(ds: Any, audio_column: str) -> Any:
-    """An Audio feature column switched to undecoded cells (a metadata change: no data is rewritten)."""
-    from datasets import Audio
-
-    feature = ds.features.get(audio_column)
-    if isinstance(feature, Audio) and feature.decode:
-        return ds.cast_column(audio_column, Audio(decode=False))
-    return ds
-
-
 class AudioTextRows:
     """A map-style data set over ``ds``: ``[i]`` -> ``{"audio": float32 mono array at
     sampling_rate, "text": str}``, the clip read only then."""
@@ -227,7 +203,7 @@ class AudioTextRows:
         long_audio: str,
         durations: list[float] | None = None,
     ) -> None:
-        self.ds = _undecoded(ds, audio_column)
+        self.ds = undecoded(ds, audio_column, "Audio")
         self.durations = durations  # seconds per row, when the headers were read already
         self.audio_column = audio_column
         self.text_column = text_column
@@ -285,33 +261,17 @@ class SpeechTextCollator:
         self.decoder_start_token_id = decoder_start_token_id
 
     def labels(self, texts: list[str]) -> list[list[int]]:
-        eos = self.tokenizer.eos_token_id
-        out = []
-        for ids in self.tokenizer(texts, add_special_tokens=True)["input_ids"]:
-            ids = list(ids)
-            # Whisper's tokenizer writes <|startoftranscript|> first, and the model shifts the
-            # labels right behind that same token: kept, it would be learnt twice.
-            if ids and ids[0] == self.decoder_start_token_id:
-                ids = ids[1:]
-            if eos is not None and (not ids or ids[-1] != eos):
-                ids.append(eos)
-            if len(ids) > self.max_length:
-                ids = ids[: self.max_length - 1] + [eos] if eos is not None else ids[: self.max_length]
-            out.append(ids)
-        return out
+        # Whisper's tokenizer writes <|startoftranscript|> first, and the model shifts the
+        # labels right behind that same token: kept, it would be learnt twice.
+        return text_labels(self.tokenizer, texts, self.max_length, drop_first=self.decoder_start_token_id)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch
 
         if not features:
             raise ValueError("empty batch")
         fe = self.feature_extractor
         extracted = fe([f["audio"] for f in features], sampling_rate=fe.sampling_rate, return_tensors="pt")
-        ids = self.labels([f["text"] for f in features])
-        length = max(len(x) for x in ids)
-        labels = torch.full((len(ids), length), IGNORE_INDEX, dtype=torch.long)
-        for i, x in enumerate(ids):
-            labels[i, : len(x)] = torch.as_tensor(x, dtype=torch.long)
+        labels = padded_labels(self.labels([f["text"] for f in features]))
         return {"input_features": extracted["input_features"], "labels": labels}
 
     def __repr__(self) -> str:

@@ -8,16 +8,16 @@ import contextlib
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.train import collate, data, models
-from xtrain.train.config import TrainConfig
+from xtrain.train import data, models
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.tasks import chat_data
 from xtrain.train.tasks.common import (
     MainProcessFirst,
-    finish_model,
-    pad_collator,
     prepare_tokenizer,
     raw_datasets,
     require_nonempty,
+    text_workload,
+    tokenizing,
 )
 from xtrain.train.workload import Workload
 
@@ -69,33 +69,17 @@ def build_causal_lm(
         "max_length": d.max_length,
         "packing": d.packing,
     }
-    settings = [
-        "causal-lm",
-        data.tokenizer_fingerprint(tokenizer),
-        {k: v for k, v in kwargs.items() if k != "tokenizer"},
-    ]
+    tokenize = tokenizing("causal-lm", data.tokenize_causal_lm, kwargs)
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         chat = is_chat(cfg, train)
         if not chat:
             data.require_columns(train, columns, train_name)
-            train = data.tokenized(
-                train,
-                data.tokenize_causal_lm,
-                kwargs,
-                data.map_fingerprint(train, *settings),
-                "tokenizing train",
-            )
+            train = tokenize(train, "train")
             require_nonempty(train, train_name, "training")
             if eval_ds is not None:
                 data.require_columns(eval_ds, columns, eval_name)
-                eval_ds = data.tokenized(
-                    eval_ds,
-                    data.tokenize_causal_lm,
-                    kwargs,
-                    data.map_fingerprint(eval_ds, *settings),
-                    "tokenizing eval",
-                )
+                eval_ds = tokenize(eval_ds, "eval")
                 require_nonempty(eval_ds, eval_name, "eval")
     if chat:  # rendered in every process: no datasets cache to share (fast: no model involved)
         train, eval_ds = chat_rows(cfg, tokenizer, source, (train, train_name), (eval_ds, eval_name))
@@ -106,14 +90,4 @@ def build_causal_lm(
     model = models.load_model(source, "causal-lm", cfg.model.dtype, cfg.model.trust_remote_code)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    model = finish_model(model, cfg, "causal-lm")
-    return Workload(
-        model=model,
-        train_dataset=train,
-        collator=pad_collator(tokenizer),
-        eval_dataset=eval_ds,
-        eval_batch=collate.causal_lm_eval_batch,
-        reduce_metrics=collate.causal_lm_reduce,
-        tokenizer=tokenizer,
-        main_metric="token_accuracy",
-    )
+    return text_workload(model, cfg, "causal-lm", tokenizer, (train, eval_ds))

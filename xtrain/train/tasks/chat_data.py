@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xtrain.errors import XtrainError
+from xtrain.errors import RowError, XtrainError
 from xtrain.train.collate import IGNORE_INDEX
 
 ROLES = ("system", "user", "assistant")
@@ -40,16 +40,11 @@ _HINT = "fix or remove that row (docs/vision-language.md#data describes the mess
 Render = Callable[[list[dict[str, Any]], bool], str]
 
 
-class BadConversation(XtrainError):
+class BadConversation(RowError):
     """A malformed row: one line with the row and the file, also when raised in a DataLoader worker
     (which re-raises as ``type(e)(traceback text)``: only the original message is kept)."""
 
-    def __init__(self, message: str, hint: str | None = _HINT, exit_code: int = 2) -> None:
-        if "Original Traceback" in message:
-            last = message.rstrip().splitlines()[-1]
-            message = last.split(": ", 1)[1] if ": " in last else last
-            message = message.removesuffix(f" ({_HINT})")
-        super().__init__(message, hint, exit_code)
+    HINT = _HINT
 
 
 @dataclass

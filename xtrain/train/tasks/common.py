@@ -9,7 +9,8 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import collate, data, lora, models
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
+from xtrain.train.workload import Workload
 
 MainProcessFirst = Callable[[], contextlib.AbstractContextManager]
 
@@ -64,6 +65,71 @@ def finish_model(model: Any, cfg: TrainConfig, task: str) -> Any:
     for p in model.parameters():
         p.requires_grad_(True)
     return model
+
+
+def tokenizing(task: str, tokenize: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[[Any, str], Any]:
+    """``(ds, role) -> ds`` tokenized by ``tokenize(**kwargs)``, cached under a fingerprint of the
+    task, the tokenizer (``kwargs["tokenizer"]``) and every other setting in ``kwargs``."""
+    settings = [
+        task,
+        data.tokenizer_fingerprint(kwargs["tokenizer"]),
+        {k: v for k, v in kwargs.items() if k != "tokenizer"},
+    ]
+
+    def run(ds: Any, role: str) -> Any:
+        return data.tokenized(ds, tokenize, kwargs, data.map_fingerprint(ds, *settings), f"tokenizing {role}")
+
+    return run
+
+
+# How each text task is evaluated: (per-batch statistics, their reduction, the main metric).
+TEXT_EVALUATION = {
+    "causal-lm": (collate.causal_lm_eval_batch, collate.causal_lm_reduce, "token_accuracy"),
+    "seq-cls": (collate.seq_cls_eval_batch, collate.seq_cls_reduce, "accuracy"),
+}
+
+
+def text_workload(
+    model: Any, cfg: TrainConfig, task: str, tokenizer: Any, datasets: tuple[Any, Any]
+) -> Workload:
+    """The workload of a text task (``TEXT_EVALUATION``): the model finished (LoRA,
+    checkpointing), padded batches, ``datasets`` = (train, eval or None)."""
+    eval_batch, reduce_metrics, main_metric = TEXT_EVALUATION[task]
+    train, eval_ds = datasets
+    return Workload(
+        model=finish_model(model, cfg, task),
+        train_dataset=train,
+        collator=pad_collator(tokenizer),
+        eval_dataset=eval_ds,
+        eval_batch=eval_batch,
+        reduce_metrics=reduce_metrics,
+        tokenizer=tokenizer,
+        main_metric=main_metric,
+    )
+
+
+def set_decoder_tokens(
+    model: Any, tokenizer: Any, start: int | None, pad: int | None, vocab: tuple[str, int | None], **more: Any
+) -> None:
+    """An encoder-decoder model's decoder start and pad ids (and ``more``, e.g. ``eos_token_id``)
+    on its config and generation config. Refused: a start or pad id nobody sets, a tokenizer with
+    more tokens than ``vocab`` = (what holds the vocabulary, its size)."""
+    if start is None or pad is None:
+        raise XtrainError(
+            "cannot tell the decoder's start and pad tokens: the checkpoint and its tokenizer set neither",
+            "set decoder_start_token_id and pad_token_id in the model's config.json",
+        )
+    for target in (model.config, model.generation_config):
+        target.decoder_start_token_id = start
+        target.pad_token_id = pad
+        for key, value in more.items():
+            setattr(target, key, value)
+    holder, size = vocab
+    if size and len(tokenizer) > size:
+        raise XtrainError(
+            f"the tokenizer has {len(tokenizer)} tokens but the {holder} only {size}",
+            "use the tokenizer that came with the checkpoint",
+        )
 
 
 def require_nonempty(ds: Any, name: str, what: str) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.tasks.common import MainProcessFirst
 from xtrain.train.workload import Workload
 

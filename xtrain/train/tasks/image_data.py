@@ -16,25 +16,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from xtrain.errors import XtrainError
+from xtrain.errors import RowError, XtrainError
 from xtrain.train.collate import IGNORE_INDEX
 
 _HINT = "fix or remove that row; images must be files Pillow can open (PNG, JPEG, TIFF, BMP, WebP, ...)"
 
 
-class UnreadableImage(XtrainError):
-    """A missing or undecodable image: one line with the file and the row.
+class UnreadableImage(RowError):
+    """A missing or undecodable image: one line with the file and the row (``RowError``)."""
 
-    A DataLoader worker re-raises an exception in the main process as ``type(e)(traceback text)``;
-    the constructor keeps only the original message from that text, so the user still sees one line.
-    """
-
-    def __init__(self, message: str, hint: str | None = _HINT, exit_code: int = 2) -> None:
-        if "Original Traceback" in message:
-            last = message.rstrip().splitlines()[-1]
-            message = last.split(": ", 1)[1] if ": " in last else last
-            message = message.removesuffix(f" ({_HINT})")
-        super().__init__(message, hint, exit_code)
+    HINT = _HINT
 
 
 def to_rgb(image: Any) -> Any:
@@ -60,11 +51,12 @@ def to_rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
-def _describe(value: Any, base_dir: Path | None) -> str:
+def describe(value: Any, base_dir: Path | None, media: str = "image") -> str:
+    """An image or audio cell in a message: its path, else "embedded ``media`` bytes"."""
     if isinstance(value, str):
         return str(resolve_path(value, base_dir))
     if isinstance(value, dict):
-        return str(value.get("path") or "embedded image bytes")
+        return str(value.get("path") or f"embedded {media} bytes")
     return type(value).__name__
 
 
@@ -79,7 +71,7 @@ def open_image(value: Any, base_dir: Path | None, row: int, source: str) -> Any:
     feature cell (``{"bytes", "path"}``) or an already decoded PIL image."""
     from PIL import Image, UnidentifiedImageError
 
-    what = _describe(value, base_dir)
+    what = describe(value, base_dir)
     try:
         if isinstance(value, str):
             image = Image.open(resolve_path(value, base_dir))
@@ -121,7 +113,7 @@ class ImageTextRows:
     def __init__(
         self, ds: Any, image_column: str, text_column: str, base_dir: Path | None, source: str
     ) -> None:
-        self.ds = _undecoded(ds, image_column)
+        self.ds = undecoded(ds, image_column)
         self.image_column = image_column
         self.text_column = text_column
         self.base_dir = base_dir
@@ -139,14 +131,48 @@ class ImageTextRows:
         }
 
 
-def _undecoded(ds: Any, image_column: str) -> Any:
-    """An Image feature column switched to undecoded cells (a metadata change: no data is rewritten)."""
-    from datasets import Image
+def undecoded(ds: Any, column: str, feature: str = "Image") -> Any:
+    """A datasets ``Image`` (or ``Audio``) feature column switched to undecoded cells (a metadata
+    change: no data is rewritten)."""
+    import datasets
 
-    feature = ds.features.get(image_column)
-    if isinstance(feature, Image) and feature.decode:
-        return ds.cast_column(image_column, Image(decode=False))
+    kind = getattr(datasets, feature)
+    found = ds.features.get(column)
+    if isinstance(found, kind) and found.decode:
+        return ds.cast_column(column, kind(decode=False))
     return ds
+
+
+def text_labels(
+    tokenizer: Any, texts: list[str], max_length: int, drop_first: int | None = None
+) -> list[list[int]]:
+    """Decoder labels of ``texts``: the tokenizer's ids (without a leading ``drop_first`` token),
+    ending in eos, truncated to ``max_length`` (still ending in eos)."""
+    eos = tokenizer.eos_token_id
+    out = []
+    for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]:
+        ids = list(ids)
+        if drop_first is not None and ids and ids[0] == drop_first:
+            ids = ids[1:]
+        if eos is not None and (not ids or ids[-1] != eos):
+            ids.append(eos)  # generation stops at eos only if it learned to write it
+        if len(ids) > max_length:  # truncated, still ending in eos
+            ids = ids[: max_length - 1] + [eos] if eos is not None else ids[:max_length]
+        out.append(ids)
+    return out
+
+
+def padded_labels(ids: list[list[int]], pad_to_multiple_of: int | None = None) -> Any:
+    """One LongTensor of label rows, padded with -100 (to a multiple of ``pad_to_multiple_of``)."""
+    import torch
+
+    length = max(len(x) for x in ids)
+    if pad_to_multiple_of:
+        length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
+    labels = torch.full((len(ids), length), IGNORE_INDEX, dtype=torch.long)
+    for i, x in enumerate(ids):
+        labels[i, : len(x)] = torch.as_tensor(x, dtype=torch.long)
+    return labels
 
 
 class ImageTextCollator:
@@ -162,31 +188,15 @@ class ImageTextCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
 
     def labels(self, texts: list[str]) -> list[list[int]]:
-        eos = self.tokenizer.eos_token_id
-        out = []
-        for ids in self.tokenizer(texts, add_special_tokens=True)["input_ids"]:
-            ids = list(ids)
-            if eos is not None and (not ids or ids[-1] != eos):
-                ids.append(eos)  # generation stops at eos only if it learned to write it
-            if len(ids) > self.max_length:  # truncated, still ending in eos
-                ids = ids[: self.max_length - 1] + [eos] if eos is not None else ids[: self.max_length]
-            out.append(ids)
-        return out
+        return text_labels(self.tokenizer, texts, self.max_length)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch
 
         if not features:
             raise ValueError("empty batch")
         images = [f["image"] for f in features]
         pixel_values = self.image_processor(images=images, return_tensors="pt")["pixel_values"]
-        ids = self.labels([f["text"] for f in features])
-        length = max(len(x) for x in ids)
-        if self.pad_to_multiple_of:
-            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
-        labels = torch.full((len(ids), length), IGNORE_INDEX, dtype=torch.long)
-        for i, x in enumerate(ids):
-            labels[i, : len(x)] = torch.as_tensor(x, dtype=torch.long)
+        labels = padded_labels(self.labels([f["text"] for f in features]), self.pad_to_multiple_of)
         return {"pixel_values": pixel_values, "labels": labels}
 
     def __repr__(self) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import data, lora, models
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.generation import GenerationEval
 from xtrain.train.tasks.image_data import ImageTextCollator, ImageTextRows, check_image_files
 from xtrain.train.workload import Workload
@@ -92,20 +92,10 @@ def fix_special_tokens(model: Any, tokenizer: Any) -> None:
         tokenizer.eos_token_id,
         tokenizer.sep_token_id,
     )
-    if start is None or pad is None:
-        raise XtrainError(
-            "cannot tell the decoder's start and pad tokens: the checkpoint and its tokenizer set neither",
-            "set decoder_start_token_id and pad_token_id in the model's config.json",
-        )
-    for target in (config, gen):
-        target.decoder_start_token_id = start
-        target.pad_token_id = pad
-        target.eos_token_id = eos
-    if getattr(decoder, "vocab_size", None) and len(tokenizer) > decoder.vocab_size:
-        raise XtrainError(
-            f"the tokenizer has {len(tokenizer)} tokens but the decoder only {decoder.vocab_size}",
-            "use the tokenizer that came with the checkpoint",
-        )
+    from xtrain.train.tasks.common import set_decoder_tokens
+
+    vocab = ("decoder", getattr(decoder, "vocab_size", None))
+    set_decoder_tokens(model, tokenizer, start, pad, vocab, eos_token_id=eos)
 
 
 def _auto_names(part: Any, table: dict[str, tuple[str, ...]]) -> list[str]:

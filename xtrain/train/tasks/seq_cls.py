@@ -6,15 +6,15 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from xtrain.train import collate, data, models
-from xtrain.train.config import TrainConfig
+from xtrain.train import data, models
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.tasks.common import (
     MainProcessFirst,
-    finish_model,
-    pad_collator,
     prepare_tokenizer,
     raw_datasets,
     require_nonempty,
+    text_workload,
+    tokenizing,
 )
 from xtrain.train.workload import Workload
 
@@ -50,23 +50,11 @@ def build_seq_cls(
             "label_to_id": mapping,
             "max_length": d.max_length,
         }
-        settings = [
-            "seq-cls",
-            data.tokenizer_fingerprint(tokenizer),
-            {k: v for k, v in kwargs.items() if k != "tokenizer"},
-        ]
-        train = data.tokenized(
-            train, data.tokenize_seq_cls, kwargs, data.map_fingerprint(train, *settings), "tokenizing train"
-        )
+        tokenize = tokenizing("seq-cls", data.tokenize_seq_cls, kwargs)
+        train = tokenize(train, "train")
         require_nonempty(train, train_name, "training")
         if eval_ds is not None:
-            eval_ds = data.tokenized(
-                eval_ds,
-                data.tokenize_seq_cls,
-                kwargs,
-                data.map_fingerprint(eval_ds, *settings),
-                "tokenizing eval",
-            )
+            eval_ds = tokenize(eval_ds, "eval")
 
     from transformers import set_seed
 
@@ -78,14 +66,4 @@ def build_seq_cls(
     model = models.load_model(source, "seq-cls", cfg.model.dtype, cfg.model.trust_remote_code, **extra)
     # Decoder models classify from the last non-pad token: they must know the pad id.
     model.config.pad_token_id = tokenizer.pad_token_id
-    model = finish_model(model, cfg, "seq-cls")
-    return Workload(
-        model=model,
-        train_dataset=train,
-        collator=pad_collator(tokenizer),
-        eval_dataset=eval_ds,
-        eval_batch=collate.seq_cls_eval_batch,
-        reduce_metrics=collate.seq_cls_reduce,
-        tokenizer=tokenizer,
-        main_metric="accuracy",
-    )
+    return text_workload(model, cfg, "seq-cls", tokenizer, (train, eval_ds))

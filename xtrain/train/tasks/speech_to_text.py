@@ -26,7 +26,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
-from xtrain.train.config import TrainConfig
+from xtrain.train.config.schema import TrainConfig
 from xtrain.train.generation import GenerationEval
 from xtrain.train.tasks.audio_data import (
     AudioTextRows,
@@ -95,20 +95,9 @@ def fix_special_tokens(model: Any, tokenizer: Any) -> int:
     if start is None:
         start = tokenizer.bos_token_id
     pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
-    if start is None or pad is None:
-        raise XtrainError(
-            "cannot tell the decoder's start and pad tokens: the checkpoint and its tokenizer set neither",
-            "set decoder_start_token_id and pad_token_id in the model's config.json",
-        )
-    for target in (config, gen):
-        target.decoder_start_token_id = start
-        target.pad_token_id = pad
-    vocab = getattr(config, "vocab_size", None)
-    if vocab and len(tokenizer) > vocab:
-        raise XtrainError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model only {vocab}",
-            "use the tokenizer that came with the checkpoint",
-        )
+    from xtrain.train.tasks.common import set_decoder_tokens
+
+    set_decoder_tokens(model, tokenizer, start, pad, ("model", getattr(config, "vocab_size", None)))
     return int(start)
 
 

@@ -1,0 +1,90 @@
+"""Where checkpoints live under ``run.output_dir`` and what xtrain's state file holds: the names,
+``TrainState``, finding the complete and the unfinished ones."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "xtrain_state.json"
+MANIFEST_FILE = "manifest.json"
+STATE_VERSION = 1
+STEP_DIR = re.compile(r"^step-(\d+)$")
+TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")
+
+
+@dataclass
+class TrainState:
+    """What xtrain itself adds to accelerate's state: the position and the run's history."""
+
+    step: int  # optimizer steps done
+    epoch: int  # epoch of the next step
+    step_in_epoch: int  # position of the next step inside its epoch
+    samples_seen: int
+    seed: int
+    global_batch: int
+    per_device: int
+    world_size: int
+    accumulation: int
+    num_samples: int
+    total_steps: int
+    config: dict[str, Any] = field(default_factory=dict)
+    losses: list[list[float]] = field(default_factory=list)  # [[step, loss], ...] at log points
+    eval_history: list[dict[str, float]] = field(default_factory=list)
+    skipped_steps: int = 0  # fp16 overflow steps the scaler skipped
+    version: int = STATE_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, default=str)
+
+    @classmethod
+    def from_file(cls, path: Path) -> TrainState:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def checkpoints_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and STEP_DIR.match(path.name) is not None and (path / STATE_FILE).is_file()
+
+
+def list_checkpoints(output_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints, oldest first, as (step, path)."""
+    root = checkpoints_dir(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = STEP_DIR.match(p.name)
+        if m and is_complete(p):
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def partial_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Checkpoints whose write did not finish (``step-N.tmp``)."""
+    root = checkpoints_dir(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if TMP_DIR.match(p.name))
+
+
+def check_output_dir(output_dir: str | Path) -> Path:
+    """``run.output_dir`` must be a folder or not exist yet (checked before anything starts)."""
+    out = Path(output_dir).expanduser()
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise XtrainError(
+                f"run.output_dir {out} cannot be a folder: {p} is a file", "choose another run.output_dir"
+            )
+    return out

@@ -1,0 +1,92 @@
+"""The final outputs: the adapter (or full model), the merged model, the best model so far
+(``run.best_metric``) and ``train_result.json``, each replaced atomically."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from xtrain import atomic
+
+
+def _replace_dir(tmp: Path, final: Path) -> None:
+    if final.exists():
+        old = final.with_name(final.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        atomic.replace(final, old)
+        atomic.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        atomic.replace(tmp, final)
+
+
+def _write_pretrained(model: Any, tokenizer: Any, final: Path, extra: dict[str, str] | None = None) -> None:
+    """``save_pretrained`` of the model (and tokenizer) into ``final.tmp``, plus the ``extra`` text
+    files, then ``final.tmp`` replaces ``final``."""
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(str(tmp))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    for name, text in (extra or {}).items():
+        (tmp / name).write_text(text, encoding="utf-8")
+    _replace_dir(tmp, final)
+
+
+def save_final(model: Any, tokenizer: Any, output_dir: str | Path, save_merged: bool) -> dict[str, str]:
+    """Write the trained result (main process only). ``model`` is the unwrapped model.
+
+    Returns {"adapter" | "model": path, "merged": path}."""
+    out = Path(output_dir)
+    paths: dict[str, str] = {}
+    is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+    name = "adapter" if is_peft else "model"
+    _write_pretrained(model, tokenizer, out / name)
+    paths[name] = str(out / name)
+    if save_merged and is_peft:
+        merged = model.merge_and_unload()  # changes the model: do it last
+        _write_pretrained(merged, tokenizer, out / "merged")
+        paths["merged"] = str(out / "merged")
+    return paths
+
+
+# the best model by an eval metric (run.best_metric)
+BEST = "best"
+_LOWER_IS_BETTER = ("loss", "cer", "wer", "perplexity", "error")
+
+
+def lower_is_better(metric: str) -> bool:
+    """Losses and error rates fall as a model improves; accuracies and scores rise."""
+    return any(part in metric.lower() for part in _LOWER_IS_BETTER)
+
+
+def is_new_best(metric: str, value: float, history: list[dict[str, float]]) -> bool:
+    """Whether ``value`` beats every earlier eval in ``history`` (ties keep the earlier model)."""
+    earlier = [h[metric] for h in history if metric in h]
+    if not earlier:
+        return True
+    return value < min(earlier) if lower_is_better(metric) else value > max(earlier)
+
+
+def save_best(
+    model: Any, tokenizer: Any, output_dir: str | Path, step: int, metric: str, value: float
+) -> Path:
+    """``output_dir/best``: the model (adapter, or full model without LoRA) of the best eval so far,
+    with ``best.json`` naming the step and the value (main process only; replaced atomically)."""
+    out = Path(output_dir)
+    best = json.dumps({"step": step, "metric": metric, "value": value})
+    _write_pretrained(model, tokenizer, out / BEST, extra={"best.json": best})
+    return out / BEST
+
+
+def write_result(output_dir: str | Path, result: dict[str, Any], keep: bool = False) -> Path:
+    """Write train_result.json; with ``keep`` an existing one stays as it is."""
+    path = Path(output_dir) / "train_result.json"
+    if keep and path.is_file():
+        return path
+    atomic.write_text(path, json.dumps(result, indent=1, default=str))
+    return path

@@ -1,0 +1,117 @@
+"""Writing checkpoints: ``step-N.tmp`` renamed when complete, the rotation, the model hooks that
+keep only the trainable weights, and removing what a killed run left half-written."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from xtrain import atomic
+from xtrain.errors import XtrainError
+from xtrain.train.checkpoint.layout import (
+    STATE_FILE,
+    TrainState,
+    checkpoints_dir,
+    list_checkpoints,
+    partial_checkpoints,
+)
+from xtrain.train.checkpoint.manifest import write_manifest
+
+
+def remove_partial(output_dir: str | Path) -> list[Path]:
+    """Delete unfinished writes: checkpoints (``step-N.tmp``) and final outputs (``adapter.tmp``,
+    ``adapter.old``, ``train_result.json.tmp``, ...) of a run that was killed (main process)."""
+    out = Path(output_dir)
+    gone = partial_checkpoints(out)
+    for name in ("adapter", "model", "merged"):
+        gone += [p for p in (out / f"{name}.tmp", out / f"{name}.old") if p.is_dir()]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    leftover = out / "train_result.json.tmp"
+    if leftover.is_file():
+        leftover.unlink(missing_ok=True)
+        gone.append(leftover)
+    return gone
+
+
+def save(accelerator: Any, output_dir: str | Path, state: TrainState, keep: int) -> Path:
+    """Write ``checkpoints/step-N`` on all ranks together: save_state into ``step-N.tmp``, then
+    (main process) the xtrain state file, the rename, and the rotation."""
+    root = checkpoints_dir(output_dir)
+    final = root / f"step-{state.step}"
+    tmp = root / f"step-{state.step}.tmp"
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()  # every rank's files (RNG states) are in tmp
+    if accelerator.is_main_process:
+        write_manifest(tmp)
+        atomic.write_text(tmp / STATE_FILE, state.to_json())  # last: marks the checkpoint complete
+        if final.exists():  # the same step saved before (e.g. a finished run re-exported)
+            shutil.rmtree(final)
+        atomic.replace(tmp, final)
+        rotate(output_dir, keep)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def rotate(output_dir: str | Path, keep: int) -> list[Path]:
+    """Keep the newest ``keep`` complete checkpoints (``keep < 1``: keep all)."""
+    if keep < 1:
+        return []
+    old = [p for _, p in list_checkpoints(output_dir)[:-keep]]
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    return old
+
+
+def install_model_hooks(accelerator: Any) -> None:
+    """Make checkpoints hold the trainable weights only, under the unwrapped model's names.
+
+    accelerate's own save_state writes the whole model under the wrapper's names ("module." with
+    DDP). For LoRA that is the full base model in every checkpoint, and names that do not load
+    when the process count changes (1 process has no DDP wrapper). With these hooks a checkpoint
+    holds the adapter (or, for full fine-tuning, the whole state dict) and loads into any
+    process count."""
+
+    def model_file(folder: str | Path, i: int) -> Path:
+        return Path(folder) / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
+
+    def on_save(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+        for i, m in enumerate(models):
+            inner = accelerator.unwrap_model(m)
+            named = dict(inner.named_parameters())
+            trainable = {n for n, p in named.items() if p.requires_grad}
+            state = inner.state_dict()
+            weights[i] = (
+                state if len(trainable) == len(named) else {n: state[n] for n in trainable if n in state}
+            )
+
+    def on_load(models: list[Any], input_dir: str) -> None:
+        from safetensors.torch import load_file
+
+        for i, m in enumerate(models):
+            inner = accelerator.unwrap_model(m)
+            path = model_file(input_dir, i)
+            if not path.is_file():
+                raise XtrainError(
+                    f"checkpoint {input_dir} has no {path.name}", "resume from another step-N folder"
+                )
+            state = {k.removeprefix("module."): v for k, v in load_file(str(path)).items()}
+            trainable = {n for n, p in inner.named_parameters() if p.requires_grad}
+            result = inner.load_state_dict(state, strict=False)
+            missing = trainable & set(result.missing_keys)
+            if result.unexpected_keys or missing:
+                raise XtrainError(
+                    f"checkpoint {input_dir} does not fit this model "
+                    f"({len(missing)} missing, {len(result.unexpected_keys)} unexpected weights)",
+                    "resume with the model and LoRA settings the checkpoint was trained with",
+                )
+        models.clear()  # loaded here: accelerate skips its own model loading
+
+    accelerator.register_save_state_pre_hook(on_save)
+    accelerator.register_load_state_pre_hook(on_load)

@@ -1,0 +1,60 @@
+"""The training config: one YAML file plus `key=value` overrides, strictly validated.
+
+- ``schema.py``: the dataclasses (one a YAML section) and the valid ``section.key`` names.
+- ``values.py``: one value's type, choices, spellings and range; unknown keys refused.
+- ``validate.py``: checks that involve more than one field.
+- ``loading.py``: ``load_config`` (YAML, overrides, checks), the dict round-trip for checkpoints.
+- ``batch.py``: accumulation from the global batch, the LR scaling rule.
+
+xtrain's own code imports from those modules. The names below stay importable from
+``xtrain.train.config`` because user code does: a custom task (``model.custom``) receives a
+``TrainConfig`` and scripts call ``load_config``.
+"""
+
+from xtrain.train.config.batch import effective_global_batch, gradient_accumulation, scaled_lr
+from xtrain.train.config.loading import (
+    QUICKSTART_CONFIG,
+    config_from_dict,
+    config_to_dict,
+    flat_config,
+    load_config,
+    parse_override,
+)
+from xtrain.train.config.schema import (
+    TASKS,
+    BatchConfig,
+    DataConfig,
+    GenerationConfig,
+    LoraConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    TrainConfig,
+    config_keys,
+)
+from xtrain.train.config.values import ALIASES, CHECKS, CHOICES
+
+__all__ = [
+    "ALIASES",
+    "CHECKS",
+    "CHOICES",
+    "QUICKSTART_CONFIG",
+    "TASKS",
+    "BatchConfig",
+    "DataConfig",
+    "GenerationConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "TrainConfig",
+    "config_from_dict",
+    "config_keys",
+    "config_to_dict",
+    "effective_global_batch",
+    "flat_config",
+    "gradient_accumulation",
+    "load_config",
+    "parse_override",
+    "scaled_lr",
+]

@@ -1,0 +1,162 @@
+"""Loading a config: one YAML file plus ``key=value`` overrides, then the checks.
+
+- ``load_config(path, overrides)``: YAML (``yaml.safe_load``) -> defaults -> overrides -> checks.
+  ``path=None`` is the built-in quickstart job (``xtrain/data/quickstart.yaml``).
+- Unknown sections and keys are refused with the closest valid name; values are type-checked
+  and range-checked (``values.py``); every mistake is one ``XtrainError`` line.
+- ``config_to_dict`` / ``config_from_dict`` round-trip for checkpoints; ``flat_config`` for
+  TensorBoard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+from xtrain.train.config.schema import TrainConfig, sections
+from xtrain.train.config.validate import validate
+from xtrain.train.config.values import resolve_key, set_value, show
+
+QUICKSTART_CONFIG = Path(__file__).resolve().parents[2] / "data" / "quickstart.yaml"
+# Input paths in a config file are looked up next to the file first (then the current folder).
+_INPUT_PATHS = ("model.name_or_path", "data.train", "data.eval", "data.chat_template")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    from xtrain.encoding import read_text
+
+    if path.exists() and not path.is_dir() and not path.is_file():  # /dev/null, a pipe, a device
+        raise XtrainError(
+            f"config path {path} is not a regular file", "give a YAML file, e.g. examples/*.yaml"
+        )
+    try:
+        # UTF-8 (BOM or not) or UTF-16 with a BOM (PowerShell's `>`); ANSI bytes: one-line refusal
+        text = read_text(path, "config file")
+    except FileNotFoundError:
+        raise XtrainError(f"config file {path} not found", "check the path") from None
+    except IsADirectoryError:
+        raise XtrainError(f"config path {path} is a folder, not a YAML file") from None
+    except OSError as e:
+        raise XtrainError(f"config file {path} cannot be read: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise XtrainError(f"config file {path} is not valid YAML{at}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise XtrainError(
+            f"config file {path} must be a mapping of sections (model:, data:, ...), "
+            f"got {type(data).__name__}"
+        )
+    return data
+
+
+def _apply_mapping(cfg: TrainConfig, data: dict[str, Any], where: str) -> list[str]:
+    """Apply ``{section: {key: value}}``; returns the keys set."""
+    done = []
+    for section, values in data.items():
+        section = str(section)
+        if section not in sections():
+            resolve_key(section, "", where)  # raises: unknown section, with the closest name
+        if values is None:  # an empty section (`lora:` with nothing under it)
+            continue
+        if not isinstance(values, dict):
+            raise XtrainError(
+                f"section '{section}'{where} must be a mapping of keys, got {show(values)}",
+                f"write it as '{section}:' with indented 'key: value' lines below",
+            )
+        for name, value in values.items():
+            key = resolve_key(section, str(name), where)
+            set_value(cfg, key, value)
+            done.append(key)
+    return done
+
+
+def parse_override(text: str) -> tuple[str, Any, str]:
+    """``"section.key=value"`` -> (key, YAML-parsed value, raw value text)."""
+    import yaml
+
+    body = text[2:] if text.startswith("--") else text
+    key, eq, raw = body.partition("=")
+    key = key.strip()
+    if not eq or "." not in key:
+        raise XtrainError(
+            f"override {text!r} must look like section.key=value", "e.g. run.max_steps=20 or data.eval=null"
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key, value, raw.strip()
+
+
+def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
+    """Relative input paths in a config file: next to the file when they exist there."""
+    for key in keys:
+        if key not in _INPUT_PATHS:
+            continue
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if not value or value.startswith("builtin:") or "{" in value or "\n" in value:
+            continue  # (a chat template given as text, not as a file)
+        if Path(value).expanduser().is_absolute():
+            continue
+        candidate = base / value
+        if candidate.exists():
+            setattr(getattr(cfg, section), name, str(candidate.resolve()))
+
+
+def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:
+    """The config of a run: ``path`` (YAML) or the built-in quickstart job when ``None``,
+    then ``overrides`` (``section.key=value``, the value read as YAML), then validation."""
+    cfg = TrainConfig()
+    file = QUICKSTART_CONFIG if path is None else Path(path).expanduser()
+    where = "" if path is None else f" in {file}"
+    keys = _apply_mapping(cfg, _read_yaml(file), where)
+    _resolve_inputs(cfg, file.resolve().parent, keys)
+    for text in overrides:
+        key, value, raw = parse_override(text)
+        section, _, name = key.partition(".")
+        key = resolve_key(section, name, " in the command-line overrides")
+        set_value(cfg, key, value, from_text=raw)
+    validate(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """Plain data (lists, no tuples): for ``yaml.safe_dump`` / JSON next to checkpoints."""
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """The inverse of ``config_to_dict``, with the same checks as ``load_config``."""
+    cfg = TrainConfig()
+    _apply_mapping(cfg, data, "")
+    validate(cfg)
+    return cfg
+
+
+def flat_config(cfg: TrainConfig) -> dict[str, Any]:
+    """The config as flat scalars (TensorBoard's hparams accept nothing else)."""
+    flat: dict[str, Any] = {}
+    for section, values in dataclasses.asdict(cfg).items():
+        for key, value in values.items():
+            flat[f"{section}.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat

@@ -1,0 +1,224 @@
+"""One config value: its allowed choices, spellings and ranges, typed and checked, and the
+``section.key`` it is set under (unknown names refused with the closest valid one)."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import types
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+from xtrain.errors import XtrainError
+from xtrain.train.config.schema import TASKS, TrainConfig, config_keys, section_fields, sections
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.task": TASKS,
+    "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "lora.apply_to": ("both", "encoder", "decoder"),
+    "data.format": ("auto", "json", "csv", "parquet", "text", "arrow"),
+    "data.long_audio": ("refuse", "cut"),
+    "generation.speech_task": ("transcribe", "translate"),
+    "optim.schedule": ("cosine", "linear", "constant"),
+    "optim.lr_scaling": ("none", "linear", "sqrt"),
+    "run.mixed_precision": ("auto", "no", "fp16", "bf16"),
+}
+# Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
+ALIASES: dict[str, dict[Any, str]] = {
+    "model.dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"},
+    "run.mixed_precision": {False: "no", "none": "no", "off": "no", "float16": "fp16", "bfloat16": "bf16"},
+    "run.resume": {False: "off", True: "auto", "no": "off", "none": "off"},
+    "model.task": {
+        "causal_lm": "causal-lm",
+        "clm": "causal-lm",
+        "seq_cls": "seq-cls",
+        "image_to_text": "image-to-text",
+        "ocr": "image-to-text",
+        "speech_to_text": "speech-to-text",
+        "asr": "speech-to-text",
+        "vision_language": "vision-language",
+        "vlm": "vision-language",
+        "image-text-to-text": "vision-language",
+    },
+}
+# Range checks: key -> (predicate on the typed value, what a valid value is).
+_POS_INT = (lambda v: v > 0, "a positive integer")
+_POS_NUM = (lambda v: v > 0, "a positive number")
+_NONNEG = (lambda v: v >= 0, "a number >= 0")
+_FRACTION = (lambda v: 0 <= v < 1, "a number in [0, 1)")
+CHECKS: dict[str, tuple[Any, str]] = {
+    "model.num_labels": (lambda v: v >= 2, "an integer >= 2"),
+    "lora.r": _POS_INT,
+    "lora.alpha": _POS_INT,
+    "lora.dropout": _FRACTION,
+    "data.eval_fraction": _FRACTION,
+    "data.max_length": _POS_INT,
+    "data.max_audio_seconds": _POS_NUM,
+    "data.min_pixels": _POS_INT,
+    "data.max_pixels": _POS_INT,
+    "data.num_workers": (lambda v: v >= 0, "an integer >= 0"),
+    "optim.lr": _POS_NUM,
+    "optim.weight_decay": _NONNEG,
+    "optim.betas": (lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+    "optim.eps": _POS_NUM,
+    "optim.warmup_steps": (lambda v: v >= 0, "an integer >= 0"),
+    "optim.warmup_ratio": _FRACTION,
+    "optim.max_grad_norm": _POS_NUM,
+    "optim.base_global_batch": _POS_INT,
+    "batch.per_device": _POS_INT,
+    "batch.global_batch": _POS_INT,
+    "run.max_steps": _POS_INT,
+    "run.epochs": _POS_NUM,
+    "run.eval_every": _POS_INT,
+    "run.save_every": _POS_INT,
+    "run.keep_checkpoints": (lambda v: v >= 0, "an integer >= 0 (0 keeps every checkpoint)"),
+    # torch's process-group timeout is a C++ duration in milliseconds; a week is plenty
+    "run.collective_timeout_s": (lambda v: 0 < v <= 7 * 86400, "a whole number of seconds in 1..604800"),
+    # numpy's seed (set by accelerate's set_seed) must fit in 32 bits
+    "run.seed": (lambda v: 0 <= v < 2**32, "an integer in 0..4294967295"),
+    "run.log_every": _POS_INT,
+    "generation.max_new_tokens": _POS_INT,
+    "generation.num_beams": _POS_INT,
+    "generation.sample_predictions": (lambda v: v >= 0, "an integer >= 0"),
+}
+
+
+def closest(name: str, candidates: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def show(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _number(value: Any) -> float | None:
+    """A YAML number, or a numeric string (PyYAML reads `2e-4` as a string)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """``value`` as type ``tp`` or raise; ``key`` names the field in messages."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise XtrainError(f"{key} cannot be null")
+        args = [a for a in args if a is not type(None)]
+        if len(args) == 1:
+            return _coerce(value, args[0], key)
+        # str | list[str]: pick the branch by the value's shape.
+        want = next((a for a in args if typing.get_origin(a) is list), None)
+        if isinstance(value, (list, tuple)) and want is not None:
+            return _coerce(value, want, key)
+        return _coerce(value, next(a for a in args if typing.get_origin(a) is not list), key)
+    if value is None:
+        raise XtrainError(f"{key} cannot be null")
+    what = CHECKS.get(key, (None, None))[1]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise XtrainError(f"{key} must be true or false, got {show(value)}")
+    if tp is int:
+        num = _number(value)
+        if num is None or not math.isfinite(num) or num != int(num):
+            raise XtrainError(f"{key} must be {what or 'an integer'}, got {show(value)}")
+        return int(num)
+    if tp is float:
+        num = _number(value)
+        if num is None or not math.isfinite(num):
+            raise XtrainError(f"{key} must be {what or 'a number'}, got {show(value)}")
+        return num
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise XtrainError(f"{key} must be a string, got {show(value)}")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str):  # `a,b` or a single name
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise XtrainError(f"{key} must be a list, got {show(value)}")
+        return [_coerce(v, item, key) for v in value]
+    if origin is tuple:
+        items = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(items):
+            raise XtrainError(f"{key} must be {what or f'a list of {len(items)} values'}, got {show(value)}")
+        return tuple(_coerce(v, t, key) for v, t in zip(value, items, strict=True))
+    raise TypeError(f"unsupported config type {tp!r} for {key}")  # a bug in the schema
+
+
+def _check(key: str, value: Any) -> Any:
+    """Aliases, choices and ranges for one typed value; returns the normalised value."""
+    aliases = ALIASES.get(key, {})
+    if isinstance(value, (str, bool)) and value in aliases:
+        value = aliases[value]
+    if isinstance(value, str) and key in CHOICES and value.lower() in CHOICES[key]:
+        value = value.lower()
+    if key in CHOICES and value not in CHOICES[key]:
+        close = closest(str(value), CHOICES[key])
+        raise XtrainError(
+            f"{key} must be one of {', '.join(CHOICES[key])}, got {show(value)}",
+            f"did you mean '{close}'?" if close else None,
+        )
+    if key in CHECKS and value is not None:
+        ok, what = CHECKS[key]
+        if not ok(value):
+            raise XtrainError(f"{key} must be {what}, got {show(value)}")
+    return value
+
+
+def set_value(cfg: TrainConfig, key: str, value: Any, *, from_text: str | None = None) -> None:
+    """Type, check and set ``section.key``. ``from_text`` is an override's raw text: a string field
+    keeps it as written even when YAML would read it as a number or a boolean (`run.resume=off`)."""
+    section, name = key.split(".", 1)
+    tp = section_fields(type(getattr(cfg, section)))[name]
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
+    if from_text is not None and optional and from_text in ("None", "none"):
+        value = None  # Python's spelling of null, on the command line
+    if from_text is not None and value is not None and not isinstance(value, (str, list, dict)):
+        str_field = tp is str or (
+            typing.get_origin(tp) in (typing.Union, types.UnionType) and str in typing.get_args(tp)
+        )
+        if str_field and key not in ALIASES:
+            value = from_text
+    if key in ALIASES and isinstance(value, bool):
+        value = ALIASES[key].get(value, value)
+    if key == "lora.target_modules" and isinstance(value, str) and "," in value:
+        value = [m.strip() for m in value.split(",") if m.strip()]
+    setattr(getattr(cfg, section), name, _check(key, _coerce(value, tp, key)))
+
+
+def resolve_key(section: str, name: str, where: str) -> str:
+    all_sections = sections()
+    if section not in all_sections:
+        close = closest(section, all_sections)
+        raise XtrainError(
+            f"unknown section '{section}'{where}",
+            f"did you mean '{close}'?" if close else f"sections: {', '.join(all_sections)}",
+        )
+    names = section_fields(all_sections[section])
+    if name not in names:
+        key = f"{section}.{name}"
+        # The same key in another section first (`lora.lr` -> `optim.lr`), then the closest spelling.
+        elsewhere = [f"{s}.{name}" for s, cls in all_sections.items() if name and name in section_fields(cls)]
+        close = (elsewhere[0] if elsewhere else None) or closest(key, config_keys()) or closest(name, names)
+        if close and "." not in close:
+            close = f"{section}.{close}"
+        raise XtrainError(
+            f"unknown key '{key}'{where}",
+            f"did you mean '{close}'?" if close else f"keys of {section}: {', '.join(names)}",
+        )
+    return f"{section}.{name}"
