@@ -378,7 +378,7 @@ run:
 
 @pytest.fixture(scope="module")
 def ocr_job(tmp_path_factory):
-    from tests_support import session_builtin, task_job
+    from support.jobs import session_builtin, task_job
 
     root = tmp_path_factory.mktemp("ocr-job")
     rng = random.Random(11)
@@ -393,7 +393,7 @@ def ocr_job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ocr_straight(ocr_job):
-    from tests_support import train_once
+    from support.jobs import train_once
 
     out, proc = train_once(ocr_job)
     assert "reference" in proc.stderr and "prediction" in proc.stderr  # sample predictions shown
@@ -409,7 +409,7 @@ def ocr_straight(ocr_job):
 
 @pytest.mark.slow
 def test_one_and_two_processes_give_the_same_cer(ocr_job, ocr_straight):
-    from tests_support import assert_same_training, python_run, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_xtrain
 
     out = ocr_job.root / "two"
     args = ("--processes", "2", "--config", str(ocr_job.config), f"run.output_dir={out}")
@@ -473,7 +473,7 @@ LAUNCHERS = {
 def test_launchers_with_loader_workers_give_the_same_cer(ocr_job, ocr_straight, mode):
     import sys
 
-    from tests_support import assert_same_training, run_xtrain
+    from support.jobs import assert_same_training, run_xtrain
 
     out = ocr_job.root / mode
     env = dict(ocr_job.env)
@@ -499,7 +499,7 @@ def _base_model(result: dict):
 
 @pytest.mark.slow
 def test_kill_and_resume_is_exact(ocr_job, ocr_straight):
-    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 
     out = ocr_job.root / "killed"
     args = ["--config", str(ocr_job.config), f"run.output_dir={out}", "run.resume=auto"]

@@ -257,7 +257,7 @@ def test_a_plan_without_cuda_does_not_import_transformers(machines_dir):
     import subprocess
     import sys
 
-    from tests_support import REPO
+    from support.jobs import REPO
 
     code = (
         "import contextlib, io, sys, xtrain.cli\n"

@@ -357,7 +357,7 @@ run:
 @pytest.fixture(scope="module")
 def words_job(tmp_path_factory):
     """A 4-step LoRA run on 32 + 10 generated clips (the last eval batch is partial on 2 ranks)."""
-    from tests_support import session_builtin, task_job
+    from support.jobs import session_builtin, task_job
 
     root = tmp_path_factory.mktemp("speech-job")
     rng = random.Random(11)
@@ -372,7 +372,7 @@ def words_job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def words_straight(words_job):
-    from tests_support import train_once
+    from support.jobs import train_once
 
     out, proc = train_once(words_job)
     assert "reference" in proc.stderr and "prediction" in proc.stderr  # sample transcripts shown
@@ -382,11 +382,11 @@ def words_straight(words_job):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["spawn", "torchrun", "accelerate-config"])
 def test_one_and_two_processes_give_the_same_wer(mode, words_job, words_straight):
-    """The same launch modes as the other tasks (tests_support.TWO_PROCESSES): `python -m
+    """The same launch modes as the other tasks (support.jobs.TWO_PROCESSES): `python -m
     xtrain.run --processes 2`, `torchrun --nproc_per_node 2 -m xtrain.run` and `accelerate launch
     -m xtrain.run` with the config `xtrain configure --processes 2` writes, each against one process
     with the same global batch."""
-    from tests_support import assert_same_training, run_xtrain, two_process_command
+    from support.jobs import assert_same_training, run_xtrain, two_process_command
 
     out = words_job.root / f"two-{mode}"
     command, env = two_process_command(mode, words_job.root, words_job.env)
@@ -407,7 +407,7 @@ def test_one_and_two_processes_give_the_same_wer(mode, words_job, words_straight
 
 @pytest.mark.slow
 def test_kill_and_resume_is_exact(words_job, words_straight):
-    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 
     out = words_job.root / "killed"
     args = ["--config", str(words_job.config), f"run.output_dir={out}", "run.resume=auto"]
@@ -436,7 +436,7 @@ def test_group_by_length_same_for_one_and_two_processes_and_resumes_exactly(word
     """data.group_by_length on the speech job: 1 and 2 processes train on the same samples per
     step (same WER/CER, eval loss and adapter), a kill mid-run resumes bit for bit, and the order
     really changed (not the plain run's losses)."""
-    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 
     def args(name: str, *extra: str) -> list[str]:
         out = words_job.root / name

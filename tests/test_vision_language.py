@@ -355,7 +355,7 @@ run:
 
 @pytest.fixture(scope="module")
 def vqa_job(tmp_path_factory):
-    from tests_support import session_builtin, task_job
+    from support.jobs import session_builtin, task_job
 
     root = tmp_path_factory.mktemp("vqa-job")
     (root / "img").mkdir()
@@ -371,7 +371,7 @@ def vqa_job(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vqa_straight(vqa_job):
-    from tests_support import train_once
+    from support.jobs import train_once
 
     return train_once(vqa_job)[0]
 
@@ -379,7 +379,7 @@ def vqa_straight(vqa_job):
 @pytest.mark.slow
 def test_one_and_two_processes_give_the_same_exact_match(vqa_job, vqa_straight):
     from peft import PeftModel
-    from tests_support import assert_same_training, python_run, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_xtrain
     from transformers import AutoModelForImageTextToText
 
     out = vqa_job.root / "two"
@@ -405,7 +405,7 @@ def test_one_and_two_processes_give_the_same_exact_match(vqa_job, vqa_straight):
 
 @pytest.mark.slow
 def test_kill_and_resume_is_exact(vqa_job, vqa_straight):
-    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 
     out = vqa_job.root / "killed"
     args = ["--config", str(vqa_job.config), f"run.output_dir={out}", "run.resume=auto"]
