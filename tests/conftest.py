@@ -27,3 +27,20 @@ def machine() -> Callable[[str], Facts]:
 @pytest.fixture
 def machines_dir() -> Path:
     return MACHINES_DIR
+
+
+@pytest.fixture
+def private_caches(tmp_path_factory, monkeypatch) -> Path:
+    """Built-in assets (XTRAIN_CACHE) and the datasets cache in one temporary folder of the test
+    session, shared by every module that uses it (each built-in is built once), and offline:
+    hub lookups fail at once instead of retrying an unreachable network. A module makes it
+    autouse with ``pytestmark = pytest.mark.usefixtures("private_caches")``."""
+    import datasets
+    import huggingface_hub.constants
+
+    root = tmp_path_factory.getbasetemp() / "offline-caches"
+    monkeypatch.setenv("XTRAIN_CACHE", str(root / "xtrain"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    return root

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests_support import REPO, Job, make_job, run_xtrain
+from support.jobs import REPO, Job, make_job, run_xtrain
 
 # id: (entry, argv, extra env, expected text in the error line, exit code, subprocess?)
 #   entry "run": python -m xtrain.run, "cli": xtrain;  {c} config, {r} job folder, {o} finished output

@@ -17,15 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "chat-sft.yaml"
 
 
-@pytest.fixture(autouse=True)
-def private_caches(tmp_path_factory, monkeypatch):
-    import datasets
-
-    root = tmp_path_factory.getbasetemp() / "chat-caches"
-    monkeypatch.setenv("XTRAIN_CACHE", str(root / "xtrain"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    return root
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
 
 def _write(path: Path, rows: list) -> Path:

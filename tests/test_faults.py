@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_support import REPO, Job, assert_same_training, make_job, python_run, run_until, run_xtrain
+from support.jobs import REPO, Job, assert_same_training, make_job, python_run, run_until, run_xtrain
 
 from xtrain.errors import XtrainError
 

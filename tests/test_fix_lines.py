@@ -3,7 +3,7 @@
 For each finding code with a fix, on every fixture machine where it fires (and on variants of the
 fixtures made to fire the rest, in both shells), each fix line is a ``#`` comment or a command:
 bash lines pass ``bash -n`` and start with a known program; PowerShell lines pass the small
-syntax check in ``ps_syntax.py``. No line carries trailing prose. Interpreter paths with spaces,
+syntax check in ``tests/support/ps_syntax.py``. No line carries trailing prose. Interpreter paths with spaces,
 backslashes, quotes and non-ASCII names reach the program unchanged.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import MACHINE_NAMES, load_machine
-from ps_syntax import PsSyntaxError, check_line
+from support.ps_syntax import PsSyntaxError, check_line
 
 from xtrain.machine.facts import GPU, Facts
 from xtrain.planning.plan import Finding, Overrides

@@ -27,18 +27,7 @@ from xtrain.train.tasks.image_data import ImageTextCollator, UnreadableImage, to
 TEXTS = builtin_image.line_texts(12, seed=3)
 
 
-@pytest.fixture(autouse=True)
-def private_caches(tmp_path_factory, monkeypatch):
-    """Built-in assets and the datasets cache in a temporary folder shared by this module."""
-    import datasets
-    import huggingface_hub.constants
-
-    root = tmp_path_factory.getbasetemp() / "image-caches"
-    monkeypatch.setenv("XTRAIN_CACHE", str(root / "xtrain"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    return root
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
 
 @pytest.fixture
@@ -389,44 +378,24 @@ run:
 
 @pytest.fixture(scope="module")
 def ocr_job(tmp_path_factory):
-    import os
-
-    from tests_support import Job
+    from support.jobs import session_builtin, task_job
 
     root = tmp_path_factory.mktemp("ocr-job")
-    cache = root / "xtrain-cache"
-    model = builtin.ensure_builtin_model("builtin:tiny-trocr", cache / "builtin")
-    texts = builtin_image.line_texts(42, seed=11)
     rng = random.Random(11)
     (root / "img").mkdir()
     rows = []
-    for i, text in enumerate(texts):
+    for i, text in enumerate(builtin_image.line_texts(42, seed=11)):
         builtin_image.render_line(text, rng).save(root / "img" / f"{i}.png")
-        rows.append(json.dumps({"image": f"img/{i}.png", "text": text}) + "\n")
-    (root / "train.jsonl").write_text("".join(rows[:32]))
-    (root / "eval.jsonl").write_text("".join(rows[32:]))  # 10 rows: the last batch is partial on 2 ranks
-    config = root / "job.yaml"
-    config.write_text(JOB.format(model=model, root=root))
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_HOME": str(root / "hf"),
-        "XTRAIN_CACHE": str(cache),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    return Job(root=root, config=config, env=env)
+        rows.append({"image": f"img/{i}.png", "text": text})
+    # eval: 10 rows, the last batch is partial on 2 ranks
+    return task_job(root, JOB, session_builtin(tmp_path_factory, "builtin:tiny-trocr"), rows)
 
 
 @pytest.fixture(scope="module")
 def ocr_straight(ocr_job):
-    from tests_support import python_run, run_xtrain
+    from support.jobs import train_once
 
-    out = ocr_job.root / "straight"
-    proc = run_xtrain(python_run("--config", str(ocr_job.config), f"run.output_dir={out}"), ocr_job.env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out, proc = train_once(ocr_job)
     assert "reference" in proc.stderr and "prediction" in proc.stderr  # sample predictions shown
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -440,7 +409,7 @@ def ocr_straight(ocr_job):
 
 @pytest.mark.slow
 def test_one_and_two_processes_give_the_same_cer(ocr_job, ocr_straight):
-    from tests_support import assert_same_training, python_run, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_xtrain
 
     out = ocr_job.root / "two"
     args = ("--processes", "2", "--config", str(ocr_job.config), f"run.output_dir={out}")
@@ -504,7 +473,7 @@ LAUNCHERS = {
 def test_launchers_with_loader_workers_give_the_same_cer(ocr_job, ocr_straight, mode):
     import sys
 
-    from tests_support import assert_same_training, run_xtrain
+    from support.jobs import assert_same_training, run_xtrain
 
     out = ocr_job.root / mode
     env = dict(ocr_job.env)
@@ -530,7 +499,7 @@ def _base_model(result: dict):
 
 @pytest.mark.slow
 def test_kill_and_resume_is_exact(ocr_job, ocr_straight):
-    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 
     out = ocr_job.root / "killed"
     args = ["--config", str(ocr_job.config), f"run.output_dir={out}", "run.resume=auto"]

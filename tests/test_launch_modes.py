@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests_support import TWO_PROCESSES, Job, assert_same_training, make_job, run_xtrain, two_process_command
+from support.jobs import TWO_PROCESSES, Job, assert_same_training, make_job, run_xtrain, two_process_command
 
 pytestmark = pytest.mark.slow
 

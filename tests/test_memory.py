@@ -93,9 +93,8 @@ def test_weight_and_activation_bytes_and_the_smallest_planned_gpu():
 
 
 @pytest.fixture
-def caches(tmp_path_factory, monkeypatch):
-    # the built-in models in test_vision_language.py's folder: built once per session
-    monkeypatch.setenv("XTRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "vl-caches" / "xtrain"))
+def caches(private_caches, monkeypatch):
+    # conftest's session cache: the built-in models are built once for every module
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
@@ -258,7 +257,7 @@ def test_a_plan_without_cuda_does_not_import_transformers(machines_dir):
     import subprocess
     import sys
 
-    from tests_support import REPO
+    from support.jobs import REPO
 
     code = (
         "import contextlib, io, sys, xtrain.cli\n"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from tests_support import REPO, Job, make_job, python_run
+from support.jobs import REPO, Job, make_job, python_run
 
 pytestmark = pytest.mark.slow
 
@@ -283,7 +283,7 @@ def assert_resumes(job: Job, out: Path, line: str) -> None:
     """The stop checkpoint is one a run resumes from (one plain process, 2 more steps)."""
     import json
 
-    from tests_support import run_xtrain
+    from support.jobs import run_xtrain
 
     step = int(re.search(r"stopped at step (\d+)", line).group(1))
     proc = run_xtrain(python_run(*run_args(job, out), f"run.max_steps={step + 2}"), job.env)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests_support import Job, assert_same_training, make_job, python_run, run_until, run_xtrain
+from support.jobs import Job, assert_same_training, make_job, python_run, run_until, run_xtrain
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_ctrl_c_under_spawn_saves_and_exits_130(long_job: Job, uninterrupted: Pa
     boundary, save a checkpoint, and the command exits 130 with one line; the next run resumes."""
     import signal
 
-    from tests_support import kill_group, start_xtrain
+    from support.jobs import kill_group, start_xtrain
 
     out = long_job.root / "ctrl-c"
     args = ["--config", str(long_job.config), f"run.output_dir={out}"]

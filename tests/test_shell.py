@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from ps_syntax import check_line
+from support.ps_syntax import check_line
 
 from xtrain.shell import pip_command, python_command, quote, set_env
 

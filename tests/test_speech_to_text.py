@@ -28,18 +28,7 @@ from xtrain.train.tasks.audio_data import UnreadableAudio, read_audio, resample
 TEXTS = builtin_audio.clip_texts(8, seed=3)
 
 
-@pytest.fixture(autouse=True)
-def private_caches(tmp_path_factory, monkeypatch):
-    """Built-in assets and the datasets cache in a temporary folder shared by this module."""
-    import datasets
-    import huggingface_hub.constants
-
-    root = tmp_path_factory.getbasetemp() / "speech-caches"
-    monkeypatch.setenv("XTRAIN_CACHE", str(root / "xtrain"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    return root
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
 
 @pytest.fixture
@@ -368,46 +357,24 @@ run:
 @pytest.fixture(scope="module")
 def words_job(tmp_path_factory):
     """A 4-step LoRA run on 32 + 10 generated clips (the last eval batch is partial on 2 ranks)."""
-    import os
-
-    from tests_support import Job
+    from support.jobs import session_builtin, task_job
 
     root = tmp_path_factory.mktemp("speech-job")
-    cache = root / "xtrain-cache"
-    model = builtin.ensure_builtin_model("builtin:tiny-whisper", cache / "builtin")
-    texts = builtin_audio.clip_texts(42, seed=11)
     rng = random.Random(11)
     (root / "wav").mkdir()
     rows = []
-    for i, text in enumerate(texts):
-        soundfile.write(
-            root / "wav" / f"{i}.wav", builtin_audio.synthesize(text, rng), builtin_audio.FILE_RATE
-        )
-        rows.append(json.dumps({"audio": f"wav/{i}.wav", "text": text}) + "\n")
-    (root / "train.jsonl").write_text("".join(rows[:32]))
-    (root / "eval.jsonl").write_text("".join(rows[32:]))
-    config = root / "job.yaml"
-    config.write_text(JOB.format(model=model, root=root))
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_HOME": str(root / "hf"),
-        "XTRAIN_CACHE": str(cache),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    return Job(root=root, config=config, env=env)
+    for i, text in enumerate(builtin_audio.clip_texts(42, seed=11)):
+        clip = builtin_audio.synthesize(text, rng)
+        soundfile.write(root / "wav" / f"{i}.wav", clip, builtin_audio.FILE_RATE)
+        rows.append({"audio": f"wav/{i}.wav", "text": text})
+    return task_job(root, JOB, session_builtin(tmp_path_factory, "builtin:tiny-whisper"), rows)
 
 
 @pytest.fixture(scope="module")
 def words_straight(words_job):
-    from tests_support import python_run, run_xtrain
+    from support.jobs import train_once
 
-    out = words_job.root / "straight"
-    proc = run_xtrain(python_run("--config", str(words_job.config), f"run.output_dir={out}"), words_job.env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out, proc = train_once(words_job)
     assert "reference" in proc.stderr and "prediction" in proc.stderr  # sample transcripts shown
     return out
 
@@ -415,11 +382,11 @@ def words_straight(words_job):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["spawn", "torchrun", "accelerate-config"])
 def test_one_and_two_processes_give_the_same_wer(mode, words_job, words_straight):
-    """The same launch modes as the other tasks (tests_support.TWO_PROCESSES): `python -m
+    """The same launch modes as the other tasks (support.jobs.TWO_PROCESSES): `python -m
     xtrain.run --processes 2`, `torchrun --nproc_per_node 2 -m xtrain.run` and `accelerate launch
     -m xtrain.run` with the config `xtrain configure --processes 2` writes, each against one process
     with the same global batch."""
-    from tests_support import assert_same_training, run_xtrain, two_process_command
+    from support.jobs import assert_same_training, run_xtrain, two_process_command
 
     out = words_job.root / f"two-{mode}"
     command, env = two_process_command(mode, words_job.root, words_job.env)
@@ -440,7 +407,7 @@ def test_one_and_two_processes_give_the_same_wer(mode, words_job, words_straight
 
 @pytest.mark.slow
 def test_kill_and_resume_is_exact(words_job, words_straight):
-    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 
     out = words_job.root / "killed"
     args = ["--config", str(words_job.config), f"run.output_dir={out}", "run.resume=auto"]
@@ -469,7 +436,7 @@ def test_group_by_length_same_for_one_and_two_processes_and_resumes_exactly(word
     """data.group_by_length on the speech job: 1 and 2 processes train on the same samples per
     step (same WER/CER, eval loss and adapter), a kill mid-run resumes bit for bit, and the order
     really changed (not the plain run's losses)."""
-    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 
     def args(name: str, *extra: str) -> list[str]:
         out = words_job.root / name

@@ -26,19 +26,7 @@ STORIES = [r["text"] for r in builtin.story_examples(24, seed=5)]
 REVIEWS = builtin.sentiment_examples(40, seed=5)
 
 
-@pytest.fixture(autouse=True)
-def private_caches(tmp_path_factory, monkeypatch):
-    """Built-in assets and the datasets cache in a temporary folder shared by this module."""
-    import datasets
-    import huggingface_hub.constants
-
-    root = tmp_path_factory.getbasetemp() / "tasks-caches"
-    monkeypatch.setenv("XTRAIN_CACHE", str(root / "xtrain"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
-    # Offline: hub lookups fail at once instead of retrying an unreachable network.
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    return root
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
 
 @pytest.fixture

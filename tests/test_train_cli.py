@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests_support import REPO, assert_same_training, make_job, run_xtrain
+from support.jobs import REPO, assert_same_training, make_job, run_xtrain
 
 EXAMPLE = REPO / "examples" / "seq-cls.yaml"
 STEPS = ["run.max_steps=12", "run.eval_every=null", "run.tensorboard=false", "batch.global_batch=32"]

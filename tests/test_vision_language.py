@@ -20,17 +20,7 @@ from xtrain.errors import XtrainError
 from xtrain.train.config.loading import load_config
 from xtrain.train.tasks import build_workload
 
-
-@pytest.fixture(autouse=True)
-def private_caches(tmp_path_factory, monkeypatch):
-    """Built-in assets and the datasets cache in a temporary folder shared by this module."""
-    import datasets
-
-    root = tmp_path_factory.getbasetemp() / "vl-caches"
-    monkeypatch.setenv("XTRAIN_CACHE", str(root / "xtrain"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    return root
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
 
 @pytest.fixture
@@ -365,51 +355,31 @@ run:
 
 @pytest.fixture(scope="module")
 def vqa_job(tmp_path_factory):
-    import os
-
-    from tests_support import Job
+    from support.jobs import session_builtin, task_job
 
     root = tmp_path_factory.mktemp("vqa-job")
-    cache = root / "xtrain-cache"
-    model = builtin.ensure_builtin_model("builtin:tiny-qwen2-vl", cache / "builtin")
     (root / "img").mkdir()
     rng = random.Random(11)
     rows = []
     for i in range(42):
         shape, colour = rng.choice(builtin_vl.SHAPES), rng.choice(list(builtin_vl.COLOURS))
         builtin_vl.draw_shape(shape, colour, rng).save(root / "img" / f"{i}.png")
-        rows.append(json.dumps(builtin_vl.conversation(f"img/{i}.png", shape, colour, rng)) + "\n")
-    (root / "train.jsonl").write_text("".join(rows[:32]))
-    (root / "eval.jsonl").write_text("".join(rows[32:]))  # 10 rows: the last batch is partial on 2 ranks
-    config = root / "job.yaml"
-    config.write_text(JOB.format(model=model, root=root))
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_HOME": str(root / "hf"),
-        "XTRAIN_CACHE": str(cache),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
-    return Job(root=root, config=config, env=env)
+        rows.append(builtin_vl.conversation(f"img/{i}.png", shape, colour, rng))
+    # eval: 10 rows, the last batch is partial on 2 ranks
+    return task_job(root, JOB, session_builtin(tmp_path_factory, "builtin:tiny-qwen2-vl"), rows)
 
 
 @pytest.fixture(scope="module")
 def vqa_straight(vqa_job):
-    from tests_support import python_run, run_xtrain
+    from support.jobs import train_once
 
-    out = vqa_job.root / "straight"
-    proc = run_xtrain(python_run("--config", str(vqa_job.config), f"run.output_dir={out}"), vqa_job.env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    return train_once(vqa_job)[0]
 
 
 @pytest.mark.slow
 def test_one_and_two_processes_give_the_same_exact_match(vqa_job, vqa_straight):
     from peft import PeftModel
-    from tests_support import assert_same_training, python_run, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_xtrain
     from transformers import AutoModelForImageTextToText
 
     out = vqa_job.root / "two"
@@ -435,7 +405,7 @@ def test_one_and_two_processes_give_the_same_exact_match(vqa_job, vqa_straight):
 
 @pytest.mark.slow
 def test_kill_and_resume_is_exact(vqa_job, vqa_straight):
-    from tests_support import assert_same_training, python_run, run_until, run_xtrain
+    from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 
     out = vqa_job.root / "killed"
     args = ["--config", str(vqa_job.config), f"run.output_dir={out}", "run.resume=auto"]

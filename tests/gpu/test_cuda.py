@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests_support import make_job, run_xtrain
+from support.jobs import make_job, run_xtrain
 
 RUN = [sys.executable, "-m", "xtrain.run"]
 

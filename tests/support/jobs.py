@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 # Tolerances between runs with different process counts (docs/training.md states them).
@@ -67,18 +67,7 @@ def make_job(root: Path, steps: int = 4, save_every: int = 2, model: str | None 
 
     root.mkdir(parents=True, exist_ok=True)
     cache = root / "xtrain-cache"
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_HOME": str(root / "hf"),  # no accelerate default config, a private datasets cache
-        "XTRAIN_CACHE": str(cache),
-        "OMP_NUM_THREADS": "1",  # same threads per process in every mode: fewer float differences
-        "PYTHONWARNINGS": "ignore",
-    }
-    env.pop("XTRAIN_PLATFORM", None)
-    env.pop("XTRAIN_FORCE_CPU_STAGED", None)
+    env = offline_env(root, cache)
     if model is None:
         model = str(builtin.ensure_builtin_model("builtin:tiny-llama", cache / "builtin"))
     stories = builtin.story_examples(72, seed=11)
@@ -91,6 +80,55 @@ def make_job(root: Path, steps: int = 4, save_every: int = 2, model: str | None 
     config = root / "job.yaml"
     config.write_text(CONFIG.format(model=model, root=root, steps=steps, save_every=save_every))
     return Job(root=root, config=config, env=env)
+
+
+def offline_env(root: Path, cache: Path) -> dict[str, str]:
+    """The environment of a job's processes: offline, a private HF_HOME (no accelerate default
+    config, its own datasets cache) and XTRAIN_CACHE, one thread each."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(root / "hf"),
+        "XTRAIN_CACHE": str(cache),
+        "OMP_NUM_THREADS": "1",  # same threads per process in every mode: fewer float differences
+        "PYTHONWARNINGS": "ignore",
+    }
+    env.pop("XTRAIN_PLATFORM", None)
+    env.pop("XTRAIN_FORCE_CPU_STAGED", None)
+    return env
+
+
+def session_builtin(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """The folder of built-in model ``name`` in the test session's shared cache (conftest's
+    ``private_caches``): built once for every test and job that uses it."""
+    from xtrain import builtin
+
+    return builtin.ensure_builtin_model(
+        name, tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain" / "builtin"
+    )
+
+
+def task_job(root: Path, template: str, model: Path, rows: list[dict], n_train: int = 32) -> Job:
+    """A job of the model folder ``model`` on ``rows`` (media files already in ``root``): the
+    first ``n_train`` rows in ``train.jsonl``, the rest in ``eval.jsonl``, and ``template`` (YAML
+    with ``{model}`` and ``{root}``) as ``job.yaml``."""
+    cache = root / "xtrain-cache"
+    lines = [json.dumps(r) + "\n" for r in rows]
+    (root / "train.jsonl").write_text("".join(lines[:n_train]))
+    (root / "eval.jsonl").write_text("".join(lines[n_train:]))
+    config = root / "job.yaml"
+    config.write_text(template.format(model=model, root=root))
+    return Job(root=root, config=config, env=offline_env(root, cache))
+
+
+def train_once(job: Job, name: str = "straight") -> tuple[Path, subprocess.CompletedProcess]:
+    """``python -m xtrain.run`` on ``job`` into ``job.root / name``; it must succeed."""
+    out = job.root / name
+    proc = run_xtrain(python_run("--config", str(job.config), f"run.output_dir={out}"), job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
 
 
 def start_xtrain(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
