@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from xtrain.errors import XtrainError
-from xtrain.train.config.batch import effective_global_batch, gradient_accumulation, scaled_lr
+from xtrain.train.config.batch import gradient_accumulation, scaled_lr
 from xtrain.train.config.loading import config_from_dict, config_to_dict, load_config
 from xtrain.train.config.schema import TrainConfig, config_keys
 
@@ -246,14 +246,14 @@ def batch_cfg(per_device: int, global_batch: int | None) -> TrainConfig:
 def test_accumulation_without_global_batch_is_one():
     cfg = batch_cfg(8, None)
     assert gradient_accumulation(cfg, 1) == 1 and gradient_accumulation(cfg, 4) == 1
-    assert effective_global_batch(cfg, 4) == 32
+    assert cfg.batch.per_device * 4 * gradient_accumulation(cfg, 4) == 32  # samples per step
 
 
 @pytest.mark.parametrize(("world", "accum"), [(1, 4), (2, 2), (4, 1)])
 def test_accumulation_keeps_the_global_batch(world, accum):
     cfg = batch_cfg(8, 32)
     assert gradient_accumulation(cfg, world) == accum
-    assert effective_global_batch(cfg, world) == 32
+    assert cfg.batch.per_device * world * gradient_accumulation(cfg, world) == 32
 
 
 def test_accumulation_not_divisible():

@@ -78,7 +78,7 @@ def memory_lines(cfg: Any, plan: Any, facts: Any) -> list[str]:
 def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[str]]]:
     """What `xtrain train` does, as commands the user could type: [(title, lines)], the
     command xtrain itself uses first."""
-    from xtrain.launch.launcher import accelerate_args
+    from xtrain.launch.accelerate_launcher import accelerate_args
     from xtrain.shell import join_lines, python_exe, quote, set_env
 
     sh = plan.shell

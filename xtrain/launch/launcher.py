@@ -36,7 +36,6 @@ import tempfile
 from collections.abc import Sequence
 
 from xtrain.launch import lifetime, stops
-from xtrain.launch.accelerate_launcher import accelerate_args as accelerate_args  # commands/train.py
 from xtrain.launch.accelerate_launcher import accelerate_launch_raising
 from xtrain.launch.env import patched_environ, plan_env
 from xtrain.launch.failures import WorkerFailed, WorkerStopped

@@ -11,7 +11,7 @@ xtrain's own code imports from those modules. The names below stay importable fr
 ``TrainConfig`` and scripts call ``load_config``.
 """
 
-from xtrain.train.config.batch import effective_global_batch, gradient_accumulation, scaled_lr
+from xtrain.train.config.batch import gradient_accumulation, scaled_lr
 from xtrain.train.config.loading import (
     QUICKSTART_CONFIG,
     config_from_dict,
@@ -51,7 +51,6 @@ __all__ = [
     "config_from_dict",
     "config_keys",
     "config_to_dict",
-    "effective_global_batch",
     "flat_config",
     "gradient_accumulation",
     "load_config",

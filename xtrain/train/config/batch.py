@@ -38,11 +38,6 @@ def gradient_accumulation(cfg: TrainConfig, world_size: int) -> int:
     return global_batch // unit
 
 
-def effective_global_batch(cfg: TrainConfig, world_size: int) -> int:
-    """The samples per optimizer step: per_device x world_size x accumulation."""
-    return cfg.batch.per_device * world_size * gradient_accumulation(cfg, world_size)
-
-
 def scaled_lr(cfg: TrainConfig, global_batch: int) -> float:
     """``optim.lr`` scaled for ``global_batch`` by ``optim.lr_scaling`` relative to ``base_global_batch``."""
     o = cfg.optim

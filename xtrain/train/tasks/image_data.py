@@ -132,14 +132,19 @@ class ImageTextRows:
 
 
 def undecoded(ds: Any, column: str, feature: str = "Image") -> Any:
-    """A datasets ``Image`` (or ``Audio``) feature column switched to undecoded cells (a metadata
-    change: no data is rewritten)."""
+    """A datasets ``Image`` (or ``Audio``) feature column, or a list of them (a conversation's
+    images), switched to undecoded cells (a metadata change: no data is rewritten)."""
     import datasets
 
     kind = getattr(datasets, feature)
-    found = ds.features.get(column)
-    if isinstance(found, kind) and found.decode:
-        return ds.cast_column(column, kind(decode=False))
+    if column not in ds.column_names:
+        return ds
+    found = ds.features[column]
+    if isinstance(found, kind):
+        return ds.cast_column(column, kind(decode=False)) if found.decode else ds
+    inner = getattr(found, "feature", None)
+    if isinstance(found, (datasets.List, datasets.Sequence)) and isinstance(inner, kind) and inner.decode:
+        return ds.cast_column(column, datasets.List(kind(decode=False)))
     return ds
 
 

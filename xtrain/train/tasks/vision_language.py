@@ -29,7 +29,7 @@ from xtrain.train import lora, models
 from xtrain.train.config import TrainConfig
 from xtrain.train.generation import GenerationEval
 from xtrain.train.tasks import chat_data
-from xtrain.train.tasks.image_data import resolve_path
+from xtrain.train.tasks.image_data import resolve_path, undecoded
 from xtrain.train.tasks.image_to_text import base_dir
 from xtrain.train.tasks.vision_chat import ANSWER_KEY, GEN_PREFIX, VisionChatCollator, VisionChatRows
 from xtrain.train.workload import Workload
@@ -301,21 +301,6 @@ def check_length(model: Any, max_length: int) -> None:
 # Data
 
 
-def _undecoded_images(ds: Any, column: str) -> Any:
-    """An Image (or list of Image) column switched to undecoded cells: images are read per row."""
-    from datasets import Image, List, Sequence
-
-    if column not in ds.column_names:
-        return ds
-    feature = ds.features[column]
-    if isinstance(feature, Image):
-        return ds.cast_column(column, Image(decode=False))
-    inner = getattr(feature, "feature", None)
-    if isinstance(feature, (List, Sequence)) and isinstance(inner, Image):
-        return ds.cast_column(column, List(Image(decode=False)))
-    return ds
-
-
 def conversations(
     ds: Any,
     cfg: TrainConfig,
@@ -327,7 +312,7 @@ def conversations(
 ) -> VisionChatRows:
     """Every row checked and rendered (one line naming the first bad row), its images found."""
     d = cfg.data
-    ds = _undecoded_images(ds, d.images_column)
+    ds = undecoded(ds, d.images_column)
     messages = chat_data.messages_column_of(ds, d.messages_column, name)
     images = ds[d.images_column] if d.images_column in ds.column_names else [None] * len(ds)
     encoded, refs, rows = [], [], []
