@@ -30,7 +30,7 @@ import os
 import random
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -264,19 +264,9 @@ def build_tokenizer(kind: str):
 
     ``kind`` "bert" adds ``<s> A </s> [B </s>]`` with token type ids; "llama" adds ``<s>`` only.
     """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import processors
 
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000,
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok = byte_level_bpe(_corpus(), 1000, SPECIAL_TOKENS, unk_token="<unk>")
     bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
     if kind == "bert":
         tok.post_processor = processors.TemplateProcessing(
@@ -298,6 +288,27 @@ def build_tokenizer(kind: str):
     return fast_tokenizer(
         tok, 512, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>", **extra
     )
+
+
+def byte_level_bpe(
+    corpus: Iterable[str], vocab_size: int, special_tokens: list[str], unk_token: str | None = None
+) -> Any:
+    """A ``tokenizers`` byte-level BPE trained in-process on ``corpus`` (any text encodes: the
+    byte alphabet is always in the vocabulary), ``special_tokens`` first."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=unk_token) if unk_token else models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return tok
 
 
 def fast_tokenizer(tok: Any, model_max_length: int, **special: Any) -> Any:

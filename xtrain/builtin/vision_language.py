@@ -141,20 +141,9 @@ def _corpus() -> list[str]:
 
 def build_tokenizer() -> Any:
     """Byte-level BPE (any text encodes) trained in-process, with Qwen2-VL's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from xtrain.builtin import byte_level_bpe, fast_tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus(), trainer=trainer)
-    from xtrain.builtin import fast_tokenizer
+    tok = byte_level_bpe(_corpus(), 600, SPECIAL_TOKENS)
 
     return fast_tokenizer(
         tok,

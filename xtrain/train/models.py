@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,23 @@ def load_config(source: str, trust_remote_code: bool) -> Any:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:
         raise _load_error("config", source, Path(source).exists(), e) from None
+
+
+def require_model_type(
+    source: str,
+    trust_remote_code: bool,
+    accepted: Collection[str],
+    kind: str,
+    hint: str,
+    remote_ok: bool = True,
+) -> Any:
+    """The checkpoint's config when its ``model_type`` is one a task ``accepted`` (any, for a
+    remote-code model when ``remote_ok``); else one line naming what it is, said before anything
+    else is loaded."""
+    config = load_config(source, trust_remote_code)
+    if config.model_type not in accepted and not (remote_ok and trust_remote_code):
+        raise XtrainError(f"{source} is a {config.model_type} model, not {kind}", hint)
+    return config
 
 
 def load_pretrained(model_class: Any, source: str, dtype: str, trust_remote_code: bool) -> Any:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import builtin
-from xtrain.errors import XtrainError
 from xtrain.train import data, lora, models
 from xtrain.train.config.schema import TrainConfig
 from xtrain.train.generation import GenerationEval
@@ -52,13 +51,15 @@ def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any
 
 
 def check_model_type(source: str, trust_remote_code: bool) -> None:
-    """Only vision encoder-decoder checkpoints: said before anything else is loaded."""
-    config = models.load_config(source, trust_remote_code)
-    if config.model_type != "vision-encoder-decoder":
-        raise XtrainError(
-            f"{source} is a {config.model_type} model, not a vision encoder-decoder (TrOCR, ViT-GPT2, Donut)",
-            "image-to-text takes VisionEncoderDecoderModel checkpoints; other models need a custom task",
-        )
+    """Only vision encoder-decoder checkpoints (loaded as VisionEncoderDecoderModel, remote code or not)."""
+    models.require_model_type(
+        source,
+        trust_remote_code,
+        ("vision-encoder-decoder",),
+        "a vision encoder-decoder (TrOCR, ViT-GPT2, Donut)",
+        "image-to-text takes VisionEncoderDecoderModel checkpoints; other models need a custom task",
+        remote_ok=False,
+    )
 
 
 def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:

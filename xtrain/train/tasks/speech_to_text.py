@@ -49,12 +49,13 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
     """Only speech sequence-to-sequence checkpoints: said before anything else is loaded."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
 
-    config = models.load_config(source, trust_remote_code)
-    if config.model_type not in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES and not trust_remote_code:
-        raise XtrainError(
-            f"{source} is a {config.model_type} model, not a speech encoder-decoder (Whisper, Speech2Text)",
-            "speech-to-text takes AutoModelForSpeechSeq2Seq checkpoints; CTC models need a custom task",
-        )
+    models.require_model_type(
+        source,
+        trust_remote_code,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+        "a speech encoder-decoder (Whisper, Speech2Text)",
+        "speech-to-text takes AutoModelForSpeechSeq2Seq checkpoints; CTC models need a custom task",
+    )
 
 
 def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:

@@ -167,13 +167,13 @@ def set_pixel_bounds(image_processor: Any, min_pixels: int | None, max_pixels: i
 def check_model_type(source: str, trust_remote_code: bool) -> Any:
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
-    config = models.load_config(source, trust_remote_code)
-    if config.model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES and not trust_remote_code:
-        raise XtrainError(
-            f"{source} is a {config.model_type} model, not a vision-language one (Qwen2-VL, LLaVA, SmolVLM)",
-            "vision-language takes AutoModelForImageTextToText checkpoints",
-        )
-    return config
+    return models.require_model_type(
+        source,
+        trust_remote_code,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        "a vision-language one (Qwen2-VL, LLaVA, SmolVLM)",
+        "vision-language takes AutoModelForImageTextToText checkpoints",
+    )
 
 
 def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
