@@ -210,6 +210,30 @@ def test_offline_sizes_of_a_downloaded_config_need_no_weights(caches, tmp_path):
     assert missing == "nobody/not-downloaded is not downloaded yet"  # no download was tried
 
 
+def test_a_flat_hub_config_ties_the_head_from_its_top_level(caches, tmp_path):
+    """Qwen2-VL-2B-Instruct's config.json as published: flat, ``tie_word_embeddings`` at the top
+    level only (the text config has no such key); the head is counted once."""
+    import json
+
+    from xtrain.train.model_size import offline_sizes
+
+    flat = {
+        "architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",
+        "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+        "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "vision_config": {
+            "depth": 32, "embed_dim": 1280, "hidden_size": 1536, "num_heads": 16, "mlp_ratio": 4,
+        },
+    }  # fmt: skip
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "config.json").write_text(json.dumps(flat))
+    base = ["model.task=vision-language", "lora.r=16"]
+    sizes = offline_sizes(load_config(None, [f"model.name_or_path={tmp_path / 'flat'}", *base]))
+    assert sizes.params == QWEN2_VL["2b"].params  # 2.21B: not 2.46B (the head twice)
+
+
 # ---------------------------------------------------------------------------------------------
 # The train plan (xtrain train --dry-run --facts SNAPSHOT)
 

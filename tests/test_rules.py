@@ -712,3 +712,38 @@ def test_deepspeed_config_on_windows_is_an_error() -> None:
     )
     f = finding(diagnose(facts), "deepspeed-windows")
     assert f.severity == "error" and "WSL2" in f.message and f.fix
+
+
+# -- bf16 weights train under bf16 where the cards run it at full rate ---------------------------------
+@pytest.mark.parametrize(
+    ("machine", "dtype", "expected"),
+    [
+        ("windows-2x4090", "bfloat16", "bf16"),  # GeForce, cc 8.9: bf16 weights keep bf16
+        ("windows-2x4090", "auto", "fp16"),  # GeForce default unchanged
+        ("windows-2x4090", "float32", "fp16"),
+        ("linux-2x3090", "bfloat16", "bf16"),  # cc 8.6
+        ("linux-8xa100-nvlink", "bfloat16", "bf16"),
+        ("linux-cpu", "bfloat16", "no"),  # no CUDA: fp32 whatever the weights
+    ],
+)
+def test_bf16_weights_choose_bf16_autocast(machine: str, dtype: str, expected: str) -> None:
+    plan = make_plan(load_machine(machine), Overrides(weights_dtype=dtype))
+    assert plan.mixed_precision == expected
+    if expected == "bf16" and machine != "linux-8xa100-nvlink":
+        assert "model.dtype" in plan.reasons["mixed_precision"]
+
+
+def test_bf16_weights_on_cards_without_bf16_stay_fp16() -> None:
+    win = load_machine("windows-2x4090")
+    facts = replace(win, gpus=[GPU(i, "NVIDIA GeForce RTX 2080 Ti", 11264, (7, 5)) for i in range(2)])
+    assert make_plan(facts, Overrides(weights_dtype="bfloat16")).mixed_precision == "fp16"
+
+
+def test_the_train_config_passes_its_weights_dtype_to_the_plan() -> None:
+    from xtrain.planning.resolve import machine_plan
+    from xtrain.train.config import load_config
+
+    cfg = load_config(None, ["model.dtype=bfloat16"])
+    assert machine_plan(cfg, facts=load_machine("windows-2x4090")).mixed_precision == "bf16"
+    cfg = load_config(None, ["model.dtype=bfloat16", "run.mixed_precision=fp16"])
+    assert machine_plan(cfg, facts=load_machine("windows-2x4090")).mixed_precision == "fp16"  # the user's

@@ -37,6 +37,7 @@ class Overrides:
     num_machines: int = 1
     machine_rank: int = 0
     main_address: str | None = None
+    weights_dtype: str | None = None  # model.dtype of the train config: bfloat16 weights prefer bf16
 
 
 @dataclass

@@ -80,6 +80,7 @@ def machine_plan(
         platform=platform,
         num_machines=num_machines,
         main_address=main_address if num_machines > 1 else None,
+        weights_dtype=cfg.model.dtype if cfg is not None else None,
     )
     return make_plan(facts, overrides)
 

@@ -89,7 +89,9 @@ def _p2p_missing(facts: Facts, gpus: list[GPU]) -> bool:
     return rtx40
 
 
-def _precision(facts: Facts, device: str, gpus: list[GPU], asked: str | None) -> tuple[str, str]:
+def _precision(
+    facts: Facts, device: str, gpus: list[GPU], asked: str | None, weights_dtype: str | None = None
+) -> tuple[str, str]:
     """(mixed_precision, reason)."""
     min_cc = min((g.cc for g in gpus), default=0.0)
     if asked is not None:
@@ -108,6 +110,11 @@ def _precision(facts: Facts, device: str, gpus: list[GPU], asked: str | None) ->
         return asked, "chosen by the user"
     if device != "cuda":
         return "no", f"no CUDA GPU: fp32 on {device} (autocast gains little there)"
+    if weights_dtype in ("bfloat16", "bf16") and min_cc >= 8.0:
+        return "bf16", (
+            "the weights load in bf16 (model.dtype: bfloat16): bf16 autocast keeps their range, "
+            "fp16 would narrow it; compute capability >= 8.0 runs bf16 at full rate"
+        )
     if all(is_geforce(g) for g in gpus):
         return "fp16", (
             "GeForce card: fp16 autocast with a GradScaler (same tensor-core rate as bf16; fp16 "
@@ -140,7 +147,9 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
     _check_machines(ov)
     world_size = num_processes * ov.num_machines
     backend, launcher, cpu_staged = _plan_backend(facts, os_kind, device, world_size, reasons)
-    mixed_precision, reasons["mixed_precision"] = _precision(facts, device, gpus, ov.mixed_precision)
+    mixed_precision, reasons["mixed_precision"] = _precision(
+        facts, device, gpus, ov.mixed_precision, ov.weights_dtype
+    )
     tf32 = device == "cuda" and min(g.cc for g in gpus) >= 8.0
     reasons["tf32"] = (
         "Ampere or newer: TF32 matmuls for the fp32 parts"

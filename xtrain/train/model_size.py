@@ -142,7 +142,11 @@ def _tied_count(model: Any, config: Any) -> int:
     ``tie_word_embeddings``); a model built from its config on the meta device keeps them apart."""
     keys = getattr(model, "_tied_weights_keys", None)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if not isinstance(keys, dict) or not getattr(text, "tie_word_embeddings", False):
+    # A composite config (Qwen2-VL) keeps the flag at its top level, its text config has none.
+    tie = getattr(text, "tie_word_embeddings", None)
+    if tie is None:
+        tie = getattr(config, "tie_word_embeddings", False)
+    if not isinstance(keys, dict) or not tie:
         return 0
     params = dict(model.named_parameters())
     pairs = [(params.get(k), params.get(src)) for k, src in keys.items()]
