@@ -109,8 +109,8 @@ def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[
     if plan.launcher == "spawn":
         return [
             ("what xtrain runs (spawned workers, no torchrun: the Windows path)", env + visible + [spawn]),
-            ("the same with accelerate launch (one process; xtrain.run starts the workers: no torchrun)",
-             env + visible + [accelerate]),
+            ("the same with accelerate launch (--num_processes without --multi_gpu: accelerate starts "
+             "one process and xtrain.run spawns the workers: no torchrun)", env + visible + [accelerate]),
         ]  # fmt: skip
     return [
         ("what xtrain runs", env + [accelerate]),
