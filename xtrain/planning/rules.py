@@ -259,6 +259,7 @@ def _plan_backend(
         if launcher == "spawn"
         else "accelerate launch (torchrun underneath)"
         + ("; this Windows torch's torchrun works without libuv" if os_kind == "windows" else "")
+        + ("; one process: xtrain train runs it without a launcher" if world_size == 1 else "")
     )
     cpu_staged = device == "cuda" and backend == "gloo" and os_kind == "windows"
     if cpu_staged:
