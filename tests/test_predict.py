@@ -103,3 +103,20 @@ def test_inputs_follow_the_model_device_and_dtype():
 
     batch = lib.to_model({"input_ids": torch.ones(1, 2, dtype=torch.long), "x": torch.ones(1)}, Model())
     assert batch["input_ids"].dtype == torch.long and batch["x"].dtype == torch.float16
+
+
+@pytest.mark.parametrize("kind", ["image", "audio file"])
+def test_an_unreadable_input_names_the_file_not_a_row(tmp_path, kind):
+    from xtrain.train.tasks.audio_data import read_audio
+    from xtrain.train.tasks.image_data import open_image
+
+    bad = tmp_path / "notes.png"
+    bad.write_text("not media", encoding="utf-8")
+    read = {
+        "image": lambda: open_image(str(bad), None, 0, ""),
+        "audio file": lambda: read_audio(str(bad), None, 0, "", 16000),
+    }
+    with pytest.raises(XtrainError) as e:
+        lib.read_input(bad, kind, read[kind])
+    assert e.value.message.startswith(f"input {bad} is not a readable {kind}: ")
+    assert "row" not in str(e.value) and "leave it out of the inputs" in str(e.value)

@@ -301,15 +301,18 @@ def test_predict_answers_like_the_eval_and_refuses_bad_input_in_one_line(qwen, t
     assert answers == [{"input": img, "prompt": "what colour is it?", "text": samples[0].prediction}]
     assert capsys.readouterr().out == f"{img}\twhat colour is it?\t{samples[0].prediction}\n"
     # bad input: one line on stderr, exit 2, no traceback
+    notes = tmp_path / "notes.png"
+    notes.write_text("not an image", encoding="utf-8")
     cases = [
         ([*args[:2], str(tmp_path / "img" / "none.png"), "-p", "q?"], "none.png not found"),
-        (args, "answers a question about each image (add --prompt TEXT)"),
+        (args, "answers a question about each image (add --question TEXT)"),
+        ([*args[:2], str(notes), "-p", "q?"], f"input {notes} is not a readable image"),
         ([*args[:2], "-p", "q?"], "vision-language model: it answers a question about an image"),
     ]
     for argv, says in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert says in " ".join(err.split()) and "Traceback" not in err
+        assert says in " ".join(err.split()) and "Traceback" not in err and "row" not in err
 
 
 def test_exact_match_is_normalised():

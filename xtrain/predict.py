@@ -18,6 +18,7 @@ processor/tokenizer saved next to the adapter. Library code: returns data, print
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -256,6 +257,19 @@ def image_files(
     return out
 
 
+def read_input(path: Path, what: str, read: Callable[[], Any]) -> Any:
+    """``read()`` of one input file; a file it cannot read is one line naming that file (the
+    readers' own wording is about rows of a data set)."""
+    try:
+        return read()
+    except XtrainError as e:
+        reason = e.message.split("): ", 1)[1] if "): " in e.message else "not found"
+        raise XtrainError(
+            f"input {path} is not a readable {what}: {reason}",
+            "fix or replace that file, or leave it out of the inputs",
+        ) from None
+
+
 def predict_audio(
     predictor: Predictor, files: list[Path], max_new_tokens: int, num_beams: int, batch_size: int = 8
 ) -> list[str]:
@@ -270,7 +284,10 @@ def predict_audio(
     texts: list[str] = []
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
-        clips = [read_audio(str(f), None, start + i, "the inputs", rate, window) for i, f in enumerate(chunk)]
+        clips = [
+            read_input(f, "audio file", lambda f=f: read_audio(str(f), None, 0, "", rate, window))
+            for f in chunk
+        ]
         features = fe(clips, sampling_rate=rate, return_tensors="pt")["input_features"]
         with torch.no_grad():
             ids = predictor.model.generate(
@@ -292,7 +309,7 @@ def predict_images(
     if predictor.takes_questions:
         raise XtrainError(
             f"{predictor.source} is a vision-language model: it answers a question about each image",
-            "add the question with --prompt TEXT",
+            "add the question with --question TEXT",
         )
     if not predictor.takes_images:
         raise XtrainError(
@@ -302,7 +319,7 @@ def predict_images(
     texts: list[str] = []
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
-        images = [open_image(str(f), None, start + i, "the inputs") for i, f in enumerate(chunk)]
+        images = [read_input(f, "image", lambda f=f: open_image(str(f), None, 0, "")) for f in chunk]
         pixels = predictor.image_processor(images=images, return_tensors="pt")["pixel_values"]
         with torch.no_grad():
             ids = predictor.model.generate(
@@ -345,7 +362,7 @@ def predict_prompts(
     if predictor.takes_questions:
         raise XtrainError(
             f"{predictor.source} is a vision-language model: it answers questions about images",
-            "pass image files or folders with the --prompt question",
+            "pass image files or folders with --question TEXT",
         )
     if predictor.takes_images or predictor.takes_audio:
         what = "images" if predictor.takes_images else "audio"
@@ -399,13 +416,15 @@ def predict_questions(
             "pass images/audio or --prompt, not both",
         )
     if not questions or not all(q.strip() for q in questions):
-        raise XtrainError("a vision-language model answers a question about each image", "add --prompt TEXT")
+        raise XtrainError(
+            "a vision-language model answers a question about each image", "add --question TEXT"
+        )
     processor, tokenizer = predictor.processor, predictor.tokenizer
     template = chat_data.require_template(processor, None, predictor.source)
     render = chat_data.renderer(processor, template)
     out = []
-    for i, f in enumerate(files):  # one at a time: no left-padding subtleties, inputs are few
-        image = open_image(str(f), None, i, "the inputs")
+    for f in files:  # one at a time: no left-padding subtleties, inputs are few
+        image = read_input(f, "image", lambda f=f: open_image(str(f), None, 0, ""))
         for question in questions:
             messages = chat_data.user_turn(question, images=1, system=system)
             prompt = render(messages, True)

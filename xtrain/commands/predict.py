@@ -52,7 +52,10 @@ def predict(
     new_tokens = parse_int(max_new_tokens, "--max-new-tokens", 1, example="e.g. --max-new-tokens 64")
     beams = parse_int(num_beams, "--num-beams", 1, example="e.g. --num-beams 4")
     if not inputs and not prompt:
-        raise XtrainError("nothing to predict", "pass image or audio files/folders, or --prompt TEXT")
+        raise XtrainError(
+            "nothing to predict",
+            "pass image or audio files/folders, --prompt TEXT, or images with --question TEXT",
+        )
     for item in inputs or []:  # before the (slow) model load
         if not Path(item).expanduser().exists():
             raise XtrainError(f"input {item} not found", "pass files or folders of images or audio")
@@ -69,7 +72,7 @@ def predict(
         if not inputs:
             raise XtrainError(
                 f"{predictor.source} is a vision-language model: it answers a question about an image",
-                "pass image files or folders with the --prompt question",
+                "pass image files or folders with --question TEXT",
             )
         files = lib.image_files(list(inputs))
         answers = lib.predict_questions(predictor, files, list(prompt or []), new_tokens, beams, system)
