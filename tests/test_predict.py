@@ -120,3 +120,23 @@ def test_an_unreadable_input_names_the_file_not_a_row(tmp_path, kind):
         lib.read_input(bad, kind, read[kind])
     assert e.value.message.startswith(f"input {bad} is not a readable {kind}: ")
     assert "row" not in str(e.value) and "leave it out of the inputs" in str(e.value)
+
+
+@pytest.mark.parametrize("task", ["image-to-text", "speech-to-text", "vision-language"])
+def test_quickstart_offers_predict_on_real_built_in_inputs(task, tmp_path):
+    import shlex
+
+    from xtrain.commands.quickstart import next_line
+
+    line = next_line(task, tmp_path / "run", "xtrain train examples/x.yaml", "bash")
+    words = shlex.split(line.split("`")[1])
+    assert words[:3] == ["xtrain", "predict", str(tmp_path / "run")]
+    assert Path(words[3]).is_file()  # an eval image or clip of the built-in data the job trained on
+    assert "for your own data" in line
+
+
+def test_quickstart_seq_cls_offers_no_predict(tmp_path):
+    from xtrain.commands.quickstart import next_line
+
+    line = next_line("seq-cls", tmp_path, "xtrain train examples/seq-cls.yaml", "bash")
+    assert "predict" not in line and "xtrain train examples/seq-cls.yaml" in line

@@ -451,3 +451,17 @@ def test_memory_estimate_tells_what_fits_two_24gb_cards():
         and "\n" not in warning
     )
     assert memory_warning(bf16, 24) is None
+
+
+@pytest.mark.slow
+def test_the_quickstart_next_line_is_a_working_predict(vqa_straight, capsys):
+    import shlex
+
+    from xtrain.cli import main
+    from xtrain.commands.quickstart import next_line
+
+    line = next_line("vision-language", vqa_straight, "xtrain train examples/x.yaml", "bash")
+    words = shlex.split(line.split("`")[1])
+    assert words[:3] == ["xtrain", "predict", str(vqa_straight)] and "--question" in words
+    assert main([*words[1:], "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.startswith(f"{words[3]}\t{words[5]}\t")
