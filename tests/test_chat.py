@@ -4,6 +4,7 @@ assistant turns only, a missing template or a bad row as one line (examples/chat
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,60 @@ def test_builtin_tiny_llama_stays_without_template(private_caches):
 
     tokenizer = AutoTokenizer.from_pretrained(builtin.ensure_builtin_model("builtin:tiny-llama"))
     assert not tokenizer.chat_template  # the example names one: the error path stays reachable
+
+
+# ---------------------------------------------------------------------------------------------
+# xtrain predict on a chat run
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory) -> Path:
+    """Two steps of examples/chat-sft.yaml: an adapter saved with its chat template."""
+    from support.jobs import offline_env, python_run, run_xtrain
+
+    root = tmp_path_factory.mktemp("chat")
+    env = offline_env(root, tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain")
+    out = root / "run"
+    args = ("--config", str(EXAMPLE), "run.max_steps=2", "data.eval=null", f"run.output_dir={out}")
+    proc = run_xtrain(python_run(*args), env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_predict_renders_a_chat_prompt_as_training_rendered_it(chat_run, capsys):
+    from xtrain import predict
+    from xtrain.cli import main
+    from xtrain.train.tasks import chat_data
+
+    predictor = predict.load_predictor(chat_run)
+    assert predictor.chat
+    text, stop = predict.chat_prompt(predictor, "what is red?", system="one word")
+    tokenizer = build_workload(load_config(EXAMPLE, ["data.eval=null"])).tokenizer
+    turns = [
+        {"role": "system", "content": "one word"},
+        {"role": "user", "content": "what is red?"},
+        {"role": "assistant", "content": "a colour"},
+    ]
+    conv = chat_data.parse_conversation(turns, 0, "t", allow_images=False)
+    render = chat_data.renderer(tokenizer, tokenizer.chat_template)
+    assert text == chat_data.encode(render, tokenizer, conv, "t").prompt  # the prompt before the answer
+    assert stop == tokenizer.eos_token_id  # the example template ends a turn with the eos token
+    args = ["predict", str(chat_run), "-p", "what is red?", "--system", "one word", "--max-new-tokens", "3"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith("what is red?\t")
+
+
+def test_a_plain_text_run_on_a_chat_model_continues_the_raw_prompt(tmp_path, capsys):
+    from xtrain import predict
+    from xtrain.cli import main
+
+    model = shutil.copytree(builtin.ensure_builtin_model("builtin:tiny-llama"), tmp_path / "model")
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = (REPO / "examples/data/chat-template.jinja").read_text()  # a chat model
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "xtrain_run.json").write_text(json.dumps({"task": "causal-lm", "chat": False}))
+    predictor = predict.load_predictor(model)
+    assert predictor.tokenizer.chat_template and not predictor.chat
+    assert predict.chat_prompt(predictor, "once upon") == ("once upon", None)
+    assert main(["predict", str(model), "-p", "hi", "--system", "be brief"]) == 2
+    assert "--system" in capsys.readouterr().err

@@ -84,8 +84,18 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
     ),
     (
         "docs/vision-language.md",
-        r"^xtrain predict\b",  # needs a trained run: the test trains one first
+        r"^xtrain predict runs/qwen2-vl-lora\b",  # needs a trained run: the test trains one first
         "tests/test_vision_language.py::test_predict_with_the_trained_run_gives_its_eval_answers",
+    ),
+    (
+        "docs/vision-language.md",
+        r"^xtrain predict xtrain-output/chat-sft\b",  # needs a trained chat run: the test trains one
+        "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",
+    ),
+    (
+        "docs/training.md",
+        r"^xtrain predict xtrain-output/chat-sft\b",  # needs a trained chat run: the test trains one
+        "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",
     ),
 ]
 

@@ -301,15 +301,18 @@ def test_predict_answers_like_the_eval_and_refuses_bad_input_in_one_line(qwen, t
     assert answers == [{"input": img, "prompt": "what colour is it?", "text": samples[0].prediction}]
     assert capsys.readouterr().out == f"{img}\twhat colour is it?\t{samples[0].prediction}\n"
     # bad input: one line on stderr, exit 2, no traceback
+    notes = tmp_path / "notes.png"
+    notes.write_text("not an image", encoding="utf-8")
     cases = [
         ([*args[:2], str(tmp_path / "img" / "none.png"), "-p", "q?"], "none.png not found"),
-        (args, "answers a question about each image (add --prompt TEXT)"),
+        (args, "answers a question about each image (add --question TEXT)"),
+        ([*args[:2], str(notes), "-p", "q?"], f"input {notes} is not a readable image"),
         ([*args[:2], "-p", "q?"], "vision-language model: it answers a question about an image"),
     ]
     for argv, says in cases:
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert says in " ".join(err.split()) and "Traceback" not in err
+        assert says in " ".join(err.split()) and "Traceback" not in err and "row" not in err
 
 
 def test_exact_match_is_normalised():
@@ -448,3 +451,17 @@ def test_memory_estimate_tells_what_fits_two_24gb_cards():
         and "\n" not in warning
     )
     assert memory_warning(bf16, 24) is None
+
+
+@pytest.mark.slow
+def test_the_quickstart_next_line_is_a_working_predict(vqa_straight, capsys):
+    import shlex
+
+    from xtrain.cli import main
+    from xtrain.commands.quickstart import next_line
+
+    line = next_line("vision-language", vqa_straight, "xtrain train examples/x.yaml", "bash")
+    words = shlex.split(line.split("`")[1])
+    assert words[:3] == ["xtrain", "predict", str(vqa_straight)] and "--question" in words
+    assert main([*words[1:], "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.startswith(f"{words[3]}\t{words[5]}\t")

@@ -4,7 +4,12 @@
 - speech-to-text (Whisper and other speech seq2seq models): audio files (or folders) -> transcripts;
 - vision-language (Qwen2-VL-style ``AutoModelForImageTextToText``): an image and a question -> the
   answer, the user turn rendered by the processor's chat template as in training;
-- causal-lm: text prompts -> their continuations.
+- causal-lm: text prompts -> their continuations; a run trained on chat conversations renders
+  each prompt as a user turn with the chat template saved with it, as in training.
+
+Other results (seq-cls classifiers, custom tasks) are refused: the task is read from what the run
+saved (``xtrain_run.json`` next to the adapter, else the config in its checkpoints, else peft's
+``task_type`` or the model's ``architectures``).
 
 An adapter folder loads its base model from ``base_model_name_or_path`` (peft's own record) and the
 processor/tokenizer saved next to the adapter. Library code: returns data, prints nothing.
@@ -13,6 +18,7 @@ processor/tokenizer saved next to the adapter. Library code: returns data, print
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +28,22 @@ from xtrain.errors import XtrainError
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3")  # what soundfile reads
 _OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
+GENERATIVE = ("causal-lm", "image-to-text", "speech-to-text", "vision-language")
+# peft task types and model heads of results that do not generate text
+_PEFT_TASKS = {"SEQ_CLS": "seq-cls", "TOKEN_CLS": "token-cls", "QUESTION_ANS": "question-answering"}
+_HEADS = {
+    "ForSequenceClassification": "seq-cls",
+    "ForTokenClassification": "token-cls",
+    "ForQuestionAnswering": "question-answering",
+}
+
+
+@dataclass
+class RunTask:
+    """What a result was trained for: ``task`` (None: not recorded) and chat conversations."""
+
+    task: str | None
+    chat: bool = False
 
 
 @dataclass
@@ -32,6 +54,7 @@ class Predictor:
     source: str  # the folder the weights came from
     feature_extractor: Any | None = None  # set for speech-to-text models
     processor: Any | None = None  # set for vision-language models (image processor + chat template)
+    chat: bool = False  # a causal-lm trained on chat conversations: prompts become user turns
 
     @property
     def takes_audio(self) -> bool:
@@ -65,12 +88,88 @@ def model_folder(path: str | Path) -> Path:
     )
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _checkpoint_task(folder: Path) -> str | None:
+    """The ``model.task`` of the config saved in the newest checkpoint of the run ``folder`` is in."""
+    from xtrain.train.checkpoint.layout import STATE_FILE, list_checkpoints
+
+    if folder.name not in _OUTPUT_FOLDERS:
+        return None
+    found = list_checkpoints(folder.parent)
+    config = _read_json(found[-1][1] / STATE_FILE).get("config") if found else None
+    task = (config or {}).get("model", {}).get("task") if isinstance(config, dict) else None
+    return task if isinstance(task, str) else None
+
+
+def _head_task(folder: Path) -> str | None:
+    """A classifier's task from peft's ``task_type`` or a full model's ``architectures``."""
+    peft_type = _read_json(folder / "adapter_config.json").get("task_type")
+    if peft_type in _PEFT_TASKS:
+        return _PEFT_TASKS[peft_type]
+    for arch in _read_json(folder / "config.json").get("architectures") or []:
+        for head, task in _HEADS.items():
+            if str(arch).endswith(head):
+                return task
+    return None
+
+
+def run_task(folder: Path) -> RunTask:
+    """What the result in ``folder`` was trained for: the run's own record first (``RUN_FILE``,
+    saved with the adapter), then its checkpoints' config, then the model's head."""
+    from xtrain.train.result import RUN_FILE
+
+    record = _read_json(folder / RUN_FILE)
+    if isinstance(record.get("task"), str):
+        return RunTask(record["task"], bool(record.get("chat")))
+    return RunTask(_checkpoint_task(folder) or _head_task(folder))
+
+
+def require_generative(folder: Path) -> RunTask:
+    """The run's task, refused in one line when it does not generate text (seq-cls, custom)."""
+    found = run_task(folder)
+    if found.task is not None and found.task not in GENERATIVE:
+        raise XtrainError(
+            f"{folder} is a {found.task} result: xtrain predict generates text and cannot run it",
+            f"predict runs {', '.join(GENERATIVE)} results; a run's eval metrics are in its "
+            "train_result.json",
+        )
+    return found
+
+
+def pick_device() -> str:
+    """Where predict runs, for every task: the GPU when there is one."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def to_model(batch: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Tensors onto the model's device; floating ones (pixels, audio features) in its dtype."""
+    import torch
+
+    dtype = getattr(model, "dtype", None)
+    return {
+        k: v.to(model.device, dtype=dtype if v.is_floating_point() and dtype else None)
+        if torch.is_tensor(v)
+        else v
+        for k, v in batch.items()
+    }
+
+
 def load_predictor(path: str | Path) -> Predictor:
     from transformers import AutoConfig
 
     from xtrain.train import models
 
     folder = model_folder(path)
+    trained = require_generative(folder)
     adapter = (folder / "adapter_config.json").is_file()
     base = str(folder)
     if adapter:
@@ -111,10 +210,6 @@ def load_predictor(path: str | Path) -> Predictor:
         model = vision_language.load_model(base, "auto", False)  # the checkpoint's dtype on a GPU
         tokenizer, image_processor = processor.tokenizer, None
         vision_language.fix_generation(model, tokenizer)
-        import torch
-
-        if torch.cuda.is_available():  # a 2B-7B model: too slow on the CPU
-            model.to("cuda")
     else:
         from transformers import AutoModelForCausalLM
 
@@ -131,6 +226,7 @@ def load_predictor(path: str | Path) -> Predictor:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(folder))
+    model.to(pick_device())
     model.eval()
     return Predictor(
         model=model,
@@ -139,6 +235,7 @@ def load_predictor(path: str | Path) -> Predictor:
         source=str(folder),
         feature_extractor=feature_extractor,
         processor=processor,
+        chat=trained.chat and trained.task == "causal-lm",
     )
 
 
@@ -160,6 +257,19 @@ def image_files(
     return out
 
 
+def read_input(path: Path, what: str, read: Callable[[], Any]) -> Any:
+    """``read()`` of one input file; a file it cannot read is one line naming that file (the
+    readers' own wording is about rows of a data set)."""
+    try:
+        return read()
+    except XtrainError as e:
+        reason = e.message.split("): ", 1)[1] if "): " in e.message else "not found"
+        raise XtrainError(
+            f"input {path} is not a readable {what}: {reason}",
+            "fix or replace that file, or leave it out of the inputs",
+        ) from None
+
+
 def predict_audio(
     predictor: Predictor, files: list[Path], max_new_tokens: int, num_beams: int, batch_size: int = 8
 ) -> list[str]:
@@ -174,11 +284,14 @@ def predict_audio(
     texts: list[str] = []
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
-        clips = [read_audio(str(f), None, start + i, "the inputs", rate, window) for i, f in enumerate(chunk)]
+        clips = [
+            read_input(f, "audio file", lambda f=f: read_audio(str(f), None, 0, "", rate, window))
+            for f in chunk
+        ]
         features = fe(clips, sampling_rate=rate, return_tensors="pt")["input_features"]
         with torch.no_grad():
             ids = predictor.model.generate(
-                input_features=features,
+                **to_model({"input_features": features}, predictor.model),
                 max_new_tokens=cap_new_tokens(predictor.model, max_new_tokens),
                 num_beams=num_beams,
             )
@@ -196,34 +309,60 @@ def predict_images(
     if predictor.takes_questions:
         raise XtrainError(
             f"{predictor.source} is a vision-language model: it answers a question about each image",
-            "add the question with --prompt TEXT",
+            "add the question with --question TEXT",
         )
     if not predictor.takes_images:
         raise XtrainError(
-            f"{predictor.source} is a text model", "give it prompts with --prompt instead of images"
+            f"{predictor.source} is a causal-lm model: it continues text, it reads no images",
+            "give it text prompts with --prompt TEXT instead of images",
         )
     texts: list[str] = []
     for start in range(0, len(files), batch_size):
         chunk = files[start : start + batch_size]
-        images = [open_image(str(f), None, start + i, "the inputs") for i, f in enumerate(chunk)]
+        images = [read_input(f, "image", lambda f=f: open_image(str(f), None, 0, "")) for f in chunk]
         pixels = predictor.image_processor(images=images, return_tensors="pt")["pixel_values"]
         with torch.no_grad():
             ids = predictor.model.generate(
-                pixel_values=pixels, max_new_tokens=max_new_tokens, num_beams=num_beams
+                **to_model({"pixel_values": pixels}, predictor.model),
+                max_new_tokens=max_new_tokens,
+                num_beams=num_beams,
             )
         texts += [t.strip() for t in predictor.tokenizer.batch_decode(ids, skip_special_tokens=True)]
     return texts
 
 
+def chat_prompt(predictor: Predictor, prompt: str, system: str | None = None) -> tuple[str, int | None]:
+    """(the text the model sees, the end-of-turn token to stop at) for a causal-lm prompt: a chat
+    run's prompt as a user turn (``system`` first) rendered by its saved template with the
+    generation prompt, as training rendered it (``chat_data``); a plain run's prompt as it is."""
+    from xtrain.train.tasks import chat_data
+
+    if not predictor.chat:
+        if system is not None:
+            raise XtrainError(
+                f"{predictor.source} was not trained on chat conversations: it continues text as it is",
+                "leave out --system",
+            )
+        return prompt, None
+    template = chat_data.require_template(predictor.tokenizer, None, predictor.source)
+    render = chat_data.renderer(predictor.tokenizer, template)
+    text = render(chat_data.user_turn(prompt, system=system, text_only=True), True)
+    return text, chat_data.end_of_turn(render, predictor.tokenizer)
+
+
 def predict_prompts(
-    predictor: Predictor, prompts: list[str], max_new_tokens: int, num_beams: int
+    predictor: Predictor,
+    prompts: list[str],
+    max_new_tokens: int,
+    num_beams: int,
+    system: str | None = None,
 ) -> list[str]:
     import torch
 
     if predictor.takes_questions:
         raise XtrainError(
             f"{predictor.source} is a vision-language model: it answers questions about images",
-            "pass image files or folders with the --prompt question",
+            "pass image files or folders with --question TEXT",
         )
     if predictor.takes_images or predictor.takes_audio:
         what = "images" if predictor.takes_images else "audio"
@@ -231,15 +370,20 @@ def predict_prompts(
             f"{predictor.source} reads {what}", f"pass {what} files or folders instead of --prompt"
         )
     out = []
+    tokenizer = predictor.tokenizer
     for prompt in prompts:  # one at a time: no left-padding subtleties, prompts are few
-        enc = predictor.tokenizer(prompt, return_tensors="pt")
+        text, stop = chat_prompt(predictor, prompt, system)
+        # a rendered chat prompt holds its own special tokens, as in training (chat_data.encode)
+        enc = tokenizer(text, return_tensors="pt", add_special_tokens=not predictor.chat)
+        eos = [t for t in (stop, tokenizer.eos_token_id) if t is not None]
         with torch.no_grad():
             ids = predictor.model.generate(
-                **enc,
+                **to_model(dict(enc), predictor.model),
                 max_new_tokens=max_new_tokens,
                 num_beams=num_beams,
                 do_sample=False,
-                pad_token_id=predictor.tokenizer.pad_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos or None,
             )
         new = ids[0, enc["input_ids"].shape[1] :]
         out.append(predictor.tokenizer.decode(new, skip_special_tokens=True).strip())
@@ -272,19 +416,20 @@ def predict_questions(
             "pass images/audio or --prompt, not both",
         )
     if not questions or not all(q.strip() for q in questions):
-        raise XtrainError("a vision-language model answers a question about each image", "add --prompt TEXT")
+        raise XtrainError(
+            "a vision-language model answers a question about each image", "add --question TEXT"
+        )
     processor, tokenizer = predictor.processor, predictor.tokenizer
     template = chat_data.require_template(processor, None, predictor.source)
     render = chat_data.renderer(processor, template)
-    device = next(predictor.model.parameters()).device
     out = []
-    for i, f in enumerate(files):  # one at a time: no left-padding subtleties, inputs are few
-        image = open_image(str(f), None, i, "the inputs")
+    for f in files:  # one at a time: no left-padding subtleties, inputs are few
+        image = read_input(f, "image", lambda f=f: open_image(str(f), None, 0, ""))
         for question in questions:
             messages = chat_data.user_turn(question, images=1, system=system)
             prompt = render(messages, True)
             enc = process_text(processor, prompt, [image])
-            enc = {k: v.to(device) if torch.is_tensor(v) else v for k, v in enc.items()}
+            enc = to_model(dict(enc), predictor.model)
             with torch.no_grad():
                 ids = predictor.model.generate(
                     **enc,

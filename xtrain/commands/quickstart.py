@@ -37,6 +37,43 @@ JOBS: dict[str, tuple[Path | None, str]] = {
 }
 
 
+# --task -> the built-in data its job trains on, for a `xtrain predict` line on one of its eval inputs
+PREDICT_DATA = {
+    "image-to-text": "ocr-lines",
+    "speech-to-text": "spoken-words",
+    "vision-language": "shapes-vqa",
+}
+
+
+def predict_args(task: str) -> list[str] | None:
+    """The inputs of a `xtrain predict` on a run of the ``task`` job: the first eval row of its
+    built-in data (the image, the clip, or the image and its question); None: not a generative task."""
+    from xtrain import builtin
+
+    if task not in PREDICT_DATA:
+        return None
+    folder = builtin.ensure_builtin_data(PREDICT_DATA[task])  # already built by the run
+    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    if task != "vision-language":
+        return [str(folder / row["image" if task == "image-to-text" else "audio"])]
+    parts = row["messages"][0]["content"]
+    image = next(p["image"] for p in parts if p["type"] == "image")
+    return [str(folder / image), "--question", next(p["text"] for p in parts if p["type"] == "text")]
+
+
+def next_line(task: str, run_dir: Path, next_command: str, shell: str) -> str:
+    """The closing ``Next:`` line: predict with the run just trained (generative tasks), then train
+    on your own data."""
+    from xtrain.shell import quote
+
+    own = f"`{next_command}` for your own data (docs/configuration.md)."
+    args = predict_args(task)
+    if args is None:
+        return f"Next: {own}"
+    predict = " ".join(quote(shell, a) for a in ["xtrain", "predict", str(run_dir), *args])
+    return f"Next: `{predict}` runs the adapter just trained; {own}"
+
+
 def new_run_dir(root: Path) -> Path:
     """A fresh folder per run under ``root``: a quickstart never overwrites an earlier one."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -143,6 +180,7 @@ def quickstart(
     from xtrain.machine import probe
     from xtrain.planning.plan import Overrides
     from xtrain.planning.rules import diagnose
+    from xtrain.shell import shell_for
     from xtrain.train.config.loading import load_config
 
     console = make_console()
@@ -179,4 +217,5 @@ def quickstart(
     seconds = time.perf_counter() - started
 
     _print_result(console, cfg, read_result(run_dir), seconds)
-    console.print(f"Next: `{next_command}` for your own data (docs/configuration.md).", soft_wrap=True)
+    shell = shell_for(diagnosis.plan.os_kind)
+    console.print(next_line(task, run_dir, next_command, shell), soft_wrap=True, markup=False)

@@ -45,7 +45,7 @@ from xtrain.train.failures import NONFINITE_LIMIT, NonFiniteLoss, TrainingStoppe
 from xtrain.train.optim import build_optimizer, build_scheduler
 from xtrain.train.precision import SkipDetector, frequent_overflow, upcast_trainable
 from xtrain.train.report import NullReporter, Reporter, StartInfo
-from xtrain.train.result import TrainResult, run_info
+from xtrain.train.result import TrainResult, run_info, run_record
 from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed, train_lengths
 from xtrain.train.window import LogWindow
 
@@ -400,7 +400,9 @@ class Recipe:
             acc.wait_for_everyone()
             if acc.is_main_process:
                 unwrapped = acc.unwrap_model(self.model)
-                checkpoint.save_best(unwrapped, self.workload.tokenizer, out, step, best, metrics[best])
+                checkpoint.save_best(
+                    unwrapped, self.workload.tokenizer, out, step, best, metrics[best], self.record
+                )
             acc.wait_for_everyone()
             self.rep.note(
                 f"best {best} so far ({metrics[best]:.4f} at step {step}) -> {out / checkpoint.BEST}"
@@ -440,6 +442,11 @@ class Recipe:
     def _last_good(self) -> Path | None:
         found = checkpoint.list_checkpoints(self.out)
         return found[-1][1] if found else None
+
+    @property
+    def record(self) -> dict[str, str]:
+        """The run record saved with the adapter/model (what ``xtrain predict`` reads)."""
+        return run_record(self.cfg.model.task, self.workload.chat)
 
     def _step_dir(self, step: int) -> Path:
         return checkpoint.checkpoints_dir(self.out) / f"step-{step}"
@@ -486,7 +493,9 @@ class Recipe:
         if acc.is_main_process:
             unwrapped = acc.unwrap_model(self.model)
             outputs.update(
-                checkpoint.save_final(unwrapped, self.workload.tokenizer, out, self.cfg.run.save_merged)
+                checkpoint.save_final(
+                    unwrapped, self.workload.tokenizer, out, self.cfg.run.save_merged, self.record
+                )
             )
             # a re-run of a finished run trains nothing: its train_result.json (throughput, ...) stays
             keep = self.start_step >= total

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+# Saved next to the adapter (or full model): what the run trained, read by ``xtrain predict``.
+RUN_FILE = "xtrain_run.json"
 
 
 @dataclass
@@ -53,3 +57,9 @@ def run_info(
         # the estimate of xtrain.train.memory for this rank's card (CUDA only)
         "memory_estimate_gib": round(memory.estimate_gib, 2) if memory is not None else None,
     }
+
+
+def run_record(task: str, chat: bool) -> dict[str, str]:
+    """``{RUN_FILE: text}``: the run's task, and whether it trained on chat conversations (then
+    predict renders prompts with the saved chat template)."""
+    return {RUN_FILE: json.dumps({"task": task, "chat": chat})}

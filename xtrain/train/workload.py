@@ -48,6 +48,7 @@ class Workload:
     eval_batch: EvalBatchFn | None = None
     reduce_metrics: ReduceFn | None = None
     tokenizer: Any | None = None  # saved next to the adapter when present
+    chat: bool = False  # trained on chat conversations (causal-lm ``messages``): predict renders them
     main_metric: str | None = None  # e.g. "accuracy": shown in banners and closing tables
     tokens_key: str | None = "attention_mask"  # batch key whose sum counts tokens (tokens/s)
     evaluate: EvaluateFn | None = None  # evaluation by generation (xtrain.train.generation)

@@ -37,19 +37,26 @@ def _write_pretrained(model: Any, tokenizer: Any, final: Path, extra: dict[str, 
     _replace_dir(tmp, final)
 
 
-def save_final(model: Any, tokenizer: Any, output_dir: str | Path, save_merged: bool) -> dict[str, str]:
-    """Write the trained result (main process only). ``model`` is the unwrapped model.
+def save_final(
+    model: Any,
+    tokenizer: Any,
+    output_dir: str | Path,
+    save_merged: bool,
+    extra: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Write the trained result (main process only). ``model`` is the unwrapped model; ``extra``:
+    text files saved with it (``result.run_record``).
 
     Returns {"adapter" | "model": path, "merged": path}."""
     out = Path(output_dir)
     paths: dict[str, str] = {}
     is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
     name = "adapter" if is_peft else "model"
-    _write_pretrained(model, tokenizer, out / name)
+    _write_pretrained(model, tokenizer, out / name, extra)
     paths[name] = str(out / name)
     if save_merged and is_peft:
         merged = model.merge_and_unload()  # changes the model: do it last
-        _write_pretrained(merged, tokenizer, out / "merged")
+        _write_pretrained(merged, tokenizer, out / "merged", extra)
         paths["merged"] = str(out / "merged")
     return paths
 
@@ -73,13 +80,19 @@ def is_new_best(metric: str, value: float, history: list[dict[str, float]]) -> b
 
 
 def save_best(
-    model: Any, tokenizer: Any, output_dir: str | Path, step: int, metric: str, value: float
+    model: Any,
+    tokenizer: Any,
+    output_dir: str | Path,
+    step: int,
+    metric: str,
+    value: float,
+    extra: dict[str, str] | None = None,
 ) -> Path:
     """``output_dir/best``: the model (adapter, or full model without LoRA) of the best eval so far,
     with ``best.json`` naming the step and the value (main process only; replaced atomically)."""
     out = Path(output_dir)
     best = json.dumps({"step": step, "metric": metric, "value": value})
-    _write_pretrained(model, tokenizer, out / BEST, extra={"best.json": best})
+    _write_pretrained(model, tokenizer, out / BEST, extra={"best.json": best, **(extra or {})})
     return out / BEST
 
 

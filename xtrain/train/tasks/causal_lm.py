@@ -90,4 +90,6 @@ def build_causal_lm(
     model = models.load_model(source, "causal-lm", cfg.model.dtype, cfg.model.trust_remote_code)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    return text_workload(model, cfg, "causal-lm", tokenizer, (train, eval_ds))
+    workload = text_workload(model, cfg, "causal-lm", tokenizer, (train, eval_ds))
+    workload.chat = chat
+    return workload

@@ -124,13 +124,32 @@ def parse_conversation(
     return Conversation(out, refs)
 
 
-def user_turn(question: str, images: int = 0, system: str | None = None) -> list[dict[str, Any]]:
-    """A question (after ``images`` image placeholders) as the normalised vision messages that
-    ``parse_conversation`` gives the template: what ``xtrain predict`` renders with the generation
-    prompt, the same way training rendered the prompts before its answers."""
+def user_turn(
+    question: str, images: int = 0, system: str | None = None, text_only: bool = False
+) -> list[dict[str, Any]]:
+    """A question (after ``images`` image placeholders) as the normalised messages that
+    ``parse_conversation`` gives the template (vision chat: lists of parts; ``text_only``: causal-lm
+    chat, string contents): what ``xtrain predict`` renders with the generation prompt, the same
+    way training rendered the prompts before its answers."""
+    if text_only:
+        turns = [{"role": "system", "content": system}] if system else []
+        return [*turns, {"role": "user", "content": question}]
     parts = [{"type": "image"} for _ in range(images)] + [{"type": "text", "text": question}]
     turns = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
     return [*turns, {"role": "user", "content": parts}]
+
+
+def end_of_turn(render: Render, tokenizer: Any) -> int | None:
+    """The token that ends an assistant turn in this template (``<|im_end|>``, the eos token, ...):
+    the first token the template puts after an answer (None when it puts nothing there)."""
+    answer = "ok"
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": answer}]
+    before = render(messages[:1], True)
+    after = render(messages, False)[len(before) :].rstrip()
+    if not after.startswith(answer) or len(after) == len(answer):
+        return None
+    ids = tokenizer(after[len(answer) :], add_special_tokens=False)["input_ids"]
+    return int(ids[0]) if ids else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,142 @@
+"""`xtrain predict` across tasks: a result that does not generate text (seq-cls) refused in one
+line, ``--output`` never overwriting a file, and the device every task runs on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from xtrain import builtin
+from xtrain import predict as lib
+from xtrain.cli import main
+from xtrain.errors import XtrainError
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
+
+
+@pytest.fixture(scope="module")
+def cls_run(tmp_path_factory) -> Path:
+    """A one-step seq-cls run of the quickstart job (tiny-bert classifier)."""
+    from support.jobs import offline_env, python_run, run_xtrain
+
+    root = tmp_path_factory.mktemp("cls")
+    env = offline_env(root, tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain")
+    out = root / "run"
+    config = REPO / "xtrain" / "data" / "quickstart.yaml"
+    args = ("--config", str(config), "run.max_steps=1", "data.eval=null", f"run.output_dir={out}")
+    proc = run_xtrain(python_run(*args), env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _refused(args: list[str], capsys) -> str:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error:")
+    return err
+
+
+def test_predict_refuses_a_seq_cls_run_in_one_line(cls_run, tmp_path, capsys):
+    for path in (cls_run, cls_run / "adapter"):
+        assert "seq-cls" in _refused(["predict", str(path), "-p", "great movie"], capsys)
+    assert capsys.readouterr().out == ""  # no generated garbage
+    # a run from before the record: its checkpoints' config, then peft's task_type, tell
+    old = shutil.copytree(cls_run, tmp_path / "old")
+    (old / "adapter" / "xtrain_run.json").unlink()
+    assert "seq-cls" in _refused(["predict", str(old), "-p", "great movie"], capsys)
+    shutil.rmtree(old / "checkpoints")
+    assert "seq-cls" in _refused(["predict", str(old), "-p", "great movie"], capsys)
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+
+def test_the_task_is_read_from_the_record_then_the_checkpoints_then_the_head(tmp_path):
+    run = tmp_path / "run"
+    _write(run / "adapter" / "adapter_config.json", {"task_type": "CAUSAL_LM"})
+    assert lib.run_task(run / "adapter") == lib.RunTask(None)
+    state = run / "checkpoints" / "step-2" / "xtrain_state.json"
+    _write(state, {"config": {"model": {"task": "custom"}}})
+    assert lib.run_task(run / "adapter") == lib.RunTask("custom")
+    with pytest.raises(XtrainError, match="custom result"):
+        lib.require_generative(run / "adapter")
+    _write(run / "adapter" / "xtrain_run.json", {"task": "causal-lm", "chat": True})
+    assert lib.require_generative(run / "adapter") == lib.RunTask("causal-lm", chat=True)
+    _write(tmp_path / "full" / "config.json", {"architectures": ["BertForSequenceClassification"]})
+    assert lib.run_task(tmp_path / "full") == lib.RunTask("seq-cls")
+
+
+def test_an_existing_output_file_is_refused_before_any_model_loads(tmp_path, capsys):
+    out = tmp_path / "answers.jsonl"
+    out.write_text("the user's own lines\n", encoding="utf-8")
+    missing = str(tmp_path / "no-such-run")  # the output is checked first: no model is looked at
+    err = _refused(["predict", missing, "-p", "hi", "--output", str(out)], capsys)
+    assert "already exists" in err and "another file name" in err
+    assert out.read_text(encoding="utf-8") == "the user's own lines\n"
+
+
+def test_every_task_runs_on_cuda_when_there_is_one(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert lib.pick_device() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert lib.pick_device() == "cpu"
+    placed = []
+    monkeypatch.setattr(lib, "pick_device", lambda: placed.append(True) or "cpu")
+    lib.load_predictor(builtin.ensure_builtin_model("builtin:tiny-llama"))  # causal-lm, like the rest
+    assert placed == [True]
+
+
+def test_inputs_follow_the_model_device_and_dtype():
+    import torch
+
+    class Model:
+        device, dtype = torch.device("cpu"), torch.float16
+
+    batch = lib.to_model({"input_ids": torch.ones(1, 2, dtype=torch.long), "x": torch.ones(1)}, Model())
+    assert batch["input_ids"].dtype == torch.long and batch["x"].dtype == torch.float16
+
+
+@pytest.mark.parametrize("kind", ["image", "audio file"])
+def test_an_unreadable_input_names_the_file_not_a_row(tmp_path, kind):
+    from xtrain.train.tasks.audio_data import read_audio
+    from xtrain.train.tasks.image_data import open_image
+
+    bad = tmp_path / "notes.png"
+    bad.write_text("not media", encoding="utf-8")
+    read = {
+        "image": lambda: open_image(str(bad), None, 0, ""),
+        "audio file": lambda: read_audio(str(bad), None, 0, "", 16000),
+    }
+    with pytest.raises(XtrainError) as e:
+        lib.read_input(bad, kind, read[kind])
+    assert e.value.message.startswith(f"input {bad} is not a readable {kind}: ")
+    assert "row" not in str(e.value) and "leave it out of the inputs" in str(e.value)
+
+
+@pytest.mark.parametrize("task", ["image-to-text", "speech-to-text", "vision-language"])
+def test_quickstart_offers_predict_on_real_built_in_inputs(task, tmp_path):
+    import shlex
+
+    from xtrain.commands.quickstart import next_line
+
+    line = next_line(task, tmp_path / "run", "xtrain train examples/x.yaml", "bash")
+    words = shlex.split(line.split("`")[1])
+    assert words[:3] == ["xtrain", "predict", str(tmp_path / "run")]
+    assert Path(words[3]).is_file()  # an eval image or clip of the built-in data the job trained on
+    assert "for your own data" in line
+
+
+def test_quickstart_seq_cls_offers_no_predict(tmp_path):
+    from xtrain.commands.quickstart import next_line
+
+    line = next_line("seq-cls", tmp_path, "xtrain train examples/seq-cls.yaml", "bash")
+    assert "predict" not in line and "xtrain train examples/seq-cls.yaml" in line
