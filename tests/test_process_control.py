@@ -134,6 +134,14 @@ def stop_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith(("stopped", "second Ctrl+C", "error: "))]
 
 
+def saved_one_stop_checkpoint(stderr: str, out: Path) -> str:
+    """One stop line naming the stop checkpoint, which is the newest and complete; returns it."""
+    (line,) = stop_lines(stderr)
+    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
+    newest_is_complete(out, line)
+    return line
+
+
 def newest_is_complete(out: Path, step_line: str) -> None:
     steps = sorted((out / "checkpoints").iterdir(), key=lambda p: p.stat().st_mtime)
     assert steps and not steps[-1].name.endswith(".tmp"), [p.name for p in steps]
@@ -156,9 +164,7 @@ def test_spawn_listens_on_loopback_only_and_sigterm_saves_143(job: Job) -> None:
         run.cleanup(pids)
     err = run.stderr()
     assert "Traceback" not in err
-    (line,) = stop_lines(err)
-    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
-    newest_is_complete(out, line)
+    saved_one_stop_checkpoint(err, out)
     assert_all_gone(pids)
     # stderr is a file: no ANSI codes, no live bar, progress as plain lines, paths whole
     assert "\x1b[" not in err and "…" not in err
@@ -183,9 +189,7 @@ def test_xtrain_train_listens_on_loopback_only_and_ctrl_c_saves_130(job: Job) ->
         run.cleanup(pids)
     err = run.stderr()
     assert "Traceback" not in err and "death signal" not in err
-    (line,) = stop_lines(err)
-    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
-    newest_is_complete(out, line)
+    saved_one_stop_checkpoint(err, out)
 
 
 def test_killing_the_launchers_group_ends_every_worker(job: Job) -> None:
@@ -244,9 +248,7 @@ def test_one_process_xtrain_train_sigterm_saves_143(job: Job) -> None:
         run.cleanup(pids)
     err = run.stderr()
     assert "Traceback" not in err
-    (line,) = stop_lines(err)
-    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
-    newest_is_complete(out, line)
+    saved_one_stop_checkpoint(err, out)
     assert_all_gone(pids)
 
 
@@ -309,9 +311,7 @@ def test_user_started_torchrun_ctrl_c_stops_the_workers_cleanly(job: Job) -> Non
         run.cleanup(pids)
     err = run.stderr()
     assert "SignalException: Process" in err and "got signal: 2" in err  # torchrun's own ending
-    (line,) = stop_lines(err)
-    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
-    newest_is_complete(out, line)
+    line = saved_one_stop_checkpoint(err, out)
     assert_all_gone(pids)
     assert_resumes(job, out, line)
 
@@ -336,6 +336,4 @@ def test_sigterm_to_one_process_accelerate_launch_stops_with_a_checkpoint(job: J
         run.cleanup(pids)
     err = run.stderr()
     assert "Traceback" not in err
-    (line,) = stop_lines(err)
-    assert line.startswith("stopped at step ") and "checkpoint saved to " in line, line
-    newest_is_complete(out, line)
+    saved_one_stop_checkpoint(err, out)

@@ -164,8 +164,6 @@ def to_model(batch: dict[str, Any], model: Any) -> dict[str, Any]:
 
 
 def load_predictor(path: str | Path) -> Predictor:
-    from transformers import AutoConfig
-
     from xtrain.train import models
 
     folder = model_folder(path)
@@ -177,10 +175,7 @@ def load_predictor(path: str | Path) -> Predictor:
             "base_model_name_or_path"
         ]
         base = models.resolve_model(base) if base.startswith("builtin:") else base
-    try:
-        config = AutoConfig.from_pretrained(base, trust_remote_code=False)  # predict runs no hub code
-    except Exception as e:
-        raise models._load_error("config", base, Path(base).exists(), e) from None
+    config = models.load_config(base, trust_remote_code=False)  # predict runs no hub code
     kind = config.model_type
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,

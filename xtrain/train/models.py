@@ -47,7 +47,7 @@ def resolve_model(name_or_path: str) -> str:
     return name_or_path
 
 
-def _load_error(what: str, name: str, local: bool, e: BaseException) -> XtrainError:
+def load_error(what: str, name: str, local: bool, e: BaseException) -> XtrainError:
     reason = _first_line(e)
     if "trust_remote_code" in str(e):
         return XtrainError(
@@ -70,7 +70,7 @@ def load_tokenizer(source: str, trust_remote_code: bool) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:
-        raise _load_error("tokenizer", source, Path(source).exists(), e) from None
+        raise load_error("tokenizer", source, Path(source).exists(), e) from None
     if tokenizer.pad_token_id is None:
         fallback = tokenizer.eos_token or tokenizer.unk_token
         if fallback is None:
@@ -115,7 +115,7 @@ def load_model(source: str, task: str, dtype: str, trust_remote_code: bool, **ex
                 f"{source} has no {task} head in transformers ({_first_line(e)[:120]})",
                 "use a model of that kind, or a custom task",
             ) from None
-        raise _load_error("model", source, Path(source).exists(), e) from None
+        raise load_error("model", source, Path(source).exists(), e) from None
 
 
 def load_config(source: str, trust_remote_code: bool) -> Any:
@@ -125,7 +125,7 @@ def load_config(source: str, trust_remote_code: bool) -> Any:
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:
-        raise _load_error("config", source, Path(source).exists(), e) from None
+        raise load_error("config", source, Path(source).exists(), e) from None
 
 
 def require_model_type(
@@ -152,7 +152,7 @@ def load_pretrained(model_class: Any, source: str, dtype: str, trust_remote_code
     try:
         return model_class.from_pretrained(source, **kwargs)
     except Exception as e:
-        raise _load_error("model", source, Path(source).exists(), e) from None
+        raise load_error("model", source, Path(source).exists(), e) from None
 
 
 class ProcessorFiles:
@@ -188,7 +188,7 @@ def load_processors(source: str, trust_remote_code: bool, part: str) -> tuple[An
             inputs = loader.from_pretrained(source, trust_remote_code=trust_remote_code)
         except Exception as e:
             what = part.replace("_", " ")
-            raise _load_error(what, source, Path(source).exists(), e) from None
+            raise load_error(what, source, Path(source).exists(), e) from None
         processor = None
     if tokenizer is None:
         tokenizer = load_tokenizer(source, trust_remote_code)

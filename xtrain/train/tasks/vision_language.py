@@ -97,21 +97,21 @@ def load_processor(source: str, trust_remote_code: bool) -> Any:
         # "Can't load video processor": a processor saved by the image-only build (an adapter
         # folder, trained without torchvision) has no video half to load: build it the same way
         if "video processor" not in str(e):
-            raise models._load_error("processor", source, local, e) from None
+            raise models.load_error("processor", source, local, e) from None
         error = e
     except Exception as e:
-        raise models._load_error("processor", source, local, e) from None
+        raise models.load_error("processor", source, local, e) from None
     if processor is None:
         name = _processor_class(source)
         base = getattr(transformers, name, None) if name else None
         if base is None:
-            raise models._load_error("processor", source, local, error or ValueError("no processor"))
+            raise models.load_error("processor", source, local, error or ValueError("no processor"))
         tokenizer = models.load_tokenizer(source, trust_remote_code)
         try:
             auto = transformers.AutoImageProcessor
             images = auto.from_pretrained(source, trust_remote_code=trust_remote_code)
         except Exception as e:
-            raise models._load_error("image processor", source, local, e) from None
+            raise models.load_error("image processor", source, local, e) from None
         processor = image_only_processor(base, images, tokenizer, tokenizer.chat_template)
     if getattr(processor, "image_processor", None) is None or getattr(processor, "tokenizer", None) is None:
         raise XtrainError(
