@@ -66,11 +66,17 @@ def test_the_task_is_read_from_the_record_then_the_checkpoints_then_the_head(tmp
     _write(state, {"config": {"model": {"task": "custom"}}})
     assert lib.run_task(run / "adapter") == lib.RunTask("custom")
     with pytest.raises(XtrainError, match="custom result"):
-        lib.require_generative(run / "adapter")
+        lib.predicting_task(run / "adapter")
     _write(run / "adapter" / "xtrain_run.json", {"task": "causal-lm", "chat": True})
-    assert lib.require_generative(run / "adapter") == lib.RunTask("causal-lm", chat=True)
+    task, found = lib.predicting_task(run / "adapter")
+    assert task.name == "causal-lm" and found == lib.RunTask("causal-lm", chat=True)
     _write(tmp_path / "full" / "config.json", {"architectures": ["BertForSequenceClassification"]})
     assert lib.run_task(tmp_path / "full") == lib.RunTask("seq-cls")
+    _write(tmp_path / "vit" / "config.json", {"architectures": ["ViTForImageClassification"]})
+    assert lib.run_task(tmp_path / "vit") == lib.RunTask("image-classification")
+    _write(tmp_path / "what" / "config.json", {"architectures": ["BertForTokenClassification"]})
+    with pytest.raises(XtrainError, match="cannot tell which task"):
+        lib.predicting_task(tmp_path / "what")
 
 
 def test_an_existing_output_file_is_refused_before_any_model_loads(tmp_path, capsys):
@@ -101,7 +107,9 @@ def test_inputs_follow_the_model_device_and_dtype():
     class Model:
         device, dtype = torch.device("cpu"), torch.float16
 
-    batch = lib.to_model({"input_ids": torch.ones(1, 2, dtype=torch.long), "x": torch.ones(1)}, Model())
+    from xtrain.train.tasks.predicting import to_model
+
+    batch = to_model({"input_ids": torch.ones(1, 2, dtype=torch.long), "x": torch.ones(1)}, Model())
     assert batch["input_ids"].dtype == torch.long and batch["x"].dtype == torch.float16
 
 
@@ -116,19 +124,23 @@ def test_an_unreadable_input_names_the_file_not_a_row(tmp_path, kind):
         "image": lambda: open_image(str(bad), None, 0, ""),
         "audio file": lambda: read_audio(str(bad), None, 0, "", 16000),
     }
+    from xtrain.train.tasks.predicting import read_input
+
     with pytest.raises(XtrainError) as e:
-        lib.read_input(bad, kind, read[kind])
+        read_input(bad, kind, read[kind])
     assert e.value.message.startswith(f"input {bad} is not a readable {kind}: ")
     assert "row" not in str(e.value) and "leave it out of the inputs" in str(e.value)
 
 
-@pytest.mark.parametrize("task", ["image-to-text", "speech-to-text", "vision-language"])
+@pytest.mark.parametrize(
+    "task", ["image-to-text", "speech-to-text", "vision-language", "image-classification"]
+)
 def test_quickstart_offers_predict_on_real_built_in_inputs(task, tmp_path):
     import shlex
 
-    from xtrain.commands.quickstart import next_line
+    from xtrain.commands.quickstart import next_line, quickstart_tasks
 
-    line = next_line(task, tmp_path / "run", "xtrain train examples/x.yaml", "bash")
+    line = next_line(quickstart_tasks()[task], tmp_path / "run", "bash")
     words = shlex.split(line.split("`")[1])
     assert words[:3] == ["xtrain", "predict", str(tmp_path / "run")]
     assert Path(words[3]).is_file()  # an eval image or clip of the built-in data the job trained on
@@ -136,7 +148,7 @@ def test_quickstart_offers_predict_on_real_built_in_inputs(task, tmp_path):
 
 
 def test_quickstart_seq_cls_offers_no_predict(tmp_path):
-    from xtrain.commands.quickstart import next_line
+    from xtrain.commands.quickstart import next_line, quickstart_tasks
 
-    line = next_line("seq-cls", tmp_path, "xtrain train examples/seq-cls.yaml", "bash")
+    line = next_line(quickstart_tasks()["seq-cls"], tmp_path, "bash")
     assert "predict" not in line and "xtrain train examples/seq-cls.yaml" in line

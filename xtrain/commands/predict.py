@@ -25,7 +25,7 @@ def predict(
     model: Path = typer.Argument(..., help="A run's output_dir, its adapter/ or best/, or a model folder."),
     inputs: list[str] = typer.Argument(
         None,
-        help="Image or audio files, or folders of them (image-to-text, speech-to-text, vision-language).",
+        help="Image or audio files, or folders of them (the tasks that read images or audio).",
     ),
     prompt: list[str] = typer.Option(
         None,
@@ -44,10 +44,11 @@ def predict(
     num_beams: str = typer.Option("1", "--num-beams", help="Beam width (1: greedy)."),
     output: Path = typer.Option(None, "--output", "-o", help="Also write the results as JSON lines here."),
 ) -> None:
-    """Generate text with a trained result: images or audio -> text, images + a question -> the
-    answer, or prompts -> continuations."""
+    """Run a trained result: images or audio -> text, images + a question -> the answer,
+    prompts -> continuations, images -> a label and its probability."""
     from xtrain import predict as lib
     from xtrain.train.quiet import quiet_libraries
+    from xtrain.train.tasks.contract import PredictRequest
 
     new_tokens = parse_int(max_new_tokens, "--max-new-tokens", 1, example="e.g. --max-new-tokens 64")
     beams = parse_int(num_beams, "--num-beams", 1, example="e.g. --num-beams 4")
@@ -62,39 +63,10 @@ def predict(
     if output is not None:
         check_output(output)
     quiet_libraries()
-    predictor = lib.load_predictor(model)
-    if system is not None and not (predictor.takes_questions or predictor.chat):
-        raise XtrainError(
-            "--system is for vision-language models and causal-lm runs trained on chat conversations",
-            "leave it out for this model",
-        )
-    if predictor.takes_questions:  # vision-language: images and a question about them
-        if not inputs:
-            raise XtrainError(
-                f"{predictor.source} is a vision-language model: it answers a question about an image",
-                "pass image files or folders with --question TEXT",
-            )
-        files = lib.image_files(list(inputs))
-        answers = lib.predict_questions(predictor, files, list(prompt or []), new_tokens, beams, system)
-        rows = [{"input": str(f), "prompt": q, "text": a} for f, q, a in answers]
-    elif inputs and prompt:
-        raise XtrainError(
-            f"{predictor.source} takes images/audio or --prompt, not both",
-            "questions about images go to vision-language models",
-        )
-    elif inputs and predictor.takes_audio:
-        files = lib.image_files(list(inputs), lib.AUDIO_EXTENSIONS, "audio files")
-        texts = lib.predict_audio(predictor, files, new_tokens, beams)
-        rows = [{"input": str(f), "text": t} for f, t in zip(files, texts, strict=True)]
-    elif inputs:
-        files = lib.image_files(list(inputs))
-        texts = lib.predict_images(predictor, files, new_tokens, beams)
-        rows = [{"input": str(f), "text": t} for f, t in zip(files, texts, strict=True)]
-    else:
-        texts = lib.predict_prompts(predictor, list(prompt), new_tokens, beams, system)
-        rows = [{"input": p, "text": t} for p, t in zip(prompt, texts, strict=True)]
+    request = PredictRequest(list(inputs or []), list(prompt or []), system, new_tokens, beams)
+    rows = lib.predict(model, request)
     for row in rows:  # plain tab-separated lines (rich would expand the tab): easy to pipe
-        typer.echo("\t".join(row.values()))  # input, (question,) text
+        typer.echo("\t".join(row.values()))  # input, (question,) text (, probability)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")

@@ -16,60 +16,33 @@ import typer
 
 from xtrain.commands.options import parse_int
 from xtrain.errors import XtrainError
+from xtrain.train.config.schema import ModelConfig
 
 DEFAULT_DIR = Path("xtrain-quickstart")
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-# --task -> (the packaged job, None: xtrain/data/quickstart.yaml; the command to try next)
-JOBS: dict[str, tuple[Path | None, str]] = {
-    "seq-cls": (None, "xtrain train examples/seq-cls.yaml"),
-    "image-to-text": (
-        DATA_DIR / "quickstart-image-to-text.yaml",
-        "xtrain train examples/image-to-text-ocr.yaml",
-    ),
-    "speech-to-text": (
-        DATA_DIR / "quickstart-speech-to-text.yaml",
-        "xtrain train examples/speech-to-text-words.yaml",
-    ),
-    "vision-language": (
-        DATA_DIR / "quickstart-vision-language.yaml",
-        "xtrain train examples/vision-language-qwen2-vl.yaml",
-    ),
-}
+DEFAULT_TASK = ModelConfig.task  # the config's default task: the packaged xtrain/data/quickstart.yaml
 
 
-# --task -> the built-in data its job trains on, for a `xtrain predict` line on one of its eval inputs
-PREDICT_DATA = {
-    "image-to-text": "ocr-lines",
-    "speech-to-text": "spoken-words",
-    "vision-language": "shapes-vqa",
-}
+def quickstart_tasks() -> dict[str, Any]:
+    """``{task name: its Quickstart}`` of the tasks that have a built-in job (the registry's)."""
+    from xtrain.train import tasks
+
+    return {name: t.quickstart for name, t in tasks.all_tasks().items() if t.quickstart is not None}
 
 
-def predict_args(task: str) -> list[str] | None:
-    """The inputs of a `xtrain predict` on a run of the ``task`` job: the first eval row of its
-    built-in data (the image, the clip, or the image and its question); None: not a generative task."""
-    from xtrain import builtin
-
-    if task not in PREDICT_DATA:
-        return None
-    folder = builtin.ensure_builtin_data(PREDICT_DATA[task])  # already built by the run
-    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
-    if task != "vision-language":
-        return [str(folder / row["image" if task == "image-to-text" else "audio"])]
-    parts = row["messages"][0]["content"]
-    image = next(p["image"] for p in parts if p["type"] == "image")
-    return [str(folder / image), "--question", next(p["text"] for p in parts if p["type"] == "text")]
+def job_file(quickstart: Any) -> Path:
+    return DATA_DIR / quickstart.job
 
 
-def next_line(task: str, run_dir: Path, next_command: str, shell: str) -> str:
-    """The closing ``Next:`` line: predict with the run just trained (generative tasks), then train
-    on your own data."""
+def next_line(quickstart: Any, run_dir: Path, shell: str) -> str:
+    """The closing ``Next:`` line: predict with the run just trained (tasks with a predict on
+    their built-in data), then train on your own data."""
     from xtrain.shell import quote
 
-    own = f"`{next_command}` for your own data (docs/configuration.md)."
-    args = predict_args(task)
-    if args is None:
+    own = f"`{quickstart.next_command}` for your own data (docs/configuration.md)."
+    if quickstart.predict_args is None:
         return f"Next: {own}"
+    args = quickstart.predict_args()
     predict = " ".join(quote(shell, a) for a in ["xtrain", "predict", str(run_dir), *args])
     return f"Next: `{predict}` runs the adapter just trained; {own}"
 
@@ -124,15 +97,9 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
     return rows
 
 
-# The headline metric of each generative task: (metric, its name, what it means).
-HEADLINES = {
-    "image-to-text": ("cer", "CER", "share of characters wrong; 0 is perfect"),  # OCR: lower is better
-    "speech-to-text": ("wer", "WER", "share of words wrong; 0 is perfect"),  # ASR
-    "vision-language": ("exact_match", "exact match", "share of answers right; 1 is perfect"),  # VQA
-}
-
-
-def _print_result(console: Any, cfg: Any, result: dict[str, Any], seconds: float) -> None:
+def _print_result(
+    console: Any, cfg: Any, headline: tuple[str, str, str] | None, result: dict[str, Any], seconds: float
+) -> None:
     """The before/after metrics, the headline, sample predictions and where the run went."""
     from rich.table import Table
 
@@ -147,8 +114,8 @@ def _print_result(console: Any, cfg: Any, result: dict[str, Any], seconds: float
     for row in metric_rows(result):
         table.add_row(*row)
     console.print(table)
-    if cfg.model.task in HEADLINES:
-        key, name, meaning = HEADLINES[cfg.model.task]
+    if headline is not None:
+        key, name, meaning = headline
         found = next(((b, a) for k, b, a in metric_rows(result) if k == key), None)
         if found is not None:
             console.print(f"{name} {found[0]} -> {found[1]} ({meaning})")
@@ -162,10 +129,10 @@ def _print_result(console: Any, cfg: Any, result: dict[str, Any], seconds: float
 
 def quickstart(
     task: str = typer.Option(
-        "seq-cls",
+        DEFAULT_TASK,
         "--task",
-        help="The built-in job: seq-cls (text classification), image-to-text (OCR), speech-to-text (ASR) "
-        "or vision-language (questions about images).",
+        help="The built-in job of a task (a task's name, e.g. image-to-text: OCR); "
+        "`xtrain quickstart --task list` lists them.",
     ),
     processes: str = typer.Option(
         None, "--processes", "-n", help="Processes (default: one per GPU; one on CPU)."
@@ -184,9 +151,14 @@ def quickstart(
     from xtrain.train.config.loading import load_config
 
     console = make_console()
-    if task not in JOBS:
-        raise XtrainError(f"unknown quickstart task '{task}'", f"use --task {' or --task '.join(JOBS)}")
-    job, next_command = JOBS[task]
+    jobs = quickstart_tasks()
+    if task not in jobs:
+        listed = "; ".join(f"--task {name} ({q.about})" for name, q in jobs.items())
+        if task == "list":
+            console.print(f"built-in jobs: {listed}", soft_wrap=True, markup=False)
+            return
+        raise XtrainError(f"unknown quickstart task '{task}'", f"use one of: {listed}")
+    job = job_file(jobs[task])
     n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
     diagnosis = diagnose(probe.collect(), Overrides(num_processes=n, platform=platform))
     worst = {s: sum(f.severity == s for f in diagnosis.findings) for s in ("warn", "error")}
@@ -210,12 +182,12 @@ def quickstart(
         cfg = load_config(job, overrides)
     plan = plan_for_training(cfg, n, None, platform)
     started = time.perf_counter()
-    run_argv = ["--config", str(job), *overrides] if job is not None else overrides
+    run_argv = ["--config", str(job), *overrides]
     code = launch_training(plan, run_argv, console)
     if code != 0:
         raise typer.Exit(code)
     seconds = time.perf_counter() - started
 
-    _print_result(console, cfg, read_result(run_dir), seconds)
+    _print_result(console, cfg, jobs[task].headline, read_result(run_dir), seconds)
     shell = shell_for(diagnosis.plan.os_kind)
-    console.print(next_line(task, run_dir, next_command, shell), soft_wrap=True, markup=False)
+    console.print(next_line(jobs[task], run_dir, shell), soft_wrap=True, markup=False)

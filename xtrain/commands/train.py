@@ -54,7 +54,7 @@ def memory_lines(cfg: Any, plan: Any, facts: Any) -> list[str]:
     gpu = memory.smallest_gpu(gpus, plan.gpu_ids) if plan.device == "cuda" else None
     if gpu is None:
         return []
-    from xtrain.train import model_size
+    from xtrain.train import model_size, tasks
     from xtrain.train.quiet import quiet_libraries
 
     quiet_libraries()  # building the model's skeleton: no library chatter
@@ -69,7 +69,7 @@ def memory_lines(cfg: Any, plan: Any, facts: Any) -> list[str]:
         run_settings(cfg, plan, plan.world_size).precision,
         gpu[1],
         gpu[0],
-        images=cfg.model.task == "vision-language",
+        images=tasks.get(cfg.model.task).image_tokens,
     )
     lines = [f"[bold]Memory:[/] {escape(check.summary())}"]
     return lines + ([f"[bold yellow]warning:[/] {escape(check.warning)}"] if check.warning else [])

@@ -367,13 +367,13 @@ def label_mapping(
             )
         if n < 2:
             raise XtrainError(
-                f"seq-cls needs at least 2 classes, the data has {n}", "check data.label_column"
+                f"classification needs at least 2 classes, the data has {n}", "check data.label_column"
             )
         return None, n, dict(enumerate(class_names)) if class_names else None
     if any(isinstance(v, float) for v in values):
         raise XtrainError(
             "labels must be integers or strings, found fractional numbers",
-            "seq-cls is classification; regression needs a custom task",
+            "this task is classification; regression needs a custom task",
         )
     names = sorted({label_key(v) for v in train_labels})
     unseen = sorted({label_key(v) for v in eval_labels} - set(names))
@@ -384,7 +384,7 @@ def label_mapping(
         )
     if len(names) < 2:
         raise XtrainError(
-            f"seq-cls needs at least 2 classes, the data has {len(names)}", "check data.label_column"
+            f"classification needs at least 2 classes, the data has {len(names)}", "check data.label_column"
         )
     n = num_labels or len(names)
     if n < len(names):
@@ -394,3 +394,27 @@ def label_mapping(
         )
     mapping = {name: i for i, name in enumerate(names)}
     return mapping, n, {i: name for name, i in mapping.items()}
+
+
+def labels_of(
+    train: Any, eval_ds: Any | None, column: str, num_labels: int | None, sources: tuple[str, str]
+) -> tuple[dict[str, int] | None, int, dict[int, str] | None]:
+    """``label_mapping`` of a label column of the train (and eval) set; a ``datasets.ClassLabel``
+    column names its integer classes (seq-cls, image-classification)."""
+    feature = train.features.get(column)
+    return label_mapping(
+        train.unique(column),
+        eval_ds.unique(column) if eval_ds is not None else [],
+        num_labels,
+        sources,
+        class_names=list(feature.names) if hasattr(feature, "names") else None,
+    )
+
+
+def head_labels(num_labels: int, id2label: dict[int, str] | None) -> dict[str, Any]:
+    """The ``from_pretrained`` keywords of a classifier head: its size and its label names."""
+    extra: dict[str, Any] = {"num_labels": num_labels}
+    if id2label is not None:
+        extra["id2label"] = id2label
+        extra["label2id"] = {name: i for i, name in id2label.items()}
+    return extra

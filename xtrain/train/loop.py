@@ -446,7 +446,7 @@ class Recipe:
     @property
     def record(self) -> dict[str, str]:
         """The run record saved with the adapter/model (what ``xtrain predict`` reads)."""
-        return run_record(self.cfg.model.task, self.workload.chat)
+        return run_record(self.cfg.model.task, self.workload.chat, self.workload.record)
 
     def _step_dir(self, step: int) -> Path:
         return checkpoint.checkpoints_dir(self.out) / f"step-{step}"

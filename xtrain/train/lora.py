@@ -83,6 +83,14 @@ def linear_layers(model: Any) -> dict[str, str]:
     return {name: name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, kinds)}
 
 
+def layers_matching(model: Any, pattern: str) -> list[str]:
+    """Qualified names of the Linear-like layers that ``pattern`` matches whole (as peft matches
+    a ``target_modules`` regex)."""
+    import re
+
+    return [q for q in linear_layers(model) if re.fullmatch(pattern, q)]
+
+
 def _head_layers(model: Any) -> set[str]:
     """Qualified names of the heads: known head names, and the output embeddings whatever their name."""
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -140,16 +148,16 @@ def enable_gradient_checkpointing(model: Any, with_lora: bool) -> None:
         model.config.use_cache = False
 
 
-def apply_lora(model: Any, lora: Any, task: str) -> Any:
-    """``get_peft_model`` with the config's settings; the task head is trained whole for seq-cls
-    (peft's ``TaskType.SEQ_CLS`` puts ``classifier``/``score`` in ``modules_to_save``)."""
+def apply_lora(model: Any, lora: Any, task_type: str | None) -> Any:
+    """``get_peft_model`` with the config's settings and the task's peft ``task_type`` (peft's
+    ``SEQ_CLS`` trains the head whole: it puts ``classifier``/``score`` in ``modules_to_save``)."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     targets: str | list[str] = lora.target_modules
     if targets == "auto":
         targets = find_target_modules(model)
     config = LoraConfig(
-        task_type=TaskType.SEQ_CLS if task == "seq-cls" else TaskType.CAUSAL_LM,
+        task_type=TaskType[task_type] if task_type else None,
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
@@ -166,10 +174,10 @@ def apply_lora(model: Any, lora: Any, task: str) -> Any:
                 f"Linear layers it has: {available}",
             ) from None
         raise
-    return _trainable_fp32(peft_model)
+    return trainable_fp32(peft_model)
 
 
-def _trainable_fp32(peft_model: Any) -> Any:
+def trainable_fp32(peft_model: Any) -> Any:
     """Trained weights stay in float32 even when the base model was loaded in half precision
     (mixed precision autocasts the compute; a half-precision trainable weight breaks the scaler)."""
     import torch
@@ -184,11 +192,10 @@ def apply_lora_matching(model: Any, lora: Any, pattern: str, where: str) -> Any:
     """``get_peft_model`` on the Linear layers whose full module name matches ``pattern`` (a
     regex): how encoder-decoder and multimodal tasks pick their halves. ``where`` names the part
     in the one-line error when nothing matches."""
-    import re
 
     from peft import LoraConfig, get_peft_model
 
-    if not any(re.fullmatch(pattern, n) for n in linear_layers(model)):
+    if not layers_matching(model, pattern):
         available = ", ".join(sorted(set(linear_layers(model).values()))[:16])
         raise XtrainError(
             f"lora.target_modules {lora.target_modules} matched no layer of the {where}",
@@ -201,4 +208,4 @@ def apply_lora_matching(model: Any, lora: Any, pattern: str, where: str) -> Any:
         target_modules=pattern,
         modules_to_save=lora.modules_to_save,
     )
-    return _trainable_fp32(get_peft_model(model, config))
+    return trainable_fp32(get_peft_model(model, config))

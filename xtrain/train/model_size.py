@@ -15,24 +15,13 @@ the estimate (a CUDA machine).
 
 from __future__ import annotations
 
-import importlib
-import re
 from pathlib import Path
 from typing import Any
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train import lora, memory
-from xtrain.train.config import TrainConfig
-
-# task -> the class its builder loads (custom tasks build their own model: no estimate)
-AUTO_CLASSES = {
-    "causal-lm": "AutoModelForCausalLM",
-    "seq-cls": "AutoModelForSequenceClassification",
-    "image-to-text": "VisionEncoderDecoderModel",
-    "speech-to-text": "AutoModelForSpeechSeq2Seq",
-    "vision-language": "AutoModelForImageTextToText",
-}
+from xtrain.train import lora, memory, tasks
+from xtrain.train.config.schema import TrainConfig
 
 
 def read_config_offline(cfg: TrainConfig) -> Any | str:
@@ -63,23 +52,16 @@ def read_config_offline(cfg: TrainConfig) -> Any | str:
 
 def _adapted(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """(the Linear layers that get adapters, the modules trained whole) as the task's builder picks
-    them, with the task's own choosers; peft itself is not imported (seconds at import)."""
-    task, lora_cfg = cfg.model.task, cfg.lora
+    them, with the task's own chooser (``Task.lora_plan``); peft itself is not imported (seconds)."""
+    task = tasks.get(cfg.model.task)
+    if task.lora_plan is not None:
+        return task.lora_plan(model, cfg)
     layers = lora.linear_layers(model)  # qualified name -> leaf name
-    whole = list(lora_cfg.modules_to_save or [])
-    if task == "vision-language":
-        from xtrain.train.tasks import vision_language
-
-        projector = vision_language.parts(model)[2] if lora_cfg.projector else None
-        return vision_language.lora_targets(model, lora_cfg), whole + ([projector] if projector else [])
-    if task in ("image-to-text", "speech-to-text"):
-        tasks = importlib.import_module(f"xtrain.train.tasks.{task.replace('-', '_')}")
-        pattern = tasks.target_pattern(model, lora_cfg)  # full match on qualified names, as peft's
-        return [q for q in layers if re.fullmatch(pattern, q)], whole
-    names = lora_cfg.target_modules
+    whole = list(cfg.lora.modules_to_save or [])
+    names = cfg.lora.target_modules
     if isinstance(names, str):  # auto: lora.apply_lora's own choice
         names = lora.find_target_modules(model) if names == "auto" else [names]
-    if task == "seq-cls":
+    if task.peft_task_type == "SEQ_CLS":
         whole += ["classifier", "score"]  # peft's SEQ_CLS trains the head whole, whatever else is named
     return [q for q, leaf in layers.items() if leaf in names or q in names], whole
 
@@ -88,10 +70,9 @@ def _lora_counts(model: Any, cfg: TrainConfig) -> tuple[int, int]:
     """(parameters LoRA adds, parameters that train) for ``cfg.lora``: ``r x (in + out)`` for each
     adapted layer, and a trained copy of each module kept whole (peft's ``modules_to_save``)."""
     if not cfg.lora.enabled:
-        if cfg.model.task == "vision-language":
-            from xtrain.train.tasks import vision_language
-
-            vision_language.full_fine_tune(model, cfg.model.freeze_vision)
+        full_fine_tune = tasks.get(cfg.model.task).full_fine_tune
+        if full_fine_tune is not None:  # the task's own freezing, as its build does it
+            full_fine_tune(model, cfg)
             return 0, sum(p.numel() for p in model.parameters() if p.requires_grad)
         return 0, sum(p.numel() for p in model.parameters())
     targets, whole = _adapted(model, cfg)
@@ -108,7 +89,8 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
     import transformers
     from accelerate import init_empty_weights
 
-    if cfg.model.task not in AUTO_CLASSES:
+    model_class = tasks.get(cfg.model.task).model_class
+    if model_class is None:
         return f"task {cfg.model.task} builds its own model"
     config = read_config_offline(cfg)
     if isinstance(config, str):
@@ -116,7 +98,7 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
     shape = memory.model_shape(config)
     if shape is None:
         return f"the config of {cfg.model.name_or_path} names no hidden size or layer count"
-    auto = getattr(transformers, AUTO_CLASSES[cfg.model.task])
+    auto = getattr(transformers, model_class)
     try:
         with init_empty_weights():
             # Auto classes build from a config with from_config, model classes with their constructor
@@ -185,5 +167,5 @@ def check_live_model(
         precision,
         total_bytes / memory.GIB,
         gpu_name,
-        images=cfg.model.task == "vision-language",
+        images=tasks.get(cfg.model.task).image_tokens,
     )

@@ -101,11 +101,14 @@ def _dtype_kwarg() -> str:
     return "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
 
 
-def load_model(source: str, task: str, dtype: str, trust_remote_code: bool, **extra: Any) -> Any:
-    """``AutoModelForCausalLM`` or ``AutoModelForSequenceClassification`` ``.from_pretrained``."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+def load_model(
+    source: str, model_class: str, task: str, dtype: str, trust_remote_code: bool, **extra: Any
+) -> Any:
+    """``transformers.<model_class>.from_pretrained`` (the task's Auto class); a checkpoint
+    without that head is one line naming the ``task``."""
+    import transformers
 
-    auto = AutoModelForCausalLM if task == "causal-lm" else AutoModelForSequenceClassification
+    auto = getattr(transformers, model_class)
     kwargs = {_dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
     try:
         return auto.from_pretrained(source, **kwargs)
@@ -145,10 +148,10 @@ def require_model_type(
     return config
 
 
-def load_pretrained(model_class: Any, source: str, dtype: str, trust_remote_code: bool) -> Any:
-    """``model_class.from_pretrained`` with the config's dtype and remote-code choice; a failure
-    is one line (the encoder-decoder and vision-language tasks load through here)."""
-    kwargs = {_dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code}
+def load_pretrained(model_class: Any, source: str, dtype: str, trust_remote_code: bool, **extra: Any) -> Any:
+    """``model_class.from_pretrained`` with the config's dtype and remote-code choice (and
+    ``extra`` keywords); a failure is one line (the media tasks load through here)."""
+    kwargs = {_dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
     try:
         return model_class.from_pretrained(source, **kwargs)
     except Exception as e:

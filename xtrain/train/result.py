@@ -59,7 +59,7 @@ def run_info(
     }
 
 
-def run_record(task: str, chat: bool) -> dict[str, str]:
-    """``{RUN_FILE: text}``: the run's task, and whether it trained on chat conversations (then
-    predict renders prompts with the saved chat template)."""
-    return {RUN_FILE: json.dumps({"task": task, "chat": chat})}
+def run_record(task: str, chat: bool, more: dict[str, Any] | None = None) -> dict[str, str]:
+    """``{RUN_FILE: text}``: the run's task, whether it trained on chat conversations (then
+    predict renders prompts with the saved chat template), and what else its task records."""
+    return {RUN_FILE: json.dumps({**(more or {}), "task": task, "chat": chat})}

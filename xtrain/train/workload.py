@@ -8,19 +8,20 @@ model or a dataset beyond this contract, so ``causal-lm``, ``seq-cls`` and any `
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-Batch = Mapping[str, torch.Tensor]
+Batch = Mapping[str, "torch.Tensor"]
 # eval_batch(model_outputs, batch) -> per-example tensors, each of shape [batch_size].
 # It must include "loss_sum" and "count" (eval loss = sum(loss_sum) / sum(count)); any other
 # keys are task statistics that ``reduce_metrics`` turns into numbers. The loop gathers these
 # with ``accelerator.gather_for_metrics`` (which drops the duplicated samples of the last batch).
-EvalBatchFn = Callable[[Any, Batch], dict[str, torch.Tensor]]
+EvalBatchFn = Callable[[Any, Batch], dict[str, "torch.Tensor"]]
 # reduce_metrics(gathered per-example tensors over the whole eval set) -> {"accuracy": 0.93, ...}
-ReduceFn = Callable[[dict[str, torch.Tensor]], dict[str, float]]
+ReduceFn = Callable[[dict[str, "torch.Tensor"]], dict[str, float]]
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Workload:
     reduce_metrics: ReduceFn | None = None
     tokenizer: Any | None = None  # saved next to the adapter when present
     chat: bool = False  # trained on chat conversations (causal-lm ``messages``): predict renders them
+    # more of what the task's predict needs, saved in the run's record (e.g. a classifier's labels)
+    record: dict[str, Any] = field(default_factory=dict)
     main_metric: str | None = None  # e.g. "accuracy": shown in banners and closing tables
     tokens_key: str | None = "attention_mask"  # batch key whose sum counts tokens (tokens/s)
     evaluate: EvaluateFn | None = None  # evaluation by generation (xtrain.train.generation)

@@ -14,12 +14,12 @@ from xtrain.train.checkpoint.manifest import damage
 # The one rule for config changes on resume. Values that live in what the checkpoint restores
 # (the shape and scale of the trained weights, the optimizer's hyper-parameters, which
 # accelerate loads back with its state) must match: a different value is refused, naming the
-# key. Every other value may change: it applies from the resumed step on, with a note naming
-# the key and both values. (model.name_or_path may change: a model folder can move.)
+# key. These are the keys below, and the task's own (``Task.resume_keys``: which half holds
+# adapters, which weights are frozen, the head's size). Every other value may change: it applies
+# from the resumed step on, with a note naming the key and both values. (model.name_or_path may
+# change: a model folder can move.)
 _MUST_MATCH = (
     ("model", "task"),
-    ("model", "custom"),
-    ("model", "num_labels"),
     ("lora", "enabled"),
     ("lora", "r"),
     ("lora", "alpha"),
@@ -31,9 +31,19 @@ _MUST_MATCH = (
     ("optim", "weight_decay"),
     ("optim", "lr_scaling"),
     ("optim", "base_global_batch"),
-    ("lora", "apply_to"),  # image-to-text: which half holds adapters
-    ("model", "freeze_encoder"),  # speech-to-text: which weights the optimizer holds
 )
+
+
+def must_match(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The ``(section, key)`` pairs a resume must keep: the common ones and the task's own."""
+    from xtrain.train import tasks
+
+    task = (config.get("model") or {}).get("task")
+    own = tasks.all_tasks().get(task) if isinstance(task, str) else None
+    extra = [tuple(k.split(".", 1)) for k in own.resume_keys] if own is not None else []
+    return [*_MUST_MATCH, *(pair for pair in extra if pair not in _MUST_MATCH)]
+
+
 # keys whose change has its own note below (or that only say where this run is)
 _OWN_NOTE = {
     "model.name_or_path",
@@ -120,7 +130,7 @@ def read_state(path: Path, config: dict[str, Any]) -> TrainState:
             f"checkpoint {path} cannot be read: {e}",
             f"resume from another step-N folder in {path.parent}, or use a new run.output_dir",
         ) from None
-    for section, key in _MUST_MATCH:
+    for section, key in must_match(config):
         if key not in (state.config.get(section) or {}):
             continue  # a key newer than the checkpoint: it had the default then
         old = (state.config.get(section) or {}).get(key)
@@ -156,7 +166,7 @@ def changes(
         notes.append(f"model.name_or_path changed from {old_model} to {new_model}")
     if state.total_steps != total_steps:
         notes.append(f"the run length changed from {state.total_steps} to {total_steps} steps")
-    must = {f"{s}.{k}" for s, k in _MUST_MATCH}
+    must = {f"{s}.{k}" for s, k in must_match(config)}
     for section, values in sorted(config.items()):
         old_section = state.config.get(section) or {}
         if not isinstance(values, dict) or not isinstance(old_section, dict):

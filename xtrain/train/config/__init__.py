@@ -21,7 +21,6 @@ from xtrain.train.config.loading import (
     parse_override,
 )
 from xtrain.train.config.schema import (
-    TASKS,
     BatchConfig,
     DataConfig,
     GenerationConfig,
@@ -39,7 +38,6 @@ __all__ = [
     "CHECKS",
     "CHOICES",
     "QUICKSTART_CONFIG",
-    "TASKS",
     "BatchConfig",
     "DataConfig",
     "GenerationConfig",

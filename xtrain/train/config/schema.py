@@ -12,15 +12,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-TASKS = ("causal-lm", "seq-cls", "image-to-text", "speech-to-text", "vision-language", "custom")
-
 
 @dataclass
 class ModelConfig:
     name_or_path: str = "builtin:tiny-bert"  # local folder, hub id, or builtin:NAME (built offline)
-    task: str = "seq-cls"  # causal-lm | seq-cls | image-to-text | speech-to-text | vision-language | custom
-    custom: str | None = None  # "module:function" returning a Workload (task: custom)
-    num_labels: int | None = None  # seq-cls; None: inferred from the data
+    task: str = "seq-cls"  # a task of the registry (xtrain.train.tasks), e.g. causal-lm, custom
+    custom: str | None = None  # "module:function" returning a Workload (the custom task)
+    num_labels: int | None = None  # classification tasks; None: inferred from the data
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (weights' load dtype)
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False

@@ -11,10 +11,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import TASKS, TrainConfig, config_keys, section_fields, sections
+from xtrain.train import tasks
+from xtrain.train.config.schema import TrainConfig, config_keys, section_fields, sections
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "model.task": TASKS,
+    "model.task": tasks.names(),  # the registry's (xtrain.train.tasks)
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "lora.apply_to": ("both", "encoder", "decoder"),
     "data.format": ("auto", "json", "csv", "parquet", "text", "arrow"),
@@ -29,18 +30,7 @@ ALIASES: dict[str, dict[Any, str]] = {
     "model.dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"},
     "run.mixed_precision": {False: "no", "none": "no", "off": "no", "float16": "fp16", "bfloat16": "bf16"},
     "run.resume": {False: "off", True: "auto", "no": "off", "none": "off"},
-    "model.task": {
-        "causal_lm": "causal-lm",
-        "clm": "causal-lm",
-        "seq_cls": "seq-cls",
-        "image_to_text": "image-to-text",
-        "ocr": "image-to-text",
-        "speech_to_text": "speech-to-text",
-        "asr": "speech-to-text",
-        "vision_language": "vision-language",
-        "vlm": "vision-language",
-        "image-text-to-text": "vision-language",
-    },
+    "model.task": tasks.aliases(),  # each task's own, and its name with underscores
 }
 # Range checks: key -> (predicate on the typed value, what a valid value is).
 _POS_INT = (lambda v: v > 0, "a positive integer")

@@ -1,15 +1,12 @@
-"""Tasks: turn a ``TrainConfig`` into a ``Workload`` (model, datasets, collator, metrics).
+"""Tasks as plug-ins: one module per task, each exporting ``TASK`` (``contract.Task``), and one
+registry line each below. Everything else reads a task's parts through ``get(name)``.
 
-- ``causal-lm``: a text column, or prompt/response columns with the loss on the response only;
-  optional packing; metric: next-token accuracy (and perplexity).
-- ``seq-cls``: text (+ optional text pair) and a label (integers, or names mapped in sorted
-  order); the classifier head is trained whole next to the LoRA adapters; metric: accuracy.
-- ``image-to-text``: images and their text for a vision encoder-decoder (TrOCR, ViT-GPT2); metric:
-  CER/WER by generation (``image_to_text.py``).
-- ``speech-to-text``: audio clips and their transcripts for a speech encoder-decoder (Whisper);
-  metric: WER/CER by generation (``speech_to_text.py``).
-- ``vision-language``: image + text conversations (``messages``) for a decoder-only VLM (Qwen2-VL);
-  loss on the assistant turns only; metric: exact match of generated answers (``vision_language.py``).
+- ``causal-lm``: text, prompt/response or chat conversations; next-token accuracy.
+- ``seq-cls``: text (+ pair) and a label; the classifier head trained whole; accuracy.
+- ``image-to-text``: images and their text (TrOCR, ViT-GPT2); CER/WER by generation.
+- ``speech-to-text``: audio and transcripts (Whisper); WER/CER by generation.
+- ``vision-language``: image + text conversations (Qwen2-VL); exact match by generation.
+- ``image-classification``: images and a label (ViT, DeiT, ConvNeXt, Swin); accuracy.
 - ``custom``: ``model.custom: module:function``, called with the config, returns a Workload.
 
 Order matters for reproducibility: data first (inside ``main_process_first`` so one process
@@ -23,39 +20,66 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
-from collections.abc import Callable
+from functools import cache
+from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import TASKS, TrainConfig
-from xtrain.train.tasks.common import MainProcessFirst
-from xtrain.train.workload import Workload
+from xtrain.train.tasks.contract import MainProcessFirst, Task
 
-# task -> "module:function" under xtrain.train.tasks; imported on use, so a text run never
-# imports the image or audio stack
-BUILDERS: dict[str, str] = {
-    "causal-lm": "causal_lm:build_causal_lm",
-    "seq-cls": "seq_cls:build_seq_cls",
-    "image-to-text": "image_to_text:build_image_to_text",
-    "speech-to-text": "speech_to_text:build_speech_to_text",
-    "vision-language": "vision_language:build_vision_language",
-    "custom": "custom:build_custom",
-}
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.workload import Workload
+
+# The registry: the modules under xtrain.train.tasks that export a TASK, in the order help lists them.
+REGISTRY = (
+    "causal_lm",
+    "seq_cls",
+    "image_to_text",
+    "speech_to_text",
+    "vision_language",
+    "image_classification",
+    "custom",
+)
 
 
-def builder(task: str) -> Callable[[TrainConfig, MainProcessFirst], Workload]:
-    """The builder function of ``task`` (one line naming the tasks when it is unknown)."""
-    if task not in BUILDERS:
-        close = difflib.get_close_matches(task, TASKS, n=1)
+@cache
+def all_tasks() -> dict[str, Task]:
+    """``{name: Task}`` of every registered task (light imports: no torch)."""
+    found: dict[str, Task] = {}
+    for module in REGISTRY:
+        task = importlib.import_module(f"{__name__}.{module}").TASK
+        found[task.name] = task
+    return found
+
+
+def names() -> tuple[str, ...]:
+    return tuple(all_tasks())
+
+
+def aliases() -> dict[str, str]:
+    """``{other spelling: task name}``: each task's aliases and its name with underscores."""
+    out: dict[str, str] = {}
+    for task in all_tasks().values():
+        for alias in (task.name.replace("-", "_"), *task.aliases):
+            if alias != task.name:
+                out[alias] = task.name
+    return out
+
+
+def get(name: str) -> Task:
+    """The task called ``name`` (one line naming the tasks when it is unknown)."""
+    tasks = all_tasks()
+    if name not in tasks:
+        close = difflib.get_close_matches(name, list(tasks), n=1)
         raise XtrainError(
-            f"unknown task '{task}' (tasks: {', '.join(TASKS)})",
+            f"unknown task '{name}' (tasks: {', '.join(tasks)})",
             f"did you mean '{close[0]}'?" if close else None,
         )
-    module, _, function = BUILDERS[task].partition(":")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), function)
+    return tasks[name]
 
 
 def build_workload(
     cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext
 ) -> Workload:
     """The Workload of ``cfg.model.task``."""
-    return builder(cfg.model.task)(cfg, main_process_first)
+    return get(cfg.model.task).build(cfg, main_process_first)

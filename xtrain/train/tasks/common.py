@@ -1,18 +1,18 @@
-"""Steps every built-in task shares: tokenizer and raw data loading, the pad collator, the
-model's finishing touches (position limit, gradient checkpointing, LoRA)."""
+"""Steps every built-in task shares: tokenizer and raw data loading, the seeded model load, the
+pad collator, the model's finishing touches (position limit, gradient checkpointing, LoRA or the
+task's full fine-tune), and the one sequence of the media tasks (``media_source``,
+``finish_media_model``, ``generation_eval``). Imported by the tasks' hooks, never at their import."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import collate, data, lora, models
 from xtrain.train.config.schema import TrainConfig
-from xtrain.train.workload import Workload
-
-MainProcessFirst = Callable[[], contextlib.AbstractContextManager]
+from xtrain.train.tasks.contract import MainProcessFirst, Task
+from xtrain.train.workload import EvalBatchFn, ReduceFn, Workload
 
 
 def prepare_tokenizer(cfg: TrainConfig, main_process_first: MainProcessFirst) -> tuple[str, Any]:
@@ -50,20 +50,47 @@ def pad_collator(tokenizer: Any) -> collate.PadCollator:
     return collate.PadCollator(tokenizer.pad_token_id, 8 if torch.cuda.is_available() else None)
 
 
-def finish_model(model: Any, cfg: TrainConfig, task: str) -> Any:
-    # a longer sequence than the model has positions fails inside the first forward pass
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if isinstance(limit, int) and 0 < limit < cfg.data.max_length:
+def load_seeded(cfg: TrainConfig, task: Task, source: str, **extra: Any) -> Any:
+    """The task's model class ``from_pretrained``, right after ``set_seed(run.seed)``: every
+    process and launch mode starts from the same weights (heads made new included)."""
+    from transformers import set_seed
+
+    assert task.model_class is not None, f"{task.name} loads its model itself"
+    set_seed(cfg.run.seed)
+    m = cfg.model
+    return models.load_model(source, task.model_class, task.name, m.dtype, m.trust_remote_code, **extra)
+
+
+def check_positions(model: Any, max_length: int) -> None:
+    """A longer sequence than the model has positions fails inside the first forward pass."""
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    limit = getattr(text, "max_position_embeddings", None)
+    if isinstance(limit, int) and 0 < limit < max_length:
         raise XtrainError(
-            f"data.max_length={cfg.data.max_length} is above the model's limit of {limit} positions",
+            f"data.max_length={max_length} is above the model's limit of {limit} positions",
             f"set data.max_length={limit} or less",
         )
+
+
+def train_everything(model: Any, cfg: TrainConfig) -> None:
+    """The default full fine-tune: every weight trains."""
+    for p in model.parameters():
+        p.requires_grad_(True)
+
+
+def finish_model(
+    model: Any, cfg: TrainConfig, task: Task, apply_lora: Callable[..., Any] | None = None
+) -> Any:
+    """Gradient checkpointing, then LoRA (``apply_lora(model, cfg.lora)``, default: adapters on
+    ``lora.target_modules`` with the task's peft type) or the task's full fine-tune."""
     if cfg.model.gradient_checkpointing:
         lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
     if cfg.lora.enabled:
-        return lora.apply_lora(model, cfg.lora, task)
-    for p in model.parameters():
-        p.requires_grad_(True)
+        if apply_lora is not None:
+            return apply_lora(model, cfg.lora)
+        return lora.apply_lora(model, cfg.lora, task.peft_task_type)
+    (task.full_fine_tune or train_everything)(model, cfg)
     return model
 
 
@@ -82,20 +109,20 @@ def tokenizing(task: str, tokenize: Callable[..., Any], kwargs: dict[str, Any]) 
     return run
 
 
-# How each text task is evaluated: (per-batch statistics, their reduction, the main metric).
-TEXT_EVALUATION = {
-    "causal-lm": (collate.causal_lm_eval_batch, collate.causal_lm_reduce, "token_accuracy"),
-    "seq-cls": (collate.seq_cls_eval_batch, collate.seq_cls_reduce, "accuracy"),
-}
-
-
 def text_workload(
-    model: Any, cfg: TrainConfig, task: str, tokenizer: Any, datasets: tuple[Any, Any]
+    model: Any,
+    cfg: TrainConfig,
+    task: Task,
+    tokenizer: Any,
+    datasets: tuple[Any, Any],
+    evaluation: tuple[EvalBatchFn, ReduceFn, str],
 ) -> Workload:
-    """The workload of a text task (``TEXT_EVALUATION``): the model finished (LoRA,
-    checkpointing), padded batches, ``datasets`` = (train, eval or None)."""
-    eval_batch, reduce_metrics, main_metric = TEXT_EVALUATION[task]
+    """The workload of a text task: the model finished (positions checked, LoRA, checkpointing),
+    padded batches, ``datasets`` = (train, eval or None), ``evaluation`` = (per-batch statistics,
+    their reduction, the main metric)."""
+    eval_batch, reduce_metrics, main_metric = evaluation
     train, eval_ds = datasets
+    check_positions(model, cfg.data.max_length)
     return Workload(
         model=finish_model(model, cfg, task),
         train_dataset=train,
@@ -137,3 +164,40 @@ def require_nonempty(ds: Any, name: str, what: str) -> None:
         raise XtrainError(
             f"no {what} examples left in {name} after tokenising", "check the columns and data.max_length"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The media tasks' one sequence: source -> model type -> processors -> data -> seeded model ->
+# checkpointing -> LoRA or freezing -> evaluation by generation.
+
+
+def media_source(
+    cfg: TrainConfig, main_process_first: MainProcessFirst, check: Callable[[str, bool], Any]
+) -> str:
+    """The model folder (a built-in is written once, by the first process), its model type
+    checked by ``check(source, trust_remote_code)`` before anything else is loaded."""
+    with main_process_first():
+        source = models.resolve_model(cfg.model.name_or_path)
+    check(source, cfg.model.trust_remote_code)
+    return source
+
+
+def load_media_model(cfg: TrainConfig, task: Task, source: str) -> Any:
+    """``task.model_class`` loaded right after ``set_seed(run.seed)``."""
+    import transformers
+    from transformers import set_seed
+
+    set_seed(cfg.run.seed)
+    m = cfg.model
+    assert task.model_class is not None, f"{task.name} loads its model itself"
+    model_class = getattr(transformers, task.model_class)
+    return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code)
+
+
+def generation_eval(cfg: TrainConfig, tokenizer: Any, **more: Any) -> Any:
+    """The evaluation by generation (``xtrain.train.generation``) with ``generation.*``."""
+    from xtrain.train.generation import GenerationEval
+
+    g = cfg.generation
+    settings = {"max_new_tokens": g.max_new_tokens, "num_beams": g.num_beams, **more}
+    return GenerationEval(tokenizer=tokenizer, sample_predictions=g.sample_predictions, **settings)

@@ -1,4 +1,6 @@
-"""``custom``: ``model.custom: module:function``, called with the config, returns a Workload."""
+"""``custom``: ``model.custom: module:function``, called with the config, returns a Workload.
+
+The user's builder is the ``build`` of a Task like every built-in one; it may read any key."""
 
 from __future__ import annotations
 
@@ -6,12 +8,14 @@ import contextlib
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import TrainConfig
-from xtrain.train.tasks.common import MainProcessFirst
-from xtrain.train.workload import Workload
+from xtrain.train.tasks.contract import EVERY_KEY, MainProcessFirst, Task
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.workload import Workload
 
 
 def load_custom(spec: str) -> Callable[..., Any]:
@@ -32,7 +36,7 @@ def load_custom(spec: str) -> Callable[..., Any]:
     return function
 
 
-def build_custom(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     """Calls ``function(cfg)`` (and passes ``main_process_first=`` when the function takes it)."""
     if not cfg.model.custom:
         raise XtrainError(
@@ -47,9 +51,35 @@ def build_custom(cfg: TrainConfig, main_process_first: MainProcessFirst = contex
 
     set_seed(cfg.run.seed)  # the custom builder starts from the same RNG state in every process
     workload = function(cfg, main_process_first=main_process_first) if takes_mpf else function(cfg)
+    from xtrain.train.workload import Workload
+
     if not isinstance(workload, Workload):
         raise XtrainError(
             f"{cfg.model.custom} returned {type(workload).__name__}, not an xtrain Workload",
             "return xtrain.train.workload.Workload(model=..., train_dataset=..., collator=...)",
         )
     return workload
+
+
+def validate(cfg: TrainConfig) -> None:
+    m = cfg.model
+    if not m.custom:
+        raise XtrainError(
+            "model.task is custom but model.custom is not set", "set model.custom=module:function"
+        )
+    mod, _, fn = m.custom.partition(":")
+    if not mod or not fn:
+        raise XtrainError(
+            f"model.custom must look like module:function, got {m.custom!r}",
+            "e.g. model.custom=my_tasks:build",
+        )
+
+
+TASK = Task(
+    name="custom",
+    about="model.custom: module:function, called with the config, returns a Workload",
+    build=build,
+    keys=frozenset({EVERY_KEY, "model.custom"}),
+    validate=validate,
+    resume_keys=("model.custom", "lora.apply_to"),
+)

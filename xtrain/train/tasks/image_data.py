@@ -206,3 +206,55 @@ class ImageTextCollator:
 
     def __repr__(self) -> str:
         return f"ImageTextCollator(max_length={self.max_length})"
+
+
+class ImageLabelRows:
+    """A map-style data set over ``ds``: ``[i]`` -> ``{"image": RGB PIL image, "label": int}``
+    (image-classification), the image read only then; ``label_to_id`` maps label names (None:
+    integer labels as they are)."""
+
+    def __init__(
+        self,
+        ds: Any,
+        columns: tuple[str, str],
+        label_to_id: dict[str, int] | None,
+        base_dir: Path | None,
+        source: str,
+    ) -> None:
+        self.image_column, self.label_column = columns
+        self.ds = undecoded(ds, self.image_column)
+        self.label_to_id = label_to_id
+        self.base_dir = base_dir
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        from xtrain.train.data import label_key
+
+        row = self.ds[int(i)]
+        label = row[self.label_column]
+        return {
+            "image": open_image(row[self.image_column], self.base_dir, int(i), self.source),
+            "label": self.label_to_id[label_key(label)] if self.label_to_id is not None else int(label),
+        }
+
+
+class ImageLabelCollator:
+    """A list of ``{"image", "label"}`` -> ``pixel_values`` (the image processor) and ``labels``."""
+
+    def __init__(self, image_processor: Any) -> None:
+        self.image_processor = image_processor
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        if not features:
+            raise ValueError("empty batch")
+        pixel_values = self.image_processor(images=[f["image"] for f in features], return_tensors="pt")
+        labels = torch.tensor([f["label"] for f in features], dtype=torch.long)
+        return {"pixel_values": pixel_values["pixel_values"], "labels": labels}
+
+    def __repr__(self) -> str:
+        return "ImageLabelCollator()"

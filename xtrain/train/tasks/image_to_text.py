@@ -15,16 +15,20 @@ write the text of an image; evaluated by generating (CER, WER, eval loss).
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
-from xtrain.train import data, lora, models
-from xtrain.train.config.schema import TrainConfig
-from xtrain.train.generation import GenerationEval
-from xtrain.train.tasks.image_data import ImageTextCollator, ImageTextRows, check_image_files
-from xtrain.train.workload import Workload
+from xtrain.train import lora, models
+from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.workload import Workload
+
+NAME = "image-to-text"
 
 _QKV = ("query", "key", "value", "q_proj", "k_proj", "v_proj")  # both spellings across transformers versions
 _QKVO = ("q_proj", "k_proj", "v_proj", "out_proj")
@@ -60,12 +64,6 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
         "image-to-text takes VisionEncoderDecoderModel checkpoints; other models need a custom task",
         remote_ok=False,
     )
-
-
-def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
-    from transformers import VisionEncoderDecoderModel
-
-    return models.load_pretrained(VisionEncoderDecoderModel, source, dtype, trust_remote_code)
 
 
 def _first(*values: Any) -> Any:
@@ -140,17 +138,28 @@ def base_dir(source: str, role: str) -> Path | None:
     return None
 
 
-def build_image_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.nullcontext) -> Workload:
-    from xtrain.train.tasks.common import raw_datasets
+def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
+    """Everything trains but the encoder's pooler, which the decoder never reads."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(not name.startswith("encoder.pooler."))
+
+
+def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    return lora.layers_matching(model, target_pattern(model, cfg.lora)), list(cfg.lora.modules_to_save or [])
+
+
+def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    from xtrain.train import data
+    from xtrain.train.tasks import common
+    from xtrain.train.tasks.image_data import ImageTextCollator, ImageTextRows, check_image_files
+    from xtrain.train.workload import Workload
 
     d = cfg.data
-    with main_process_first():  # a built-in model is written once, by the first process
-        source = models.resolve_model(cfg.model.name_or_path)
-    check_model_type(source, cfg.model.trust_remote_code)
+    source = common.media_source(cfg, main_process_first, check_model_type)
     image_processor, tokenizer, saver = load_processors(source, cfg.model.trust_remote_code)
     columns = {"data.image_column": d.image_column, "data.text_column": d.text_column}
     with main_process_first():
-        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+        train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train_dir = base_dir(d.train or "", "train")
         eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
         for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
@@ -162,34 +171,89 @@ def build_image_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.n
     if eval_ds is not None:
         eval_rows = ImageTextRows(eval_ds, d.image_column, d.text_column, eval_dir, eval_name)
 
-    from transformers import set_seed
-
-    set_seed(cfg.run.seed)
-    model = load_model(source, cfg.model.dtype, cfg.model.trust_remote_code)
+    model = common.load_media_model(cfg, TASK, source)
     fix_special_tokens(model, tokenizer)
     pooler = getattr(model.encoder, "pooler", None)
     if pooler is not None:  # unused by the decoder: frozen, or DDP waits for its gradients
         pooler.requires_grad_(False)
-    if cfg.model.gradient_checkpointing:
-        lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
-    if cfg.lora.enabled:
-        model = apply_lora(model, cfg.lora)
-    else:
-        for name, p in model.named_parameters():
-            p.requires_grad_(not name.startswith("encoder.pooler."))
-    g = cfg.generation
     return Workload(
-        model=model,
+        model=common.finish_model(model, cfg, TASK, apply_lora),
         train_dataset=train_rows,
         collator=ImageTextCollator(image_processor, tokenizer, d.max_length),
         eval_dataset=eval_rows,
         tokenizer=saver,
         main_metric="cer",
         tokens_key=None,
-        evaluate=GenerationEval(
-            tokenizer=tokenizer,
-            max_new_tokens=g.max_new_tokens,
-            num_beams=g.num_beams,
-            sample_predictions=g.sample_predictions,
-        ),
+        evaluate=common.generation_eval(cfg, tokenizer),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Predict: images -> text
+
+
+def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    from transformers import VisionEncoderDecoderModel
+
+    image_processor, tokenizer, _ = load_processors(str(folder), False)
+    model = VisionEncoderDecoderModel.from_pretrained(base, trust_remote_code=False)
+    fix_special_tokens(model, tokenizer)
+    return model, tokenizer, {"image_processor": image_processor}
+
+
+def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    from xtrain.train.tasks.image_data import open_image
+    from xtrain.train.tasks.predicting import (
+        file_rows,
+        generate_batches,
+        media_files,
+        read_input,
+        refuse_prompts,
+    )
+
+    refuse_prompts(loaded.source, NAME, "images", request)
+    files = media_files(request.inputs)
+
+    def batch_of(chunk: list[Path]) -> dict[str, Any]:
+        images = [read_input(f, "image", lambda f=f: open_image(str(f), None, 0, "")) for f in chunk]
+        pixels = loaded.parts["image_processor"](images=images, return_tensors="pt")["pixel_values"]
+        return {"pixel_values": pixels}
+
+    return file_rows(files, generate_batches(loaded, files, batch_of, request))
+
+
+def _quickstart_inputs() -> list[str]:
+    folder = builtin.ensure_builtin_data("builtin:ocr-lines")  # already built by the run
+    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    return [str(folder / row["image"])]
+
+
+TASK = Task(
+    name=NAME,
+    about="images and their text (TrOCR, ViT-GPT2); metric: CER/WER by generation",
+    build=build,
+    aliases=("ocr",),
+    keys=frozenset(
+        {
+            "data.image_column",
+            "data.text_column",
+            "lora.apply_to",
+            "generation.max_new_tokens",
+            "generation.num_beams",
+            "generation.sample_predictions",
+        }
+    ),
+    model_class="VisionEncoderDecoderModel",
+    lora_plan=lora_plan,
+    full_fine_tune=full_fine_tune,
+    resume_keys=("lora.apply_to",),
+    recognizes=lambda config: config.get("model_type") == "vision-encoder-decoder",
+    predicts=Predicts(takes="images", load=load_for_predict, run=predict),
+    quickstart=Quickstart(
+        job="quickstart-image-to-text.yaml",
+        about="OCR",
+        next_command="xtrain train examples/image-to-text-ocr.yaml",
+        headline=("cer", "CER", "share of characters wrong; 0 is perfect"),
+        predict_args=_quickstart_inputs,
+    ),
+)

@@ -4,24 +4,28 @@ order); the classifier head is trained whole next to the LoRA adapters; metric: 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xtrain.train import data, models
-from xtrain.train.config.schema import TrainConfig
-from xtrain.train.tasks.common import (
-    MainProcessFirst,
-    prepare_tokenizer,
-    raw_datasets,
-    require_nonempty,
-    text_workload,
-    tokenizing,
-)
-from xtrain.train.workload import Workload
+from xtrain.train.tasks.contract import MainProcessFirst, Quickstart, Task
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.workload import Workload
+
+NAME = "seq-cls"
 
 
-def build_seq_cls(
-    cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext
-) -> Workload:
+def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    from xtrain.train import collate, data
+    from xtrain.train.tasks.common import (
+        load_seeded,
+        prepare_tokenizer,
+        raw_datasets,
+        require_nonempty,
+        text_workload,
+        tokenizing,
+    )
+
     d = cfg.data
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     columns = {
@@ -34,13 +38,9 @@ def build_seq_cls(
         data.require_columns(train, columns, train_name)
         if eval_ds is not None:
             data.require_columns(eval_ds, columns, eval_name)
-        feature = train.features.get(d.label_column)
-        mapping, num_labels, id2label = data.label_mapping(
-            train.unique(d.label_column),
-            eval_ds.unique(d.label_column) if eval_ds is not None else [],
-            cfg.model.num_labels,
-            (train_name, eval_name),
-            class_names=list(feature.names) if hasattr(feature, "names") else None,  # a ClassLabel column
+        sources = (train_name, eval_name)
+        mapping, num_labels, id2label = data.labels_of(
+            train, eval_ds, d.label_column, cfg.model.num_labels, sources
         )
         kwargs = {
             "tokenizer": tokenizer,
@@ -50,20 +50,42 @@ def build_seq_cls(
             "label_to_id": mapping,
             "max_length": d.max_length,
         }
-        tokenize = tokenizing("seq-cls", data.tokenize_seq_cls, kwargs)
+        tokenize = tokenizing(NAME, data.tokenize_seq_cls, kwargs)
         train = tokenize(train, "train")
         require_nonempty(train, train_name, "training")
         if eval_ds is not None:
             eval_ds = tokenize(eval_ds, "eval")
 
-    from transformers import set_seed
-
-    extra: dict[str, Any] = {"num_labels": num_labels}
-    if id2label is not None:
-        extra["id2label"] = id2label
-        extra["label2id"] = {name: i for i, name in id2label.items()}
-    set_seed(cfg.run.seed)
-    model = models.load_model(source, "seq-cls", cfg.model.dtype, cfg.model.trust_remote_code, **extra)
+    model = load_seeded(cfg, TASK, source, **data.head_labels(num_labels, id2label))
     # Decoder models classify from the last non-pad token: they must know the pad id.
     model.config.pad_token_id = tokenizer.pad_token_id
-    return text_workload(model, cfg, "seq-cls", tokenizer, (train, eval_ds))
+    evaluation = (collate.seq_cls_eval_batch, collate.seq_cls_reduce, "accuracy")
+    return text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
+
+
+def _is_classifier(config: dict[str, Any]) -> bool:
+    heads = [str(a) for a in config.get("architectures") or []]
+    return config.get("task_type") == "SEQ_CLS" or any(a.endswith("ForSequenceClassification") for a in heads)
+
+
+TASK = Task(
+    name=NAME,
+    about="text (+ a text pair) and a label; the classifier head trained whole; metric: accuracy",
+    build=build,
+    keys=frozenset(
+        {
+            "model.num_labels",
+            "data.text_column",
+            "data.text_pair_column",
+            "data.label_column",
+            "data.group_by_length",
+        }
+    ),
+    model_class="AutoModelForSequenceClassification",
+    peft_task_type="SEQ_CLS",
+    resume_keys=("model.num_labels",),
+    recognizes=_is_classifier,
+    quickstart=Quickstart(
+        job="quickstart.yaml", about="text classification", next_command="xtrain train examples/seq-cls.yaml"
+    ),
+)

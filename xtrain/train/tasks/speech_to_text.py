@@ -20,22 +20,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
-from xtrain.train.config.schema import TrainConfig
-from xtrain.train.generation import GenerationEval
-from xtrain.train.tasks.audio_data import (
-    AudioTextRows,
-    SpeechTextCollator,
-    audiofolder_metadata,
-    check_audio_files,
-)
+from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
 from xtrain.train.tasks.image_to_text import PARTS, base_dir
-from xtrain.train.workload import Workload
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.tasks.audio_data import AudioTextRows
+    from xtrain.train.workload import Workload
+
+NAME = "speech-to-text"
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # Whisper, Speech2Text, SeamlessM4T-style
 
@@ -43,6 +44,12 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # Whisper, Speech2Text, 
 def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
     """(feature extractor, tokenizer, what to save with the adapter)."""
     return models.load_processors(source, trust_remote_code, "feature_extractor")
+
+
+def _speech_seq2seq(model_type: str | None) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
 
 
 def check_model_type(source: str, trust_remote_code: bool) -> None:
@@ -56,12 +63,6 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
         "a speech encoder-decoder (Whisper, Speech2Text)",
         "speech-to-text takes AutoModelForSpeechSeq2Seq checkpoints; CTC models need a custom task",
     )
-
-
-def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoModelForSpeechSeq2Seq
-
-    return models.load_pretrained(AutoModelForSpeechSeq2Seq, source, dtype, trust_remote_code)
 
 
 def set_prefix(tokenizer: Any, model: Any, language: str | None, task: str) -> dict[str, Any]:
@@ -156,13 +157,42 @@ def _file_name_column(ds: Any, audio_column: str) -> Any:
     return ds
 
 
-def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.nullcontext) -> Workload:
-    from xtrain.train.tasks.common import raw_datasets
+def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
+    """Everything trains, but the encoder with ``model.freeze_encoder``; Whisper's sinusoidal
+    encoder positions are fixed by design, trained or not."""
+    encoder = model.get_encoder()
+    frozen = {id(p) for p in encoder.parameters()} if cfg.model.freeze_encoder else set()
+    for p in model.parameters():
+        p.requires_grad_(id(p) not in frozen)
+    positions = getattr(encoder, "embed_positions", None)
+    if positions is not None and getattr(model.config, "model_type", "") == "whisper":
+        positions.requires_grad_(False)
+
+
+def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    return lora.layers_matching(model, target_pattern(model, cfg.lora)), list(cfg.lora.modules_to_save or [])
+
+
+def validate(cfg: TrainConfig) -> None:
+    if cfg.model.freeze_encoder and cfg.lora.enabled and cfg.lora.apply_to != "decoder":
+        raise XtrainError(
+            f"model.freeze_encoder with LoRA on the {cfg.lora.apply_to} half would adapt the encoder",
+            "with LoRA set lora.apply_to=decoder instead (or lora.enabled=false for a full fine-tune)",
+        )
+
+
+def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    from xtrain.train.tasks import common
+    from xtrain.train.tasks.audio_data import (
+        AudioTextRows,
+        SpeechTextCollator,
+        audiofolder_metadata,
+        check_audio_files,
+    )
+    from xtrain.train.workload import Workload
 
     d, m = cfg.data, cfg.model
-    with main_process_first():  # a built-in model is written once, by the first process
-        source = models.resolve_model(m.name_or_path)
-    check_model_type(source, m.trust_remote_code)
+    source = common.media_source(cfg, main_process_first, check_model_type)
     feature_extractor, tokenizer, saver = load_processors(source, m.trust_remote_code)
     rate = int(feature_extractor.sampling_rate)
     seconds = max_seconds(d.max_audio_seconds, feature_extractor)
@@ -174,7 +204,7 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
         )
         cfg = dataclasses.replace(cfg, data=d)
     with main_process_first():
-        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+        train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train, eval_ds = (_file_name_column(ds, d.audio_column) for ds in (train, eval_ds))
         train_dir = base_dir(d.train or "", "train")
         eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
@@ -195,26 +225,11 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
     train_rows = rows(train, train_dir, train_name, "train")
     eval_rows = rows(eval_ds, eval_dir, eval_name, "eval") if eval_ds is not None else None
 
-    from transformers import set_seed
-
-    set_seed(cfg.run.seed)
-    model = load_model(source, m.dtype, m.trust_remote_code)
+    model = common.load_media_model(cfg, TASK, source)
     start = fix_special_tokens(model, tokenizer)
     g = cfg.generation
     generate_kwargs = set_prefix(tokenizer, model, g.language, g.speech_task)
-    if m.gradient_checkpointing:
-        lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
-    if cfg.lora.enabled:
-        model = apply_lora(model, cfg.lora)
-    else:
-        encoder = model.get_encoder()
-        frozen = {id(p) for p in encoder.parameters()} if m.freeze_encoder else set()
-        for p in model.parameters():
-            p.requires_grad_(id(p) not in frozen)
-        # Whisper's sinusoidal encoder positions are fixed by design, trained or not.
-        positions = getattr(encoder, "embed_positions", None)
-        if positions is not None and getattr(model.config, "model_type", "") == "whisper":
-            positions.requires_grad_(False)
+    model = common.finish_model(model, cfg, TASK, apply_lora)
     return Workload(
         model=model,
         train_dataset=train_rows,
@@ -223,14 +238,98 @@ def build_speech_to_text(cfg: TrainConfig, main_process_first: Any = contextlib.
         tokenizer=saver,
         main_metric="wer",
         tokens_key=None,
-        evaluate=GenerationEval(
-            tokenizer=tokenizer,
+        evaluate=common.generation_eval(
+            cfg,
+            tokenizer,
             input_key="input_features",
             max_new_tokens=cap_new_tokens(model, g.max_new_tokens),
-            num_beams=g.num_beams,
-            sample_predictions=g.sample_predictions,
             generate_kwargs=generate_kwargs,
             normalize=True,
         ),
         train_lengths=train_rows.lengths,  # audio seconds, from the headers read above
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Predict: audio files -> transcripts
+
+
+def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    from transformers import AutoModelForSpeechSeq2Seq
+
+    feature_extractor, tokenizer, _ = load_processors(str(folder), False)
+    model = models.load_pretrained(AutoModelForSpeechSeq2Seq, base, "auto", False)
+    fix_special_tokens(model, tokenizer)
+    return model, tokenizer, {"feature_extractor": feature_extractor}
+
+
+def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    """Transcripts of audio files (mono, resampled to the model's rate, cut to its window)."""
+    from xtrain.train.tasks.audio_data import read_audio
+    from xtrain.train.tasks.predicting import (
+        AUDIO_EXTENSIONS,
+        file_rows,
+        generate_batches,
+        media_files,
+        read_input,
+        refuse_prompts,
+    )
+
+    refuse_prompts(loaded.source, NAME, "audio files", request)
+    files = media_files(request.inputs, AUDIO_EXTENSIONS, "audio files")
+    fe = loaded.parts["feature_extractor"]
+    rate, window = int(fe.sampling_rate), max_seconds(None, fe)
+
+    def batch_of(chunk: list[Path]) -> dict[str, Any]:
+        clips = [
+            read_input(f, "audio file", lambda f=f: read_audio(str(f), None, 0, "", rate, window))
+            for f in chunk
+        ]
+        return {"input_features": fe(clips, sampling_rate=rate, return_tensors="pt")["input_features"]}
+
+    new_tokens = cap_new_tokens(loaded.model, request.max_new_tokens)
+    return file_rows(files, generate_batches(loaded, files, batch_of, request, max_new_tokens=new_tokens))
+
+
+def _quickstart_inputs() -> list[str]:
+    folder = builtin.ensure_builtin_data("builtin:spoken-words")  # already built by the run
+    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    return [str(folder / row["audio"])]
+
+
+TASK = Task(
+    name=NAME,
+    about="audio clips and their transcripts (Whisper); metric: WER/CER by generation",
+    build=build,
+    aliases=("asr",),
+    keys=frozenset(
+        {
+            "data.audio_column",
+            "data.text_column",
+            "data.max_audio_seconds",
+            "data.long_audio",
+            "data.group_by_length",
+            "lora.apply_to",
+            "model.freeze_encoder",
+            "generation.max_new_tokens",
+            "generation.num_beams",
+            "generation.sample_predictions",
+            "generation.language",
+            "generation.speech_task",
+        }
+    ),
+    validate=validate,
+    model_class="AutoModelForSpeechSeq2Seq",
+    lora_plan=lora_plan,
+    full_fine_tune=full_fine_tune,
+    resume_keys=("lora.apply_to", "model.freeze_encoder"),
+    recognizes=lambda config: _speech_seq2seq(config.get("model_type")),
+    predicts=Predicts(takes="audio files", load=load_for_predict, run=predict),
+    quickstart=Quickstart(
+        job="quickstart-speech-to-text.yaml",
+        about="ASR",
+        next_command="xtrain train examples/speech-to-text-words.yaml",
+        headline=("wer", "WER", "share of words wrong; 0 is perfect"),
+        predict_args=_quickstart_inputs,
+    ),
+)

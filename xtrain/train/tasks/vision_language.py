@@ -22,142 +22,28 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
-from xtrain.train.config import TrainConfig
-from xtrain.train.generation import GenerationEval
-from xtrain.train.tasks import chat_data
-from xtrain.train.tasks.image_data import resolve_path, undecoded
+from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
 from xtrain.train.tasks.image_to_text import base_dir
-from xtrain.train.tasks.vision_chat import ANSWER_KEY, GEN_PREFIX, VisionChatCollator, VisionChatRows
-from xtrain.train.workload import Workload
+from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.tasks import chat_data
+    from xtrain.train.tasks.vision_chat import VisionChatRows
+    from xtrain.train.workload import Workload
+
+NAME = "vision-language"
 
 LANGUAGE_MODEL = ("language_model", "text_model")  # Qwen2-VL, LLaVA / Idefics3, SmolVLM
 VISION_TOWER = ("visual", "vision_tower", "vision_model")
 PROJECTOR = ("merger", "multi_modal_projector", "connector", "mm_projector")
 # The language model's attention and MLP projections (Qwen2, Llama, Mistral, Gemma, SmolLM).
 LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-# ---------------------------------------------------------------------------------------------
-# Processor
-
-
-_IMAGE_ONLY: dict[type, type] = {}
-
-
-def image_only_processor(base: type, image_processor: Any, tokenizer: Any, chat_template: str | None) -> Any:
-    """``base`` (e.g. ``Qwen2VLProcessor``) without its video processor: the same text and image
-    handling, for machines without torchvision (which the video processor needs). Pickles by
-    rebuilding (spawned DataLoader workers)."""
-    cls = _IMAGE_ONLY.get(base)
-    if cls is None:
-
-        def __init__(
-            self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None
-        ):
-            base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template)
-
-        def __reduce__(self: Any) -> tuple[Any, ...]:
-            return (image_only_processor, (base, self.image_processor, self.tokenizer, self.chat_template))
-
-        # the base's name: save_pretrained records it as the processor class, loadable anywhere
-        cls = type(base.__name__, (base,), {"__init__": __init__, "__reduce__": __reduce__})
-        _IMAGE_ONLY[base] = cls
-    return cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=chat_template)
-
-
-def _processor_class(source: str) -> str | None:
-    from transformers.utils import cached_file
-
-    for name in ("processor_config.json", "preprocessor_config.json"):
-        with contextlib.suppress(Exception):
-            path = cached_file(source, name, _raise_exceptions_for_missing_entries=False)
-            if path:
-                found = json.loads(Path(path).read_text(encoding="utf-8")).get("processor_class")
-                if found:
-                    return found
-    return None
-
-
-def load_processor(source: str, trust_remote_code: bool) -> Any:
-    """The checkpoint's ``AutoProcessor`` (image processor + tokenizer + chat template)."""
-    import transformers
-
-    local = Path(source).exists()
-    error: Exception | None = None
-    processor: Any = None
-    try:
-        processor = transformers.AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except ImportError as e:  # e.g. "Qwen2VLVideoProcessor requires the Torchvision library"
-        error = e
-    except OSError as e:
-        # "Can't load video processor": a processor saved by the image-only build (an adapter
-        # folder, trained without torchvision) has no video half to load: build it the same way
-        if "video processor" not in str(e):
-            raise models.load_error("processor", source, local, e) from None
-        error = e
-    except Exception as e:
-        raise models.load_error("processor", source, local, e) from None
-    if processor is None:
-        name = _processor_class(source)
-        base = getattr(transformers, name, None) if name else None
-        if base is None:
-            raise models.load_error("processor", source, local, error or ValueError("no processor"))
-        tokenizer = models.load_tokenizer(source, trust_remote_code)
-        try:
-            auto = transformers.AutoImageProcessor
-            images = auto.from_pretrained(source, trust_remote_code=trust_remote_code)
-        except Exception as e:
-            raise models.load_error("image processor", source, local, e) from None
-        processor = image_only_processor(base, images, tokenizer, tokenizer.chat_template)
-    if getattr(processor, "image_processor", None) is None or getattr(processor, "tokenizer", None) is None:
-        raise XtrainError(
-            f"{source} has no image processor + tokenizer pair (AutoProcessor: {type(processor).__name__})",
-            "vision-language takes checkpoints with a multimodal processor (Qwen2-VL, LLaVA, SmolVLM)",
-        )
-    tokenizer = processor.tokenizer
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    tokenizer.padding_side = "right"  # the collator pads prompts for generation itself
-    return processor
-
-
-def set_pixel_bounds(image_processor: Any, min_pixels: int | None, max_pixels: int | None) -> None:
-    """``data.min_pixels``/``data.max_pixels`` on a Qwen2-VL-style image processor (which resizes
-    each image to an area within ``size.shortest_edge``..``size.longest_edge`` pixels)."""
-    if min_pixels is None and max_pixels is None:
-        return
-    size = getattr(image_processor, "size", None)
-    edges = {
-        k: size.get(k) if isinstance(size, dict) else getattr(size, k, None)
-        for k in ("shortest_edge", "longest_edge")
-    }
-    if None in edges.values() or not hasattr(image_processor, "merge_size"):
-        raise XtrainError(
-            f"data.min_pixels/max_pixels need a Qwen2-VL-style image processor that bounds the image "
-            f"area; {type(image_processor).__name__} resizes to {size}",
-            "leave data.min_pixels and data.max_pixels unset for this model",
-        )
-    current = edges
-    low = min_pixels if min_pixels is not None else current["shortest_edge"]
-    high = max_pixels if max_pixels is not None else current["longest_edge"]
-    if low > high:
-        raise XtrainError(
-            f"the image area bounds are {low}..{high} pixels: the minimum is above the maximum",
-            "set data.min_pixels <= data.max_pixels",
-        )
-    if isinstance(size, dict):
-        image_processor.size = {**size, "shortest_edge": low, "longest_edge": high}
-    else:  # transformers 5: a SizeDict dataclass
-        import dataclasses
-
-        image_processor.size = dataclasses.replace(size, shortest_edge=low, longest_edge=high)
-    for name, value in (("min_pixels", low), ("max_pixels", high)):  # older processors read these
-        if hasattr(image_processor, name):
-            setattr(image_processor, name, value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,12 +60,6 @@ def check_model_type(source: str, trust_remote_code: bool) -> Any:
         "a vision-language one (Qwen2-VL, LLaVA, SmolVLM)",
         "vision-language takes AutoModelForImageTextToText checkpoints",
     )
-
-
-def load_model(source: str, dtype: str, trust_remote_code: bool) -> Any:
-    from transformers import AutoModelForImageTextToText
-
-    return models.load_pretrained(AutoModelForImageTextToText, source, dtype, trust_remote_code)
 
 
 def find_part(model: Any, names: tuple[str, ...], within: str | None = None) -> str | None:
@@ -245,7 +125,6 @@ def _module(model: Any, name: str) -> Any:
 
 
 def apply_lora(model: Any, lora_cfg: Any) -> Any:
-    import torch
     from peft import LoraConfig, get_peft_model
 
     save = list(lora_cfg.modules_to_save or [])
@@ -264,19 +143,21 @@ def apply_lora(model: Any, lora_cfg: Any) -> Any:
         target_modules=lora_targets(model, lora_cfg),
         modules_to_save=save or None,
     )
-    peft_model = get_peft_model(model, config)
-    for p in peft_model.parameters():  # trained weights stay float32 (see lora.apply_lora)
-        if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16):
-            p.data = p.data.float()
-    return peft_model
+    return lora.trainable_fp32(get_peft_model(model, config))
 
 
-def full_fine_tune(model: Any, freeze_vision: bool) -> None:
-    """Everything trains, but the vision tower (not its projector) when ``freeze_vision``."""
+def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
+    """Everything trains, but the vision tower (not its projector) with ``model.freeze_vision``."""
     _, vision, projector = parts(model)
     for name, p in model.named_parameters():
-        frozen = freeze_vision and _under(name, vision) and not _under(name, projector)
+        frozen = cfg.model.freeze_vision and _under(name, vision) and not _under(name, projector)
         p.requires_grad_(not frozen)
+
+
+def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    whole = list(cfg.lora.modules_to_save or [])
+    projector = parts(model)[2] if cfg.lora.projector else None
+    return lora_targets(model, cfg.lora), whole + ([projector] if projector else [])
 
 
 def fix_generation(model: Any, tokenizer: Any) -> None:
@@ -285,16 +166,6 @@ def fix_generation(model: Any, tokenizer: Any) -> None:
         gen.pad_token_id = tokenizer.pad_token_id
     if gen.eos_token_id is None:
         gen.eos_token_id = tokenizer.eos_token_id
-
-
-def check_length(model: Any, max_length: int) -> None:
-    text = getattr(model.config, "text_config", model.config)
-    limit = getattr(text, "max_position_embeddings", None)
-    if isinstance(limit, int) and 0 < limit < max_length:
-        raise XtrainError(
-            f"data.max_length={max_length} is above the model's limit of {limit} positions",
-            f"set data.max_length={limit} or less",
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,6 +182,10 @@ def conversations(
     with_prompts: bool,
 ) -> VisionChatRows:
     """Every row checked and rendered (one line naming the first bad row), its images found."""
+    from xtrain.train.tasks import chat_data
+    from xtrain.train.tasks.image_data import resolve_path, undecoded
+    from xtrain.train.tasks.vision_chat import VisionChatRows
+
     d = cfg.data
     ds = undecoded(ds, d.images_column)
     messages = chat_data.messages_column_of(ds, d.messages_column, name)
@@ -336,13 +211,15 @@ def conversations(
     return VisionChatRows(encoded, refs, rows, folder, name, with_prompts=with_prompts)
 
 
-def build_vision_language(cfg: TrainConfig, main_process_first: Any = contextlib.nullcontext) -> Workload:
-    from xtrain.train.tasks.common import raw_datasets
+def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    import torch
+
+    from xtrain.train.tasks import chat_data, common
+    from xtrain.train.tasks.vision_chat import ANSWER_KEY, GEN_PREFIX, VisionChatCollator
+    from xtrain.train.workload import Workload
 
     d, m = cfg.data, cfg.model
-    with main_process_first():  # a built-in model is written once, by the first process
-        source = models.resolve_model(m.name_or_path)
-    check_model_type(source, m.trust_remote_code)
+    source = common.media_source(cfg, main_process_first, check_model_type)
     processor = load_processor(source, m.trust_remote_code)
     set_pixel_bounds(processor.image_processor, d.min_pixels, d.max_pixels)
     template = chat_data.require_template(processor, chat_data.load_template(d.chat_template), source)
@@ -350,7 +227,7 @@ def build_vision_language(cfg: TrainConfig, main_process_first: Any = contextlib
     if d.chat_template is not None:
         processor.chat_template = template  # saved with the adapter: predict renders the same way
     with main_process_first():
-        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+        train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train_dir = base_dir(d.train or "", "train")
         eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
     tokenizer = processor.tokenizer
@@ -359,34 +236,20 @@ def build_vision_language(cfg: TrainConfig, main_process_first: Any = contextlib
     if eval_ds is not None:
         eval_rows = conversations(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, with_prompts=True)
 
-    from transformers import set_seed
-
-    set_seed(cfg.run.seed)
-    model = load_model(source, m.dtype, m.trust_remote_code)
-    check_length(model, d.max_length)
+    model = common.load_media_model(cfg, TASK, source)
+    common.check_positions(model, d.max_length)
     fix_generation(model, tokenizer)
-    if m.gradient_checkpointing:
-        lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
-    if cfg.lora.enabled:
-        model = apply_lora(model, cfg.lora)
-    else:
-        full_fine_tune(model, m.freeze_vision)
-    g = cfg.generation
-    import torch
-
     return Workload(
-        model=model,
+        model=common.finish_model(model, cfg, TASK, apply_lora),
         train_dataset=train_rows,
         collator=VisionChatCollator(processor, d.max_length, 8 if torch.cuda.is_available() else None),
         eval_dataset=eval_rows,
         tokenizer=processor,
         main_metric="exact_match",
         tokens_key="attention_mask",
-        evaluate=GenerationEval(
-            tokenizer=tokenizer,
-            max_new_tokens=g.max_new_tokens,
-            num_beams=g.num_beams,
-            sample_predictions=g.sample_predictions,
+        evaluate=common.generation_eval(
+            cfg,
+            tokenizer,
             normalize=True,
             prompt_prefix=GEN_PREFIX,
             answer_key=ANSWER_KEY,
@@ -394,3 +257,123 @@ def build_vision_language(cfg: TrainConfig, main_process_first: Any = contextlib
             exact_match=True,
         ),
     )
+
+
+def validate(cfg: TrainConfig) -> None:
+    d = cfg.data
+    if d.min_pixels is not None and d.max_pixels is not None and d.min_pixels > d.max_pixels:
+        raise XtrainError(
+            f"data.min_pixels={d.min_pixels} is above data.max_pixels={d.max_pixels}",
+            "set data.min_pixels <= data.max_pixels",
+        )
+
+
+def _image_text_to_text(model_type: str | None) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def _quickstart_inputs() -> list[str]:
+    folder = builtin.ensure_builtin_data("builtin:shapes-vqa")  # already built by the run
+    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    parts_ = row["messages"][0]["content"]
+    image = next(p["image"] for p in parts_ if p["type"] == "image")
+    return [str(folder / image), "--question", next(p["text"] for p in parts_ if p["type"] == "text")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Predict: an image and a question -> the answer
+
+
+def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    from transformers import AutoModelForImageTextToText
+
+    processor = load_processor(str(folder), False)  # saved with the adapter
+    model = models.load_pretrained(AutoModelForImageTextToText, base, "auto", False)  # its dtype on a GPU
+    fix_generation(model, processor.tokenizer)
+    return model, processor.tokenizer, {"processor": processor}
+
+
+def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    """(image, question, answer) rows for every question about every image.
+
+    The user turn (the image, then the question; ``system`` first when given) is rendered by the
+    chat template saved with the adapter (``chat_data``, as in training, with the generation
+    prompt) and expanded by the processor (``vision_chat.process_text``); the answer is what the
+    model generates after the prompt, up to its end-of-turn token."""
+    import torch
+
+    from xtrain.train.tasks import chat_data
+    from xtrain.train.tasks.image_data import open_image
+    from xtrain.train.tasks.predicting import media_files, read_input, to_model
+    from xtrain.train.tasks.vision_chat import process_text
+
+    if not request.inputs:
+        raise XtrainError(
+            f"{loaded.source} is a vision-language model: it answers a question about an image",
+            "pass image files or folders with --question TEXT",
+        )
+    if not request.prompts or not all(q.strip() for q in request.prompts):
+        raise XtrainError(
+            "a vision-language model answers a question about each image", "add --question TEXT"
+        )
+    files = media_files(request.inputs)
+    processor, tokenizer = loaded.parts["processor"], loaded.tokenizer
+    render = chat_data.renderer(processor, chat_data.require_template(processor, None, loaded.source))
+    rows = []
+    for f in files:  # one at a time: no left-padding subtleties, inputs are few
+        image = read_input(f, "image", lambda f=f: open_image(str(f), None, 0, ""))
+        for question in request.prompts:
+            prompt = render(chat_data.user_turn(question, images=1, system=request.system), True)
+            enc = to_model(dict(process_text(processor, prompt, [image])), loaded.model)
+            with torch.no_grad():
+                ids = loaded.model.generate(
+                    **enc,
+                    max_new_tokens=request.max_new_tokens,
+                    num_beams=request.num_beams,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                )
+            answer = tokenizer.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+            rows.append({"input": str(f), "prompt": question, "text": answer})
+    return rows
+
+
+TASK = Task(
+    name=NAME,
+    about="image + text conversations (Qwen2-VL); metric: exact match of generated answers",
+    build=build,
+    aliases=("vlm", "image-text-to-text"),
+    keys=frozenset(
+        {
+            "data.messages_column",
+            "data.images_column",
+            "data.chat_template",
+            "data.min_pixels",
+            "data.max_pixels",
+            "data.group_by_length",
+            "lora.projector",
+            "lora.vision_blocks",
+            "model.freeze_vision",
+            "generation.max_new_tokens",
+            "generation.num_beams",
+            "generation.sample_predictions",
+        }
+    ),
+    validate=validate,
+    model_class="AutoModelForImageTextToText",
+    lora_plan=lora_plan,
+    full_fine_tune=full_fine_tune,
+    image_tokens=True,
+    resume_keys=("lora.projector", "lora.vision_blocks", "model.freeze_vision"),
+    recognizes=lambda config: _image_text_to_text(config.get("model_type")),
+    predicts=Predicts(takes="images with --question TEXT", load=load_for_predict, run=predict),
+    quickstart=Quickstart(
+        job="quickstart-vision-language.yaml",
+        about="questions about images",
+        next_command="xtrain train examples/vision-language-qwen2-vl.yaml",
+        headline=("exact_match", "exact match", "share of answers right; 1 is perfect"),
+        predict_args=_quickstart_inputs,
+    ),
+)

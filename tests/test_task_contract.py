@@ -1,0 +1,152 @@
+"""The task contract (docs/architecture.md#add-a-task): every registered task has every part,
+nothing outside xtrain/train/tasks/ names a task, and a key is refused for a task that does not
+read it."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xtrain.errors import XtrainError
+from xtrain.train import tasks
+from xtrain.train.config.loading import load_config
+from xtrain.train.config.schema import config_keys
+from xtrain.train.config.validate import task_keys
+from xtrain.train.tasks.contract import EVERY_KEY, Task
+
+REPO = Path(__file__).resolve().parent.parent
+XTRAIN = REPO / "xtrain"
+TASKS_DIR = XTRAIN / "train" / "tasks"
+ALL = list(tasks.all_tasks().values())
+# The only task names written outside the tasks package: the config's default task (schema), and
+# the task of the job that `xtrain bench` writes for itself.
+ALLOWED_LITERALS = {
+    ("xtrain/train/config/schema.py", "seq-cls"),
+    ("xtrain/bench/job.py", "causal-lm"),
+}
+
+
+@pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
+def test_every_task_has_every_part_of_the_contract(task: Task):
+    import transformers
+
+    assert isinstance(task, Task) and task.name and task.about
+    assert callable(task.build) and callable(task.validate)
+    keys = set(config_keys())
+    assert task.keys - {EVERY_KEY} <= keys, "a task owns only keys of the config"
+    for key in task.resume_keys:
+        assert key in keys
+    if task.model_class is not None:
+        assert hasattr(transformers, task.model_class)
+    if task.peft_task_type is not None:
+        from peft import TaskType
+
+        assert task.peft_task_type in TaskType.__members__
+    if task.predicts is not None:
+        assert task.predicts.takes and callable(task.predicts.load) and callable(task.predicts.run)
+        assert task.recognizes is not None, "a result saved without a record must still find its task"
+    if task.quickstart is not None:
+        assert (XTRAIN / "data" / task.quickstart.job).is_file()
+        cfg = load_config(XTRAIN / "data" / task.quickstart.job, [])
+        assert cfg.model.task == task.name, "a task's quickstart job trains that task"
+        assert task.quickstart.next_command.startswith("xtrain train examples/")
+        assert (REPO / task.quickstart.next_command.split()[-1]).is_file()
+    assert (REPO / "docs" / "architecture.md").read_text(encoding="utf-8").count("## Add a task") == 1
+
+
+def test_the_registry_is_the_modules_of_the_tasks_package():
+    modules = {p.stem for p in TASKS_DIR.glob("*.py")}
+    exporting = {
+        m for m in modules if "\nTASK = Task(" in (TASKS_DIR / f"{m}.py").read_text(encoding="utf-8")
+    }
+    assert exporting == set(tasks.REGISTRY), "every module that exports a TASK is registered, and only those"
+    assert len(set(tasks.names())) == len(tasks.REGISTRY)
+    spellings = list(tasks.aliases())
+    assert len(spellings) == len(set(spellings)) and not set(spellings) & set(tasks.names())
+
+
+def _task_literals(path: Path) -> list[str]:
+    names = set(tasks.names()) | set(tasks.aliases())
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    ]
+
+
+def test_no_task_name_literal_outside_the_tasks_package():
+    found = {
+        (str(p.relative_to(REPO).as_posix()), literal)
+        for p in XTRAIN.rglob("*.py")
+        if TASKS_DIR not in p.parents
+        for literal in _task_literals(p)
+    }
+    assert found <= ALLOWED_LITERALS, (
+        f"task names outside xtrain/train/tasks/: {sorted(found - ALLOWED_LITERALS)}"
+    )
+    assert len(ALLOWED_LITERALS) <= 3
+
+
+def test_reading_the_registry_imports_no_heavy_library():
+    code = (
+        "import sys; from xtrain.train import tasks; tasks.all_tasks();"
+        "from xtrain.train.config.loading import load_config; load_config(None, []);"
+        "print([m for m in ('torch', 'transformers', 'datasets', 'peft', 'PIL') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _other_value(key: str, value):
+    """A value of ``key``'s type that is not its default."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 2 if value else 3
+    if isinstance(value, float):
+        return value + 1
+    if key.endswith("_column") or key == "data.chat_template":
+        return "other"
+    if key == "lora.apply_to":
+        return "decoder"
+    if key == "data.long_audio":
+        return "cut"
+    if key == "generation.speech_task":
+        return "translate"
+    if key == "generation.language":
+        return "en"
+    if key == "model.custom":
+        return "mod:fn"
+    return 1000 if value is None else "other"
+
+
+@pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
+def test_a_key_of_other_tasks_is_refused_naming_it(task: Task):
+    from xtrain.train.config.schema import TrainConfig
+
+    defaults = TrainConfig()
+    refused = 0
+    for key, owners in task_keys().items():
+        if key in task.keys or EVERY_KEY in task.keys:
+            continue
+        section, name = key.split(".")
+        value = _other_value(key, getattr(getattr(defaults, section), name))
+        extra = ["model.custom=mod:fn"] if task.name == "custom" else []
+        with pytest.raises(XtrainError) as e:
+            load_config(None, [f"model.task={task.name}", *extra, f"{key}={value}"])
+        assert e.value.message.startswith(f"{key} is for task"), e.value.message
+        assert all(o in e.value.message for o in owners) and task.name in e.value.message
+        refused += 1
+    assert refused or EVERY_KEY in task.keys
+
+
+def test_a_custom_task_reads_any_key():
+    cfg = load_config(
+        None, ["model.task=custom", "model.custom=m:f", "data.packing=true", "lora.projector=true"]
+    )
+    assert cfg.data.packing and cfg.lora.projector

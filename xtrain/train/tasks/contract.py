@@ -1,0 +1,105 @@
+"""The task contract: one ``Task`` object holds everything xtrain knows about a task.
+
+A task is one module under ``xtrain/train/tasks/`` that exports ``TASK`` and one line in the
+registry (``xtrain.train.tasks.REGISTRY``). The config reader, the validation, the model loader,
+LoRA, the plan's memory estimate, resume, ``xtrain predict`` and ``xtrain quickstart`` read the
+task's parts from here; none of them keeps a table of tasks or a branch on a task's name.
+
+Task modules stay light at import (no torch, transformers, datasets): the config is read and
+checked before any of those is imported (``xtrain train`` with a broken torch still prints the
+doctor's findings). Heavy imports go inside the hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.workload import Workload
+
+MainProcessFirst = Callable[[], contextlib.AbstractContextManager]
+# ``"*"`` in ``Task.keys``: the task reads any key (custom tasks: the user's builder decides)
+EVERY_KEY = "*"
+
+
+@dataclass(frozen=True)
+class Quickstart:
+    """The task's built-in job for ``xtrain quickstart --task NAME``."""
+
+    job: str  # a YAML file under xtrain/data/
+    about: str  # what it trains, for --task's help: "OCR"
+    next_command: str  # the command to try next, on the user's own data
+    # (metric key, its name, what it means) printed under the before/after table
+    headline: tuple[str, str, str] | None = None
+    # ``xtrain predict RUN ...`` arguments on the first eval input of its built-in data
+    predict_args: Callable[[], list[str]] | None = None
+
+
+@dataclass
+class PredictRequest:
+    """What ``xtrain predict`` was given, beyond the result folder."""
+
+    inputs: list[str]  # files or folders (images, audio)
+    prompts: list[str]  # --prompt / --question
+    system: str | None = None
+    max_new_tokens: int = 128
+    num_beams: int = 1
+
+
+@dataclass
+class Loaded:
+    """A finished result loaded for prediction: the model (adapter applied, on its device, in
+    eval mode) and what turns inputs into its batches."""
+
+    model: Any
+    tokenizer: Any
+    source: str  # the folder the result came from
+    parts: dict[str, Any] = field(default_factory=dict)  # processors, chat flag, labels, ...
+
+
+@dataclass(frozen=True)
+class Predicts:
+    """How a task's finished result is run by ``xtrain predict``."""
+
+    takes: str  # what it reads, for one-line refusals: "images", "audio files", "--prompt TEXT"
+    # (result folder, its base model, the run's record) -> (the bare base model, tokenizer, parts
+    # for ``run``; the record's items are added to them)
+    load: Callable[[Path, str, dict[str, Any]], tuple[Any, Any, dict[str, Any]]]
+    # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "text": ...}
+    run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
+
+
+def _no_check(cfg: TrainConfig) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything xtrain knows about one task."""
+
+    name: str
+    about: str  # one line: what it trains, its data and its metric
+    build: Callable[[TrainConfig, MainProcessFirst], Workload]
+    aliases: tuple[str, ...] = ()
+    # The task-specific ``section.key`` names it reads (see ``config.validate.COMMON_KEYS`` for
+    # the rest); a key another task owns, set away from its default, is refused for this one.
+    keys: frozenset[str] = frozenset()
+    validate: Callable[[TrainConfig], None] = _no_check  # its own checks across keys
+    model_class: str | None = None  # the transformers class its model loads with; None: its own
+    peft_task_type: str | None = None  # peft's TaskType name for its adapters (None: no head rule)
+    # Plan-time sizes: (the model built on the meta device, cfg) -> (qualified names of the Linear
+    # layers that get adapters, module names trained whole); the same chooser the build uses.
+    lora_plan: Callable[[Any, TrainConfig], tuple[list[str], list[str]]] | None = None
+    # A full fine-tune's freezing (cfg.lora.enabled false), shared by the build and the plan
+    full_fine_tune: Callable[[Any, TrainConfig], None] | None = None
+    image_tokens: bool = False  # its sequences hold image tokens (the memory estimate)
+    resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
+    # the head of a result saved without xtrain's record: architectures' suffix / peft task type
+    recognizes: Callable[[dict[str, Any]], bool] | None = None
+    predicts: Predicts | None = None  # None: ``xtrain predict`` refuses its results
+    quickstart: Quickstart | None = None

@@ -1,0 +1,215 @@
+"""``image-classification``: images and a label (ViT, DeiT, ConvNeXt, Swin and other
+``AutoModelForImageClassification`` checkpoints); metric: accuracy.
+
+- Data: ``data.image_column`` (paths relative to the data file, or an ``Image`` feature; read
+  lazily, converted to RGB: ``image_data``) and ``data.label_column`` (integers 0..n-1, or names
+  mapped in sorted order, as seq-cls; a ``ClassLabel`` column names its integers).
+- Model: a new classifier head of ``num_labels`` outputs with the label names
+  (``id2label``/``label2id``) on the checkpoint's backbone (its old head is dropped).
+- LoRA: the encoder's attention projections (query/key/value; q/k/v_proj; qkv), the classifier
+  head trained whole and saved with the adapter (peft's ``modules_to_save``).
+- ``xtrain predict RUN IMAGE...`` prints each image's label and its probability.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xtrain import builtin
+from xtrain.train import lora, models
+from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
+from xtrain.train.tasks.image_to_text import base_dir
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.workload import Workload
+
+NAME = "image-classification"
+# the attention projections of ViT/DeiT/BEiT/Swin (query/key/value), CLIP/SigLIP-style (q/k/v_proj),
+# DINOv2-with-registers/EVA-style fused (qkv); ConvNeXt has no attention: its Linear layers
+ATTENTION = ("query", "key", "value", "q_proj", "k_proj", "v_proj", "qkv")
+HEADS = ("classifier", "cls_classifier", "distillation_classifier", "head", "fc")
+
+
+def check_model_type(source: str, trust_remote_code: bool) -> None:
+    """Only image classification checkpoints: said before anything else is loaded."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES
+
+    models.require_model_type(
+        source,
+        trust_remote_code,
+        MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES,
+        "an image classifier (ViT, DeiT, ConvNeXt, Swin)",
+        "image-classification takes AutoModelForImageClassification checkpoints",
+    )
+
+
+def heads(model: Any) -> list[str]:
+    """The classifier head(s): top-level modules of the model named like one (trained whole)."""
+    return [name for name, _ in model.named_children() if name in HEADS]
+
+
+def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+    return _plan(model, cfg.lora)
+
+
+def _plan(model: Any, lora_cfg: Any) -> tuple[list[str], list[str]]:
+    """(Linear layers that get adapters, modules trained whole): the encoder's attention (or
+    ``lora.target_modules``), never the head, which is trained whole."""
+    head = heads(model)
+    layers = {q: leaf for q, leaf in lora.linear_layers(model).items() if q.split(".")[0] not in head}
+    names = lora_cfg.target_modules
+    if isinstance(names, str):
+        names = [n for n in ATTENTION if n in layers.values()] if names == "auto" else [names]
+        if not names:
+            names = lora.find_target_modules(model)
+    targets = [q for q, leaf in layers.items() if leaf in names or q in names]
+    return targets, list(lora_cfg.modules_to_save or []) + head
+
+
+def apply_lora(model: Any, lora_cfg: Any) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    from xtrain.errors import XtrainError
+
+    targets, whole = _plan(model, lora_cfg)
+    if not targets:
+        available = ", ".join(sorted(set(lora.linear_layers(model).values()))[:16])
+        raise XtrainError(
+            f"lora.target_modules {lora_cfg.target_modules} matched no layer of the image encoder",
+            f"Linear layers it has: {available}",
+        )
+    config = LoraConfig(
+        r=lora_cfg.r,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=lora_cfg.dropout,
+        target_modules=targets,
+        modules_to_save=whole or None,
+    )
+    return lora.trainable_fp32(get_peft_model(model, config))
+
+
+def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    import transformers
+
+    from xtrain.train import collate, data
+    from xtrain.train.tasks import common
+    from xtrain.train.tasks.image_data import ImageLabelCollator, ImageLabelRows, check_image_files
+    from xtrain.train.workload import Workload
+
+    d, m = cfg.data, cfg.model
+    source = common.media_source(cfg, main_process_first, check_model_type)
+    try:
+        image_processor = transformers.AutoImageProcessor.from_pretrained(
+            source, trust_remote_code=m.trust_remote_code
+        )
+    except Exception as e:
+        raise models.load_error("image processor", source, Path(source).exists(), e) from None
+    columns = {"data.image_column": d.image_column, "data.label_column": d.label_column}
+    with main_process_first():
+        train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
+        train_dir = base_dir(d.train or "", "train")
+        eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
+        for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
+            if ds is not None:
+                data.require_columns(ds, columns, name)
+                check_image_files(ds, d.image_column, folder, name)
+        sources = (train_name, eval_name)
+        mapping, num_labels, id2label = data.labels_of(train, eval_ds, d.label_column, m.num_labels, sources)
+    names = id2label or {i: str(i) for i in range(num_labels)}
+
+    def rows(ds: Any, folder: Path | None, name: str) -> ImageLabelRows:
+        return ImageLabelRows(ds, (d.image_column, d.label_column), mapping, folder, name)
+
+    model = common.load_seeded(
+        cfg, TASK, source, **data.head_labels(num_labels, names), ignore_mismatched_sizes=True
+    )
+    workload = Workload(
+        model=common.finish_model(model, cfg, TASK, apply_lora),
+        train_dataset=rows(train, train_dir, train_name),
+        collator=ImageLabelCollator(image_processor),
+        eval_dataset=rows(eval_ds, eval_dir, eval_name) if eval_ds is not None else None,
+        eval_batch=collate.seq_cls_eval_batch,
+        reduce_metrics=collate.seq_cls_reduce,
+        tokenizer=image_processor,  # saved with the adapter: predict prepares images the same way
+        main_metric="accuracy",
+        tokens_key=None,
+    )
+    workload.record = {"labels": [names[i] for i in range(num_labels)]}
+    return workload
+
+
+# ---------------------------------------------------------------------------------------------
+# Predict: images -> label and probability
+
+
+def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    import transformers
+
+    from xtrain.train import data
+
+    labels = record.get("labels")
+    if not isinstance(labels, list) or not labels:  # a full model folder names its own labels
+        config = models.load_config(base, trust_remote_code=False)
+        labels = [config.id2label[i] for i in sorted(config.id2label)]
+    extra = data.head_labels(len(labels), dict(enumerate(labels)))
+    auto = transformers.AutoModelForImageClassification
+    model = models.load_pretrained(auto, base, "auto", False, ignore_mismatched_sizes=True, **extra)
+    image_processor = transformers.AutoImageProcessor.from_pretrained(str(folder), trust_remote_code=False)
+    return model, None, {"image_processor": image_processor}
+
+
+def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    """Each image's most probable label and its probability (softmax over the head)."""
+    import torch
+
+    from xtrain.train.tasks.image_data import open_image
+    from xtrain.train.tasks.predicting import media_files, read_input, refuse_prompts, to_model
+
+    refuse_prompts(loaded.source, NAME, "images", request)
+    files = media_files(request.inputs)
+    id2label = getattr(loaded.model.config, "id2label", None) or {}
+    rows = []
+    for start in range(0, len(files), 16):
+        chunk = files[start : start + 16]
+        images = [read_input(f, "image", lambda f=f: open_image(str(f), None, 0, "")) for f in chunk]
+        pixels = loaded.parts["image_processor"](images=images, return_tensors="pt")["pixel_values"]
+        with torch.no_grad():
+            logits = loaded.model(**to_model({"pixel_values": pixels}, loaded.model)).logits.float()
+        probs, ids = logits.softmax(dim=-1).max(dim=-1)
+        for f, p, i in zip(chunk, probs.tolist(), ids.tolist(), strict=True):
+            rows.append({"input": str(f), "text": str(id2label.get(i, i)), "probability": f"{p:.4f}"})
+    return rows
+
+
+def _quickstart_inputs() -> list[str]:
+    folder = builtin.ensure_builtin_data("builtin:color-shapes")  # already built by the run
+    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    return [str(folder / row["image"])]
+
+
+def _is_image_classifier(config: dict[str, Any]) -> bool:
+    return any(str(a).endswith("ForImageClassification") for a in config.get("architectures") or [])
+
+
+TASK = Task(
+    name=NAME,
+    about="images and a label (ViT, DeiT, ConvNeXt, Swin); metric: accuracy",
+    build=build,
+    keys=frozenset({"model.num_labels", "data.image_column", "data.label_column"}),
+    model_class="AutoModelForImageClassification",
+    lora_plan=lora_plan,
+    resume_keys=("model.num_labels",),
+    recognizes=_is_image_classifier,
+    predicts=Predicts(takes="images", load=load_for_predict, run=predict),
+    quickstart=Quickstart(
+        job="quickstart-image-classification.yaml",
+        about="image classification",
+        next_command="xtrain train examples/image-classification-shapes.yaml",
+        headline=("accuracy", "accuracy", "share of images labelled right; 1 is perfect"),
+        predict_args=_quickstart_inputs,
+    ),
+)
