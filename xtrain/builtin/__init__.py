@@ -16,6 +16,9 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
   tone-sequence "speech" for speech-to-text (``xtrain.builtin.audio``).
 - ``builtin:tiny-qwen2-vl`` / ``builtin:shapes-vqa``: a tiny Qwen2-VL model with its processor and
   questions about coloured shapes for vision-language (``xtrain.builtin.vision_language``).
+- ``builtin:tiny-vit`` / ``builtin:color-shapes``: a tiny ViT image classifier with its image
+  processor and images of coloured shapes labelled by shape for image-classification
+  (``xtrain.builtin.image_classes``).
 
 The folders live under ``$XTRAIN_CACHE/builtin`` (default ``~/.cache/xtrain/builtin``). A build
 goes to a temporary folder that is renamed into place only when complete, so processes that
@@ -41,9 +44,10 @@ PREFIX = "builtin:"
 VERSION = 3
 MARKER = "xtrain_builtin.json"
 
-MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr", "tiny-whisper", "tiny-qwen2-vl")
-DATASETS = ("sentiment", "tiny-stories", "ocr-lines", "spoken-words", "shapes-vqa")
+MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr", "tiny-whisper", "tiny-qwen2-vl", "tiny-vit")
+DATASETS = ("sentiment", "tiny-stories", "ocr-lines", "spoken-words", "shapes-vqa", "color-shapes")
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
+IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
 AUDIO_ASSETS = ("tiny-whisper", "spoken-words")  # built by xtrain.builtin.audio
 VL_ASSETS = ("tiny-qwen2-vl", "shapes-vqa")  # built by xtrain.builtin.vision_language
 
@@ -232,6 +236,13 @@ def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -
 
         final = cache_root(cache_dir) / "data" / short
         return _build_atomically(final, lambda tmp: builtin_vl.build_shapes_vqa(tmp, VERSION), PREFIX + short)
+    if short in IMAGE_CLASS_ASSETS:
+        from xtrain.builtin import image_classes as builtin_classes
+
+        final = cache_root(cache_dir) / "data" / short
+        return _build_atomically(
+            final, lambda tmp: builtin_classes.build_color_shapes(tmp, VERSION), PREFIX + short
+        )
     gen, n_train, n_eval = _DATA_SPECS[short]
 
     def build(tmp: Path) -> None:
@@ -380,4 +391,8 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
         from xtrain.builtin import vision_language as builtin_vl
 
         return _build_atomically(final, builtin_vl.build_tiny_qwen2_vl, PREFIX + short)
+    if short in IMAGE_CLASS_ASSETS:
+        from xtrain.builtin import image_classes as builtin_classes
+
+        return _build_atomically(final, builtin_classes.build_tiny_vit, PREFIX + short)
     return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)
