@@ -412,9 +412,8 @@ def labels_of(
 
 
 def head_labels(num_labels: int, id2label: dict[int, str] | None) -> dict[str, Any]:
-    """The ``from_pretrained`` keywords of a classifier head: its size and its label names."""
-    extra: dict[str, Any] = {"num_labels": num_labels}
-    if id2label is not None:
-        extra["id2label"] = id2label
-        extra["label2id"] = {name: i for i, name in id2label.items()}
-    return extra
+    """The ``from_pretrained`` keywords of a classifier head: its label names, or its size when
+    there are none for every class (transformers warns when both say the size)."""
+    if id2label is None or len(id2label) != num_labels:
+        return {"num_labels": num_labels}
+    return {"id2label": id2label, "label2id": {name: i for i, name in id2label.items()}}

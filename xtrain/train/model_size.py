@@ -95,6 +95,8 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
     config = read_config_offline(cfg)
     if isinstance(config, str):
         return config
+    if cfg.model.num_labels:  # a classifier's new head, as the task's build sizes it
+        config.num_labels = cfg.model.num_labels
     shape = memory.model_shape(config)
     if shape is None:
         return f"the config of {cfg.model.name_or_path} names no hidden size or layer count"
