@@ -234,7 +234,9 @@ def test_wrong_columns_and_wrong_model_are_one_line(trocr, tmp_path, private_cac
     llama = str(builtin.ensure_builtin_model("builtin:tiny-llama"))
     with pytest.raises(XtrainError, match="not a vision encoder-decoder"):
         build_workload(_cfg(llama, tmp_path / "train.jsonl"))
-    with pytest.raises(XtrainError, match="lora.apply_to=encoder is for encoder-decoder"):
+    with pytest.raises(
+        XtrainError, match="lora.apply_to is for tasks image-to-text, speech-to-text, not seq-cls"
+    ):
         load_config(None, ["lora.apply_to=encoder"])
 
 
