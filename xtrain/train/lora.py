@@ -192,10 +192,17 @@ def apply_lora_matching(model: Any, lora: Any, pattern: str, where: str) -> Any:
     """``get_peft_model`` on the Linear layers whose full module name matches ``pattern`` (a
     regex): how encoder-decoder and multimodal tasks pick their halves. ``where`` names the part
     in the one-line error when nothing matches."""
+    return adapt(model, lora, pattern, lora.modules_to_save, where)
 
+
+def adapt(model: Any, lora: Any, targets: str | list[str], whole: list[str] | None, where: str) -> Any:
+    """``get_peft_model`` with adapters on ``targets`` (a regex on qualified names, or the
+    qualified names) and the ``whole`` modules trained whole; nothing matched is one line naming
+    ``where`` and the Linear layers the model has."""
     from peft import LoraConfig, get_peft_model
 
-    if not layers_matching(model, pattern):
+    matched = layers_matching(model, targets) if isinstance(targets, str) else targets
+    if not matched:
         available = ", ".join(sorted(set(linear_layers(model).values()))[:16])
         raise XtrainError(
             f"lora.target_modules {lora.target_modules} matched no layer of the {where}",
@@ -205,7 +212,7 @@ def apply_lora_matching(model: Any, lora: Any, pattern: str, where: str) -> Any:
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=pattern,
-        modules_to_save=lora.modules_to_save,
+        target_modules=targets,
+        modules_to_save=whole or None,
     )
     return trainable_fp32(get_peft_model(model, config))

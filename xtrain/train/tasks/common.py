@@ -6,8 +6,10 @@ task's full fine-tune), and the one sequence of the media tasks (``media_source`
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import collate, data, lora, models
 from xtrain.train.config.schema import TrainConfig
@@ -180,6 +182,42 @@ def media_source(
         source = models.resolve_model(cfg.model.name_or_path)
     check(source, cfg.model.trust_remote_code)
     return source
+
+
+def base_dir(source: str, role: str) -> Path | None:
+    """The folder that relative image paths of ``source`` are relative to."""
+    if builtin.is_builtin(source):
+        return builtin.builtin_data_file(source, "train" if role == "train" else "eval").parent
+    path = Path(source).expanduser()
+    if path.is_file():
+        return path.resolve().parent
+    if path.is_dir():
+        return path.resolve()
+    return None
+
+
+def media_dirs(cfg: TrainConfig) -> tuple[Any, Any]:
+    """The folders that the train and eval data's relative media paths are relative to."""
+    d = cfg.data
+    train_dir = base_dir(d.train or "", "train")
+    return train_dir, base_dir(d.eval, "eval") if d.eval else train_dir
+
+
+def image_datasets(
+    cfg: TrainConfig, main_process_first: MainProcessFirst, columns: dict[str, str]
+) -> tuple[tuple[Any, str, Any], tuple[Any, str, Any]]:
+    """(train, its name, its folder), (eval or None, ...): loaded by the first process first,
+    the ``columns`` ({key: column}) present and every image file found before training starts."""
+    from xtrain.train.tasks.image_data import check_image_files
+
+    with main_process_first():
+        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+        train_dir, eval_dir = media_dirs(cfg)
+        for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
+            if ds is not None:
+                data.require_columns(ds, columns, name)
+                check_image_files(ds, cfg.data.image_column, folder, name)
+    return (train, train_name, train_dir), (eval_ds, eval_name, eval_dir)
 
 
 def load_media_model(cfg: TrainConfig, task: Task, source: str) -> Any:

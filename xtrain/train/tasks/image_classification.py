@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.train import lora, models
 from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
-from xtrain.train.tasks.image_to_text import base_dir
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
@@ -71,25 +70,8 @@ def _plan(model: Any, lora_cfg: Any) -> tuple[list[str], list[str]]:
 
 
 def apply_lora(model: Any, lora_cfg: Any) -> Any:
-    from peft import LoraConfig, get_peft_model
-
-    from xtrain.errors import XtrainError
-
     targets, whole = _plan(model, lora_cfg)
-    if not targets:
-        available = ", ".join(sorted(set(lora.linear_layers(model).values()))[:16])
-        raise XtrainError(
-            f"lora.target_modules {lora_cfg.target_modules} matched no layer of the image encoder",
-            f"Linear layers it has: {available}",
-        )
-    config = LoraConfig(
-        r=lora_cfg.r,
-        lora_alpha=lora_cfg.alpha,
-        lora_dropout=lora_cfg.dropout,
-        target_modules=targets,
-        modules_to_save=whole or None,
-    )
-    return lora.trainable_fp32(get_peft_model(model, config))
+    return lora.adapt(model, lora_cfg, targets, whole, "image encoder")
 
 
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
@@ -97,7 +79,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
 
     from xtrain.train import collate, data
     from xtrain.train.tasks import common
-    from xtrain.train.tasks.image_data import ImageLabelCollator, ImageLabelRows, check_image_files
+    from xtrain.train.tasks.image_data import ImageLabelCollator, ImageLabelRows
     from xtrain.train.workload import Workload
 
     d, m = cfg.data, cfg.model
@@ -109,16 +91,11 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     except Exception as e:
         raise models.load_error("image processor", source, Path(source).exists(), e) from None
     columns = {"data.image_column": d.image_column, "data.label_column": d.label_column}
-    with main_process_first():
-        train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
-        train_dir = base_dir(d.train or "", "train")
-        eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
-        for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
-            if ds is not None:
-                data.require_columns(ds, columns, name)
-                check_image_files(ds, d.image_column, folder, name)
-        sources = (train_name, eval_name)
-        mapping, num_labels, id2label = data.labels_of(train, eval_ds, d.label_column, m.num_labels, sources)
+    (train, train_name, train_dir), (eval_ds, eval_name, eval_dir) = common.image_datasets(
+        cfg, main_process_first, columns
+    )
+    sources = (train_name, eval_name)
+    mapping, num_labels, id2label = data.labels_of(train, eval_ds, d.label_column, m.num_labels, sources)
     names = id2label or {i: str(i) for i in range(num_labels)}
 
     def rows(ds: Any, folder: Path | None, name: str) -> ImageLabelRows:

@@ -126,18 +126,6 @@ def apply_lora(model: Any, lora_cfg: Any) -> Any:
     return lora.apply_lora_matching(model, lora_cfg, target_pattern(model, lora_cfg), where)
 
 
-def base_dir(source: str, role: str) -> Path | None:
-    """The folder that relative image paths of ``source`` are relative to."""
-    if builtin.is_builtin(source):
-        return builtin.builtin_data_file(source, "train" if role == "train" else "eval").parent
-    path = Path(source).expanduser()
-    if path.is_file():
-        return path.resolve().parent
-    if path.is_dir():
-        return path.resolve()
-    return None
-
-
 def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
     """Everything trains but the encoder's pooler, which the decoder never reads."""
     for name, p in model.named_parameters():
@@ -149,23 +137,17 @@ def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
 
 
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-    from xtrain.train import data
     from xtrain.train.tasks import common
-    from xtrain.train.tasks.image_data import ImageTextCollator, ImageTextRows, check_image_files
+    from xtrain.train.tasks.image_data import ImageTextCollator, ImageTextRows
     from xtrain.train.workload import Workload
 
     d = cfg.data
     source = common.media_source(cfg, main_process_first, check_model_type)
     image_processor, tokenizer, saver = load_processors(source, cfg.model.trust_remote_code)
     columns = {"data.image_column": d.image_column, "data.text_column": d.text_column}
-    with main_process_first():
-        train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
-        train_dir = base_dir(d.train or "", "train")
-        eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
-        for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
-            if ds is not None:
-                data.require_columns(ds, columns, name)
-                check_image_files(ds, d.image_column, folder, name)
+    (train, train_name, train_dir), (eval_ds, eval_name, eval_dir) = common.image_datasets(
+        cfg, main_process_first, columns
+    )
     train_rows = ImageTextRows(train, d.image_column, d.text_column, train_dir, train_name)
     eval_rows = None
     if eval_ds is not None:

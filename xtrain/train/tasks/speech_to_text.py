@@ -29,7 +29,7 @@ from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
 from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
-from xtrain.train.tasks.image_to_text import PARTS, base_dir
+from xtrain.train.tasks.image_to_text import PARTS
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
@@ -206,8 +206,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     with main_process_first():
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train, eval_ds = (_file_name_column(ds, d.audio_column) for ds in (train, eval_ds))
-        train_dir = base_dir(d.train or "", "train")
-        eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
+        train_dir, eval_dir = common.media_dirs(cfg)
         durations: dict[str, list[float] | None] = {}  # seconds per clip, from the headers checked here
         for role, ds, name, folder in (
             ("train", train, train_name, train_dir),

@@ -28,7 +28,6 @@ from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
 from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
-from xtrain.train.tasks.image_to_text import base_dir
 from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
 
 if TYPE_CHECKING:
@@ -228,8 +227,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         processor.chat_template = template  # saved with the adapter: predict renders the same way
     with main_process_first():
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
-        train_dir = base_dir(d.train or "", "train")
-        eval_dir = base_dir(d.eval, "eval") if d.eval else train_dir
+        train_dir, eval_dir = common.media_dirs(cfg)
     tokenizer = processor.tokenizer
     train_rows = conversations(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
     eval_rows = None
