@@ -106,29 +106,40 @@ def check_image_files(ds: Any, image_column: str, base_dir: Path | None, source:
             raise UnreadableImage(f"image {resolve_path(value, base_dir)} (row {row} of {source}) not found")
 
 
-class ImageTextRows:
-    """A map-style data set over ``ds``: ``[i]`` -> ``{"image": RGB PIL image, "text": str}``,
-    the image read from disk (or bytes) only then."""
+class ImageRows:
+    """A map-style data set over ``ds`` whose ``[i]`` holds the RGB PIL image of the image
+    column, read from disk (or bytes) only then, and what ``target(row)`` makes of the row."""
 
-    def __init__(
-        self, ds: Any, image_column: str, text_column: str, base_dir: Path | None, source: str
-    ) -> None:
+    def __init__(self, ds: Any, image_column: str, base_dir: Path | None, source: str) -> None:
         self.ds = undecoded(ds, image_column)
         self.image_column = image_column
-        self.text_column = text_column
         self.base_dir = base_dir
         self.source = source
 
     def __len__(self) -> int:
         return len(self.ds)
 
+    def target(self, row: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self.ds[int(i)]
+        image = open_image(row[self.image_column], self.base_dir, int(i), self.source)
+        return {"image": image, **self.target(row)}
+
+
+class ImageTextRows(ImageRows):
+    """``[i]`` -> ``{"image": RGB PIL image, "text": str}`` (image-to-text)."""
+
+    def __init__(
+        self, ds: Any, image_column: str, text_column: str, base_dir: Path | None, source: str
+    ) -> None:
+        super().__init__(ds, image_column, base_dir, source)
+        self.text_column = text_column
+
+    def target(self, row: dict[str, Any]) -> dict[str, Any]:
         text = row[self.text_column]
-        return {
-            "image": open_image(row[self.image_column], self.base_dir, int(i), self.source),
-            "text": "" if text is None else str(text),
-        }
+        return {"text": "" if text is None else str(text)}
 
 
 def undecoded(ds: Any, column: str, feature: str = "Image") -> Any:
@@ -208,10 +219,9 @@ class ImageTextCollator:
         return f"ImageTextCollator(max_length={self.max_length})"
 
 
-class ImageLabelRows:
-    """A map-style data set over ``ds``: ``[i]`` -> ``{"image": RGB PIL image, "label": int}``
-    (image-classification), the image read only then; ``label_to_id`` maps label names (None:
-    integer labels as they are)."""
+class ImageLabelRows(ImageRows):
+    """``[i]`` -> ``{"image": RGB PIL image, "label": int}`` (image-classification);
+    ``label_to_id`` maps label names (None: integer labels as they are)."""
 
     def __init__(
         self,
@@ -221,24 +231,15 @@ class ImageLabelRows:
         base_dir: Path | None,
         source: str,
     ) -> None:
-        self.image_column, self.label_column = columns
-        self.ds = undecoded(ds, self.image_column)
+        super().__init__(ds, columns[0], base_dir, source)
+        self.label_column = columns[1]
         self.label_to_id = label_to_id
-        self.base_dir = base_dir
-        self.source = source
 
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def target(self, row: dict[str, Any]) -> dict[str, Any]:
         from xtrain.train.data import label_key
 
-        row = self.ds[int(i)]
         label = row[self.label_column]
-        return {
-            "image": open_image(row[self.image_column], self.base_dir, int(i), self.source),
-            "label": self.label_to_id[label_key(label)] if self.label_to_id is not None else int(label),
-        }
+        return {"label": self.label_to_id[label_key(label)] if self.label_to_id is not None else int(label)}
 
 
 class ImageLabelCollator:
