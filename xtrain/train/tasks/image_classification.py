@@ -146,7 +146,7 @@ def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
     from xtrain.train.tasks.image_data import open_image
     from xtrain.train.tasks.predicting import media_files, read_input, refuse_prompts, to_model
 
-    refuse_prompts(loaded.source, NAME, "images", request)
+    refuse_prompts(loaded, TASK, request)
     files = media_files(request.inputs)
     id2label = getattr(loaded.model.config, "id2label", None) or {}
     rows = []

@@ -193,7 +193,7 @@ def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
         refuse_prompts,
     )
 
-    refuse_prompts(loaded.source, NAME, "images", request)
+    refuse_prompts(loaded, TASK, request)
     files = media_files(request.inputs)
 
     def batch_of(chunk: list[Path]) -> dict[str, Any]:

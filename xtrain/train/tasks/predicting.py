@@ -57,11 +57,13 @@ def to_model(batch: dict[str, Any], model: Any) -> dict[str, Any]:
     }
 
 
-def refuse_prompts(source: str, task: str, takes: str, request: Any) -> None:
-    """A task that reads files (images, audio) got ``--prompt``/``--question``, or nothing."""
+def refuse_prompts(loaded: Any, task: Any, request: Any) -> None:
+    """A ``task`` that reads files (images, audio: ``task.predicts.takes``) got
+    ``--prompt``/``--question`` or ``--system``."""
+    source, takes = loaded.source, task.predicts.takes
     if request.prompts:
         raise XtrainError(
-            f"{source} is a {task} model: it takes {takes}, not --prompt/--question",
+            f"{source} is a {task.name} model: it takes {takes}, not --prompt/--question",
             f"pass {takes} (questions about images go to vision-language models)",
         )
     if request.system is not None:

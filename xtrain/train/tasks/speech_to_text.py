@@ -274,7 +274,7 @@ def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
         refuse_prompts,
     )
 
-    refuse_prompts(loaded.source, NAME, "audio files", request)
+    refuse_prompts(loaded, TASK, request)
     files = media_files(request.inputs, AUDIO_EXTENSIONS, "audio files")
     fe = loaded.parts["feature_extractor"]
     rate, window = int(fe.sampling_rate), max_seconds(None, fe)
