@@ -15,7 +15,7 @@ host sync per ``--log-every`` steps.
 Rates: xtrain's are its own logging windows, read back from ``train_result.json`` (``windows``)
 as ``xtrain bench`` reads them; the hand-written loop's are windows of the same length from its
 step times; both leave out the first window (warm-up) and divide the remaining samples (tokens)
-by the remaining seconds (``xtrain.bench.steady_rates``). **Tokens are non-padding input tokens
+by the remaining seconds (``xtrain.bench.rates.steady_rates``). **Tokens are non-padding input tokens
 (the attention mask's sum), the image tokens included**: what xtrain's loop counts for this
 task. The same samples are also divided by the process's CPU time over the same steps, which
 other jobs on a shared machine disturb less than wall time (meaningful on CPU; on CUDA it leaves
@@ -146,7 +146,7 @@ def run_plain(a: argparse.Namespace, cpu: list[float]) -> list[dict[str, float]]
 def worker(a: argparse.Namespace) -> None:
     import torch
 
-    from xtrain.bench import Window, steady_rates
+    from xtrain.bench.rates import Window, steady_rates
 
     set_threads_from_env()
     cpu: list[float] = []
