@@ -527,7 +527,10 @@ def vision_language_section(vl: dict[str, Any]) -> str:
         f"{vl['tokens_per_sample']:.1f} per sample, 4 of them image tokens; both loops counted the same "
         f"tokens in every run: {'yes' if vl['same_tokens'] else 'NO'}. {s['repeats']} interleaved "
         "repeats, each run a fresh process with one compute thread. *Per CPU second* divides the same "
-        "samples by the process's CPU time, which other jobs disturb less. Load average (1 min) "
+        "samples by the process's CPU time, which other jobs disturb less. *Data wait*: the time the "
+        "training process spent blocked on the train loader's next batch over the same steps' wall time "
+        "(reading PNGs, the processor and the collator; on CPU the plan has no DataLoader workers, so "
+        "the training process does that work itself). Load average (1 min) "
         f"during: {load['median']:.1f} ({load['min']:.1f}-{load['max']:.1f}).\n"
     )
     rows = [
@@ -536,6 +539,7 @@ def vision_language_section(vl: dict[str, Any]) -> str:
             _s(vl["samples_per_s"][key], "{:.1f}"),
             _s(vl["tokens_per_s"][key], "{:,.0f}"),
             _s(vl["cpu_samples_per_s"][key], "{:.1f}"),
+            _s(vl["data_wait_share"][key], "{:.0%}") if "data_wait_share" in vl else "-",
         ]
         for label, key in (("hand-written", "plain"), ("xtrain", "xtrain"))
     ]
@@ -554,7 +558,7 @@ def vision_language_section(vl: dict[str, Any]) -> str:
     if s["device"] == "cpu":
         tail += " Not measured on a GPU: `python benchmarks/vision_language.py --device cuda` there."
     tail += "\n"
-    heads = ["loop", "samples/s", "tokens/s", "samples per CPU second"]
+    heads = ["loop", "samples/s", "tokens/s", "samples per CPU second", "data wait (share of step time)"]
     flags = f" --repeats {s['repeats']} --steps {s['steps']}"
     flags += " --device cuda" if s["device"] == "cuda" else ""
     command = f"\n```bash\npython benchmarks/vision_language.py{flags}\n```\n"
