@@ -223,8 +223,9 @@ def measure(
             got = run_json([*base, "--worker", loop], env=env)
             runs[loop].append(got)
             loads.append(os.getloadavg()[0])
-            say(f"vision-language: repeat {r + 1}/{repeats} {loop}: {got['samples_per_s']:.1f} samples/s, "
-                f"{got['tokens_per_s']:,.0f} tokens/s, {got['cpu_samples_per_s']:.1f} samples per CPU s, "
+            say(f"{TASK}: repeat {r + 1}/{repeats} {loop} ({JOB.name}): "
+                f"{got['samples_per_s']:.1f} samples/s, {got['tokens_per_s']:,.0f} tokens/s, "
+                f"{got['cpu_samples_per_s']:.1f} samples per CPU s, "
                 f"data wait {got['data_wait_share']:.0%} (load {loads[-1]:.2f})")  # fmt: skip
     samples = {k: [g["samples_per_s"] for g in v] for k, v in runs.items()}
     tokens = {k: [g["tokens_per_s"] for g in v] for k, v in runs.items()}
