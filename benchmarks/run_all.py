@@ -612,18 +612,31 @@ table shows MFU "unknown".
     )
 
 
-# A profile, not a measurement run_all repeats (cProfile, 40 steps of each loop, one thread, 2026-11-23).
+# Not measurements run_all repeats: a profile (cProfile, 40 steps of each loop, one thread,
+# 2026-11-23) and the before/after of the batched collator (2026-11-24/25).
 PROFILE_VLM = """
-Where a step goes (cProfile of 40 steps of each loop, which inflates Python-heavy code): the two
-loops took the same time (4.60 s each, data included; backward 0.63-0.65 s, AdamW 0.10-0.12 s);
-what xtrain adds per step (accelerate's optimizer and clipping wrappers, the window's device-side
-sums, the dropout reseed) came to under 1 ms. Almost half of each step (2.1 of 4.6 s) is the
-DataLoader building the batch in the training process (the CPU plan has no workers): the collator
-runs Qwen2-VL's processor once per conversation (640 calls, 2.8 ms each: resizing and patchifying
-the image 1.2 ms, merging the processor's keyword arguments 0.5 ms, tokenising 0.4 ms). Give
-vision-language jobs DataLoader workers on GPUs (`data.num_workers`; Linux plans a few per GPU).
-One processor call per batch instead of per row would likely save part of its fixed cost per call
-(not tried: the collator carries each row's labels over to that row's expanded ids).
+Where a step went (cProfile of 40 steps of each loop, which inflates Python-heavy code, before the
+collator change below): the two loops took the same time (4.60 s each, data included; backward
+0.63-0.65 s, AdamW 0.10-0.12 s); what xtrain adds per step (accelerate's optimizer and clipping
+wrappers, the window's device-side sums, the dropout reseed) came to under 1 ms. Almost half of
+each step (2.1 of 4.6 s) was the DataLoader building the batch in the training process (the CPU
+plan has no workers): the collator ran Qwen2-VL's processor once per conversation (640 calls,
+2.8 ms each: resizing and patchifying the image 1.2 ms, merging the processor's keyword arguments
+0.5 ms, tokenising 0.4 ms). Give vision-language jobs DataLoader workers on GPUs
+(`data.num_workers`; Linux plans a few per GPU).
+
+**One processor call per batch** (issue 24, measured 2026-11-24/25 UTC on a shared 2-core AMD EPYC
+machine, Linux, torch 2.13.0+cpu, transformers 5.24.0, load average 4-6 from other people's test
+runs). The collator now calls the processor once per batch and cuts each row's tokens back out of
+the result: the same tensors (`tests/test_vision_chat_batched.py`). With
+`python benchmarks/vision_language.py --repeats 3 --steps 40` before (commit `ea3fa00`) and after
+(`2c23101`), hand-written / xtrain loop, medians of 3: data wait (time blocked on the train
+loader's next batch) 38% / 36% of step time before, 26% / 24% after (58 / 66 ms per optimizer step
+before, 34 / 36 ms after); samples per CPU second 178 / 174 before, 197 / 201 after; samples/s
+100 / 88 before, 121 / 108 after (load 6.0 vs 4.9: the wall figures move with the machine). The
+same command run twice more, before and after alternating (`--repeats 2`): data wait 37% / 37%
+before, 25% / 25% after. The collator alone (40 batches of 8 built-in rows, images already decoded,
+one thread): 13.8 ms CPU per batch before, 7.8 ms after.
 """
 
 
