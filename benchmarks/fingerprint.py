@@ -26,6 +26,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import PYTHON, bench_env, emit, machine, run_json  # noqa: E402
 
+SIZES = (32_000, 128_000)  # synthetic vocabularies (besides the built-in 1k)
+
 
 def hasher_fingerprint(tokenizer: Any) -> str:
     """The implementation before: datasets' Hasher over the parsed tokenizer JSON."""
@@ -61,18 +63,17 @@ def synthetic_bpe(vocab_size: int, seed: int = 0) -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>")
 
 
-def measure(repeats: int = 10, log: Any = None) -> dict[str, Any]:
+def measure(repeats: int = 10, log: Any = None, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
     """Runs the timings in a fresh worker process (see ``timings``)."""
-    result = run_json(
-        [PYTHON, str(Path(__file__).resolve()), "--worker", "--repeats", str(repeats)], bench_env(1)
-    )
+    cmd = [PYTHON, str(Path(__file__).resolve()), "--worker", "--repeats", str(repeats)]
+    result = run_json([*cmd, "--sizes", ",".join(str(n) for n in sizes)], bench_env(1))
     if log:
         for name, r in result["rows"].items():
             log(f"fingerprint {name}: Hasher {r['hasher_s']:.3f} s, current {r['current_s']:.3f} s")
     return result
 
 
-def timings(repeats: int, sizes: tuple[int, ...] = (32_000, 128_000)) -> dict[str, Any]:
+def timings(repeats: int, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
     """In a process that has imported what a training process has (torch, transformers,
     datasets, accelerate, peft) when it fingerprints: a big heap makes the garbage collector's
     passes during JSON parsing cost more, as they do in a real start."""
@@ -109,9 +110,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--sizes", default=",".join(str(n) for n in SIZES), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        emit(timings(a.repeats))
+        emit(timings(a.repeats, tuple(int(n) for n in a.sizes.split(",") if n)))
         return
     result = measure(a.repeats)
     result["machine"] = machine()

@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,20 @@ from xtrain.train.config.schema import TrainConfig  # noqa: E402
 from xtrain.train.report import NullReporter  # noqa: E402
 from xtrain.train.workload import Workload  # noqa: E402
 
-ARGS: argparse.Namespace
+TASK = "image-to-text"
 JOB = ROOT / "xtrain" / "data" / "quickstart-image-to-text.yaml"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One measurement's job and settings, passed to every run explicitly (no module state:
+    ``speech_to_text.py`` measures its own job with the same code)."""
+
+    job: Path
+    steps: int = 30
+    warmup: int = 5
+    per_device: int = 16
+    accum: int = 2
 
 
 class Timer:
@@ -78,8 +91,8 @@ class TimedCollator:
             self.timer.seconds += time.perf_counter() - t
 
 
-def job_config() -> TrainConfig:
-    return task_config(JOB, ARGS.per_device, ARGS.accum, ARGS.steps)
+def job_config(setup: Setup) -> TrainConfig:
+    return task_config(setup.job, setup.per_device, setup.accum, setup.steps)
 
 
 def workload(cfg: TrainConfig, timer: Timer) -> Workload:
@@ -100,71 +113,85 @@ class StepClock(NullReporter):
         self.times[step] = time.perf_counter()
 
 
-def steady(times: dict[int, float]) -> float:
+def steady(setup: Setup, times: dict[int, float]) -> float:
     """Median seconds per step after the warm-up."""
-    return statistics.median(times[s] - times[s - 1] for s in range(ARGS.warmup + 1, ARGS.steps + 1))
+    return statistics.median(times[s] - times[s - 1] for s in range(setup.warmup + 1, setup.steps + 1))
 
 
-def run_xtrain() -> tuple[float, float]:
+def run_xtrain(setup: Setup) -> tuple[float, float]:
     from xtrain.train.loop import train
 
-    cfg, timer, clock = job_config(), Timer(), StepClock()
+    cfg, timer, clock = job_config(setup), Timer(), StepClock()
     with tempfile.TemporaryDirectory() as out:
         cfg.run.output_dir = out
         plan = make_plan(Facts(torch_version=torch.__version__, gloo_available=True))
         train(cfg, plan, clock, build=lambda c, mpf: workload(c, timer))
-    return steady(clock.times), timer.seconds / (clock.times[ARGS.steps] - timer.started)
+    return steady(setup, clock.times), timer.seconds / (clock.times[setup.steps] - timer.started)
 
 
-def run_plain() -> tuple[float, float]:
+def run_plain(setup: Setup) -> tuple[float, float]:
     """The floor: a plain PyTorch loop over the same workload."""
     from transformers import get_scheduler
 
-    cfg, timer = job_config(), Timer()
+    cfg, timer = job_config(setup), Timer()
     torch.manual_seed(0)
     w = workload(cfg, timer)
     params = [p for p in w.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr)
-    sched = get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=ARGS.steps)
+    sched = get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=setup.steps)
     loader = torch.utils.data.DataLoader(
-        w.train_dataset, batch_size=ARGS.per_device, shuffle=True, collate_fn=w.collator
+        w.train_dataset, batch_size=setup.per_device, shuffle=True, collate_fn=w.collator
     )
     times = hand_written_loop(
-        w.model, iter(loader), steps=ARGS.steps, accum=ARGS.accum, optimizer=opt, scheduler=sched,
+        w.model, iter(loader), steps=setup.steps, accum=setup.accum, optimizer=opt, scheduler=sched,
         max_grad_norm=1.0,
     )  # fmt: skip
     steps = dict(enumerate(times))
     steps[0] = timer.started
-    return steady(steps), timer.seconds / (times[-1] - timer.started)
+    return steady(setup, steps), timer.seconds / (times[-1] - timer.started)
 
 
-def measure(repeats: int = 3, steps: int = 30, log: Any = None) -> dict[str, Any]:
-    """For benchmarks/run_all.py: both loops, ``repeats`` interleaved runs, one compute thread."""
-    global ARGS
+def measure_job(setup: Setup, task: str, unit: str, repeats: int = 3, log: Any = None) -> dict[str, Any]:
+    """Both loops on ``setup.job``, ``repeats`` interleaved runs in this process, one compute
+    thread; log lines and the result name ``task`` (rates in ``unit``/s: samples per second)."""
     from common import Spread
 
     say = log or (lambda m: None)
     torch.set_num_threads(1)
-    ARGS = argparse.Namespace(steps=steps, warmup=5, repeats=repeats, per_device=16, accum=2, json=False)
-    images = ARGS.per_device * ARGS.accum
+    samples = setup.per_device * setup.accum
     rates: dict[str, list[float]] = {"plain": [], "xtrain": []}
     shares: dict[str, list[float]] = {"plain": [], "xtrain": []}
     for r in range(repeats):
         for name in ("plain", "xtrain") if r % 2 == 0 else ("xtrain", "plain"):
-            step_s, share = run_plain() if name == "plain" else run_xtrain()
-            rates[name].append(images / step_s)
+            step_s, share = run_plain(setup) if name == "plain" else run_xtrain(setup)
+            rates[name].append(samples / step_s)
             shares[name].append(share)
-            say(f"image-to-text: repeat {r + 1}/{repeats} {name}: {images / step_s:.1f} images/s")
+            say(f"{task}: repeat {r + 1}/{repeats} {name}: {samples / step_s:.1f} {unit}/s "
+                f"({setup.job.name}, data {share:.0%} of step time)")  # fmt: skip
     return {
-        "setup": {"steps": steps, "repeats": repeats, "per_device": ARGS.per_device, "accum": ARGS.accum},
-        "images_per_s": {k: Spread.of(v).to_dict() for k, v in rates.items()},
+        "task": task,
+        "job": setup.job.name,
+        "setup": {
+            "steps": setup.steps,
+            "repeats": repeats,
+            "per_device": setup.per_device,
+            "accum": setup.accum,
+            "warmup": setup.warmup,
+        },
+        "samples_per_s": {k: Spread.of(v).to_dict() for k, v in rates.items()},
         "data_share": {k: Spread.of(v).to_dict() for k, v in shares.items()},
         "ratio": statistics.median(rates["xtrain"]) / statistics.median(rates["plain"]),
     }
 
 
+def measure(repeats: int = 3, steps: int = 30, warmup: int = 5, log: Any = None) -> dict[str, Any]:
+    """For benchmarks/run_all.py: image-to-text's job, both loops, images/s."""
+    out = measure_job(Setup(JOB, steps, warmup), TASK, "images", repeats, log)
+    out["images_per_s"] = out.pop("samples_per_s")
+    return out
+
+
 def main() -> None:
-    global ARGS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
@@ -172,34 +199,38 @@ def main() -> None:
     p.add_argument("--per-device", type=int, default=16)
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--json", action="store_true")
-    ARGS = p.parse_args()
+    a = p.parse_args()
+    setup = Setup(JOB, a.steps, a.warmup, a.per_device, a.accum)
 
     runs: dict[str, list[tuple[float, float]]] = {"plain": [], "xtrain": []}
-    for _ in range(ARGS.repeats):  # alternate, so drifting machine load hits both alike
-        runs["plain"].append(run_plain())
-        runs["xtrain"].append(run_xtrain())
-    images = ARGS.per_device * ARGS.accum
+    for _ in range(a.repeats):  # alternate, so drifting machine load hits both alike
+        runs["plain"].append(run_plain(setup))
+        runs["xtrain"].append(run_xtrain(setup))
+    images = a.per_device * a.accum
     best = {k: min(v) for k, v in runs.items()}  # the fastest run (smallest step time)
     result = {
+        "task": TASK,
+        "job": JOB.name,
         "plain_images_per_s": images / best["plain"][0],
         "xtrain_images_per_s": images / best["xtrain"][0],
         "ratio": best["plain"][0] / best["xtrain"][0],
         "data_share_plain": best["plain"][1],
         "data_share_xtrain": best["xtrain"][1],
         "runs": runs,
-        "setup": {k: v for k, v in vars(ARGS).items() if k != "json"},
+        "setup": {k: v for k, v in vars(a).items() if k != "json"},
         "threads": torch.get_num_threads(),
     }
-    if ARGS.json:
+    if a.json:
         print(json.dumps(result, indent=1))
         return
     print(
+        f"{TASK} ({JOB.name})\n"
         f"hand-written loop: {result['plain_images_per_s']:.1f} images/s, "
         f"data {100 * result['data_share_plain']:.0f}% of step time\n"
         f"xtrain loop:       {result['xtrain_images_per_s']:.1f} images/s, "
         f"data {100 * result['data_share_xtrain']:.0f}% of step time\n"
-        f"ratio xtrain/plain: {result['ratio']:.3f} (best of {ARGS.repeats}; global batch "
-        f"{ARGS.per_device}x{ARGS.accum}, {torch.get_num_threads()} thread(s))"
+        f"ratio xtrain/plain: {result['ratio']:.3f} (best of {a.repeats}; global batch "
+        f"{a.per_device}x{a.accum}, {torch.get_num_threads()} thread(s))"
     )
 
 

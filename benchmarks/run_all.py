@@ -2,6 +2,14 @@
 
     python benchmarks/run_all.py --out docs/performance.md            # ~25 min on 2 cores
     python benchmarks/run_all.py --quick --out /tmp/performance.md    # 2 repeats, ~10 min
+    python benchmarks/run_all.py --smoke                              # every section once, ~2 min
+
+``--smoke`` checks that the benchmarks still run (CI runs it: tests/test_benchmarks_smoke.py):
+it resolves every ``from X import name`` in benchmarks/*.py (function-level imports included)
+and runs every section once with the smallest settings (one repeat, a few steps), in two lanes
+(child processes, one per core of a 2-core CI machine: each benchmark runs its variants one
+after another, so it uses one core), renders the page, and writes the page and the JSON to a
+temporary folder, never into docs/. Its figures measure nothing.
 
 Sections: loops (xtrain vs hand-written vs HF Trainer), per-step overhead (micro model), 1 vs 2
 processes, start-up, resume cost, packing. GPU rows are not run here: the page gives the command
@@ -12,62 +20,169 @@ a file in the temp folder, named in the log); ``--from-json`` renders a saved re
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime as _dt
+import importlib
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fingerprint  # noqa: E402
-import image_to_text  # noqa: E402
-import loops  # noqa: E402
-import packing  # noqa: E402
-import resume  # noqa: E402
-import scaling  # noqa: E402
-import speech_to_text  # noqa: E402
-import startup  # noqa: E402
-import vision_language  # noqa: E402
-from common import REPO, machine, table  # noqa: E402
+from common import REPO, machine, model_size, table  # noqa: E402
 
 from xtrain.bench.flops import PEAKS  # noqa: E402
-from xtrain.bench.sizes import SIZES  # noqa: E402
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run(repeats: int, only: set[str] | None) -> dict[str, Any]:
+Section = Callable[[], dict[str, Any]]
+
+
+def bench(name: str) -> Any:
+    """A benchmark module, imported when its section runs: a smoke run's parent and lanes pay
+    only for the libraries of what they run."""
+    return importlib.import_module(name)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (a load-independent cost)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def sections(repeats: int) -> dict[str, Section]:
+    """The page's sections, each a measurement with ``repeats`` interleaved repeats."""
+    return {
+        "loops": lambda: bench("loops").measure(repeats=repeats + 4, log=log),
+        "overhead": lambda: bench("loops").measure(
+            repeats=repeats, steps=500, warmup=20, size="micro", per_device=2, accum=2, log=log
+        ),
+        "scaling": lambda: bench("scaling").measure(processes=2, repeats=repeats, log=log),
+        "startup": lambda: bench("startup").measure(repeats=repeats, log=log),
+        "resume": lambda: bench("resume").measure(repeats=repeats, log=log),
+        "packing": lambda: bench("packing").measure(repeats=repeats, log=log),
+        "fingerprint": lambda: bench("fingerprint").measure(repeats=2 * repeats, log=log),
+        "image_to_text": lambda: bench("image_to_text").measure(repeats=repeats, log=log),
+        "speech_to_text": lambda: bench("speech_to_text").measure(repeats=repeats, log=log),
+        "vision_language": lambda: bench("vision_language").measure(repeats=repeats, log=log),
+    }
+
+
+def smoke_sections() -> dict[str, Section]:
+    """The same sections once each, with the smallest settings their code accepts (one repeat,
+    a few steps, the micro model where a benchmark takes a size): seconds each, figures that
+    mean nothing. They run every benchmark's code path (its worker processes, the launcher,
+    the task builders) so that an import or API change that breaks one fails CI."""
+    return {
+        "imports": check_imports,
+        # the overhead section is this same run (loops.py, micro model, 2 x 2): see SMOKE_REUSED
+        "loops": lambda: bench("loops").measure(
+            repeats=1, steps=4, warmup=1, size="micro", per_device=2, accum=2, log=log
+        ),
+        "scaling": lambda: bench("scaling").measure(processes=2, repeats=1, steps=4, log=log),
+        "startup": lambda: bench("startup").measure(repeats=1, log=log, warm=False),
+        "resume": lambda: bench("resume").measure(repeats=1, starts=(2,), log=log),
+        "packing": lambda: bench("packing").measure(repeats=1, steps=4, log=log),
+        "fingerprint": lambda: bench("fingerprint").measure(repeats=1, log=log, sizes=(2000,)),
+        "image_to_text": lambda: bench("image_to_text").measure(repeats=1, steps=3, warmup=1, log=log),
+        "speech_to_text": lambda: bench("speech_to_text").measure(repeats=1, steps=3, warmup=1, log=log),
+        "vision_language": lambda: bench("vision_language").measure(
+            repeats=1, steps=4, per_device=4, accum=1, log_every=2, log=log
+        ),
+    }
+
+
+# In the smoke run the overhead section (loops.py on the micro model, batch 2 x 2) is rendered
+# from the loops section's run, which has exactly that setup: the same code, three fewer
+# processes.
+SMOKE_REUSED = {"overhead": "loops"}
+# The smoke run's two lanes (about the same time each on 2 cores).
+SMOKE_LANES = (
+    ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text"),
+    ("loops", "packing", "vision_language", "resume"),
+)
+
+
+def check_imports() -> dict[str, Any]:
+    """Import every benchmark module and resolve every ``from X import name`` in it, including
+    the imports inside functions (which importing the module does not run): the check that
+    would have caught ``from xtrain.bench import Window`` after the bench package was split."""
+    here = Path(__file__).resolve().parent
+    names = 0
+    files = sorted(here.glob("*.py"))
+    for path in files:
+        importlib.import_module(path.stem)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.level or node.module in (None, "__future__"):
+                continue
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                names += 1
+                if not hasattr(module, alias.name):
+                    try:
+                        importlib.import_module(f"{node.module}.{alias.name}")
+                    except ImportError:
+                        where = f"{path.name}:{node.lineno}"
+                        raise ImportError(
+                            f"{where}: cannot import name {alias.name!r} from {node.module!r}"
+                        ) from None
+    log(f"imports: {len(files)} benchmark modules, {names} imported names resolve")
+    return {"modules": len(files), "names": names}
+
+
+def run_lanes(lanes: tuple[tuple[str, ...], ...], folder: Path) -> dict[str, Any]:
+    """The smoke sections in ``len(lanes)`` child processes at once (``--lane``), each running
+    its sections in order; their logs are printed whole, one lane after the other, so every
+    section's lines stay under its ``== name`` header. Returns the sections' results."""
+    started = []
+    for i, names in enumerate(lanes):
+        log(f"smoke: lane {i + 1}: {', '.join(names)}")
+        out = folder / f"lane{i + 1}.json"
+        logfile = (folder / f"lane{i + 1}.log").open("wb")
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--smoke", "--lane", "--only", ",".join(names),
+               "--json-out", str(out)]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, cwd=REPO)
+        started.append((proc, logfile, out))
+    results: dict[str, Any] = {}
+    failed = []
+    for i, (proc, logfile, out) in enumerate(started):
+        code = proc.wait()
+        logfile.close()
+        sys.stderr.write(Path(logfile.name).read_text(encoding="utf-8", errors="replace"))
+        sys.stderr.flush()
+        if code != 0:
+            failed.append(f"lane {i + 1} ({', '.join(lanes[i])}) exited {code}")
+            continue
+        lane = json.loads(out.read_text(encoding="utf-8"))
+        results.update({name: lane[name] for name in lanes[i] if name in lane})
+    if failed:
+        raise SystemExit("smoke: " + "; ".join(failed) + " (its log is above)")
+    return results
+
+
+def run(to_run: dict[str, Section], only: set[str] | None, smoke: bool = False) -> dict[str, Any]:
     results: dict[str, Any] = {
         "machine": machine(),
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
+        "smoke": smoke,
     }
     results["load_before"] = os.getloadavg()
-    sections = {
-        "loops": lambda: loops.measure(repeats=repeats + 4, log=log),
-        "overhead": lambda: loops.measure(
-            repeats=repeats, steps=500, warmup=20, size="micro", per_device=2, accum=2, log=log
-        ),
-        "scaling": lambda: scaling.measure(processes=2, repeats=repeats, log=log),
-        "startup": lambda: startup.measure(repeats=repeats, log=log),
-        "resume": lambda: resume.measure(repeats=repeats, log=log),
-        "packing": lambda: packing.measure(repeats=repeats, log=log),
-        "fingerprint": lambda: fingerprint.measure(repeats=2 * repeats, log=log),
-        "image_to_text": lambda: image_to_text.measure(repeats=repeats, log=log),
-        "speech_to_text": lambda: speech_to_text.measure(repeats=repeats, log=log),
-        "vision_language": lambda: vision_language.measure(repeats=repeats, log=log),
-    }
-    for name, fn in sections.items():
+    for name, fn in to_run.items():
         if only and name not in only:
             continue
         log(f"== {name}")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_seconds()
         results[name] = fn()
         results[name]["elapsed_s"] = time.perf_counter() - t0
+        results[name]["cpu_s"] = cpu_seconds() - cpu0
         results[name]["load_after"] = os.getloadavg()
     results["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
     return results
@@ -114,6 +229,11 @@ def render(r: dict[str, Any], command: str) -> str:
     out: list[str] = []
     w = out.append
     w("# Performance\n")
+    if r.get("smoke"):
+        w(
+            "**Smoke run (`run_all.py --smoke`): every section ran once with the smallest settings to "
+            "check that the benchmarks run. The figures below measure nothing.**\n"
+        )
     w(
         "What xtrain's training costs next to a hand-written PyTorch loop and Hugging Face Trainer, how "
         "it scales from one process to two, how fast it starts and resumes, and what packing buys. "
@@ -155,7 +275,7 @@ def render(r: dict[str, Any], command: str) -> str:
     if "loops" in r:
         lp = r["loops"]
         s = lp["setup"]
-        size = SIZES[s["size"]]
+        size = model_size(s["size"])
         w("## xtrain's loop vs a hand-written loop vs HF Trainer\n")
         w(
             f"Same model ({s['size']}: {size.layers} layers x {size.hidden}, LoRA r=16 on q/k/v/o, no "
@@ -492,18 +612,31 @@ table shows MFU "unknown".
     )
 
 
-# A profile, not a measurement run_all repeats (cProfile, 40 steps of each loop, one thread, 2026-11-23).
+# Not measurements run_all repeats: a profile (cProfile, 40 steps of each loop, one thread,
+# 2026-11-23) and the before/after of the batched collator (2026-11-24/25).
 PROFILE_VLM = """
-Where a step goes (cProfile of 40 steps of each loop, which inflates Python-heavy code): the two
-loops took the same time (4.60 s each, data included; backward 0.63-0.65 s, AdamW 0.10-0.12 s);
-what xtrain adds per step (accelerate's optimizer and clipping wrappers, the window's device-side
-sums, the dropout reseed) came to under 1 ms. Almost half of each step (2.1 of 4.6 s) is the
-DataLoader building the batch in the training process (the CPU plan has no workers): the collator
-runs Qwen2-VL's processor once per conversation (640 calls, 2.8 ms each: resizing and patchifying
-the image 1.2 ms, merging the processor's keyword arguments 0.5 ms, tokenising 0.4 ms). Give
-vision-language jobs DataLoader workers on GPUs (`data.num_workers`; Linux plans a few per GPU).
-One processor call per batch instead of per row would likely save part of its fixed cost per call
-(not tried: the collator carries each row's labels over to that row's expanded ids).
+Where a step went (cProfile of 40 steps of each loop, which inflates Python-heavy code, before the
+collator change below): the two loops took the same time (4.60 s each, data included; backward
+0.63-0.65 s, AdamW 0.10-0.12 s); what xtrain adds per step (accelerate's optimizer and clipping
+wrappers, the window's device-side sums, the dropout reseed) came to under 1 ms. Almost half of
+each step (2.1 of 4.6 s) was the DataLoader building the batch in the training process (the CPU
+plan has no workers): the collator ran Qwen2-VL's processor once per conversation (640 calls,
+2.8 ms each: resizing and patchifying the image 1.2 ms, merging the processor's keyword arguments
+0.5 ms, tokenising 0.4 ms). Give vision-language jobs DataLoader workers on GPUs
+(`data.num_workers`; Linux plans a few per GPU).
+
+**One processor call per batch** (issue 24, measured 2026-11-24/25 UTC on a shared 2-core AMD EPYC
+machine, Linux, torch 2.13.0+cpu, transformers 5.24.0, load average 4-6 from other people's test
+runs). The collator now calls the processor once per batch and cuts each row's tokens back out of
+the result: the same tensors (`tests/test_vision_chat_batched.py`). With
+`python benchmarks/vision_language.py --repeats 3 --steps 40` before (commit `ea3fa00`) and after
+(`2c23101`), hand-written / xtrain loop, medians of 3: data wait (time blocked on the train
+loader's next batch) 38% / 36% of step time before, 26% / 24% after (58 / 66 ms per optimizer step
+before, 34 / 36 ms after); samples per CPU second 178 / 174 before, 197 / 201 after; samples/s
+100 / 88 before, 121 / 108 after (load 6.0 vs 4.9: the wall figures move with the machine). The
+same command run twice more, before and after alternating (`--repeats 2`): data wait 37% / 37%
+before, 25% / 25% after. The collator alone (40 batches of 8 built-in rows, images already decoded,
+one thread): 13.8 ms CPU per batch before, 7.8 ms after.
 """
 
 
@@ -527,7 +660,10 @@ def vision_language_section(vl: dict[str, Any]) -> str:
         f"{vl['tokens_per_sample']:.1f} per sample, 4 of them image tokens; both loops counted the same "
         f"tokens in every run: {'yes' if vl['same_tokens'] else 'NO'}. {s['repeats']} interleaved "
         "repeats, each run a fresh process with one compute thread. *Per CPU second* divides the same "
-        "samples by the process's CPU time, which other jobs disturb less. Load average (1 min) "
+        "samples by the process's CPU time, which other jobs disturb less. *Data wait*: the time the "
+        "training process spent blocked on the train loader's next batch over the same steps' wall time "
+        "(reading PNGs, the processor and the collator; on CPU the plan has no DataLoader workers, so "
+        "the training process does that work itself). Load average (1 min) "
         f"during: {load['median']:.1f} ({load['min']:.1f}-{load['max']:.1f}).\n"
     )
     rows = [
@@ -536,6 +672,7 @@ def vision_language_section(vl: dict[str, Any]) -> str:
             _s(vl["samples_per_s"][key], "{:.1f}"),
             _s(vl["tokens_per_s"][key], "{:,.0f}"),
             _s(vl["cpu_samples_per_s"][key], "{:.1f}"),
+            _s(vl["data_wait_share"][key], "{:.0%}") if "data_wait_share" in vl else "-",
         ]
         for label, key in (("hand-written", "plain"), ("xtrain", "xtrain"))
     ]
@@ -554,7 +691,7 @@ def vision_language_section(vl: dict[str, Any]) -> str:
     if s["device"] == "cpu":
         tail += " Not measured on a GPU: `python benchmarks/vision_language.py --device cuda` there."
     tail += "\n"
-    heads = ["loop", "samples/s", "tokens/s", "samples per CPU second"]
+    heads = ["loop", "samples/s", "tokens/s", "samples per CPU second", "data wait (share of step time)"]
     flags = f" --repeats {s['repeats']} --steps {s['steps']}"
     flags += " --device cuda" if s["device"] == "cuda" else ""
     command = f"\n```bash\npython benchmarks/vision_language.py{flags}\n```\n"
@@ -567,26 +704,81 @@ def _tf(v: float | None) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=REPO / "docs" / "performance.md")
+    p.add_argument("--out", type=Path, default=None, help="the page (default: docs/performance.md)")
     p.add_argument("--json-out", type=Path, default=None)
     p.add_argument("--quick", action="store_true", help="2 repeats instead of 5")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every section once with the smallest settings (checks the benchmarks run; figures "
+        "mean nothing); the page and the JSON go to a temporary folder, never docs/",
+    )
     p.add_argument("--only", default="", help="comma-separated sections (loops,overhead,scaling,...)")
+    p.add_argument("--lane", action="store_true", help=argparse.SUPPRESS)  # a smoke run's child
     p.add_argument("--from-json", type=Path, default=None, help="render a saved result instead of measuring")
     a = p.parse_args()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    if a.smoke:
+        docs = (REPO / "docs").resolve()
+        for given in (a.out, a.json_out):
+            if given is not None and given.resolve().is_relative_to(docs):
+                p.error(f"--smoke writes nothing into docs/ (got {given})")
+        a.out = a.out or Path(tempfile.gettempdir()) / f"xtrain-performance-smoke-{stamp}.md"
+    a.out = a.out or REPO / "docs" / "performance.md"
     command = "python benchmarks/run_all.py" + (" --quick" if a.quick else "") + f" --out {a.out.as_posix()}"
+    only = set(filter(None, a.only.split(","))) or None
     if a.from_json:
         results = json.loads(a.from_json.read_text(encoding="utf-8"))
     else:
-        results = run(2 if a.quick else 5, set(filter(None, a.only.split(","))) or None)
+        t0 = time.perf_counter()
+        to_run = smoke_sections() if a.smoke else sections(2 if a.quick else 5)
+        known = set(to_run) | (set(SMOKE_REUSED) if a.smoke else set())
+        if only and only - known:
+            p.error(
+                f"--only: no section {', '.join(sorted(only - known))} (sections: {', '.join(sorted(known))})"
+            )
+        if a.smoke and only:
+            only |= {SMOKE_REUSED[name] for name in only if name in SMOKE_REUSED}
+        if a.lane and a.json_out:  # one lane of a smoke run: its sections' results, nothing rendered
+            lane = json.loads(json.dumps(run(to_run, only, smoke=True)))
+            a.json_out.write_text(json.dumps(lane, indent=1) + "\n", encoding="utf-8")
+            return
+        if a.smoke and not only:
+            results = run({}, None, smoke=True)
+            with tempfile.TemporaryDirectory(prefix="xtrain-smoke-") as folder:
+                results.update(run_lanes(SMOKE_LANES, Path(folder)))
+            results["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
+        else:
+            results = run(to_run, only, smoke=a.smoke)
         results = json.loads(json.dumps(results))  # the same keys as a saved result (strings)
-        json_out = (
-            a.json_out
-            or Path(tempfile.gettempdir()) / f"xtrain-performance-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        if a.smoke:
+            smoke_summary(results, [*to_run, *SMOKE_REUSED], time.perf_counter() - t0)
+        json_out = a.json_out or Path(tempfile.gettempdir()) / (
+            f"xtrain-performance{'-smoke' if a.smoke else ''}-{stamp}.json"
         )
         json_out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
         log(f"raw results: {json_out}")
     a.out.write_text(render(results, command), encoding="utf-8")
     log(f"wrote {a.out}")
+
+
+def smoke_summary(results: dict[str, Any], names: list[str], seconds: float) -> None:
+    """Fill the reused sections in and log one line a section: which task and job it ran."""
+    for name, source in SMOKE_REUSED.items():
+        if source in results:
+            results[name] = {**results[source], "smoke_reused": source, "elapsed_s": 0.0, "cpu_s": 0.0}
+    ran = [name for name in names if name in results]
+    for name in ran:
+        r = results[name]
+        job = f" ({r['task']}: {r['job']})" if "task" in r else ""
+        how = (
+            f"from the {r['smoke_reused']} run"
+            if "smoke_reused" in r
+            else f"in {r['elapsed_s']:.1f} s ({r['cpu_s']:.1f} s CPU)"
+        )
+        log(f"smoke: {name} ran{job} {how}")
+    cpu = sum(results[name].get("cpu_s", 0.0) for name in ran)
+    log(f"smoke: {len(ran)} sections in {seconds:.0f} s ({cpu:.0f} s CPU in the sections, all processes)")
 
 
 if __name__ == "__main__":

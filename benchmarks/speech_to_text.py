@@ -2,11 +2,11 @@
 audio seconds trained per second, and the share of step time spent waiting for data (reading
 WAV files, resampling 8 -> 16 kHz, log-mel features).
 
-The measurement is ``image_to_text.py``'s (same timed data set and collator, same hand-written
-loop: micro-batches, accumulation, AdamW, cosine schedule, clipping) on
-``xtrain quickstart --task speech-to-text``'s job (``builtin:tiny-whisper`` on
-``builtin:spoken-words``, full fine-tune). Audio seconds/s = clips/s x the mean clip length of
-the training set.
+The measurement is ``image_to_text.py``'s code (``measure_job``: the same timed data set and
+collator, the same hand-written loop: micro-batches, accumulation, AdamW, cosine schedule,
+clipping), given this benchmark's own job explicitly: ``xtrain quickstart --task
+speech-to-text``'s (``builtin:tiny-whisper`` on ``builtin:spoken-words``, full fine-tune).
+Audio seconds/s = clips/s x the mean clip length of the training set.
 
     .venv/bin/python benchmarks/speech_to_text.py            # CPU defaults, a few minutes
     .venv/bin/python benchmarks/speech_to_text.py --json
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import image_to_text as measured  # noqa: E402
+from image_to_text import ROOT, Setup, measure_job  # noqa: E402
 
-ROOT = measured.ROOT
-measured.JOB = ROOT / "xtrain" / "data" / "quickstart-speech-to-text.yaml"
+TASK = "speech-to-text"
+JOB = ROOT / "xtrain" / "data" / "quickstart-speech-to-text.yaml"
 
 
 def mean_clip_seconds() -> float:
@@ -45,11 +45,12 @@ def _scale(spread: dict[str, float], factor: float) -> dict[str, float]:
     return {k: (v * factor if k != "n" else v) for k, v in spread.items()}
 
 
-def measure(repeats: int = 3, steps: int = 30, log: Any = None) -> dict[str, Any]:
-    """For benchmarks/run_all.py: both loops, ``repeats`` interleaved runs, one compute thread."""
+def measure(repeats: int = 3, steps: int = 30, warmup: int = 5, log: Any = None) -> dict[str, Any]:
+    """For benchmarks/run_all.py: speech-to-text's job, both loops, ``repeats`` interleaved runs,
+    one compute thread."""
     seconds = mean_clip_seconds()
-    out = measured.measure(repeats=repeats, steps=steps, log=log)
-    clips = out.pop("images_per_s")
+    out = measure_job(Setup(JOB, steps, warmup), TASK, "clips", repeats, log)
+    clips = out.pop("samples_per_s")
     out["clips_per_s"] = clips
     out["audio_s_per_s"] = {k: _scale(v, seconds) for k, v in clips.items()}
     out["mean_clip_s"] = seconds
@@ -66,6 +67,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=1))
         return
+    print(f"{TASK} ({JOB.name})")
     for label, key in (("hand-written loop", "plain"), ("xtrain loop", "xtrain")):
         print(
             f"{label + ':':19}{result['audio_s_per_s'][key]['median']:.1f} audio s/s "

@@ -39,7 +39,9 @@ def xtrain_exe() -> list[str]:
     return [exe] if exe else [PYTHON, "-m", "xtrain"]
 
 
-def measure(repeats: int = 5, log: Any = None) -> dict[str, Any]:
+def measure(repeats: int = 5, log: Any = None, warm: bool = True) -> dict[str, Any]:
+    """``warm``: one untimed run of each variant first (file and datasets caches); the smoke run
+    (``run_all.py --smoke``) leaves it out."""
     say = log or (lambda m: None)
     env = bench_env(1)
     root = Path(tempfile.mkdtemp(prefix="xtrain-bench-startup-"))
@@ -49,7 +51,8 @@ def measure(repeats: int = 5, log: Any = None) -> dict[str, Any]:
         cli = xtrain_exe()
         results: dict[str, list[float]] = {"xtrain --help": [], "xtrain doctor": []}
         for name, cmd in (("xtrain --help", [*cli, "--help"]), ("xtrain doctor", [*cli, "doctor"])):
-            wall(cmd, env)  # warm the file cache
+            if warm:
+                wall(cmd, env)  # warm the file cache
             for _ in range(repeats):
                 results[name].append(wall(cmd, env))
             say(f"startup: {name}: {Spread.of(results[name]).show(unit=' s')}")
@@ -79,7 +82,7 @@ def measure(repeats: int = 5, log: Any = None) -> dict[str, Any]:
             "python -m xtrain.run --config C": lambda tag: xtrain_run(tag, False),
             "HF Trainer": trainer_run,
         }
-        for name, fn in variants.items():  # untimed: fill the caches
+        for name, fn in variants.items() if warm else ():  # untimed: fill the caches
             fn(f"warm-{abs(hash(name))}")
         names = list(variants)
         first: dict[str, list[float]] = {n: [] for n in names}

@@ -15,11 +15,16 @@ host sync per ``--log-every`` steps.
 Rates: xtrain's are its own logging windows, read back from ``train_result.json`` (``windows``)
 as ``xtrain bench`` reads them; the hand-written loop's are windows of the same length from its
 step times; both leave out the first window (warm-up) and divide the remaining samples (tokens)
-by the remaining seconds (``xtrain.bench.steady_rates``). **Tokens are non-padding input tokens
+by the remaining seconds (``xtrain.bench.rates.steady_rates``). **Tokens are non-padding input tokens
 (the attention mask's sum), the image tokens included**: what xtrain's loop counts for this
 task. The same samples are also divided by the process's CPU time over the same steps, which
 other jobs on a shared machine disturb less than wall time (meaningful on CPU; on CUDA it leaves
-out the GPU and any DataLoader workers). Every run is a fresh process (``--threads`` compute
+out the GPU and any DataLoader workers). **Data wait** is the time the training process spends
+blocked on the train loader's next batch (reading PNGs, the processor and collator, in the
+process itself when the plan has no DataLoader workers, as on CPU) over the same measured
+steps' wall time: in the hand-written loop around ``next()`` on its loader, in xtrain's loop
+around the iterator of the loader it builds (``torch.utils.data.DataLoader``, timed by a
+subclass in this benchmark's worker process). Every run is a fresh process (``--threads`` compute
 threads, 1 by default); the loops alternate ``--repeats`` times (A B, B A, ...); the result has
 medians with the min-max, and paired ratios (runs next to each other), so the noise shows.
 
@@ -54,9 +59,11 @@ from common import (  # noqa: E402
     task_config,
 )
 
+TASK = "vision-language"
 JOB = REPO / "xtrain" / "data" / "quickstart-vision-language.yaml"
 LOOPS = ("plain", "xtrain")
-KEPT = ("samples_per_s", "tokens_per_s", "cpu_samples_per_s", "threads")  # per run, in the result
+# per run, in the result
+KEPT = ("samples_per_s", "tokens_per_s", "cpu_samples_per_s", "data_wait_share", "threads")
 
 
 # -- worker side ----------------------------------------------------------------------------------------
@@ -71,9 +78,29 @@ def _plan(a: argparse.Namespace) -> Any:
     return plan
 
 
-def run_xtrain(a: argparse.Namespace, cpu: list[float]) -> list[dict[str, float]]:
+def timed_batches(batches: Any, waits: list[float]) -> Any:
+    """``batches``, with the seconds each ``next()`` took appended to ``waits``."""
+    while True:
+        t = time.perf_counter()
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        waits.append(time.perf_counter() - t)
+        yield batch
+
+
+def run_xtrain(a: argparse.Namespace, cpu: list[float], waits: list[float]) -> list[dict[str, float]]:
     """xtrain's loop as ``python -m xtrain.run`` runs it; its windows from train_result.json,
-    the process's CPU time after each optimizer step (the reporter's calls) into ``cpu``."""
+    the process's CPU time after each optimizer step (the reporter's calls) into ``cpu``, the
+    wait for each train micro-batch into ``waits``."""
+    import torch.utils.data
+
+    class WaitedLoader(torch.utils.data.DataLoader):  # the loop builds its loader at run time
+        def __iter__(self) -> Any:
+            return timed_batches(super().__iter__(), waits)
+
+    torch.utils.data.DataLoader = WaitedLoader  # this worker process only
     from xtrain.train.loop import train
     from xtrain.train.report import NullReporter
 
@@ -90,7 +117,7 @@ def run_xtrain(a: argparse.Namespace, cpu: list[float]) -> list[dict[str, float]
     return result["windows"]
 
 
-def run_plain(a: argparse.Namespace, cpu: list[float]) -> list[dict[str, float]]:
+def run_plain(a: argparse.Namespace, cpu: list[float], waits: list[float]) -> list[dict[str, float]]:
     """The same workload, batches and step count through ``common.hand_written_loop``."""
     import torch
     from transformers import get_scheduler, set_seed
@@ -125,7 +152,7 @@ def run_plain(a: argparse.Namespace, cpu: list[float]) -> list[dict[str, float]]
     tokens: list[int] = []  # per micro-batch, counted on the host (the batches are xtrain's)
 
     def counted(batches: Any) -> Any:
-        for batch in batches:
+        for batch in timed_batches(batches, waits):
             tokens.append(int(batch[w.tokens_key].sum()))
             yield batch
 
@@ -146,19 +173,27 @@ def run_plain(a: argparse.Namespace, cpu: list[float]) -> list[dict[str, float]]
 def worker(a: argparse.Namespace) -> None:
     import torch
 
-    from xtrain.bench import Window, steady_rates
+    from xtrain.bench.rates import Window, steady_rates
 
     set_threads_from_env()
     cpu: list[float] = []
-    windows = {"plain": run_plain, "xtrain": run_xtrain}[a.worker](a, cpu)
+    waits: list[float] = []
+    windows = {"plain": run_plain, "xtrain": run_xtrain}[a.worker](a, cpu, waits)
+    if len(waits) != a.steps * a.accum:
+        raise SystemExit(f"the data-wait clock saw {len(waits)} micro-batches, not {a.steps * a.accum}: does "
+                         "the loop still build its loader with torch.utils.data.DataLoader?")  # fmt: skip
     gb = a.per_device * a.accum
     rows = [Window(int(w["step"]), int(w["steps"]), w["samples"] / w["seconds"], w["tokens"] / w["seconds"])
             for w in windows]  # fmt: skip
     samples_per_s, tokens_per_s, measured = steady_rates(rows, gb)
     # the same steps by this process's CPU time: other jobs on a shared machine disturb it less
     cpu_s = cpu[a.steps] - cpu[a.log_every]
+    # the same steps' waits for data over their wall time (the windows after the first)
+    wait_s = sum(waits[a.log_every * a.accum :])
+    wall_s = sum(w["seconds"] for w in windows[1:])
     emit({"loop": a.worker, "samples_per_s": samples_per_s, "tokens_per_s": tokens_per_s,
           "cpu_samples_per_s": measured * gb / cpu_s, "measured_steps": measured,
+          "data_wait_share": wait_s / wall_s, "data_wait_ms_per_step": 1000 * wait_s / measured,
           "tokens_measured": sum(w["tokens"] for w in windows[1:]), "threads": torch.get_num_threads(),
           "windows": windows})  # fmt: skip
 
@@ -188,16 +223,21 @@ def measure(
             got = run_json([*base, "--worker", loop], env=env)
             runs[loop].append(got)
             loads.append(os.getloadavg()[0])
-            say(f"vision-language: repeat {r + 1}/{repeats} {loop}: {got['samples_per_s']:.1f} samples/s, "
-                f"{got['tokens_per_s']:,.0f} tokens/s, {got['cpu_samples_per_s']:.1f} samples per CPU s "
-                f"(load {loads[-1]:.2f})")  # fmt: skip
+            say(f"{TASK}: repeat {r + 1}/{repeats} {loop} ({JOB.name}): "
+                f"{got['samples_per_s']:.1f} samples/s, {got['tokens_per_s']:,.0f} tokens/s, "
+                f"{got['cpu_samples_per_s']:.1f} samples per CPU s, "
+                f"data wait {got['data_wait_share']:.0%} (load {loads[-1]:.2f})")  # fmt: skip
     samples = {k: [g["samples_per_s"] for g in v] for k, v in runs.items()}
     tokens = {k: [g["tokens_per_s"] for g in v] for k, v in runs.items()}
     cpu = {k: [g["cpu_samples_per_s"] for g in v] for k, v in runs.items()}
+    wait = {k: [g["data_wait_share"] for g in v] for k, v in runs.items()}
+    wait_ms = {k: [g["data_wait_ms_per_step"] for g in v] for k, v in runs.items()}
     paired = [x / p for x, p in zip(samples["xtrain"], samples["plain"], strict=True)]
     paired_cpu = [x / p for x, p in zip(cpu["xtrain"], cpu["plain"], strict=True)]
     counted = {g["tokens_measured"] for v in runs.values() for g in v}
     return {
+        "task": TASK,
+        "job": JOB.name,
         "setup": {
             "repeats": repeats,
             "steps": steps,
@@ -215,6 +255,8 @@ def measure(
         "cpu_samples_per_s": {k: Spread.of(v).to_dict() for k, v in cpu.items()},
         "cpu_ratio": statistics.median(cpu["xtrain"]) / statistics.median(cpu["plain"]),
         "paired_cpu_ratio": Spread.of(paired_cpu).to_dict(),
+        "data_wait_share": {k: Spread.of(v).to_dict() for k, v in wait.items()},
+        "data_wait_ms_per_step": {k: Spread.of(v).to_dict() for k, v in wait_ms.items()},
         # the same batches in both loops: one token count over the measured windows, every run
         "same_tokens": len(counted) == 1,
         "tokens_per_sample": next(iter(counted)) / (runs["xtrain"][0]["measured_steps"] * per_device * accum),
@@ -248,10 +290,13 @@ def main() -> None:
     if a.json:
         print(json.dumps(result, indent=1))
         return
+    print(f"{TASK} ({JOB.name})")
     for label, key in (("hand-written loop", "plain"), ("xtrain loop", "xtrain")):
         sps = Spread(**_spread(result["samples_per_s"][key]))
         tps = Spread(**_spread(result["tokens_per_s"][key]))
-        print(f"{label + ':':19}{sps.show('{:.1f}', ' samples/s')}, {tps.show('{:,.0f}', ' tokens/s')}")
+        wait = Spread(**_spread(result["data_wait_share"][key]))
+        print(f"{label + ':':19}{sps.show('{:.1f}', ' samples/s')}, {tps.show('{:,.0f}', ' tokens/s')}, "
+              f"data wait {wait.show('{:.0%}')} of step time")  # fmt: skip
     s = result["setup"]
     print(
         f"ratio xtrain/plain: {result['ratio']:.3f} of medians, paired "

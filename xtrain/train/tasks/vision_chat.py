@@ -3,8 +3,12 @@
 Every row is checked and rendered up front (``chat_data``: roles, an assistant turn, image files
 present, the assistant-only labels on the template's text with one placeholder token per image),
 so a bad row stops the run before the first step. Images are opened only when the DataLoader asks
-for the row. The collator runs the checkpoint's processor on each conversation (it expands each
-image placeholder into the image's tokens) and carries the labels over to the expanded ids.
+for the row. The collator runs the checkpoint's processor once per batch, on all its
+conversations and images (it expands each image placeholder into the image's tokens), cuts each
+conversation's tokens back out of the padded result and carries its labels over to its expanded
+ids: the same tensors as one processor call per conversation, without paying the processor's
+fixed cost per call (merging its keyword arguments, one image-processor and tokenizer call
+each) for every row.
 
 Eval rows also carry the prompt of their last assistant turn: the collator adds it left-padded
 under ``gen_*`` keys, with the answer's tokens under ``answer_labels``, for ``GenerationEval``.
@@ -99,6 +103,38 @@ def process_text(processor: Any, text: str, images: list[Any]) -> dict[str, Any]
     return dict(out)
 
 
+def process_texts(
+    processor: Any, texts: list[str], images: list[list[Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rendered conversations (or prompts) and each one's images -> one processor call for all
+    of them. Returns each text's per-token tensors (``input_ids``, ``attention_mask``, ...: its
+    own tokens, a batch of one, as ``process_text`` gives them) and the batch's other tensors
+    (``pixel_values``, ``image_grid_thw``, ...: every text's images in order, as concatenating
+    ``process_text``'s would give). The images go in as one list per text (empty for a text
+    without images), which processors that pair images with texts (Idefics3) need. Where the
+    processor's result has no attention mask (nothing tells its padding from its tokens), it is
+    called again, once per text."""
+    import torch
+
+    if len(texts) > 1:
+        nested = [list(row) for row in images]
+        out = dict(processor(text=list(texts), images=nested if any(nested) else None, padding=True,
+                             add_special_tokens=False, return_tensors="pt"))  # fmt: skip
+        ids, mask = out["input_ids"], out.get("attention_mask")
+        if mask is not None:
+            per_token = [k for k, v in out.items() if torch.is_tensor(v) and v.shape == ids.shape]
+            keep = mask.bool()  # each text's own tokens, whichever side the tokenizer padded
+            rows = [{k: out[k][i][keep[i]].unsqueeze(0) for k in per_token} for i in range(len(texts))]
+            return rows, {k: v for k, v in out.items() if k not in per_token and torch.is_tensor(v)}
+    outs = [process_text(processor, text, list(row)) for text, row in zip(texts, images, strict=True)]
+    per_token = [k for k, v in outs[0].items() if _per_token(v, outs[0]["input_ids"].shape[1])]
+    rows = [{k: o[k] for k in per_token} for o in outs]
+    shared: dict[str, Any] = {}
+    for key in [k for k, v in outs[0].items() if k not in per_token and torch.is_tensor(v)]:
+        shared[key] = torch.cat([o[key] for o in outs if o.get(key) is not None], dim=0)
+    return rows, shared
+
+
 class VisionChatCollator:
     """Rows -> the processor's tensors (``input_ids``, ``attention_mask``, ``pixel_values``,
     ``image_grid_thw``, ...) padded to one length, with ``labels``; eval rows also get ``gen_*``
@@ -113,8 +149,10 @@ class VisionChatCollator:
     def tokenizer(self) -> Any:
         return self.processor.tokenizer
 
-    def _process(self, text: str, images: list[Any]) -> dict[str, Any]:
-        return process_text(self.processor, text, images)
+    def _process(
+        self, texts: list[str], images: list[list[Any]]
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        return process_texts(self.processor, texts, images)
 
     def _image_token(self) -> int | None:
         token = getattr(self.processor, "image_token_id", None)
@@ -122,8 +160,9 @@ class VisionChatCollator:
             token = self.tokenizer.convert_tokens_to_ids(self.processor.image_token)
         return token
 
-    def _one(self, f: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
-        out = self._process(f["text"], f["images"])
+    def _one(self, f: dict[str, Any], out: dict[str, Any]) -> dict[str, Any]:
+        """Row ``f``'s per-token tensors ``out`` cut to ``max_length`` (refused where that cuts
+        an image or every answer), with its labels."""
         ids = out["input_ids"][0].tolist()
         labels = carry_labels(f["input_ids"], f["labels"], ids, self._image_token())
         if len(ids) > self.max_length:
@@ -147,7 +186,7 @@ class VisionChatCollator:
                 if _per_token(value, len(ids)):
                     out[key] = value[:, : self.max_length]
         out["labels"] = labels
-        return out, ids
+        return out
 
     def _length(self, n: int) -> int:
         if self.pad_to_multiple_of:
@@ -160,13 +199,16 @@ class VisionChatCollator:
         if not features:
             raise ValueError("empty batch")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        outs = [self._one(f)[0] for f in features]
+        images = [f["images"] for f in features]
+        rows, shared = self._process([f["text"] for f in features], images)
+        outs = [self._one(f, out) for f, out in zip(features, rows, strict=True)]
         batch = _pad(outs, self._length(max(len(o["labels"]) for o in outs)), pad, left=False)
+        batch.update(shared)  # pixel values, image grids: every row's images, in order
         batch["labels"] = torch.full_like(batch["input_ids"], IGNORE_INDEX)
         for i, o in enumerate(outs):
             batch["labels"][i, : len(o["labels"])] = torch.as_tensor(o["labels"], dtype=torch.long)
         if all("prompt" in f for f in features):
-            prompts = [self._process(f["prompt"], f["images"]) for f in features]
+            prompts, _ = self._process([f["prompt"] for f in features], images)  # the images: as above
             gen = _pad(prompts, self._length(max(p["input_ids"].shape[1] for p in prompts)), pad, left=True)
             for key in list(gen):
                 if key in batch and batch[key].shape == batch["input_ids"].shape:

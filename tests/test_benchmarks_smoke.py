@@ -1,0 +1,105 @@
+"""The benchmarks cannot rot: ``benchmarks/run_all.py --smoke`` runs every section once with the
+smallest settings (and resolves every import in benchmarks/*.py), renders the page, and writes
+nothing into docs/. Each task benchmark's lines name its own task and job (issue 24: the
+speech-to-text section used to print the image job's lines)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = re.compile(r"^\[\d\d:\d\d:\d\d\] == (\w+)$")
+
+# section -> the label its log lines start with (after the time stamp)
+LABELS = {
+    "imports": "imports:",
+    "loops": "loops:",
+    "scaling": "scaling:",
+    "startup": "startup:",
+    "resume": "resume:",
+    "packing": "packing:",
+    "fingerprint": "fingerprint ",
+    "image_to_text": "image-to-text:",
+    "speech_to_text": "speech-to-text:",
+    "vision_language": "vision-language:",
+}
+TASKS = {
+    "image_to_text": ("image-to-text", "quickstart-image-to-text.yaml", "images/s"),
+    "speech_to_text": ("speech-to-text", "quickstart-speech-to-text.yaml", "clips/s"),
+    "vision_language": ("vision-language", "quickstart-vision-language.yaml", "samples/s"),
+}
+
+
+def _sections(log: str) -> dict[str, list[str]]:
+    """The log's lines under each ``== name`` header (the smoke run's own summary left out)."""
+    blocks: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in log.splitlines():
+        match = HEADER.match(line)
+        if match:
+            current = blocks.setdefault(match.group(1), [])
+        elif current is not None and "] smoke:" not in line:
+            current.append(line)
+    return blocks
+
+
+def _docs_state() -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in (REPO / "docs").rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_benchmark_and_each_task_section_measures_its_own_job(tmp_path):
+    env = dict(os.environ)
+    env.update(
+        TMPDIR=str(tmp_path),  # the page, the JSON and the benchmarks' scratch folders
+        XTRAIN_CACHE=str(tmp_path / "xtrain-cache"),
+        HF_DATASETS_CACHE=str(tmp_path / "datasets-cache"),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    docs_before = _docs_state()
+    cmd = [sys.executable, str(REPO / "benchmarks" / "run_all.py"), "--smoke"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=1200)
+    log = proc.stderr
+    assert proc.returncode == 0, log[-6000:]
+    assert _docs_state() == docs_before  # nothing written into docs/
+
+    blocks = _sections(log)
+    assert set(LABELS) <= set(blocks), sorted(blocks)
+    for name, label in LABELS.items():
+        own = [line for line in blocks[name] if f"] {label}" in line]
+        assert own, f"section {name} printed no '{label}' line:\n" + "\n".join(blocks[name][-20:])
+    for name, (task, job, unit) in TASKS.items():
+        lines = [line for line in blocks[name] if re.search(r"\] [a-z-]+: ", line)]
+        labelled = [line for line in lines if any(f"] {t}:" in line for t, _, _ in TASKS.values())]
+        assert labelled and all(f"] {task}:" in line for line in labelled), (name, labelled)
+        assert all(unit in line and job in line for line in labelled), (name, labelled)
+        assert f"smoke: {name} ran ({task}: {job})" in log
+    assert "smoke: overhead ran from the loops run" in log
+
+    results = json.loads(next(tmp_path.glob("xtrain-performance-smoke-*.json")).read_text())
+    assert results["smoke"] is True
+    for name, (task, job, _) in TASKS.items():
+        assert (results[name]["task"], results[name]["job"]) == (task, job)
+    assert "audio_s_per_s" in results["speech_to_text"] and "images_per_s" in results["image_to_text"]
+    assert set(results["vision_language"]["data_wait_share"]) == {"plain", "xtrain"}
+    page = next(tmp_path.glob("xtrain-performance-smoke-*.md")).read_text()
+    assert page.startswith("# Performance\n\n**Smoke run")
+    for heading in ("## Image to text", "## Speech to text", "## Vision-language", "## Resume cost"):
+        assert heading in page
+
+
+@pytest.mark.slow
+def test_smoke_refuses_to_write_into_docs():
+    cmd = [sys.executable, str(REPO / "benchmarks" / "run_all.py"), "--smoke", "--out", "docs/perf.md"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 2 and "--smoke writes nothing into docs/" in proc.stderr
+    assert not (REPO / "docs" / "perf.md").exists()
