@@ -63,8 +63,8 @@ def refuse_prompts(loaded: Any, task: Any, request: Any) -> None:
     source, takes = loaded.source, task.predicts.takes
     if request.prompts:
         raise XtrainError(
-            f"{source} is a {task.name} model: it takes {takes}, not --prompt/--question",
-            f"pass {takes} (questions about images go to vision-language models)",
+            f"{source} is a {task.name} model: it reads {takes}, not --prompt/--question",
+            f"pass {takes} instead",
         )
     if request.system is not None:
         raise XtrainError(
