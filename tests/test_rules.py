@@ -15,9 +15,10 @@ import pytest
 from conftest import MACHINE_NAMES, load_machine
 
 from xtrain.errors import XtrainError
-from xtrain.machine.facts import GPU, Facts
+from xtrain.machine.facts import GPU, Facts, is_geforce, is_rtx40
 from xtrain.planning.plan import Diagnosis, Finding, Overrides, Plan
-from xtrain.planning.rules import diagnose, is_geforce, is_rtx40, make_plan
+from xtrain.planning.resolve import diagnose
+from xtrain.planning.rules import make_plan
 
 # -- the plan and findings every fixture machine must give --------------------------------------
 # plan fields that are checked per machine

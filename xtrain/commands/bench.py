@@ -67,7 +67,7 @@ def bench(
     from xtrain.bench.runner import run_bench
     from xtrain.console import make_console
     from xtrain.machine.probe import collect
-    from xtrain.planning.rules import diagnose
+    from xtrain.planning.resolve import diagnose
 
     err = make_console(stderr=True)
     out = make_console()

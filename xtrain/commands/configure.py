@@ -1,6 +1,6 @@
 """`xtrain configure`: write the accelerate config that matches this machine's plan.
 
-facts (probe, or --facts FILE) -> rules.diagnose -> accelerate_config.config_for -> write
+facts (probe, or --facts FILE) -> planning.resolve.diagnose -> accelerate_config.config_for -> write
 (or print with --dry-run) -> load it back with accelerate's ClusterConfig -> next commands.
 With --slurm it writes an sbatch script too (and plans for the cluster's nodes, not this one).
 """
@@ -163,7 +163,7 @@ def configure(
     from xtrain.launch import accelerate_config as ac
     from xtrain.machine.facts import Facts
     from xtrain.planning.plan import Overrides
-    from xtrain.planning.rules import diagnose
+    from xtrain.planning.resolve import diagnose
 
     console = make_console()
     gpu_ids = _check_options(port, main_address, gpus, fsdp, deepspeed)

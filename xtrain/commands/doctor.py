@@ -1,6 +1,6 @@
 """`xtrain doctor`: what this machine can do for multi-GPU training, what is wrong, how to fix it.
 
-facts (probed, or loaded with --facts) -> rules.diagnose -> rendered table or --json; --smoke
+facts (probed, or loaded with --facts) -> planning.resolve.diagnose -> rendered table or --json; --smoke
 then starts the planned processes for real. Exit codes: 0 ready (warnings allowed), 1 an error
 finding or a failed smoke test, 2 bad input (one line on stderr).
 """
@@ -129,7 +129,7 @@ def doctor(
 
     # -- facts -> plan + findings ----------------------------------------------------------------
     from xtrain.machine.facts import Facts
-    from xtrain.planning.rules import diagnose
+    from xtrain.planning.resolve import diagnose
 
     if facts_file is not None:
         facts = Facts.load(facts_file)

@@ -179,7 +179,7 @@ def quickstart(
     from xtrain.console import make_console
     from xtrain.machine import probe
     from xtrain.planning.plan import Overrides
-    from xtrain.planning.rules import diagnose
+    from xtrain.planning.resolve import diagnose
     from xtrain.shell import shell_for
     from xtrain.train.config.loading import load_config
 

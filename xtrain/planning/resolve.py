@@ -25,7 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xtrain.planning.plan import Overrides, Plan
+from xtrain.machine.facts import Facts
+from xtrain.planning.plan import Diagnosis, Overrides, Plan
 
 AUTO = (None, "", "auto")
 
@@ -83,6 +84,17 @@ def machine_plan(
         weights_dtype=cfg.model.dtype if cfg is not None else None,
     )
     return make_plan(facts, overrides)
+
+
+def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:
+    """Facts (+ user overrides) -> the rules' plan and the checks' findings. Pure: safe on any
+    saved snapshot."""
+    from xtrain.planning.checks import CHECKS
+    from xtrain.planning.rules import make_plan
+
+    plan = make_plan(facts, overrides)
+    findings = [f for check in CHECKS for f in check(facts, plan)]
+    return Diagnosis(plan=plan, findings=findings)
 
 
 def run_settings(cfg: Any, plan: Plan, world_size: int) -> RunSettings:

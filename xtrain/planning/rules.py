@@ -1,5 +1,6 @@
-"""Rules: pure functions from machine facts to the launch plan (``make_plan``) and, with the
-checks of ``xtrain.planning.checks``, to the findings (``diagnose``).
+"""Rules: a pure function from machine facts (and the user's overrides) to the launch plan
+(``make_plan``). The checks of ``xtrain.planning.checks`` read the plan it makes; both are called
+from ``xtrain.planning.resolve``.
 
 Nothing here touches the machine: every input is in ``Facts`` (and the user's ``Overrides``),
 so each platform is tested from a saved snapshot. The facts behind each rule are in
@@ -8,36 +9,14 @@ so each platform is tested from a saved snapshot. The facts behind each rule are
 
 from __future__ import annotations
 
-import re
-
 from xtrain.errors import XtrainError
-from xtrain.machine.facts import GPU, OS_KINDS, Facts
-from xtrain.planning.plan import Diagnosis, Overrides, Plan
+from xtrain.machine.facts import GPU, OS_KINDS, Facts, is_geforce, is_rtx40, version_tuple
+from xtrain.planning.plan import Overrides, Plan
 from xtrain.shell import shell_for
 
 PRECISIONS = ("no", "fp16", "bf16")
 SMALL_SHM_MIB = 512  # below this NCCL's shared-memory transport fails (Docker's default is 64 MiB)
 RTX40_P2P_FIXED_DRIVER = (550, 40, 7)  # accelerate: older drivers wrongly report P2P on RTX 40 cards
-
-
-def is_geforce(gpu: GPU) -> bool:
-    """Consumer GeForce cards (RTX 4090, 3090, ...), as opposed to datacenter/workstation parts."""
-    name = gpu.name.upper()
-    if "GEFORCE" in name or "TITAN" in name:
-        return True
-    # A bare "RTX 4090" is a GeForce card; "RTX 6000 Ada", "Quadro RTX 8000", "RTX A6000" are not.
-    return bool(re.search(r"\bRTX [2-5]0[5-9]0\b", name)) and not re.search(r"QUADRO|ADA|\bRTX A", name)
-
-
-def is_rtx40(gpu: GPU) -> bool:
-    """Ada GeForce (RTX 40 series): no P2P between cards; NCCL hangs without NCCL_P2P_DISABLE."""
-    return is_geforce(gpu) and bool(re.search(r"RTX 40\d\d", gpu.name.upper()))
-
-
-def _version(text: str | None) -> tuple[int, ...]:
-    if not text:
-        return ()
-    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
 def _os_kind(facts: Facts, overrides: Overrides) -> str:
@@ -76,7 +55,7 @@ def _p2p_missing(facts: Facts, gpus: list[GPU]) -> bool:
     if len(gpus) < 2:
         return False
     rtx40 = any(is_rtx40(g) for g in gpus)
-    if rtx40 and _version(facts.driver_version) < RTX40_P2P_FIXED_DRIVER:
+    if rtx40 and version_tuple(facts.driver_version) < RTX40_P2P_FIXED_DRIVER:
         # Older drivers (or an unknown one) report P2P that does not work: NCCL hangs (FIELD_NOTES).
         return True
     if facts.p2p:
@@ -321,12 +300,3 @@ def _plan_loading(
         else "no GPU to copy to"
     )
     return workers, pin_memory
-
-
-def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:
-    """Facts (+ user overrides) -> plan and findings. Pure: safe on any saved snapshot."""
-    from xtrain.planning.checks import CHECKS
-
-    plan = make_plan(facts, overrides)
-    findings = [f for check in CHECKS for f in check(facts, plan)]
-    return Diagnosis(plan=plan, findings=findings)
