@@ -27,7 +27,8 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.launch import env as launchenv
-from xtrain.launch import lifetime, stops
+from xtrain.launch import lifetime
+from xtrain.train import stops
 
 PLATFORM_ENV = "XTRAIN_PLATFORM"
 SINGLE_LAUNCH_NOTE = (

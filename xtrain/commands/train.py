@@ -191,7 +191,7 @@ def launch_training(
     from rich.markup import escape
 
     from xtrain.launch import launcher as launch
-    from xtrain.launch import stops
+    from xtrain.train import stops
 
     console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
     for line in notes or []:

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xtrain.launch.rendezvous import init_worker_group
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings
 from xtrain.train.config.schema import TrainConfig
+from xtrain.train.process_group import init_worker_group
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.train.stops import exit_code
 
 # Consecutive optimizer steps with a non-finite loss (on any rank) that stop a run. A few in a
 # row happen with fp16 while the scaler finds its scale (those steps are skipped, not applied);
@@ -61,11 +61,10 @@ class TrainingStopped(XtrainError):
     """SIGINT/SIGTERM: the run stopped at a step boundary after saving a checkpoint."""
 
     def __init__(self, step: int, path: Path, signum: int) -> None:
-        code = 130 if signum == signal.SIGINT else 128 + int(signum)
         super().__init__(
             f"stopped at step {step}; checkpoint saved to {path}",
             "run the same command again to resume",
-            exit_code=code,
+            exit_code=exit_code(signum),
         )
         self.step = step
         self.path = path

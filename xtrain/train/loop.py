@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from xtrain.launch.stops import StepSignals
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings, run_settings
 from xtrain.train import checkpoint, lock, preflight
@@ -47,6 +46,7 @@ from xtrain.train.precision import SkipDetector, frequent_overflow, upcast_train
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.result import TrainResult, run_info, run_record
 from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed, train_lengths
+from xtrain.train.stops import StepSignals
 from xtrain.train.window import LogWindow
 
 __all__ = ["NonFiniteLoss", "Recipe", "TrainResult", "TrainingStopped", "train"]
