@@ -101,7 +101,7 @@ def run_settings(cfg: Any, plan: Plan, world_size: int) -> RunSettings:
     """Step 3: the run's batch arithmetic, learning rate and precision for ``world_size``
     processes. Raises ``XtrainError`` (one line, with the sizes that work) when the global batch
     does not divide."""
-    from xtrain.train.config.batch import gradient_accumulation, scaled_lr
+    from xtrain.planning.batch import gradient_accumulation, scaled_lr
 
     accumulation = gradient_accumulation(cfg, world_size)
     global_batch = cfg.batch.per_device * world_size * accumulation
