@@ -41,7 +41,7 @@ def accelerate_args(
         # also on CPU: the worker passes cpu=True (see the module docstring). One process gets
         # accelerate's simple launcher (a plain child process), as `accelerate launch` does.
         # A spawn plan (Windows) gets the simple launcher too: torchrun's stores need libuv,
-        # and xtrain.run starts the workers itself (xtrain.run.accelerate_single_launch).
+        # and xtrain.run starts the workers itself (LaunchContext.single_launch).
         args.append("--multi_gpu")
     args += [
         "--num_processes",

@@ -33,10 +33,11 @@ from typing import Any
 
 import torch
 
+from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
-from xtrain.planning.resolve import RunSettings, run_settings
+from xtrain.planning.resolve import RunSettings, resolve
 from xtrain.train import checkpoint, lock, preflight
-from xtrain.train.accelerator import LaunchContext, build_accelerator, release, wants_cpu_staged_allreduce
+from xtrain.train.accelerator import build_accelerator, release, wants_cpu_staged_allreduce
 from xtrain.train.collective import BuildFn, agree_to_stop, build_workload_main_first
 from xtrain.train.config import TrainConfig, config_to_dict, flat_config
 from xtrain.train.evaluation import evaluate
@@ -102,7 +103,9 @@ class Recipe:
     ) -> None:
         self.cfg, self.plan, self.build = cfg, plan, build or _default_build
         self.ctx = LaunchContext.from_env()
-        self.settings: RunSettings = run_settings(cfg, plan, self.ctx.world_size)
+        settings = resolve(cfg, plan=plan, context=self.ctx).settings  # for the launcher's world size
+        assert settings is not None
+        self.settings: RunSettings = settings
         self.config_dict = config_to_dict(cfg)
         self.out = Path(cfg.run.output_dir)
         # Everything a user can get wrong about resuming is checked before anything starts.
@@ -216,10 +219,9 @@ class Recipe:
         """The eval loader, the resume position and this rank's train loader from it."""
         from torch.utils.data import DataLoader
 
-        cfg, s, acc = self.cfg, self.settings, self.accelerator
-        self.pin = bool(self.plan.pin_memory and self.device.type == "cuda")
-        # data.num_workers overrides the plan's choice (image decoding wants workers where text needs none)
-        workers = self.plan.dataloader_workers if cfg.data.num_workers is None else cfg.data.num_workers
+        s, acc = self.settings, self.accelerator
+        self.pin = s.pin_memory and self.device.type == "cuda"
+        workers = s.loader_workers
         self.eval_loader = None
         if self.workload.eval_dataset is not None and len(self.workload.eval_dataset) > 0:
             self.eval_loader = acc.prepare(
