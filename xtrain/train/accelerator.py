@@ -94,8 +94,14 @@ def _cache_lomo_check() -> None:
         acc_optimizer.is_lomo_available = functools.cache(check)
 
 
-def wants_cpu_staged_allreduce(plan: Plan) -> bool:
-    return plan.cpu_staged_allreduce or os.environ.get(FORCE_CPU_STAGED_ENV, "") == "1"
+def stage_allreduce_on_cpu(model: Any, plan: Plan, world: int) -> bool:
+    """gloo + CUDA on Windows (or ``XTRAIN_FORCE_CPU_STAGED=1``): gradients are all-reduced through
+    CPU copies (``comm_hook``); returns whether the hook is on."""
+    if world < 2 or not (plan.cpu_staged_allreduce or os.environ.get(FORCE_CPU_STAGED_ENV, "") == "1"):
+        return False
+    from xtrain.train import comm_hook
+
+    return comm_hook.register(model)
 
 
 def release(accelerator: Any) -> None:

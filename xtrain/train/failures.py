@@ -31,6 +31,31 @@ class NonFiniteLoss(XtrainError):
         self.last_good = last_good
 
 
+def last_good(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint: what a diverged run names (and resumes from)."""
+    from xtrain.train.checkpoint import list_checkpoints
+
+    found = list_checkpoints(output_dir)
+    return found[-1][1] if found else None
+
+
+def check_streak(streak: int, step: int, output_dir: Path) -> None:
+    """At a window's sync: ``NONFINITE_LIMIT`` non-finite losses in a row (on any rank) stop the run."""
+    if streak >= NONFINITE_LIMIT:
+        raise NonFiniteLoss(step - streak + 1, step, last_good(output_dir), f"{streak} steps in a row")
+
+
+def check_finite(params: list[Any], step: int, streak: Any, output_dir: Path) -> None:
+    """No NaN/inf weights ever reach a checkpoint or the adapter (one host sync per save; all ranks
+    hold the same weights, so all agree). ``streak``: the window's device counter, read only here."""
+    import torch
+
+    if not bool(torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()):
+        bad = int(streak)
+        first = step - bad + 1 if bad else step
+        raise NonFiniteLoss(first, step, last_good(output_dir), "the weights are NaN/inf")
+
+
 def out_of_memory_error(
     device: Any, per_device: int, world: int, accumulation: int, global_batch: int
 ) -> XtrainError:
