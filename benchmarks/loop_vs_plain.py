@@ -101,7 +101,7 @@ def steady_rate(times: dict[int, float]) -> float:
 
 
 def run_xtrain() -> float:
-    import xtrain.train.config.batch as config_batch
+    import xtrain.planning.batch as config_batch
     from xtrain.train.loop import train
 
     cfg = TrainConfig()

@@ -143,11 +143,10 @@ def run_plain(a: argparse.Namespace, cpu: list[float], waits: list[float]) -> li
     name = {"constant": "constant_with_warmup"}.get(o.schedule, o.schedule)
     sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=a.steps)
     order = DataOrder(len(w.train_dataset), s.global_batch, s.per_device, 1, cfg.run.seed)
-    workers = plan.dataloader_workers if cfg.data.num_workers is None else cfg.data.num_workers
-    pin = bool(plan.pin_memory and device.type == "cuda")
+    pin = s.pin_memory and device.type == "cuda"
     loader = torch.utils.data.DataLoader(
         w.train_dataset, batch_sampler=RankBatchSampler(order, 0, 0, a.steps), collate_fn=w.collator,
-        num_workers=workers, pin_memory=pin,
+        num_workers=s.loader_workers, pin_memory=pin,
     )  # fmt: skip
     tokens: list[int] = []  # per micro-batch, counted on the host (the batches are xtrain's)
 

@@ -66,7 +66,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "resume with another lr": ("run", ["--config", "{c}", "run.resume=auto", "optim.lr=0.1"], {}, "was trained with optim.lr=0.005, this run has 0.1", 2, False),
     # -- command line and environment ---------------------------------------------------------------
     "processes zero": ("run", ["--config", "{c}", "--processes", "0"], {}, "--processes must be at least 1", 2, False),
-    "override not key=value": ("run", ["--config", "{c}", "oops"], {}, "overrides must look like key=value", 2, False),
+    "override not key=value": ("run", ["--config", "{c}", "oops"], {}, "override 'oops' must look like section.key=value", 2, False),
     "processes vs launcher": ("run", ["--config", "{c}", "--processes", "2"], {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, "conflicts with the launcher", 2, True),
     "WORLD_SIZE not a number": ("run", ["--config", "{c}"], {"WORLD_SIZE": "two"}, "environment variable WORLD_SIZE='two' is not a whole number", 2, True),
     "RANK not below WORLD_SIZE": ("run", ["--config", "{c}"], {"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5 is not below WORLD_SIZE=2", 2, False),
@@ -75,7 +75,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "unknown platform": ("run", ["--config", "{c}"], {"XTRAIN_PLATFORM": "beos"}, "unknown platform 'beos'", 2, False),
     "train: config missing": ("cli", ["train", "{r}/nope.yaml"], {}, "config {r}/nope.yaml not found", 2, True),
     "train: processes not a number": ("cli", ["train", "{c}", "--processes", "abc"], {}, "--processes needs a whole number", 2, False),
-    "train: override not key=value": ("cli", ["train", "{c}", "oops"], {}, "is not key=value", 2, False),
+    "train: override not key=value": ("cli", ["train", "{c}", "oops"], {}, "override 'oops' must look like section.key=value", 2, False),
 }  # fmt: skip
 
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from xtrain.errors import XtrainError
-from xtrain.train.config.batch import gradient_accumulation, scaled_lr
+from xtrain.planning.batch import gradient_accumulation, scaled_lr
 from xtrain.train.config.loading import config_from_dict, config_to_dict, load_config
 from xtrain.train.config.schema import TrainConfig, config_keys
 
@@ -275,3 +275,17 @@ def test_scaled_lr():
     assert scaled_lr(load_config(None, base), 64) == pytest.approx(0.001)
     assert scaled_lr(load_config(None, [*base, "optim.lr_scaling=linear"]), 64) == pytest.approx(0.004)
     assert scaled_lr(load_config(None, [*base, "optim.lr_scaling=sqrt"]), 64) == pytest.approx(0.002)
+
+
+def test_the_config_has_every_field_planning_reads() -> None:
+    """planning reads a train config through ``TrainConfigView`` (it imports nothing from
+    xtrain.train): the dataclasses keep every field it names."""
+    from xtrain.planning import train_config as view
+
+    cfg = TrainConfig()
+    sections = {k: v for k, v in vars(view.TrainConfigView).items() if isinstance(v, property)}
+    assert set(sections) == {"batch", "optim", "run", "model", "data"}
+    for section, prop in sections.items():
+        protocol = getattr(view, prop.fget.__annotations__["return"])
+        fields = [k for k, v in vars(protocol).items() if isinstance(v, property)]
+        assert fields and all(hasattr(getattr(cfg, section), f) for f in fields), (section, fields)

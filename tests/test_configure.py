@@ -431,7 +431,7 @@ def test_windows_next_commands_in_powershell(tmp_path):
 
 BAD_INPUTS = {
     "processes-0": (["--processes", "0"], "--processes must be at least 1"),
-    "precision": (["--precision", "fp8"], "unknown precision"),
+    "precision": (["--precision", "fp8"], "--precision 'fp8' is unknown"),
     "gpu-7": (["--gpus", "7"], "GPU 7"),
     "gpus-text": (["--gpus", "a,b"], "not a list of GPU ids"),
     "port": (["--port", "70000"], "not a TCP port"),

@@ -222,7 +222,7 @@ def test_render_every_fixture_machine(path):
     from rich.console import Console
 
     from xtrain.commands.render import render_diagnosis
-    from xtrain.planning.rules import diagnose
+    from xtrain.planning.resolve import diagnose
 
     facts = Facts.load(path)
     diagnosis = diagnose(facts)

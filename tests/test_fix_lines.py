@@ -22,7 +22,7 @@ from support.ps_syntax import PsSyntaxError, check_line
 
 from xtrain.machine.facts import GPU, Facts
 from xtrain.planning.plan import Finding, Overrides
-from xtrain.planning.rules import diagnose
+from xtrain.planning.resolve import diagnose
 
 BASH_COMMANDS = {"export", "unset", "sudo", "echo", "nvidia-smi", "xtrain", "wsl"}
 PS_COMMANDS = {"Remove-Item", "Rename-Computer", "Add-Content", "nvidia-smi", "xtrain", "wsl"}

@@ -303,7 +303,7 @@ def test_torchrun_agent_store_listens_on_loopback_only() -> None:
 
 
 def test_loopback_transport_keeps_the_users_choice() -> None:
-    from xtrain.launch.rendezvous import loopback_interface, loopback_transport_env
+    from xtrain.train.process_group import loopback_interface, loopback_transport_env
 
     if loopback_interface() is None:
         pytest.skip("no loopback interface name here")

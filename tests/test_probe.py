@@ -19,7 +19,7 @@ from xtrain.errors import XtrainError
 from xtrain.machine.facts import Facts
 from xtrain.machine.probes import accelerate_config, nvidia, torch_stack
 from xtrain.machine.probes import system as system_probes
-from xtrain.planning.rules import diagnose
+from xtrain.planning.resolve import diagnose
 
 SMI_LINUX = """\
 Tue Oct  1 12:00:00 2024

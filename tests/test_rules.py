@@ -15,9 +15,10 @@ import pytest
 from conftest import MACHINE_NAMES, load_machine
 
 from xtrain.errors import XtrainError
-from xtrain.machine.facts import GPU, Facts
+from xtrain.machine.facts import GPU, Facts, is_geforce, is_rtx40
 from xtrain.planning.plan import Diagnosis, Finding, Overrides, Plan
-from xtrain.planning.rules import diagnose, is_geforce, is_rtx40, make_plan
+from xtrain.planning.resolve import diagnose
+from xtrain.planning.rules import make_plan
 
 # -- the plan and findings every fixture machine must give --------------------------------------
 # plan fields that are checked per machine
@@ -35,7 +36,6 @@ PLAN_FIELDS = (
     "env",
     "dataloader_workers",
     "pin_memory",
-    "persistent_workers",
     "main_address",
     "main_port",
 )
@@ -57,7 +57,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             env={"USE_LIBUV": "0"},
             dataloader_workers=0,
             pin_memory=True,
-            persistent_workers=False,
             main_address="127.0.0.1",
             main_port=29500,
         ),
@@ -83,7 +82,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             env={"USE_LIBUV": "0"},
             dataloader_workers=0,
             pin_memory=False,
-            persistent_workers=False,
             main_address="127.0.0.1",
             main_port=29500,
         ),
@@ -104,7 +102,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             env=P2P_ENV,  # 4090s have no P2P
             dataloader_workers=4,
             pin_memory=False,  # WSL2 limits pinned memory
-            persistent_workers=True,
             main_address="127.0.0.1",
             main_port=29500,
         ),
@@ -130,7 +127,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             env={},  # NVLink: P2P everywhere
             dataloader_workers=4,
             pin_memory=True,
-            persistent_workers=True,
             main_address="127.0.0.1",
             main_port=29500,
         ),
@@ -151,7 +147,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             env=P2P_ENV,  # consumer PCIe board without an NVLink bridge: no P2P
             dataloader_workers=4,
             pin_memory=True,
-            persistent_workers=True,
             main_address="127.0.0.1",
             main_port=29500,
         ),
@@ -172,7 +167,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             env={},
             dataloader_workers=4,
             pin_memory=True,
-            persistent_workers=True,
             main_address="127.0.0.1",
             main_port=29500,
         ),
@@ -193,7 +187,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             env={},
             dataloader_workers=0,
             pin_memory=False,
-            persistent_workers=False,
             main_address="127.0.0.1",
             main_port=29500,
         ),
@@ -214,7 +207,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             env={},
             dataloader_workers=0,  # spawned workers re-import the program
             pin_memory=False,
-            persistent_workers=False,
             main_address="127.0.0.1",
             main_port=29500,
         ),
@@ -378,7 +370,7 @@ def volta() -> Facts:
         ("linux-cpu", Overrides(mixed_precision="fp16"), "fp16 needs a CUDA GPU"),
         ("macos-arm64", Overrides(mixed_precision="fp16"), "fp16 needs a CUDA GPU"),
         ("macos-arm64", Overrides(num_processes=2), "MPS runs one process"),
-        ("linux-2x3090", Overrides(mixed_precision="fp8"), "unknown precision"),
+        ("linux-2x3090", Overrides(mixed_precision="fp8"), "--precision 'fp8' is unknown"),
         ("linux-cpu", Overrides(platform="beos"), "unknown platform"),
         ("linux-2x3090", Overrides(num_machines=0), "--machines"),
         ("linux-2x3090", Overrides(num_machines=2, machine_rank=2, main_address="10.0.0.1"), "machine-rank"),
@@ -740,10 +732,52 @@ def test_bf16_weights_on_cards_without_bf16_stay_fp16() -> None:
 
 
 def test_the_train_config_passes_its_weights_dtype_to_the_plan() -> None:
-    from xtrain.planning.resolve import machine_plan
+    from xtrain.planning.resolve import resolve
     from xtrain.train.config import load_config
 
     cfg = load_config(None, ["model.dtype=bfloat16"])
-    assert machine_plan(cfg, facts=load_machine("windows-2x4090")).mixed_precision == "bf16"
+    assert resolve(cfg, facts=load_machine("windows-2x4090")).plan.mixed_precision == "bf16"
     cfg = load_config(None, ["model.dtype=bfloat16", "run.mixed_precision=fp16"])
-    assert machine_plan(cfg, facts=load_machine("windows-2x4090")).mixed_precision == "fp16"  # the user's
+    assert resolve(cfg, facts=load_machine("windows-2x4090")).plan.mixed_precision == "fp16"  # the user's
+
+
+# -- resolve: the launch context and the one place settings are decided ------------------------------
+def test_resolve_takes_the_process_count_from_the_launch_context(monkeypatch) -> None:
+    from xtrain.machine import probe
+    from xtrain.planning.context import LaunchContext
+    from xtrain.planning.resolve import resolve
+    from xtrain.train.config import load_config
+
+    gpus = load_machine("linux-2x3090")
+    cfg = load_config(None, ["batch.per_device=4", "batch.global_batch=16"])
+    alone = LaunchContext.from_env({})
+    assert resolve(cfg, facts=gpus, context=alone).plan.num_processes == 1  # python -m xtrain.run
+    assert resolve(cfg, facts=gpus).plan.num_processes == 2  # a command: one process per GPU
+    spawn = resolve(cfg, processes=2, facts=gpus, context=alone)
+    assert spawn.plan.num_processes == 2 and spawn.settings.accumulation == 2  # 16 / (4 x 2)
+
+    sent = spawn.plan.to_json()
+    launched = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    rank = LaunchContext.from_env({**launched, "XTRAIN_PLAN": sent})
+    monkeypatch.setattr(probe, "collect", lambda *a, **k: pytest.fail("a sent plan needs no probe"))
+    got = resolve(cfg, context=rank)
+    assert got.plan == spawn.plan and got.findings == [] and got.settings == spawn.settings
+    with pytest.raises(XtrainError, match="conflicts with the launcher's 2 processes"):
+        resolve(cfg, processes=3, context=rank)
+    # a plan sent for another world size (here: one process) is planned again, not trusted
+    assert resolve(cfg, processes=2, facts=gpus, context=LaunchContext.from_env({"XTRAIN_PLAN": sent})).plan
+    with pytest.raises(XtrainError, match="--processes must be at least 1"):
+        resolve(cfg, processes=0, context=alone)  # checked before anything is probed
+
+
+def test_the_loop_reads_the_loader_settings_from_resolve() -> None:
+    from xtrain.planning.context import LaunchContext
+    from xtrain.planning.resolve import resolve
+    from xtrain.train.config import load_config
+
+    plan = make_plan(load_machine("linux-2x3090"))
+    ctx = LaunchContext.from_env({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    s = resolve(load_config(None), plan=plan, context=ctx).settings
+    assert (s.loader_workers, s.pin_memory, s.world_size) == (plan.dataloader_workers, True, 2)
+    s = resolve(load_config(None, ["data.num_workers=1"]), plan=plan, context=ctx).settings
+    assert s.loader_workers == 1  # data.num_workers wins over the plan's

@@ -54,7 +54,7 @@ def test_dry_run_prints_the_commands_for_the_shell(env: dict[str, str]) -> None:
     ("args", "line"),
     [
         (["nope.yaml"], "config nope.yaml not found"),
-        ([str(EXAMPLE), "run.max_steps"], "override 'run.max_steps' is not key=value"),
+        ([str(EXAMPLE), "run.max_steps"], "override 'run.max_steps' must look like section.key=value"),
         ([str(EXAMPLE), "--processes", "0"], "--processes must be at least 1"),
         ([str(EXAMPLE), "--gpus", "0,x"], "is not a list of GPU ids"),
         ([str(EXAMPLE), "batch.global_batch=48", "--processes", "2"], "global batch 48 is not divisible"),

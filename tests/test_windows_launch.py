@@ -12,9 +12,10 @@ from conftest import load_machine
 from xtrain.launch import accelerate_config as ac
 from xtrain.machine.facts import Facts
 from xtrain.machine.probes import torch_stack
+from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Overrides
+from xtrain.planning.resolve import resolve
 from xtrain.planning.rules import make_plan
-from xtrain.run import accelerate_single_launch, single_launch_processes
 from xtrain.train.config.schema import TrainConfig
 
 
@@ -46,17 +47,26 @@ def test_forcing_windows_on_linux_keeps_the_windows_path() -> None:
     assert make_plan(facts, Overrides(platform="windows")).launcher == "spawn"
 
 
+SIMPLE_LAUNCH = {"ACCELERATE_MIXED_PRECISION": "no", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
 def test_single_launch_is_read_from_accelerate_simple_launcher_env() -> None:
-    simple = {"ACCELERATE_MIXED_PRECISION": "fp16", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
-    assert accelerate_single_launch(simple)
-    assert not accelerate_single_launch({**simple, "WORLD_SIZE": "2"})  # torchrun: already a rank
-    assert not accelerate_single_launch({"ACCELERATE_MIXED_PRECISION": "fp16"})  # num_processes 1
-    assert not accelerate_single_launch({"MASTER_ADDR": "127.0.0.1"})  # not accelerate
+    def single(env: dict[str, str]) -> bool:
+        return LaunchContext.from_env(env).single_launch
+
+    assert single(SIMPLE_LAUNCH)
+    assert not single({**SIMPLE_LAUNCH, "WORLD_SIZE": "2"})  # torchrun: already a rank
+    assert not single({"ACCELERATE_MIXED_PRECISION": "fp16"})  # num_processes 1
+    assert not single({"MASTER_ADDR": "127.0.0.1"})  # not accelerate
 
 
-def test_single_launch_starts_one_worker_per_gpu_accelerate_left_visible(monkeypatch) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    assert single_launch_processes(TrainConfig(), "windows") == 2
+def test_single_launch_starts_one_worker_per_gpu_accelerate_left_visible() -> None:
+    cpu = load_machine("linux-cpu")
+    visible = LaunchContext.from_env({**SIMPLE_LAUNCH, "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert resolve(TrainConfig(), platform="windows", facts=cpu, context=visible).plan.num_processes == 2
+    # without CUDA_VISIBLE_DEVICES: the plan's count for this machine (one process on a CPU)
+    alone = LaunchContext.from_env(SIMPLE_LAUNCH)
+    assert resolve(TrainConfig(), platform="windows", facts=cpu, context=alone).plan.num_processes == 1
 
 
 # -- the Job Object that ends every worker with the launcher (Windows; checked here by its layout

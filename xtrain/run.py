@@ -23,11 +23,15 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
 from xtrain.launch import env as launchenv
-from xtrain.launch import lifetime, stops
+from xtrain.launch import lifetime
+from xtrain.train import stops
+
+if TYPE_CHECKING:
+    from xtrain.planning.plan import Plan
 
 PLATFORM_ENV = "XTRAIN_PLATFORM"
 SINGLE_LAUNCH_NOTE = (
@@ -53,15 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.max_steps=100"
     )
-    args = p.parse_args(argv)
-    bad = [o for o in args.overrides if "=" not in o]
-    if bad:
-        p.error(f"overrides must look like key=value, got {bad[0]!r}")
-    return args
-
-
-def _launched() -> bool:
-    return "WORLD_SIZE" in os.environ
+    return p.parse_args(argv)  # the overrides are read (and refused) by load_config, as everywhere
 
 
 def _is_rank0() -> bool:
@@ -69,56 +65,7 @@ def _is_rank0() -> bool:
     return not rank.isdigit() or int(rank) == 0  # a malformed RANK is reported (by every rank)
 
 
-def accelerate_single_launch(environ: dict[str, str] | None = None) -> bool:
-    """``accelerate launch`` started this as ONE process for a config that asks for several.
-
-    That is xtrain's Windows accelerate config (``distributed_type: NO``, ``num_processes: N``):
-    accelerate's simple launcher starts one ``python -m xtrain.run`` without torchrun (whose
-    rendezvous stores need libuv, which Windows torch lacks) and exports the config's precision
-    as ACCELERATE_MIXED_PRECISION and, for N > 1, MASTER_ADDR/MASTER_PORT, but no WORLD_SIZE
-    (accelerate/utils/launch.py ``prepare_simple_launcher_cmd_env``). xtrain.run then starts the
-    workers itself, exactly like ``python -m xtrain.run --processes N``."""
-    env = os.environ if environ is None else environ
-    return "WORLD_SIZE" not in env and "ACCELERATE_MIXED_PRECISION" in env and "MASTER_ADDR" in env
-
-
-def single_launch_processes(cfg: Any, platform: str | None) -> int:
-    """How many workers to start under ``accelerate_single_launch``: one per GPU that accelerate
-    left visible (it exports the config's ``gpu_ids`` as CUDA_VISIBLE_DEVICES), else the plan's
-    count for this machine. (accelerate does not export ``num_processes`` itself.)"""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    if visible:
-        return len([e for e in visible.split(",") if e.strip()])
-    from xtrain.planning.resolve import machine_plan
-
-    return machine_plan(cfg, platform=platform).num_processes
-
-
-def worker_plan(cfg: Any, platform: str | None) -> Any:
-    """This rank's plan: the one xtrain's launcher sent (``XTRAIN_PLAN``), else the rules'
-    answer for this machine and the launch context (accelerate launch, torchrun, plain python)."""
-    from xtrain.launch.env import PLAN_ENV
-    from xtrain.planning.plan import Plan
-    from xtrain.train.accelerator import LaunchContext
-
-    ctx = LaunchContext.from_env()
-    sent = os.environ.get(PLAN_ENV)
-    if sent:
-        plan = Plan.from_dict(json.loads(sent))
-        if plan.world_size == ctx.world_size:
-            return plan
-    from xtrain.planning.resolve import machine_plan
-
-    return machine_plan(
-        cfg,
-        processes=ctx.local_world_size,
-        num_machines=ctx.num_machines,
-        main_address=ctx.main_address,
-        platform=platform,
-    )
-
-
-def run_worker(cfg: Any, platform: str | None) -> Any:
+def run_worker(cfg: Any, plan: Plan) -> Any:
     """Train as one rank of the launch context (or as the only process)."""
     from xtrain.train.loop import train
     from xtrain.train.quiet import quiet_libraries
@@ -126,17 +73,16 @@ def run_worker(cfg: Any, platform: str | None) -> Any:
 
     lifetime.watch_parent()  # started by a launcher: end with it (xtrain.launch.lifetime)
     quiet_libraries()
-    plan = worker_plan(cfg, platform)
     reporter = RichReporter() if _is_rank0() else None
     with stops.early_stop_signals():  # SIGTERM before the loop: the same one line and code
         return train(cfg, plan, reporter)
 
 
-def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
+def spawned_worker(cfg: Any, plan: Plan, error_dir: str) -> None:
     """The spawn target (top-level, importable). A user-facing error goes to a file for the
     parent to print once, instead of once per rank."""
     try:
-        run_worker(cfg, platform)
+        run_worker(cfg, plan)
     except XtrainError as e:
         rank = int(os.environ.get("RANK", "0") or 0)
         data = {"message": e.message, "hint": e.hint, "exit_code": e.exit_code}
@@ -148,17 +94,14 @@ def spawned_worker(cfg: Any, platform: str | None, error_dir: str) -> None:
         sys.exit(stops.exit_code(e.signum))
 
 
-def _spawn(cfg: Any, processes: int, platform: str | None) -> None:
-    """Start ``processes`` ranks here with torch.multiprocessing (spawn)."""
+def _spawn(cfg: Any, plan: Plan) -> None:
+    """Start the plan's ranks here with torch.multiprocessing (spawn)."""
     from xtrain.launch.failures import WorkerFailed, WorkerStopped
     from xtrain.launch.spawn import spawn
-    from xtrain.planning.resolve import machine_plan, run_settings
 
-    plan = machine_plan(cfg, processes=processes, platform=platform)
-    run_settings(cfg, plan, processes)  # a global batch that does not divide fails here, once
     with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as error_dir:
         try:
-            spawn(spawned_worker, (cfg, platform, error_dir), plan, nprocs=processes)
+            spawn(spawned_worker, (cfg, plan, error_dir), plan)
         except WorkerFailed as failed:
             reported = sorted(Path(error_dir).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
             stopped = failed if isinstance(failed, WorkerStopped) else None
@@ -185,29 +128,22 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {e.one_line()}\n")
         return e.exit_code
     try:
+        from xtrain.planning.context import LaunchContext
+        from xtrain.planning.resolve import resolve
         from xtrain.train.config.loading import load_config
 
         cfg = load_config(args.config, args.overrides)
-        processes = args.processes
-        if not _launched() and accelerate_single_launch():
-            processes = processes or single_launch_processes(cfg, platform)
-            if processes > 1:
-                sys.stderr.write(SINGLE_LAUNCH_NOTE.format(n=processes))
-                sys.stderr.flush()
-        if _launched():
-            world = int(os.environ["WORLD_SIZE"])
-            if args.processes is not None and args.processes != world:
-                raise XtrainError(
-                    f"--processes {args.processes} conflicts with the launcher's {world} processes",
-                    "leave out --processes when starting through accelerate launch or torchrun",
-                )
-            run_worker(cfg, platform)
-        elif processes is not None and processes > 1:
-            _spawn(cfg, processes, platform)
+        # the launch mode, in one place: a rank of a launcher, accelerate's one-process launch
+        # (xtrain.run starts the workers), --processes N (the same), or this process alone
+        ctx = LaunchContext.from_env()
+        plan = resolve(cfg, processes=args.processes, platform=platform, context=ctx).plan
+        if ctx.launched or plan.world_size == 1:
+            run_worker(cfg, plan)
         else:
-            if processes is not None and processes < 1:
-                raise XtrainError(f"--processes must be at least 1, got {processes}", "e.g. --processes 2")
-            run_worker(cfg, platform)
+            if ctx.single_launch:
+                sys.stderr.write(SINGLE_LAUNCH_NOTE.format(n=plan.num_processes))
+                sys.stderr.flush()
+            _spawn(cfg, plan)
     except XtrainError as e:
         return _report(e)
     except (KeyboardInterrupt, stops.StopRequested) as e:  # before the loop, or a second Ctrl+C

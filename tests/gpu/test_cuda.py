@@ -102,12 +102,15 @@ def test_tf32_is_on_for_fp32_matmuls(job) -> None:
     assert r["run_info"]["device"].startswith("cuda")
     from xtrain.machine import probe
     from xtrain.planning import rules
-    from xtrain.train.accelerator import LaunchContext, build_accelerator, release
+    from xtrain.planning.context import LaunchContext
+    from xtrain.planning.resolve import resolve
+    from xtrain.train.accelerator import build_accelerator, release
     from xtrain.train.config.schema import TrainConfig
 
     plan = rules.make_plan(probe.collect(quick=True))
     assert plan.tf32 == (torch.cuda.get_device_capability(0) >= (8, 0))
-    acc = build_accelerator(TrainConfig(), plan, LaunchContext(), 1)
+    settings = resolve(TrainConfig(), plan=plan, context=LaunchContext()).settings
+    acc = build_accelerator(TrainConfig(), plan, LaunchContext(), settings)
     try:
         matmul = torch.backends.cuda.matmul
         # never read allow_tf32 after fp32_precision was set: torch raises on mixing the two APIs

@@ -95,9 +95,9 @@ DEFAULT_STEPS = {"tiny": 30, "small": 40, "base": 40}
 
 
 def plan_for(facts: Any, processes: int | None, precision: str | None, platform: str | None) -> Any:
-    from xtrain.planning.resolve import machine_plan
+    from xtrain.planning.resolve import resolve
 
-    return machine_plan(facts=facts, processes=processes, precision=precision, platform=platform)
+    return resolve(facts=facts, processes=processes, precision=precision, platform=platform).plan
 
 
 def run_bench(

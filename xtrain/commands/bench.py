@@ -51,8 +51,6 @@ def bench(
 
     if model_size not in SIZE_CHOICES:
         raise XtrainError(f"--model-size {model_size!r} is unknown", f"use one of {', '.join(SIZE_CHOICES)}")
-    if precision is not None and precision not in ("no", "fp16", "bf16"):
-        raise XtrainError(f"--precision {precision!r} is unknown", "use no, fp16 or bf16")
     options = BenchOptions(
         size=model_size,
         steps=parse_int(steps, "--steps", 2, example="e.g. --steps 20"),
@@ -66,14 +64,13 @@ def bench(
 
     from xtrain.bench.runner import run_bench
     from xtrain.console import make_console
-    from xtrain.machine.probe import collect
-    from xtrain.planning.rules import diagnose
+    from xtrain.planning.resolve import resolve
 
     err = make_console(stderr=True)
     out = make_console()
-    facts = collect(quick=True)
-    diagnosis = diagnose(facts)
-    errors = [f for f in diagnosis.findings if f.severity == "error"]
+    machine = resolve(processes=options.processes, precision=options.precision, platform=platform)
+    facts = machine.facts
+    errors = [f for f in machine.findings if f.severity == "error"]
     if errors:
         raise XtrainError(
             f"this machine is not ready to train: {errors[0].message}", "run `xtrain doctor` for the fixes"

@@ -1,7 +1,8 @@
 """`xtrain configure`: write the accelerate config that matches this machine's plan.
 
-facts (probe, or --facts FILE) -> rules.diagnose -> accelerate_config.config_for -> write
-(or print with --dry-run) -> load it back with accelerate's ClusterConfig -> next commands.
+options -> planning.resolve (facts probed or --facts FILE, plan, findings) ->
+accelerate_config.config_for -> write (or print with --dry-run) -> load it back with accelerate's
+ClusterConfig -> next commands.
 With --slurm it writes an sbatch script too (and plans for the cluster's nodes, not this one).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,36 @@ from xtrain.errors import XtrainError
 PRECISION_HELP = "no | fp16 | bf16 (default: what the rules pick for the GPUs)"
 
 
-def _check_port(port: int | None) -> None:
-    if port is not None and not 1 <= port <= 65535:
-        raise XtrainError(f"--port {port} is not a TCP port", "use 1024..65535, e.g. --port 29500")
+@dataclass
+class ConfigureOptions:
+    """`xtrain configure`'s options, as typer parsed them (see ``configure`` for their help)."""
+
+    output: Path | None = None
+    dry_run: bool = False
+    force: bool = False
+    processes: int | None = None
+    gpus: str | None = None
+    precision: str | None = None
+    port: int | None = None
+    machines: int = 1
+    machine_rank: int = 0
+    main_address: str | None = None
+    facts_file: Path | None = None
+    fsdp: bool = False
+    deepspeed: str | None = None
+    slurm: Path | None = None
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    time: str | None = None
+    partition: str | None = None
+    job_name: str = "xtrain"
+    platform: str | None = None
+
+    def slurm_job(self, gpus_per_node: int, **fields: Any) -> Any:
+        from xtrain.launch import slurm as sl
+
+        return sl.SlurmJob(nodes=self.nodes, gpus_per_node=gpus_per_node, time=self.time,
+                           partition=self.partition, job_name=self.job_name, **fields)  # fmt: skip
 
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -47,12 +76,12 @@ def check_main_address(address: str | None) -> None:
 
 
 def _check_options(
-    port: int | None, main_address: str | None, gpus: str | None, fsdp: bool, deepspeed: str | None
+    main_address: str | None, gpus: str | None, fsdp: bool, deepspeed: str | None
 ) -> list[int] | None:
-    """The options checked before anything is probed; returns the ``--gpus`` ids."""
+    """The options checked before anything is probed (the settings themselves: by
+    ``xtrain.planning.resolve``); returns the ``--gpus`` ids."""
     from xtrain.launch.accelerate_config import DEEPSPEED_STAGES
 
-    _check_port(port)
     check_main_address(main_address)
     gpu_ids = parse_gpus(gpus)
     if deepspeed is not None and deepspeed not in DEEPSPEED_STAGES:
@@ -64,32 +93,24 @@ def _check_options(
     return gpu_ids
 
 
-def _slurm_facts(
-    facts_file: Path | None,
-    processes: int | None,
-    port: int | None,
-    precision: str | None,
-    notes: list[str],
-    **job: Any,
-) -> tuple[Any, int]:
+def _slurm_facts(opts: ConfigureOptions, notes: list[str]) -> tuple[Any, int]:
     """``--slurm`` (``--nodes`` given): the facts to plan the cluster's nodes from (``--facts``,
-    else a generic GPU node) and the GPUs per node. ``job``: nodes, gpus_per_node, time,
-    partition, job_name."""
+    else a generic GPU node) and the GPUs per node."""
     from xtrain.launch import slurm as sl
     from xtrain.machine.facts import Facts
 
-    facts = Facts.load(facts_file) if facts_file else None
-    gpus_per_node = job["gpus_per_node"]
+    facts = Facts.load(opts.facts_file) if opts.facts_file else None
+    gpus_per_node, processes = opts.gpus_per_node, opts.processes
     if gpus_per_node is None:
         if facts is None or not facts.gpus:
             raise XtrainError("--slurm needs --gpus-per-node", "e.g. --gpus-per-node 8")
         gpus_per_node = processes or facts.gpu_count
     if processes is not None and processes != gpus_per_node:
         raise XtrainError("--processes and --gpus-per-node disagree", "give only --gpus-per-node")
-    sl.SlurmJob(**{**job, "gpus_per_node": gpus_per_node}, config_path="x").check()
+    opts.slurm_job(gpus_per_node, config_path="x").check()
     if facts is None:
-        facts = sl.cluster_facts(gpus_per_node, port=port or 29500)
-        if precision is None:
+        facts = sl.cluster_facts(gpus_per_node, port=opts.port or 29500)
+        if opts.precision is None:
             notes.append(
                 "GPU model unknown: fp16 (runs on every CUDA GPU); use --precision bf16 on "
                 "A100/H100 nodes, or --facts FILE saved on a node with `xtrain doctor --save FILE`"
@@ -130,8 +151,6 @@ def _print_findings(console: Any, findings: list[Any]) -> None:
                 console.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
 
 
-# Over 80 lines: about 30 are its typer options; the rest is the command's one sequence (options,
-# facts, plan, files, findings, next commands), with each part's detail in the helpers above.
 def configure(
     output: Path = typer.Option(
         None, "--output", "-o", help="Write here instead of accelerate's default config file."
@@ -160,102 +179,114 @@ def configure(
 ) -> None:
     """Write the accelerate config for this machine (and print what to run next)."""
     from xtrain.console import make_console
-    from xtrain.launch import accelerate_config as ac
-    from xtrain.machine.facts import Facts
-    from xtrain.planning.plan import Overrides
-    from xtrain.planning.rules import diagnose
 
+    opts = ConfigureOptions(
+        output=output, dry_run=dry_run, force=force, processes=processes, gpus=gpus, precision=precision,
+        port=port, machines=machines, machine_rank=machine_rank, main_address=main_address,
+        facts_file=facts_file, fsdp=fsdp, deepspeed=deepspeed, slurm=slurm, nodes=nodes,
+        gpus_per_node=gpus_per_node, time=time, partition=partition, job_name=job_name, platform=platform,
+    )  # fmt: skip
     console = make_console()
-    gpu_ids = _check_options(port, main_address, gpus, fsdp, deepspeed)
-    job = None
     notes: list[str] = []
-    if slurm is not None:
+    resolved, gpus_per_node = _resolve(opts, notes)
+    plan = resolved.plan
+    files, config = _files(opts, resolved, gpus_per_node, notes)
+    console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
+    if opts.dry_run:
+        from xtrain.launch import accelerate_config as ac
+
+        ac.validate_dict(config)
+    _write_or_show(console, files, opts.dry_run, opts.force)
+
+    _print_findings(console, resolved.findings)
+    for note in notes:
+        console.print(f"[yellow]note[/] {note}", soft_wrap=True)
+    _print_next(console, opts, plan, files)
+
+
+def _resolve(opts: ConfigureOptions, notes: list[str]) -> tuple[Any, int | None]:
+    """The options checked, then the plan for this machine (or ``--facts``), or with ``--slurm``
+    for the cluster's nodes (``--facts``, else a generic GPU node). Returns the resolved plan and
+    the GPUs per node (``--slurm``)."""
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.resolve import resolve
+
+    gpu_ids = _check_options(opts.main_address, opts.gpus, opts.fsdp, opts.deepspeed)
+    if opts.slurm is None:
+        if any(v is not None for v in (opts.nodes, opts.gpus_per_node, opts.time, opts.partition)):
+            raise XtrainError("--nodes/--gpus-per-node/--time/--partition need --slurm", "add --slurm FILE")
+        facts = Facts.load(opts.facts_file) if opts.facts_file is not None else None  # else: probed
+        layout = (opts.processes, opts.platform, opts.machines, opts.machine_rank, opts.main_address)
+        gpus_per_node = None
+    else:
         from xtrain.launch import slurm as sl
 
-        if nodes is None:
+        if opts.nodes is None:
             raise XtrainError(
                 "--slurm needs --nodes", "e.g. --slurm train.sbatch --nodes 2 --gpus-per-node 8"
             )
-        if machines != 1 or machine_rank != 0 or main_address:
+        if opts.machines != 1 or opts.machine_rank != 0 or opts.main_address:
             raise XtrainError(
                 "--slurm sets machines, ranks and the main address itself",
                 "leave out --machines/--machine-rank/--main-address",
             )
-        facts, gpus_per_node = _slurm_facts(facts_file, processes, port, precision, notes, nodes=nodes,
-                                            gpus_per_node=gpus_per_node, time=time, partition=partition,
-                                            job_name=job_name)  # fmt: skip
+        facts, gpus_per_node = _slurm_facts(opts, notes)
         # planned for the nodes; the script resolves the main address on the first node
-        layout = (gpus_per_node, platform or "linux", nodes, 0, "$" + sl.MAIN_ADDR_VAR)
-    else:
-        if any(v is not None for v in (nodes, gpus_per_node, time, partition)):
-            raise XtrainError("--nodes/--gpus-per-node/--time/--partition need --slurm", "add --slurm FILE")
-        if facts_file is not None:
-            facts = Facts.load(facts_file)
-        else:
-            from xtrain.machine.probe import collect
-
-            facts = collect(quick=True, port=port or 29500)
-        layout = (processes, platform, machines, machine_rank, main_address)
-    num_processes, plan_platform, num_machines, rank, address = layout
-    overrides = Overrides(
-        num_processes=num_processes,
-        gpu_ids=gpu_ids,
-        mixed_precision=precision,
-        port=port,
-        platform=plan_platform,
-        num_machines=num_machines,
-        machine_rank=rank,
-        main_address=address,
-    )
-
-    diagnosis = diagnose(facts, overrides)
-    plan = diagnosis.plan
-    cfg = ac.config_for(plan, fsdp=fsdp, deepspeed=deepspeed)
-    cfg["gpu_ids"] = ac.physical_gpu_ids(cfg["gpu_ids"], facts.cuda_visible_devices)
-    if slurm is not None:
-        cfg.pop("main_process_ip", None)  # the script passes the first node's address
-    if deepspeed and plan.os_kind == "windows":
+        layout = (gpus_per_node, opts.platform or "linux", opts.nodes, 0, "$" + sl.MAIN_ADDR_VAR)
+    processes, platform, machines, rank, address = layout
+    resolved = resolve(
+        processes=processes, gpu_ids=gpu_ids, precision=opts.precision, port=opts.port, platform=platform,
+        machines=machines, machine_rank=rank, main_address=address, facts=facts,
+    )  # fmt: skip
+    if opts.deepspeed and resolved.plan.os_kind == "windows":
         notes.append("DeepSpeed does not train on native Windows: run it in WSL2 or on Linux")
+    return resolved, gpus_per_node
 
-    # Where the files go.
-    if slurm is not None:
-        slurm_path = slurm.expanduser()
-        target = output.expanduser() if output else slurm_path.with_suffix(".accelerate.yaml")
-        job = sl.SlurmJob(nodes=nodes, gpus_per_node=gpus_per_node, config_path=str(target.resolve()),
-                          port=plan.main_port, time=time, partition=partition, job_name=job_name,
-                          env=dict(plan.env))  # fmt: skip
-        script = sl.sbatch_script(job)
+
+def _files(
+    opts: ConfigureOptions, resolved: Any, gpus_per_node: int | None, notes: list[str]
+) -> tuple[list[tuple[Path, str, str]], dict[str, Any]]:
+    """The files to write, (path, text, what it is), the accelerate config first, and that config
+    as a dict. Every target is checked before any is written, so a refusal leaves nothing
+    half-done."""
+    from xtrain.launch import accelerate_config as ac
+
+    plan = resolved.plan
+    config = ac.config_for(plan, fsdp=opts.fsdp, deepspeed=opts.deepspeed)
+    config["gpu_ids"] = ac.physical_gpu_ids(config["gpu_ids"], resolved.facts.cuda_visible_devices)
+    header = ac.header_for(plan)
+    if opts.slurm is None:
+        target = opts.output.expanduser() if opts.output else ac.default_config_path()
+        scripts: list[tuple[Path, str, str]] = []
+    else:
+        from xtrain.launch import slurm as sl
+
+        config.pop("main_process_ip", None)  # the script passes the first node's address
+        slurm_path = opts.slurm.expanduser()
+        target = opts.output.expanduser() if opts.output else slurm_path.with_suffix(".accelerate.yaml")
         if slurm_path.resolve() == target.resolve():
             raise XtrainError("--slurm and --output name the same file", "give them different names")
-    else:
-        slurm_path = None
-        target = output.expanduser() if output else ac.default_config_path()
-
-    if not dry_run:
-        # Check every target before writing any, so a refusal leaves nothing half-done.
-        for p in [target] + ([slurm_path] if slurm_path else []):
-            if p.exists() and not force:
-                raise XtrainError(f"{p} exists; use --force (a backup is kept)")
-    header = ac.header_for(plan)
-    if slurm_path is not None:
+        job = opts.slurm_job(gpus_per_node, config_path=str(target.resolve()), port=plan.main_port,
+                             env=dict(plan.env))  # fmt: skip
+        scripts = [(slurm_path, sl.sbatch_script(job), "sbatch script")]
         header += f"\nFor the sbatch script {slurm_path.name}: it adds each node's rank and the main address."
-    text = ac.to_yaml(cfg, header)
-    console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
-    files = [(target, text, "loads with accelerate's ClusterConfig")]
-    if job is not None:
-        files.append((slurm_path, script, "sbatch script"))
-    if dry_run:
-        ac.validate_dict(cfg)
-    _write_or_show(console, files, dry_run, force)
+    files = [(target, ac.to_yaml(config, header), "loads with accelerate's ClusterConfig"), *scripts]
+    if not opts.dry_run:
+        for path, _, _ in files:
+            if path.exists() and not opts.force:
+                raise XtrainError(f"{path} exists; use --force (a backup is kept)")
+    return files, config
 
-    _print_findings(console, diagnosis.findings)
-    for note in notes:
-        console.print(f"[yellow]note[/] {note}", soft_wrap=True)
+
+def _print_next(console: Any, opts: ConfigureOptions, plan: Any, files: list[tuple[Path, str, str]]) -> None:
+    """The commands to run next: sbatch for ``--slurm``, else accelerate launch / xtrain train."""
+    from xtrain.launch import accelerate_config as ac
 
     console.print("[bold]Next:[/]")
-    if job is not None:
-        commands = [f"sbatch {slurm_path}", f"sbatch {slurm_path} --config YOUR.yaml   # your own job"]
+    if opts.slurm is not None:
+        script = files[1][0]
+        commands = [f"sbatch {script}", f"sbatch {script} --config YOUR.yaml   # your own job"]
     else:
-        commands = ac.next_commands(plan, target, sharded=fsdp or deepspeed is not None)
+        commands = ac.next_commands(plan, files[0][0], sharded=opts.fsdp or opts.deepspeed is not None)
     for line in commands:
         console.print(f"  {line}", markup=False, soft_wrap=True)

@@ -1,8 +1,8 @@
 """`xtrain doctor`: what this machine can do for multi-GPU training, what is wrong, how to fix it.
 
-facts (probed, or loaded with --facts) -> rules.diagnose -> rendered table or --json; --smoke
-then starts the planned processes for real. Exit codes: 0 ready (warnings allowed), 1 an error
-finding or a failed smoke test, 2 bad input (one line on stderr).
+options -> planning.resolve (facts probed in full, or loaded with --facts; plan; findings) ->
+rendered table or --json; --smoke then starts the planned processes for real. Exit codes: 0 ready
+(warnings allowed), 1 an error finding or a failed smoke test, 2 bad input (one line on stderr).
 """
 
 from __future__ import annotations
@@ -105,21 +105,14 @@ def doctor(
     ] = None,
 ) -> None:
     """Check this machine for multi-GPU training and print findings with fixes."""
-    from xtrain.machine.facts import DEFAULT_PORT, OS_KINDS
-    from xtrain.planning.plan import Overrides
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.resolve import resolve
 
-    # -- validate everything cheap before probing (probing imports torch) ----------------------
-    overrides = Overrides(
-        num_processes=parse_int(processes, "--processes", 1, example="e.g. --processes 2"),
-        gpu_ids=parse_gpus(gpus),
-        mixed_precision=precision,
-        port=parse_int(port, "--port", 1, 65535, example="e.g. --port 29500"),
-        platform=platform,
-    )
-    if platform is not None and platform not in OS_KINDS:
-        raise XtrainError(f"--platform {platform!r} is unknown", f"use one of {', '.join(OS_KINDS)}")
-    if precision is not None and precision not in ("no", "fp16", "bf16"):
-        raise XtrainError(f"--precision {precision!r} is unknown", "use no, fp16 or bf16")
+    # -- validate everything cheap before probing (probing imports torch; resolve checks the
+    # settings themselves before it probes) ------------------------------------------------------
+    n = parse_int(processes, "--processes", example="e.g. --processes 2")
+    gpu_ids = parse_gpus(gpus)
+    port_number = parse_int(port, "--port", example="e.g. --port 29500")
     if smoke and facts_file is not None:
         raise XtrainError(
             "--smoke tests this machine, not a saved snapshot", "leave out --facts to run the smoke test"
@@ -127,17 +120,13 @@ def doctor(
     if save is not None:
         check_save_path(save, force)
 
-    # -- facts -> plan + findings ----------------------------------------------------------------
-    from xtrain.machine.facts import Facts
-    from xtrain.planning.rules import diagnose
-
-    if facts_file is not None:
-        facts = Facts.load(facts_file)
-    else:
-        from xtrain.machine.probe import collect
-
-        facts = collect(port=overrides.port if overrides.port is not None else DEFAULT_PORT)
-    diagnosis = diagnose(facts, overrides)
+    # -- facts (a snapshot, else the full probe) -> plan + findings ------------------------------
+    snapshot = Facts.load(facts_file) if facts_file is not None else None
+    diagnosis = resolve(
+        processes=n, gpu_ids=gpu_ids, precision=precision, port=port_number, platform=platform,
+        facts=snapshot, full_probe=True,
+    )  # fmt: skip
+    facts = diagnosis.facts
 
     from xtrain.console import make_console
 

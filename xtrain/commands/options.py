@@ -17,16 +17,18 @@ def parse_gpus(text: str | None) -> list[int] | None:
 
 
 def parse_int(
-    text: str | None, flag: str, low: int, high: int | None = None, example: str = ""
+    text: str | None, flag: str, low: int | None = None, high: int | None = None, example: str = ""
 ) -> int | None:
-    """An integer option, checked here so a bad value is one line, not a usage box."""
+    """An integer option, checked here so a bad value is one line, not a usage box. ``low`` and
+    ``high``: the range of an option that is no setting (``--steps``); a setting's range
+    (``--processes``, ``--port``) is checked where it is resolved (``Overrides.check``)."""
     if text is None:
         return None
     try:
         value = int(text.strip())
     except ValueError:
         raise XtrainError(f"{flag} needs a whole number, got {text!r}", example or None) from None
-    if value < low or (high is not None and value > high):
+    if (low is not None and value < low) or (high is not None and value > high):
         span = f"at least {low}" if high is None else f"between {low} and {high}"
         raise XtrainError(f"{flag} must be {span}, got {value}", example or None)
     return value

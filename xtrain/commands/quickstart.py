@@ -142,11 +142,9 @@ def quickstart(
 ) -> None:
     """Offline LoRA fine-tune of a built-in model on built-in data, end to end (about a minute)."""
 
-    from xtrain.commands.train import launch_training, plan_for_training
+    from xtrain.commands.train import launch_training
     from xtrain.console import make_console
-    from xtrain.machine import probe
-    from xtrain.planning.plan import Overrides
-    from xtrain.planning.rules import diagnose
+    from xtrain.planning.resolve import resolve
     from xtrain.shell import shell_for
     from xtrain.train.config.loading import load_config
 
@@ -160,7 +158,7 @@ def quickstart(
         raise XtrainError(f"unknown quickstart task '{task}'", f"use one of: {listed}")
     job = job_file(jobs[task])
     n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
-    diagnosis = diagnose(probe.collect(), Overrides(num_processes=n, platform=platform))
+    diagnosis = resolve(processes=n, platform=platform, full_probe=True)
     worst = {s: sum(f.severity == s for f in diagnosis.findings) for s in ("warn", "error")}
     console.print(
         f"[bold]doctor:[/] {worst['error']} error(s), {worst['warn']} warning(s) "
@@ -180,7 +178,7 @@ def quickstart(
         # e.g. 4 or 8 GPUs: smaller micro-batches keep the same global batch (and result)
         overrides.append(f"batch.per_device={fixed // world}")
         cfg = load_config(job, overrides)
-    plan = plan_for_training(cfg, n, None, platform)
+    plan = resolve(cfg, processes=n, platform=platform, facts=diagnosis.facts).plan
     started = time.perf_counter()
     run_argv = ["--config", str(job), *overrides]
     code = launch_training(plan, run_argv, console)

@@ -1,8 +1,8 @@
 """`xtrain train CONFIG [key=value ...]`: train on every planned device with one command.
 
-config (checked before anything starts) -> facts -> plan -> the plan's launcher:
-accelerate's own launcher called in-process (Linux, WSL2, macOS) or the spawn path of
-`xtrain.run` (Windows, where torchrun trips on libuv). The exit code is the training's.
+config (checked before anything starts) -> planning.resolve (facts, plan, run settings) -> the
+plan's launcher: accelerate's own launcher called in-process (Linux, WSL2, macOS) or the spawn
+path of `xtrain.run` (Windows, where torchrun trips on libuv). The exit code is the training's.
 """
 
 from __future__ import annotations
@@ -18,39 +18,16 @@ from xtrain.errors import XtrainError
 RUN_MODULE = "xtrain.run"
 
 
-def check_overrides(overrides: list[str]) -> list[str]:
-    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        raise XtrainError(f"override {bad[0]!r} is not key=value", "e.g. run.max_steps=100")
-    return overrides
-
-
-def plan_for_training(
-    cfg: Any,
-    processes: int | None,
-    gpu_ids: list[int] | None,
-    platform: str | None,
-    facts: Any | None = None,
-) -> Any:
-    """The plan for this machine (or ``facts``, a snapshot), with the config's precision, checked
-    against the config's global batch before any process starts."""
-    from xtrain.planning.resolve import machine_plan, run_settings
-
-    plan = machine_plan(cfg, facts=facts, processes=processes, gpu_ids=gpu_ids, platform=platform)
-    run_settings(cfg, plan, plan.world_size)  # a global batch that does not divide stops here
-    return plan
-
-
-def memory_lines(cfg: Any, plan: Any, facts: Any) -> list[str]:
+def memory_lines(cfg: Any, resolved: Any) -> list[str]:
     """The plan's memory estimate against its smallest GPU, and the warning when it does not fit
     (rich markup). CUDA plans only: transformers (seconds to import) loads only then. A model
     whose config is not on this machine is skipped in a dim line (nothing is downloaded)."""
     from rich.markup import escape
 
-    from xtrain.planning.resolve import run_settings
     from xtrain.train import memory
 
-    gpus = [(g.index, g.name, g.memory_mib) for g in facts.gpus]
+    plan = resolved.plan
+    gpus = [(g.index, g.name, g.memory_mib) for g in resolved.facts.gpus]
     gpu = memory.smallest_gpu(gpus, plan.gpu_ids) if plan.device == "cuda" else None
     if gpu is None:
         return []
@@ -66,7 +43,7 @@ def memory_lines(cfg: Any, plan: Any, facts: Any) -> list[str]:
         cfg.batch.per_device,
         cfg.data.max_length,
         cfg.model.gradient_checkpointing,
-        run_settings(cfg, plan, plan.world_size).precision,
+        resolved.settings.precision,
         gpu[1],
         gpu[0],
         images=tasks.get(cfg.model.task).image_tokens,
@@ -135,13 +112,15 @@ def train(
 ) -> None:
     """Train CONFIG on every planned device (one process per GPU, fixed global batch)."""
     from xtrain.console import make_console
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.resolve import resolve
     from xtrain.train.config import load_config
 
     console = make_console()
-    overrides = check_overrides(list(overrides or []))
+    overrides = list(overrides or [])  # read (and refused) by load_config
     if precision is not None:  # the same as the override run.mixed_precision=..., checked the same way
         overrides.append(f"run.mixed_precision={precision}")
-    n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
+    n = parse_int(processes, "--processes", example="e.g. --processes 2")
     gpu_ids = parse_gpus(gpus)
     if not config.is_file():
         raise XtrainError(f"config {config} not found", "check the path (examples/ has ready configs)")
@@ -151,10 +130,12 @@ def train(
             "add --dry-run to see that machine's plan, or leave out --facts",
         )
     cfg = load_config(str(config), overrides)
-    facts = _facts(facts_file)
-    plan = plan_for_training(cfg, n, gpu_ids, platform, facts)
+    facts = Facts.load(facts_file) if facts_file is not None else None  # else resolve probes
+    # the plan, checked against the config's global batch before any process starts
+    resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
+    plan = resolved.plan
     run_argv = ["--config", str(config), *overrides]
-    notes = memory_lines(cfg, plan, facts)
+    notes = memory_lines(cfg, resolved)
 
     if dry_run:
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
@@ -167,14 +148,6 @@ def train(
                 console.print(line, soft_wrap=True, markup=False)
         return
     raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir, notes))
-
-
-def _facts(facts_file: Path | None) -> Any:
-    """The snapshot in ``facts_file``, else this machine's quick probe (what the workers plan from)."""
-    from xtrain.machine import probe
-    from xtrain.machine.facts import Facts
-
-    return probe.collect(quick=True) if facts_file is None else Facts.load(facts_file)
 
 
 def launch_training(
@@ -191,7 +164,7 @@ def launch_training(
     from rich.markup import escape
 
     from xtrain.launch import launcher as launch
-    from xtrain.launch import stops
+    from xtrain.train import stops
 
     console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
     for line in notes or []:

@@ -22,8 +22,9 @@ Why the values are what they are (checked in accelerate 1.15, ``commands/launch.
   (static_tcp_rendezvous.py, c10d_rendezvous_backend.py in torch 2.13) create a TCPStore with
   libuv whatever USE_LIBUV says, and Windows wheels have no libuv (pytorch#148283). With ``NO``
   accelerate's simple launcher starts one ``python -m xtrain.run`` (setting MASTER_ADDR/PORT
-  because N > 1), which sees that and spawns the N workers itself with a libuv-free rendezvous
-  (``xtrain.run.accelerate_single_launch``). A plain script under this config runs one process.
+  because N > 1), which sees that (``xtrain.planning.context.LaunchContext.single_launch``) and
+  spawns the N workers itself with a libuv-free rendezvous. A plain script under this config runs
+  one process.
 - DeepSpeed: ``gradient_accumulation_steps`` is left out on purpose: accelerate exports it as
   ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS``, which overrides the accumulation the training loop
   derives from the global batch.

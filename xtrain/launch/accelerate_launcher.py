@@ -11,11 +11,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.launch import lifetime, stops
+from xtrain.launch import lifetime
 from xtrain.launch.env import patched_environ, plan_env
 from xtrain.launch.failures import WorkerFailed, WorkerStopped, last_line, quiet_launcher_logs
-from xtrain.launch.rendezvous import loopback_agent_store, loopback_transport_env, pick_port
+from xtrain.launch.rendezvous import loopback_agent_store, pick_port
+from xtrain.launch.stops import LauncherSignals
 from xtrain.planning.plan import Plan
+from xtrain.train.process_group import loopback_transport_env
+from xtrain.train.stops import StopRequested
 
 
 def accelerate_args(
@@ -38,7 +41,7 @@ def accelerate_args(
         # also on CPU: the worker passes cpu=True (see the module docstring). One process gets
         # accelerate's simple launcher (a plain child process), as `accelerate launch` does.
         # A spawn plan (Windows) gets the simple launcher too: torchrun's stores need libuv,
-        # and xtrain.run starts the workers itself (xtrain.run.accelerate_single_launch).
+        # and xtrain.run starts the workers itself (LaunchContext.single_launch).
         args.append("--multi_gpu")
     args += [
         "--num_processes",
@@ -86,15 +89,15 @@ def accelerate_launch_raising(argv_tail: list[str], plan: Plan, **options: Any) 
     lifetime.kill_children_on_exit()
 
     def before_agent(signum: int) -> None:  # a stop before torchrun's agent took the signals over
-        raise stops.StopRequested(signum)
+        raise StopRequested(signum)
 
     import torch.distributed.run  # noqa: F401  (its loggers exist before they are quieted)
 
     quiet = quiet_launcher_logs("torch.distributed.elastic")
-    with patched_environ(env), agent_store, quiet, stops.LauncherSignals(before_agent):
+    with patched_environ(env), agent_store, quiet, LauncherSignals(before_agent):
         try:
             launch_command(args)
-        except stops.StopRequested as e:
+        except StopRequested as e:
             raise WorkerStopped(e.signum) from None
         except SignalException as e:
             # torchrun's agent passed the signal on and waited for the workers; workers still

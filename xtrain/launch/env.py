@@ -15,9 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.planning.context import PLAN_ENV
 from xtrain.planning.plan import Plan
-
-PLAN_ENV = "XTRAIN_PLAN"
 
 WHOLE_NUMBERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_PORT")
 XTRAIN_NUMBERS = ("XTRAIN_PARENT_PID", "XTRAIN_NODE_RANK")

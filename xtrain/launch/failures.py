@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.launch import stops
+from xtrain.train.stops import exit_code, signal_name
 
 
 class WorkerFailed(XtrainError):
@@ -21,7 +21,7 @@ class WorkerFailed(XtrainError):
         self.rank = rank
         self.worker_exit_code = exit_code
         self.details = details
-        self.outcome: dict[str, Any] | None = None  # rank 0's report (xtrain.launch.stops), when made
+        self.outcome: dict[str, Any] | None = None  # rank 0's report (xtrain.train.stops), when made
 
 
 class WorkerStopped(WorkerFailed):
@@ -30,8 +30,8 @@ class WorkerStopped(WorkerFailed):
     its one line already); ``at_once``: a second Ctrl+C killed them without saving."""
 
     def __init__(self, signum: int, at_once: bool = False, outcome: dict[str, Any] | None = None) -> None:
-        code = stops.exit_code(signum)
-        super().__init__(None, code, f"stopped on {stops.signal_name(signum)}")
+        code = exit_code(signum)
+        super().__init__(None, code, f"stopped on {signal_name(signum)}")
         self.exit_code = code
         self.signum = signum
         self.at_once = at_once

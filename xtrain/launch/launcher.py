@@ -35,12 +35,14 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from xtrain.launch import lifetime, stops
+from xtrain.launch import lifetime
 from xtrain.launch.accelerate_launcher import accelerate_launch_raising
 from xtrain.launch.env import patched_environ, plan_env
 from xtrain.launch.failures import WorkerFailed, WorkerStopped
 from xtrain.launch.spawn import run_module, spawn
+from xtrain.launch.stops import LauncherSignals, read_outcome
 from xtrain.planning.plan import Plan
+from xtrain.train.stops import REPORT_ENV, StopAtOnce
 
 
 def launch(
@@ -62,12 +64,12 @@ def launch(
     argv = list(argv)
     with (
         tempfile.TemporaryDirectory(prefix="xtrain-report-") as report,
-        patched_environ({stops.REPORT_ENV: report}),
+        patched_environ({REPORT_ENV: report}),
     ):
         try:
             _launch(module, argv, plan, port, config_file)
         except WorkerFailed as e:
-            e.outcome = stops.read_outcome(report)  # rank 0's one line, when it said it already
+            e.outcome = read_outcome(report)  # rank 0's one line, when it said it already
             raise
 
 
@@ -95,9 +97,9 @@ def _one_process(module: str, argv: list[str], plan: Plan) -> None:
                 proc.terminate()  # Windows: Ctrl+C reaches the child through the console anyway
 
     try:
-        with stops.LauncherSignals(forward) as signals:
+        with LauncherSignals(forward) as signals:
             code = proc.wait()
-    except stops.StopAtOnce:
+    except StopAtOnce:
         raise WorkerStopped(signal.SIGINT, at_once=True) from None
     if signals.signum is not None and code != 0:
         raise WorkerStopped(signals.signum)

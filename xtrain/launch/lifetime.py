@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 PARENT_ENV = "XTRAIN_PARENT_PID"
+STOP_GRACE_S = 120.0  # after a stop is passed on, workers that have not ended by then are killed
 WATCH_INTERVAL_S = 0.5
 _watching = False
 
@@ -147,8 +148,6 @@ def watch_parent(parent_pid: int | None = None, interval_s: float = WATCH_INTERV
         while True:
             if gone():
                 if graceful:
-                    from xtrain.launch.stops import STOP_GRACE_S
-
                     _stop_then_die(STOP_GRACE_S)
                     return
                 _die()

@@ -26,8 +26,8 @@ from typing import Any
 from xtrain import atomic
 from xtrain.errors import XtrainError
 from xtrain.launch import lifetime
-from xtrain.launch.rendezvous import init_worker_group
 from xtrain.planning.plan import Plan
+from xtrain.train.process_group import init_worker_group
 
 DEFAULT_SIZE_MIB = 16.0
 DEFAULT_ITERS = 10

@@ -15,11 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.launch import lifetime, stops
+from xtrain.launch import lifetime
 from xtrain.launch.env import patched_environ, plan_env
 from xtrain.launch.failures import WorkerFailed, WorkerStopped, last_line, quiet_launcher_logs
-from xtrain.launch.rendezvous import RENDEZVOUS_ENV, file_url, loopback_transport_env, pick_port
+from xtrain.launch.rendezvous import file_url, pick_port
+from xtrain.launch.stops import LauncherSignals
 from xtrain.planning.plan import Plan
+from xtrain.train.process_group import RENDEZVOUS_ENV, loopback_transport_env
+from xtrain.train.stops import StopAtOnce
 
 
 def _spawn_entry(local_rank: int, fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
@@ -90,10 +93,10 @@ def spawn(
         # first line (CUDA_VISIBLE_DEVICES must be there before CUDA initialises).
         stack.enter_context(patched_environ(env))
         stack.enter_context(quiet_launcher_logs("torch.multiprocessing"))
-        signals = stack.enter_context(stops.LauncherSignals(forward))
+        signals = stack.enter_context(LauncherSignals(forward))
         try:
             mp.start_processes(_spawn_entry, args=(fn, args, env), nprocs=n, join=True, start_method="spawn")
-        except stops.StopAtOnce:
+        except StopAtOnce:
             raise WorkerStopped(signal.SIGINT, at_once=True) from None
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
             if signals.signum is not None:

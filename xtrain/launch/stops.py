@@ -1,167 +1,28 @@
-"""Stopping a run on Ctrl+C or SIGTERM: exit codes and the one line, on both sides.
-
-Workers: the loop's ``StepSignals`` stops at the next step boundary and saves (exit 130 for
-SIGINT, 143 for SIGTERM). Before the loop runs (loading the model, the data) a stop has nothing
-to save: ``early_stop_signals`` turns SIGTERM into ``StopRequested`` so the run ends with the same
-one line and code instead of dying silently. A second Ctrl+C raises ``StopAtOnce``.
-
-Launchers (``LauncherSignals``): the first SIGINT/SIGTERM is passed on to the workers, which
-stop and save; the launcher then ends with 128 + the signal it got. A second Ctrl+C kills every
-worker at once and says so. Rank 0 records its final one-line outcome in ``XTRAIN_REPORT_DIR``
-(set by xtrain's launchers), so a launcher knows whether the worker already said where the stop
-checkpoint is, or must say itself that none was written.
+"""Stopping a run, launcher side: ``LauncherSignals`` passes the first SIGINT/SIGTERM on to the
+workers, which stop and save; the launcher then ends with 128 + the signal it got. A second
+Ctrl+C kills every worker at once and says so. ``read_outcome``: what rank 0 recorded (the worker
+side, its signals, exit codes and one-line stop errors are ``xtrain.train.stops``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xtrain.errors import XtrainError
-
-REPORT_ENV = "XTRAIN_REPORT_DIR"
-OUTCOME_FILE = "outcome.json"
-
-
-def exit_code(signum: int) -> int:
-    """The shell's convention: 128 + signal number (Ctrl+C: 130, SIGTERM: 143)."""
-    return 130 if signum == signal.SIGINT else 128 + int(signum)
-
-
-def signal_name(signum: int) -> str:
-    return "Ctrl+C" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
-class StopRequested(BaseException):
-    """SIGTERM (or SIGINT) before the training loop took over the signals: nothing to save.
-    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows it."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-class StopAtOnce(KeyboardInterrupt):
-    """A second Ctrl+C: stop now without a stop checkpoint."""
-
-
-def remove_killed_writes(output_dir: str | Path | None) -> None:
-    """After a second Ctrl+C killed every worker (launcher side, the workers are gone): a stop
-    checkpoint cut off mid-write (``step-N.tmp``) is removed, so the folder holds complete
-    checkpoints only. (A resume would remove it too; the folder should not wait for one.)"""
-    if not output_dir:
-        return
-    import shutil
-
-    from xtrain.train.checkpoint.layout import partial_checkpoints
-
-    for path in partial_checkpoints(output_dir):
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def stopped_error(output_dir: str | Path | None, signum: int, at_once: bool = False) -> XtrainError:
-    """The one line for a stop that wrote no stop checkpoint: names the newest complete
-    checkpoint (what a resume continues from), or says that there is none."""
-    from xtrain.train.checkpoint.layout import list_checkpoints
-
-    found = list_checkpoints(output_dir) if output_dir else []
-    how = "second Ctrl+C: stopped at once" if at_once else f"stopped on {signal_name(signum)}"
-    if found:
-        step, path = found[-1]
-        where = f"no stop checkpoint was written; the newest complete checkpoint is {path} (step {step})"
-        hint = "run the same command again to resume from it"
-    else:
-        where = "no checkpoint was written"
-        hint = "run the same command again to start over"
-    return XtrainError(f"{how}; {where}", hint, exit_code=exit_code(signum))
-
-
-# -- worker side -----------------------------------------------------------------------------------
-class early_stop_signals:  # noqa: N801 (used as a context manager, like contextlib's)
-    """SIGTERM raises ``StopRequested`` until the loop installs its own handlers (main thread)."""
-
-    def __enter__(self) -> early_stop_signals:
-        self._old: Any = None
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._raise)
-        return self
-
-    @staticmethod
-    def _raise(signum: int, frame: Any) -> None:
-        raise StopRequested(signum)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
-
-
-def record_outcome(error: XtrainError) -> None:
-    """Rank 0 tells xtrain's launcher how it ended (the launcher prints nothing more then)."""
-    folder = os.environ.get(REPORT_ENV)
-    if not folder or int(os.environ.get("RANK", "0") or 0) != 0:
-        return
-    from xtrain.atomic import write_text
-
-    data = {"message": error.message, "hint": error.hint, "exit_code": error.exit_code}
-    with contextlib.suppress(OSError):  # the launcher then says it itself
-        write_text(Path(folder) / OUTCOME_FILE, json.dumps(data))
+from xtrain.launch.lifetime import STOP_GRACE_S, kill_process_tree
+from xtrain.train.stops import OUTCOME_FILE, Signals, StopAtOnce
 
 
 def read_outcome(folder: str | Path) -> dict[str, Any] | None:
+    """Rank 0's one-line outcome (``xtrain.train.stops.record_outcome``), when it wrote one."""
     try:
         return json.loads((Path(folder) / OUTCOME_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-
-
-# -- launcher side ----------------------------------------------------------------------------------
-STOP_GRACE_S = 120.0  # after a forwarded stop, workers that have not ended by then are killed
-
-
-class Signals:
-    """SIGINT/SIGTERM caught while a block runs (handlers only in the main thread, restored on
-    exit). The first signal is recorded in ``signum`` and passed to ``first``; later ones go to
-    ``again``, which by default turns a second SIGINT into ``StopAtOnce``."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
-            self.first(signum)
-        else:
-            self.again(signum)
-
-    def first(self, signum: int) -> None:
-        """The first signal (the subclass acts on it)."""
-
-    def again(self, signum: int) -> None:
-        if signum == signal.SIGINT:
-            raise StopAtOnce()  # a KeyboardInterrupt: the second Ctrl+C stops at once
-
-    def __enter__(self) -> Signals:
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        self._old.clear()
-
-
-class StepSignals(Signals):
-    """In a worker's training loop: the loop reads ``signum`` at every step boundary, saves and
-    stops (all ranks agree first); a second SIGINT stops at once."""
 
 
 class LauncherSignals(Signals):
@@ -178,8 +39,6 @@ class LauncherSignals(Signals):
         self._timer: threading.Timer | None = None
 
     def first(self, signum: int) -> None:
-        from xtrain.launch.lifetime import kill_process_tree
-
         self._timer = threading.Timer(self.grace_s, kill_process_tree)
         self._timer.daemon = True
         self._timer.start()
@@ -188,8 +47,6 @@ class LauncherSignals(Signals):
     def again(self, signum: int) -> None:
         if signum != signal.SIGINT:
             return  # a repeated SIGTERM changes nothing: the workers are already stopping
-        from xtrain.launch.lifetime import kill_process_tree
-
         self.at_once = True
         kill_process_tree()
         raise StopAtOnce()

@@ -8,6 +8,7 @@ tested here from a saved snapshot (``tests/fixtures/machines/*.json``).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
@@ -33,6 +34,27 @@ class GPU:
     def cc(self) -> float:
         """Compute capability as a comparable number (8.9), 0.0 when unknown."""
         return self.capability[0] + self.capability[1] / 10 if self.capability else 0.0
+
+
+def is_geforce(gpu: GPU) -> bool:
+    """Consumer GeForce cards (RTX 4090, 3090, ...), as opposed to datacenter/workstation parts."""
+    name = gpu.name.upper()
+    if "GEFORCE" in name or "TITAN" in name:
+        return True
+    # A bare "RTX 4090" is a GeForce card; "RTX 6000 Ada", "Quadro RTX 8000", "RTX A6000" are not.
+    return bool(re.search(r"\bRTX [2-5]0[5-9]0\b", name)) and not re.search(r"QUADRO|ADA|\bRTX A", name)
+
+
+def is_rtx40(gpu: GPU) -> bool:
+    """Ada GeForce (RTX 40 series): no P2P between cards; NCCL hangs without NCCL_P2P_DISABLE."""
+    return is_geforce(gpu) and bool(re.search(r"RTX 40\d\d", gpu.name.upper()))
+
+
+def version_tuple(text: str | None) -> tuple[int, ...]:
+    """A version as comparable numbers ("550.40.07" -> (550, 40, 7)); () when unknown."""
+    if not text:
+        return ()
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
 def _matches(value: Any, hint: Any) -> bool:

@@ -6,6 +6,8 @@ instead of raising: a broken driver, a missing nvidia-smi or a torch that fails 
 something to report, not a crash. Later probes read what earlier ones found (the GPU probe
 needs torch, the P2P probe needs the GPUs).
 
+``collect`` is called in one place, ``xtrain.planning.resolve``, when a command or a worker has
+no saved snapshot and no plan sent to it (doctor and quickstart probe in full).
 ``collect(quick=True)`` is what `xtrain train` and the training workers plan from. It skips what
 is slow and does not change the plan (hostname resolution, the port check, the TCPStore test,
 accelerate's own config loader) but collects every fact the plan reads the same way doctor does:

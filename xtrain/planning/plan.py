@@ -11,6 +11,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from xtrain.errors import XtrainError
+from xtrain.machine.facts import OS_KINDS
+
+PRECISIONS = ("no", "fp16", "bf16")
 Severity = Literal["ok", "warn", "error"]
 SEVERITY_ORDER = {"ok": 0, "warn": 1, "error": 2}
 
@@ -27,7 +31,8 @@ class Finding:
 
 @dataclass
 class Overrides:
-    """User choices that take precedence over "auto" (CLI flags of doctor/configure/train)."""
+    """User choices that take precedence over "auto" (CLI flags of doctor/configure/train/bench,
+    the launch context of ``python -m xtrain.run``), built by ``xtrain.planning.resolve`` alone."""
 
     num_processes: int | None = None
     gpu_ids: list[int] | None = None
@@ -38,6 +43,33 @@ class Overrides:
     machine_rank: int = 0
     main_address: str | None = None
     weights_dtype: str | None = None  # model.dtype of the train config: bfloat16 weights prefer bf16
+
+    def check(self) -> None:
+        """Every choice that needs no facts, checked in this one place before anything is probed:
+        one ``XtrainError`` line for the first mistake. (What needs the machine, such as more
+        processes than GPUs, is checked by the rules.)"""
+        if self.num_processes is not None and self.num_processes < 1:
+            raise XtrainError(
+                f"--processes must be at least 1, got {self.num_processes}", "e.g. --processes 2"
+            )
+        if self.mixed_precision is not None and self.mixed_precision not in PRECISIONS:
+            raise XtrainError(f"--precision {self.mixed_precision!r} is unknown", "use no, fp16 or bf16")
+        if self.platform is not None and self.platform not in OS_KINDS:
+            raise XtrainError(f"unknown platform {self.platform!r}", f"use one of {', '.join(OS_KINDS)}")
+        if self.port is not None and not 1 <= self.port <= 65535:
+            raise XtrainError(f"--port {self.port} is not a TCP port", "use 1024..65535, e.g. --port 29500")
+        if self.num_machines < 1:
+            raise XtrainError(f"--machines must be at least 1, got {self.num_machines}", "e.g. --machines 2")
+        if not 0 <= self.machine_rank < self.num_machines:
+            raise XtrainError(
+                f"--machine-rank {self.machine_rank} is outside 0..{self.num_machines - 1}",
+                "the main machine is rank 0, the others 1, 2, ...",
+            )
+        if self.num_machines > 1 and not self.main_address:
+            raise XtrainError(
+                "several machines need the main machine's address",
+                "pass --main-address IP (the IP of the rank-0 machine)",
+            )
 
 
 @dataclass
@@ -62,7 +94,6 @@ class Plan:
     machine_rank: int = 0
     dataloader_workers: int = 0
     pin_memory: bool = False
-    persistent_workers: bool = False
     reasons: dict[str, str] = field(default_factory=dict)  # choice -> why
 
     @property

@@ -1,21 +1,28 @@
-"""Settings resolved once: facts + config + CLI/launcher overrides -> the plan and the run settings.
+"""Settings resolved once: (a train config or none, the machine's facts, the launch context, the
+user's choices) -> the plan, its findings and the run settings.
 
 Every "auto" a user can leave is decided here, in numbered steps (the spirit of Lightning
-Fabric's connector), and nowhere else:
+Fabric's connector), and nowhere else. ``resolve`` is the one entry: doctor, configure,
+quickstart, bench, ``xtrain train``, every launch mode of ``python -m xtrain.run`` and the
+training loop call it.
 
-1. ``choose_precision``: ``run.mixed_precision`` when set, else what ``accelerate launch``
-   exported (its config or ``--mixed_precision``), else None: the rules decide from the GPU.
-2. ``machine_plan``: the rules' plan for this machine (processes, devices, backend, launcher,
-   precision, ports, env) with those overrides: the one call of ``rules.make_plan`` for
-   ``xtrain train``, ``python -m xtrain.run`` (spawn, accelerate's simple launcher, a worker
-   without a plan sent to it) and ``xtrain bench``.
+1. The choices: the user's (``--processes``, ``--gpus``, ``--precision``, ...) with what the
+   launch context adds (``xtrain.planning.context``: a launcher's process count, which
+   ``--processes`` must agree with; one worker per GPU that accelerate's one-process launch left
+   visible; one process for ``python -m xtrain.run`` alone), the config's precision
+   (``choose_precision``) and its weights' dtype, made into the one ``Overrides`` and checked
+   (``Overrides.check``) before anything is probed.
+2. The plan: the one this process already holds (the loop) or that xtrain's launcher sent
+   (``XTRAIN_PLAN``), else the rules' answer (``rules.make_plan``) with the checks' findings
+   (``diagnose``) for the facts given (a ``--facts`` snapshot) or probed here: the only probe of
+   a command (quick, or ``full_probe`` for doctor and quickstart).
 3. ``run_settings``: the plan + the config + the world size -> ``RunSettings``: accumulation,
-   global batch, learning rate (scaled for the global batch), precision. Frozen; the launcher
-   calls it once before any process starts (a global batch that does not divide stops there),
-   each rank calls it again for its own world size and the loop reads only its fields.
+   global batch, learning rate (scaled for the global batch), precision, DataLoader workers.
+   Frozen; a global batch that does not divide stops here, before any process starts, and each
+   rank's loop reads only its fields.
 
-Pure functions except ``machine_plan``'s optional probe (``facts=None``), so every platform's
-answer is testable from a saved facts snapshot.
+Pure functions except the probe (``facts=None``) and the environment ``choose_precision`` reads,
+so every platform's answer is testable from a saved facts snapshot.
 """
 
 from __future__ import annotations
@@ -23,9 +30,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from xtrain.planning.plan import Overrides, Plan
+from xtrain.errors import XtrainError
+from xtrain.machine.facts import DEFAULT_PORT, Facts
+from xtrain.planning.batch import gradient_accumulation, scaled_lr
+from xtrain.planning.checks import CHECKS
+from xtrain.planning.context import LaunchContext
+from xtrain.planning.plan import Diagnosis, Overrides, Plan
+from xtrain.planning.rules import make_plan
+from xtrain.planning.train_config import TrainConfigView
 
 AUTO = (None, "", "auto")
 
@@ -41,10 +54,101 @@ class RunSettings:
     global_batch: int  # per_device x world_size x accumulation: samples per optimizer step
     lr: float  # optim.lr scaled for the global batch (optim.lr_scaling)
     precision: str  # no | fp16 | bf16
+    loader_workers: int = 0  # DataLoader workers per process: data.num_workers, else the plan's
+    pin_memory: bool = False  # the plan's
 
 
-def choose_precision(cfg: Any, environ: Mapping[str, str] | None = None) -> str | None:
-    """Step 1: the precision the user chose, or None when the rules should decide."""
+@dataclass
+class Resolved(Diagnosis):
+    """``resolve``'s answer: the plan and its findings (none for a plan already made), the facts
+    it came from (None then too) and, with a train config, the run settings."""
+
+    facts: Facts | None = None
+    settings: RunSettings | None = None
+
+
+def resolve(
+    cfg: TrainConfigView | None = None,
+    *,
+    processes: int | None = None,
+    gpu_ids: list[int] | None = None,
+    precision: str | None = None,
+    port: int | None = None,
+    platform: str | None = None,
+    machines: int = 1,
+    machine_rank: int = 0,
+    main_address: str | None = None,
+    facts: Facts | None = None,
+    full_probe: bool = False,
+    context: LaunchContext | None = None,
+    plan: Plan | None = None,
+) -> Resolved:
+    """Decide the plan, its findings and (with ``cfg``) the run settings; see the module's steps.
+
+    ``context``: the launch context of this process (None: a command that starts the processes
+    itself, one per GPU unless ``processes`` says otherwise). ``precision`` stands in for a
+    config's (bench, doctor, configure). ``plan``: a plan this process already runs (the loop);
+    its settings are then for the context's world size. ``facts=None`` probes this machine."""
+    processes = _processes(processes, context)
+    if context is not None and context.launched:
+        machines, main_address = context.num_machines, context.main_address
+        main_address = main_address if machines > 1 else None  # MASTER_ADDR of one machine: loopback
+    overrides = Overrides(
+        num_processes=processes,
+        gpu_ids=gpu_ids,
+        mixed_precision=choose_precision(cfg) if cfg is not None and precision is None else precision,
+        port=port,
+        platform=platform,
+        num_machines=machines,
+        machine_rank=machine_rank,
+        main_address=main_address,
+        weights_dtype=cfg.model.dtype if cfg is not None else None,
+    )
+    overrides.check()  # before the probe: a mistake costs no torch import
+    held = plan or _sent_plan(context, processes)
+    if held is not None:
+        world = context.world_size if context is not None else held.world_size
+        settings = run_settings(cfg, held, world) if cfg is not None else None
+        return Resolved(plan=held, findings=[], settings=settings)
+    if facts is None:
+        from xtrain.machine import probe
+
+        facts = probe.collect(quick=not full_probe, port=port if port is not None else DEFAULT_PORT)
+    diagnosis = diagnose(facts, overrides)
+    world = context.world_size if context is not None and context.launched else diagnosis.plan.world_size
+    settings = run_settings(cfg, diagnosis.plan, world) if cfg is not None else None
+    return Resolved(plan=diagnosis.plan, findings=diagnosis.findings, facts=facts, settings=settings)
+
+
+def _processes(asked: int | None, context: LaunchContext | None) -> int | None:
+    """Processes on this machine before the facts are known (None: one per GPU, the rules')."""
+    if context is None:
+        return asked  # a command: it starts the processes itself
+    if context.launched:
+        if asked is not None and asked != context.world_size:
+            raise XtrainError(
+                f"--processes {asked} conflicts with the launcher's {context.world_size} processes",
+                "leave out --processes when starting through accelerate launch or torchrun",
+            )
+        return context.local_world_size
+    if asked is not None:
+        return asked
+    if context.single_launch:
+        return context.visible_gpus  # one worker per GPU accelerate left visible, else the plan's
+    return 1  # python -m xtrain.run without a launcher: one process unless --processes N
+
+
+def _sent_plan(context: LaunchContext | None, processes: int | None) -> Plan | None:
+    """The plan xtrain's launcher sent this process, when it is for this launch."""
+    sent = context.sent_plan if context is not None else None
+    if sent is None or sent.world_size != context.world_size:
+        return None
+    return sent if context.launched or processes == sent.num_processes else None
+
+
+def choose_precision(cfg: TrainConfigView, environ: Mapping[str, str] | None = None) -> str | None:
+    """The precision the user chose: the config's, else what ``accelerate launch`` exported (its
+    config or ``--mixed_precision``), else None (the rules decide from the GPU)."""
     mp = cfg.run.mixed_precision
     if mp in AUTO:
         env = os.environ if environ is None else environ
@@ -52,48 +156,22 @@ def choose_precision(cfg: Any, environ: Mapping[str, str] | None = None) -> str 
     return mp
 
 
-def machine_plan(
-    cfg: Any | None = None,
-    *,
-    facts: Any | None = None,
-    processes: int | None = None,
-    gpu_ids: list[int] | None = None,
-    platform: str | None = None,
-    precision: str | None = None,
-    num_machines: int = 1,
-    main_address: str | None = None,
-) -> Plan:
-    """Step 2: the rules' plan for this machine. ``facts=None`` probes quickly; ``precision``
-    (bench) stands in for a config's."""
-    from xtrain.planning.rules import make_plan
-
-    if facts is None:
-        from xtrain.machine import probe
-
-        facts = probe.collect(quick=True)
-    if cfg is not None and precision is None:
-        precision = choose_precision(cfg)
-    overrides = Overrides(
-        num_processes=processes,
-        gpu_ids=gpu_ids,
-        mixed_precision=precision,
-        platform=platform,
-        num_machines=num_machines,
-        main_address=main_address if num_machines > 1 else None,
-        weights_dtype=cfg.model.dtype if cfg is not None else None,
-    )
-    return make_plan(facts, overrides)
+def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:
+    """Facts (+ user overrides) -> the rules' plan and the checks' findings. Pure: safe on any
+    saved snapshot."""
+    plan = make_plan(facts, overrides)
+    findings = [f for check in CHECKS for f in check(facts, plan)]
+    return Diagnosis(plan=plan, findings=findings)
 
 
-def run_settings(cfg: Any, plan: Plan, world_size: int) -> RunSettings:
-    """Step 3: the run's batch arithmetic, learning rate and precision for ``world_size``
+def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettings:
+    """Step 3: the run's batch arithmetic, learning rate, precision and loaders for ``world_size``
     processes. Raises ``XtrainError`` (one line, with the sizes that work) when the global batch
     does not divide."""
-    from xtrain.train.config.batch import gradient_accumulation, scaled_lr
-
     accumulation = gradient_accumulation(cfg, world_size)
     global_batch = cfg.batch.per_device * world_size * accumulation
     mp = cfg.run.mixed_precision
+    workers = cfg.data.num_workers  # image decoding wants workers where text needs none
     return RunSettings(
         world_size=world_size,
         per_device=cfg.batch.per_device,
@@ -101,4 +179,6 @@ def run_settings(cfg: Any, plan: Plan, world_size: int) -> RunSettings:
         global_batch=global_batch,
         lr=scaled_lr(cfg, global_batch),
         precision=plan.mixed_precision if mp in AUTO else mp,
+        loader_workers=plan.dataloader_workers if workers is None else workers,
+        pin_memory=plan.pin_memory,
     )

@@ -1,5 +1,6 @@
-"""Rules: pure functions from machine facts to the launch plan (``make_plan``) and, with the
-checks of ``xtrain.planning.checks``, to the findings (``diagnose``).
+"""Rules: a pure function from machine facts (and the user's overrides) to the launch plan
+(``make_plan``). The checks of ``xtrain.planning.checks`` read the plan it makes; both are called
+from ``xtrain.planning.resolve``.
 
 Nothing here touches the machine: every input is in ``Facts`` (and the user's ``Overrides``),
 so each platform is tested from a saved snapshot. The facts behind each rule are in
@@ -8,43 +9,13 @@ so each platform is tested from a saved snapshot. The facts behind each rule are
 
 from __future__ import annotations
 
-import re
-
 from xtrain.errors import XtrainError
-from xtrain.machine.facts import GPU, OS_KINDS, Facts
-from xtrain.planning.plan import Diagnosis, Overrides, Plan
+from xtrain.machine.facts import GPU, Facts, is_geforce, is_rtx40, version_tuple
+from xtrain.planning.plan import Overrides, Plan
 from xtrain.shell import shell_for
 
-PRECISIONS = ("no", "fp16", "bf16")
 SMALL_SHM_MIB = 512  # below this NCCL's shared-memory transport fails (Docker's default is 64 MiB)
 RTX40_P2P_FIXED_DRIVER = (550, 40, 7)  # accelerate: older drivers wrongly report P2P on RTX 40 cards
-
-
-def is_geforce(gpu: GPU) -> bool:
-    """Consumer GeForce cards (RTX 4090, 3090, ...), as opposed to datacenter/workstation parts."""
-    name = gpu.name.upper()
-    if "GEFORCE" in name or "TITAN" in name:
-        return True
-    # A bare "RTX 4090" is a GeForce card; "RTX 6000 Ada", "Quadro RTX 8000", "RTX A6000" are not.
-    return bool(re.search(r"\bRTX [2-5]0[5-9]0\b", name)) and not re.search(r"QUADRO|ADA|\bRTX A", name)
-
-
-def is_rtx40(gpu: GPU) -> bool:
-    """Ada GeForce (RTX 40 series): no P2P between cards; NCCL hangs without NCCL_P2P_DISABLE."""
-    return is_geforce(gpu) and bool(re.search(r"RTX 40\d\d", gpu.name.upper()))
-
-
-def _version(text: str | None) -> tuple[int, ...]:
-    if not text:
-        return ()
-    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
-
-
-def _os_kind(facts: Facts, overrides: Overrides) -> str:
-    kind = overrides.platform or facts.os_kind
-    if kind not in OS_KINDS:
-        raise XtrainError(f"unknown platform {kind!r}", f"use one of {', '.join(OS_KINDS)}")
-    return kind
 
 
 def selected_gpus(facts: Facts, overrides: Overrides) -> list[GPU]:
@@ -76,7 +47,7 @@ def _p2p_missing(facts: Facts, gpus: list[GPU]) -> bool:
     if len(gpus) < 2:
         return False
     rtx40 = any(is_rtx40(g) for g in gpus)
-    if rtx40 and _version(facts.driver_version) < RTX40_P2P_FIXED_DRIVER:
+    if rtx40 and version_tuple(facts.driver_version) < RTX40_P2P_FIXED_DRIVER:
         # Older drivers (or an unknown one) report P2P that does not work: NCCL hangs (FIELD_NOTES).
         return True
     if facts.p2p:
@@ -95,8 +66,6 @@ def _precision(
     """(mixed_precision, reason)."""
     min_cc = min((g.cc for g in gpus), default=0.0)
     if asked is not None:
-        if asked not in PRECISIONS:
-            raise XtrainError(f"unknown precision {asked!r}", f"use one of {', '.join(PRECISIONS)}")
         if asked == "fp16" and device != "cuda":
             raise XtrainError(
                 f"fp16 needs a CUDA GPU, this plan runs on {device}",
@@ -137,14 +106,14 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
     """Resolve every "auto" setting for this machine in one place (each ``_plan_*`` step adds
     its reasons, in the order doctor shows them)."""
     ov = overrides or Overrides()
-    os_kind = _os_kind(facts, ov)
+    ov.check()
+    os_kind = ov.platform or facts.os_kind
     gpus = selected_gpus(facts, ov)
     reasons: dict[str, str] = {}
     device = _plan_device(facts, gpus, reasons)
     num_processes = _plan_processes(ov, device, gpus, reasons)
     if device == "cuda" and num_processes < len(gpus):
         gpus = gpus[:num_processes]
-    _check_machines(ov)
     world_size = num_processes * ov.num_machines
     backend, launcher, cpu_staged = _plan_backend(facts, os_kind, device, world_size, reasons)
     mixed_precision, reasons["mixed_precision"] = _precision(
@@ -177,7 +146,6 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         machine_rank=ov.machine_rank,
         dataloader_workers=workers,
         pin_memory=pin_memory,
-        persistent_workers=workers > 0,
         reasons=reasons,
     )
 
@@ -200,8 +168,6 @@ def _plan_device(facts: Facts, gpus: list[GPU], reasons: dict[str, str]) -> str:
 def _plan_processes(ov: Overrides, device: str, gpus: list[GPU], reasons: dict[str, str]) -> int:
     """Processes on this machine: the user's number (checked against the device), else one per GPU."""
     if ov.num_processes is not None:
-        if ov.num_processes < 1:
-            raise XtrainError(f"--processes must be at least 1, got {ov.num_processes}", "e.g. --processes 2")
         if device == "cuda" and ov.num_processes > len(gpus):
             raise XtrainError(
                 f"--processes {ov.num_processes} needs as many GPUs, {len(gpus)} selected",
@@ -219,21 +185,6 @@ def _plan_processes(ov: Overrides, device: str, gpus: list[GPU], reasons: dict[s
         return len(gpus)
     reasons["num_processes"] = f"one process on {device} (more CPU processes rarely train faster)"
     return 1
-
-
-def _check_machines(ov: Overrides) -> None:
-    if ov.num_machines < 1:
-        raise XtrainError(f"--machines must be at least 1, got {ov.num_machines}", "e.g. --machines 2")
-    if not 0 <= ov.machine_rank < ov.num_machines:
-        raise XtrainError(
-            f"--machine-rank {ov.machine_rank} is outside 0..{ov.num_machines - 1}",
-            "the main machine is rank 0, the others 1, 2, ...",
-        )
-    if ov.num_machines > 1 and not ov.main_address:
-        raise XtrainError(
-            "several machines need the main machine's address",
-            "pass --main-address IP (the IP of the rank-0 machine)",
-        )
 
 
 def _plan_backend(
@@ -321,12 +272,3 @@ def _plan_loading(
         else "no GPU to copy to"
     )
     return workers, pin_memory
-
-
-def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:
-    """Facts (+ user overrides) -> plan and findings. Pure: safe on any saved snapshot."""
-    from xtrain.planning.checks import CHECKS
-
-    plan = make_plan(facts, overrides)
-    findings = [f for check in CHECKS for f in check(facts, plan)]
-    return Diagnosis(plan=plan, findings=findings)

@@ -1,7 +1,7 @@
 """Build the Accelerator for the launch context from the plan (and tear it down again).
 
-Every choice here comes from ``xtrain.planning.rules`` through the ``Plan``; this module only applies it
-in the order the libraries need (FIELD_NOTES):
+Every choice here comes from ``xtrain.planning.resolve`` (the ``Plan`` and the ``RunSettings``);
+this module only applies it in the order the libraries need (FIELD_NOTES):
 
 - the plan's environment (USE_LIBUV, NCCL_P2P_DISABLE, ...) goes into ``os.environ`` before any
   process group exists;
@@ -16,48 +16,16 @@ in the order the libraries need (FIELD_NOTES):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xtrain.launch.rendezvous import init_worker_group
+from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings
 from xtrain.train.config.schema import TrainConfig
+from xtrain.train.process_group import init_worker_group
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
-
-
-@dataclass(frozen=True)
-class LaunchContext:
-    """What the launcher says about this process (the truth for the world size)."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    main_address: str | None = None
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def num_machines(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
-
-    @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> LaunchContext:
-        env = os.environ if environ is None else environ
-        world = int(env.get("WORLD_SIZE", "1") or 1)
-        local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)) or world)
-        return cls(
-            rank=int(env.get("RANK", "0") or 0),
-            local_rank=int(env.get("LOCAL_RANK", "0") or 0),
-            world_size=world,
-            local_world_size=local_world,
-            main_address=env.get("MASTER_ADDR"),
-        )
 
 
 def apply_plan_env(plan: Plan) -> None:
@@ -126,8 +94,14 @@ def _cache_lomo_check() -> None:
         acc_optimizer.is_lomo_available = functools.cache(check)
 
 
-def wants_cpu_staged_allreduce(plan: Plan) -> bool:
-    return plan.cpu_staged_allreduce or os.environ.get(FORCE_CPU_STAGED_ENV, "") == "1"
+def stage_allreduce_on_cpu(model: Any, plan: Plan, world: int) -> bool:
+    """gloo + CUDA on Windows (or ``XTRAIN_FORCE_CPU_STAGED=1``): gradients are all-reduced through
+    CPU copies (``comm_hook``); returns whether the hook is on."""
+    if world < 2 or not (plan.cpu_staged_allreduce or os.environ.get(FORCE_CPU_STAGED_ENV, "") == "1"):
+        return False
+    from xtrain.train import comm_hook
+
+    return comm_hook.register(model)
 
 
 def release(accelerator: Any) -> None:

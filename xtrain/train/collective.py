@@ -44,6 +44,16 @@ def build_workload_main_first(accelerator: Any, cfg: TrainConfig, build: BuildFn
     return workload
 
 
+def stop_group(world: int, backend: str | None) -> Any:
+    """The group the stop flags travel in: a gloo group (on the CPU) when the gradients go over
+    another backend (NCCL), else None (the default group)."""
+    if world < 2 or backend in (None, "gloo"):
+        return None
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")
+
+
 def agree_to_stop(accelerator: Any, signum: int | None, group: Any) -> int | None:
     """All ranks stop together: the highest signal number any rank got (CPU all-reduce, no
     device sync)."""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.train.stops import exit_code
 
 # Consecutive optimizer steps with a non-finite loss (on any rank) that stop a run. A few in a
 # row happen with fp16 while the scaler finds its scale (those steps are skipped, not applied);
@@ -29,6 +29,31 @@ class NonFiniteLoss(XtrainError):
         self.first_bad = first_bad
         self.step = step
         self.last_good = last_good
+
+
+def last_good(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint: what a diverged run names (and resumes from)."""
+    from xtrain.train.checkpoint import list_checkpoints
+
+    found = list_checkpoints(output_dir)
+    return found[-1][1] if found else None
+
+
+def check_streak(streak: int, step: int, output_dir: Path) -> None:
+    """At a window's sync: ``NONFINITE_LIMIT`` non-finite losses in a row (on any rank) stop the run."""
+    if streak >= NONFINITE_LIMIT:
+        raise NonFiniteLoss(step - streak + 1, step, last_good(output_dir), f"{streak} steps in a row")
+
+
+def check_finite(params: list[Any], step: int, streak: Any, output_dir: Path) -> None:
+    """No NaN/inf weights ever reach a checkpoint or the adapter (one host sync per save; all ranks
+    hold the same weights, so all agree). ``streak``: the window's device counter, read only here."""
+    import torch
+
+    if not bool(torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()):
+        bad = int(streak)
+        first = step - bad + 1 if bad else step
+        raise NonFiniteLoss(first, step, last_good(output_dir), "the weights are NaN/inf")
 
 
 def out_of_memory_error(
@@ -61,11 +86,10 @@ class TrainingStopped(XtrainError):
     """SIGINT/SIGTERM: the run stopped at a step boundary after saving a checkpoint."""
 
     def __init__(self, step: int, path: Path, signum: int) -> None:
-        code = 130 if signum == signal.SIGINT else 128 + int(signum)
         super().__init__(
             f"stopped at step {step}; checkpoint saved to {path}",
             "run the same command again to resume",
-            exit_code=code,
+            exit_code=exit_code(signum),
         )
         self.step = step
         self.path = path

@@ -15,17 +15,15 @@
 Randomness (dropout) is reseeded from (seed, step, micro-batch number) before every forward
 pass, so it too is independent of how many processes share the step and of resumes.
 
-One class, ``Recipe``, holds one run (about 400 lines, on purpose): its parts share the run's
-state, and reading them in one file is reading the run. The pieces with a job of their own live
-beside it: window.py (logging sync), evaluation.py, optim.py, failures.py, collective.py,
-result.py.
+One class, ``Recipe``, holds one run: its parts share the run's state, and reading them in one
+file is reading the run. The pieces with a job of their own live beside it: window.py (logging
+sync), evaluation.py, optim.py, failures.py, collective.py, stops.py, result.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -33,21 +31,22 @@ from typing import Any
 
 import torch
 
-from xtrain.launch.stops import StepSignals
+from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
-from xtrain.planning.resolve import RunSettings, run_settings
-from xtrain.train import checkpoint, lock, preflight
-from xtrain.train.accelerator import LaunchContext, build_accelerator, release, wants_cpu_staged_allreduce
-from xtrain.train.collective import BuildFn, agree_to_stop, build_workload_main_first
+from xtrain.planning.resolve import RunSettings, resolve
+from xtrain.train import checkpoint, failures, lock, preflight
+from xtrain.train.accelerator import build_accelerator, release, stage_allreduce_on_cpu
+from xtrain.train.collective import BuildFn, agree_to_stop, build_workload_main_first, stop_group
 from xtrain.train.config import TrainConfig, config_to_dict, flat_config
 from xtrain.train.evaluation import evaluate
-from xtrain.train.failures import NONFINITE_LIMIT, NonFiniteLoss, TrainingStopped, out_of_memory_error
+from xtrain.train.failures import NonFiniteLoss, TrainingStopped, out_of_memory_error
 from xtrain.train.optim import build_optimizer, build_scheduler
 from xtrain.train.precision import SkipDetector, frequent_overflow, upcast_trainable
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.result import TrainResult, run_info, run_record
 from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed, train_lengths
-from xtrain.train.window import LogWindow
+from xtrain.train.stops import StepSignals
+from xtrain.train.window import LogWindow, peak_memory
 
 __all__ = ["NonFiniteLoss", "Recipe", "TrainResult", "TrainingStopped", "train"]
 
@@ -102,11 +101,12 @@ class Recipe:
     ) -> None:
         self.cfg, self.plan, self.build = cfg, plan, build or _default_build
         self.ctx = LaunchContext.from_env()
-        self.settings: RunSettings = run_settings(cfg, plan, self.ctx.world_size)
+        settings = resolve(cfg, plan=plan, context=self.ctx).settings  # for the launcher's world size
+        assert settings is not None
+        self.settings: RunSettings = settings
         self.config_dict = config_to_dict(cfg)
         self.out = Path(cfg.run.output_dir)
         # Everything a user can get wrong about resuming is checked before anything starts.
-        checkpoint.check_output_dir(self.out)
         self.resume_from, damaged = checkpoint.find_resume_checked(self.out, cfg.run.resume)
         for note in damaged if (reporter is not None and self.ctx.rank == 0) else []:
             reporter.note(note)  # a damaged newest checkpoint was skipped for the previous good one
@@ -188,16 +188,8 @@ class Recipe:
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
         checkpoint.install_model_hooks(acc)
         self.memory = self._check_memory(model)
-        self.cpu_staged = False
-        if self.world > 1 and wants_cpu_staged_allreduce(self.plan):
-            from xtrain.train import comm_hook
-
-            self.cpu_staged = comm_hook.register(self.model)
-        self.stop_group = None
-        if self.world > 1 and self.plan.backend not in (None, "gloo"):
-            import torch.distributed as dist
-
-            self.stop_group = dist.new_group(backend="gloo")  # stop flags travel on the CPU
+        self.cpu_staged = stage_allreduce_on_cpu(self.model, self.plan, self.world)
+        self.stop_group = stop_group(self.world, self.plan.backend)
 
     def _check_memory(self, model: Any) -> Any:
         """CUDA: the memory estimate with the real counts against this card; the main process
@@ -216,49 +208,26 @@ class Recipe:
         """The eval loader, the resume position and this rank's train loader from it."""
         from torch.utils.data import DataLoader
 
-        cfg, s, acc = self.cfg, self.settings, self.accelerator
-        self.pin = bool(self.plan.pin_memory and self.device.type == "cuda")
-        # data.num_workers overrides the plan's choice (image decoding wants workers where text needs none)
-        workers = self.plan.dataloader_workers if cfg.data.num_workers is None else cfg.data.num_workers
+        s, w = self.settings, self.workload
+        self.pin = s.pin_memory and self.device.type == "cuda"
+        loading = {"collate_fn": w.collator, "num_workers": s.loader_workers, "pin_memory": self.pin}
         self.eval_loader = None
-        if self.workload.eval_dataset is not None and len(self.workload.eval_dataset) > 0:
-            self.eval_loader = acc.prepare(
-                DataLoader(
-                    self.workload.eval_dataset,
-                    batch_size=s.per_device * self.world,  # split_batches: per_device on each rank
-                    collate_fn=self.workload.collator,
-                    num_workers=workers,
-                    pin_memory=self.pin,
-                )
-            )
-
+        if w.eval_dataset is not None and len(w.eval_dataset) > 0:
+            # split_batches: per_device on each rank
+            eval_loader = DataLoader(w.eval_dataset, batch_size=s.per_device * self.world, **loading)
+            self.eval_loader = self.accelerator.prepare(eval_loader)
         self.start_step = self._resume_position()
-        self.loader = DataLoader(
-            self.workload.train_dataset,
-            batch_sampler=RankBatchSampler(self.order, self.rank, self.start_step, self.total_steps),
-            collate_fn=self.workload.collator,
-            num_workers=workers,
-            pin_memory=self.pin,
-        )
+        sampler = RankBatchSampler(self.order, self.rank, self.start_step, self.total_steps)
+        self.loader = DataLoader(w.train_dataset, batch_sampler=sampler, **loading)
 
     def _start_info(self) -> StartInfo:
-        s = self.settings
-        return StartInfo(
-            processes=self.world,
-            device=str(self.device),
+        return StartInfo.of(
+            self.settings, processes=self.world, device=str(self.device),
             backend=self.accelerator.state.backend if self.world > 1 else None,
-            precision=s.precision,
-            per_device=s.per_device,
-            accumulation=s.accumulation,
-            global_batch=s.global_batch,
-            total_steps=self.total_steps,
-            start_step=self.start_step,
-            trainable_params=self.trainable,
-            total_params=self.total_params,
-            output_dir=str(self.out),
+            total_steps=self.total_steps, start_step=self.start_step, trainable_params=self.trainable,
+            total_params=self.total_params, output_dir=str(self.out), cpu_staged_allreduce=self.cpu_staged,
             resumed_from=str(self.resume_from) if self.resume_from else None,
-            cpu_staged_allreduce=self.cpu_staged,
-        )
+        )  # fmt: skip
 
     def _resume_position(self) -> int:
         """Load the checkpoint to resume from (if any) and return the step to start at."""
@@ -351,27 +320,11 @@ class Recipe:
         self._settle()  # lr, skipped count and scheduler state complete before log/save
         acc, s = self.accelerator, self.settings
         w = self.window.close(acc, s.accumulation * self.world, s.global_batch)
-        if w.worst_streak >= NONFINITE_LIMIT:
-            raise NonFiniteLoss(
-                done - w.worst_streak + 1, done, self._last_good(), f"{w.worst_streak} steps in a row"
-            )
+        failures.check_streak(w.worst_streak, done, self.out)  # diverged: stop here
         for i, v in enumerate((w.seconds, w.samples, w.tokens)):
             self.trained[i] += v
-        self.windows.append(
-            {"step": done, "steps": self.window.steps, "seconds": w.seconds, "samples": w.samples,
-             "tokens": w.tokens, "time": time.time()}
-        )  # fmt: skip
-        metrics = {
-            "loss": w.loss,
-            "lr": float(self.scheduler.get_last_lr()[0]),
-            "samples_per_s": w.samples / w.seconds if w.seconds > 0 else 0.0,
-            "tokens_per_s": w.tokens / w.seconds if w.seconds > 0 else 0.0,
-        }
-        if self.device.type == "cuda":
-            peaks = acc.gather(
-                torch.tensor([torch.cuda.max_memory_allocated(self.device)], device=self.device)
-            )
-            metrics.update({f"peak_mem_mib/rank{i}": float(v) / 2**20 for i, v in enumerate(peaks.tolist())})
+        self.windows.append(w.record(done))
+        metrics = {**w.metrics(float(self.scheduler.get_last_lr()[0])), **peak_memory(acc, self.device)}
         self.losses.append([done, w.loss])
         acc.log(metrics, step=done)
         self.rep.progress(done, self.total_steps, metrics)
@@ -411,7 +364,7 @@ class Recipe:
 
     def save(self, step: int) -> Path:
         """A resumable checkpoint of this step (never of NaN/inf weights)."""
-        self._check_finite(step)
+        failures.check_finite(self.params, step, self.window.streak, self.out)
         path = checkpoint.save(
             self.accelerator, self.out, self._state_at(step), self.cfg.run.keep_checkpoints
         )
@@ -428,20 +381,6 @@ class Recipe:
             total_steps=self.total_steps, config=self.config_dict, losses=self.losses,
             eval_history=self.eval_history, skipped_steps=self.skipped,
         )  # fmt: skip
-
-    def _check_finite(self, step: int) -> None:
-        """No NaN/inf weights ever reach a checkpoint or the adapter (one host sync per save;
-        all ranks hold the same weights, so all agree)."""
-        finite = torch.stack([torch.isfinite(p.detach()).all() for p in self.params]).all()
-        if not bool(finite):
-            streak = int(self.window.streak)
-            raise NonFiniteLoss(
-                step - streak + 1 if streak else step, step, self._last_good(), "the weights are NaN/inf"
-            )
-
-    def _last_good(self) -> Path | None:
-        found = checkpoint.list_checkpoints(self.out)
-        return found[-1][1] if found else None
 
     @property
     def record(self) -> dict[str, str]:

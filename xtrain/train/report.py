@@ -32,6 +32,13 @@ class StartInfo:
     resumed_from: str | None = None
     cpu_staged_allreduce: bool = False
 
+    @classmethod
+    def of(cls, settings: Any, **found: Any) -> StartInfo:
+        """The banner of a run with these ``RunSettings``; ``found``: what setup found."""
+        s = settings
+        return cls(precision=s.precision, per_device=s.per_device, accumulation=s.accumulation,
+                   global_batch=s.global_batch, **found)  # fmt: skip
+
     @property
     def batch_line(self) -> str:
         return (

@@ -23,6 +23,26 @@ class WindowStats:
     samples: int
     seconds: float
     worst_streak: int  # the longest run of consecutive non-finite steps on any rank, up to now
+    steps: int = 0  # optimizer steps in the window
+
+    def metrics(self, lr: float) -> dict[str, float]:
+        """What the window logs: the loss, the learning rate and the throughput."""
+        seconds = self.seconds if self.seconds > 0 else float("inf")
+        return {"loss": self.loss, "lr": lr, "samples_per_s": self.samples / seconds,
+                "tokens_per_s": self.tokens / seconds}  # fmt: skip
+
+    def record(self, step: int) -> dict[str, float]:
+        """The window as ``TrainResult.windows`` keeps it (``time``: when it closed)."""
+        return {"step": step, "steps": self.steps, "seconds": self.seconds, "samples": self.samples,
+                "tokens": self.tokens, "time": time.time()}  # fmt: skip
+
+
+def peak_memory(accelerator: Any, device: torch.device) -> dict[str, float]:
+    """Every rank's peak of allocated device memory in MiB (CUDA: one gather; else nothing)."""
+    if device.type != "cuda":
+        return {}
+    peaks = accelerator.gather(torch.tensor([torch.cuda.max_memory_allocated(device)], device=device))
+    return {f"peak_mem_mib/rank{i}": float(v) / 2**20 for i, v in enumerate(peaks.tolist())}
 
 
 class LogWindow:
@@ -67,4 +87,5 @@ class LogWindow:
             samples=self.steps * global_batch,
             seconds=time.perf_counter() - self.started,
             worst_streak=int(stats[:, 2].max()),
+            steps=self.steps,
         )

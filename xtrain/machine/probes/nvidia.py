@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from xtrain.machine.facts import Facts
+from xtrain.machine.facts import Facts, is_rtx40
 
 SMI_TIMEOUT_S = 5.0
 
@@ -92,8 +92,6 @@ def _query_gpus(exe: str) -> dict[str, Any]:
 
 def needs_driver_version(facts: Facts) -> bool:
     """The plan reads the driver version only for 2+ RTX 40 cards (rules._p2p_missing)."""
-    from xtrain.planning.rules import is_rtx40  # pure; imported here to keep probe -> rules one-way
-
     return len(facts.gpus) >= 2 and any(is_rtx40(g) for g in facts.gpus)
 
 

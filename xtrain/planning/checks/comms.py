@@ -3,10 +3,10 @@ NCCL's P2P and shared-memory transports."""
 
 from __future__ import annotations
 
-from xtrain.machine.facts import Facts
+from xtrain.machine.facts import Facts, is_rtx40
 from xtrain.planning.checks.fixes import torch_or_driver_fix
 from xtrain.planning.plan import Finding, Plan
-from xtrain.planning.rules import SMALL_SHM_MIB, is_rtx40
+from xtrain.planning.rules import SMALL_SHM_MIB
 from xtrain.shell import comment, join_commands, set_env
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xtrain.machine.facts import Facts
+from xtrain.machine.facts import Facts, version_tuple
 from xtrain.machine.torch_wheels import index_url, pinned_version
 from xtrain.planning.checks.fixes import (
     driver_fix,
@@ -12,7 +12,6 @@ from xtrain.planning.checks.fixes import (
     torch_or_driver_fix,
 )
 from xtrain.planning.plan import Finding, Plan
-from xtrain.planning.rules import _version
 from xtrain.shell import comment, quote, unset_env
 
 
@@ -77,7 +76,7 @@ def check_torch(facts: Facts, plan: Plan) -> list[Finding]:
 
 
 def check_driver(facts: Facts, plan: Plan) -> list[Finding]:
-    need, have = _version(facts.torch_cuda), _version(facts.driver_cuda)
+    need, have = version_tuple(facts.torch_cuda), version_tuple(facts.driver_cuda)
     if not (need and have) or have >= need[:2]:
         return []
     if have[0] < need[0]:

@@ -4,14 +4,15 @@
 - ``values.py``: one value's type, choices, spellings and range; unknown keys refused.
 - ``validate.py``: checks that involve more than one field.
 - ``loading.py``: ``load_config`` (YAML, overrides, checks), the dict round-trip for checkpoints.
-- ``batch.py``: accumulation from the global batch, the LR scaling rule.
+- ``xtrain.planning.batch``: accumulation from the global batch, the LR scaling rule (planning
+  decides them; re-exported here).
 
 xtrain's own code imports from those modules. The names below stay importable from
 ``xtrain.train.config`` because user code does: a custom task (``model.custom``) receives a
 ``TrainConfig`` and scripts call ``load_config``.
 """
 
-from xtrain.train.config.batch import gradient_accumulation, scaled_lr
+from xtrain.planning.batch import gradient_accumulation, scaled_lr
 from xtrain.train.config.loading import (
     QUICKSTART_CONFIG,
     config_from_dict,

@@ -82,7 +82,8 @@ def _apply_mapping(cfg: TrainConfig, data: dict[str, Any], where: str) -> list[s
 
 
 def parse_override(text: str) -> tuple[str, Any, str]:
-    """``"section.key=value"`` -> (key, YAML-parsed value, raw value text)."""
+    """``"section.key=value"`` -> (key, YAML-parsed value, raw value text): the one parser of
+    ``key=value`` overrides (``xtrain train``, ``python -m xtrain.run``, quickstart)."""
     import yaml
 
     body = text[2:] if text.startswith("--") else text
