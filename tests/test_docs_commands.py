@@ -78,6 +78,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         "tests/test_image_to_text.py::test_predict_reads_images_with_the_trained_adapter",
     ),
     (
+        "docs/image-classification.md",
+        r"^xtrain predict\b",  # needs a trained run: the test trains one first
+        "tests/test_image_classification.py::test_predict_prints_the_label_and_its_probability",
+    ),
+    (
         "docs/speech-to-text.md",
         r"^xtrain predict\b",  # needs a trained run: the test trains one first
         "tests/test_speech_to_text.py::test_predict_transcribes_audio_with_the_trained_adapter",

@@ -108,7 +108,7 @@ def test_token_lengths_come_from_the_input_ids_column() -> None:
     ("overrides", "message"),
     [
         (["data.packing=true", "model.task=causal-lm"], "packed blocks all have max_length tokens"),
-        (["model.task=image-to-text"], "images are all resized to one size"),
+        (["model.task=image-to-text"], "data.group_by_length is for tasks .*, not image-to-text"),
     ],
 )
 def test_nothing_to_group_is_refused(overrides: list[str], message: str) -> None:

@@ -17,7 +17,7 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:tiny-qwen2-vl`` / ``builtin:shapes-vqa``: a tiny Qwen2-VL model with its processor and
   questions about coloured shapes for vision-language (``xtrain.builtin.vision_language``).
 - ``builtin:tiny-vit`` / ``builtin:color-shapes``: a tiny ViT image classifier with its image
-  processor and images of coloured shapes labelled by shape for image-classification
+  processor and images of coloured shapes labelled by shape, for image classification
   (``xtrain.builtin.image_classes``).
 
 The folders live under ``$XTRAIN_CACHE/builtin`` (default ``~/.cache/xtrain/builtin``). A build

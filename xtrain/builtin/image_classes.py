@@ -1,4 +1,4 @@
-"""Built-in image-classification assets, made offline and deterministically (``xtrain.builtin`` calls these).
+"""Built-in image classification assets, made offline and deterministically (``xtrain.builtin`` calls these).
 
 - ``builtin:tiny-vit``: a ``ViTForImageClassification`` shaped like a hub checkpoint (32x32 RGB
   input, 8-pixel patches: 16 patches and a CLS token, hidden 64, 2 layers, 4 heads) with a
