@@ -23,7 +23,7 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from xtrain.errors import XtrainError
 from xtrain.launch import env as launchenv
@@ -87,11 +87,11 @@ def spawned_worker(cfg: Any, plan: Plan, error_dir: str) -> None:
         rank = int(os.environ.get("RANK", "0") or 0)
         data = {"message": e.message, "hint": e.hint, "exit_code": e.exit_code}
         (Path(error_dir) / f"rank-{rank}.json").write_text(json.dumps(data), encoding="utf-8")
-        sys.exit(e.exit_code)
+        exit_quietly(e.exit_code)
     except KeyboardInterrupt:  # Ctrl+C before the loop took over the signal (or a second one)
-        sys.exit(130)
+        exit_quietly(130)
     except stops.StopRequested as e:  # the parent says what was (not) saved
-        sys.exit(stops.exit_code(e.signum))
+        exit_quietly(stops.exit_code(e.signum))
 
 
 def _spawn(cfg: Any, plan: Plan) -> None:
@@ -163,10 +163,14 @@ def _report(e: XtrainError) -> int:
     return e.exit_code
 
 
-if __name__ == "__main__":
-    code = main()
+def exit_quietly(code: int) -> NoReturn:
+    """``sys.exit(code)``; after a stop (130, 143) the run has stopped and said so: a further
+    Ctrl+C during interpreter shutdown (atexit finalizers, torch's among them) would only add a
+    KeyboardInterrupt traceback after the one line, so it is ignored from here on."""
     if code in (130, 143):
-        # the run has stopped and said so: a further Ctrl+C during interpreter shutdown (atexit
-        # finalizers) would only add a KeyboardInterrupt traceback after the one line
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    exit_quietly(main())
