@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.planning.plan import PRECISIONS
 from xtrain.train import tasks
 from xtrain.train.config.schema import TrainConfig, config_keys, section_fields, sections
 
@@ -23,7 +24,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "generation.speech_task": ("transcribe", "translate"),
     "optim.schedule": ("cosine", "linear", "constant"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
-    "run.mixed_precision": ("auto", "no", "fp16", "bf16"),
+    "run.mixed_precision": ("auto", *PRECISIONS),
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 ALIASES: dict[str, dict[Any, str]] = {
