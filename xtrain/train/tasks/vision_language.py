@@ -124,8 +124,6 @@ def _module(model: Any, name: str) -> Any:
 
 
 def apply_lora(model: Any, lora_cfg: Any) -> Any:
-    from peft import LoraConfig, get_peft_model
-
     save = list(lora_cfg.modules_to_save or [])
     if lora_cfg.projector:
         projector = parts(model)[2]
@@ -135,14 +133,7 @@ def apply_lora(model: Any, lora_cfg: Any) -> Any:
                 "set lora.projector=false, or name it in lora.modules_to_save",
             )
         save.append(projector)
-    config = LoraConfig(
-        r=lora_cfg.r,
-        lora_alpha=lora_cfg.alpha,
-        lora_dropout=lora_cfg.dropout,
-        target_modules=lora_targets(model, lora_cfg),
-        modules_to_save=save or None,
-    )
-    return lora.trainable_fp32(get_peft_model(model, config))
+    return lora.adapt(model, lora_cfg, lora_targets(model, lora_cfg), save, "language model")
 
 
 def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
