@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -12,7 +13,7 @@ from xtrain.errors import XtrainError
 from xtrain.launch.accelerate_launcher import accelerate_args, accelerate_launch
 from xtrain.launch.env import PLAN_ENV, plan_env
 from xtrain.launch.failures import WorkerFailed
-from xtrain.launch.launcher import launch
+from xtrain.launch.launcher import launch, runs_here
 from xtrain.launch.rendezvous import free_port
 from xtrain.launch.spawn import spawn
 from xtrain.machine.facts import GPU, Facts
@@ -186,13 +187,24 @@ def test_launch_picks_the_plans_launcher(worker_env):
     assert [r["env"]["USE_LIBUV"] for r in read_ranks(worker_env, 2)] == ["0", "0"]
 
 
-@pytest.mark.slow
-def test_launch_single_process_runs_one_child_with_plan_env(worker_env):
+def test_launch_single_process_runs_here_with_plan_env(worker_env, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))  # launch_worker, as -m finds it
+    monkeypatch.delenv("USE_LIBUV", raising=False)
     plan = cpu_plan("windows", processes=1)
     launch("launch_worker", ["single", str(worker_env)], plan)
     env = json.loads((worker_env / "single.json").read_text())["env"]
     assert env["USE_LIBUV"] == "0" and env["RANK"] is None
     assert Plan.from_dict(json.loads(env["XTRAIN_PLAN"])) == plan
+    assert "USE_LIBUV" not in os.environ and "XTRAIN_PLAN" not in os.environ  # restored after
+
+
+def test_one_process_runs_here_unless_it_needs_another_gpu_selection():
+    cpu = cpu_plan("linux", processes=1)
+    assert runs_here(cpu) and not runs_here(cpu_plan("linux", processes=2))
+    first = dataclasses.replace(cpu, device="cuda", cpu=False, gpu_ids=[0])
+    assert runs_here(first)
+    # --gpus 1: CUDA may be initialised here by the probe; a child gets CUDA_VISIBLE_DEVICES=1 first
+    assert not runs_here(dataclasses.replace(first, gpu_ids=[1]))
 
 
 # -- the smoke test on top of the launcher ----------------------------------------------------------

@@ -78,9 +78,12 @@ def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[
     visible = []
     if plan.gpu_ids is not None and plan.device == "cuda":
         visible = [set_env(sh, "CUDA_VISIBLE_DEVICES", ",".join(map(str, plan.gpu_ids)))]
-    if plan.world_size == 1:  # one process: xtrain runs it as a plain child, no launcher
+    if plan.world_size == 1:  # one process: xtrain runs it itself (launcher.runs_here) or as a child
         return [
-            ("what xtrain runs (one process, no launcher)", env + visible + [spawn]),
+            (
+                "what xtrain runs (one process, no launcher; in its own process where it can)",
+                env + visible + [spawn],
+            ),
             ("the same with accelerate launch", env + visible + [accelerate]),
         ]
     if plan.launcher == "spawn":

@@ -56,10 +56,12 @@ def launch(
     """Run ``python -m module *argv`` on every process the plan asks for, with the plan's
     environment, through the plan's launcher. Raises ``WorkerFailed`` when a worker fails.
 
-    A single process (world size 1) runs as one child ``python -m module`` with the plan's
-    environment: a fresh interpreter gets CUDA_VISIBLE_DEVICES and the plan variables before
-    torch initialises (this process may already have initialised CUDA while probing), and it is
-    the same entry as the multi-process paths. No launcher, no rendezvous, nothing to hang on.
+    A single process (world size 1) runs in this process when nothing needs a fresh interpreter
+    (``runs_here``): the module's ``main(argv)`` with the plan's environment, as ``python -m
+    module`` would, without a second start of Python, torch and transformers (seconds). Else it
+    runs as one child ``python -m module``: a fresh interpreter gets CUDA_VISIBLE_DEVICES before
+    torch initialises (this process may already have initialised CUDA while probing). No
+    launcher, no rendezvous, nothing to hang on.
     """
     argv = list(argv)
     with (
@@ -74,12 +76,37 @@ def launch(
 
 
 def _launch(module: str, argv: list[str], plan: Plan, port: int | None, config_file: str | None) -> None:
-    if plan.world_size == 1:
+    if runs_here(plan):
+        _here(module, argv, plan)
+    elif plan.world_size == 1:
         _one_process(module, argv, plan)
     elif plan.launcher == "spawn":
         spawn(run_module, (module, argv), plan, port=port)
     else:
         accelerate_launch_raising([module, *argv], plan, module=True, config_file=config_file, port=port)
+
+
+def runs_here(plan: Plan) -> bool:
+    """One process that needs no fresh interpreter: on the CPU or MPS, or on the first GPU this
+    process sees (cuda:0 here is the card a child with the plan's CUDA_VISIBLE_DEVICES would
+    get). Another GPU selection needs a child: CUDA may be initialised here already."""
+    return plan.world_size == 1 and (plan.device != "cuda" or plan.gpu_ids in (None, [0]))
+
+
+def _here(module: str, argv: list[str], plan: Plan) -> None:
+    """``module.main(argv) -> exit code`` in this process with the plan's variables (minus
+    CUDA_VISIBLE_DEVICES, see ``runs_here``). The module reports its own outcome (one line,
+    ``record_outcome``); a non-zero exit becomes ``WorkerFailed`` for ``launch`` to read it."""
+    import importlib
+
+    env = plan_env(plan)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    with patched_environ(env):
+        code = importlib.import_module(module).main(argv) or 0  # None: 0, as for sys.exit
+    if code in (130, 143):  # stopped and said so: a further Ctrl+C during shutdown adds nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if code != 0:
+        raise WorkerFailed(0, code, f"{module} failed (exit code {code})")
 
 
 def _one_process(module: str, argv: list[str], plan: Plan) -> None:
