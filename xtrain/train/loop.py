@@ -254,7 +254,7 @@ class Recipe:
         acc, model, device, window = self.accelerator, self.model, self.device, self.window
         accumulation, tokens_key = self.settings.accumulation, self.workload.tokens_key
         for micro in range(accumulation):
-            batch = _to_device(next(batches), device, self.pin)
+            batch = _to_device(window.next_batch(batches), device, self.pin)
             _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(self.rank, micro)), device)
             last = micro == accumulation - 1
             # accelerate's own flag (public setter): DeepSpeed's backward ends its accumulation and

@@ -249,8 +249,11 @@ class RichReporter:
         c = self.console
         outputs = getattr(result, "outputs", {}) or {}
         tokens = f", {_fmt(result.tokens_per_s)} tokens/s" if result.tokens_per_s else ""  # none for images
+        wait = result.data_wait
+        waited = f"; waiting for data {wait:.0%} of the time" if wait is not None else ""
         c.print(
             f"[bold green]done[/] step {result.final_step}: {_fmt(result.samples_per_s)} samples/s{tokens}"
+            + waited
         )
         if result.eval_metrics:
             c.print("  final eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))

@@ -30,9 +30,16 @@ class TrainResult:
     skipped_steps: int = 0
     run_info: dict[str, Any] = field(default_factory=dict)  # how it ran: backend, device, hook, ...
     predictions: list[dict[str, str]] = field(default_factory=list)  # [{"reference", "prediction"}]
-    # this session's logging windows: [{"step", "steps", "seconds", "samples", "tokens", "time"}]
+    # this session's logging windows: [{"step", "steps", "seconds", "samples", "tokens",
+    # "data_seconds" (rank 0's wait for batches), "time"}]
     # (``time``: time.time() when the window closed), what ``xtrain bench`` measures rates from
     windows: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def data_wait(self) -> float | None:
+        """The share of this session's training time rank 0 spent waiting for batches."""
+        seconds = sum(w["seconds"] for w in self.windows)
+        return sum(w.get("data_seconds", 0.0) for w in self.windows) / seconds if seconds > 0 else None
 
 
 def run_info(

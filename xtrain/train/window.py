@@ -24,6 +24,7 @@ class WindowStats:
     seconds: float
     worst_streak: int  # the longest run of consecutive non-finite steps on any rank, up to now
     steps: int = 0  # optimizer steps in the window
+    data_seconds: float = 0.0  # this rank's time waiting for its next batch (host clock)
 
     def metrics(self, lr: float) -> dict[str, float]:
         """What the window logs: the loss, the learning rate and the throughput."""
@@ -34,7 +35,7 @@ class WindowStats:
     def record(self, step: int) -> dict[str, float]:
         """The window as ``TrainResult.windows`` keeps it (``time``: when it closed)."""
         return {"step": step, "steps": self.steps, "seconds": self.seconds, "samples": self.samples,
-                "tokens": self.tokens, "time": time.time()}  # fmt: skip
+                "tokens": self.tokens, "data_seconds": self.data_seconds, "time": time.time()}  # fmt: skip
 
 
 def peak_memory(accelerator: Any, device: torch.device) -> dict[str, float]:
@@ -54,13 +55,22 @@ class LogWindow:
         self.step_bad = torch.zeros((), device=device, dtype=torch.bool)
         self.steps = 0
         self.started = 0.0
+        self.data_seconds = 0.0
         self.reset()
 
     def reset(self) -> None:
         self.loss.zero_()
         self.tokens.zero_()
         self.steps = 0
+        self.data_seconds = 0.0
         self.started = time.perf_counter()
+
+    def next_batch(self, batches: Any) -> Any:
+        """The next micro-batch, the wait for it counted (the loader's workers keep it near 0)."""
+        t = time.perf_counter()
+        batch = next(batches)
+        self.data_seconds += time.perf_counter() - t
+        return batch
 
     def add(self, loss: torch.Tensor, tokens: torch.Tensor | None) -> None:
         """One micro-batch's loss (and token count), device-side."""
@@ -88,4 +98,5 @@ class LogWindow:
             seconds=time.perf_counter() - self.started,
             worst_streak=int(stats[:, 2].max()),
             steps=self.steps,
+            data_seconds=self.data_seconds,
         )
