@@ -33,6 +33,8 @@ class TrainResult:
     # this session's logging windows: [{"step", "steps", "seconds", "samples", "tokens", "time"}]
     # (``time``: time.time() when the window closed), what ``xtrain bench`` measures rates from
     windows: list[dict[str, float]] = field(default_factory=list)
+    # run.early_stopping_patience ended the run at final_step: step, metric, best, best_step, reason
+    stopped_early: dict[str, Any] | None = None
 
 
 def run_info(
