@@ -58,6 +58,10 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^ls /usr/lib/wsl/lib", "WSL2 only"),
     (r"^wsl(\.exe)? ", "Windows only"),
     (r"\bbenchmarks/\S+\.py\b", "runs a benchmark (a timing run, not a test)"),
+    (r"^tensorboard --logdir ", "starts TensorBoard's web server"),
+    (r"\bmlflow ui ", "starts MLflow's web server (the full mlflow package)"),
+    (r"^trackio show\b", "starts trackio's web server"),
+    (r"^wandb sync ", "uploads to W&B (network)"),
 ]
 
 # Doc commands another test already runs, as (doc, regex, the test that runs them).

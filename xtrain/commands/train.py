@@ -150,6 +150,10 @@ def train(
             for line in lines:
                 console.print(line, soft_wrap=True, markup=False)
         return
+    from xtrain.train import preflight
+
+    assert resolved.settings is not None
+    preflight.check_trackers(resolved.settings.trackers, plan.shell)  # before any process starts
     raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir, notes))
 
 

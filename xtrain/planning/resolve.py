@@ -17,7 +17,8 @@ training loop call it.
    (``diagnose``) for the facts given (a ``--facts`` snapshot) or probed here: the only probe of
    a command (quick, or ``full_probe`` for doctor and quickstart).
 3. ``run_settings``: the plan + the config + the world size -> ``RunSettings``: accumulation,
-   global batch, learning rate (scaled for the global batch), precision, DataLoader workers.
+   global batch, learning rate (scaled for the global batch), precision, DataLoader workers,
+   experiment trackers.
    Frozen; a global batch that does not divide stops here, before any process starts, and each
    rank's loop reads only its fields.
 
@@ -56,6 +57,7 @@ class RunSettings:
     precision: str  # no | fp16 | bf16
     loader_workers: int = 0  # DataLoader workers per process: data.num_workers, else the plan's
     pin_memory: bool = False  # the plan's
+    trackers: tuple[str, ...] = ()  # run.report_to (auto: tensorboard unless run.tensorboard is false)
 
 
 @dataclass
@@ -181,4 +183,14 @@ def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettin
         precision=plan.mixed_precision if mp in AUTO else mp,
         loader_workers=plan.dataloader_workers if workers is None else workers,
         pin_memory=plan.pin_memory,
+        trackers=trackers(cfg),
     )
+
+
+def trackers(cfg: TrainConfigView) -> tuple[str, ...]:
+    """The experiment trackers the run reports to: ``run.report_to``, whose ``auto`` is
+    TensorBoard unless its shorthand ``run.tensorboard`` is off."""
+    asked = cfg.run.report_to
+    if isinstance(asked, str):  # auto (a checked config holds "auto" or a list)
+        return ("tensorboard",) if cfg.run.tensorboard else ()
+    return tuple(asked)

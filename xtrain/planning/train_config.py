@@ -30,6 +30,10 @@ class OptimView(Protocol):
 class RunView(Protocol):
     @property
     def mixed_precision(self) -> str: ...  # auto | no | fp16 | bf16
+    @property
+    def report_to(self) -> str | list[str]: ...  # auto | a list of tracker names ([]: none)
+    @property
+    def tensorboard(self) -> bool: ...  # report_to: auto's shorthand
 
 
 class ModelView(Protocol):

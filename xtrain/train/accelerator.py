@@ -66,16 +66,14 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings
         init_worker_group(plan.backend, ctx.rank, ctx.world_size, cfg.run.collective_timeout_s)
 
     out = Path(cfg.run.output_dir)
-    log_with = None
-    if cfg.run.tensorboard and _tensorboard_available():
-        log_with = "tensorboard"
     return Accelerator(
         cpu=plan.cpu,
         mixed_precision=settings.precision,
         gradient_accumulation_steps=settings.accumulation,
         dataloader_config=DataLoaderConfiguration(split_batches=True),
         kwargs_handlers=handlers,
-        log_with=log_with,
+        # the trackers were checked to be installed (preflight): accelerate would drop a missing one
+        log_with=list(settings.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         step_scheduler_with_optimizer=True,
     )
@@ -117,9 +115,3 @@ def release(accelerator: Any) -> None:
             dist.destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
-
-
-def _tensorboard_available() -> bool:
-    from accelerate.utils import is_tensorboard_available
-
-    return bool(is_tensorboard_available())

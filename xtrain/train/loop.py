@@ -10,6 +10,7 @@
         clip, optimizer, scheduler
         every log_every: one host sync for loss / throughput           window.py
         every eval_every / save_every: evaluate / checkpoint           evaluation.py, checkpoint.py
+        no improvement in early_stopping_patience evals: stop early    stops.py
     adapter (+ merged model) and train_result.json                   checkpoint.py
 
 Randomness (dropout) is reseeded from (seed, step, micro-batch number) before every forward
@@ -17,7 +18,7 @@ pass, so it too is independent of how many processes share the step and of resum
 
 One class, ``Recipe``, holds one run: its parts share the run's state, and reading them in one
 file is reading the run. The pieces with a job of their own live beside it: window.py (logging
-sync), evaluation.py, optim.py, failures.py, collective.py, stops.py, result.py.
+sync), evaluation.py, optim.py, failures.py, collective.py, stops.py, result.py, tracking.py.
 """
 
 from __future__ import annotations
@@ -33,10 +34,17 @@ import torch
 
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
-from xtrain.planning.resolve import RunSettings, resolve
-from xtrain.train import checkpoint, failures, lock, preflight
+from xtrain.planning.resolve import RunSettings, resolve, trackers
+from xtrain.train import checkpoint, failures, lock, preflight, stops, tracking
 from xtrain.train.accelerator import build_accelerator, release, stage_allreduce_on_cpu
-from xtrain.train.collective import BuildFn, agree_to_stop, build_workload_main_first, stop_group
+from xtrain.train.collective import (
+    BuildFn,
+    agree_to_stop,
+    build_workload_main_first,
+    main_decides,
+    on_main,
+    stop_group,
+)
 from xtrain.train.config import TrainConfig, config_to_dict, flat_config
 from xtrain.train.evaluation import evaluate
 from xtrain.train.failures import NonFiniteLoss, TrainingStopped, out_of_memory_error
@@ -65,6 +73,7 @@ def train(
     read until the run ends: a second run on the same folder stops at once, touching nothing."""
     checkpoint.check_output_dir(cfg.run.output_dir)
     preflight.check_paths(cfg)  # output folder and caches writable: before anything starts
+    preflight.check_trackers(trackers(cfg), plan.shell)  # every tracker named is installed
     if LaunchContext.from_env().rank != 0:
         return Recipe(cfg, plan, reporter, build).run()
     with lock.acquire(cfg.run.output_dir):
@@ -120,6 +129,7 @@ class Recipe:
         self.predictions: list[dict[str, str]] = []  # the last eval's samples (generative tasks)
         self.skipped = 0  # optimizer steps dropped for fp16 overflow
         self.last_saved = -1
+        self.early: stops.EarlyStop | None = None  # run.early_stopping_patience ended the run here
         self.trained = [0.0, 0, 0]  # seconds, samples, tokens over closed windows
         self.windows: list[dict[str, float]] = []  # this session's closed windows (TrainResult)
 
@@ -154,8 +164,10 @@ class Recipe:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.skips = SkipDetector(acc.scaler)  # fp16: was a step skipped? (read one step late)
         self.window = LogWindow(self.device)
-        if cfg.run.tensorboard and acc.log_with:
-            acc.init_trackers("xtrain", config=flat_config(cfg))
+        stops.check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
+        backend = acc.state.backend if self.world > 1 else None
+        values = tracking.params(flat_config(cfg), self.settings, self.world, backend, self.device)
+        on_main(acc, lambda: tracking.start(acc, self.settings.trackers, self.out, values), "start trackers")
         self.rep.start(self._start_info())
 
     def _setup_model(self) -> None:
@@ -245,6 +257,13 @@ class Recipe:
             state, self.config_dict, s.global_batch, self.order.num_samples, self.total_steps
         ):
             self.rep.note(note)
+        # the same history decides the same: a run that stopped early does not train on
+        self.early = self._early_stop(state.step)
+        if self.early is not None:
+            self.rep.note(
+                f"this run already {self.early.reason}; nothing to train (a larger "
+                "run.early_stopping_patience trains on, a new run.output_dir starts over)"
+            )
         return min(state.step, self.total_steps)
 
     # -- the hot path -------------------------------------------------------------------------------
@@ -291,6 +310,8 @@ class Recipe:
         log_every, eval_every, save_every = max(1, cfg.run.log_every), cfg.run.eval_every, cfg.run.save_every
         if cfg.run.eval_at_start and self.start_step == 0:
             self.evaluate(0)  # the "before" of a before/after comparison (xtrain quickstart's table)
+        if self.early is not None:  # resumed at the evaluation that stopped it
+            return
         self.model.train()
         batches = iter(self.loader)
         self.window.reset()
@@ -307,6 +328,10 @@ class Recipe:
                 self.close_window(done)
                 if eval_due:
                     self.evaluate(done)
+                    self.early = self._early_stop(done)
+                    if self.early is not None:  # a clean end: finish() saves and writes the result
+                        self.rep.note(f"{self.early.reason}; the best model: {self.out / checkpoint.BEST}")
+                        return
                 if save_due:
                     self.save(done)
                 if stop:
@@ -314,6 +339,16 @@ class Recipe:
                     self.rep.note(f"stopped at step {done} on signal {stop}; resume with the same command")
                     raise TrainingStopped(done, path, stop)
                 self.window.reset()
+
+    def _early_stop(self, step: int) -> stops.EarlyStop | None:
+        """Whether the evaluations so far end the run at ``step`` (run.early_stopping_patience).
+        Every rank decides from the same gathered metrics; the main process's answer is taken."""
+        if not self.cfg.run.early_stopping_patience:
+            return None  # (no collective either)
+        found = stops.early_stop_at(step, self.eval_history, self.cfg.run)
+        if not main_decides(self.accelerator, found is not None, self.stop_group):
+            return None
+        return found or stops.EarlyStop.followed(step)  # a rank that saw otherwise follows rank 0
 
     def close_window(self, done: int) -> dict[str, float]:
         """The logging window's one host sync: loss, throughput, memory; divergence stops here."""
@@ -347,7 +382,8 @@ class Recipe:
 
             self.predictions[:] = [asdict(p) for p in samples]
             self.rep.predictions(step, self.predictions)
-            acc.log({"eval/predictions": predictions_markdown(samples)}, step=step)
+            tracking.log_text(acc, {"eval/predictions": predictions_markdown(samples)}, step)
+        stops.check_early_stopping(self.cfg.run, True, metrics)
         best = self.cfg.run.best_metric
         if best and best in metrics and checkpoint.is_new_best(best, metrics[best], self.eval_history[:-1]):
             acc.wait_for_everyone()
@@ -394,22 +430,23 @@ class Recipe:
     def finish(self) -> TrainResult:
         """Final eval and checkpoint, the adapter (+ merged model) and ``train_result.json``."""
         acc, s, out, total = self.accelerator, self.settings, self.out, self.total_steps
+        final = self.early.step if self.early is not None else total  # the last step trained
         if frequent_overflow(self.skipped, total):
             self.rep.note(
                 f"{self.skipped} of {total} optimizer steps were skipped for fp16 overflow (their update "
                 "dropped); bf16 has fp32's range and needs no loss scaling: --precision bf16"
             )
-        if not self.eval_history or self.eval_history[-1]["step"] != total:
-            final_metrics = self.evaluate(total)
+        if not self.eval_history or self.eval_history[-1]["step"] != final:
+            final_metrics = self.evaluate(final)
         else:
             final_metrics = {k: v for k, v in self.eval_history[-1].items() if k != "step"}
         outputs: dict[str, str] = {}
         if (out / checkpoint.BEST).is_dir() and self.cfg.run.best_metric:
             outputs["best"] = str(out / checkpoint.BEST)
-        outputs["checkpoint"] = str(self.save(total) if self.last_saved != total else self._step_dir(total))
+        outputs["checkpoint"] = str(self.save(final) if self.last_saved != final else self._step_dir(final))
         seconds, samples, tokens = self.trained
         result = TrainResult(
-            final_step=total,
+            final_step=final,
             total_steps=total,
             losses=self.losses,
             eval_metrics=final_metrics,
@@ -424,6 +461,7 @@ class Recipe:
             skipped_steps=self.skipped,
             predictions=self.predictions,
             windows=self.windows,
+            stopped_early=self.early.to_dict() if self.early is not None else None,
             run_info=run_info(
                 self.accelerator, self.plan, self.settings, self.cpu_staged, self.skips, self.memory
             ),
@@ -437,7 +475,7 @@ class Recipe:
                 )
             )
             # a re-run of a finished run trains nothing: its train_result.json (throughput, ...) stays
-            keep = self.start_step >= total
+            keep = self.start_step >= final
             outputs["result"] = str(checkpoint.write_result(out, asdict(result), keep=keep))
         acc.wait_for_everyone()
         self.rep.end(result)

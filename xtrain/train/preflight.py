@@ -4,6 +4,9 @@
   filesystem (/proc, /sys, /dev) and can be written; the caches the run will write to
   (the datasets cache under HF_HOME / HF_DATASETS_CACHE, XTRAIN_CACHE for built-in models and
   data, both under HOME by default) are writable, or the one line names the variable to set.
+- ``check_trackers`` (with the plan, before any process starts): every experiment tracker the
+  run reports to (``run.report_to``) is installed, or the one line names the pip command of its
+  extra in the user's shell.
 - ``check_disk`` (once the model is built, before the first step): the free space of the output
   folder against what the run will write: ``keep_checkpoints + 1`` checkpoints (a new one is
   complete before the oldest goes), the final adapter and the merged model. Refused when it
@@ -88,6 +91,22 @@ def check_paths(cfg: Any, environ: Any = None) -> None:
                 f"the cache folder {folder} cannot be written: {why}",
                 f"set {var} to a writable folder (HOME may be read-only here)",
             )
+
+
+def check_trackers(trackers: tuple[str, ...], shell: str, executable: str | None = None) -> None:
+    """Refuse a tracker that is not installed, with the line that installs its extra (for the
+    interpreter that runs xtrain, quoted for ``shell``)."""
+    from xtrain.shell import pip_command
+    from xtrain.train.tracking import missing
+
+    absent = missing(trackers)
+    if absent:
+        names, extras = " and ".join(absent), ",".join(absent)
+        pip = pip_command(shell, executable or sys.executable, ["install", f"xtrain[{extras}]"])
+        raise XtrainError(
+            f"run.report_to names {names}, which {'is' if len(absent) == 1 else 'are'} not installed",
+            f"install with: {pip}",
+        )
 
 
 def estimate_bytes(trainable: int, total: int, keep: int, save_merged: bool, saves: int = 1) -> int:

@@ -255,6 +255,9 @@ class RichReporter:
             f"[bold green]done[/] step {result.final_step}: {_fmt(result.samples_per_s)} samples/s{tokens}"
             + waited
         )
+        early = getattr(result, "stopped_early", None)
+        if early:
+            c.print(f"  [yellow]{_esc(early['reason'])}[/] (of {result.total_steps} steps)")
         if result.eval_metrics:
             c.print("  final eval: " + ", ".join(f"{k} {v:.4f}" for k, v in result.eval_metrics.items()))
         for name, path in outputs.items():

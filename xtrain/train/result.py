@@ -34,6 +34,8 @@ class TrainResult:
     # "data_seconds" (rank 0's wait for batches), "time"}]
     # (``time``: time.time() when the window closed), what ``xtrain bench`` measures rates from
     windows: list[dict[str, float]] = field(default_factory=list)
+    # run.early_stopping_patience ended the run at final_step: step, metric, best, best_step, reason
+    stopped_early: dict[str, Any] | None = None
 
     @property
     def data_wait(self) -> float | None:

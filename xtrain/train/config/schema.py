@@ -108,9 +108,16 @@ class RunConfig:
     resume: str = "auto"  # auto | off | path to a checkpoint folder
     log_every: int = 10  # steps between host syncs for logging
     mixed_precision: str = "auto"  # auto (from the plan) | no | fp16 | bf16
-    tensorboard: bool = True
+    tensorboard: bool = True  # the shorthand of report_to: [tensorboard] (report_to: auto reads it)
+    # experiment trackers (accelerate's): auto (tensorboard unless run.tensorboard is false), none,
+    # or a list of tensorboard, mlflow, wandb, trackio (each but tensorboard an extra: xtrain[NAME])
+    report_to: str | list[str] = "auto"
     save_merged: bool = False  # also write the LoRA-merged full model
     best_metric: str | None = None  # e.g. cer or eval_loss: keep the best model so far in output_dir/best
+    # stop after this many evaluations in a row without best_metric improving by more than the
+    # threshold (None: never); needs best_metric and eval_every
+    early_stopping_patience: int | None = None
+    early_stopping_threshold: float = 0.0
     # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
     # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
     collective_timeout_s: int = 1800

@@ -31,6 +31,34 @@ def validate(cfg: TrainConfig) -> None:
         section, name = key.split(".")
         if not getattr(getattr(cfg, section), name).strip():
             raise XtrainError(f"{key} is empty")
+    check_run(cfg)
+
+
+def check_run(cfg: TrainConfig) -> None:
+    """The trackers against their shorthand, early stopping against what it needs."""
+    r = cfg.run
+    if not r.tensorboard and isinstance(r.report_to, list) and "tensorboard" in r.report_to:
+        raise XtrainError(
+            "run.tensorboard=false conflicts with run.report_to naming tensorboard",
+            "leave out run.tensorboard (run.report_to decides), or tensorboard from run.report_to",
+        )
+    if r.early_stopping_patience is None:
+        if r.early_stopping_threshold:
+            raise XtrainError(
+                "run.early_stopping_threshold needs run.early_stopping_patience",
+                "set run.early_stopping_patience (evaluations without improvement before stopping)",
+            )
+        return
+    if not r.best_metric:
+        raise XtrainError(
+            "run.early_stopping_patience needs run.best_metric (the metric it waits to improve)",
+            "set run.best_metric, e.g. eval_loss",
+        )
+    if not r.eval_every:
+        raise XtrainError(
+            "run.early_stopping_patience needs run.eval_every (it counts evaluations during the run)",
+            "set run.eval_every, e.g. run.eval_every=100",
+        )
 
 
 def task_keys() -> dict[str, list[str]]:

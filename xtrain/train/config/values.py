@@ -15,6 +15,8 @@ from xtrain.planning.plan import PRECISIONS
 from xtrain.train import tasks
 from xtrain.train.config.schema import TrainConfig, config_keys, section_fields, sections
 
+# experiment trackers xtrain starts through accelerate (xtrain.train.tracking)
+TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": tasks.names(),  # the registry's (xtrain.train.tasks)
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -32,7 +34,11 @@ ALIASES: dict[str, dict[Any, str]] = {
     "run.mixed_precision": {False: "no", "none": "no", "off": "no", "float16": "fp16", "bfloat16": "bf16"},
     "run.resume": {False: "off", True: "auto", "no": "off", "none": "off"},
     "model.task": tasks.aliases(),  # each task's own, and its name with underscores
+    "run.report_to": {False: "none"},
 }
+# Keys that take a list of choices (or `a,b` on the command line); "auto" and "none" stand alone.
+LIST_CHOICES: dict[str, tuple[str, ...]] = {"run.report_to": TRACKERS}
+LIST_WORDS = ("auto", "none")
 # Range checks: key -> (predicate on the typed value, what a valid value is).
 _POS_INT = (lambda v: v > 0, "a positive integer")
 _POS_NUM = (lambda v: v > 0, "a positive number")
@@ -69,6 +75,8 @@ CHECKS: dict[str, tuple[Any, str]] = {
     # numpy's seed (set by accelerate's set_seed) must fit in 32 bits
     "run.seed": (lambda v: 0 <= v < 2**32, "an integer in 0..4294967295"),
     "run.log_every": _POS_INT,
+    "run.early_stopping_patience": _POS_INT,
+    "run.early_stopping_threshold": _NONNEG,
     "generation.max_new_tokens": _POS_INT,
     "generation.num_beams": _POS_INT,
     "generation.sample_predictions": (lambda v: v >= 0, "an integer >= 0"),
@@ -151,11 +159,31 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} for {key}")  # a bug in the schema
 
 
+def _check_list(key: str, value: str | list[str]) -> str | list[str]:
+    """A list-of-choices value: ``auto``, ``none`` (the empty list), or known names, lower-cased
+    and without repeats."""
+    names = [v.strip().lower() for v in (value.split(",") if isinstance(value, str) else value)]
+    names = [n for n in names if n]
+    if isinstance(value, str) and names in (["auto"], ["none"]):
+        return "auto" if names == ["auto"] else []
+    choices = LIST_CHOICES[key]
+    for name in names:
+        if name not in choices:
+            close = closest(name, [*choices, *LIST_WORDS])
+            raise XtrainError(
+                f"{key} takes {', '.join(choices)} (a list, or {' or '.join(LIST_WORDS)}), got {show(name)}",
+                f"did you mean '{close}'?" if close else None,
+            )
+    return list(dict.fromkeys(names))
+
+
 def _check(key: str, value: Any) -> Any:
     """Aliases, choices and ranges for one typed value; returns the normalised value."""
     aliases = ALIASES.get(key, {})
     if isinstance(value, (str, bool)) and value in aliases:
         value = aliases[value]
+    if key in LIST_CHOICES:
+        return _check_list(key, value)
     if isinstance(value, str) and key in CHOICES and value.lower() in CHOICES[key]:
         value = value.lower()
     if key in CHOICES and value not in CHOICES[key]:
