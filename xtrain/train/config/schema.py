@@ -50,6 +50,9 @@ class DataConfig:
     eval: str | None = None
     eval_fraction: float = 0.0  # split this share off train when no eval set is given
     format: str = "auto"  # auto (from the extension) | json | csv | parquet | text | arrow
+    # causal-lm: what the rows hold: auto (from the columns) | text | prompt_response | messages |
+    # alpaca | sharegpt (``format`` above is how the file is stored)
+    row_format: str = "auto"
     text_column: str = "text"
     image_column: str = "image"  # image-to-text: image paths (relative to the data file) or an Image feature
     audio_column: str = "audio"  # speech-to-text: audio paths (relative to the data file) or an Audio feature
