@@ -88,6 +88,7 @@ class OptimConfig:
     max_grad_norm: float | None = 1.0
     lr_scaling: str = "none"  # none | linear | sqrt (relative to base_global_batch)
     base_global_batch: int | None = None
+    neftune_alpha: float | None = None  # causal-lm: NEFTune noise on the input embeddings in training
 
 
 @dataclass

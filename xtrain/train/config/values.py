@@ -60,6 +60,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "optim.warmup_ratio": _FRACTION,
     "optim.max_grad_norm": _POS_NUM,
     "optim.base_global_batch": _POS_INT,
+    "optim.neftune_alpha": _POS_NUM,
     "batch.per_device": _POS_INT,
     "batch.global_batch": _POS_INT,
     "run.max_steps": _POS_INT,

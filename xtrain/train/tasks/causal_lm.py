@@ -1,8 +1,8 @@
 """``causal-lm``: a text column, or prompt/response columns with the loss on the response only,
 or chat conversations (``data.messages_column``, rendered by the chat template, loss on the
 assistant turns only: ``chat_data``), or alpaca / sharegpt rows mapped onto those two
-(``row_formats``; ``data.row_format`` or detected from the columns); optional packing;
-metric: next-token accuracy (and perplexity).
+(``row_formats``; ``data.row_format`` or detected from the columns); optional packing and NEFTune
+(``optim.neftune_alpha``); metric: next-token accuracy (and perplexity).
 ``xtrain predict`` continues text prompts (a chat run's prompts as user turns)."""
 
 from __future__ import annotations
@@ -135,11 +135,13 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     model = load_seeded(cfg, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    from xtrain.train import collate
+    from xtrain.train import collate, neftune
 
     evaluation = (collate.causal_lm_eval_batch, collate.causal_lm_reduce, "token_accuracy")
     workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
     workload.chat = chat
+    if cfg.optim.neftune_alpha is not None:  # on the unwrapped model; active in training mode only
+        neftune.attach(workload.model, cfg.optim.neftune_alpha)
     return workload
 
 
@@ -254,6 +256,7 @@ TASK = Task(
             "data.chat_template",
             "data.packing",
             "data.group_by_length",
+            "optim.neftune_alpha",
         }
     ),
     validate=validate,
