@@ -22,6 +22,9 @@ class ModelConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (weights' load dtype)
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
+    # auto | sdpa | flash_attention_2 | eager: transformers' attn_implementation; auto is decided
+    # from the installed packages, the device, the precision and the model (planning.resolve)
+    attn_implementation: str = "auto"
     freeze_encoder: bool = False  # speech-to-text full fine-tune: train the decoder only
     freeze_vision: bool = True  # vision-language full fine-tune: keep the vision tower fixed
 
