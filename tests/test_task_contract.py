@@ -16,6 +16,7 @@ from xtrain.train import tasks
 from xtrain.train.config.loading import load_config
 from xtrain.train.config.schema import config_keys
 from xtrain.train.config.validate import task_keys
+from xtrain.train.config.values import CHOICES
 from xtrain.train.tasks.contract import EVERY_KEY, Task
 
 REPO = Path(__file__).resolve().parent.parent
@@ -122,6 +123,8 @@ def _other_value(key: str, value):
         return "en"
     if key == "model.custom":
         return "mod:fn"
+    if key in CHOICES:  # another of its choices (data.row_format)
+        return next(c for c in CHOICES[key] if c != value)
     return 1000 if value is None else "other"
 
 

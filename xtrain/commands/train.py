@@ -52,6 +52,16 @@ def memory_lines(cfg: Any, resolved: Any) -> list[str]:
     return lines + ([f"[bold yellow]warning:[/] {escape(check.warning)}"] if check.warning else [])
 
 
+def attention_lines(cfg: Any, resolved: Any) -> list[str]:
+    """The attention implementation the plan's workers will load with, and why (rich markup); an
+    explicit ``model.attn_implementation`` that cannot work stops here, before any process starts."""
+    from rich.markup import escape
+
+    from xtrain.train import attention
+
+    return [f"[bold]Attention:[/] {escape(attention.for_plan(cfg, resolved).summary())}"]
+
+
 def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[str]]]:
     """What `xtrain train` does, as commands the user could type: [(title, lines)], the
     command xtrain itself uses first."""
@@ -138,7 +148,7 @@ def train(
     resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
     plan = resolved.plan
     run_argv = ["--config", str(config), *overrides]
-    notes = memory_lines(cfg, resolved)
+    notes = attention_lines(cfg, resolved) + memory_lines(cfg, resolved)
 
     if dry_run:
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)

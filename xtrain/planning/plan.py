@@ -15,6 +15,8 @@ from xtrain.errors import XtrainError
 from xtrain.machine.facts import OS_KINDS
 
 PRECISIONS = ("no", "fp16", "bf16")
+# transformers' attn_implementation values that model.attn_implementation may name (besides auto)
+ATTENTION = ("sdpa", "flash_attention_2", "eager")
 Severity = Literal["ok", "warn", "error"]
 SEVERITY_ORDER = {"ok": 0, "warn": 1, "error": 2}
 

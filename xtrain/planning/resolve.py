@@ -21,6 +21,10 @@ training loop call it.
    experiment trackers.
    Frozen; a global batch that does not divide stops here, before any process starts, and each
    rank's loop reads only its fields.
+4. ``choose_attention``: ``model.attn_implementation`` from ``AttentionFacts`` (flash-attn
+   installed, the device and its compute capability, the precision, what the model class
+   supports). The facts need the model's class, so the train layer gathers them
+   (``xtrain.train.attention``): for the plan before launching and in each worker before loading.
 
 Pure functions except the probe (``facts=None``) and the environment ``choose_precision`` reads,
 so every platform's answer is testable from a saved facts snapshot.
@@ -194,3 +198,92 @@ def trackers(cfg: TrainConfigView) -> tuple[str, ...]:
     if isinstance(asked, str):  # auto (a checked config holds "auto" or a list)
         return ("tensorboard",) if cfg.run.tensorboard else ()
     return tuple(asked)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 4: the attention implementation
+
+FLASH_PIP = "pip install flash-attn --no-build-isolation"
+
+
+@dataclass(frozen=True)
+class AttentionFacts:
+    """What decides ``model.attn_implementation``, gathered by the caller (plain data)."""
+
+    flash_attn: str | None  # the installed flash-attn version; None: not installed
+    device: str  # cuda | mps | cpu: where the model runs
+    precision: str  # the run's mixed precision: no | fp16 | bf16
+    weights_dtype: str = "auto"  # model.dtype: half-precision weights run flash-attn without autocast
+    model: str = "the model"  # its class, for the messages
+    sdpa: bool | None = None  # the model class has an sdpa path; None: not known here
+    flash: bool | None = None  # ... a flash-attention path
+    capability: tuple[int, int] | None = None  # the (smallest) GPU's compute capability
+
+
+@dataclass(frozen=True)
+class Attention:
+    """The decision: ``name`` (what the model runs), whether it is passed to ``from_pretrained``
+    (``auto`` passes only flash_attention_2: otherwise transformers' own default, which is sdpa
+    where the model has it, else eager), and why."""
+
+    name: str
+    passed: bool
+    reason: str
+
+    def kwargs(self) -> dict[str, str]:
+        return {"attn_implementation": self.name} if self.passed else {}
+
+    def summary(self) -> str:
+        return f"{self.name} ({self.reason})"
+
+
+def _flash_blocker(f: AttentionFacts) -> tuple[str, str] | None:
+    """(why flash_attention_2 cannot run, the fix), or None when it can (or the model's support
+    is not known: transformers checks that itself)."""
+    half = f.precision in ("fp16", "bf16") or f.weights_dtype in ("bfloat16", "float16")
+    sdpa = "set model.attn_implementation=sdpa"
+    if f.device != "cuda":
+        return f"it needs a CUDA GPU and this run is on {f.device}", sdpa
+    if f.flash_attn is None:
+        return "the flash-attn package is not installed", f"{FLASH_PIP}, or {sdpa}"
+    if f.capability is not None and f.capability < (8, 0):
+        cc = ".".join(map(str, f.capability))
+        return f"it needs compute capability 8.0+ (Ampere or newer) and this GPU has {cc}", sdpa
+    if not half:
+        return "it runs in fp16/bf16 and this run is in fp32", f"set run.mixed_precision=bf16, or {sdpa}"
+    if f.flash is False:
+        return f"{f.model} has no flash-attention path in transformers", sdpa
+    return None
+
+
+def choose_attention(asked: str, facts: AttentionFacts) -> Attention:
+    """``model.attn_implementation`` (auto | sdpa | flash_attention_2 | eager) for ``facts``.
+    An explicit choice that cannot work raises one line with the fix. Pure."""
+    blocker = _flash_blocker(facts)
+    if asked == "eager":
+        return Attention("eager", True, "model.attn_implementation=eager")
+    if asked == "sdpa":
+        if facts.sdpa is False:
+            raise XtrainError(
+                f"model.attn_implementation=sdpa: {facts.model} has no sdpa path in transformers",
+                "set model.attn_implementation=eager (or auto)",
+            )
+        return Attention("sdpa", True, "model.attn_implementation=sdpa")
+    if asked == "flash_attention_2":
+        if blocker is not None:
+            why, fix = blocker
+            raise XtrainError(f"model.attn_implementation=flash_attention_2 cannot work: {why}", fix)
+        return Attention("flash_attention_2", True, "model.attn_implementation=flash_attention_2")
+    if blocker is None and facts.flash:
+        why = f"flash-attn {facts.flash_attn} installed, CUDA, fp16/bf16, {facts.model} supports it"
+        return Attention("flash_attention_2", True, f"auto: {why}")
+    not_flash = blocker[0] if blocker is not None else f"{facts.model}'s flash-attention support is unknown"
+    if facts.sdpa is None:
+        return Attention(
+            "sdpa or eager", False, f"auto: sdpa where the model has it; not flash_attention_2: {not_flash}"
+        )
+    if facts.sdpa:
+        return Attention(
+            "sdpa", False, f"auto: {facts.model} supports it; not flash_attention_2: {not_flash}"
+        )
+    return Attention("eager", False, f"auto: {facts.model} has no sdpa path")

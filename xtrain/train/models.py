@@ -47,8 +47,19 @@ def resolve_model(name_or_path: str) -> str:
     return name_or_path
 
 
+def _attention_refused(e: BaseException) -> bool:
+    """transformers refused the attention implementation it was given (model.attn_implementation)."""
+    text = str(e)
+    return "attn_implementation" in text or "Flash Attention" in text or "FlashAttention" in text
+
+
 def load_error(what: str, name: str, local: bool, e: BaseException) -> XtrainError:
     reason = _first_line(e)
+    if _attention_refused(e):
+        return XtrainError(
+            f"{name} cannot load with that model.attn_implementation: {reason[:200]}",
+            "set model.attn_implementation=auto",
+        )
     if "trust_remote_code" in str(e):
         return XtrainError(
             f"{name} needs custom code from its repository to load its {what}",
@@ -113,7 +124,8 @@ def load_model(
     try:
         return auto.from_pretrained(source, **kwargs)
     except Exception as e:
-        if "Unrecognized configuration class" in str(e) or "does not support" in str(e):
+        head = "Unrecognized configuration class" in str(e) or "does not support" in str(e)
+        if head and not _attention_refused(e):
             raise XtrainError(
                 f"{source} has no {task} head in transformers ({_first_line(e)[:120]})",
                 "use a model of that kind, or a custom task",

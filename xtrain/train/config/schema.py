@@ -22,6 +22,9 @@ class ModelConfig:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (weights' load dtype)
     gradient_checkpointing: bool = False
     trust_remote_code: bool = False
+    # auto | sdpa | flash_attention_2 | eager: transformers' attn_implementation; auto is decided
+    # from the installed packages, the device, the precision and the model (planning.resolve)
+    attn_implementation: str = "auto"
     freeze_encoder: bool = False  # speech-to-text full fine-tune: train the decoder only
     freeze_vision: bool = True  # vision-language full fine-tune: keep the vision tower fixed
 
@@ -50,6 +53,9 @@ class DataConfig:
     eval: str | None = None
     eval_fraction: float = 0.0  # split this share off train when no eval set is given
     format: str = "auto"  # auto (from the extension) | json | csv | parquet | text | arrow
+    # causal-lm: what the rows hold: auto (from the columns) | text | prompt_response | messages |
+    # alpaca | sharegpt (``format`` above is how the file is stored)
+    row_format: str = "auto"
     text_column: str = "text"
     image_column: str = "image"  # image-to-text: image paths (relative to the data file) or an Image feature
     audio_column: str = "audio"  # speech-to-text: audio paths (relative to the data file) or an Audio feature
@@ -85,6 +91,7 @@ class OptimConfig:
     max_grad_norm: float | None = 1.0
     lr_scaling: str = "none"  # none | linear | sqrt (relative to base_global_batch)
     base_global_batch: int | None = None
+    neftune_alpha: float | None = None  # causal-lm: NEFTune noise on the input embeddings in training
 
 
 @dataclass

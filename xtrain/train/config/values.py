@@ -11,17 +11,20 @@ from collections.abc import Iterable
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.planning.plan import PRECISIONS
+from xtrain.planning.plan import ATTENTION, PRECISIONS
 from xtrain.train import tasks
 from xtrain.train.config.schema import TrainConfig, config_keys, section_fields, sections
+from xtrain.train.tasks.row_formats import ROW_FORMATS
 
 # experiment trackers xtrain starts through accelerate (xtrain.train.tracking)
 TRACKERS = ("tensorboard", "mlflow", "wandb", "trackio")
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": tasks.names(),  # the registry's (xtrain.train.tasks)
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "model.attn_implementation": ("auto", *ATTENTION),
     "lora.apply_to": ("both", "encoder", "decoder"),
     "data.format": ("auto", "json", "csv", "parquet", "text", "arrow"),
+    "data.row_format": ROW_FORMATS,
     "data.long_audio": ("refuse", "cut"),
     "generation.speech_task": ("transcribe", "translate"),
     "optim.schedule": ("cosine", "linear", "constant"),
@@ -33,6 +36,8 @@ ALIASES: dict[str, dict[Any, str]] = {
     "model.dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"},
     "run.mixed_precision": {False: "no", "none": "no", "off": "no", "float16": "fp16", "bfloat16": "bf16"},
     "run.resume": {False: "off", True: "auto", "no": "off", "none": "off"},
+    "model.attn_implementation": {"flash_attention": "flash_attention_2", "fa2": "flash_attention_2"},
+    "data.row_format": {"prompt-response": "prompt_response", "chat": "messages"},
     "model.task": tasks.aliases(),  # each task's own, and its name with underscores
     "run.report_to": {False: "none"},
 }
@@ -63,6 +68,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "optim.warmup_ratio": _FRACTION,
     "optim.max_grad_norm": _POS_NUM,
     "optim.base_global_batch": _POS_INT,
+    "optim.neftune_alpha": _POS_NUM,
     "batch.per_device": _POS_INT,
     "batch.global_batch": _POS_INT,
     "run.max_steps": _POS_INT,

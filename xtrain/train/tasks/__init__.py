@@ -1,7 +1,7 @@
 """Tasks as plug-ins: one module per task, each exporting ``TASK`` (``contract.Task``), and one
 registry line each below. Everything else reads a task's parts through ``get(name)``.
 
-- ``causal-lm``: text, prompt/response or chat conversations; next-token accuracy.
+- ``causal-lm``: text, prompt/response, chat conversations, alpaca or sharegpt; next-token accuracy.
 - ``seq-cls``: text (+ pair) and a label; the classifier head trained whole; accuracy.
 - ``image-to-text``: images and their text (TrOCR, ViT-GPT2); CER/WER by generation.
 - ``speech-to-text``: audio and transcripts (Whisper); WER/CER by generation.

@@ -1,6 +1,8 @@
 """``causal-lm``: a text column, or prompt/response columns with the loss on the response only,
 or chat conversations (``data.messages_column``, rendered by the chat template, loss on the
-assistant turns only: ``chat_data``); optional packing; metric: next-token accuracy (and perplexity).
+assistant turns only: ``chat_data``), or alpaca / sharegpt rows mapped onto those two
+(``row_formats``; ``data.row_format`` or detected from the columns); optional packing and NEFTune
+(``optim.neftune_alpha``); metric: next-token accuracy (and perplexity).
 ``xtrain predict`` continues text prompts (a chat run's prompts as user turns)."""
 
 from __future__ import annotations
@@ -19,23 +21,47 @@ if TYPE_CHECKING:
 NAME = "causal-lm"
 
 
-def is_chat(cfg: TrainConfig, train: Any) -> bool:
-    """Chat data: the messages column is there, and neither a text column nor prompt/response."""
+def row_format(cfg: TrainConfig, train: Any) -> str:
+    """What the rows hold: ``data.row_format``, or for auto what the training data's columns hold
+    (``row_formats.detect``: the one place that decides)."""
+    from xtrain.train.tasks import row_formats
+
     d = cfg.data
-    names = train.column_names
-    return d.prompt_column is None and d.messages_column in names and d.text_column not in names
+    return row_formats.detect(
+        d.row_format, list(train.column_names), d.text_column, d.messages_column, d.prompt_column is not None
+    )
+
+
+def is_chat(cfg: TrainConfig, tokenizer: Any, fmt: str) -> bool:
+    """Conversations rendered by a chat template: messages and sharegpt always; alpaca when there
+    is a template (``data.chat_template`` or the tokenizer's), else it is prompt/response."""
+    from xtrain.train.tasks import chat_data, row_formats
+
+    if fmt in row_formats.CHAT:
+        return True
+    if fmt != "alpaca":
+        return False
+    return bool(chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None))
 
 
 def chat_rows(
-    cfg: TrainConfig, tokenizer: Any, source: str, train: tuple[Any, str], eval_: tuple[Any, str]
+    cfg: TrainConfig,
+    tokenizer: Any,
+    source: str,
+    fmt: str,
+    train: tuple[Any, str],
+    eval_: tuple[Any, str],
 ) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None]:
     """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
-    from xtrain.train.tasks import chat_data
+    from xtrain.train.tasks import chat_data, row_formats
     from xtrain.train.tasks.common import require_nonempty
 
     d = cfg.data
     if d.packing:
-        raise XtrainError("data.packing is for plain text, not chat conversations", "set data.packing=false")
+        hint = "set data.packing=false"
+        if fmt == "alpaca":
+            hint += " (alpaca rows are chat conversations when the tokenizer has a chat template)"
+        raise XtrainError("data.packing is for plain text, not chat conversations", hint)
     template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
     if d.chat_template is not None:
         tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
@@ -45,15 +71,28 @@ def chat_rows(
         if ds is None:
             out.append(None)
             continue
-        rows = chat_data.text_chat_rows(ds, d.messages_column, render, tokenizer, d.max_length, name)
+        cells = row_formats.conversations(ds, fmt, d.messages_column, name)
+        rows = chat_data.text_chat_rows(cells, render, tokenizer, d.max_length, name)
         require_nonempty(rows, name, "training" if ds is train[0] else "eval")
         out.append(rows)
     assert out[0] is not None
     return out[0], out[1]
 
 
+def _text_columns(cfg: TrainConfig, fmt: str) -> tuple[str | None, str | None, dict[str, str]]:
+    """(prompt column, response column, the columns to require) of a non-chat format."""
+    d = cfg.data
+    if fmt == "alpaca":  # mapped to these two columns first (row_formats.alpaca_as_prompt_response)
+        return "prompt", "response", {}
+    if fmt == "prompt_response":
+        prompt, response = d.prompt_column or "prompt", d.response_column or "response"
+        return prompt, response, {"data.prompt_column": prompt, "data.response_column": response}
+    return None, None, {"data.text_column": d.text_column}
+
+
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.train import data
+    from xtrain.train.tasks import row_formats
     from xtrain.train.tasks.common import (
         load_seeded,
         prepare_tokenizer,
@@ -65,41 +104,44 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
 
     d = cfg.data
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
-    if d.prompt_column is not None:
-        columns = {"data.prompt_column": d.prompt_column, "data.response_column": d.response_column}
-    else:
-        columns = {"data.text_column": d.text_column}
-    kwargs = {
-        "tokenizer": tokenizer,
-        "text_column": d.text_column,
-        "prompt_column": d.prompt_column,
-        "response_column": d.response_column,
-        "max_length": d.max_length,
-        "packing": d.packing,
-    }
-    tokenize = tokenizing(NAME, data.tokenize_causal_lm, kwargs)
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
-        chat = is_chat(cfg, train)
+        fmt = row_format(cfg, train)
+        chat = is_chat(cfg, tokenizer, fmt)
         if not chat:
-            data.require_columns(train, columns, train_name)
-            train = tokenize(train, "train")
-            require_nonempty(train, train_name, "training")
-            if eval_ds is not None:
-                data.require_columns(eval_ds, columns, eval_name)
-                eval_ds = tokenize(eval_ds, "eval")
-                require_nonempty(eval_ds, eval_name, "eval")
+            prompt, response, columns = _text_columns(cfg, fmt)
+            kwargs = {
+                "tokenizer": tokenizer,
+                "text_column": d.text_column,
+                "prompt_column": prompt,
+                "response_column": response,
+                "max_length": d.max_length,
+                "packing": d.packing,
+            }
+            tokenize = tokenizing(NAME, data.tokenize_causal_lm, kwargs)
+            sets = []
+            for ds, name, role in ((train, train_name, "train"), (eval_ds, eval_name, "eval")):
+                if ds is not None:
+                    if fmt == "alpaca":
+                        ds = row_formats.alpaca_as_prompt_response(ds, name)
+                    data.require_columns(ds, columns, name)
+                    ds = tokenize(ds, role)
+                    require_nonempty(ds, name, "training" if role == "train" else "eval")
+                sets.append(ds)
+            train, eval_ds = sets
     if chat:  # rendered in every process: no datasets cache to share (fast: no model involved)
-        train, eval_ds = chat_rows(cfg, tokenizer, source, (train, train_name), (eval_ds, eval_name))
+        train, eval_ds = chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (eval_ds, eval_name))
 
     model = load_seeded(cfg, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    from xtrain.train import collate
+    from xtrain.train import collate, neftune
 
     evaluation = (collate.causal_lm_eval_batch, collate.causal_lm_reduce, "token_accuracy")
     workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
     workload.chat = chat
+    if cfg.optim.neftune_alpha is not None:  # on the unwrapped model; active in training mode only
+        neftune.attach(workload.model, cfg.optim.neftune_alpha)
     return workload
 
 
@@ -109,6 +151,16 @@ def validate(cfg: TrainConfig) -> None:
         raise XtrainError(
             "data.prompt_column and data.response_column go together",
             "set both (loss on the response only) or neither (loss on data.text_column)",
+        )
+    if d.prompt_column is not None and d.row_format not in ("auto", "prompt_response"):
+        raise XtrainError(
+            f"data.prompt_column is for prompt/response rows, and data.row_format={d.row_format}",
+            "leave data.prompt_column and data.response_column unset, or set data.row_format=prompt_response",
+        )
+    if d.packing and d.row_format in ("messages", "sharegpt"):
+        raise XtrainError(
+            f"data.packing is for plain text, not chat conversations (data.row_format={d.row_format})",
+            "set data.packing=false",
         )
     if d.group_by_length and d.packing:
         raise XtrainError(
@@ -191,11 +243,12 @@ def _is_causal_lm(config: dict[str, Any]) -> bool:
 
 TASK = Task(
     name=NAME,
-    about="text, prompt/response or chat conversations; metric: next-token accuracy",
+    about="text, prompt/response, chat conversations, alpaca or sharegpt; metric: next-token accuracy",
     build=build,
     aliases=("clm",),
     keys=frozenset(
         {
+            "data.row_format",
             "data.text_column",
             "data.prompt_column",
             "data.response_column",
@@ -203,6 +256,7 @@ TASK = Task(
             "data.chat_template",
             "data.packing",
             "data.group_by_length",
+            "optim.neftune_alpha",
         }
     ),
     validate=validate,

@@ -300,12 +300,13 @@ def messages_column_of(ds: Any, column: str, source: str) -> list[Any]:
 
 
 def text_chat_rows(
-    ds: Any, column: str, render: Render, tokenizer: Any, max_length: int, source: str
+    cells: list[Any], render: Render, tokenizer: Any, max_length: int, source: str
 ) -> list[dict[str, list[int]]]:
-    """causal-lm chat: every conversation of ``ds`` checked, rendered and labelled, cut to
-    ``max_length``; one whose answers all lie past the cut is dropped (as causal-lm does)."""
+    """causal-lm chat: every conversation (a ``messages`` cell of row i of ``source``) checked,
+    rendered and labelled, cut to ``max_length``; one whose answers all lie past the cut is
+    dropped (as causal-lm does)."""
     rows = []
-    for row, cell in enumerate(messages_column_of(ds, column, source)):
+    for row, cell in enumerate(cells):
         conv = parse_conversation(cell, row, source, allow_images=False)
         enc = encode(render, tokenizer, conv, f"row {row} of {source}")
         ids, labels = enc.input_ids[:max_length], enc.labels[:max_length]

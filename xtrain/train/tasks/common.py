@@ -11,7 +11,7 @@ from typing import Any
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train import collate, data, lora, models
+from xtrain.train import attention, collate, data, lora, models
 from xtrain.train.config.schema import TrainConfig
 from xtrain.train.tasks.contract import MainProcessFirst, Task
 from xtrain.train.workload import EvalBatchFn, ReduceFn, Workload
@@ -54,12 +54,16 @@ def pad_collator(tokenizer: Any) -> collate.PadCollator:
 
 def load_seeded(cfg: TrainConfig, task: Task, source: str, **extra: Any) -> Any:
     """The task's model class ``from_pretrained``, right after ``set_seed(run.seed)``: every
-    process and launch mode starts from the same weights (heads made new included)."""
+    process and launch mode starts from the same weights (heads made new included), with the
+    attention implementation ``model.attn_implementation`` decides for this process."""
+    import transformers
     from transformers import set_seed
 
     assert task.model_class is not None, f"{task.name} loads its model itself"
     set_seed(cfg.run.seed)
     m = cfg.model
+    chosen = attention.for_load(cfg, getattr(transformers, task.model_class), source)
+    extra = {**chosen.kwargs(), **extra}
     return models.load_model(source, task.model_class, task.name, m.dtype, m.trust_remote_code, **extra)
 
 
@@ -229,7 +233,8 @@ def load_media_model(cfg: TrainConfig, task: Task, source: str) -> Any:
     m = cfg.model
     assert task.model_class is not None, f"{task.name} loads its model itself"
     model_class = getattr(transformers, task.model_class)
-    return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code)
+    chosen = attention.for_load(cfg, model_class, source)  # model.attn_implementation
+    return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code, **chosen.kwargs())
 
 
 def generation_eval(cfg: TrainConfig, tokenizer: Any, **more: Any) -> Any:
