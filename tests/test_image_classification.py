@@ -183,6 +183,20 @@ def test_one_and_two_processes_give_the_same_accuracy(shapes_job, shapes_straigh
 
 
 @pytest.mark.slow
+def test_loader_workers_train_the_same(shapes_job, shapes_straight):
+    """The images decoded in a DataLoader worker (the plan's media_workers on a GPU machine):
+    the same batches, so the same losses and accuracy, bit for bit."""
+    from support.jobs import assert_same_training, python_run, run_xtrain
+
+    out = shapes_job.root / "workers"
+    args = ("--config", str(shapes_job.config), f"run.output_dir={out}", "data.num_workers=1")
+    proc = run_xtrain(python_run(*args), shapes_job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 loader worker(s) per process (data.num_workers)" in proc.stdout + proc.stderr
+    assert_same_training(shapes_straight, out, exact=True)
+
+
+@pytest.mark.slow
 def test_kill_and_resume_is_exact(shapes_job, shapes_straight):
     from support.jobs import assert_same_training, python_run, run_until, run_xtrain
 

@@ -35,6 +35,7 @@ PLAN_FIELDS = (
     "cpu_staged_allreduce",
     "env",
     "dataloader_workers",
+    "media_workers",
     "pin_memory",
     "main_address",
     "main_port",
@@ -56,6 +57,7 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             cpu_staged_allreduce=True,  # gloo CUDA all-reduce crash (pytorch#186535)
             env={"USE_LIBUV": "0"},
             dataloader_workers=0,
+            media_workers=4,  # decoding overlaps the GPU step; spawned, persistent
             pin_memory=True,
             main_address="127.0.0.1",
             main_port=29500,
@@ -81,6 +83,7 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             cpu_staged_allreduce=False,
             env={"USE_LIBUV": "0"},
             dataloader_workers=0,
+            media_workers=1,  # 24 cores: one decodes while the rest compute
             pin_memory=False,
             main_address="127.0.0.1",
             main_port=29500,
@@ -101,6 +104,7 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             cpu_staged_allreduce=False,
             env=P2P_ENV,  # 4090s have no P2P
             dataloader_workers=4,
+            media_workers=4,
             pin_memory=False,  # WSL2 limits pinned memory
             main_address="127.0.0.1",
             main_port=29500,
@@ -126,6 +130,7 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             cpu_staged_allreduce=False,
             env={},  # NVLink: P2P everywhere
             dataloader_workers=4,
+            media_workers=4,
             pin_memory=True,
             main_address="127.0.0.1",
             main_port=29500,
@@ -146,6 +151,7 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             cpu_staged_allreduce=False,
             env=P2P_ENV,  # consumer PCIe board without an NVLink bridge: no P2P
             dataloader_workers=4,
+            media_workers=4,
             pin_memory=True,
             main_address="127.0.0.1",
             main_port=29500,
@@ -166,6 +172,7 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             cpu_staged_allreduce=False,
             env={},
             dataloader_workers=4,
+            media_workers=4,
             pin_memory=True,
             main_address="127.0.0.1",
             main_port=29500,
@@ -186,6 +193,7 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             cpu_staged_allreduce=False,
             env={},
             dataloader_workers=0,
+            media_workers=0,  # 2 cores: a worker would take one from compute
             pin_memory=False,
             main_address="127.0.0.1",
             main_port=29500,
@@ -206,6 +214,7 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             cpu_staged_allreduce=False,
             env={},
             dataloader_workers=0,  # spawned workers re-import the program
+            media_workers=4,
             pin_memory=False,
             main_address="127.0.0.1",
             main_port=29500,
@@ -781,3 +790,22 @@ def test_the_loop_reads_the_loader_settings_from_resolve() -> None:
     assert (s.loader_workers, s.pin_memory, s.world_size) == (plan.dataloader_workers, True, 2)
     s = resolve(load_config(None, ["data.num_workers=1"]), plan=plan, context=ctx).settings
     assert s.loader_workers == 1  # data.num_workers wins over the plan's
+
+
+@pytest.mark.parametrize(
+    ("task", "kind"),
+    [("causal-lm", "dataloader_workers"), ("seq-cls", "dataloader_workers"),
+     ("image-to-text", "media_workers"), ("speech-to-text", "media_workers"),
+     ("vision-language", "media_workers"), ("image-classification", "media_workers")],
+)  # fmt: skip
+def test_tasks_that_decode_media_get_the_plans_media_workers(task: str, kind: str) -> None:
+    from xtrain.planning.resolve import resolve
+    from xtrain.train.config import load_config
+
+    for machine in ("windows-2x4090", "linux-2x3090", "windows-cpu-torch-with-driver"):
+        plan = make_plan(load_machine(machine))
+        s = resolve(load_config(None, [f"model.task={task}"]), plan=plan).settings
+        assert s.loader_workers == getattr(plan, kind) and s.loader_why == plan.reasons[kind]
+    assert make_plan(load_machine("windows-2x4090")).media_workers > 0  # spawned, yet worth it
+    s = resolve(load_config(None, [f"model.task={task}", "data.num_workers=0"]), plan=plan).settings
+    assert (s.loader_workers, s.loader_why) == (0, "data.num_workers")

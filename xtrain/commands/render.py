@@ -208,6 +208,7 @@ def render_plan(console: Console, plan: Plan) -> None:
         "tf32": _yes_no(plan.tf32, "on", "off"),
         "cpu_staged_allreduce": _yes_no(plan.cpu_staged_allreduce, "on", "off"),
         "dataloader_workers": str(plan.dataloader_workers),
+        "media_workers": str(plan.media_workers),
         "pin_memory": _yes_no(plan.pin_memory, "on", "off"),
     }
     for key, why in plan.reasons.items():

@@ -52,6 +52,14 @@ def memory_lines(cfg: Any, resolved: Any) -> list[str]:
     return lines + ([f"[bold yellow]warning:[/] {escape(check.warning)}"] if check.warning else [])
 
 
+def loading_lines(resolved: Any) -> list[str]:
+    """The DataLoader workers each process reads its batches with, and why (rich markup)."""
+    from rich.markup import escape
+
+    s = resolved.settings
+    return [f"[bold]Data loading:[/] {s.loader_workers} worker(s) per process ({escape(s.loader_why)})"]
+
+
 def attention_lines(cfg: Any, resolved: Any) -> list[str]:
     """The attention implementation the plan's workers will load with, and why (rich markup); an
     explicit ``model.attn_implementation`` that cannot work stops here, before any process starts."""
@@ -148,7 +156,7 @@ def train(
     resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
     plan = resolved.plan
     run_argv = ["--config", str(config), *overrides]
-    notes = attention_lines(cfg, resolved) + memory_lines(cfg, resolved)
+    notes = loading_lines(resolved) + attention_lines(cfg, resolved) + memory_lines(cfg, resolved)
 
     if dry_run:
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)

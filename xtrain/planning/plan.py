@@ -94,7 +94,8 @@ class Plan:
     main_port: int = 29500
     num_machines: int = 1
     machine_rank: int = 0
-    dataloader_workers: int = 0
+    dataloader_workers: int = 0  # DataLoader workers per process for tokenised rows
+    media_workers: int = 0  # ... for rows that decode images or audio (Task.decodes_media)
     pin_memory: bool = False
     reasons: dict[str, str] = field(default_factory=dict)  # choice -> why
 

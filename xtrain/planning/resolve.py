@@ -60,6 +60,7 @@ class RunSettings:
     lr: float  # optim.lr scaled for the global batch (optim.lr_scaling)
     precision: str  # no | fp16 | bf16
     loader_workers: int = 0  # DataLoader workers per process: data.num_workers, else the plan's
+    loader_why: str = ""  # why that many (the plan's reason, or the config's key)
     pin_memory: bool = False  # the plan's
     trackers: tuple[str, ...] = ()  # run.report_to (auto: tensorboard unless run.tensorboard is false)
 
@@ -177,7 +178,10 @@ def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettin
     accumulation = gradient_accumulation(cfg, world_size)
     global_batch = cfg.batch.per_device * world_size * accumulation
     mp = cfg.run.mixed_precision
-    workers = cfg.data.num_workers  # image decoding wants workers where text needs none
+    workers, why = cfg.data.num_workers, "data.num_workers"  # None: the plan's, for this task's rows
+    if workers is None:
+        kind = "media_workers" if cfg.decodes_media else "dataloader_workers"
+        workers, why = getattr(plan, kind), plan.reasons.get(kind, "the plan's")
     return RunSettings(
         world_size=world_size,
         per_device=cfg.batch.per_device,
@@ -185,7 +189,8 @@ def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettin
         global_batch=global_batch,
         lr=scaled_lr(cfg, global_batch),
         precision=plan.mixed_precision if mp in AUTO else mp,
-        loader_workers=plan.dataloader_workers if workers is None else workers,
+        loader_workers=workers,
+        loader_why=why,
         pin_memory=plan.pin_memory,
         trackers=trackers(cfg),
     )

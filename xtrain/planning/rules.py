@@ -126,7 +126,7 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         else "TF32 needs a CUDA GPU with compute capability >= 8.0"
     )
     env = _plan_env(facts, os_kind, device, backend, gpus, num_processes, reasons)
-    workers, pin_memory = _plan_loading(facts, os_kind, device, num_processes, reasons)
+    workers, media_workers, pin_memory = _plan_loading(facts, os_kind, device, num_processes, reasons)
     return Plan(
         os_kind=os_kind,
         shell=shell_for(os_kind),
@@ -145,6 +145,7 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         num_machines=ov.num_machines,
         machine_rank=ov.machine_rank,
         dataloader_workers=workers,
+        media_workers=media_workers,
         pin_memory=pin_memory,
         reasons=reasons,
     )
@@ -251,10 +252,14 @@ def _plan_env(
 
 def _plan_loading(
     facts: Facts, os_kind: str, device: str, num_processes: int, reasons: dict[str, str]
-) -> tuple[int, bool]:
-    """(DataLoader workers per process, pinned memory)."""
+) -> tuple[int, int, bool]:
+    """(DataLoader workers per process for tokenised rows, for rows that decode images or audio,
+    pinned memory). Workers are persistent (``xtrain.train.loop``): a spawned worker's start
+    (Windows, macOS) is paid once per run, not once per epoch."""
+    cores = facts.cpu_count // max(1, num_processes)  # this process's share of the cores
+    spare = max(0, min(4, cores - 1))  # one core stays with the training process
     if device == "cuda" and os_kind in ("linux", "wsl2"):
-        workers = max(0, min(4, facts.cpu_count // max(1, num_processes) - 1))
+        workers = spare
         reasons["dataloader_workers"] = "fork is cheap on Linux: a few workers per GPU process"
     else:
         workers = 0
@@ -262,6 +267,22 @@ def _plan_loading(
             "spawned workers re-import the program on Windows/macOS; tokenised data needs none"
             if os_kind in ("windows", "macos")
             else "CPU training: workers would take cores from compute"
+        )
+    if device != "cpu":
+        # decoding images/audio costs a step's worth of time: workers decode the next batches
+        # while the GPU trains, on every OS (spawned ones on Windows/macOS are persistent)
+        media = max(1, spare)
+        reasons["media_workers"] = (
+            "images and audio decode while the GPU trains (cores per process - 1, at most 4; "
+            "persistent: a spawned worker starts once)"
+        )
+    else:
+        # CPU training: a worker shares the cores with compute; it pays off only with cores to spare
+        media = 1 if cores >= 4 else 0
+        reasons["media_workers"] = (
+            f"CPU training on {cores} core(s) per process: one worker decodes while the rest compute"
+            if media
+            else f"CPU training on {cores} core(s) per process: a worker would take a core from compute"
         )
     pin_memory = device == "cuda" and os_kind != "wsl2"
     reasons["pin_memory"] = (
@@ -271,4 +292,4 @@ def _plan_loading(
         if pin_memory
         else "no GPU to copy to"
     )
-    return workers, pin_memory
+    return workers, media, pin_memory

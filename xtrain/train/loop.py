@@ -222,7 +222,10 @@ class Recipe:
 
         s, w = self.settings, self.workload
         self.pin = s.pin_memory and self.device.type == "cuda"
-        loading = {"collate_fn": w.collator, "num_workers": s.loader_workers, "pin_memory": self.pin}
+        loading: dict[str, Any] = {"collate_fn": w.collator, "num_workers": s.loader_workers}
+        loading["pin_memory"] = self.pin
+        if s.loader_workers:  # started once per run: a spawned worker (Windows, macOS) costs an import
+            loading["persistent_workers"] = True
         self.eval_loader = None
         if w.eval_dataset is not None and len(w.eval_dataset) > 0:
             # split_batches: per_device on each rank

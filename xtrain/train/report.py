@@ -31,13 +31,16 @@ class StartInfo:
     output_dir: str
     resumed_from: str | None = None
     cpu_staged_allreduce: bool = False
+    loader_workers: int = 0
+    loader_why: str = ""
 
     @classmethod
     def of(cls, settings: Any, **found: Any) -> StartInfo:
         """The banner of a run with these ``RunSettings``; ``found``: what setup found."""
         s = settings
         return cls(precision=s.precision, per_device=s.per_device, accumulation=s.accumulation,
-                   global_batch=s.global_batch, **found)  # fmt: skip
+                   global_batch=s.global_batch, loader_workers=s.loader_workers,
+                   loader_why=s.loader_why, **found)  # fmt: skip
 
     @property
     def batch_line(self) -> str:
@@ -173,6 +176,8 @@ class RichReporter:
             f"{info.device}, {comm}, precision {info.precision if info.precision != 'no' else 'fp32'}"
         )
         c.print(f"  {info.batch_line}")
+        if info.loader_workers:
+            c.print(f"  data: {info.loader_workers} loader worker(s) per process ({_esc(info.loader_why)})")
         share = 100 * info.trainable_params / max(1, info.total_params)
         c.print(
             f"  trainable parameters {info.trainable_params:,} of {info.total_params:,} ({share:.2f}%), "

@@ -98,6 +98,8 @@ class Task:
     # A full fine-tune's freezing (cfg.lora.enabled false), shared by the build and the plan
     full_fine_tune: Callable[[Any, TrainConfig], None] | None = None
     image_tokens: bool = False  # its sequences hold image tokens (the memory estimate)
+    # its rows decode images or audio when read: the plan's media DataLoader workers serve it
+    decodes_media: bool = False
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
     # the head of a result saved without xtrain's record: architectures' suffix / peft task type
     recognizes: Callable[[dict[str, Any]], bool] | None = None

@@ -173,6 +173,7 @@ def _is_image_classifier(config: dict[str, Any]) -> bool:
 
 TASK = Task(
     name=NAME,
+    decodes_media=True,
     about="images and a label (ViT, DeiT, ConvNeXt, Swin); metric: accuracy",
     build=build,
     keys=frozenset({"model.num_labels", "data.image_column", "data.label_column"}),

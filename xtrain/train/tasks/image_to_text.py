@@ -212,6 +212,7 @@ def _quickstart_inputs() -> list[str]:
 
 TASK = Task(
     name=NAME,
+    decodes_media=True,
     about="images and their text (TrOCR, ViT-GPT2); metric: CER/WER by generation",
     build=build,
     aliases=("ocr",),

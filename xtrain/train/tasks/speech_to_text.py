@@ -298,6 +298,7 @@ def _quickstart_inputs() -> list[str]:
 
 TASK = Task(
     name=NAME,
+    decodes_media=True,
     about="audio clips and their transcripts (Whisper); metric: WER/CER by generation",
     build=build,
     aliases=("asr",),

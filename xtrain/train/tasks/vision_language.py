@@ -331,6 +331,7 @@ def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
 
 TASK = Task(
     name=NAME,
+    decodes_media=True,
     about="image + text conversations (Qwen2-VL); metric: exact match of generated answers",
     build=build,
     aliases=("vlm", "image-text-to-text"),
