@@ -363,10 +363,12 @@ def render(r: dict[str, Any], command: str) -> str:
             f"{s['steps']} steps, rates from the loop's logging windows after the first, one thread per "
             f"process, {s['repeats']} interleaved repeats. Load average after: {_load(sc)}.\n"
         )
+        n = s["processes"]
         rows = [
             ["1", _s(sc["samples_per_s"]["1"], "{:.1f}"), _s(sc["tokens_per_s"]["1"], "{:,.0f}")],
-            [str(s["processes"]), _s(sc["samples_per_s"][str(s["processes"])], "{:.1f}"),
-             _s(sc["tokens_per_s"][str(s["processes"])], "{:,.0f}")],
+            [str(n), _s(sc["samples_per_s"][str(n)], "{:.1f}"), _s(sc["tokens_per_s"][str(n)], "{:,.0f}")],
+            [f"{n} one-process runs at once (no process group)", _s(sc["ceiling_samples_per_s"], "{:.1f}"),
+             ""],
         ]  # fmt: skip
         w(table(["processes", "samples/s", "tokens/s"], rows))
         pe = sc["paired_efficiency"]
@@ -374,9 +376,14 @@ def render(r: dict[str, Any], command: str) -> str:
         w(
             f"\nSpeedup **{sc['speedup']:.2f}x**, scaling efficiency **{sc['efficiency']:.0%}** "
             f"(paired runs: {pe['min']:.0%}-{pe['max']:.0%}); gloo all-reduce bus bandwidth {bw} "
-            f"({ar['size_mib']:g} MiB, from `xtrain doctor --smoke`'s code). Two processes on a "
-            "2-core machine that other jobs share cannot both have a core all the time, so this "
-            "figure says more about the machine than about xtrain; see "
+            f"({ar['size_mib']:g} MiB, from `xtrain doctor --smoke`'s code).\n\n"
+            f"Where the rest goes: {n} copies of the one-process run started together, with no "
+            f"process group and no communication at all, reach {sc['ceiling_speedup']:.2f}x of one "
+            f"run: that is this machine's own ceiling for {n} processes (its cores share caches and "
+            f"memory bandwidth, and the VM's neighbours take their share). The {n}-process run "
+            f"reaches **{sc['of_ceiling']:.0%} of that ceiling**; the rest is what data parallelism "
+            "itself costs here: the gradient all-reduce (gloo, on the cores that also compute, so "
+            "little of it hides behind the backward pass) and the sync of each logging window. See "
             "[reading `xtrain bench`](#reading-xtrain-bench-on-your-machine) for what to expect on GPUs.\n"
         )
     if "startup" in r:

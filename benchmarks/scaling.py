@@ -8,6 +8,11 @@ Every process gets ``--threads`` compute threads (default 1: on CPU each process
 core, so the comparison is data parallelism over cores, not threads against processes). The
 all-reduce bandwidth of the planned backend comes from `xtrain doctor --smoke`'s code.
 
+The ceiling: N copies of the one-process run started together, no process group between them,
+their rates summed. It is what N processes can do on this machine with no communication at all
+(cores that share caches and memory bandwidth, a VM's neighbours), so ``speedup / ceiling`` is
+what data parallelism itself costs: the all-reduce, the sync, the launcher.
+
     python benchmarks/scaling.py [--processes 2] [--repeats 5] [--steps 40] [--json]
 """
 
@@ -17,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +33,7 @@ from common import Spread, machine  # noqa: E402
 
 from xtrain.bench.flops import scaling
 from xtrain.bench.job import job_config, prepare_job, write_config
-from xtrain.bench.rates import figures
+from xtrain.bench.rates import figures, read_windows
 from xtrain.bench.runner import output_to, plan_for, run_training
 from xtrain.bench.sizes import SIZES
 
@@ -57,6 +63,7 @@ def measure(
         rates: dict[int, list[float]] = {1: [], processes: []}
         tokens: dict[int, list[float]] = {1: [], processes: []}
         counts = [1, processes]
+        ceiling: list[float] = []
         for r in range(repeats):
             for n in counts if r % 2 == 0 else counts[::-1]:
                 out = root / f"r{r}-{n}p"
@@ -69,11 +76,15 @@ def measure(
                 tokens[n].append(run.tokens_per_s)
                 say(f"scaling: repeat {r + 1}/{repeats}, {n} process(es): {run.samples_per_s:.1f} samples/s")
                 shutil.rmtree(out, ignore_errors=True)
+            copies = independent_copies(root / f"r{r}-1p.yaml", root / f"r{r}-copies", processes, steps)
+            ceiling.append(sum(copies))
+            say(f"scaling: repeat {r + 1}/{repeats}, {processes} copies at once: {sum(copies):.1f} samples/s")
         with output_to(root / "smoke.log"):
             smoke = run_smoke(plans[processes])
         one, many = Spread.of(rates[1]), Spread.of(rates[processes])
         speedup, efficiency = scaling(one.median, many.median, processes)
         paired = [scaling(a, b, processes)[1] for a, b in zip(rates[1], rates[processes], strict=True)]
+        top = Spread.of(ceiling)
         return {
             "setup": {
                 "processes": processes,
@@ -92,6 +103,10 @@ def measure(
             "speedup": speedup,
             "efficiency": efficiency,
             "paired_efficiency": Spread.of([e for e in paired if e is not None]).to_dict(),
+            # N one-process runs at once, no communication: the machine's own ceiling
+            "ceiling_samples_per_s": top.to_dict(),
+            "ceiling_speedup": top.median / one.median if one.median else None,
+            "of_ceiling": many.median / top.median if top.median else None,
             "runs": rates,
             "allreduce": {
                 "ok": smoke.ok,
@@ -103,6 +118,27 @@ def measure(
         }
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def independent_copies(config: Path, folder: Path, copies: int, steps: int) -> list[float]:
+    """Samples/s of each of ``copies`` one-process runs of ``config`` started together (``python
+    -m xtrain.run``, no process group between them), from their own logging windows."""
+    procs = []
+    for i in range(copies):
+        out = folder / f"copy-{i}"
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "xtrain.run", "--config", str(config), f"run.output_dir={out}"]
+        with open(folder / f"copy-{i}.log", "w") as log:
+            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), out))
+    rates = []
+    for proc, out in procs:
+        if proc.wait() != 0:
+            raise RuntimeError(f"an independent copy failed: see {out.parent}")
+        result = json.loads((out / "train_result.json").read_text(encoding="utf-8"))
+        result["windows"] = read_windows(out)
+        rates.append(figures(result, 1, steps).samples_per_s)
+    shutil.rmtree(folder, ignore_errors=True)
+    return rates
 
 
 def main() -> None:
@@ -125,6 +161,11 @@ def main() -> None:
     pe = result["paired_efficiency"]
     print(f"speedup {result['speedup']:.2f}x, efficiency {result['efficiency']:.0%} "
           f"(paired {pe['min']:.0%}-{pe['max']:.0%})")  # fmt: skip
+    c = result["ceiling_samples_per_s"]
+    print(
+        f"ceiling ({a.processes} independent one-process runs at once): {c['median']:.1f} samples/s, "
+        f"{result['ceiling_speedup']:.2f}x; {a.processes} processes reach {result['of_ceiling']:.0%} of it"
+    )
     ar = result["allreduce"]
     if ar["busbw_gbps"] is not None:
         print(
