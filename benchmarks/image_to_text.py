@@ -10,8 +10,10 @@ after ``--warmup`` steps, best of ``--repeats`` alternating runs (robust on a sh
     .venv/bin/python benchmarks/image_to_text.py --json
 
 The data share is the time spent inside the data set and the collator over the time of the
-training steps (the DataLoader runs in the training process here: CPU plans use no workers; on
-Linux GPUs xtrain plans DataLoader workers, which hide this time behind the GPU).
+training steps, with the DataLoader in the training process (the plan on this 2-core CPU gives no
+workers). A third variant, xtrain with one DataLoader worker (what the plan gives image and audio
+tasks on GPU machines, ``media_workers``), has its data share from the loop's own count: the time
+the training process waited for its next batch (``data_seconds`` of each logging window).
 """
 
 from __future__ import annotations
@@ -118,14 +120,21 @@ def steady(setup: Setup, times: dict[int, float]) -> float:
     return statistics.median(times[s] - times[s - 1] for s in range(setup.warmup + 1, setup.steps + 1))
 
 
-def run_xtrain(setup: Setup) -> tuple[float, float]:
+def run_xtrain(setup: Setup, workers: int = 0) -> tuple[float, float]:
+    """xtrain's loop: (seconds per step, data share). With ``workers`` the rows are read in
+    DataLoader workers, and the share is the loop's own count of the wait for batches."""
     from xtrain.train.loop import train
 
     cfg, timer, clock = job_config(setup), Timer(), StepClock()
+    cfg.data.num_workers = workers
     with tempfile.TemporaryDirectory() as out:
         cfg.run.output_dir = out
         plan = make_plan(Facts(torch_version=torch.__version__, gloo_available=True))
-        train(cfg, plan, clock, build=lambda c, mpf: workload(c, timer))
+        result = train(cfg, plan, clock, build=lambda c, mpf: workload(c, timer))
+    if workers:  # the windows after the first (which waits for the workers to start)
+        steady_windows = result.windows[1:] or result.windows
+        waited = sum(w["data_seconds"] for w in steady_windows) / sum(w["seconds"] for w in steady_windows)
+        return steady(setup, clock.times), waited
     return steady(setup, clock.times), timer.seconds / (clock.times[setup.steps] - timer.started)
 
 
@@ -159,11 +168,12 @@ def measure_job(setup: Setup, task: str, unit: str, repeats: int = 3, log: Any =
     say = log or (lambda m: None)
     torch.set_num_threads(1)
     samples = setup.per_device * setup.accum
-    rates: dict[str, list[float]] = {"plain": [], "xtrain": []}
-    shares: dict[str, list[float]] = {"plain": [], "xtrain": []}
+    runs = {"plain": run_plain, "xtrain": run_xtrain, "xtrain_worker": lambda s: run_xtrain(s, workers=1)}
+    rates: dict[str, list[float]] = {name: [] for name in runs}
+    shares: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(repeats):
-        for name in ("plain", "xtrain") if r % 2 == 0 else ("xtrain", "plain"):
-            step_s, share = run_plain(setup) if name == "plain" else run_xtrain(setup)
+        for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+            step_s, share = runs[name](setup)
             rates[name].append(samples / step_s)
             shares[name].append(share)
             say(f"{task}: repeat {r + 1}/{repeats} {name}: {samples / step_s:.1f} {unit}/s "

@@ -29,11 +29,13 @@ LABELS = {
     "image_to_text": "image-to-text:",
     "speech_to_text": "speech-to-text:",
     "vision_language": "vision-language:",
+    "image_classification": "image-classification:",
 }
 TASKS = {
     "image_to_text": ("image-to-text", "quickstart-image-to-text.yaml", "images/s"),
     "speech_to_text": ("speech-to-text", "quickstart-speech-to-text.yaml", "clips/s"),
     "vision_language": ("vision-language", "quickstart-vision-language.yaml", "samples/s"),
+    "image_classification": ("image-classification", "quickstart-image-classification.yaml", "images/s"),
 }
 
 
@@ -91,9 +93,13 @@ def test_smoke_runs_every_benchmark_and_each_task_section_measures_its_own_job(t
         assert (results[name]["task"], results[name]["job"]) == (task, job)
     assert "audio_s_per_s" in results["speech_to_text"] and "images_per_s" in results["image_to_text"]
     assert set(results["vision_language"]["data_wait_share"]) == {"plain", "xtrain"}
+    for name in ("image_to_text", "speech_to_text", "image_classification"):  # with a loader worker too
+        assert set(results[name]["data_share"]) == {"plain", "xtrain", "xtrain_worker"}
+    assert results["scaling"]["ceiling_speedup"] > 0
     page = next(tmp_path.glob("xtrain-performance-smoke-*.md")).read_text()
     assert page.startswith("# Performance\n\n**Smoke run")
-    for heading in ("## Image to text", "## Speech to text", "## Vision-language", "## Resume cost"):
+    for heading in ("## Image to text", "## Image classification", "## Speech to text", "## Vision-language",
+                    "## Resume cost"):  # fmt: skip
         assert heading in page
 
 

@@ -1,0 +1,54 @@
+"""image-classification: xtrain's loop vs a hand-written loop on the same ViT job, in one process:
+images per second, and the share of step time spent waiting for data (reading PNGs + the image
+processor).
+
+The measurement is ``image_to_text.py``'s code (``measure_job``: the same timed data set and
+collator, the same hand-written loop), given this benchmark's own job explicitly: ``xtrain
+quickstart --task image-classification``'s (``builtin:tiny-vit`` on ``builtin:color-shapes``,
+LoRA on the attention, the classifier head trained whole).
+
+    .venv/bin/python benchmarks/image_classification.py            # CPU defaults, a few minutes
+    .venv/bin/python benchmarks/image_classification.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from image_to_text import ROOT, Setup, measure_job  # noqa: E402
+
+TASK = "image-classification"
+JOB = ROOT / "xtrain" / "data" / "quickstart-image-classification.yaml"
+
+
+def measure(repeats: int = 3, steps: int = 30, warmup: int = 5, log: Any = None) -> dict[str, Any]:
+    """For benchmarks/run_all.py: image-classification's job, every loop, images/s."""
+    out = measure_job(Setup(JOB, steps, warmup), TASK, "images", repeats, log)
+    out["images_per_s"] = out.pop("samples_per_s")
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    result = measure(a.repeats, a.steps, a.warmup, log=lambda m: print(m, file=sys.stderr))
+    if a.json:
+        print(json.dumps(result, indent=1))
+        return
+    for name, d in result["images_per_s"].items():
+        share = result["data_share"][name]["median"]
+        print(f"{name}: {d['median']:.1f} images/s, data {share:.0%} of step time")
+    print(f"xtrain / hand-written: {result['ratio']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
