@@ -552,8 +552,8 @@ GPU_SECTION = """## GPU rows
 machine this command measures tokens/s and MFU for LoRA and full fine-tuning of the ~110M-parameter
 llama-style `base` model (12 layers x 768, vocabulary 16,000, 1024-token sequences, per-device
 batch 8) in bf16 and fp16; xtrain through its real launch path next to the hand-written loop with
-and without `torch.compile` (xtrain's loop has no compile switch, so the compile rows show what
-compiling would be worth):
+and without `torch.compile` (xtrain's loop with `run.compile`, the hand-written one with
+`torch.compile`):
 
 ```bash
 python benchmarks/gpu.py --json > gpu.json      # 12 short training runs on one GPU

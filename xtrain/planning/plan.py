@@ -96,6 +96,8 @@ class Plan:
     machine_rank: int = 0
     dataloader_workers: int = 0
     pin_memory: bool = False
+    # why run.compile (torch.compile) cannot work here; None: it can (rules.compile_blocker)
+    compile_blocker: str | None = None
     reasons: dict[str, str] = field(default_factory=dict)  # choice -> why
 
     @property
