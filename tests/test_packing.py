@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def test_packed_collator_makes_one_padding_free_row() -> None:
     n = sum(len(r["input_ids"]) for r in packed)
     assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (1, n)
     assert "attention_mask" not in batch and batch["use_cache"] is False
+    assert pickle.loads(pickle.dumps(PackedCollator(0))).pad.pad_token_id == 0  # spawned DataLoader workers
     assert int(batch_tokens(batch, "attention_mask")) == n  # tokens/s counts every id: no padding
     unpacked = [{**r, "attention_mask": [1] * len(r["input_ids"])} for r in _examples([4, 2])]
     padded = PackedCollator(0)(unpacked)  # the eval rows: padded as PadCollator does
@@ -159,6 +161,20 @@ def test_packing_true_packs_whole_stories_and_keeps_eval_rows_whole(tmp_path: Pa
     assert len(packed.eval_dataset) == len(STORIES) and "position_ids" not in packed.eval_dataset[0]
     batch = packed.collator([rows[0], rows[1]])
     assert batch["input_ids"].shape[0] == 1 and torch.isfinite(packed.model(**batch).loss)
+    # end to end: the summed loss over the training set is the unpacked one (same seeded model)
+    assert _summed_loss(packed, 3) == pytest.approx(_summed_loss(plain, 1), rel=1e-4)
+
+
+def _summed_loss(workload, per_batch: int) -> float:
+    """Sum of every target token's loss over the training set, ``per_batch`` rows a batch."""
+    workload.model.eval()  # LoRA dropout off: the same function for both workloads
+    ds, total = workload.train_dataset, 0.0
+    with torch.no_grad():
+        for i in range(0, len(ds), per_batch):
+            batch = workload.collator([ds[j] for j in range(i, min(i + per_batch, len(ds)))])
+            logits = workload.model(**batch).logits[:, :-1].float()
+            total += float(F.cross_entropy(logits.transpose(1, 2), batch["labels"][:, 1:], reduction="sum"))
+    return total
 
 
 def test_prompt_response_packed_learns_the_responses_only(tmp_path: Path) -> None:
