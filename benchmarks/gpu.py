@@ -5,8 +5,9 @@ it) next to the hand-written loop with and without ``torch.compile``. One proces
     python benchmarks/gpu.py [--steps 40] [--json]           # on a CUDA machine
     python benchmarks/gpu.py --size tiny --steps 6 --precisions bf16 --no-compile   # a CPU check
 
-xtrain's loop has no torch.compile switch, so "compile" rows exist for the hand-written loop
-only: they show what compiling would be worth. MFU uses ``xtrain.bench``'s FLOPs rule
+The "compile" rows: the hand-written loop with ``torch.compile``, and xtrain's loop with
+``run.compile`` (run in-process by ``loops.py --worker xtrain --compile``: the same loop
+``python -m xtrain.run`` runs). MFU uses ``xtrain.bench``'s FLOPs rule
 (4 N + 2 N_trainable per token, 6 N for full fine-tuning) and peak table.
 """
 
@@ -74,6 +75,15 @@ def measure(
                 rows.append({"loop": "plain", "mode": mode, "precision": precision, "compile": compiled,
                              "tokens_per_s": tps, "mfu": row_mfu})  # fmt: skip
                 say(json.dumps(rows[-1]))
+                if compiled:  # xtrain's loop with run.compile
+                    say(f"gpu: xtrain loop {mode} {precision} compile=True")
+                    cmd[cmd.index("plain")] = "xtrain"
+                    steps_per_s = run_json(cmd, bench_env(None))["steps_per_s"]
+                    tps = steps_per_s * s.per_device * s.seq_len
+                    row_mfu = mfu(tps, fpt, 1, peak) if gpu else None
+                    rows.append({"loop": "xtrain", "mode": mode, "precision": precision, "compile": True,
+                                 "tokens_per_s": tps, "mfu": row_mfu})  # fmt: skip
+                    say(json.dumps(rows[-1]))
     return {
         "setup": {
             "size": size,

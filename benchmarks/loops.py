@@ -6,7 +6,11 @@ AdamW, cosine schedule with warm-up, gradient clipping at 1.0, logging every 10 
 CPU (or ``--precision`` on a GPU). Each run is a fresh process; the three loops run interleaved
 ``--repeats`` times. A run's speed is 1 / its median optimizer-step time after ``--warmup`` steps.
 
-    python benchmarks/loops.py [--repeats 5] [--steps 40] [--json] [--reference DIR]
+    python benchmarks/loops.py [--repeats 5] [--steps 40] [--json] [--reference DIR] [--compile]
+
+``--compile`` compiles the model in every loop: ``torch.compile`` in the plain one, ``run.compile``
+in xtrain's (accelerate's TorchDynamoPlugin), ``torch_compile`` in Trainer's. Compiling happens
+in the first steps, so raise ``--warmup`` past them (the rate is taken after the warm-up).
 
 ``--reference DIR`` adds a fourth loop, ``xtrain_ref``: the xtrain loop of another checkout (a
 git worktree of an older commit, say), run by that checkout's own ``benchmarks/loops.py`` with
@@ -169,6 +173,7 @@ def run_xtrain(a: argparse.Namespace) -> list[float]:
     cfg.run.seed = 0
     cfg.run.mixed_precision = a.precision
     cfg.lora.enabled = not a.full
+    cfg.run.compile = a.compile
     plan = rules.make_plan(probe.collect(quick=True), Overrides(num_processes=1))
     with tempfile.TemporaryDirectory() as out:
         cfg.run.output_dir = out
@@ -210,6 +215,7 @@ def run_trainer(a: argparse.Namespace) -> list[float]:
             use_cpu=not torch.cuda.is_available(),
             bf16=a.precision == "bf16",
             fp16=a.precision == "fp16",
+            torch_compile=a.compile,
         )
         trainer = Trainer(
             model=make_model(a),
@@ -244,6 +250,7 @@ def measure(
     threads: int | None = 1,
     log: Any = None,
     reference: str | None = None,
+    compile: bool = False,
 ) -> dict[str, Any]:
     """Interleaved runs of the loops; medians, spreads and ratios, by wall time and by the
     process's CPU time per step."""
@@ -251,7 +258,7 @@ def measure(
     rates: dict[str, dict[str, list[float]]] = {"wall": {k: [] for k in loops}, "cpu": {k: [] for k in loops}}
     base = [PYTHON, str(Path(__file__).resolve()), "--steps", str(steps), "--warmup", str(warmup),
             "--size", size, "--per-device", str(per_device), "--accum", str(accum),
-            "--precision", precision]  # fmt: skip
+            "--precision", precision, *(["--compile"] if compile else [])]  # fmt: skip
     n = len(loops)
     for r in range(repeats):
         for loop in loops[r % n :] + loops[: r % n]:  # rotate the order: no loop always goes first
@@ -278,6 +285,7 @@ def measure(
             "precision": precision,
             "threads": threads,
             "reference": reference,
+            "compile": compile,
         },  # fmt: skip
         "runs": rates,
     }
@@ -314,7 +322,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--precision", default="no", choices=("no", "fp16", "bf16"))
     p.add_argument("--full", action="store_true", help="full fine-tuning instead of LoRA")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (plain loop only)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model in every loop")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reference", help="another xtrain checkout: its loop runs too, as xtrain_ref")
     return p.parse_args(argv)
@@ -326,7 +334,8 @@ def main() -> None:
         worker(a)
         return
     result = measure(a.repeats, a.steps, a.warmup, a.size, a.per_device, a.accum, a.precision,
-                     log=lambda m: print(m, file=sys.stderr), reference=a.reference)  # fmt: skip
+                     log=lambda m: print(m, file=sys.stderr), reference=a.reference,
+                     compile=a.compile)  # fmt: skip
     result["machine"] = machine()
     if a.json:
         print(json.dumps(result, indent=1))

@@ -485,16 +485,16 @@ def render(r: dict[str, Any], command: str) -> str:
             f"{s['repeats']} interleaved repeats. Load average after: {_load(pk)}.\n"
         )
         w(table(["data.packing", "tokens/s (real tokens)"],
-                [["false (pad to the longest row)", _s(t["padded"], "{:,.0f}")],
-                 ["true (256-token blocks)", _s(t["packed"], "{:,.0f}")]]))  # fmt: skip
+                [["off (pad to the longest row)", _s(t["padded"], "{:,.0f}")],
+                 ["concatenate (256-token blocks)", _s(t["packed"], "{:,.0f}")]]))  # fmt: skip
         bound = 1 / (1 - pk["padding_share_unpacked"])
         w(
             f"\nPacking: **{pk['speedup']:.2f}x** the real tokens per second; removing "
             f"{pk['padding_share_unpacked']:.0%} padding alone would give {bound:.2f}x if a step's cost "
             "were proportional to its positions (a packed block always attends over all 256 positions, "
-            "padded batches only over their longest row). Packing also lets attention cross document "
-            "boundaries inside a block (no per-document mask), the usual trade for pre-training-style "
-            "data.\n"
+            "padded batches only over their longest row). This is `data.packing=concatenate`: attention "
+            "crosses document boundaries inside a block (no per-document mask), the usual trade for "
+            "pre-training-style data; `data.packing=true` (examples kept apart) is not measured here.\n"
         )
     if "image_to_text" in r:
         it = r["image_to_text"]
@@ -596,7 +596,8 @@ NO_GPU_SECTION = """## GPU rows
 machine this command measures tokens/s and MFU for LoRA and full fine-tuning of the ~110M-parameter
 llama-style `base` model (12 layers x 768, vocabulary 16,000, 1024-token sequences, per-device
 batch 8) in bf16 and fp16; xtrain through its real launch path next to the hand-written loop with
-and without `torch.compile`:
+and without `torch.compile` (xtrain's loop with `run.compile`, the hand-written one with
+`torch.compile`):
 
 ```bash
 python benchmarks/gpu.py --json > gpu.json      # 12 short training runs on one GPU

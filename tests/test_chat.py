@@ -67,8 +67,8 @@ def test_a_tokenizer_without_template_is_one_line_naming_the_key(tmp_path):
     workload = build_workload(_cfg(data, f"data.chat_template={inline}"))
     labels = workload.train_dataset[0]["labels"]
     assert workload.tokenizer.decode([t for t in labels if t != -100]) == "yo</s>"
-    with pytest.raises(XtrainError, match="data.packing is for plain text"):
-        build_workload(_cfg(data, f"data.chat_template={inline}", "data.packing=true"))
+    with pytest.raises(XtrainError, match="data.packing=concatenate would cut conversations"):
+        build_workload(_cfg(data, f"data.chat_template={inline}", "data.packing=concatenate"))
 
 
 ANSWER = {"role": "assistant", "content": "x"}

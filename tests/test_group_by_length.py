@@ -107,7 +107,7 @@ def test_token_lengths_come_from_the_input_ids_column() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["data.packing=true", "model.task=causal-lm"], "packed blocks all have max_length tokens"),
+        (["data.packing=true", "model.task=causal-lm"], "packed rows are all filled up to max_length"),
         (["model.task=image-to-text"], "data.group_by_length is for tasks .*, not image-to-text"),
     ],
 )

@@ -96,8 +96,10 @@ def test_alpaca_with_a_chat_template_becomes_a_conversation(tmp_path):
     assert [_learned(workload, i) for i in range(3)] == [f"{r['output']}{eos}" for r in ALPACA]
     second = workload.tokenizer.decode(workload.train_dataset[1]["input_ids"])
     assert "Answer briefly." in second and "Add the numbers.\n\n2 and 3" in second
-    with pytest.raises(XtrainError, match="data.packing is for plain text") as e:
-        build_workload(_cfg(tmp_path / "a.jsonl", f"data.chat_template={TEMPLATE}", "data.packing=true"))
+    with pytest.raises(XtrainError, match="data.packing=concatenate would cut conversations") as e:
+        build_workload(
+            _cfg(tmp_path / "a.jsonl", f"data.chat_template={TEMPLATE}", "data.packing=concatenate")
+        )
     assert "alpaca rows are chat conversations" in str(e.value)
 
 

@@ -163,10 +163,10 @@ def test_truncated_away_responses_are_dropped(llama, tmp_path):
     assert len(workload.train_dataset[0]["input_ids"]) <= 48
 
 
-def test_packing_cuts_the_concatenation_into_blocks(llama, tmp_path):
+def test_packing_concatenate_cuts_the_concatenation_into_blocks(llama, tmp_path):
     path = write_jsonl(tmp_path / "s.jsonl", [{"text": t} for t in STORIES])
     plain = build_workload(causal_cfg(llama, path, "data.max_length=512"))
-    packed = build_workload(causal_cfg(llama, path, "data.packing=true", "data.max_length=32"))
+    packed = build_workload(causal_cfg(llama, path, "data.packing=concatenate", "data.max_length=32"))
     lengths = [len(r["input_ids"]) for r in packed.train_dataset]
     assert all(n == 32 for n in lengths[:-1]) and 0 < lengths[-1] <= 32
     flat = [t for r in plain.train_dataset for t in r["input_ids"]]

@@ -79,7 +79,7 @@ def job_config(
     full: bool,
     precision: str | None,
     lora_r: int,
-    packing: bool = True,
+    packing: str = "concatenate",  # fixed max_length blocks: every step the same tokens
 ) -> dict[str, Any]:
     """The train config of one bench run (plain data; ``write_config`` saves it)."""
     return {

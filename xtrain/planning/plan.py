@@ -97,6 +97,8 @@ class Plan:
     dataloader_workers: int = 0  # DataLoader workers per process for tokenised rows
     media_workers: int = 0  # ... for rows that decode images or audio (Task.decodes_media)
     pin_memory: bool = False
+    # why run.compile (torch.compile) cannot work here; None: it can (rules.compile_blocker)
+    compile_blocker: str | None = None
     reasons: dict[str, str] = field(default_factory=dict)  # choice -> why
 
     @property

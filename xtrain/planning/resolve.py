@@ -18,7 +18,7 @@ training loop call it.
    a command (quick, or ``full_probe`` for doctor and quickstart).
 3. ``run_settings``: the plan + the config + the world size -> ``RunSettings``: accumulation,
    global batch, learning rate (scaled for the global batch), precision, DataLoader workers,
-   experiment trackers.
+   experiment trackers, torch.compile (refused where the plan's ``compile_blocker`` says why).
    Frozen; a global batch that does not divide stops here, before any process starts, and each
    rank's loop reads only its fields.
 4. ``choose_attention``: ``model.attn_implementation`` from ``AttentionFacts`` (flash-attn
@@ -63,6 +63,7 @@ class RunSettings:
     loader_why: str = ""  # why that many (the plan's reason, or the config's key)
     pin_memory: bool = False  # the plan's
     trackers: tuple[str, ...] = ()  # run.report_to (auto: tensorboard unless run.tensorboard is false)
+    compile: bool = False  # run.compile: torch.compile through accelerate (checked against the plan)
 
 
 @dataclass
@@ -182,6 +183,9 @@ def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettin
     if workers is None:
         kind = "media_workers" if cfg.decodes_media else "dataloader_workers"
         workers, why = getattr(plan, kind), plan.reasons.get(kind, "the plan's")
+    if cfg.run.compile and plan.compile_blocker:
+        pip = "pip install triton-windows" if plan.os_kind == "windows" else "pip install triton"
+        raise XtrainError(f"run.compile=true: {plan.compile_blocker}", f"{pip}, or set run.compile=false")
     return RunSettings(
         world_size=world_size,
         per_device=cfg.batch.per_device,
@@ -193,6 +197,7 @@ def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettin
         loader_why=why,
         pin_memory=plan.pin_memory,
         trackers=trackers(cfg),
+        compile=cfg.run.compile,
     )
 
 

@@ -147,8 +147,23 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         dataloader_workers=workers,
         media_workers=media_workers,
         pin_memory=pin_memory,
+        compile_blocker=compile_blocker(os_kind, device, bool(facts.packages.get("triton"))),
         reasons=reasons,
     )
+
+
+def compile_blocker(os_kind: str, device: str, triton: bool) -> str | None:
+    """Why ``run.compile`` (torch.compile, inductor) cannot work; None where it can. inductor
+    writes its GPU kernels in Triton; on CPU it writes C++ (Linux, macOS: the system compiler),
+    and on Windows torch's inductor wants Triton too (PyPI's ``triton-windows``: torch's Windows
+    wheels do not bring it). Pure: from the OS, the device and whether Triton is installed."""
+    if triton:
+        return None
+    if os_kind == "windows":
+        return "torch.compile needs Triton on Windows, and it is not installed"
+    if device == "cuda":
+        return "torch.compile writes its GPU kernels with Triton, which is not installed"
+    return None
 
 
 def _plan_device(facts: Facts, gpus: list[GPU], reasons: dict[str, str]) -> str:

@@ -34,6 +34,8 @@ class RunView(Protocol):
     def report_to(self) -> str | list[str]: ...  # auto | a list of tracker names ([]: none)
     @property
     def tensorboard(self) -> bool: ...  # report_to: auto's shorthand
+    @property
+    def compile(self) -> bool: ...  # torch.compile the model (refused where the plan says it cannot)
 
 
 class ModelView(Protocol):

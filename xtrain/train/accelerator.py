@@ -10,7 +10,10 @@ this module only applies it in the order the libraries need (FIELD_NOTES):
 - ``cpu=True`` when the plan has no accelerator: otherwise two CPU processes silently become
   two independent trainings;
 - ``split_batches=True`` so that accelerate steps the scheduler once per optimizer step (xtrain
-  feeds every rank its own micro-batches and never lets accelerate re-shard the training data).
+  feeds every rank its own micro-batches and never lets accelerate re-shard the training data);
+- ``run.compile`` through accelerate's own ``TorchDynamoPlugin``: ``prepare`` compiles the model
+  (after LoRA, around the DDP wrapper) with inductor; the plugin is always passed, so an
+  ``ACCELERATE_DYNAMO_*`` variable from an accelerate config does not compile behind the config.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from xtrain.train.config.schema import TrainConfig
 from xtrain.train.process_group import init_worker_group
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
+COMPILE_BACKEND = "inductor"  # torch.compile's default backend (tests use aot_eager: no C++ build)
 
 
 def apply_plan_env(plan: Plan) -> None:
@@ -45,6 +49,7 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings
         DistributedDataParallelKwargs,
         InitProcessGroupKwargs,
         ProjectConfiguration,
+        TorchDynamoPlugin,
     )
 
     apply_plan_env(plan)
@@ -76,6 +81,11 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings
         log_with=list(settings.trackers) or None,
         project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
         step_scheduler_with_optimizer=True,
+        # the whole model compiled (its state dict then has "_orig_mod." names: checkpoints and
+        # outputs unwrap it, keep_torch_compile=False); "no": run.compile is the one switch
+        dynamo_plugin=TorchDynamoPlugin(
+            backend=COMPILE_BACKEND if settings.compile else "no", use_regional_compilation=False
+        ),
     )
 
 
@@ -99,7 +109,7 @@ def stage_allreduce_on_cpu(model: Any, plan: Plan, world: int) -> bool:
         return False
     from xtrain.train import comm_hook
 
-    return comm_hook.register(model)
+    return comm_hook.register(getattr(model, "_orig_mod", model))  # run.compile: the DDP inside
 
 
 def release(accelerator: Any) -> None:

@@ -59,6 +59,48 @@ class PadCollator:
         return f"PadCollator(pad_token_id={self.pad_token_id}, pad_to_multiple_of={self.pad_to_multiple_of})"
 
 
+class PackedCollator:
+    """Packed rows (``position_ids`` restarting per example, from ``data.pack_rows``) into one
+    padding-free row: ``input_ids``, ``labels`` and ``position_ids`` of shape ``[1, tokens]``,
+    no ``attention_mask`` (transformers' ``DataCollatorWithFlattening`` layout). transformers
+    keeps attention inside each example from the restarting ``position_ids``: flash-attention
+    through its variable-length kernel, sdpa and eager through the block-diagonal mask that
+    ``masking_utils.create_causal_mask`` builds, which it does only without an attention mask and
+    without a KV cache, hence ``use_cache=False`` in the batch (a training forward otherwise makes
+    a cache: ``config.use_cache`` is true for most models, and the examples would see each other).
+
+    Rows without ``position_ids`` (the unpacked eval set) are padded as ``PadCollator`` does."""
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
+        self.pad = PadCollator(pad_token_id, pad_to_multiple_of)
+
+    def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        if not features:
+            raise ValueError("empty batch")
+        if "position_ids" not in features[0]:
+            return self.pad(features)
+        batch: dict[str, Any] = {}
+        for key in ("input_ids", "labels", "position_ids"):
+            flat = [t for f in features for t in f[key]]
+            batch[key] = torch.as_tensor(flat, dtype=torch.long).unsqueeze(0)
+        batch["use_cache"] = False
+        return batch
+
+    def __repr__(self) -> str:
+        return f"PackedCollator(pad_token_id={self.pad.pad_token_id})"
+
+
+def batch_tokens(batch: dict[str, Any], key: str | None) -> torch.Tensor | None:
+    """What counts a micro-batch's tokens (tokens/s): its ``key`` (a mask, summed), or for a
+    padding-free packed batch (no mask; ``position_ids`` restart per example) one per input id."""
+    if key is None:
+        return None
+    mask = batch.get(key)
+    if mask is None and "position_ids" in batch and "input_ids" in batch:
+        return torch.tensor(batch["input_ids"].numel())  # a host number: no device sync
+    return mask
+
+
 # ---------------------------------------------------------------------------------------------
 # Evaluation: per-example statistics (gathered by the loop), then one reduction
 

@@ -28,7 +28,8 @@ from xtrain.errors import XtrainError
 from xtrain.train.collate import IGNORE_INDEX
 
 # Bump when the tokenising functions below change what they produce (invalidates the cache).
-TOKENIZE_VERSION = 1
+TOKENIZE_VERSION = 2
+MAP_BATCH = 1000  # rows per batched map call: packing=on packs within one (pack_all: the same for lists)
 
 EXTENSIONS = {
     ".json": "json",
@@ -216,7 +217,7 @@ def tokenized(ds: Any, function: Any, fn_kwargs: dict[str, Any], fingerprint: st
     return ds.map(
         function,
         batched=True,
-        batch_size=1000,
+        batch_size=MAP_BATCH,
         fn_kwargs=fn_kwargs,
         remove_columns=list(ds.column_names),
         new_fingerprint=fingerprint,
@@ -240,10 +241,12 @@ def tokenize_causal_lm(
     prompt_column: str | None,
     response_column: str | None,
     max_length: int,
-    packing: bool,
+    packing: str,
 ) -> dict[str, list[list[int]]]:
     """Text -> input_ids/labels (+ eos). Prompt/response: labels -100 on the prompt.
-    Packing: the examples of this map batch are concatenated and cut into max_length blocks."""
+    ``packing``: off: one row per example, cut to max_length; on: the examples of this map batch,
+    each cut to max_length, packed whole into rows of at most max_length tokens (``pack_rows``);
+    concatenate: the examples of this map batch concatenated and cut into max_length blocks."""
     eos = tokenizer.eos_token_id
     tail = [eos] if eos is not None else []
     ids_list: list[list[int]] = []
@@ -265,23 +268,75 @@ def tokenize_causal_lm(
             ids_list.append(ids)
             labels_list.append(list(ids))
 
-    out_ids: list[list[int]] = []
-    out_labels: list[list[int]] = []
-    if packing:
+    if packing == "concatenate":
         flat_ids = [t for ids in ids_list for t in ids]
         flat_labels = [t for labels in labels_list for t in labels]
-        for start in range(0, len(flat_ids), max_length):
-            out_ids.append(flat_ids[start : start + max_length])
-            out_labels.append(flat_labels[start : start + max_length])
+        out_ids = [flat_ids[i : i + max_length] for i in range(0, len(flat_ids), max_length)]
+        out_labels = [flat_labels[i : i + max_length] for i in range(0, len(flat_labels), max_length)]
     else:
         out_ids = [ids[:max_length] for ids in ids_list]
         out_labels = [labels[:max_length] for labels in labels_list]
     keep = [i for i, labels in enumerate(out_labels) if _has_target(labels)]
+    rows = [{"input_ids": out_ids[i], "labels": out_labels[i]} for i in keep]
+    if packing == "on":
+        return columns(pack_rows(rows, max_length))
     return {
-        "input_ids": [out_ids[i] for i in keep],
-        "attention_mask": [[1] * len(out_ids[i]) for i in keep],
-        "labels": [out_labels[i] for i in keep],
+        "input_ids": [r["input_ids"] for r in rows],
+        "attention_mask": [[1] * len(r["input_ids"]) for r in rows],
+        "labels": [r["labels"] for r in rows],
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing that keeps examples apart
+
+
+def pack_rows(rows: Sequence[dict[str, list[int]]], max_length: int) -> list[dict[str, list[int]]]:
+    """Examples (``input_ids``/``labels``, each at most ``max_length`` long) packed whole into rows
+    of at most ``max_length`` tokens, first-fit by decreasing length (ties in input order): a pure
+    function of the rows, so every process and every resume gets the same packed rows.
+
+    A packed row holds ``position_ids`` restarting at 0 at every example's first token, which is
+    how transformers tells the examples apart (its mask keeps attention inside each example), and
+    that first token's label is -100: it is not predicted from the previous example's last one
+    (transformers' ``DataCollatorWithFlattening`` does the same)."""
+    order = sorted(range(len(rows)), key=lambda i: (-len(rows[i]["input_ids"]), i))
+    bins: list[list[int]] = []  # example indices per packed row
+    room: list[int] = []  # tokens left in each
+    for i in order:
+        n = len(rows[i]["input_ids"])
+        if n > max_length:
+            raise ValueError(f"example of {n} tokens does not fit max_length={max_length}")
+        slot = next((b for b, left in enumerate(room) if left >= n), None)
+        if slot is None:
+            bins.append([i])
+            room.append(max_length - n)
+        else:
+            bins[slot].append(i)
+            room[slot] -= n
+    packed = []
+    for members in bins:
+        ids: list[int] = []
+        labels: list[int] = []
+        positions: list[int] = []
+        for i in sorted(members):  # the examples of a row in their input order
+            row = rows[i]
+            ids += row["input_ids"]
+            labels += [IGNORE_INDEX, *row["labels"][1:]]
+            positions += range(len(row["input_ids"]))
+        packed.append({"input_ids": ids, "labels": labels, "position_ids": positions})
+    return packed
+
+
+def pack_all(rows: Sequence[dict[str, list[int]]], max_length: int) -> list[dict[str, list[int]]]:
+    """``pack_rows`` over a list in chunks of ``MAP_BATCH`` rows, as the batched map packs."""
+    return [r for i in range(0, len(rows), MAP_BATCH) for r in pack_rows(rows[i : i + MAP_BATCH], max_length)]
+
+
+def columns(rows: Sequence[dict[str, list[int]]]) -> dict[str, list[list[int]]]:
+    """Rows of dicts -> a dict of columns (what a batched ``Dataset.map`` returns)."""
+    keys = ("input_ids", "labels", "position_ids")
+    return {k: [r[k] for r in rows] for k in keys}
 
 
 def tokenize_seq_cls(

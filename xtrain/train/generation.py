@@ -102,7 +102,7 @@ class GenerationEval:
         self, accelerator: Any, model: Any, loader: Any
     ) -> tuple[dict[str, float], list[Prediction]]:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        generator = accelerator.unwrap_model(model)
+        generator = accelerator.unwrap_model(model, keep_torch_compile=False)
         references: list[str] = []
         predictions: list[str] = []
         loss_sum, count = 0.0, 0.0

@@ -37,6 +37,7 @@ from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings, resolve, trackers
 from xtrain.train import checkpoint, failures, lock, preflight, stops, tracking
 from xtrain.train.accelerator import build_accelerator, release, stage_allreduce_on_cpu
+from xtrain.train.collate import batch_tokens
 from xtrain.train.collective import (
     BuildFn,
     agree_to_stop,
@@ -285,7 +286,7 @@ class Recipe:
             with contextlib.nullcontext() if last else acc.no_sync(model):  # DDP/FSDP: sync on the last only
                 loss = model(**batch).loss
                 acc.backward(loss)  # divides by the accumulation (and scales the loss for fp16)
-            window.add(loss, batch.get(tokens_key) if tokens_key else None)
+            window.add(loss, batch_tokens(batch, tokens_key))  # packed rows: no mask, every id a token
         if self.cfg.optim.max_grad_norm:
             acc.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm)
         self._settle()  # the previous step's skip check + lr step (fp16; see precision.py)
@@ -391,7 +392,7 @@ class Recipe:
         if best and best in metrics and checkpoint.is_new_best(best, metrics[best], self.eval_history[:-1]):
             acc.wait_for_everyone()
             if acc.is_main_process:
-                unwrapped = acc.unwrap_model(self.model)
+                unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
                 checkpoint.save_best(
                     unwrapped, self.workload.tokenizer, out, step, best, metrics[best], self.record
                 )
@@ -471,7 +472,7 @@ class Recipe:
         )
         acc.wait_for_everyone()
         if acc.is_main_process:
-            unwrapped = acc.unwrap_model(self.model)
+            unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
             outputs.update(
                 checkpoint.save_final(
                     unwrapped, self.workload.tokenizer, out, self.cfg.run.save_merged, self.record

@@ -53,7 +53,9 @@ class Workload:
     # more of what the task's predict needs, saved in the run's record (e.g. a classifier's labels)
     record: dict[str, Any] = field(default_factory=dict)
     main_metric: str | None = None  # e.g. "accuracy": shown in banners and closing tables
-    tokens_key: str | None = "attention_mask"  # batch key whose sum counts tokens (tokens/s)
+    # batch key whose sum counts tokens (tokens/s); a padding-free packed batch (no such key,
+    # position_ids restarting per example) counts every input id (collate.batch_tokens)
+    tokens_key: str | None = "attention_mask"
     evaluate: EvaluateFn | None = None  # evaluation by generation (xtrain.train.generation)
     # One length per training sample, for data.group_by_length (speech-to-text: audio seconds from
     # the file headers). None: the token count of an ``input_ids`` column (xtrain.train.sampler).

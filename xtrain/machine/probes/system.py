@@ -13,7 +13,9 @@ from typing import Any
 
 from xtrain.machine.facts import Facts
 
-PACKAGES = ("accelerate", "transformers", "peft", "datasets")
+PACKAGES = ("accelerate", "transformers", "peft", "datasets", "triton")
+# where a package ships under another distribution name on some platform (the module is the same)
+DISTRIBUTIONS = {"triton": ("triton", "triton-windows")}
 # Variables a user may already have set that change how processes connect (shown by doctor,
 # kept in facts so `xtrain train` and doctor see the same environment).
 LAUNCH_ENV = (
@@ -130,10 +132,13 @@ def probe_packages(facts: Facts) -> dict[str, Any]:
     """Installed versions from package metadata: nothing is imported."""
     versions: dict[str, str | None] = {}
     for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
+        versions[name] = None
+        for dist in DISTRIBUTIONS.get(name, (name,)):
+            try:
+                versions[name] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
     return {"packages": versions}
 
 

@@ -83,7 +83,7 @@ def install_model_hooks(accelerator: Any) -> None:
 
     def on_save(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
         for i, m in enumerate(models):
-            inner = accelerator.unwrap_model(m)
+            inner = accelerator.unwrap_model(m, keep_torch_compile=False)
             named = dict(inner.named_parameters())
             trainable = {n for n, p in named.items() if p.requires_grad}
             state = inner.state_dict()
@@ -95,7 +95,7 @@ def install_model_hooks(accelerator: Any) -> None:
         from safetensors.torch import load_file
 
         for i, m in enumerate(models):
-            inner = accelerator.unwrap_model(m)
+            inner = accelerator.unwrap_model(m, keep_torch_compile=False)
             path = model_file(input_dir, i)
             if not path.is_file():
                 raise XtrainError(

@@ -72,7 +72,10 @@ class DataConfig:
     response_column: str | None = None
     label_column: str = "label"
     max_length: int = 512
-    packing: bool = False  # causal-lm: concatenate and cut into max_length blocks
+    # causal-lm: off | on (whole examples packed into rows of max_length, kept apart: position_ids
+    # restart per example, no attention across them) | concatenate (concatenated and cut into
+    # max_length blocks: examples attend to the ones before them; pre-training-style text only)
+    packing: str = "off"
     # Each optimizer step's samples of similar length (speech: audio seconds; text: tokens), less
     # padding; the order stays independent of the process count (xtrain.train.sampler).
     group_by_length: bool = False
@@ -125,6 +128,9 @@ class RunConfig:
     # threshold (None: never); needs best_metric and eval_every
     early_stopping_patience: int | None = None
     early_stopping_threshold: float = 0.0
+    # torch.compile the model (after LoRA, through accelerate's TorchDynamoPlugin, inductor);
+    # refused where it cannot work (Windows or a CUDA GPU without Triton: planning.rules)
+    compile: bool = False
     # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
     # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
     collective_timeout_s: int = 1800

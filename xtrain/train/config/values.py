@@ -25,6 +25,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "lora.apply_to": ("both", "encoder", "decoder"),
     "data.format": ("auto", "json", "csv", "parquet", "text", "arrow"),
     "data.row_format": ROW_FORMATS,
+    # off | on (whole examples packed, kept apart: xtrain.train.data.pack_rows) | concatenate
+    "data.packing": ("off", "on", "concatenate"),
     "data.long_audio": ("refuse", "cut"),
     "generation.speech_task": ("transcribe", "translate"),
     "optim.schedule": ("cosine", "linear", "constant"),
@@ -32,15 +34,20 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.mixed_precision": ("auto", *PRECISIONS),
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
+# fmt: off
 ALIASES: dict[str, dict[Any, str]] = {
     "model.dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"},
     "run.mixed_precision": {False: "no", "none": "no", "off": "no", "float16": "fp16", "bfloat16": "bf16"},
     "run.resume": {False: "off", True: "auto", "no": "off", "none": "off"},
     "model.attn_implementation": {"flash_attention": "flash_attention_2", "fa2": "flash_attention_2"},
     "data.row_format": {"prompt-response": "prompt_response", "chat": "messages"},
+    # true: packing that keeps examples apart; the old concatenation only by its own name
+    "data.packing": {False: "off", True: "on", "false": "off", "true": "on", "no": "off", "none": "off",
+                     "yes": "on", "concat": "concatenate"},
     "model.task": tasks.aliases(),  # each task's own, and its name with underscores
     "run.report_to": {False: "none"},
 }
+# fmt: on
 # Keys that take a list of choices (or `a,b` on the command line); "auto" and "none" stand alone.
 LIST_CHOICES: dict[str, tuple[str, ...]] = {"run.report_to": TRACKERS}
 LIST_WORDS = ("auto", "none")

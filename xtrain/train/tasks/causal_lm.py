@@ -1,8 +1,10 @@
 """``causal-lm``: a text column, or prompt/response columns with the loss on the response only,
 or chat conversations (``data.messages_column``, rendered by the chat template, loss on the
 assistant turns only: ``chat_data``), or alpaca / sharegpt rows mapped onto those two
-(``row_formats``; ``data.row_format`` or detected from the columns); optional packing and NEFTune
-(``optim.neftune_alpha``); metric: next-token accuracy (and perplexity).
+(``row_formats``; ``data.row_format`` or detected from the columns); optional packing (``data.packing``:
+on packs whole examples into rows kept apart by restarting ``position_ids``, concatenate is the
+old concatenation into blocks) and NEFTune (``optim.neftune_alpha``); metric: next-token accuracy
+(and perplexity).
 ``xtrain predict`` continues text prompts (a chat run's prompts as user turns)."""
 
 from __future__ import annotations
@@ -53,15 +55,16 @@ def chat_rows(
     eval_: tuple[Any, str],
 ) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None]:
     """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
+    from xtrain.train import data
     from xtrain.train.tasks import chat_data, row_formats
     from xtrain.train.tasks.common import require_nonempty
 
     d = cfg.data
-    if d.packing:
-        hint = "set data.packing=false"
+    if d.packing == "concatenate":
+        hint = "set data.packing=on (whole conversations packed, kept apart) or off"
         if fmt == "alpaca":
             hint += " (alpaca rows are chat conversations when the tokenizer has a chat template)"
-        raise XtrainError("data.packing is for plain text, not chat conversations", hint)
+        raise XtrainError("data.packing=concatenate would cut conversations mid-turn", hint)
     template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
     if d.chat_template is not None:
         tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
@@ -74,6 +77,8 @@ def chat_rows(
         cells = row_formats.conversations(ds, fmt, d.messages_column, name)
         rows = chat_data.text_chat_rows(cells, render, tokenizer, d.max_length, name)
         require_nonempty(rows, name, "training" if ds is train[0] else "eval")
+        if d.packing == "on" and ds is train[0]:  # the training rows only, as for text
+            rows = data.pack_all(rows, d.max_length)
         out.append(rows)
     assert out[0] is not None
     return out[0], out[1]
@@ -116,16 +121,21 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
                 "prompt_column": prompt,
                 "response_column": response,
                 "max_length": d.max_length,
-                "packing": d.packing,
             }
-            tokenize = tokenizing(NAME, data.tokenize_causal_lm, kwargs)
+            # packing=on packs the training rows only: eval examples stay whole rows, so eval loss
+            # and accuracy are per example, comparable with an unpacked run
+            eval_packing = "off" if d.packing == "on" else d.packing
+            tokenize = {
+                role: tokenizing(NAME, data.tokenize_causal_lm, {**kwargs, "packing": packing})
+                for role, packing in (("train", d.packing), ("eval", eval_packing))
+            }
             sets = []
             for ds, name, role in ((train, train_name, "train"), (eval_ds, eval_name, "eval")):
                 if ds is not None:
                     if fmt == "alpaca":
                         ds = row_formats.alpaca_as_prompt_response(ds, name)
                     data.require_columns(ds, columns, name)
-                    ds = tokenize(ds, role)
+                    ds = tokenize[role](ds, role)
                     require_nonempty(ds, name, "training" if role == "train" else "eval")
                 sets.append(ds)
             train, eval_ds = sets
@@ -138,8 +148,13 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     from xtrain.train import collate, neftune
 
     evaluation = (collate.causal_lm_eval_batch, collate.causal_lm_reduce, "token_accuracy")
+    if d.packing == "on":
+        check_packs_apart(model)  # before LoRA wraps it: the model's own class and config
     workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
     workload.chat = chat
+    if d.packing == "on":  # one padding-free row per micro-batch; eval rows padded as before
+        pad = workload.collator
+        workload.collator = collate.PackedCollator(pad.pad_token_id, pad.pad_to_multiple_of)
     if cfg.optim.neftune_alpha is not None:  # on the unwrapped model; active in training mode only
         neftune.attach(workload.model, cfg.optim.neftune_alpha)
     return workload
@@ -157,16 +172,46 @@ def validate(cfg: TrainConfig) -> None:
             f"data.prompt_column is for prompt/response rows, and data.row_format={d.row_format}",
             "leave data.prompt_column and data.response_column unset, or set data.row_format=prompt_response",
         )
-    if d.packing and d.row_format in ("messages", "sharegpt"):
+    if d.packing == "concatenate" and d.row_format in ("messages", "sharegpt"):
         raise XtrainError(
-            f"data.packing is for plain text, not chat conversations (data.row_format={d.row_format})",
-            "set data.packing=false",
+            f"data.packing=concatenate would cut conversations mid-turn (data.row_format={d.row_format})",
+            "set data.packing=on (whole conversations packed, kept apart) or off",
         )
-    if d.group_by_length and d.packing:
+    if d.group_by_length and d.packing != "off":
         raise XtrainError(
-            "data.group_by_length has nothing to group here: packed blocks all have max_length tokens",
+            "data.group_by_length has nothing to group: packed rows are all filled up to max_length tokens",
             "set data.group_by_length=false",
         )
+
+
+# Masks transformers builds from position_ids (masking_utils): a model whose modelling code uses
+# one of these gets packed examples kept apart (checked in tests/test_packing.py for llama).
+PACKED_MASKS = ("create_causal_mask", "create_sliding_window_causal_mask")
+ATTENTION_LAYERS = {"full_attention", "sliding_attention", "chunked_attention"}
+
+
+def check_packs_apart(model: Any) -> None:
+    """``data.packing=on`` keeps examples apart only where the model builds its attention mask
+    from ``position_ids`` (transformers' ``masking_utils``) and every layer is attention: a
+    recurrent layer (Mamba, RWKV, linear attention) carries state from one example into the
+    next. Refused in one line otherwise."""
+    import sys
+
+    module = sys.modules.get(type(model).__module__)
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    recurrent = set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYERS
+    if module is None or not any(hasattr(module, f) for f in PACKED_MASKS):
+        why = f"{name} does not build its attention mask from position_ids"
+    elif recurrent:
+        why = f"{name} has {', '.join(sorted(recurrent))} layers, which carry state across examples"
+    else:
+        return
+    raise XtrainError(
+        f"data.packing=on cannot keep packed examples apart: {why}",
+        "set data.packing=off, or data.packing=concatenate (examples then attend to each other)",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
