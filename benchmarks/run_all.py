@@ -699,8 +699,8 @@ wrappers, the window's device-side sums, the dropout reseed) came to under 1 ms.
 each step (2.1 of 4.6 s) was the DataLoader building the batch in the training process (the CPU
 plan has no workers): the collator ran Qwen2-VL's processor once per conversation (640 calls,
 2.8 ms each: resizing and patchifying the image 1.2 ms, merging the processor's keyword arguments
-0.5 ms, tokenising 0.4 ms). Give vision-language jobs DataLoader workers on GPUs
-(`data.num_workers`; Linux plans a few per GPU).
+0.5 ms, tokenising 0.4 ms). On GPU machines the plan now gives vision-language jobs DataLoader
+workers (`media_workers`, Windows included), which take this off the training process.
 
 **One processor call per batch** (issue 24, measured 2026-11-24/25 UTC on a shared 2-core AMD EPYC
 machine, Linux, torch 2.13.0+cpu, transformers 5.24.0, load average 4-6 from other people's test
