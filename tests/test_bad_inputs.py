@@ -53,6 +53,13 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "header-only CSV": ("run", ["--config", "{c}", "data.train={r}/header.csv", "run.output_dir={r}/fresh-header"], {}, "data file {r}/header.csv has no rows", 2, False),
     "max_length above the model": ("run", ["--config", "{c}", "data.max_length=100000", "run.output_dir={r}/fresh-len"], {}, "data.max_length=100000 is above the model's limit of 512 positions", 2, False),
     "target_modules match nothing": ("run", ["--config", "{c}", "lora.target_modules=[nomatch]", "run.output_dir={r}/fresh-tm"], {}, "lora.target_modules ['nomatch'] not found in the model", 2, False),
+    "target_modules with a typo": ("run", ["--config", "{c}", "lora.target_modules=[q_proj,v_prj]", "run.output_dir={r}/fresh-tm2"], {}, "lora.target_modules ['v_prj'] not found in the model (did you mean 'v_proj'?", 2, False),
+    "generation past the decoder": ("cli", ["train", "{c}", "model.task=image-to-text", "model.name_or_path=builtin:tiny-trocr", "data.train=builtin:ocr-lines", "data.eval=null", "data.max_length=24", "--dry-run"], {}, "generation.max_new_tokens=128 plus a prompt of up to 1 token is above the decoder's limit of 64 positions", 2, False),
+    "labels mix numbers and names": ("run", ["--config", "{c}", "model.task=seq-cls", "model.name_or_path=builtin:tiny-bert", "data.train={r}/mixed-labels.jsonl", "data.eval=null", "run.output_dir={r}/fresh-lab"], {}, "the label column mixes types (number 1, str 'pos')", 2, False),
+    "num_labels disagrees with the labels": ("run", ["--config", "{c}", "model.task=seq-cls", "model.name_or_path=builtin:tiny-bert", "data.train={r}/named-labels.jsonl", "data.eval=null", "model.num_labels=5", "run.output_dir={r}/fresh-nl"], {}, "the data has 2 labels but model.num_labels=5", 2, False),
+    "text column holds lists": ("run", ["--config", "{c}", "data.train={r}/lists.jsonl", "data.eval=null", "run.output_dir={r}/fresh-list"], {}, "column 'text' of {r}/lists.jsonl holds lists, not text", 2, False),
+    "absurd LoRA rank": ("run", ["--config", "{c}", "lora.r=1e30"], {}, "lora.r must be an integer in 1..4096", 2, False),
+    "absurd num_labels": ("run", ["--config", "{c}", "model.task=seq-cls", "model.num_labels=1e30"], {}, "model.num_labels must be an integer in 2..1000000", 2, False),
     "unknown data format": ("run", ["--config", "{c}", "data.train={r}/data.bin"], {}, "cannot tell the format", 2, False),
     "missing model path": ("run", ["--config", "{c}", "model.name_or_path={r}/no-model"], {}, "model path {r}/no-model not found", 2, False),
     "custom module missing": ("run", ["--config", "{c}", "model.task=custom", "model.custom=no_such_mod_xyz:build", "run.output_dir={r}/fresh"], {}, "cannot import the custom task module", 2, False),
@@ -94,6 +101,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     (r / "data.bin").write_bytes(b"\x00\x01")
     (r / "latin1.yaml").write_bytes(b"model:\n  task: caus\xe9\n")
     (r / "numbers.jsonl").write_text('{"text": 5}\n{"text": 7}\n')
+    (r / "lists.jsonl").write_text('{"text": ["a", "b"]}\n{"text": ["c"]}\n')
+    (r / "mixed-labels.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n')
+    (r / "named-labels.jsonl").write_text('{"text": "a", "label": "neg"}\n{"text": "b", "label": "pos"}\n')
     (r / "empty.csv").write_text("")
     (r / "header.csv").write_text("text\n")
     from xtrain.machine.facts import Facts
