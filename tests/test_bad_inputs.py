@@ -10,6 +10,7 @@ because config errors come before any training; the ``sub`` cases run as real su
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -27,6 +28,9 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "config not YAML": ("run", ["--config", "{r}/broken.yaml"], {}, "is not valid YAML at line", 2, False),
     "config is a list": ("run", ["--config", "{r}/list.yaml"], {}, "must be a mapping of sections", 2, False),
     "python tag in YAML": ("run", ["--config", "{r}/evil.yaml"], {}, "could not determine a constructor", 2, True),
+    "YAML key twice": ("run", ["--config", "{r}/dup.yaml"], {}, "config file {r}/dup.yaml has the key 'run' twice (lines", 2, False),
+    "YAML nested too deep": ("run", ["--config", "{r}/deep.yaml"], {}, "config file {r}/deep.yaml nests deeper than 64 levels", 2, False),
+    "override nested too deep": ("run", ["--config", "{c}", "data.train=" + "[" * 70], {}, "the value nests deeper than 64 levels", 2, False),
     "unknown section": ("run", ["--config", "{r}/typo.yaml"], {}, "unknown section 'modle'", 2, False),
     "config is /dev/null": ("run", ["--config", "/dev/null"], {}, "config path /dev/null is not a regular file", 2, False),
     "config not UTF-8": ("run", ["--config", "{r}/latin1.yaml"], {}, "config file {r}/latin1.yaml is not UTF-8: byte 0xe9", 2, False),
@@ -69,6 +73,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "resume path missing": ("run", ["--config", "{c}", "run.resume={r}/step-9"], {}, "checkpoint {r}/step-9 does not exist", 2, False),
     "resume path is a file": ("run", ["--config", "{c}", "run.resume={c}"], {}, "is a file, not a checkpoint folder", 2, False),
     "resume from a partial write": ("run", ["--config", "{c}", "run.resume={r}/step-3.tmp"], {}, "is incomplete", 2, False),
+    "checkpoint state of the wrong type": ("run", ["--config", "{c}", "run.resume={r}/typed/step-2"], {}, "checkpoint {r}/typed/step-2 cannot be read: xtrain_state.json: field 'step': an integer expected, got 'two'", 2, False),
     "resume with another LoRA rank": ("run", ["--config", "{c}", "lora.r=8"], {}, "was trained with lora.r=4", 2, False),
     "resume with another lr": ("run", ["--config", "{c}", "run.resume=auto", "optim.lr=0.1"], {}, "was trained with optim.lr=0.005, this run has 0.1", 2, False),
     # -- command line and environment ---------------------------------------------------------------
@@ -79,6 +84,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "RANK not below WORLD_SIZE": ("run", ["--config", "{c}"], {"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5 is not below WORLD_SIZE=2", 2, False),
     "XTRAIN_PLAN malformed": ("run", ["--config", "{c}"], {"XTRAIN_PLAN": "{oops"}, "XTRAIN_PLAN is not a plan xtrain wrote", 2, False),
     "facts with an impossible value": ("cli", ["doctor", "--facts", "{r}/bad-facts.json"], {}, "facts have an impossible value: cpu_count=0", 2, False),
+    "facts nested too deep": ("cli", ["doctor", "--facts", "{r}/deep-facts.json"], {}, "facts file {r}/deep-facts.json nests deeper than 64 levels", 2, False),
     "unknown platform": ("run", ["--config", "{c}"], {"XTRAIN_PLATFORM": "beos"}, "unknown platform 'beos'", 2, False),
     "train: config missing": ("cli", ["train", "{r}/nope.yaml"], {}, "config {r}/nope.yaml not found", 2, True),
     "train: processes not a number": ("cli", ["train", "{c}", "--processes", "abc"], {}, "--processes needs a whole number", 2, False),
@@ -110,6 +116,12 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
 
     (r / "bad-facts.json").write_text(Facts(torch_version="2.13.0", cpu_count=0).to_json())
     shutil.copytree(r / "out" / "checkpoints" / "step-2", r / "step-3.tmp")
+    (r / "dup.yaml").write_text(job.config.read_text() + "run:\n  max_steps: 9\n")
+    (r / "deep.yaml").write_text("model:\n  task: " + "[" * 5000 + "]" * 5000 + "\n")
+    (r / "deep-facts.json").write_text('{"launch_env": ' + "[" * 100000 + "]" * 100000 + "}")
+    shutil.copytree(r / "out" / "checkpoints" / "step-2", r / "typed" / "step-2")
+    state = json.loads((r / "typed" / "step-2" / "xtrain_state.json").read_text())
+    (r / "typed" / "step-2" / "xtrain_state.json").write_text(json.dumps({**state, "step": "two"}))
     (r / "step-3.tmp" / "xtrain_state.json").unlink()
     return job
 

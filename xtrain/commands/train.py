@@ -185,7 +185,20 @@ def train(
 
     assert resolved.settings is not None
     preflight.check_trackers(resolved.settings.trackers, plan.shell)  # before any process starts
+    check_accelerate_default(resolved)
     raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir, notes))
+
+
+def check_accelerate_default(resolved: Any) -> None:
+    """accelerate's launcher reads its default config (under HF_HOME) and dies with a YAML
+    traceback when that file is broken: refuse first, naming the file (the probe read it)."""
+    plan, facts = resolved.plan, resolved.facts
+    if plan.world_size > 1 and plan.launcher != "spawn" and facts.accelerate_config_error:
+        raise XtrainError(
+            f"accelerate's default config {facts.accelerate_config_path} cannot be read: "
+            f"{facts.accelerate_config_error}",
+            "fix it, or rewrite it with `xtrain configure --force`, which keeps the old file as a backup",
+        )
 
 
 def launch_training(

@@ -233,13 +233,11 @@ class Facts:
                 f"cannot read facts file {p}: {e.strerror or e}",
                 "check the path, or save one with `xtrain doctor --save FILE`",
             ) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise XtrainError(
-                f"facts file {p} is not valid JSON (line {e.lineno}: {e.msg})",
-                "save a fresh one with `xtrain doctor --save FILE`",
-            ) from None
+        from xtrain import structured
+
+        # no key twice, no nesting past any snapshot (json recurses: RecursionError otherwise)
+        fresh = "save a fresh one with `xtrain doctor --save FILE`"
+        data = structured.read_json(text, f"facts file {p}", fresh)
         if isinstance(data, dict) and {"facts", "plan", "findings"} <= set(data):
             data = data["facts"]  # `xtrain doctor --json > FILE` (PowerShell writes it as UTF-16)
         try:
