@@ -194,7 +194,8 @@ class Facts:
         unknown = sorted(set(data) - known)
         if unknown:
             raise XtrainError(
-                f"facts have unknown keys: {', '.join(unknown)}",
+                # a key with a line break or other oddities is shown quoted: still one line
+                f"facts have unknown keys: {', '.join(k if k.isidentifier() else repr(k) for k in unknown)}",
                 "save a fresh one with `xtrain doctor --save FILE`",
             )
         values = dict(data)

@@ -240,7 +240,7 @@ def resolve_key(section: str, name: str, where: str) -> str:
     if section not in all_sections:
         close = closest(section, all_sections)
         raise XtrainError(
-            f"unknown section '{section}'{where}",
+            f"unknown section {section!r}{where}",
             f"did you mean '{close}'?" if close else f"sections: {', '.join(all_sections)}",
         )
     names = section_fields(all_sections[section])
@@ -252,7 +252,7 @@ def resolve_key(section: str, name: str, where: str) -> str:
         if close and "." not in close:
             close = f"{section}.{close}"
         raise XtrainError(
-            f"unknown key '{key}'{where}",
+            f"unknown key {key!r}{where}",
             f"did you mean '{close}'?" if close else f"keys of {section}: {', '.join(names)}",
         )
     return f"{section}.{name}"
