@@ -64,6 +64,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "text column holds lists": ("run", ["--config", "{c}", "data.train={r}/lists.jsonl", "data.eval=null", "run.output_dir={r}/fresh-list"], {}, "column 'text' of {r}/lists.jsonl holds lists, not text", 2, False),
     "absurd LoRA rank": ("run", ["--config", "{c}", "lora.r=1e30"], {}, "lora.r must be an integer in 1..4096", 2, False),
     "absurd num_labels": ("run", ["--config", "{c}", "model.task=seq-cls", "model.num_labels=1e30"], {}, "model.num_labels must be an integer in 2..1000000", 2, False),
+    "unsafe chat template": ("run", ["--config", "{c}", "data.train={r}/chat.jsonl", "data.eval=null", "data.chat_template={{% for m in messages %}}{{{{ m.__class__.__mro__ }}}}{{% endfor %}}", "run.output_dir={r}/fresh-chat"], {}, "data.chat_template is unsafe: the sandbox refused it", 2, False),
     "unknown data format": ("run", ["--config", "{c}", "data.train={r}/data.bin"], {}, "cannot tell the format", 2, False),
     "missing model path": ("run", ["--config", "{c}", "model.name_or_path={r}/no-model"], {}, "model path {r}/no-model not found", 2, False),
     "custom module missing": ("run", ["--config", "{c}", "model.task=custom", "model.custom=no_such_mod_xyz:build", "run.output_dir={r}/fresh"], {}, "cannot import the custom task module", 2, False),
@@ -107,6 +108,9 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     (r / "data.bin").write_bytes(b"\x00\x01")
     (r / "latin1.yaml").write_bytes(b"model:\n  task: caus\xe9\n")
     (r / "numbers.jsonl").write_text('{"text": 5}\n{"text": 7}\n')
+    (r / "chat.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n' * 4
+    )
     (r / "lists.jsonl").write_text('{"text": ["a", "b"]}\n{"text": ["c"]}\n')
     (r / "mixed-labels.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n')
     (r / "named-labels.jsonl").write_text('{"text": "a", "label": "neg"}\n{"text": "b", "label": "pos"}\n')

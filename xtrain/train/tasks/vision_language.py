@@ -213,7 +213,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     processor = load_processor(source, m.trust_remote_code)
     set_pixel_bounds(processor.image_processor, d.min_pixels, d.max_pixels)
     template = chat_data.require_template(processor, chat_data.load_template(d.chat_template), source)
-    render = chat_data.renderer(processor, template)
+    render = chat_data.renderer(processor, template, d.chat_template)
     if d.chat_template is not None:
         processor.chat_template = template  # saved with the adapter: predict renders the same way
     with main_process_first():
