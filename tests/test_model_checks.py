@@ -70,8 +70,10 @@ def test_the_run_checks_before_training(tmp_path):
 
 
 def test_dry_run_checks_the_model(tmp_path, capsys):
+    from xtrain import builtin
     from xtrain.cli import main
 
+    builtin.ensure_builtin_model("builtin:tiny-trocr")  # on this machine: its config.json is read
     assert main(["train", OCR, "--dry-run"]) == 0
     assert "Model checks: lengths checked against builtin:tiny-trocr" in capsys.readouterr().out
     assert main(["train", OCR, "generation.max_new_tokens=128", "--dry-run"]) == 2
@@ -82,6 +84,23 @@ def test_dry_run_checks_the_model(tmp_path, capsys):
 def test_a_model_not_on_this_machine_is_skipped_at_dry_run():
     cfg = load_config(None, ["model.name_or_path=someone/not-downloaded"])
     assert model_checks.check_offline(cfg).startswith("skipped:")
+    assert model_checks.check_offline(cfg, light=True).startswith("skipped:")
+
+
+@pytest.mark.parametrize("path", [OCR, ASR, VQA])
+def test_the_light_check_reads_config_json_as_the_run_reads_the_model(path):
+    """Without CUDA the dry run reads config.json alone (no transformers): the same limits."""
+    from xtrain import builtin
+
+    cfg = load_config(path, [])
+    builtin.ensure_builtin_model(cfg.model.name_or_path)
+    assert model_checks.check_offline(cfg, light=True).startswith("lengths checked against")
+    too_long = load_config(path, ["generation.max_new_tokens=2000"])
+    with pytest.raises(XtrainError) as light:
+        model_checks.check_offline(too_long, light=True)
+    with pytest.raises(XtrainError) as full:
+        model_checks.check_offline(too_long)
+    assert light.value.one_line() == full.value.one_line()
 
 
 @pytest.mark.parametrize(

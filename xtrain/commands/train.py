@@ -52,16 +52,20 @@ def memory_lines(cfg: Any, resolved: Any) -> list[str]:
     return lines + ([f"[bold yellow]warning:[/] {escape(check.warning)}"] if check.warning else [])
 
 
-def model_check_lines(cfg: Any) -> list[str]:
+def model_check_lines(cfg: Any, resolved: Any) -> list[str]:
     """``--dry-run``: the run's model checks (lengths, LoRA targets) on the model's config where it
-    is on this machine (nothing is downloaded); a failure is the run's own error line."""
+    is on this machine (nothing is downloaded); a failure is the run's own error line. A plan
+    without CUDA checks the lengths from config.json only: transformers (seconds) is not imported."""
     from rich.markup import escape
 
     from xtrain.train import model_checks
-    from xtrain.train.quiet import quiet_libraries
 
-    quiet_libraries()  # building the model's skeleton: no library chatter
-    return [f"[bold]Model checks:[/] {escape(model_checks.check_offline(cfg))}"]
+    light = resolved.plan.device != "cuda"
+    if not light:
+        from xtrain.train.quiet import quiet_libraries
+
+        quiet_libraries()  # building the model's skeleton: no library chatter
+    return [f"[bold]Model checks:[/] {escape(model_checks.check_offline(cfg, light))}"]
 
 
 def loading_lines(resolved: Any) -> list[str]:
@@ -171,7 +175,7 @@ def train(
     notes = loading_lines(resolved) + attention_lines(cfg, resolved) + memory_lines(cfg, resolved)
 
     if dry_run:
-        notes += model_check_lines(cfg)  # the checks a worker runs on the loaded model
+        notes += model_check_lines(cfg, resolved)  # the checks a worker runs on the loaded model
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
         for line in notes:
             console.print(line, soft_wrap=True)

@@ -113,15 +113,43 @@ def check_model(model: Any, cfg: TrainConfig, task: Task) -> None:
         check_targets(cfg, task, model)
 
 
-def check_offline(cfg: TrainConfig) -> str:
+def local_config(cfg: TrainConfig) -> Any | None:
+    """The model's ``config.json`` as attributes (nested configs too), read without transformers
+    when it is on disk (a local folder, a built-in already built); else None."""
+    import json
+    import types
+    from pathlib import Path
+
+    from xtrain import builtin, structured
+
+    name = cfg.model.name_or_path
+    folder = builtin.cache_root() / builtin.strip_prefix(name) if builtin.is_builtin(name) else Path(name)
+    try:
+        text = (folder.expanduser() / "config.json").read_text(encoding="utf-8")
+        structured.load_json(text)  # no key twice, bounded nesting
+        return json.loads(text, object_hook=lambda d: types.SimpleNamespace(**d))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def check_offline(cfg: TrainConfig, light: bool = False) -> str:
     """``xtrain train --dry-run``'s check, on the model's config where it is on this machine and
-    its skeleton built on the meta device (shapes only, no weights, no download). Raises the
-    run's own line; returns what was checked, or why nothing was."""
-    from xtrain.train import model_size, tasks
+    its skeleton built on the meta device (shapes only, no weights, no download). ``light``: the
+    lengths only, from ``config.json`` without importing transformers (a plan without CUDA stays
+    fast). Raises the run's own line; returns what was checked, or why nothing was."""
+    from xtrain.train import tasks
 
     task = tasks.get(cfg.model.task)
     if task.model_class is None:
         return f"skipped: task {cfg.model.task} builds its own model"
+    if light:
+        found = local_config(cfg)
+        if found is None:
+            return f"skipped: the config of {cfg.model.name_or_path} is not on this machine yet"
+        check_lengths(cfg, task, found)
+        return f"lengths checked against {cfg.model.name_or_path} (LoRA targets: when the run loads it)"
+    from xtrain.train import model_size
+
     config = model_size.read_config_offline(cfg)
     if isinstance(config, str):
         return f"skipped: {config}"
