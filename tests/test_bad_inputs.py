@@ -10,6 +10,7 @@ because config errors come before any training; the ``sub`` cases run as real su
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -27,6 +28,9 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "config not YAML": ("run", ["--config", "{r}/broken.yaml"], {}, "is not valid YAML at line", 2, False),
     "config is a list": ("run", ["--config", "{r}/list.yaml"], {}, "must be a mapping of sections", 2, False),
     "python tag in YAML": ("run", ["--config", "{r}/evil.yaml"], {}, "could not determine a constructor", 2, True),
+    "YAML key twice": ("run", ["--config", "{r}/dup.yaml"], {}, "config file {r}/dup.yaml has the key 'run' twice (lines", 2, False),
+    "YAML nested too deep": ("run", ["--config", "{r}/deep.yaml"], {}, "config file {r}/deep.yaml nests deeper than 64 levels", 2, False),
+    "override nested too deep": ("run", ["--config", "{c}", "data.train=" + "[" * 70], {}, "the value nests deeper than 64 levels", 2, False),
     "unknown section": ("run", ["--config", "{r}/typo.yaml"], {}, "unknown section 'modle'", 2, False),
     "config is /dev/null": ("run", ["--config", "/dev/null"], {}, "config path /dev/null is not a regular file", 2, False),
     "config not UTF-8": ("run", ["--config", "{r}/latin1.yaml"], {}, "config file {r}/latin1.yaml is not UTF-8: byte 0xe9", 2, False),
@@ -53,6 +57,14 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "header-only CSV": ("run", ["--config", "{c}", "data.train={r}/header.csv", "run.output_dir={r}/fresh-header"], {}, "data file {r}/header.csv has no rows", 2, False),
     "max_length above the model": ("run", ["--config", "{c}", "data.max_length=100000", "run.output_dir={r}/fresh-len"], {}, "data.max_length=100000 is above the model's limit of 512 positions", 2, False),
     "target_modules match nothing": ("run", ["--config", "{c}", "lora.target_modules=[nomatch]", "run.output_dir={r}/fresh-tm"], {}, "lora.target_modules ['nomatch'] not found in the model", 2, False),
+    "target_modules with a typo": ("run", ["--config", "{c}", "lora.target_modules=[q_proj,v_prj]", "run.output_dir={r}/fresh-tm2"], {}, "lora.target_modules ['v_prj'] not found in the model (did you mean 'v_proj'?", 2, False),
+    "generation past the decoder": ("run", ["--config", "{c}", "model.task=image-to-text", "model.name_or_path=builtin:tiny-trocr", "data.train=builtin:ocr-lines", "data.eval=null", "data.max_length=24", "run.output_dir={r}/fresh-ocr"], {}, "generation.max_new_tokens=128 plus a prompt of up to 1 token is above the decoder's limit of 64 positions", 2, False),
+    "labels mix numbers and names": ("run", ["--config", "{c}", "model.task=seq-cls", "model.name_or_path=builtin:tiny-bert", "data.train={r}/mixed-labels.jsonl", "data.eval=null", "run.output_dir={r}/fresh-lab"], {}, "the label column mixes types (number 1, str 'pos')", 2, False),
+    "num_labels disagrees with the labels": ("run", ["--config", "{c}", "model.task=seq-cls", "model.name_or_path=builtin:tiny-bert", "data.train={r}/named-labels.jsonl", "data.eval=null", "model.num_labels=5", "run.output_dir={r}/fresh-nl"], {}, "the data has 2 labels but model.num_labels=5", 2, False),
+    "text column holds lists": ("run", ["--config", "{c}", "data.train={r}/lists.jsonl", "data.eval=null", "run.output_dir={r}/fresh-list"], {}, "column 'text' of {r}/lists.jsonl holds lists, not text", 2, False),
+    "absurd LoRA rank": ("run", ["--config", "{c}", "lora.r=1e30"], {}, "lora.r must be an integer in 1..4096", 2, False),
+    "absurd num_labels": ("run", ["--config", "{c}", "model.task=seq-cls", "model.num_labels=1e30"], {}, "model.num_labels must be an integer in 2..1000000", 2, False),
+    "unsafe chat template": ("run", ["--config", "{c}", "data.train={r}/chat.jsonl", "data.eval=null", "data.chat_template={{% for m in messages %}}{{{{ m.__class__.__mro__ }}}}{{% endfor %}}", "run.output_dir={r}/fresh-chat"], {}, "data.chat_template is unsafe: the sandbox refused it", 2, False),
     "unknown data format": ("run", ["--config", "{c}", "data.train={r}/data.bin"], {}, "cannot tell the format", 2, False),
     "missing model path": ("run", ["--config", "{c}", "model.name_or_path={r}/no-model"], {}, "model path {r}/no-model not found", 2, False),
     "custom module missing": ("run", ["--config", "{c}", "model.task=custom", "model.custom=no_such_mod_xyz:build", "run.output_dir={r}/fresh"], {}, "cannot import the custom task module", 2, False),
@@ -62,6 +74,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "resume path missing": ("run", ["--config", "{c}", "run.resume={r}/step-9"], {}, "checkpoint {r}/step-9 does not exist", 2, False),
     "resume path is a file": ("run", ["--config", "{c}", "run.resume={c}"], {}, "is a file, not a checkpoint folder", 2, False),
     "resume from a partial write": ("run", ["--config", "{c}", "run.resume={r}/step-3.tmp"], {}, "is incomplete", 2, False),
+    "checkpoint state of the wrong type": ("run", ["--config", "{c}", "run.resume={r}/typed/step-2"], {}, "checkpoint {r}/typed/step-2 cannot be read: xtrain_state.json: field 'step': an integer expected, got 'two'", 2, False),
     "resume with another LoRA rank": ("run", ["--config", "{c}", "lora.r=8"], {}, "was trained with lora.r=4", 2, False),
     "resume with another lr": ("run", ["--config", "{c}", "run.resume=auto", "optim.lr=0.1"], {}, "was trained with optim.lr=0.005, this run has 0.1", 2, False),
     # -- command line and environment ---------------------------------------------------------------
@@ -72,6 +85,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "RANK not below WORLD_SIZE": ("run", ["--config", "{c}"], {"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5 is not below WORLD_SIZE=2", 2, False),
     "XTRAIN_PLAN malformed": ("run", ["--config", "{c}"], {"XTRAIN_PLAN": "{oops"}, "XTRAIN_PLAN is not a plan xtrain wrote", 2, False),
     "facts with an impossible value": ("cli", ["doctor", "--facts", "{r}/bad-facts.json"], {}, "facts have an impossible value: cpu_count=0", 2, False),
+    "facts nested too deep": ("cli", ["doctor", "--facts", "{r}/deep-facts.json"], {}, "facts file {r}/deep-facts.json nests deeper than 64 levels", 2, False),
     "unknown platform": ("run", ["--config", "{c}"], {"XTRAIN_PLATFORM": "beos"}, "unknown platform 'beos'", 2, False),
     "train: config missing": ("cli", ["train", "{r}/nope.yaml"], {}, "config {r}/nope.yaml not found", 2, True),
     "train: processes not a number": ("cli", ["train", "{c}", "--processes", "abc"], {}, "--processes needs a whole number", 2, False),
@@ -94,12 +108,24 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     (r / "data.bin").write_bytes(b"\x00\x01")
     (r / "latin1.yaml").write_bytes(b"model:\n  task: caus\xe9\n")
     (r / "numbers.jsonl").write_text('{"text": 5}\n{"text": 7}\n')
+    (r / "chat.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n' * 4
+    )
+    (r / "lists.jsonl").write_text('{"text": ["a", "b"]}\n{"text": ["c"]}\n')
+    (r / "mixed-labels.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n')
+    (r / "named-labels.jsonl").write_text('{"text": "a", "label": "neg"}\n{"text": "b", "label": "pos"}\n')
     (r / "empty.csv").write_text("")
     (r / "header.csv").write_text("text\n")
     from xtrain.machine.facts import Facts
 
     (r / "bad-facts.json").write_text(Facts(torch_version="2.13.0", cpu_count=0).to_json())
     shutil.copytree(r / "out" / "checkpoints" / "step-2", r / "step-3.tmp")
+    (r / "dup.yaml").write_text(job.config.read_text() + "run:\n  max_steps: 9\n")
+    (r / "deep.yaml").write_text("model:\n  task: " + "[" * 5000 + "]" * 5000 + "\n")
+    (r / "deep-facts.json").write_text('{"launch_env": ' + "[" * 100000 + "]" * 100000 + "}")
+    shutil.copytree(r / "out" / "checkpoints" / "step-2", r / "typed" / "step-2")
+    state = json.loads((r / "typed" / "step-2" / "xtrain_state.json").read_text())
+    (r / "typed" / "step-2" / "xtrain_state.json").write_text(json.dumps({**state, "step": "two"}))
     (r / "step-3.tmp" / "xtrain_state.json").unlink()
     return job
 

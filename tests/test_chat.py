@@ -157,3 +157,31 @@ def test_a_plain_text_run_on_a_chat_model_continues_the_raw_prompt(tmp_path, cap
     assert causal_lm.chat_prompt(loaded, "once upon") == ("once upon", None)
     assert main(["predict", str(model), "-p", "hi", "--system", "be brief"]) == 2
     assert "--system" in capsys.readouterr().err
+
+
+def test_an_unsafe_template_is_named_not_a_row(tmp_path):
+    """jinja2's sandbox refuses a template that reaches for Python internals: the line names the
+    template as unsafe (the data is fine), not "row 0 ... fix or remove that row"."""
+    data = _write(
+        tmp_path / "chat.jsonl", [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]
+    )
+    unsafe = "{% for m in messages %}{{ m['content'].__class__.__mro__[1].__subclasses__() }}{% endfor %}"
+    with pytest.raises(XtrainError) as e:
+        build_workload(_cfg(data, f"data.chat_template={unsafe}"))
+    message = e.value.one_line()
+    assert message.startswith("data.chat_template is unsafe: the sandbox refused it")
+    assert "row" not in message and "\n" not in message
+    # the same template as the tokenizer's own: named as the tokenizer's
+    from xtrain.train.tasks import chat_data
+
+    class Owner:
+        chat_template = unsafe
+
+        def apply_chat_template(self, messages, chat_template, **kwargs):
+            from jinja2.exceptions import SecurityError
+
+            raise SecurityError("access to attribute '__class__' of 'str' object is unsafe.")
+
+    render = chat_data.renderer(Owner(), unsafe)
+    with pytest.raises(XtrainError, match="^the tokenizer's chat template is unsafe"):
+        chat_data.assistant_spans(render, [{"role": "user", "content": "hi"}, ANSWER], "row 0 of chat.jsonl")

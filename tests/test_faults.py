@@ -299,10 +299,18 @@ def _calls(pattern: str) -> list[tuple[str, str]]:
 
 
 def test_yaml_is_only_read_with_safe_load() -> None:
-    """No yaml.load / unsafe_load / full_load / Loader= anywhere; a `!!python/...` tag in a
-    config is refused in one line (the bad-input table runs it and checks nothing executed)."""
-    assert _calls(r"yaml\.(load|unsafe_load|full_load|load_all)\s*\(|Loader\s*=") == []
-    assert _calls(r"yaml\.safe_load\(")  # the loaders exist and are the safe ones
+    """No yaml.load / unsafe_load / full_load / Loader= anywhere, every YAML read through one
+    SafeLoader; a `!!python/...` tag in a config is refused in one line (the bad-input table runs
+    it and checks nothing executed)."""
+    assert _calls(r"yaml\.(load|unsafe_load|full_load|load_all|safe_load)\s*\(|Loader\s*=") == []
+    # the one reader (xtrain/structured.py) is PyYAML's SafeLoader, refusing keys written twice
+    import yaml
+
+    from xtrain import structured
+
+    loader = structured._strict_loader()
+    assert issubclass(loader, yaml.SafeLoader)
+    assert loader.yaml_constructors is yaml.SafeLoader.yaml_constructors
 
 
 def test_torch_load_only_with_weights_only() -> None:

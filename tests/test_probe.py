@@ -258,14 +258,19 @@ def test_accelerate_config_parsed(hf_home):
 @pytest.mark.parametrize(
     "text, error",
     [
-        ("distributed_type: [unclosed\n", 'ParserError: while parsing a flow sequence in "<unicode'),
+        ("distributed_type: [unclosed\n", "is not valid YAML at line 2, column 1: expected ',' or ']'"),
         ("- just\n- a list\n", "expected a mapping of settings, found list"),
+        # the one YAML reader (xtrain/structured.py): a finding, never a RecursionError or a silent pick
+        ("num_processes: 1\nnum_processes: 2\n", "has the key 'num_processes' twice (lines 1 and 2)"),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nests deeper than 64 levels at line 1"),
     ],
 )
 def test_accelerate_config_unreadable(hf_home, text, error):
     hf_home.write_text(text)
     facts = read_accelerate_config()
     assert facts.accelerate_config is None and error in facts.accelerate_config_error
+    assert facts.probe_errors == {}
+    assert "accelerate-config-invalid" in {f.code for f in diagnose(facts).findings}
 
 
 def test_accelerate_config_accelerate_refuses(hf_home):

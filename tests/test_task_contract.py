@@ -153,3 +153,11 @@ def test_a_custom_task_reads_any_key():
         None, ["model.task=custom", "model.custom=m:f", "data.packing=true", "lora.projector=true"]
     )
     assert cfg.data.packing and cfg.lora.projector
+
+
+@pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
+def test_a_task_that_generates_says_its_prompt(task: Task):
+    """generation.max_new_tokens is checked against the model's positions on top of the prompt
+    (xtrain.train.model_checks): a task that reads it must say how long its prompt can be."""
+    if "generation.max_new_tokens" in task.keys:
+        assert task.generation_prompt is not None

@@ -66,3 +66,23 @@ def test_bad_input_is_one_line(env: dict[str, str], args: list[str], line: str) 
     assert proc.returncode == 2
     assert line in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("text", ["compute_environment: [LOCAL\n", "a: " + "[" * 5000 + "]" * 5000 + "\n"])
+def test_a_broken_accelerate_default_config_is_one_line_before_launch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, text: str
+) -> None:
+    """accelerate's launcher reads its default config under HF_HOME and died with a YAML traceback
+    (or RecursionError) on a broken one: xtrain train names the file first, and leaves it alone."""
+    from xtrain.cli import main
+
+    config = tmp_path / "accelerate" / "default_config.yaml"
+    config.parent.mkdir()
+    config.write_text(text)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("XTRAIN_PLATFORM", raising=False)
+    code = main(["train", str(REPO / "examples" / "seq-cls.yaml"), "--processes", "2", "--platform", "linux"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert f"error: accelerate's default config {config} cannot be read" in err
+    assert config.read_text() == text

@@ -52,6 +52,22 @@ def memory_lines(cfg: Any, resolved: Any) -> list[str]:
     return lines + ([f"[bold yellow]warning:[/] {escape(check.warning)}"] if check.warning else [])
 
 
+def model_check_lines(cfg: Any, resolved: Any) -> list[str]:
+    """``--dry-run``: the run's model checks (lengths, LoRA targets) on the model's config where it
+    is on this machine (nothing is downloaded); a failure is the run's own error line. A plan
+    without CUDA checks the lengths from config.json only: transformers (seconds) is not imported."""
+    from rich.markup import escape
+
+    from xtrain.train import model_checks
+
+    light = resolved.plan.device != "cuda"
+    if not light:
+        from xtrain.train.quiet import quiet_libraries
+
+        quiet_libraries()  # building the model's skeleton: no library chatter
+    return [f"[bold]Model checks:[/] {escape(model_checks.check_offline(cfg, light))}"]
+
+
 def loading_lines(resolved: Any) -> list[str]:
     """The DataLoader workers each process reads its batches with, and why (rich markup)."""
     from rich.markup import escape
@@ -159,6 +175,7 @@ def train(
     notes = loading_lines(resolved) + attention_lines(cfg, resolved) + memory_lines(cfg, resolved)
 
     if dry_run:
+        notes += model_check_lines(cfg, resolved)  # the checks a worker runs on the loaded model
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
         for line in notes:
             console.print(line, soft_wrap=True)
@@ -172,7 +189,20 @@ def train(
 
     assert resolved.settings is not None
     preflight.check_trackers(resolved.settings.trackers, plan.shell)  # before any process starts
+    check_accelerate_default(resolved)
     raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir, notes))
+
+
+def check_accelerate_default(resolved: Any) -> None:
+    """accelerate's launcher reads its default config (under HF_HOME) and dies with a YAML
+    traceback when that file is broken: refuse first, naming the file (the probe read it)."""
+    plan, facts = resolved.plan, resolved.facts
+    if plan.world_size > 1 and plan.launcher != "spawn" and facts.accelerate_config_error:
+        raise XtrainError(
+            f"accelerate's default config {facts.accelerate_config_path} cannot be read: "
+            f"{facts.accelerate_config_error}",
+            "fix it, or rewrite it with `xtrain configure --force`, which keeps the old file as a backup",
+        )
 
 
 def launch_training(

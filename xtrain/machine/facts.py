@@ -194,7 +194,8 @@ class Facts:
         unknown = sorted(set(data) - known)
         if unknown:
             raise XtrainError(
-                f"facts have unknown keys: {', '.join(unknown)}",
+                # a key with a line break or other oddities is shown quoted: still one line
+                f"facts have unknown keys: {', '.join(k if k.isidentifier() else repr(k) for k in unknown)}",
                 "save a fresh one with `xtrain doctor --save FILE`",
             )
         values = dict(data)
@@ -233,13 +234,11 @@ class Facts:
                 f"cannot read facts file {p}: {e.strerror or e}",
                 "check the path, or save one with `xtrain doctor --save FILE`",
             ) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise XtrainError(
-                f"facts file {p} is not valid JSON (line {e.lineno}: {e.msg})",
-                "save a fresh one with `xtrain doctor --save FILE`",
-            ) from None
+        from xtrain import structured
+
+        # no key twice, no nesting past any snapshot (json recurses: RecursionError otherwise)
+        fresh = "save a fresh one with `xtrain doctor --save FILE`"
+        data = structured.read_json(text, f"facts file {p}", fresh)
         if isinstance(data, dict) and {"facts", "plan", "findings"} <= set(data):
             data = data["facts"]  # `xtrain doctor --json > FILE` (PowerShell writes it as UTF-16)
         try:

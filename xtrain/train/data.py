@@ -176,13 +176,31 @@ def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> Non
                 f"column '{col}' not in {source} (columns: {', '.join(have)})",
                 f"set {key} to one of them",
             )
-        # text columns must hold text: numbers would fail inside the tokenizer with a traceback
-        features = getattr(ds, "features", None) or {}
-        dtype = getattr(features.get(col), "dtype", "string") if col is not None else "string"
-        if key not in NOT_TEXT_COLUMNS and dtype not in ("string", "large_string", "null"):
-            raise XtrainError(
-                f"column '{col}' of {source} holds {dtype} values, not text", f"point {key} at a text column"
-            )
+        # text columns must hold text: numbers or lists would fail inside the tokenizer with a traceback
+        if col is not None and key not in NOT_TEXT_COLUMNS:
+            what = _not_text(ds, col)
+            if what is not None:
+                raise XtrainError(
+                    f"column '{col}' of {source} holds {what}, not text", f"point {key} at a text column"
+                )
+
+
+def _not_text(ds: Any, col: str) -> str | None:
+    """What a column holds when it is not text (``int64 values``, ``lists``, ``a list in row 3``);
+    None for text. datasets types a JSON column that mixes kinds (``"a"`` and ``["a"]``) as Json."""
+    features = getattr(ds, "features", None) or {}
+    feature = features.get(col)
+    if feature is None:
+        return None
+    dtype = getattr(feature, "dtype", None)
+    if dtype is not None:
+        return None if dtype in ("string", "large_string", "null") else f"{dtype} values"
+    if type(feature).__name__ in ("List", "LargeList", "Sequence"):
+        return "lists"
+    for i, value in enumerate(ds[col]):  # Json and other features: the first value that is no text
+        if value is not None and not isinstance(value, str):
+            return f"a{'n' if _kind(value)[0] in 'aeiou' else ''} {_kind(value)} in row {i}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,7 +411,12 @@ def label_mapping(
     is stable across runs and processes.
     """
     if class_names:
-        num_labels = max(num_labels or 0, len(class_names))
+        if num_labels is not None and num_labels != len(class_names):  # the saved head would disagree
+            raise XtrainError(
+                f"the label column names {len(class_names)} classes but model.num_labels={num_labels}",
+                f"set model.num_labels={len(class_names)} or leave it unset",
+            )
+        num_labels = len(class_names)
     values = list(train_labels) + list(eval_labels)
     if any(v is None for v in values):
         where = sources[0] if any(v is None for v in train_labels) else sources[1]
@@ -442,7 +465,7 @@ def label_mapping(
             f"classification needs at least 2 classes, the data has {len(names)}", "check data.label_column"
         )
     n = num_labels or len(names)
-    if n < len(names):
+    if n != len(names):  # fewer: labels without a class; more: a head with classes no name maps to
         raise XtrainError(
             f"the data has {len(names)} labels but model.num_labels={n}",
             f"set model.num_labels={len(names)} or leave it unset",
@@ -458,12 +481,29 @@ def labels_of(
     column names its integer classes (the classification tasks)."""
     feature = train.features.get(column)
     return label_mapping(
-        train.unique(column),
-        eval_ds.unique(column) if eval_ds is not None else [],
+        _label_values(train, column, sources[0]),
+        _label_values(eval_ds, column, sources[1]) if eval_ds is not None else [],
         num_labels,
         sources,
         class_names=list(feature.names) if hasattr(feature, "names") else None,
     )
+
+
+def _label_values(ds: Any, column: str, source: str) -> list[Any]:
+    """The distinct labels of a column. A JSON column that mixes numbers and names is typed Json
+    by datasets (arrow has no ``unique`` for it): read row by row, lists and objects refused."""
+    feature = ds.features.get(column)
+    if getattr(feature, "dtype", None) is not None or hasattr(feature, "names"):
+        return ds.unique(column)
+    seen: dict[tuple[str, str], Any] = {}
+    for i, value in enumerate(ds[column]):
+        if isinstance(value, (list, dict)):
+            raise XtrainError(
+                f"the label column of {source} holds a {_kind(value)} in row {i}, not a label",
+                "use one integer (0..n-1) or one name per row",
+            )
+        seen.setdefault((_kind(value), label_key(value)), value)
+    return list(seen.values())
 
 
 def head_labels(num_labels: int, id2label: dict[int, str] | None) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def read_config_offline(cfg: TrainConfig) -> Any | str:
         return f"{name} is not downloaded yet"
 
 
-def _adapted(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+def adapted_layers(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """(the Linear layers that get adapters, the modules trained whole) as the task's builder picks
     them, with the task's own chooser (``Task.lora_plan``); peft itself is not imported (seconds)."""
     task = tasks.get(cfg.model.task)
@@ -75,7 +75,7 @@ def _lora_counts(model: Any, cfg: TrainConfig) -> tuple[int, int]:
             full_fine_tune(model, cfg)
             return 0, sum(p.numel() for p in model.parameters() if p.requires_grad)
         return 0, sum(p.numel() for p in model.parameters())
-    targets, whole = _adapted(model, cfg)
+    targets, whole = adapted_layers(model, cfg)
     modules = dict(model.named_modules())
     adapters = sum(cfg.lora.r * sum(modules[q].weight.shape) for q in targets)  # Linear and Conv1D
     # peft matches a kept module by its name or its name's last parts
@@ -119,6 +119,21 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
         shape=shape,
         weight_bytes=memory.weight_bytes(cfg.model.dtype, str(checkpoint_dtype)),
     )
+
+
+def meta_model(cfg: TrainConfig, task: Any, config: Any) -> Any | str:
+    """The task's model built from ``config`` on the meta device (module names and shapes, no
+    memory); or why it cannot be built."""
+    import transformers
+    from accelerate import init_empty_weights
+
+    auto = getattr(transformers, task.model_class)
+    try:
+        with init_empty_weights():
+            return auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
+    except Exception as e:  # noqa: BLE001 - advisory: the run itself loads the model and says why
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {reason}"
 
 
 def _tied_count(model: Any, config: Any) -> int:

@@ -32,12 +32,17 @@ def probe_accelerate_config(facts: Facts) -> dict[str, Any]:
     found: dict[str, Any] = {"accelerate_config_path": str(path)}
     if not path.is_file():
         return found
-    import yaml
+    from xtrain import structured
+    from xtrain.errors import XtrainError
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        # the one YAML reader: a broken, duplicated or absurdly nested file is a finding, not a crash
+        data = structured.read_yaml(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError) as e:
         found["accelerate_config_error"] = why(e)
+        return found
+    except XtrainError as e:
+        found["accelerate_config_error"] = e.message.removeprefix(f"{path} ")
         return found
     if not isinstance(data, dict):
         found["accelerate_config_error"] = f"expected a mapping of settings, found {type(data).__name__}"

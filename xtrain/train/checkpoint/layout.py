@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 from xtrain.errors import XtrainError
 
@@ -34,7 +34,7 @@ class TrainState:
     accumulation: int
     num_samples: int
     total_steps: int
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, dict[str, Any]] = field(default_factory=dict)  # {section: {key: value}}
     losses: list[list[float]] = field(default_factory=list)  # [[step, loss], ...] at log points
     eval_history: list[dict[str, float]] = field(default_factory=list)
     skipped_steps: int = 0  # fp16 overflow steps the scaler skipped
@@ -45,9 +45,36 @@ class TrainState:
 
     @classmethod
     def from_file(cls, path: Path) -> TrainState:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """The state file, typed field by field: a wrong type is a ``ValueError`` naming the file
+        and the field (a hand-edited or foreign file), never a ``TypeError`` later in the loop."""
+        from xtrain import structured
+
+        try:
+            return cls.from_dict(structured.load_json(path.read_text(encoding="utf-8")))
+        except ValueError as e:  # JSON syntax, a key twice, nesting, a field's type
+            raise ValueError(f"{path.name}: {e}") from None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TrainState:
+        from xtrain import structured
+
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        hints = get_type_hints(cls)
+        values = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.default is MISSING and f.default_factory is MISSING:
+                    raise ValueError(f"field '{f.name}' is missing")
+                continue  # a field newer than the file: its default
+            value = data[f.name]
+            why = structured.field_error(value, hints[f.name])
+            if why is None and isinstance(value, int) and value < 0:
+                why = f"a count >= 0 expected, got {value}"
+            if why is not None:
+                raise ValueError(f"field '{f.name}': {why}")
+            values[f.name] = value
+        return cls(**values)
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:

@@ -43,20 +43,26 @@ def damage(path: Path) -> str | None:
     """Why checkpoint ``path`` cannot be resumed from (None: intact). Checks that the state file
     parses and, when a manifest was written (every checkpoint since manifests exist), that each
     file it lists is there with its size and hash."""
+    from xtrain import structured
+
     try:
-        state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+        state = structured.load_json((path / STATE_FILE).read_text(encoding="utf-8"))
         if not isinstance(state, dict):
             return f"{STATE_FILE} is not a JSON object"
     except OSError as e:
         return f"{STATE_FILE} cannot be read ({e.strerror or e})"
+    except (structured.DuplicateKey, structured.TooDeep) as e:
+        return f"{STATE_FILE} {e}"
     except ValueError:
         return f"{STATE_FILE} is not valid JSON"
     manifest = path / MANIFEST_FILE
     if not manifest.exists():
         return None  # written before manifests existed: the state file is all there is to check
     try:
-        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        files = structured.load_json(manifest.read_text(encoding="utf-8"))["files"]
     except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST_FILE} cannot be read"
+    if not isinstance(files, dict) or not all(isinstance(w, dict) for w in files.values()):
         return f"{MANIFEST_FILE} cannot be read"
     for rel, want in files.items():
         p = path / rel

@@ -1,6 +1,7 @@
 """Loading a config: one YAML file plus ``key=value`` overrides, then the checks.
 
-- ``load_config(path, overrides)``: YAML (``yaml.safe_load``) -> defaults -> overrides -> checks.
+- ``load_config(path, overrides)``: YAML (``xtrain.structured``: safe loading, no key twice) ->
+  defaults -> overrides -> checks.
   ``path=None`` is the built-in quickstart job (``xtrain/data/quickstart.yaml``).
 - Unknown sections and keys are refused with the closest valid name; values are type-checked
   and range-checked (``values.py``); every mistake is one ``XtrainError`` line.
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from xtrain import structured
 from xtrain.errors import XtrainError
 from xtrain.train.config.schema import TrainConfig, sections
 from xtrain.train.config.validate import validate
@@ -26,8 +28,6 @@ _INPUT_PATHS = ("model.name_or_path", "data.train", "data.eval", "data.chat_temp
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml
-
     from xtrain.encoding import read_text
 
     if path.exists() and not path.is_dir() and not path.is_file():  # /dev/null, a pipe, a device
@@ -43,13 +43,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise XtrainError(f"config path {path} is a folder, not a YAML file") from None
     except OSError as e:
         raise XtrainError(f"config file {path} cannot be read: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise XtrainError(f"config file {path} is not valid YAML{at}: {problem}") from None
+    # safe loading; a key written twice, or nesting past any config, is one line naming the file
+    data = structured.read_yaml(text, f"config file {path}")
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -94,9 +89,11 @@ def parse_override(text: str) -> tuple[str, Any, str]:
             f"override {text!r} must look like section.key=value", "e.g. run.max_steps=20 or data.eval=null"
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = structured.load_yaml(raw) if raw.strip() else None
+    except (structured.DuplicateKey, structured.TooDeep) as e:
+        raise XtrainError(f"override {text[:80]!r}: the value {e}", "e.g. data.eval=null") from None
     except yaml.YAMLError:
-        value = raw
+        value = raw  # not YAML: the text as written
     return key, value, raw.strip()
 
 

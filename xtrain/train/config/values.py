@@ -56,17 +56,26 @@ _POS_INT = (lambda v: v > 0, "a positive integer")
 _POS_NUM = (lambda v: v > 0, "a positive number")
 _NONNEG = (lambda v: v >= 0, "a number >= 0")
 _FRACTION = (lambda v: 0 <= v < 1, "a number in [0, 1)")
+
+
+def _between(low: int, high: int) -> tuple[Any, str]:
+    """An integer in low..high: sizes past any real model would be used until memory runs out."""
+    return (lambda v: low <= v <= high, f"an integer in {low}..{high}")
+
+
 CHECKS: dict[str, tuple[Any, str]] = {
-    "model.num_labels": (lambda v: v >= 2, "an integer >= 2"),
-    "lora.r": _POS_INT,
-    "lora.alpha": _POS_INT,
+    # upper bounds: above any real model (ranks of a few hundred, heads of ~100k classes, 1M-token
+    # contexts), far below what exhausts memory
+    "model.num_labels": _between(2, 1_000_000),
+    "lora.r": _between(1, 4096),
+    "lora.alpha": _between(1, 1_000_000),
     "lora.dropout": _FRACTION,
     "data.eval_fraction": _FRACTION,
-    "data.max_length": _POS_INT,
+    "data.max_length": _between(1, 1 << 22),
     "data.max_audio_seconds": _POS_NUM,
     "data.min_pixels": _POS_INT,
     "data.max_pixels": _POS_INT,
-    "data.num_workers": (lambda v: v >= 0, "an integer >= 0"),
+    "data.num_workers": _between(0, 1024),
     "optim.lr": _POS_NUM,
     "optim.weight_decay": _NONNEG,
     "optim.betas": (lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),
@@ -90,9 +99,9 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "run.log_every": _POS_INT,
     "run.early_stopping_patience": _POS_INT,
     "run.early_stopping_threshold": _NONNEG,
-    "generation.max_new_tokens": _POS_INT,
-    "generation.num_beams": _POS_INT,
-    "generation.sample_predictions": (lambda v: v >= 0, "an integer >= 0"),
+    "generation.max_new_tokens": _between(1, 1 << 22),
+    "generation.num_beams": _between(1, 256),
+    "generation.sample_predictions": _between(0, 10_000),
 }
 
 
@@ -238,7 +247,7 @@ def resolve_key(section: str, name: str, where: str) -> str:
     if section not in all_sections:
         close = closest(section, all_sections)
         raise XtrainError(
-            f"unknown section '{section}'{where}",
+            f"unknown section {section!r}{where}",
             f"did you mean '{close}'?" if close else f"sections: {', '.join(all_sections)}",
         )
     names = section_fields(all_sections[section])
@@ -250,7 +259,7 @@ def resolve_key(section: str, name: str, where: str) -> str:
         if close and "." not in close:
             close = f"{section}.{close}"
         raise XtrainError(
-            f"unknown key '{key}'{where}",
+            f"unknown key {key!r}{where}",
             f"did you mean '{close}'?" if close else f"keys of {section}: {', '.join(names)}",
         )
     return f"{section}.{name}"

@@ -68,7 +68,7 @@ def chat_rows(
     template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
     if d.chat_template is not None:
         tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
-    render = chat_data.renderer(tokenizer, template)
+    render = chat_data.renderer(tokenizer, template, d.chat_template)
     out: list[list[dict[str, list[int]]] | None] = []
     for ds, name in (train, eval_):
         if ds is None:

@@ -173,6 +173,12 @@ def _render(render: Render, messages: list[dict[str, Any]], generation: bool, wh
         return render(messages, generation)
     except Exception as e:  # the template's own raise_exception, or a missing field
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if type(e).__name__ == "SecurityError":  # jinja2's sandbox: the template, not the row, is at fault
+            origin = getattr(render, "origin", "the chat template")
+            raise XtrainError(
+                f"{origin} is unsafe: the sandbox refused it ({reason})",
+                "use a template that only formats the messages, without Python attributes such as __class__",
+            ) from None
         raise BadConversation(f"{where}: the chat template refused it: {reason}") from None
 
 
@@ -269,17 +275,21 @@ def require_template(owner: Any, template: str | None, source: str) -> str:
     return found
 
 
-def renderer(owner: Any, template: str) -> Render:
-    """``render(messages, add_generation_prompt)`` through ``owner.apply_chat_template``."""
-    return _Renderer(owner, template)
+def renderer(owner: Any, template: str, setting: str | None = None) -> Render:
+    """``render(messages, add_generation_prompt)`` through ``owner.apply_chat_template``;
+    ``setting``: ``data.chat_template`` when the template came from it (named in refusals)."""
+    return _Renderer(owner, template, setting)
 
 
 class _Renderer:
     """Picklable (spawned DataLoader workers): holds the tokenizer/processor and the template text."""
 
-    def __init__(self, owner: Any, template: str) -> None:
+    def __init__(self, owner: Any, template: str, setting: str | None = None) -> None:
         self.owner = owner
         self.template = template
+        # where the template came from, for a refusal that names it rather than a data row
+        kind = "processor" if hasattr(owner, "image_processor") else "tokenizer"
+        self.origin = "data.chat_template" if setting is not None else f"the {kind}'s chat template"
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.owner.apply_chat_template(

@@ -11,7 +11,7 @@ from typing import Any
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train import attention, collate, data, lora, models
+from xtrain.train import attention, collate, data, lora, model_checks, models
 from xtrain.train.config.schema import TrainConfig
 from xtrain.train.tasks.contract import MainProcessFirst, Task
 from xtrain.train.workload import EvalBatchFn, ReduceFn, Workload
@@ -67,18 +67,6 @@ def load_seeded(cfg: TrainConfig, task: Task, source: str, **extra: Any) -> Any:
     return models.load_model(source, task.model_class, task.name, m.dtype, m.trust_remote_code, **extra)
 
 
-def check_positions(model: Any, max_length: int) -> None:
-    """A longer sequence than the model has positions fails inside the first forward pass."""
-    config = getattr(model, "config", None)
-    text = getattr(config, "text_config", None) or config
-    limit = getattr(text, "max_position_embeddings", None)
-    if isinstance(limit, int) and 0 < limit < max_length:
-        raise XtrainError(
-            f"data.max_length={max_length} is above the model's limit of {limit} positions",
-            f"set data.max_length={limit} or less",
-        )
-
-
 def train_everything(model: Any, cfg: TrainConfig) -> None:
     """The default full fine-tune: every weight trains."""
     for p in model.parameters():
@@ -88,8 +76,10 @@ def train_everything(model: Any, cfg: TrainConfig) -> None:
 def finish_model(
     model: Any, cfg: TrainConfig, task: Task, apply_lora: Callable[..., Any] | None = None
 ) -> Any:
-    """Gradient checkpointing, then LoRA (``apply_lora(model, cfg.lora)``, default: adapters on
+    """The model checked against the config (``model_checks``: lengths, LoRA targets), then
+    gradient checkpointing, then LoRA (``apply_lora(model, cfg.lora)``, default: adapters on
     ``lora.target_modules`` with the task's peft type) or the task's full fine-tune."""
+    model_checks.check_model(model, cfg, task)  # the one place a run checks its model
     if cfg.model.gradient_checkpointing:
         lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
     if cfg.lora.enabled:
@@ -123,12 +113,11 @@ def text_workload(
     datasets: tuple[Any, Any],
     evaluation: tuple[EvalBatchFn, ReduceFn, str],
 ) -> Workload:
-    """The workload of a text task: the model finished (positions checked, LoRA, checkpointing),
+    """The workload of a text task: the model finished (checked, LoRA, checkpointing),
     padded batches, ``datasets`` = (train, eval or None), ``evaluation`` = (per-batch statistics,
     their reduction, the main metric)."""
     eval_batch, reduce_metrics, main_metric = evaluation
     train, eval_ds = datasets
-    check_positions(model, cfg.data.max_length)
     return Workload(
         model=finish_model(model, cfg, task),
         train_dataset=train,

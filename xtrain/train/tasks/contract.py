@@ -98,6 +98,14 @@ class Task:
     # A full fine-tune's freezing (cfg.lora.enabled false), shared by the build and the plan
     full_fine_tune: Callable[[Any, TrainConfig], None] | None = None
     image_tokens: bool = False  # its sequences hold image tokens (the memory estimate)
+    # Where its token sequences (``data.max_length``) meet a position limit: (the model's config)
+    # -> (that part's name for messages, e.g. "decoder"; its positions, None: unknown). None: the
+    # text model's ``max_position_embeddings`` (``xtrain.train.model_checks``)
+    positions: Callable[[Any], tuple[str, int | None]] | None = None
+    # Tokens ahead of the first generated one at its evaluation by generation (start tokens, the
+    # prompt), on top of which ``generation.max_new_tokens`` must fit the positions; None: it
+    # does not generate
+    generation_prompt: Callable[[TrainConfig], int] | None = None
     # its rows decode images or audio when read: the plan's media DataLoader workers serve it
     decodes_media: bool = False
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)

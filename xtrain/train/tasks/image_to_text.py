@@ -132,6 +132,11 @@ def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
         p.requires_grad_(not name.startswith("encoder.pooler."))
 
 
+def decoder_positions(config: Any) -> tuple[str, int | None]:
+    """Labels and generated text go through the decoder: its position table is the limit."""
+    return "decoder", getattr(getattr(config, "decoder", None), "max_position_embeddings", None)
+
+
 def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     return lora.layers_matching(model, target_pattern(model, cfg.lora)), list(cfg.lora.modules_to_save or [])
 
@@ -229,6 +234,8 @@ TASK = Task(
     model_class="VisionEncoderDecoderModel",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,
+    positions=decoder_positions,
+    generation_prompt=lambda cfg: 1,  # generate starts from the decoder start token
     resume_keys=("lora.apply_to",),
     recognizes=lambda config: config.get("model_type") == "vision-encoder-decoder",
     predicts=Predicts(takes="images", load=load_for_predict, run=predict),

@@ -121,6 +121,14 @@ def apply_lora(model: Any, lora_cfg: Any) -> Any:
     return lora.apply_lora_matching(model, lora_cfg, target_pattern(model, lora_cfg), where)
 
 
+def decoder_positions(config: Any) -> tuple[str, int | None]:
+    """Transcripts go through the decoder: Whisper's ``max_target_positions`` (448) is the limit."""
+    decoder = getattr(config, "decoder", None) or config
+    return "decoder", getattr(decoder, "max_target_positions", None) or getattr(
+        decoder, "max_position_embeddings", None
+    )
+
+
 def cap_new_tokens(model: Any, max_new_tokens: int) -> int:
     """``max_new_tokens`` within the decoder's positions: Whisper's ``generate`` refuses a prompt
     (up to 4 tokens: start, language, task, no-timestamps) + new tokens beyond
@@ -322,6 +330,9 @@ TASK = Task(
     model_class="AutoModelForSpeechSeq2Seq",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,
+    positions=decoder_positions,
+    # Whisper's prompt: start, language, task, no-timestamps (fewer for other models)
+    generation_prompt=lambda cfg: 4,
     resume_keys=("lora.apply_to", "model.freeze_encoder"),
     recognizes=lambda config: _speech_seq2seq(config.get("model_type")),
     predicts=Predicts(takes="audio files", load=load_for_predict, run=predict),

@@ -213,7 +213,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     processor = load_processor(source, m.trust_remote_code)
     set_pixel_bounds(processor.image_processor, d.min_pixels, d.max_pixels)
     template = chat_data.require_template(processor, chat_data.load_template(d.chat_template), source)
-    render = chat_data.renderer(processor, template)
+    render = chat_data.renderer(processor, template, d.chat_template)
     if d.chat_template is not None:
         processor.chat_template = template  # saved with the adapter: predict renders the same way
     with main_process_first():
@@ -226,7 +226,6 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         eval_rows = conversations(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, with_prompts=True)
 
     model = common.load_media_model(cfg, TASK, source)
-    common.check_positions(model, d.max_length)
     fix_generation(model, tokenizer)
     return Workload(
         model=common.finish_model(model, cfg, TASK, apply_lora),
@@ -356,6 +355,8 @@ TASK = Task(
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,
     image_tokens=True,
+    # the eval prompt: the conversation up to the answer, image tokens included, within data.max_length
+    generation_prompt=lambda cfg: cfg.data.max_length,
     resume_keys=("lora.projector", "lora.vision_blocks", "model.freeze_vision"),
     recognizes=lambda config: _image_text_to_text(config.get("model_type")),
     predicts=Predicts(takes="images with --question TEXT", load=load_for_predict, run=predict),
