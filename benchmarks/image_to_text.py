@@ -160,15 +160,20 @@ def run_plain(setup: Setup) -> tuple[float, float]:
     return steady(setup, steps), timer.seconds / (times[-1] - timer.started)
 
 
-def measure_job(setup: Setup, task: str, unit: str, repeats: int = 3, log: Any = None) -> dict[str, Any]:
-    """Both loops on ``setup.job``, ``repeats`` interleaved runs in this process, one compute
-    thread; log lines and the result name ``task`` (rates in ``unit``/s: samples per second)."""
+def measure_job(
+    setup: Setup, task: str, unit: str, repeats: int = 3, log: Any = None, worker: bool = True
+) -> dict[str, Any]:
+    """The loops on ``setup.job`` (``worker``: also xtrain with one DataLoader worker), ``repeats``
+    interleaved runs in this process, one compute thread; log lines and the result name ``task``
+    (rates in ``unit``/s: samples per second)."""
     from common import Spread
 
     say = log or (lambda m: None)
     torch.set_num_threads(1)
     samples = setup.per_device * setup.accum
-    runs = {"plain": run_plain, "xtrain": run_xtrain, "xtrain_worker": lambda s: run_xtrain(s, workers=1)}
+    runs = {"plain": run_plain, "xtrain": run_xtrain}
+    if worker:
+        runs["xtrain_worker"] = lambda s: run_xtrain(s, workers=1)
     rates: dict[str, list[float]] = {name: [] for name in runs}
     shares: dict[str, list[float]] = {name: [] for name in runs}
     for r in range(repeats):

@@ -73,6 +73,7 @@ def sections(repeats: int) -> dict[str, Section]:
         "image_to_text": lambda: bench("image_to_text").measure(repeats=repeats, log=log),
         "speech_to_text": lambda: bench("speech_to_text").measure(repeats=repeats, log=log),
         "image_classification": lambda: bench("image_classification").measure(repeats=repeats, log=log),
+        "seq_cls": lambda: bench("seq_cls").measure(repeats=repeats, log=log),
         "vision_language": lambda: bench("vision_language").measure(repeats=repeats, log=log),
     }
 
@@ -98,6 +99,7 @@ def smoke_sections() -> dict[str, Section]:
         "image_classification": lambda: bench("image_classification").measure(
             repeats=1, steps=3, warmup=1, log=log
         ),
+        "seq_cls": lambda: bench("seq_cls").measure(repeats=1, steps=3, warmup=1, log=log),
         "vision_language": lambda: bench("vision_language").measure(
             repeats=1, steps=4, per_device=4, accum=1, log_every=2, log=log
         ),
@@ -110,7 +112,7 @@ def smoke_sections() -> dict[str, Section]:
 SMOKE_REUSED = {"overhead": "loops"}
 # The smoke run's two lanes (about the same time each on 2 cores).
 SMOKE_LANES = (
-    ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text"),
+    ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text", "seq_cls"),
     ("loops", "packing", "vision_language", "resume", "image_classification"),
 )
 
@@ -510,6 +512,21 @@ def render(r: dict[str, Any], command: str) -> str:
         )
         w(table(["loop", "images/s", "data share of step time"], media_rows(it, "images_per_s")))
         w(f"\nxtrain / hand-written: **{it['ratio']:.2f}x**. {worker_effect(it, 'images_per_s')}\n")
+    if "seq_cls" in r:
+        sc_ = r["seq_cls"]
+        s = sc_["setup"]
+        w("## Text classification (seq-cls)\n")
+        w(
+            "`xtrain quickstart`'s job (`builtin:tiny-bert` on `builtin:sentiment`: tokenised "
+            f"sentences, LoRA, the head trained whole), global batch {s['per_device']} x {s['accum']}, "
+            f"{s['steps']} steps, one process, through xtrain's loop and through a hand-written "
+            "PyTorch loop over the same workload (`benchmarks/seq_cls.py`). "
+            f"{s['repeats']} interleaved repeats. Load average after: {_load(sc_)}.\n"
+        )
+        rows = [[label, _s(sc_["samples_per_s"][key], "{:.1f}")] for label, key in MEDIA_LOOPS.items()
+                if key in sc_["samples_per_s"]]  # fmt: skip
+        w(table(["loop", "sentences/s"], rows))
+        w(f"\nxtrain / hand-written: **{sc_['ratio']:.2f}x**.\n")
     if "image_classification" in r:
         ic = r["image_classification"]
         s = ic["setup"]

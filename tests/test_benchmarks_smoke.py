@@ -30,12 +30,14 @@ LABELS = {
     "speech_to_text": "speech-to-text:",
     "vision_language": "vision-language:",
     "image_classification": "image-classification:",
+    "seq_cls": "seq-cls:",
 }
 TASKS = {
     "image_to_text": ("image-to-text", "quickstart-image-to-text.yaml", "images/s"),
     "speech_to_text": ("speech-to-text", "quickstart-speech-to-text.yaml", "clips/s"),
     "vision_language": ("vision-language", "quickstart-vision-language.yaml", "samples/s"),
     "image_classification": ("image-classification", "quickstart-image-classification.yaml", "images/s"),
+    "seq_cls": ("seq-cls", "quickstart.yaml", "sentences/s"),
 }
 
 
@@ -99,7 +101,7 @@ def test_smoke_runs_every_benchmark_and_each_task_section_measures_its_own_job(t
     page = next(tmp_path.glob("xtrain-performance-smoke-*.md")).read_text()
     assert page.startswith("# Performance\n\n**Smoke run")
     for heading in ("## Image to text", "## Image classification", "## Speech to text", "## Vision-language",
-                    "## Resume cost"):  # fmt: skip
+                    "## Text classification", "## Resume cost"):  # fmt: skip
         assert heading in page
 
 

@@ -162,7 +162,7 @@ def test_compile_trains_checkpoints_and_resumes(tmp_path: Path, monkeypatch) -> 
     _check_outputs(tmp_path, out)
 
 
-@pytest.mark.slow  # inductor's C++ build of a tiny llama: a minute or more on a loaded 2-core CPU
+@pytest.mark.soak  # inductor's C++ build of a tiny llama: ~100 s on a loaded 2-core CPU (pytest -m soak)
 def test_compile_with_inductor_on_cpu_trains_and_resumes(tmp_path: Path) -> None:
     straight, resumed, out = _train_stop_resume(tmp_path)
     assert _losses(resumed) == pytest.approx(_losses(straight), rel=1e-5)
