@@ -13,14 +13,12 @@ LoRA on the attention, the classifier head trained whole).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from image_to_text import ROOT, Setup, measure_job  # noqa: E402
+from image_to_text import ROOT, Setup, measure_job, task_main  # noqa: E402
 
 TASK = "image-classification"
 JOB = ROOT / "xtrain" / "data" / "quickstart-image-classification.yaml"
@@ -34,20 +32,7 @@ def measure(repeats: int = 3, steps: int = 30, warmup: int = 5, log: Any = None)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args()
-    result = measure(a.repeats, a.steps, a.warmup, log=lambda m: print(m, file=sys.stderr))
-    if a.json:
-        print(json.dumps(result, indent=1))
-        return
-    for name, d in result["images_per_s"].items():
-        share = result["data_share"][name]["median"]
-        print(f"{name}: {d['median']:.1f} images/s, data {share:.0%} of step time")
-    print(f"xtrain / hand-written: {result['ratio']:.2f}x")
+    task_main(__doc__, measure, "images_per_s", "images")
 
 
 if __name__ == "__main__":

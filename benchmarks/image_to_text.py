@@ -206,6 +206,25 @@ def measure(repeats: int = 3, steps: int = 30, warmup: int = 5, log: Any = None)
     return out
 
 
+def task_main(doc: str, measure: Any, rate_key: str, unit: str) -> None:
+    """The command line of a task benchmark built on ``measure_job`` (image-classification,
+    seq-cls): ``--steps --warmup --repeats --json``, then one line a loop and the ratio."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    result = measure(a.repeats, a.steps, a.warmup, log=lambda m: print(m, file=sys.stderr))
+    if a.json:
+        print(json.dumps(result, indent=1))
+        return
+    for name, d in result[rate_key].items():
+        share = result["data_share"][name]["median"]
+        print(f"{name}: {d['median']:.1f} {unit}/s, data {share:.0%} of step time")
+    print(f"xtrain / hand-written: {result['ratio']:.2f}x")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=30)

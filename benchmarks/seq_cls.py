@@ -12,14 +12,12 @@ whole). Tokenised text needs no DataLoader worker, so there is no worker row.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from image_to_text import ROOT, Setup, measure_job  # noqa: E402
+from image_to_text import ROOT, Setup, measure_job, task_main  # noqa: E402
 
 TASK = "seq-cls"
 JOB = ROOT / "xtrain" / "data" / "quickstart.yaml"
@@ -31,19 +29,7 @@ def measure(repeats: int = 3, steps: int = 30, warmup: int = 5, log: Any = None)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", action="store_true")
-    a = p.parse_args()
-    result = measure(a.repeats, a.steps, a.warmup, log=lambda m: print(m, file=sys.stderr))
-    if a.json:
-        print(json.dumps(result, indent=1))
-        return
-    for name, d in result["samples_per_s"].items():
-        print(f"{name}: {d['median']:.1f} sentences/s")
-    print(f"xtrain / hand-written: {result['ratio']:.2f}x")
+    task_main(__doc__, measure, "samples_per_s", "sentences")
 
 
 if __name__ == "__main__":

@@ -801,11 +801,13 @@ def test_the_loop_reads_the_loader_settings_from_resolve() -> None:
 def test_tasks_that_decode_media_get_the_plans_media_workers(task: str, kind: str) -> None:
     from xtrain.planning.resolve import resolve
     from xtrain.train.config import load_config
+    from xtrain.train.tasks import get
 
+    media = get(task).decodes_media
     for machine in ("windows-2x4090", "linux-2x3090", "windows-cpu-torch-with-driver"):
         plan = make_plan(load_machine(machine))
         s = resolve(load_config(None, [f"model.task={task}"]), plan=plan).settings
-        assert s.loader_workers == getattr(plan, kind) and s.loader_why == plan.reasons[kind]
+        assert s.workers_for(media) == (getattr(plan, kind), plan.reasons[kind])
     assert make_plan(load_machine("windows-2x4090")).media_workers > 0  # spawned, yet worth it
     s = resolve(load_config(None, [f"model.task={task}", "data.num_workers=0"]), plan=plan).settings
-    assert (s.loader_workers, s.loader_why) == (0, "data.num_workers")
+    assert s.workers_for(media) == (0, "data.num_workers")

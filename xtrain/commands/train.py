@@ -68,12 +68,14 @@ def model_check_lines(cfg: Any, resolved: Any) -> list[str]:
     return [f"[bold]Model checks:[/] {escape(model_checks.check_offline(cfg, light))}"]
 
 
-def loading_lines(resolved: Any) -> list[str]:
+def loading_lines(cfg: Any, resolved: Any) -> list[str]:
     """The DataLoader workers each process reads its batches with, and why (rich markup)."""
     from rich.markup import escape
 
-    s = resolved.settings
-    return [f"[bold]Data loading:[/] {s.loader_workers} worker(s) per process ({escape(s.loader_why)})"]
+    from xtrain.train import tasks
+
+    workers, why = resolved.settings.workers_for(tasks.get(cfg.model.task).decodes_media)
+    return [f"[bold]Data loading:[/] {workers} worker(s) per process ({escape(why)})"]
 
 
 def attention_lines(cfg: Any, resolved: Any) -> list[str]:
@@ -172,7 +174,7 @@ def train(
     resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
     plan = resolved.plan
     run_argv = ["--config", str(config), *overrides]
-    notes = loading_lines(resolved) + attention_lines(cfg, resolved) + memory_lines(cfg, resolved)
+    notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved) + memory_lines(cfg, resolved)
 
     if dry_run:
         notes += model_check_lines(cfg, resolved)  # the checks a worker runs on the loaded model

@@ -59,11 +59,22 @@ class RunSettings:
     global_batch: int  # per_device x world_size x accumulation: samples per optimizer step
     lr: float  # optim.lr scaled for the global batch (optim.lr_scaling)
     precision: str  # no | fp16 | bf16
-    loader_workers: int = 0  # DataLoader workers per process: data.num_workers, else the plan's
-    loader_why: str = ""  # why that many (the plan's reason, or the config's key)
+    # DataLoader workers per process and why: data.num_workers, else the plan's for tokenised rows
+    # (``loader_*``) and for rows that decode images or audio (``media_*``); see ``workers_for``
+    loader_workers: int = 0
+    loader_why: str = ""
+    media_workers: int = 0
+    media_why: str = ""
     pin_memory: bool = False  # the plan's
     trackers: tuple[str, ...] = ()  # run.report_to (auto: tensorboard unless run.tensorboard is false)
     compile: bool = False  # run.compile: torch.compile through accelerate (checked against the plan)
+
+    def workers_for(self, decodes_media: bool) -> tuple[int, str]:
+        """(DataLoader workers, why) for a task whose rows decode images or audio, or not
+        (``Task.decodes_media``: the task knows, planning does not import it)."""
+        if decodes_media:
+            return self.media_workers, self.media_why
+        return self.loader_workers, self.loader_why
 
 
 @dataclass
@@ -179,10 +190,13 @@ def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettin
     accumulation = gradient_accumulation(cfg, world_size)
     global_batch = cfg.batch.per_device * world_size * accumulation
     mp = cfg.run.mixed_precision
-    workers, why = cfg.data.num_workers, "data.num_workers"  # None: the plan's, for this task's rows
-    if workers is None:
-        kind = "media_workers" if cfg.decodes_media else "dataloader_workers"
-        workers, why = getattr(plan, kind), plan.reasons.get(kind, "the plan's")
+    asked = cfg.data.num_workers  # None: the plan's, for the kind of rows the task reads
+    loaders = {
+        kind: (asked, "data.num_workers")
+        if asked is not None
+        else (getattr(plan, kind), plan.reasons.get(kind, ""))
+        for kind in ("dataloader_workers", "media_workers")
+    }
     if cfg.run.compile and plan.compile_blocker:
         pip = "pip install triton-windows" if plan.os_kind == "windows" else "pip install triton"
         raise XtrainError(f"run.compile=true: {plan.compile_blocker}", f"{pip}, or set run.compile=false")
@@ -193,8 +207,10 @@ def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettin
         global_batch=global_batch,
         lr=scaled_lr(cfg, global_batch),
         precision=plan.mixed_precision if mp in AUTO else mp,
-        loader_workers=workers,
-        loader_why=why,
+        loader_workers=loaders["dataloader_workers"][0],
+        loader_why=loaders["dataloader_workers"][1],
+        media_workers=loaders["media_workers"][0],
+        media_why=loaders["media_workers"][1],
         pin_memory=plan.pin_memory,
         trackers=trackers(cfg),
         compile=cfg.run.compile,

@@ -50,8 +50,6 @@ class DataView(Protocol):
 
 class TrainConfigView(Protocol):
     @property
-    def decodes_media(self) -> bool: ...  # its task's rows decode images/audio (loader workers)
-    @property
     def batch(self) -> BatchView: ...
     @property
     def optim(self) -> OptimView: ...

@@ -221,11 +221,14 @@ class Recipe:
         """The eval loader, the resume position and this rank's train loader from it."""
         from torch.utils.data import DataLoader
 
+        from xtrain.train.tasks import get as get_task
+
         s, w = self.settings, self.workload
         self.pin = s.pin_memory and self.device.type == "cuda"
-        loading: dict[str, Any] = {"collate_fn": w.collator, "num_workers": s.loader_workers}
+        self.workers = s.workers_for(get_task(self.cfg.model.task).decodes_media)  # (count, why)
+        loading: dict[str, Any] = {"collate_fn": w.collator, "num_workers": self.workers[0]}
         loading["pin_memory"] = self.pin
-        if s.loader_workers:  # started once per run: a spawned worker (Windows, macOS) costs an import
+        if self.workers[0]:  # started once per run: a spawned worker (Windows, macOS) costs an import
             loading["persistent_workers"] = True
         self.eval_loader = None
         if w.eval_dataset is not None and len(w.eval_dataset) > 0:
@@ -243,6 +246,7 @@ class Recipe:
             total_steps=self.total_steps, start_step=self.start_step, trainable_params=self.trainable,
             total_params=self.total_params, output_dir=str(self.out), cpu_staged_allreduce=self.cpu_staged,
             resumed_from=str(self.resume_from) if self.resume_from else None,
+            loader_workers=self.workers[0], loader_why=self.workers[1],
         )  # fmt: skip
 
     def _resume_position(self) -> int:

@@ -39,8 +39,7 @@ class StartInfo:
         """The banner of a run with these ``RunSettings``; ``found``: what setup found."""
         s = settings
         return cls(precision=s.precision, per_device=s.per_device, accumulation=s.accumulation,
-                   global_batch=s.global_batch, loader_workers=s.loader_workers,
-                   loader_why=s.loader_why, **found)  # fmt: skip
+                   global_batch=s.global_batch, **found)  # fmt: skip
 
     @property
     def batch_line(self) -> str:

@@ -157,13 +157,6 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
 
-    @property
-    def decodes_media(self) -> bool:
-        """Its task's rows decode images or audio when read (planning gives them loader workers)."""
-        from xtrain.train import tasks  # the registry: light, but above this module
-
-        return tasks.get(self.model.task).decodes_media
-
 
 def sections() -> dict[str, type]:
     """``{section name: its dataclass}``, in declaration order."""
