@@ -144,9 +144,11 @@ def run_plain(a: argparse.Namespace, cpu: list[float], waits: list[float]) -> li
     sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=a.steps)
     order = DataOrder(len(w.train_dataset), s.global_batch, s.per_device, 1, cfg.run.seed)
     pin = s.pin_memory and device.type == "cuda"
+    from xtrain.train.tasks import get as get_task  # the workers xtrain's loop gives this task
+
     loader = torch.utils.data.DataLoader(
         w.train_dataset, batch_sampler=RankBatchSampler(order, 0, 0, a.steps), collate_fn=w.collator,
-        num_workers=s.loader_workers, pin_memory=pin,
+        num_workers=s.workers_for(get_task(cfg.model.task).decodes_media)[0], pin_memory=pin,
     )  # fmt: skip
     tokens: list[int] = []  # per micro-batch, counted on the host (the batches are xtrain's)
 
