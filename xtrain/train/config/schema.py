@@ -27,6 +27,9 @@ class ModelConfig:
     attn_implementation: str = "auto"
     freeze_encoder: bool = False  # speech-to-text full fine-tune: train the decoder only
     freeze_vision: bool = True  # vision-language full fine-tune: keep the vision tower fixed
+    # 4bit (NF4, double quantization) | 8bit (LLM.int8) | None: the base weights loaded through
+    # bitsandbytes for QLoRA (LoRA only; compute in the run's precision, float32 on CPU)
+    quantization: str | None = None
 
 
 @dataclass
@@ -43,6 +46,11 @@ class LoraConfig:
     # vision-language: the adapters go on the language model's attention/MLP layers; these add
     projector: bool = False  # train the projector/merger (vision -> text) whole, saved with the adapter
     vision_blocks: bool = False  # also put adapters on the vision tower's blocks
+    # peft's variants: DoRA (weight-decomposed), rsLoRA (alpha / sqrt(r) scaling) and how the
+    # adapters start (peft's init_lora_weights: default | gaussian | pissa | olora | loftq)
+    use_dora: bool = False
+    use_rslora: bool = False
+    init_weights: str = "default"
 
 
 @dataclass
@@ -84,6 +92,7 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
+    name: str = "adamw"  # adamw (torch) | adamw_8bit | paged_adamw_8bit (bitsandbytes)
     lr: float = 2e-4
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)

@@ -22,7 +22,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.task": tasks.names(),  # the registry's (xtrain.train.tasks)
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.attn_implementation": ("auto", *ATTENTION),
+    "model.quantization": ("4bit", "8bit"),  # or null
     "lora.apply_to": ("both", "encoder", "decoder"),
+    "lora.init_weights": ("default", "gaussian", "pissa", "olora", "loftq"),
+    "optim.name": ("adamw", "adamw_8bit", "paged_adamw_8bit"),
     "data.format": ("auto", "json", "csv", "parquet", "text", "arrow"),
     "data.row_format": ROW_FORMATS,
     # off | on (whole examples packed, kept apart: xtrain.train.data.pack_rows) | concatenate
@@ -35,7 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 # fmt: off
-ALIASES: dict[str, dict[Any, str]] = {
+ALIASES: dict[str, dict[Any, str | None]] = {
     "model.dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"},
     "run.mixed_precision": {False: "no", "none": "no", "off": "no", "float16": "fp16", "bfloat16": "bf16"},
     "run.resume": {False: "off", True: "auto", "no": "off", "none": "off"},
@@ -46,6 +49,11 @@ ALIASES: dict[str, dict[Any, str]] = {
                      "yes": "on", "concat": "concatenate"},
     "model.task": tasks.aliases(),  # each task's own, and its name with underscores
     "run.report_to": {False: "none"},
+    "model.quantization": {False: None, "off": None, "no": None, "nf4": "4bit", "int4": "4bit",
+                           "4-bit": "4bit", "int8": "8bit", "8-bit": "8bit"},
+    "lora.init_weights": {True: "default", "true": "default", "lora": "default"},
+    "optim.name": {"adamw_torch": "adamw", "adamw8bit": "adamw_8bit", "paged_adamw8bit": "paged_adamw_8bit",
+                   "adamw_bnb_8bit": "adamw_8bit"},
 }
 # fmt: on
 # Keys that take a list of choices (or `a,b` on the command line); "auto" and "none" stand alone.
@@ -202,13 +210,15 @@ def _check_list(key: str, value: str | list[str]) -> str | list[str]:
 def _check(key: str, value: Any) -> Any:
     """Aliases, choices and ranges for one typed value; returns the normalised value."""
     aliases = ALIASES.get(key, {})
-    if isinstance(value, (str, bool)) and value in aliases:
+    if isinstance(value, str) and value.lower() in aliases:
+        value = aliases[value.lower()]
+    elif isinstance(value, bool) and value in aliases:
         value = aliases[value]
     if key in LIST_CHOICES:
         return _check_list(key, value)
     if isinstance(value, str) and key in CHOICES and value.lower() in CHOICES[key]:
         value = value.lower()
-    if key in CHOICES and value not in CHOICES[key]:
+    if key in CHOICES and value is not None and value not in CHOICES[key]:
         close = closest(str(value), CHOICES[key])
         raise XtrainError(
             f"{key} must be one of {', '.join(CHOICES[key])}, got {show(value)}",
