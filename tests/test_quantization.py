@@ -36,13 +36,15 @@ def test_4bit_is_nf4_with_double_quant_computing_in_the_run_precision():
     assert bnb_settings("8bit", None, "cpu", skip)["llm_int8_skip_modules"] == skip
 
 
-def test_skip_patterns_match_the_vision_tower_at_any_depth_and_keep_the_head():
+def test_skip_patterns_match_the_vision_tower_at_any_depth_and_keep_the_heads():
     from transformers.quantizers.quantizers_utils import should_convert_module
 
     skip = quantization.skip_patterns(("visual", "merger"))
     assert not should_convert_module("model.visual.blocks.0.attn.qkv", skip)
     assert not should_convert_module("visual.merger.mlp.0", skip)
     assert not should_convert_module("lm_head", skip)
+    assert not should_convert_module("classifier", skip)  # transformers' default misses it (bias last)
+    assert not should_convert_module("model.decoder.proj_out", quantization.skip_patterns(()))
     assert should_convert_module("model.language_model.layers.0.self_attn.q_proj", skip)
     assert should_convert_module("model.visualizer.fc", skip)  # a whole name, not a prefix
 
@@ -103,6 +105,35 @@ def test_dry_run_says_the_weights_are_quantized(tmp_path):
     result = CliRunner().invoke(app, ["train", str(config), "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "Weights: base weights loaded as 4-bit NF4 with double quantization" in result.output
+
+
+def test_a_cuda_snapshot_is_planned_without_this_machines_bitsandbytes(tmp_path, capsys, machines_dir):
+    """``--dry-run --facts`` plans another machine: a CPU-only bitsandbytes here is no refusal."""
+    from xtrain.cli import main
+
+    config = tmp_path / "job.yaml"
+    config.write_text("model:\n  name_or_path: builtin:tiny-llama\n  task: causal-lm\n  quantization: 8bit\n")
+    facts = machines_dir / "windows-2x4090.json"
+    code = main(["train", str(config), "--dry-run", "--facts", str(facts), "--platform", "windows"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Weights: base weights loaded as 8-bit LLM.int8" in out, out
+
+
+def test_each_process_loads_onto_its_own_device(monkeypatch):
+    """Before accelerate's state exists (a task built outside the loop): the local rank's GPU,
+    never GPU 0 for every rank; with it, the accelerator's device and precision."""
+
+    class State:  # what the loop's Accelerator set up: rank 3's GPU, bf16
+        device, mixed_precision = torch.device("cuda", 3), "bf16"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert quantization.this_process() == (torch.device("cuda", 1), None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert quantization.this_process() == (torch.device("cpu"), None)
+    monkeypatch.setattr("accelerate.state.is_initialized", lambda: True)
+    monkeypatch.setattr("accelerate.state.AcceleratorState", State)
+    assert quantization.this_process() == (torch.device("cuda", 3), "bf16")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,6 +304,7 @@ def test_4bit_lora_trains_vision_language_with_the_vision_tower_unquantized(tmp_
             "data.max_length=48",
             "lora.projector=true",
             "batch.per_device=4",
+            "batch.global_batch=8",
             "optim.lr=0.01",
             "run.max_steps=6",
             "run.eval_at_start=true",
@@ -312,3 +344,30 @@ def test_8bit_lora_trains_causal_lm(tmp_path):
     assert last["eval_loss"] < first["eval_loss"]
     adapter = Path(result.outputs["adapter"])
     assert json.loads((adapter / "adapter_config.json").read_text())["peft_type"] == "LORA"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("private_caches")
+def test_seq_cls_trains_its_head_whole_and_merges_with_its_labels(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    words = ("good great", "bad awful", "meh ok")
+    rows = [{"text": f"{words[i % 3]} {i}", "label": ("pos", "neg", "mid")[i % 3]} for i in range(36)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:32]))
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[32:]))
+    result = _train_here(
+        [
+            "model.name_or_path=builtin:tiny-bert",
+            "model.task=seq-cls",
+            "model.quantization=4bit",
+            f"data.train={tmp_path / 'train.jsonl'}",
+            f"data.eval={tmp_path / 'eval.jsonl'}",
+            "batch.per_device=8",
+            "run.max_steps=2",
+            "run.save_merged=true",
+        ],
+        tmp_path / "cls",
+    )
+    merged = AutoModelForSequenceClassification.from_pretrained(result.outputs["merged"])
+    assert merged.config.id2label == {0: "mid", 1: "neg", 2: "pos"}
+    assert type(merged.bert.encoder.layer[0].attention.self.query) is torch.nn.Linear

@@ -34,6 +34,9 @@ DESCRIPTION = {
     "8bit": "8-bit LLM.int8 (bitsandbytes)",
 }
 _COMPUTE_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+# Output heads kept in their dtype: the LM heads (lm_head; Whisper's proj_out; fairseq-style
+# output_projection; GPT-NeoX's embed_out) and the classifier heads peft trains whole
+HEADS = ("lm_head", "proj_out", "output_projection", "embed_out", "classifier", "score", "qa_outputs")
 
 
 def describe(quantization: str | None) -> str | None:
@@ -47,7 +50,7 @@ def bnb_settings(
     quantization: str, precision: str | None, device_type: str, skip: Sequence[str] = ()
 ) -> dict[str, Any]:
     """The ``BitsAndBytesConfig`` keywords. ``skip``: module-name patterns left unquantized
-    (bitsandbytes' ``llm_int8_skip_modules``; empty: transformers' defaults, the output head)."""
+    (bitsandbytes' ``llm_int8_skip_modules``; empty: transformers' defaults)."""
     if quantization == "4bit":
         compute = _COMPUTE_DTYPE.get(precision or "no", "float32") if device_type == "cuda" else "float32"
         settings: dict[str, Any] = {
@@ -66,13 +69,15 @@ def bnb_settings(
 
 
 def skip_patterns(names: Sequence[str]) -> list[str]:
-    """bitsandbytes skip patterns for the modules named ``names`` at any depth (transformers
-    matches a pattern from the start of the qualified name), plus the output head ``lm_head``:
-    a skip list replaces transformers' defaults, so the head must be named again."""
-    if not names:
-        return []
-    either = "|".join(sorted(names))
-    return [rf"(?:.*\.)?(?:{either})", "lm_head"]
+    """bitsandbytes skip patterns for the heads (``HEADS``) and the modules named ``names``, at
+    any depth (transformers matches a pattern from the start of the qualified name).
+
+    The heads are named because transformers' own default misses them: it keeps the module of
+    the model's last parameter, but strips only ``.weight`` from its name, so a head whose last
+    parameter is its bias (BERT's ``classifier``) got quantized (transformers 5.24), and peft
+    cannot train a copy of a 4-bit layer (``modules_to_save``)."""
+    either = "|".join(sorted({*HEADS, *names}))
+    return [rf"(?:.*\.)?(?:{either})"]
 
 
 @dataclass(frozen=True)
@@ -176,7 +181,8 @@ def this_process() -> tuple[Any, str | None]:
 def load_kwargs(cfg: Any, unquantized: Sequence[str] = ()) -> dict[str, Any]:
     """``from_pretrained`` keywords for ``cfg.model.quantization`` ({} when off): the
     ``quantization_config`` and this process's device as the whole model's ``device_map``.
-    ``unquantized``: module names kept in their dtype (a task's vision tower)."""
+    Kept in their dtype: the heads, ``unquantized`` (a task's vision tower) and
+    ``lora.modules_to_save`` (trained whole: a 4-bit layer cannot be)."""
     quantization = cfg.model.quantization
     if quantization is None:
         return {}
@@ -185,7 +191,8 @@ def load_kwargs(cfg: Any, unquantized: Sequence[str] = ()) -> dict[str, Any]:
     device, precision = this_process()
     check_backend(quantization, device.type)
     precision = precision or cfg.run.mixed_precision
-    settings = bnb_settings(quantization, precision, device.type, skip_patterns(unquantized))
+    whole = [name.rsplit(".", 1)[-1] for name in cfg.lora.modules_to_save or []]
+    settings = bnb_settings(quantization, precision, device.type, skip_patterns([*unquantized, *whole]))
     # each rank loads its own copy on its own device (accelerate refuses a 4/8-bit model elsewhere)
     where = "cpu" if device.type == "cpu" else device
     return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
