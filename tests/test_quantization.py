@@ -59,6 +59,7 @@ GOOD = Backend(version="0.50.2", devices=frozenset({"cpu", "cuda"}), gpu_library
         ("cuda", Backend(version=None), "needs bitsandbytes, which is not installed", "xtrain[quantization]"),
         ("cpu", Backend(version="0.43.0", devices=frozenset({"cpu"})), "needs bitsandbytes >= 0.46.1", "-U"),
         ("xpu", GOOD, "has no xpu backend", "bitsandbytes>="),
+        ("cpu", Backend("0.50.2", import_error="libfoo missing"), "does not import: libfoo missing", "-U"),
         (
             "cuda",
             Backend("0.50.2", frozenset({"cpu", "cuda"}), False, "libcudart.so.12: cannot open", "12.6"),
@@ -136,6 +137,33 @@ def test_each_process_loads_onto_its_own_device(monkeypatch):
     assert quantization.this_process() == (torch.device("cuda", 3), "bf16")
 
 
+def _quantize(config: Path, quantization: str) -> None:
+    """``model.quantization`` added to a causal-lm job's YAML (``support.jobs.make_job``)."""
+    task = "  task: causal-lm\n"
+    config.write_text(config.read_text().replace(task, f"{task}  quantization: {quantization}\n"))
+
+
+@pytest.mark.slow
+def test_a_worker_refuses_a_broken_bitsandbytes_in_one_line(tmp_path):
+    """``python -m xtrain.run`` (no CLI check before it): the worker's own refusal, exit 2."""
+    from support.jobs import make_job, python_run, run_xtrain
+
+    job = make_job(tmp_path / "job", steps=1)
+    job.config.write_text(
+        job.config.read_text().replace("  task: causal-lm\n", "  task: causal-lm\n  quantization: 4bit\n")
+    )
+    shadow = tmp_path / "shadow" / "bitsandbytes"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(
+        "raise ImportError('libbitsandbytes_cpu.so: cannot open shared object file')\n"
+    )
+    env = {**job.env, "PYTHONPATH": str(shadow.parent)}
+    proc = run_xtrain(python_run("--config", str(job.config), f"run.output_dir={tmp_path / 'out'}"), env)
+    lines = [line for line in proc.stderr.splitlines() if "bitsandbytes" in line]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(lines) == 1 and "does not import: libbitsandbytes_cpu.so: cannot open" in lines[0]
+
+
 # ---------------------------------------------------------------------------------------------
 # Real runs: causal-lm in 4 bits in its own processes (gloo on CPU)
 
@@ -145,7 +173,8 @@ def qjob(tmp_path_factory):
     from support.jobs import make_job
 
     job = make_job(tmp_path_factory.mktemp("qlora"), steps=4, save_every=2)
-    text = job.config.read_text().replace("  task: causal-lm\n", "  task: causal-lm\n  quantization: 4bit\n")
+    _quantize(job.config, "4bit")
+    text = job.config.read_text()
     job.config.write_text(text.replace("run:\n", "run:\n  eval_at_start: true\n  save_merged: true\n"))
     return job
 

@@ -89,6 +89,7 @@ class Backend:
     gpu_library: bool = False  # its CUDA/ROCm native library loaded
     gpu_error: str = ""  # why not, in bitsandbytes' words (first line)
     torch_cuda: str | None = None  # torch.version.cuda
+    import_error: str = ""  # installed, but ``import bitsandbytes`` failed: why
 
 
 def backend_problem(quantization: str, device_type: str, backend: Backend) -> XtrainError | None:
@@ -103,6 +104,11 @@ def backend_problem(quantization: str, device_type: str, backend: Backend) -> Xt
         )
     if backend.version is None:
         return XtrainError(f"{key} needs bitsandbytes, which is not installed", INSTALL)
+    if backend.import_error:
+        return XtrainError(
+            f"bitsandbytes {backend.version} is installed but does not import: {backend.import_error}"[:400],
+            f"{UPGRADE} --force-reinstall",
+        )
     if Version(backend.version) < Version(MIN_BITSANDBYTES):
         return XtrainError(
             f"{key} needs bitsandbytes >= {MIN_BITSANDBYTES}; {backend.version} is installed", UPGRADE
@@ -134,7 +140,7 @@ def read_backend() -> Backend:
         import bitsandbytes
         from bitsandbytes import cextension
     except Exception as e:  # a broken install: say it as bitsandbytes did
-        return Backend(version=version, gpu_error=_first_line(e))
+        return Backend(version=version, import_error=_first_line(e))
     lib = getattr(cextension, "lib", None)
     gpu_library = type(lib).__name__ == "CudaBNBNativeLibrary"  # only a CUDA/ROCm build loads as this
     error = getattr(lib, "error_msg", "") or ""
