@@ -337,6 +337,7 @@ def test_4bit_lora_trains_vision_language_with_the_vision_tower_unquantized(tmp_
             "optim.lr=0.01",
             "run.max_steps=6",
             "run.eval_at_start=true",
+            "run.save_merged=true",
             "generation.max_new_tokens=3",
         ],
         tmp_path / "vl",
@@ -344,6 +345,10 @@ def test_4bit_lora_trains_vision_language_with_the_vision_tower_unquantized(tmp_
     assert "Linear4bit" not in kept["vision"] and "Linear" in kept["vision"]
     first, last = result.eval_history[0], result.eval_history[-1]
     assert last["eval_loss"] < first["eval_loss"]
+    from transformers import AutoModelForImageTextToText
+
+    merged = AutoModelForImageTextToText.from_pretrained(result.outputs["merged"])
+    assert not any("Linear4bit" in type(m).__name__ for m in merged.modules())
 
 
 @pytest.mark.slow
