@@ -280,3 +280,28 @@ def test_refusal_is_one_line_exit_2(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "lora.use_dora=true cannot be saved" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value"),
+    [("lora", "use_dora", True), ("lora", "use_rslora", True), ("lora", "init_weights", "pissa"),
+     ("optim", "name", "adamw_8bit")],
+)  # fmt: skip
+def test_resume_refuses_another_variant_or_optimizer(tmp_path: Path, section: str, key: str, value) -> None:
+    """Same shapes, another model (rsLoRA's scale, PiSSA's residual base) or optimizer state."""
+    from dataclasses import asdict
+
+    from xtrain.train.checkpoint.layout import TrainState
+    from xtrain.train.checkpoint.resume import read_state
+
+    step = tmp_path / "step-2"
+    step.mkdir()
+    state = TrainState(
+        step=2, epoch=0, step_in_epoch=2, samples_seen=16, seed=1, global_batch=8, per_device=4,
+        world_size=1, accumulation=2, num_samples=64, total_steps=6, config=asdict(TrainConfig()),
+    )  # fmt: skip
+    (step / "xtrain_state.json").write_text(state.to_json())
+    other = TrainConfig()
+    setattr(getattr(other, section), key, value)
+    with pytest.raises(XtrainError, match=f"{section}.{key}="):
+        read_state(step, asdict(other))
