@@ -164,6 +164,30 @@ def test_pissa_resume_is_exact(tmp_path: Path) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.parametrize("init", ["pissa", "olora"])
+def test_layer_by_layer_decomposition_is_peft_own_init(init: str) -> None:
+    """xtrain runs peft's pissa_init/olora_init one layer at a time (on a GPU when there is one):
+    on the same device it gives exactly what get_peft_model(init_lora_weights=init) gives."""
+    from peft import LoraConfig, get_peft_model
+
+    from xtrain.train import lora
+
+    cfg = TrainConfig()
+    cfg.lora.r, cfg.lora.alpha, cfg.lora.init_weights = 4, 8, init
+    ours = lora.apply_lora(base_model(original_base()), cfg.lora, "CAUSAL_LM")
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        init_lora_weights=init,
+    )
+    theirs = get_peft_model(base_model(original_base()), config)
+    assert ours.peft_config["default"].init_lora_weights == init  # recorded as the init it is
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_pissa_adapter_keeps_the_head_trained_whole(tmp_path: Path) -> None:
     """peft's PiSSA conversion keeps lora_A/lora_B only; the classifier of a seq-cls model
     (modules_to_save) must still be in the saved adapter."""

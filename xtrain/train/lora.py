@@ -334,12 +334,43 @@ def _peft_model(
 
     _check_layers(model, lora, targets)
     config = LoraConfig(**lora_config_kwargs(lora, targets, whole, task_type))
-    peft_model = trainable_fp32(get_peft_model(model, config))
+    decompose = lora.init_weights in BASE_CHANGING
+    if decompose:
+        config.init_lora_weights = True  # decomposed below, layer by layer (on a GPU if there is one)
+    peft_model = get_peft_model(model, config)
+    if decompose:
+        decompose_layers(peft_model, lora.init_weights)
+        peft_model.peft_config["default"].init_lora_weights = PEFT_INIT[lora.init_weights]
+    peft_model = trainable_fp32(peft_model)
     if lora.init_weights == "loftq":
         _fit_loftq(peft_model)
-    if lora.init_weights in BASE_CHANGING:
+    if decompose:
         keep_initial_adapter(peft_model)
     return peft_model
+
+
+def decompose_layers(peft_model: Any, init: str) -> None:
+    """PiSSA/OLoRA start: peft's own ``pissa_init`` (full SVD) or ``olora_init`` (QR) on every
+    adapted layer, as ``get_peft_model`` would run them, but with a CUDA GPU each layer is moved
+    there for it and back. The model is still on the CPU here (accelerate places it later), and
+    a full SVD of one 4096x4096 weight took 170 s on 2 CPU cores: a 7B model would take hours.
+    One layer at a time keeps the GPU memory needed to one layer's weights."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    gpu = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    for module in peft_model.modules():
+        if not isinstance(module, LoraLayer) or "default" not in module.lora_A:
+            continue
+        home = module.get_base_layer().weight.device
+        if gpu is not None:
+            module.to(gpu)
+        if init == "pissa":
+            module.pissa_init("default", PEFT_INIT[init])
+        else:
+            module.olora_init("default")
+        if gpu is not None:
+            module.to(home)
 
 
 def _fit_loftq(peft_model: Any) -> None:
@@ -381,7 +412,8 @@ def _fit_loftq(peft_model: Any) -> None:
 
 def keep_initial_adapter(peft_model: Any) -> None:
     """Keep a CPU copy of the adapter as it starts (after PiSSA/OLoRA moved part of the base
-    into it). Resume rebuilds the same start: both inits are deterministic (full SVD, QR)."""
+    into it). Resume rebuilds the same start: both inits are deterministic (full SVD, QR) on the
+    same device."""
     from peft import get_peft_model_state_dict
 
     state = get_peft_model_state_dict(peft_model)
