@@ -329,3 +329,55 @@ def test_resume_refuses_another_variant_or_optimizer(tmp_path: Path, section: st
     setattr(getattr(other, section), key, value)
     with pytest.raises(XtrainError, match=f"{section}.{key}="):
         read_state(step, asdict(other))
+
+
+def test_dora_on_gpt2_conv1d_saves_and_reloads(tmp_path: Path) -> None:
+    """DoRA works on GPT-2's Conv1D (peft handles fan_in_fan_out there; OLoRA does not)."""
+    from peft import PeftModel
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from xtrain.train import lora
+
+    config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    base = GPT2LMHeadModel(config)
+    base.save_pretrained(str(tmp_path / "base"))
+    cfg = TrainConfig()
+    cfg.lora.r, cfg.lora.use_dora = 4, True
+    model = lora.apply_lora(base, cfg.lora, "CAUSAL_LM")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+    want = logits(model.eval())
+    lora.save_pretrained(model, str(tmp_path / "adapter"))
+    again = PeftModel.from_pretrained(
+        GPT2LMHeadModel.from_pretrained(str(tmp_path / "base")), str(tmp_path / "adapter")
+    )
+    torch.testing.assert_close(logits(again.eval()), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_dora_trains_on_a_quantized_base(quantization: str) -> None:
+    """DoRA on bitsandbytes layers (peft dequantizes for the weight norm): gradients reach the
+    magnitudes and the adapters."""
+    pytest.importorskip("bitsandbytes")
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from xtrain.train import lora
+
+    if quantization == "4bit":
+        quant = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
+        )
+    else:
+        quant = BitsAndBytesConfig(load_in_8bit=True)
+    model = AutoModelForCausalLM.from_pretrained(original_base(), quantization_config=quant, device_map="cpu")
+    cfg = TrainConfig()
+    cfg.lora.use_dora, cfg.model.quantization = True, quantization
+    lora.check_variants(cfg)
+    model = lora.apply_lora(model, cfg.lora, "CAUSAL_LM")
+    ids = torch.arange(3, 19).reshape(2, 8)
+    model(input_ids=ids, labels=ids).loss.backward()
+    grads = {n for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+    assert any("lora_magnitude_vector" in n for n in grads) and any("lora_B" in n for n in grads)
