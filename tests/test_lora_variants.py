@@ -108,6 +108,7 @@ VARIANTS = {
     "rslora": {"use_rslora": True},
     "pissa": {"init_weights": "pissa"},
     "olora": {"init_weights": "olora"},
+    "pissa-rslora": {"init_weights": "pissa", "use_rslora": True},
     "gaussian-rslora": {"init_weights": "gaussian", "use_rslora": True},
 }
 
@@ -135,7 +136,8 @@ def test_variant_trains_and_its_adapter_fits_the_original_base(tmp_path: Path, v
     assert recorded["use_rslora"] is bool(lora.get("use_rslora"))
     if lora.get("init_weights") in ("pissa", "olora"):  # converted: a plain LoRA of rank 2r
         assert recorded["init_lora_weights"] is True
-        assert (recorded["r"], recorded["lora_alpha"]) == (8, 16)
+        alpha = 8 * 2**0.5 if lora.get("use_rslora") else 16  # the same scale at twice the rank
+        assert recorded["r"] == 8 and recorded["lora_alpha"] == pytest.approx(alpha)
     else:
         assert recorded["init_lora_weights"] == {"gaussian": "gaussian"}.get(lora.get("init_weights"), True)
 
