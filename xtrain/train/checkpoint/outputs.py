@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import atomic
+from xtrain.train.lora import save_pretrained
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -29,7 +30,7 @@ def _write_pretrained(model: Any, tokenizer: Any, final: Path, extra: dict[str, 
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(str(tmp))
+    save_pretrained(model, str(tmp))  # PiSSA/OLoRA adapters: converted to fit the original base
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     for name, text in (extra or {}).items():

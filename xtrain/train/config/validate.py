@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from xtrain.errors import XtrainError
-from xtrain.train import tasks
+from xtrain.train import lora, tasks
 from xtrain.train.config.schema import TrainConfig, sections
 from xtrain.train.tasks.contract import EVERY_KEY
 
@@ -23,6 +23,7 @@ def validate(cfg: TrainConfig) -> None:
     o = cfg.optim
     if isinstance(cfg.lora.target_modules, list) and not cfg.lora.target_modules:
         raise XtrainError("lora.target_modules is an empty list", "use auto, or list module names")
+    lora.check_variants(cfg)  # DoRA/rsLoRA/init_weights against enabled and quantization
     if o.lr_scaling != "none" and o.base_global_batch is None:
         raise XtrainError(
             f"optim.lr_scaling={o.lr_scaling} needs optim.base_global_batch",
