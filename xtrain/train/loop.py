@@ -35,7 +35,7 @@ import torch
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings, resolve, trackers
-from xtrain.train import checkpoint, failures, lock, preflight, stops, tracking
+from xtrain.train import checkpoint, failures, lock, preflight, sharded, stops, tracking
 from xtrain.train.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.collate import batch_tokens
 from xtrain.train.collective import (
@@ -160,6 +160,7 @@ class Recipe:
         self.world, self.rank, self.device = acc.num_processes, acc.process_index, acc.device
 
         set_seed(cfg.run.seed)  # identical LoRA initialisation on every rank
+        sharded.check_outputs(acc, cfg.run.save_merged, cfg.lora.enabled)  # before anything is built
         self._setup_model()
         self._setup_data()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -198,7 +199,9 @@ class Recipe:
             self.out, self.trainable, self.total_params, cfg.run.keep_checkpoints, cfg.run.save_merged, saves
         ):
             self.rep.note(note)  # (a run that cannot fit stops here, before the first step)
+        sharded.fill_deepspeed(acc, s.per_device, cfg.optim.max_grad_norm)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
+        sharded.prepare_generation(acc, self.model)  # FSDP2: generate all-gathers like forward
         checkpoint.install_model_hooks(acc)
         self.memory = self._check_memory(model)
         self.cpu_staged = stage_allreduce_on_cpu(self.model, self.plan, self.world)
@@ -395,12 +398,15 @@ class Recipe:
         best = self.cfg.run.best_metric
         if best and best in metrics and checkpoint.is_new_best(best, metrics[best], self.eval_history[:-1]):
             acc.wait_for_everyone()
-            if acc.is_main_process:
-                unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-                checkpoint.save_best(
-                    unwrapped, self.workload.tokenizer, out, step, best, metrics[best], self.record
-                )
-            acc.wait_for_everyone()
+            sharded.save_on_main(
+                acc,
+                self.model,
+                lambda model, state: checkpoint.save_best(
+                    model, self.workload.tokenizer, out, step, best, metrics[best], self.record, state
+                ),
+                "save the best model",
+                trainable_only=self.cfg.lora.enabled,
+            )
             self.rep.note(
                 f"best {best} so far ({metrics[best]:.4f} at step {step}) -> {out / checkpoint.BEST}"
             )
@@ -475,16 +481,17 @@ class Recipe:
             ),
         )
         acc.wait_for_everyone()
-        if acc.is_main_process:
-            unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-            outputs.update(
-                checkpoint.save_final(
-                    unwrapped, self.workload.tokenizer, out, self.cfg.run.save_merged, self.record
-                )
-            )
+
+        def write(model: Any, state: dict[str, Any] | None) -> None:
+            tokenizer, merged = self.workload.tokenizer, self.cfg.run.save_merged
+            outputs.update(checkpoint.save_final(model, tokenizer, out, merged, self.record, state))
             # a re-run of a finished run trains nothing: its train_result.json (throughput, ...) stays
             keep = self.start_step >= final
             outputs["result"] = str(checkpoint.write_result(out, asdict(result), keep=keep))
+
+        # sharded weights: gathered on every rank, written by the main process (sharded.py)
+        lora = self.cfg.lora.enabled
+        sharded.save_on_main(acc, self.model, write, "save the trained model", trainable_only=lora)
         acc.wait_for_everyone()
         self.rep.end(result)
         return result

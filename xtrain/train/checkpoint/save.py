@@ -76,12 +76,24 @@ def install_model_hooks(accelerator: Any) -> None:
     DDP). For LoRA that is the full base model in every checkpoint, and names that do not load
     when the process count changes (1 process has no DDP wrapper). With these hooks a checkpoint
     holds the adapter (or, for full fine-tuning, the whole state dict) and loads into any
-    process count."""
+    process count.
+
+    Under FSDP and DeepSpeed accelerate saves and loads the model itself, sharded (FSDP: a
+    ``torch.distributed.checkpoint`` folder ``pytorch_model_fsdp_0/`` with the optimizer's in
+    ``optimizer_0/``, which loads into another process count too; DeepSpeed: its engine's
+    checkpoint). It then passes no weights to these hooks and has already loaded the model, so
+    the hooks leave both alone: the checkpoint holds the whole model, frozen base included."""
+    from accelerate.utils import DistributedType
+
+    def sharded() -> bool:
+        return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
     def model_file(folder: str | Path, i: int) -> Path:
         return Path(folder) / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
 
     def on_save(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+        if sharded():  # saved by accelerate already; ``weights`` is empty
+            return
         for i, m in enumerate(models):
             inner = accelerator.unwrap_model(m, keep_torch_compile=False)
             named = dict(inner.named_parameters())
@@ -92,6 +104,8 @@ def install_model_hooks(accelerator: Any) -> None:
             )
 
     def on_load(models: list[Any], input_dir: str) -> None:
+        if sharded():  # loaded by accelerate already (``models`` is empty then)
+            return
         from safetensors.torch import load_file
 
         for i, m in enumerate(models):
