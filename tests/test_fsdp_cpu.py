@@ -91,3 +91,91 @@ def test_lora_under_fsdp2_trains_saves_and_resumes_like_one_process(job: Job) ->
     shutil.copytree(out, straight)
     fsdp_run(job, out, f"run.resume={step2}")
     assert_same_training(straight, out)
+
+
+def test_full_finetune_under_fsdp2_writes_loadable_model_and_best(job: Job) -> None:
+    """Without LoRA the whole model is gathered on both ranks and written by rank 0, for the
+    final model and for the best one (run.best_metric); both load with plain transformers."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = job.root / "fsdp-full"
+    fsdp_run(job, out, "lora.enabled=false", "optim.lr=1e-4", "run.eval_every=2", "run.best_metric=eval_loss")
+    base = AutoModelForCausalLM.from_pretrained(job.config.read_text().split("name_or_path: ")[1].split()[0])
+    for folder in (out / "model", out / "best"):
+        trained = AutoModelForCausalLM.from_pretrained(folder)
+        assert trained.state_dict().keys() == base.state_dict().keys()
+        changed = [k for k, v in trained.state_dict().items() if not torch.equal(v, base.state_dict()[k])]
+        assert changed, f"{folder.name}: no weight changed"
+    assert json.loads((out / "best" / "best.json").read_text())["metric"] == "eval_loss"
+
+
+# fully_shard directly (no accelerate): the helpers' collectives with two real gloo ranks
+DIRECT = textwrap.dedent(
+    """
+    import json, os, sys
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+    from accelerate.utils import DistributedType
+    from torch.distributed.fsdp import fully_shard
+
+    from xtrain.train import sharded
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 2))
+    model[0].weight.requires_grad_(False)  # a frozen base beside trainable weights (LoRA-like)
+    whole = {k: v.clone() for k, v in model.state_dict().items()}
+    fully_shard(model[0]); fully_shard(model)
+    acc = SimpleNamespace(distributed_type=DistributedType.FSDP, is_main_process=rank == 0,
+                          device=torch.device("cpu"), num_processes=2)
+    acc.unwrap_model = lambda m, keep_torch_compile=False: m
+    result = {}
+    full = sharded.gathered_state_dict(acc, model, trainable_only=False)
+    trainable = sharded.gathered_state_dict(acc, model, trainable_only=True)
+    if rank == 0:
+        same = all(torch.equal(full[k], whole[k]) for k in whole)
+        result["full_equal"] = sorted(full) == sorted(whole) and same
+        result["trainable"] = sorted(trainable)
+    else:
+        result["others"] = [full, trainable]
+    params = list(model.parameters())
+    ok = sharded.finite_check_input(acc, params)
+    result["finite_before"] = bool(torch.isfinite(ok[0]).all())
+    if rank == 0:  # a NaN in rank 0's slice only
+        with torch.no_grad():
+            model[1].weight.to_local()[0, 0] = float("nan")
+    result["finite_after"] = bool(torch.isfinite(sharded.finite_check_input(acc, params)[0]).all())
+    with open(os.path.join(sys.argv[1], f"rank-{rank}.json"), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # skip gloo's teardown race (see test_comm_hook.py)
+    """
+)
+
+
+def test_gather_and_finite_check_against_fully_shard(tmp_path: Path) -> None:
+    """``sharded.gathered_state_dict`` gives rank 0 the whole (or only the trainable) weights and
+    the others None; ``finite_check_input`` makes both ranks see a NaN in one rank's slice."""
+    import os
+    import subprocess
+
+    from xtrain.launch.rendezvous import free_port
+
+    script = tmp_path / "direct.py"
+    script.write_text(DIRECT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert r0["full_equal"] is True
+    assert r0["trainable"] == ["0.bias", "1.bias", "1.weight"]
+    assert r1["others"] == [None, None]
+    assert r0["finite_before"] and r1["finite_before"]
+    assert not r0["finite_after"] and not r1["finite_after"]  # rank 1 sees rank 0's NaN too

@@ -414,7 +414,8 @@ class Recipe:
 
     def save(self, step: int) -> Path:
         """A resumable checkpoint of this step (never of NaN/inf weights)."""
-        failures.check_finite(self.params, step, self.window.streak, self.out)
+        finite = sharded.finite_check_input(self.accelerator, self.params)  # sharded: all ranks agree
+        failures.check_finite(finite, step, self.window.streak, self.out)
         path = checkpoint.save(
             self.accelerator, self.out, self._state_at(step), self.cfg.run.keep_checkpoints
         )

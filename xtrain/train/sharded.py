@@ -104,6 +104,28 @@ def save_on_main(
     return on_main(accelerator, lambda: write(unwrapped, state), what)
 
 
+def finite_check_input(accelerator: Any, params: list[Any]) -> list[Any]:
+    """What ``failures.check_finite`` should look at so that every rank decides the same.
+
+    Whole weights (no sharding) are the same on every rank: the parameters themselves. Sharded,
+    each rank holds other slices, and a NaN in one rank's slice would stop that rank alone while
+    the others enter the checkpoint's collectives and wait: the ranks' verdicts are reduced
+    (MIN over gloo/NCCL) into one scalar that is finite exactly when every slice on every rank is."""
+    if sharding(accelerator) is None:
+        return params
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    def local(p: Any) -> Any:  # FSDP2: this rank's slice; ZeRO-3: its partition (p.data is empty)
+        return p.to_local() if isinstance(p, DTensor) else getattr(p, "ds_tensor", p)
+
+    flags = [torch.isfinite(local(p).detach()).all() for p in params]
+    ok = torch.stack(flags).all().float() if flags else torch.ones((), device=accelerator.device)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return [ok.log()]  # log(1) = 0 when all are finite, log(0) = -inf otherwise
+
+
 def prepare_generation(accelerator: Any, model: Any) -> None:
     """FSDP2: ``generate`` runs the root module's all-gather like ``forward`` does."""
     if sharding(accelerator) != "fsdp":
