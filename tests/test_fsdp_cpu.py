@@ -179,3 +179,32 @@ def test_gather_and_finite_check_against_fully_shard(tmp_path: Path) -> None:
     assert r1["others"] == [None, None]
     assert r0["finite_before"] and r1["finite_before"]
     assert not r0["finite_after"] and not r1["finite_after"]  # rank 1 sees rank 0's NaN too
+
+
+def test_generation_eval_under_fsdp2_runs_in_lockstep(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The vision-language job evaluates by generation: under FSDP2 every step of ``generate``
+    all-gathers, ranks whose answers end early keep stepping (``synced_gpus``), the root's
+    ``generate`` gathers like ``forward``; the answers are those of one plain process."""
+    import random
+
+    import test_vision_language as vl
+    from support.jobs import session_builtin, task_job, train_once
+
+    from xtrain.builtin import vision_language as builtin_vl
+
+    root = tmp_path_factory.mktemp("fsdp-vqa")
+    (root / "img").mkdir()
+    rng = random.Random(11)
+    rows = []
+    for i in range(42):
+        shape, colour = rng.choice(builtin_vl.SHAPES), rng.choice(list(builtin_vl.COLOURS))
+        builtin_vl.draw_shape(shape, colour, rng).save(root / "img" / f"{i}.png")
+        rows.append(builtin_vl.conversation(f"img/{i}.png", shape, colour, rng))
+    job = task_job(root, vl.JOB, session_builtin(tmp_path_factory, "builtin:tiny-qwen2-vl"), rows)
+    one = json.loads((train_once(job)[0] / "train_result.json").read_text())
+    out = root / "fsdp"
+    fsdp_run(job, out)
+    two = json.loads((out / "train_result.json").read_text())
+    for a, b in zip(one["eval_history"], two["eval_history"], strict=True):  # step 0 and the end
+        assert (a["step"], a["exact_match"]) == (b["step"], b["exact_match"])
+    assert one["predictions"] == two["predictions"]
