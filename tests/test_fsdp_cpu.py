@@ -208,3 +208,87 @@ def test_generation_eval_under_fsdp2_runs_in_lockstep(tmp_path_factory: pytest.T
     for a, b in zip(one["eval_history"], two["eval_history"], strict=True):  # step 0 and the end
         assert (a["step"], a["exact_match"]) == (b["step"], b["exact_match"])
     assert one["predictions"] == two["predictions"]
+
+
+# FSDP2 over a 4-bit (bitsandbytes NF4) model with LoRA, through accelerate's FSDP2 path
+QLORA = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    from accelerate import Accelerator
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+    out, fsdp = sys.argv[1], sys.argv[2] == "fsdp"
+    acc = Accelerator(cpu=True)
+    if fsdp:  # the test seam of WORKER above
+        from accelerate.state import PartialState
+        from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+        PartialState().distributed_type = DistributedType.FSDP
+        acc.state.distributed_type = DistributedType.FSDP
+        acc.state.fsdp_plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2, auto_wrap_policy="transformer_based_wrap", reshard_after_forward=True
+        )
+    folder = os.path.join(out, "tiny")
+    if acc.is_main_process and not os.path.isdir(folder):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+        LlamaForCausalLM(cfg).save_pretrained(folder)
+    acc.wait_for_everyone()
+    # the storage dtype of the packed 4-bit weights = the dtype FSDP gathers in (fp32 here)
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32,
+                           bnb_4bit_quant_storage=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(folder, quantization_config=q, device_map="cpu")
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    torch.manual_seed(1)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    weight = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
+    x = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(5))
+    r, w = acc.process_index, acc.num_processes
+    mine = x[r * 4 // w : (r + 1) * 4 // w]  # each rank its share of the same batch
+    losses = []
+    for _ in range(3):
+        acc.backward(model(input_ids=mine, labels=mine).loss)
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            losses.append(model(input_ids=x, labels=x).loss.item())
+    if acc.is_main_process:
+        with open(os.path.join(out, sys.argv[2] + ".json"), "w") as f:
+            json.dump({"losses": losses, "weight": type(weight).__name__}, f)
+    acc.wait_for_everyone()
+    sys.stdout.flush()
+    os._exit(0)
+    """
+)
+
+
+def test_fsdp2_shards_a_4bit_model_stored_in_the_fsdp_dtype(tmp_path: Path) -> None:
+    """FSDP + QLoRA: with ``bnb_4bit_quant_storage`` set to the dtype FSDP gathers in, accelerate
+    1.15 shards bitsandbytes' packed 4-bit weights (DTensors) and LoRA trains on them as in one
+    plain process (docs: "FSDP with 4-bit weights")."""
+    import os
+    import subprocess
+
+    from xtrain.launch.rendezvous import free_port
+
+    script = tmp_path / "qlora.py"
+    script.write_text(QLORA)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    one = subprocess.run([sys.executable, str(script), str(tmp_path), "plain"], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert one.returncode == 0, one.stderr[-3000:]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
+    two = subprocess.run([*torchrun, str(script), str(tmp_path), "fsdp"], env=env, capture_output=True,
+                         text=True, timeout=180)  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    sharded = json.loads((tmp_path / "fsdp.json").read_text())
+    assert (plain["weight"], sharded["weight"]) == ("Params4bit", "DTensor")  # 4-bit weights sharded
+    assert sharded["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert sharded["losses"][-1] < sharded["losses"][0]
