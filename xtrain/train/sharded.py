@@ -50,7 +50,7 @@ def check_outputs(accelerator: Any, save_merged: bool, lora: bool) -> None:
         )
 
 
-def fill_deepspeed(accelerator: Any, per_device: int, max_grad_norm: float) -> None:
+def fill_deepspeed(accelerator: Any, per_device: int, max_grad_norm: float | None) -> None:
     """DeepSpeed reads the micro-batch and the clipping from its own config; xtrain prepares no
     training DataLoader (each rank reads its own share), so accelerate cannot infer the batch.
     Values left "auto" get xtrain's (optim.max_grad_norm 0: no clipping); numbers the user's
@@ -61,7 +61,8 @@ def fill_deepspeed(accelerator: Any, per_device: int, max_grad_norm: float) -> N
         return
     plugin = accelerator.state.deepspeed_plugin
     config = plugin.deepspeed_config
-    for key, value in (("train_micro_batch_size_per_gpu", per_device), ("gradient_clipping", max_grad_norm)):
+    clip = float(max_grad_norm or 0.0)  # DeepSpeed: 0 = no clipping
+    for key, value in (("train_micro_batch_size_per_gpu", per_device), ("gradient_clipping", clip)):
         if config.get(key, "auto") == "auto":
             config[key] = value
 
