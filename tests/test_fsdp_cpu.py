@@ -73,23 +73,26 @@ def fsdp_run(job: Job, out: Path, *overrides: str) -> None:
 
 def test_lora_under_fsdp2_trains_saves_and_resumes_like_one_process(job: Job) -> None:
     """Two FSDP2 ranks train the same as one plain process (same losses, eval loss, adapter);
-    the checkpoint is accelerate's sharded one, and resuming from it ends at the same adapter."""
+    the checkpoint is accelerate's sharded one, and resuming from it ends at the same adapter.
+    Micro-batches of 2: accumulation 2 on two ranks (FSDP2's no_sync), 4 on one."""
     ref = job.root / "one"
-    proc = run_xtrain(python_run("--config", str(job.config), f"run.output_dir={ref}"), job.env)
+    args = ("--config", str(job.config), f"run.output_dir={ref}", "batch.per_device=2")
+    proc = run_xtrain(python_run(*args), job.env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     out = job.root / "fsdp"
-    fsdp_run(job, out)
+    fsdp_run(job, out, "batch.per_device=2")
     assert_same_training(ref, out)  # the adapter was gathered from the shards and written by rank 0
     step2 = out / "checkpoints" / "step-2"
     assert (step2 / "pytorch_model_fsdp_0").is_dir() and (step2 / "optimizer_0").is_dir()
     assert not (step2 / "model.safetensors").exists()  # accelerate's sharded save, not xtrain's hook
     assert json.loads((out / "adapter" / "adapter_config.json").read_text())["r"] == 4
+    assert json.loads((out / "train_result.json").read_text())["accumulation"] == 2
 
     # resume from step 2 on two FSDP ranks: the same end as the run that never stopped
     straight = job.root / "fsdp-straight"
     shutil.copytree(out, straight)
-    fsdp_run(job, out, f"run.resume={step2}")
+    fsdp_run(job, out, f"run.resume={step2}", "batch.per_device=2")
     assert_same_training(straight, out)
 
 
