@@ -53,3 +53,16 @@ def test_a_checkpoint_resumes_under_the_launch_that_wrote_it(
     )
     load(acc, path)
     assert loaded == [str(path)]
+
+
+def test_what_sharded_weights_cannot_do_is_refused_before_training() -> None:
+    from xtrain.train import sharded
+
+    fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP)
+    with pytest.raises(XtrainError, match="model.quantization=8bit does not work under FSDP"):
+        sharded.check_quantization(fsdp, "8bit")
+    sharded.check_quantization(fsdp, "4bit")
+    sharded.check_quantization(SimpleNamespace(distributed_type=DistributedType.MULTI_GPU), "8bit")
+    with pytest.raises(XtrainError, match="run.save_merged does not work under FSDP"):
+        sharded.check_outputs(fsdp, save_merged=True, lora=True)
+    sharded.check_outputs(fsdp, save_merged=True, lora=False)  # a full model: nothing to merge

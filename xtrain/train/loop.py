@@ -161,6 +161,7 @@ class Recipe:
 
         set_seed(cfg.run.seed)  # identical LoRA initialisation on every rank
         sharded.check_outputs(acc, cfg.run.save_merged, cfg.lora.enabled)  # before anything is built
+        sharded.check_quantization(acc, cfg.model.quantization)
         self._setup_model()
         self._setup_data()
         self.params = [p for p in self.model.parameters() if p.requires_grad]

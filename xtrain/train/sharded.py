@@ -50,6 +50,19 @@ def check_outputs(accelerator: Any, save_merged: bool, lora: bool) -> None:
         )
 
 
+def check_quantization(accelerator: Any, quantization: str | None) -> None:
+    """8-bit weights under FSDP: bitsandbytes' ``Int8Params`` become plain DTensors when FSDP2
+    shards them and lose their quantization state (seen here: ``'Parameter' object has no
+    attribute 'CB'`` at the first forward). 4-bit works when stored in FSDP's dtype
+    (``bnb_4bit_quant_storage``; docs: "FSDP with 4-bit weights")."""
+    if quantization == "8bit" and sharding(accelerator) == "fsdp":
+        raise XtrainError(
+            "model.quantization=8bit does not work under FSDP: sharding drops the 8-bit weights' "
+            "quantization state",
+            "use model.quantization=4bit, or 8-bit without FSDP",
+        )
+
+
 def fill_deepspeed(accelerator: Any, per_device: int, max_grad_norm: float | None) -> None:
     """DeepSpeed reads the micro-batch and the clipping from its own config; xtrain prepares no
     training DataLoader (each rank reads its own share), so accelerate cannot infer the batch.
