@@ -204,13 +204,15 @@ def test_generation_eval_under_fsdp2_runs_in_lockstep(tmp_path_factory: pytest.T
         builtin_vl.draw_shape(shape, colour, rng).save(root / "img" / f"{i}.png")
         rows.append(builtin_vl.conversation(f"img/{i}.png", shape, colour, rng))
     job = task_job(root, vl.JOB, session_builtin(tmp_path_factory, "builtin:tiny-qwen2-vl"), rows)
-    one = json.loads((train_once(job)[0] / "train_result.json").read_text())
+    straight = train_once(job)[0]
+    one = json.loads((straight / "train_result.json").read_text())
     out = root / "fsdp"
     fsdp_run(job, out)
     two = json.loads((out / "train_result.json").read_text())
     for a, b in zip(one["eval_history"], two["eval_history"], strict=True):  # step 0 and the end
         assert (a["step"], a["exact_match"]) == (b["step"], b["exact_match"])
     assert one["predictions"] == two["predictions"]
+    assert_same_training(straight, out)  # the adapter with the projector (modules_to_save) gathered
 
 
 # FSDP2 over a 4-bit (bitsandbytes NF4) model with LoRA, through accelerate's FSDP2 path
