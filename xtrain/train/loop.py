@@ -176,7 +176,8 @@ class Recipe:
     def _setup_model(self) -> None:
         """Workload, data order, optimizer, schedule; all prepared by accelerate."""
         cfg, s, acc = self.cfg, self.settings, self.accelerator
-        self.workload = build_workload_main_first(acc, cfg, self.build)
+        with sharded.whole_model_loading(acc):  # ZeRO-3: no zero.Init collective in a main-first build
+            self.workload = build_workload_main_first(acc, cfg, self.build)
         # data.group_by_length: one length per sample (a task without lengths: one line, before any step)
         lengths = train_lengths(self.workload) if cfg.data.group_by_length else None
         self.order = DataOrder(

@@ -15,7 +15,8 @@ does).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
 from xtrain.errors import XtrainError
@@ -48,6 +49,29 @@ def check_outputs(accelerator: Any, save_merged: bool, lora: bool) -> None:
             "set run.save_merged=false; the adapter merges later onto the base model "
             "(peft's merge_and_unload, docs/fitting-big-models.md)",
         )
+
+
+@contextlib.contextmanager
+def whole_model_loading(accelerator: Any) -> Iterator[None]:
+    """Under ZeRO-3 the model loads whole in each process; DeepSpeed partitions it at ``prepare``.
+
+    accelerate 1.15 registers its ZeRO-3 config with transformers whenever the plugin is selected
+    (``DeepSpeedPlugin.set_deepspeed_weakref``, whatever ``zero3_init_flag`` says), and
+    ``from_pretrained`` then loads inside ``deepspeed.zero.Init``: a collective every rank must
+    join, while xtrain builds the workload on the main process first (it fills the datasets
+    cache), so the ranks would wait on different collectives (seen here: gloo's "collective
+    mismatch" abort). The registration is lifted for the build and restored after it (generate
+    reads it: ``synced_gpus``)."""
+    if sharding(accelerator) != "zero3":
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        accelerator.state.deepspeed_plugin.set_deepspeed_weakref()
 
 
 def check_quantization(accelerator: Any, quantization: str | None) -> None:
