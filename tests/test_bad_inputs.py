@@ -141,7 +141,15 @@ def fingerprint(folder: Path) -> dict[str, tuple[float, int]]:
 def _run_in_process(entry: str, argv: list[str], env: dict[str, str], monkeypatch, capsys) -> tuple[int, str]:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "XTRAIN_PLATFORM", "MASTER_ADDR", "MASTER_PORT"):
+    for k in (
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "XTRAIN_PLATFORM",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
         if k not in env:
             monkeypatch.delenv(k, raising=False)
     monkeypatch.chdir(REPO)

@@ -103,9 +103,11 @@ def quantization_lines(cfg: Any, resolved: Any, here: bool) -> list[str]:
     return [f"[bold]Weights:[/] {escape(quantization.describe(cfg.model.quantization) or '')}"]
 
 
-def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[str]]]:
+def equivalent_commands(
+    plan: Any, run_argv: list[str], sharding: list[str] | None = None
+) -> list[tuple[str, list[str]]]:
     """What `xtrain train` does, as commands the user could type: [(title, lines)], the
-    command xtrain itself uses first."""
+    command xtrain itself uses first. ``sharding``: FSDP/DeepSpeed switches (accelerate only)."""
     from xtrain.launch.accelerate_launcher import accelerate_args
     from xtrain.shell import join_lines, python_exe, quote, set_env
 
@@ -115,7 +117,7 @@ def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[
     n = plan.num_processes
     spawn = f"{python_exe(sh)} -m {RUN_MODULE}" + (f" --processes {n}" if n > 1 else "") + f" {args}"
     # accelerate_args ends with "-m xtrain.run ARGV": keep its launcher flags, print the tail once
-    flags = accelerate_args(RUN_MODULE, run_argv, plan)[: -(len(run_argv) + 2)]
+    flags = accelerate_args(RUN_MODULE, run_argv, plan, sharding=sharding or ())[: -(len(run_argv) + 2)]
     accelerate = join_lines(
         sh, ["accelerate launch " + " ".join(quote(sh, a) for a in flags), f"-m {RUN_MODULE} {args}"]
     )
@@ -129,6 +131,13 @@ def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[
     visible = []
     if plan.gpu_ids is not None and plan.device == "cuda":
         visible = [set_env(sh, "CUDA_VISIBLE_DEVICES", ",".join(map(str, plan.gpu_ids)))]
+    if sharding:  # only accelerate's launcher starts FSDP/DeepSpeed
+        return [
+            (
+                "what xtrain runs (FSDP/DeepSpeed: accelerate launch, also for one process)",
+                env + visible + [accelerate],
+            )
+        ]
     if plan.world_size == 1:  # one process: xtrain runs it itself (launcher.runs_here) or as a child
         return [
             (
@@ -157,6 +166,10 @@ def train(
     gpus: str = typer.Option(None, "--gpus", help='GPU ids, e.g. "0,1" (default: all).'),
     precision: str = typer.Option(
         None, "--precision", help="no, fp16 or bf16 (default: the config, else the plan)."
+    ),
+    fsdp: bool = typer.Option(False, "--fsdp", help="Shard the model with FSDP2 (Linux, CUDA GPUs)."),
+    deepspeed: str = typer.Option(
+        None, "--deepspeed", help="DeepSpeed ZeRO stage: zero2 | zero3 (Linux, CUDA GPUs)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the equivalent commands and exit."),
     facts_file: Path = typer.Option(
@@ -188,6 +201,7 @@ def train(
     # the plan, checked against the config's global batch before any process starts
     resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
     plan = resolved.plan
+    shard_flags = sharding_flags(resolved, fsdp, deepspeed)  # refused here where it cannot run
     run_argv = ["--config", str(config), *overrides]
     notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
     notes += quantization_lines(cfg, resolved, here=facts_file is None) + memory_lines(cfg, resolved)
@@ -197,7 +211,7 @@ def train(
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
         for line in notes:
             console.print(line, soft_wrap=True)
-        for title, lines in equivalent_commands(plan, run_argv):
+        for title, lines in equivalent_commands(plan, run_argv, shard_flags):
             shell = "PowerShell" if plan.shell == "powershell" else "bash"
             console.print(f"\n# {title} ({shell})", soft_wrap=True, markup=False)
             for line in lines:
@@ -208,7 +222,23 @@ def train(
     assert resolved.settings is not None
     preflight.check_trackers(resolved.settings.trackers, plan.shell)  # before any process starts
     check_accelerate_default(resolved)
-    raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir, notes))
+    raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir, notes, shard_flags))
+
+
+def sharding_flags(resolved: Any, fsdp: bool, deepspeed: str | None) -> list[str]:
+    """The `accelerate launch` switches for FSDP/DeepSpeed when the options or accelerate's
+    default config ask for them (``launch.sharding``), [] otherwise; a machine that cannot run
+    them stops here, before any process starts."""
+    from xtrain.launch import sharding
+    from xtrain.planning.checks.fixes import pip_line
+
+    plan, facts = resolved.plan, resolved.facts
+    kind = sharding.requested(fsdp, deepspeed, facts.accelerate_config if facts is not None else None)
+    if kind is None:
+        return []
+    from_options = fsdp or deepspeed is not None
+    sharding.check(kind, plan, from_options, pip_line(facts, plan, ["install", "deepspeed"]))
+    return sharding.launch_flags(kind, from_options)
 
 
 def check_accelerate_default(resolved: Any) -> None:
@@ -229,6 +259,7 @@ def launch_training(
     console: Any,
     output_dir: str | None = None,
     notes: list[str] | None = None,
+    sharding: list[str] | None = None,
 ) -> int:
     """Start xtrain.run on every planned process; returns its exit code (0 on success).
     ``notes``: lines shown under the plan (the memory estimate)."""
@@ -243,7 +274,7 @@ def launch_training(
     for line in notes or []:
         console.print(line, soft_wrap=True)
     try:
-        launch.launch(RUN_MODULE, run_argv, plan)
+        launch.launch(RUN_MODULE, run_argv, plan, sharding=sharding or ())
     except launch.WorkerStopped as e:
         # Ctrl+C / SIGTERM: rank 0 said where the stop checkpoint is, else say what is there
         if e.at_once:

@@ -340,8 +340,9 @@ def next_commands(plan: Plan, path: str | Path | None, sharded: bool = False) ->
 
     ``path`` is where the accelerate config was written; at accelerate's default location
     ``accelerate launch`` needs no ``--config_file``. Without ``--config`` xtrain.run trains its
-    built-in job, so the first launch line works as printed. ``sharded`` (FSDP/DeepSpeed): only
-    ``accelerate launch`` reads those settings from the file (`xtrain train` passes plain DDP flags).
+    built-in job, so the first launch line works as printed. ``sharded`` (FSDP/DeepSpeed): `xtrain
+    train` reads them from accelerate's default config (``launch.sharding``), but not from a file
+    at another path: then ``accelerate launch --config_file`` is the line.
     """
     sh = plan.shell
     lines = [set_env(sh, k, v) for k, v in plan.env.items()]
@@ -368,8 +369,9 @@ def next_commands(plan: Plan, path: str | Path | None, sharded: bool = False) ->
         )
     config_file = _config_file_flag(plan, path)
     lines.append(f"accelerate launch{config_file} -m xtrain.run")
-    if plan.num_machines == 1 and not config_file and not sharded:
-        lines.append("xtrain train YOUR.yaml   # your own job")
+    if plan.num_machines == 1 and not config_file:
+        note = " (reads the sharding from it)" if sharded else ""
+        lines.append(f"xtrain train YOUR.yaml   # your own job{note}")
     else:
         lines.append(f"accelerate launch{config_file} -m xtrain.run --config YOUR.yaml   # your own job")
     if plan.num_machines > 1:

@@ -31,13 +31,18 @@ def accelerate_args(
     extra: Sequence[str] = (),
     port: int | None = None,
     nprocs: int | None = None,
+    sharding: Sequence[str] = (),
 ) -> list[str]:
-    """The `accelerate launch` arguments for the plan (also what `--dry-run` would show)."""
+    """The `accelerate launch` arguments for the plan (also what `--dry-run` would show).
+    ``sharding``: ``--use_fsdp`` / ``--use_deepspeed`` and their settings (``launch.sharding``),
+    in place of ``--multi_gpu`` (accelerate takes one of them), also for one process."""
     n = plan.num_processes if nprocs is None else nprocs
     args: list[str] = []
     if config_file:
         args += ["--config_file", str(config_file)]
-    if n * plan.num_machines > 1 and plan.launcher != "spawn":
+    if sharding:
+        args += list(sharding)
+    elif n * plan.num_machines > 1 and plan.launcher != "spawn":
         # also on CPU: the worker passes cpu=True (see the module docstring). One process gets
         # accelerate's simple launcher (a plain child process), as `accelerate launch` does.
         # A spawn plan (Windows) gets the simple launcher too: torchrun's stores need libuv,
@@ -72,7 +77,8 @@ def accelerate_args(
 
 def accelerate_launch_raising(argv_tail: list[str], plan: Plan, **options: Any) -> None:
     """accelerate_launch that raises ``WorkerFailed`` instead of returning a code. ``options``:
-    the keyword arguments of ``accelerate_args`` (module, config_file, extra, port, nprocs)."""
+    the keyword arguments of ``accelerate_args`` (module, config_file, extra, port, nprocs,
+    sharding)."""
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 

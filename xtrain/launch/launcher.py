@@ -52,6 +52,7 @@ def launch(
     *,
     port: int | None = None,
     config_file: str | None = None,
+    sharding: Sequence[str] = (),
 ) -> None:
     """Run ``python -m module *argv`` on every process the plan asks for, with the plan's
     environment, through the plan's launcher. Raises ``WorkerFailed`` when a worker fails.
@@ -62,6 +63,9 @@ def launch(
     runs as one child ``python -m module``: a fresh interpreter gets CUDA_VISIBLE_DEVICES before
     torch initialises (this process may already have initialised CUDA while probing). No
     launcher, no rendezvous, nothing to hang on.
+
+    ``sharding`` (FSDP/DeepSpeed switches, ``launch.sharding``): always accelerate's launcher,
+    also for one process: only it sets up the plugin's environment for the worker.
     """
     argv = list(argv)
     with (
@@ -69,14 +73,25 @@ def launch(
         patched_environ({REPORT_ENV: report}),
     ):
         try:
-            _launch(module, argv, plan, port, config_file)
+            _launch(module, argv, plan, port, config_file, tuple(sharding))
         except WorkerFailed as e:
             e.outcome = read_outcome(report)  # rank 0's one line, when it said it already
             raise
 
 
-def _launch(module: str, argv: list[str], plan: Plan, port: int | None, config_file: str | None) -> None:
-    if runs_here(plan):
+def _launch(
+    module: str,
+    argv: list[str],
+    plan: Plan,
+    port: int | None,
+    config_file: str | None,
+    sharding: tuple[str, ...],
+) -> None:
+    if sharding:
+        accelerate_launch_raising(
+            [module, *argv], plan, module=True, config_file=config_file, port=port, sharding=sharding
+        )
+    elif runs_here(plan):
         _here(module, argv, plan)
     elif plan.world_size == 1:
         _one_process(module, argv, plan)

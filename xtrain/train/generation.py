@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from xtrain.train import sharded
 from xtrain.train.collate import IGNORE_INDEX
 from xtrain.train.workload import Prediction
 
@@ -122,6 +123,7 @@ class GenerationEval:
                         max_new_tokens=self.max_new_tokens,
                         num_beams=self.num_beams,
                         do_sample=False,
+                        **sharded.generate_kwargs(accelerator),  # sharded: all ranks step until all are done
                         **self.generate_kwargs,
                     )
                 if decoder_only:  # the output repeats the (left-padded) prompt: keep what follows

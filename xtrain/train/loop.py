@@ -35,7 +35,7 @@ import torch
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings, resolve, trackers
-from xtrain.train import checkpoint, failures, lock, preflight, stops, tracking
+from xtrain.train import checkpoint, failures, lock, preflight, sharded, stops, tracking
 from xtrain.train.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.collate import batch_tokens
 from xtrain.train.collective import (
@@ -160,6 +160,10 @@ class Recipe:
         self.world, self.rank, self.device = acc.num_processes, acc.process_index, acc.device
 
         set_seed(cfg.run.seed)  # identical LoRA initialisation on every rank
+        sharded.check_outputs(
+            acc, cfg.run.save_merged, cfg.lora.enabled, cfg.lora.init_weights
+        )  # before anything is built
+        sharded.check_quantization(acc, cfg.model.quantization)
         self._setup_model()
         self._setup_data()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -174,7 +178,8 @@ class Recipe:
     def _setup_model(self) -> None:
         """Workload, data order, optimizer, schedule; all prepared by accelerate."""
         cfg, s, acc = self.cfg, self.settings, self.accelerator
-        self.workload = build_workload_main_first(acc, cfg, self.build)
+        with sharded.whole_model_loading(acc):  # ZeRO-3: no zero.Init collective in a main-first build
+            self.workload = build_workload_main_first(acc, cfg, self.build)
         # data.group_by_length: one length per sample (a task without lengths: one line, before any step)
         lengths = train_lengths(self.workload) if cfg.data.group_by_length else None
         self.order = DataOrder(
@@ -198,7 +203,9 @@ class Recipe:
             self.out, self.trainable, self.total_params, cfg.run.keep_checkpoints, cfg.run.save_merged, saves
         ):
             self.rep.note(note)  # (a run that cannot fit stops here, before the first step)
+        sharded.fill_deepspeed(acc, s.per_device, cfg.optim.max_grad_norm)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
+        sharded.prepare_generation(acc, self.model)  # FSDP2: generate all-gathers like forward
         checkpoint.install_model_hooks(acc)
         self.memory = self._check_memory(model)
         self.cpu_staged = stage_allreduce_on_cpu(self.model, self.plan, self.world)
@@ -394,14 +401,14 @@ class Recipe:
         stops.check_early_stopping(self.cfg.run, True, metrics)
         best = self.cfg.run.best_metric
         if best and best in metrics and checkpoint.is_new_best(best, metrics[best], self.eval_history[:-1]):
-            unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-            checkpoint.write_on_main(
+            sharded.save_on_main(
                 acc,
-                "the best model",
-                out,
-                lambda: checkpoint.save_best(
-                    unwrapped, self.workload.tokenizer, out, step, best, metrics[best], self.record
+                self.model,
+                lambda model, state: checkpoint.save_best(
+                    model, self.workload.tokenizer, out, step, best, metrics[best], self.record, state
                 ),
+                ("the best model", out),
+                trainable_only=self.cfg.lora.enabled,
             )
             self.rep.note(
                 f"best {best} so far ({metrics[best]:.4f} at step {step}) -> {out / checkpoint.BEST}"
@@ -410,7 +417,8 @@ class Recipe:
 
     def save(self, step: int) -> Path:
         """A resumable checkpoint of this step (never of NaN/inf weights)."""
-        failures.check_finite(self.params, step, self.window.streak, self.out)
+        finite = sharded.finite_check_input(self.accelerator, self.params)  # sharded: all ranks agree
+        failures.check_finite(finite, step, self.window.streak, self.out)
         path = checkpoint.save(
             self.accelerator, self.out, self._state_at(step), self.cfg.run.keep_checkpoints
         )
@@ -478,17 +486,16 @@ class Recipe:
         )
         acc.wait_for_everyone()
 
-        def write_outputs() -> None:
-            unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-            outputs.update(
-                checkpoint.save_final(
-                    unwrapped, self.workload.tokenizer, out, self.cfg.run.save_merged, self.record
-                )
-            )
+        def write(model: Any, state: dict[str, Any] | None) -> None:
+            tokenizer, merged = self.workload.tokenizer, self.cfg.run.save_merged
+            outputs.update(checkpoint.save_final(model, tokenizer, out, merged, self.record, state))
             # a re-run of a finished run trains nothing: its train_result.json (throughput, ...) stays
             keep = self.start_step >= final
             outputs["result"] = str(checkpoint.write_result(out, asdict(result), keep=keep))
 
-        checkpoint.write_on_main(acc, "the final outputs", out, write_outputs)
+        # sharded weights: gathered on every rank, written by the main process (sharded.py); the
+        # filesystem failing under it stops every rank with one line (checkpoint.write_on_main)
+        lora = self.cfg.lora.enabled
+        sharded.save_on_main(acc, self.model, write, ("the final outputs", out), trainable_only=lora)
         self.rep.end(result)
         return result

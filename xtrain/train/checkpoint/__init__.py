@@ -5,7 +5,11 @@ Layout under ``output_dir``::
     checkpoints/step-N/      accelerate's save_state (model, optimizer, scheduler, scaler,
                              per-rank RNG) + manifest.json (every file's size, and sha256 up to
                              HASH_LIMIT) + xtrain_state.json (step, data position, config),
-                             written last: it marks the checkpoint complete
+                             written last: it marks the checkpoint complete. Under FSDP the
+                             model and optimizer are accelerate's torch.distributed.checkpoint
+                             folders (pytorch_model_fsdp_0/, optimizer_0/), under DeepSpeed its
+                             engine's (pytorch_model/); such a checkpoint resumes only under
+                             the same kind of launch (``resume.load``)
     checkpoints/step-N.tmp/  a checkpoint being written: renamed to step-N only when complete,
                              so a crash mid-write never leaves a step-N that cannot be loaded
     adapter/                 the final PEFT adapter (+ tokenizer): PeftModel.from_pretrained
@@ -24,7 +28,8 @@ before it is resumed from: with ``run.resume=auto`` a damaged newest checkpoint 
   ``write_on_main`` (a main-process write that every rank sees fail the same way).
 - ``faults.py``: the filesystem failing under a write (disk full, permission) as one line.
 - ``resume.py``: ``find_resume``, ``read_state`` (does it fit this config), ``changes``, ``load``.
-- ``outputs.py``: ``save_final``, ``save_best``, ``write_result``.
+- ``outputs.py``: ``save_final``, ``save_best``, ``write_result`` (a sharded model's weights
+  are gathered first: ``xtrain.train.sharded.save_on_main``).
 
 The loop (``train/loop.py``) reaches all of them as ``checkpoint.NAME``: the names below are that
 one interface.

@@ -77,6 +77,16 @@ class TrainState:
         return cls(**values)
 
 
+def written_by(path: Path) -> str:
+    """How a checkpoint's model was saved: "FSDP" (accelerate's torch.distributed.checkpoint
+    folder), "DeepSpeed" (its engine's folder) or "plain" (xtrain's trainable weights file)."""
+    if (path / "pytorch_model_fsdp_0").is_dir():
+        return "FSDP"
+    if (path / "pytorch_model").is_dir():
+        return "DeepSpeed"
+    return "plain"
+
+
 def checkpoints_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / CHECKPOINTS
 

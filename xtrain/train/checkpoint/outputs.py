@@ -24,13 +24,23 @@ def _replace_dir(tmp: Path, final: Path) -> None:
         atomic.replace(tmp, final)
 
 
-def _write_pretrained(model: Any, tokenizer: Any, final: Path, extra: dict[str, str] | None = None) -> None:
+def _write_pretrained(
+    model: Any,
+    tokenizer: Any,
+    final: Path,
+    extra: dict[str, str] | None = None,
+    state_dict: dict[str, Any] | None = None,
+) -> None:
     """``save_pretrained`` of the model (and tokenizer) into ``final.tmp``, plus the ``extra`` text
-    files, then ``final.tmp`` replaces ``final``."""
+    files, then ``final.tmp`` replaces ``final``. ``state_dict``: the weights gathered from a
+    sharded model (``xtrain.train.sharded``; peft keeps the adapter's of them)."""
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    save_pretrained(model, str(tmp))  # PiSSA/OLoRA adapters: converted to fit the original base
+    if state_dict is None:
+        save_pretrained(model, str(tmp))  # PiSSA/OLoRA adapters: converted to fit the original base
+    else:  # gathered from a sharded model (PiSSA/OLoRA refused there: sharded.check_outputs)
+        model.save_pretrained(str(tmp), state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     for name, text in (extra or {}).items():
@@ -44,18 +54,20 @@ def save_final(
     output_dir: str | Path,
     save_merged: bool,
     extra: dict[str, str] | None = None,
+    state_dict: dict[str, Any] | None = None,
 ) -> dict[str, str]:
     """Write the trained result (main process only). ``model`` is the unwrapped model; ``extra``:
-    text files saved with it (``result.run_record``).
+    text files saved with it (``result.run_record``); ``state_dict``: its gathered weights when
+    it is sharded (then no merged model: ``sharded.check_outputs`` refused it before training).
 
     Returns {"adapter" | "model": path, "merged": path}."""
     out = Path(output_dir)
     paths: dict[str, str] = {}
     is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
     name = "adapter" if is_peft else "model"
-    _write_pretrained(model, tokenizer, out / name, extra)
+    _write_pretrained(model, tokenizer, out / name, extra, state_dict)
     paths[name] = str(out / name)
-    if save_merged and is_peft:
+    if save_merged and is_peft and state_dict is None:
         _write_pretrained(merged_model(model, out / name), tokenizer, out / "merged", extra)
         paths["merged"] = str(out / "merged")
     return paths
@@ -101,12 +113,13 @@ def save_best(
     metric: str,
     value: float,
     extra: dict[str, str] | None = None,
+    state_dict: dict[str, Any] | None = None,
 ) -> Path:
     """``output_dir/best``: the model (adapter, or full model without LoRA) of the best eval so far,
     with ``best.json`` naming the step and the value (main process only; replaced atomically)."""
     out = Path(output_dir)
     best = json.dumps({"step": step, "metric": metric, "value": value})
-    _write_pretrained(model, tokenizer, out / BEST, extra={"best.json": best, **(extra or {})})
+    _write_pretrained(model, tokenizer, out / BEST, {"best.json": best, **(extra or {})}, state_dict)
     return out / BEST
 
 

@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.train.checkpoint.layout import STATE_FILE, TMP_DIR, TrainState, checkpoints_dir, list_checkpoints
+from xtrain.train.checkpoint.layout import (
+    STATE_FILE,
+    TMP_DIR,
+    TrainState,
+    checkpoints_dir,
+    list_checkpoints,
+    written_by,
+)
 from xtrain.train.checkpoint.manifest import damage
 
 # The one rule for config changes on resume. Values that live in what the checkpoint restores
@@ -195,5 +202,22 @@ def load(accelerator: Any, path: Path) -> None:
 
     A rank that did not exist when the checkpoint was written has no RNG file there: accelerate
     then keeps the seeded RNG, which is fine because xtrain reseeds from (seed, step,
-    micro-batch) before every forward pass anyway."""
+    micro-batch) before every forward pass anyway.
+
+    Sharded checkpoints (FSDP, DeepSpeed) load only under the same kind of launch: each writes
+    the model in its own format. FSDP's loads into another process count (torch.distributed.
+    checkpoint reshards)."""
+    from accelerate.utils import DistributedType
+
+    running = {DistributedType.FSDP: "FSDP", DistributedType.DEEPSPEED: "DeepSpeed"}.get(
+        accelerator.distributed_type, "plain"
+    )
+    written = written_by(path)
+    if written != running:
+        how = {"FSDP": "with FSDP", "DeepSpeed": "with DeepSpeed", "plain": "without FSDP/DeepSpeed"}
+        raise XtrainError(
+            f"checkpoint {path.name} was written {how[written]}; this run is launched {how[running]}",
+            f"resume it launched {how[written]} (xtrain train --fsdp / --deepspeed, or the accelerate "
+            "config), or start in a new run.output_dir",
+        )
     accelerator.load_state(str(path))

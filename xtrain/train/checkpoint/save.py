@@ -76,21 +76,38 @@ def save(accelerator: Any, output_dir: str | Path, state: TrainState, keep: int)
 
 def write_on_main(accelerator: Any, what: str, output_dir: str | Path, write: Any) -> Any:
     """``write()`` on the main process (its result; None elsewhere), every rank waiting for it.
-    The filesystem failing under it stops every rank with the same one line, the unfinished
-    ``NAME.tmp`` outputs removed and the checkpoints as they were."""
-    result: list[Any] = [None]
+    Any failure stops every rank (no rank waits for the others until the collective timeout):
+    the filesystem failing under it is one line (``faults.WriteFailed``, the unfinished
+    ``NAME.tmp`` outputs removed, the checkpoints as they were); a user's ``XtrainError`` keeps
+    its line; anything else raises as it is on the main process, one line on the others."""
+    from xtrain.errors import XtrainError
 
-    def run() -> None:
-        result[0] = write()
-
-    fault = _agree(accelerator, _attempt(run) if accelerator.is_main_process else None)
-    if fault is not None:
-        if accelerator.is_main_process:
-            remove_partial(output_dir)
-        found = list_checkpoints(output_dir)
-        intact = f"checkpoint {found[-1][1]} is intact" if found else "no checkpoint was written"
-        raise WriteFailed(what, Path(output_dir), fault, intact, resume_hint(Path(output_dir), fault))
-    return result[0]
+    result: Any = None
+    error: BaseException | None = None
+    if accelerator.is_main_process:
+        try:
+            result = write()
+        except Exception as e:
+            error = e
+            fault = disk_fault(e)
+            if fault is not None:
+                remove_partial(output_dir)
+                found = list_checkpoints(output_dir)
+                intact = f"checkpoint {found[-1][1]} is intact" if found else "no checkpoint was written"
+                out = Path(output_dir)
+                error = WriteFailed(what, out, fault, intact, resume_hint(out, fault))
+    if accelerator.num_processes > 1:
+        said = None
+        if isinstance(error, XtrainError):
+            said = (error.message, error.hint, error.exit_code)
+        elif error is not None:
+            said = (f"the main process failed to write {what}", None, 1)
+        said = _agree(accelerator, said)
+        if error is None and said is not None:
+            error = XtrainError(*said[:2], exit_code=said[2])
+    if error is not None:
+        raise error
+    return result
 
 
 def _attempt(write: Any) -> str | None:
@@ -105,7 +122,7 @@ def _attempt(write: Any) -> str | None:
     return None
 
 
-def _agree(accelerator: Any, fault: str | None) -> str | None:
+def _agree(accelerator: Any, fault: Any) -> Any:
     """Any rank's fault, on every rank (one all-gather; also the barrier between the phases)."""
     if accelerator.num_processes == 1:
         return fault
@@ -133,12 +150,24 @@ def install_model_hooks(accelerator: Any) -> None:
     DDP). For LoRA that is the full base model in every checkpoint, and names that do not load
     when the process count changes (1 process has no DDP wrapper). With these hooks a checkpoint
     holds the adapter (or, for full fine-tuning, the whole state dict) and loads into any
-    process count."""
+    process count.
+
+    Under FSDP and DeepSpeed accelerate saves and loads the model itself, sharded (FSDP: a
+    ``torch.distributed.checkpoint`` folder ``pytorch_model_fsdp_0/`` with the optimizer's in
+    ``optimizer_0/``, which loads into another process count too; DeepSpeed: its engine's
+    checkpoint). It then passes no weights to these hooks and has already loaded the model, so
+    the hooks leave both alone: the checkpoint holds the whole model, frozen base included."""
+    from accelerate.utils import DistributedType
+
+    def sharded() -> bool:
+        return accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
     def model_file(folder: str | Path, i: int) -> Path:
         return Path(folder) / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
 
     def on_save(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+        if sharded():  # saved by accelerate already; ``weights`` is empty
+            return
         for i, m in enumerate(models):
             inner = accelerator.unwrap_model(m, keep_torch_compile=False)
             named = dict(inner.named_parameters())
@@ -149,6 +178,8 @@ def install_model_hooks(accelerator: Any) -> None:
             )
 
     def on_load(models: list[Any], input_dir: str) -> None:
+        if sharded():  # loaded by accelerate already (``models`` is empty then)
+            return
         from safetensors.torch import load_file
 
         for i, m in enumerate(models):
