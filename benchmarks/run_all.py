@@ -765,9 +765,11 @@ def quantization_section(q: dict[str, Any]) -> str:
         f"term. Load average after: {_load(q)}.\n"
     )
     rows = []
+    unquantized = "16-bit" if s["device"] == "cuda" else "unquantized (float32 on the CPU)"
+    labels = {"16-bit": unquantized, "4-bit": "4-bit"}
     for v in ("16-bit", "4-bit"):
         est = q["estimate_gib"][v]
-        row = [v, _s(q["tokens_per_s"][v], "{:,.0f}"), _s(q["tokens_per_cpu_s"][v], "{:,.0f}"),
+        row = [labels[v], _s(q["tokens_per_s"][v], "{:,.0f}"), _s(q["tokens_per_cpu_s"][v], "{:,.0f}"),
                _mib(est["plan"]), _mib(est["loaded"]),
                f"{q['weights_mib'][v]:,.1f} MiB / {est['weights_mib']:,.1f} MiB"]  # fmt: skip
         if "peak_gib" in q:
