@@ -68,6 +68,10 @@ def test_the_warning_names_the_smallest_changes_that_fit_best_first():
     # a full fine-tune (nothing quantizable) is never told to quantize
     full = memory.ModelSizes(sizes.params, sizes.params, shape, 2)
     assert all("quantization" not in n for n, _ in memory.alternatives(full, 4, 1024, False, "fp16", 80))
+    # a loaded 4-bit model (its rest in float32, peft's doing) is not told to load 16-bit weights
+    loaded = memory.ModelSizes(sizes.params, sizes.trainable, shape, 4, sizes.quantizable, "4bit")
+    told = memory.check_memory(loaded, 8, 4096, False, "fp16", RTX_4090_GIB, "RTX 4090").warning
+    assert told and "model.dtype" not in told and "model.quantization" not in told
     # nothing fits: the levers as before
     none = memory.check_memory(full, 1, 1024, True, "fp16", 1.0, "a 1 GiB card").warning
     assert none.endswith(": lower data.max_length")

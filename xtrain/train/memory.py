@@ -55,7 +55,6 @@ HALF = ("bfloat16", "float16")
 # bits a weight of NF4 with double quantization: 4, the 8-bit absmax of each block of 64 and the
 # float32 constant of each 256 blocks (QLoRA, section 3)
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
-QUANTIZATIONS = ("4bit", "8bit")
 # bytes of a weight that is not quantized in a quantized run: peft's prepare_model_for_kbit_training
 # casts every fp16/bf16 parameter that is not 4-bit to float32 (peft/utils/other.py, peft 0.21)
 KBIT_REST_BYTES = 4
@@ -321,7 +320,8 @@ def check_memory(
         gib,
         gpu_gib,
         gpu_name,
-        half_weights=sizes.weight_bytes == 2,
+        # a quantized run's float32 rest is peft's doing: model.dtype would not change it
+        half_weights=sizes.weight_bytes == 2 or sizes.quantization is not None,
         checkpointing=gradient_checkpointing,
         per_device=per_device,
         images=images,
