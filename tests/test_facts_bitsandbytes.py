@@ -88,7 +88,7 @@ def test_findings_on_the_4090_snapshots_and_their_pip_lines():
     wrong = _finding(cu13)
     assert wrong.code == "bitsandbytes-no-backend" and wrong.severity == "warn"
     assert "CUDA 13.0" in wrong.message and "cuda128" in wrong.message and "\n" not in wrong.message
-    assert wrong.fix.endswith("-m pip install --upgrade --force-reinstall 'bitsandbytes>=0.46'")
+    assert wrong.fix.endswith("-m pip install --upgrade --force-reinstall --no-deps 'bitsandbytes>=0.46'")
     # a CPU torch needs the CPU library
     cpu = replace(wsl2, torch_cuda=None, bitsandbytes_backends=["cuda126"])
     assert _finding(cpu).code == "bitsandbytes-no-backend"

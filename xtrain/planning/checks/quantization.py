@@ -14,8 +14,8 @@ REQUIREMENT = f"{PACKAGE}>={MIN_BITSANDBYTES}"
 
 
 def needed_backend(facts: Facts) -> str | None:
-    """The library this torch makes bitsandbytes load: a CUDA one for a CUDA build of torch
-    ("cuda12x"), else the CPU one; None without torch."""
+    """What this torch makes bitsandbytes load, in words: ``CUDA 12.6`` for a CUDA build of torch
+    (a library of that CUDA major), else ``cpu``; None without torch."""
     if facts.torch_version is None:
         return None
     return f"CUDA {facts.torch_cuda}" if facts.torch_cuda else "cpu"
@@ -56,13 +56,16 @@ def check_bitsandbytes(facts: Facts, plan: Plan) -> list[Finding]:
     )
     if library is None:
         shipped = ", ".join(backends) or "none"
+        # --no-deps: a forced reinstall would otherwise reinstall torch too, from PyPI (on Windows
+        # a CPU build in place of the CUDA one)
+        reinstall = ["install", "--upgrade", "--force-reinstall", "--no-deps", REQUIREMENT]
         return [
             Finding(
                 "bitsandbytes-no-backend",
                 "warn",
                 f"bitsandbytes {version} has no native library for this torch ({want}; it ships: "
-                f"{shipped}): {NEEDED_FOR} fail with 'No compatible ... binary found'.",
-                pip_line(facts, plan, ["install", "--upgrade", "--force-reinstall", REQUIREMENT]),
+                f"{shipped}): {NEEDED_FOR} fail when bitsandbytes loads ('No compatible CUDA binary found').",
+                pip_line(facts, plan, reinstall),
             )
         ]
     return [Finding("bitsandbytes", "ok", f"bitsandbytes {version} loads its {library} library here.")]
