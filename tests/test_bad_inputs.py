@@ -83,6 +83,8 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "processes vs launcher": ("run", ["--config", "{c}", "--processes", "2"], {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, "conflicts with the launcher", 2, True),
     "WORLD_SIZE not a number": ("run", ["--config", "{c}"], {"WORLD_SIZE": "two"}, "environment variable WORLD_SIZE='two' is not a whole number", 2, True),
     "RANK not below WORLD_SIZE": ("run", ["--config", "{c}"], {"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5 is not below WORLD_SIZE=2", 2, False),
+    "rank 0 whose peers never come": ("run", ["--config", "{c}", "run.collective_timeout_s=2"], {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{p}"}, "rank 0 of 2 waited for the other processes at 127.0.0.1:{p}, and they never joined", 2, False),
+    "rank 1 whose rank 0 never comes": ("run", ["--config", "{c}", "run.collective_timeout_s=2"], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{p}"}, "rank 1 of 2 could not reach rank 0 at 127.0.0.1:{p}", 2, False),
     "XTRAIN_PLAN malformed": ("run", ["--config", "{c}"], {"XTRAIN_PLAN": "{oops"}, "XTRAIN_PLAN is not a plan xtrain wrote", 2, False),
     "facts with an impossible value": ("cli", ["doctor", "--facts", "{r}/bad-facts.json"], {}, "facts have an impossible value: cpu_count=0", 2, False),
     "facts nested too deep": ("cli", ["doctor", "--facts", "{r}/deep-facts.json"], {}, "facts file {r}/deep-facts.json nests deeper than 64 levels", 2, False),
@@ -139,7 +141,7 @@ def fingerprint(folder: Path) -> dict[str, tuple[float, int]]:
 def _run_in_process(entry: str, argv: list[str], env: dict[str, str], monkeypatch, capsys) -> tuple[int, str]:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "XTRAIN_PLATFORM"):
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "XTRAIN_PLATFORM", "MASTER_ADDR", "MASTER_PORT"):
         if k not in env:
             monkeypatch.delenv(k, raising=False)
     monkeypatch.chdir(REPO)
@@ -160,8 +162,11 @@ def _run_in_process(entry: str, argv: list[str], env: dict[str, str], monkeypatc
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input(case: str, job: Job, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     entry, argv, extra, expected, code, sub = CASES[case]
-    fill = {"c": str(job.config), "r": str(job.root), "o": str(job.root / "out")}
+    from xtrain.launch.rendezvous import free_port
+
+    fill = {"c": str(job.config), "r": str(job.root), "o": str(job.root / "out"), "p": str(free_port())}
     argv = [a.format(**fill) for a in argv]
+    extra = {k: v.format(**fill) for k, v in extra.items()}
     expected = expected.format(**fill)
     out = job.root / "out"
     before = fingerprint(out)

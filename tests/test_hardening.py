@@ -204,6 +204,9 @@ def test_preflight_refuses_special_filesystems_and_full_disks(tmp_path: Path) ->
     with pytest.raises(XtrainError, match=r"not enough disk space for run.output_dir .* GiB needed"):
         check_disk(tmp_path, trainable=10**15, total=10**15, keep=2, save_merged=False)
     assert check_disk(tmp_path, trainable=1000, total=10**6, keep=2, save_merged=True) == []
+    from xtrain.train.preflight import _size
+
+    assert (_size(3 * 2**30), _size(5 * 2**20 + 2**19)) == ("3.00 GiB", "5.5 MiB")  # never "0.00 GiB"
 
 
 def test_rerunning_a_finished_run_keeps_its_train_result(tmp_path: Path) -> None:

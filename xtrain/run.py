@@ -154,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(e: XtrainError) -> int:
-    """Rank 0 prints the one line (and tells xtrain's launcher it did); returns the exit code."""
-    if _is_rank0():
+    """Rank 0 prints the one line (and tells xtrain's launcher it did); returns the exit code.
+    A group that never formed has no rank 0 to speak for the others: each says it."""
+    from xtrain.train.failures import NoPeers
+
+    if _is_rank0() or isinstance(e, NoPeers):
         prefix = "" if e.exit_code in (130, 143) else "error: "  # a stop is not an error
         sys.stderr.write(f"{prefix}{e.one_line()}\n")
         sys.stderr.flush()

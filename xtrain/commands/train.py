@@ -88,6 +88,21 @@ def attention_lines(cfg: Any, resolved: Any) -> list[str]:
     return [f"[bold]Attention:[/] {escape(attention.for_plan(cfg, resolved).summary())}"]
 
 
+def quantization_lines(cfg: Any, resolved: Any, here: bool) -> list[str]:
+    """What ``model.quantization`` loads the weights as; refused here when this machine's
+    bitsandbytes cannot run it on the plan's device (``here``: the plan is for this machine, not
+    a ``--facts`` snapshot), before any process starts."""
+    if cfg.model.quantization is None:
+        return []
+    from rich.markup import escape
+
+    from xtrain.train import quantization
+
+    if here:
+        quantization.check_backend(cfg.model.quantization, resolved.plan.device)
+    return [f"[bold]Weights:[/] {escape(quantization.describe(cfg.model.quantization) or '')}"]
+
+
 def equivalent_commands(plan: Any, run_argv: list[str]) -> list[tuple[str, list[str]]]:
     """What `xtrain train` does, as commands the user could type: [(title, lines)], the
     command xtrain itself uses first."""
@@ -174,7 +189,8 @@ def train(
     resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
     plan = resolved.plan
     run_argv = ["--config", str(config), *overrides]
-    notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved) + memory_lines(cfg, resolved)
+    notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
+    notes += quantization_lines(cfg, resolved, here=facts_file is None) + memory_lines(cfg, resolved)
 
     if dry_run:
         notes += model_check_lines(cfg, resolved)  # the checks a worker runs on the loaded model

@@ -26,6 +26,7 @@ from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings
 from xtrain.train.config.schema import TrainConfig
+from xtrain.train.failures import rendezvous_error
 from xtrain.train.process_group import init_worker_group
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
@@ -43,14 +44,7 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings
     from datetime import timedelta
 
     import torch
-    from accelerate import Accelerator
-    from accelerate.utils import (
-        DataLoaderConfiguration,
-        DistributedDataParallelKwargs,
-        InitProcessGroupKwargs,
-        ProjectConfiguration,
-        TorchDynamoPlugin,
-    )
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     apply_plan_env(plan)
     _cache_lomo_check()
@@ -64,11 +58,27 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings
         # search; gradients as bucket views save one copy per step.
         DistributedDataParallelKwargs(find_unused_parameters=False, gradient_as_bucket_view=True),
     ]
-    if ctx.distributed and plan.backend:
-        timeout = timedelta(seconds=cfg.run.collective_timeout_s)
-        handlers.append(InitProcessGroupKwargs(backend=plan.backend, timeout=timeout))
-        # xtrain's spawn launcher sent a socket-free rendezvous: join it (accelerate keeps the group)
-        init_worker_group(plan.backend, ctx.rank, ctx.world_size, cfg.run.collective_timeout_s)
+    try:
+        if ctx.distributed and plan.backend:
+            timeout = timedelta(seconds=cfg.run.collective_timeout_s)
+            handlers.append(InitProcessGroupKwargs(backend=plan.backend, timeout=timeout))
+            # xtrain's spawn launcher sent a socket-free rendezvous: join it (accelerate keeps the group)
+            init_worker_group(plan.backend, ctx.rank, ctx.world_size, cfg.run.collective_timeout_s)
+        return _accelerator(cfg, plan, settings, handlers)
+    except Exception as e:  # the peers never came: one line instead of c10d's traceback
+        address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        failed = rendezvous_error(e, ctx.rank, ctx.world_size, address)
+        if failed is None:
+            raise
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)  # half-made: a later run starts clean
+        raise failed from None
+
+
+def _accelerator(cfg: TrainConfig, plan: Plan, settings: RunSettings, handlers: list[Any]) -> Any:
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, TorchDynamoPlugin
 
     out = Path(cfg.run.output_dir)
     return Accelerator(

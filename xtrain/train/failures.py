@@ -93,3 +93,35 @@ class TrainingStopped(XtrainError):
         )
         self.step = step
         self.path = path
+
+
+# torch's messages when a process group's peers never come (c10d TCPStore):
+# DistStoreError "Timed out after 9 seconds waiting for clients. 1/2 clients joined." (rank 0,
+# the store's server) and DistNetworkError "The client socket has timed out after 8000ms while
+# trying to connect to (127.0.0.1, 29556)." (any other rank, no server to reach).
+_STORE_ERRORS = ("DistStoreError", "DistNetworkError")
+
+
+class NoPeers(XtrainError):
+    """The process group never formed: every rank says so (none of them knows a rank 0 that
+    would speak for it)."""
+
+
+def rendezvous_error(e: BaseException, rank: int, world: int, address: str) -> XtrainError | None:
+    """One line for a process group that never formed (a rank whose peers never came: the
+    environment names a world the launch did not start); None for any other failure.
+    ``address``: MASTER_ADDR:MASTER_PORT as this process read them."""
+    if type(e).__name__ not in _STORE_ERRORS:
+        return None
+    reason = str(e).strip().splitlines()[0].rstrip(".")[:200] if str(e).strip() else type(e).__name__
+    who = f"rank {rank} of {world}"
+    if type(e).__name__ == "DistStoreError":
+        what = f"{who} waited for the other processes at {address}, and they never joined ({reason})"
+    else:
+        what = f"{who} could not reach rank 0 at {address} ({reason})"
+    return NoPeers(
+        what,
+        f"start all {world} processes together (torchrun, accelerate launch or xtrain train do), with the "
+        "same MASTER_ADDR and MASTER_PORT; for one process, unset RANK, WORLD_SIZE and LOCAL_RANK",
+        exit_code=2,
+    )

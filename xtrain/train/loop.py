@@ -394,13 +394,15 @@ class Recipe:
         stops.check_early_stopping(self.cfg.run, True, metrics)
         best = self.cfg.run.best_metric
         if best and best in metrics and checkpoint.is_new_best(best, metrics[best], self.eval_history[:-1]):
-            acc.wait_for_everyone()
-            if acc.is_main_process:
-                unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
-                checkpoint.save_best(
+            unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
+            checkpoint.write_on_main(
+                acc,
+                "the best model",
+                out,
+                lambda: checkpoint.save_best(
                     unwrapped, self.workload.tokenizer, out, step, best, metrics[best], self.record
-                )
-            acc.wait_for_everyone()
+                ),
+            )
             self.rep.note(
                 f"best {best} so far ({metrics[best]:.4f} at step {step}) -> {out / checkpoint.BEST}"
             )
@@ -475,7 +477,8 @@ class Recipe:
             ),
         )
         acc.wait_for_everyone()
-        if acc.is_main_process:
+
+        def write_outputs() -> None:
             unwrapped = acc.unwrap_model(self.model, keep_torch_compile=False)
             outputs.update(
                 checkpoint.save_final(
@@ -485,6 +488,7 @@ class Recipe:
             # a re-run of a finished run trains nothing: its train_result.json (throughput, ...) stays
             keep = self.start_step >= final
             outputs["result"] = str(checkpoint.write_result(out, asdict(result), keep=keep))
-        acc.wait_for_everyone()
+
+        checkpoint.write_on_main(acc, "the final outputs", out, write_outputs)
         self.rep.end(result)
         return result

@@ -13,7 +13,8 @@ from xtrain.train.config.schema import TrainConfig
 def build_optimizer(
     model: torch.nn.Module, cfg: TrainConfig, lr: float, device: torch.device
 ) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters only; no weight decay on biases and norms."""
+    """AdamW over the trainable parameters only; no weight decay on biases and norms.
+    ``optim.name``: torch's AdamW (fused on CUDA) or bitsandbytes' 8-bit AdamW, same groups."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if p.requires_grad:
@@ -25,10 +26,37 @@ def build_optimizer(
     groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
-    fused = device.type == "cuda"
-    return torch.optim.AdamW(
-        groups, lr=lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps, fused=fused or None
-    )
+    betas = tuple(cfg.optim.betas)
+    if cfg.optim.name == "adamw":
+        fused = device.type == "cuda"
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=cfg.optim.eps, fused=fused or None)
+    optimizer = bnb_optimizer(cfg.optim.name, device)
+    # the groups carry their own weight decay; bitsandbytes' default (1e-2) never applies
+    return optimizer(groups, lr=lr, betas=betas, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay)
+
+
+# optim.name -> the bitsandbytes class (8-bit block-wise state; paged: state in CUDA unified
+# memory that moves to CPU under memory pressure; on CPU bitsandbytes falls back to unpaged).
+BNB_OPTIMIZERS = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit"}
+
+
+def bnb_optimizer(name: str, device: torch.device) -> type[torch.optim.Optimizer]:
+    """The bitsandbytes optimizer class for ``optim.name``, or one line saying why not here.
+    bitsandbytes 0.50 has 8-bit optimizer kernels for CUDA, XPU and CPU, none for Apple MPS
+    (backends/mps registers 4-bit ops only)."""
+    if device.type == "mps":
+        raise XtrainError(
+            f"optim.name={name} (bitsandbytes) has no 8-bit optimizer for Apple MPS",
+            "use optim.name=adamw",
+        )
+    try:
+        import bitsandbytes.optim as bnb_optim
+    except ImportError:
+        raise XtrainError(
+            f"optim.name={name} needs bitsandbytes, which is not installed",
+            'pip install "xtrain[quantization]", or use optim.name=adamw',
+        ) from None
+    return getattr(bnb_optim, BNB_OPTIMIZERS[name])
 
 
 def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:

@@ -127,13 +127,17 @@ def check_disk(
         free = shutil.disk_usage(_nearest_existing(Path(output_dir).expanduser())).free
     except OSError:
         return []
-    gib = 2**30
     if free < need:
         raise XtrainError(
-            f"not enough disk space for run.output_dir {output_dir}: {free / gib:.2f} GiB free, "
-            f"about {need / gib:.2f} GiB needed for the checkpoints and the final outputs",
+            f"not enough disk space for run.output_dir {output_dir}: {_size(free)} free, "
+            f"about {_size(need)} needed for the checkpoints and the final outputs",
             "free some space, lower run.keep_checkpoints, or choose another run.output_dir",
         )
     if free < TIGHT_FACTOR * need:
-        return [f"disk space is tight: {free / gib:.2f} GiB free for about {need / gib:.2f} GiB of outputs"]
+        return [f"disk space is tight: {_size(free)} free for about {_size(need)} of outputs"]
     return []
+
+
+def _size(n: int) -> str:
+    """``1.25 GiB``; below a GiB in MiB (a small disk or a tiny model would read "0.00 GiB")."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

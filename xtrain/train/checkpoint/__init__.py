@@ -20,7 +20,9 @@ before it is resumed from: with ``run.resume=auto`` a damaged newest checkpoint 
 
 - ``layout.py``: the names, ``TrainState``, listing complete and unfinished checkpoints.
 - ``manifest.py``: the manifest written with a checkpoint, and ``damage`` (the check against it).
-- ``save.py``: ``save``, ``rotate``, ``remove_partial``, the model hooks (trainable weights only).
+- ``save.py``: ``save``, ``rotate``, ``remove_partial``, the model hooks (trainable weights only),
+  ``write_on_main`` (a main-process write that every rank sees fail the same way).
+- ``faults.py``: the filesystem failing under a write (disk full, permission) as one line.
 - ``resume.py``: ``find_resume``, ``read_state`` (does it fit this config), ``changes``, ``load``.
 - ``outputs.py``: ``save_final``, ``save_best``, ``write_result``.
 
@@ -40,7 +42,7 @@ from xtrain.train.checkpoint.layout import (
 )
 from xtrain.train.checkpoint.outputs import BEST, is_new_best, save_best, save_final, write_result
 from xtrain.train.checkpoint.resume import changes, find_resume, find_resume_checked, load, read_state
-from xtrain.train.checkpoint.save import install_model_hooks, remove_partial, rotate, save
+from xtrain.train.checkpoint.save import install_model_hooks, remove_partial, rotate, save, write_on_main
 
 __all__ = [
     "BEST",
@@ -64,5 +66,6 @@ __all__ = [
     "save",
     "save_best",
     "save_final",
+    "write_on_main",
     "write_result",
 ]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import atomic
+from xtrain.train.lora import save_pretrained
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -29,7 +30,7 @@ def _write_pretrained(model: Any, tokenizer: Any, final: Path, extra: dict[str, 
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    model.save_pretrained(str(tmp))
+    save_pretrained(model, str(tmp))  # PiSSA/OLoRA adapters: converted to fit the original base
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     for name, text in (extra or {}).items():
@@ -55,10 +56,23 @@ def save_final(
     _write_pretrained(model, tokenizer, out / name, extra)
     paths[name] = str(out / name)
     if save_merged and is_peft:
-        merged = model.merge_and_unload()  # changes the model: do it last
-        _write_pretrained(merged, tokenizer, out / "merged", extra)
+        _write_pretrained(merged_model(model, out / name), tokenizer, out / "merged", extra)
         paths["merged"] = str(out / "merged")
     return paths
+
+
+def merged_model(model: Any, adapter: Path) -> Any:
+    """The adapter merged into its base. A 4/8-bit base (``model.quantization``) is not merged
+    into: the adapter saved at ``adapter`` goes onto a freshly loaded unquantized base (on the
+    CPU), so the merged weights are not rounded to 4 bits. Otherwise ``merge_and_unload`` on the
+    trained model itself (it changes the model: the caller does it last)."""
+    from xtrain.train import quantization
+
+    if not quantization.is_quantized(model):
+        return model.merge_and_unload()
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(quantization.fresh_base(model), str(adapter)).merge_and_unload()
 
 
 # the best model by an eval metric (run.best_metric)

@@ -25,6 +25,10 @@ _MUST_MATCH = (
     ("lora", "alpha"),
     ("lora", "target_modules"),
     ("lora", "modules_to_save"),
+    ("lora", "use_dora"),  # the variant: the same weights mean another model under another one
+    ("lora", "use_rslora"),
+    ("lora", "init_weights"),  # PiSSA/OLoRA rebuild their residual base at resume
+    ("optim", "name"),  # torch's and bitsandbytes' optimizer states do not load into each other
     ("optim", "lr"),
     ("optim", "betas"),
     ("optim", "eps"),

@@ -9,6 +9,7 @@ from typing import Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
+from xtrain.train.checkpoint.faults import WriteFailed, disk_fault, resume_hint
 from xtrain.train.checkpoint.layout import (
     STATE_FILE,
     TrainState,
@@ -37,26 +38,82 @@ def remove_partial(output_dir: str | Path) -> list[Path]:
 
 def save(accelerator: Any, output_dir: str | Path, state: TrainState, keep: int) -> Path:
     """Write ``checkpoints/step-N`` on all ranks together: save_state into ``step-N.tmp``, then
-    (main process) the xtrain state file, the rename, and the rotation."""
+    (main process) the xtrain state file, the rename, and the rotation. The filesystem failing
+    on any rank (disk full, permission lost) stops every rank with the same one line
+    (``faults.WriteFailed``), ``step-N.tmp`` removed and the earlier checkpoints as they were."""
     root = checkpoints_dir(output_dir)
     final = root / f"step-{state.step}"
     tmp = root / f"step-{state.step}.tmp"
-    if accelerator.is_main_process:
+    main = accelerator.is_main_process
+
+    def start() -> None:
         root.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
             shutil.rmtree(tmp)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()  # every rank's files (RNG states) are in tmp
-    if accelerator.is_main_process:
+
+    def complete() -> None:
         write_manifest(tmp)
         atomic.write_text(tmp / STATE_FILE, state.to_json())  # last: marks the checkpoint complete
         if final.exists():  # the same step saved before (e.g. a finished run re-exported)
             shutil.rmtree(final)
         atomic.replace(tmp, final)
         rotate(output_dir, keep)
+
+    fault = _agree(accelerator, _attempt(start) if main else None)
+    if fault is None:
+        fault = _agree(accelerator, _attempt(lambda: accelerator.save_state(str(tmp))))
+    if fault is None:
+        fault = _agree(accelerator, _attempt(complete) if main else None)
+    if fault is not None:
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        found = list_checkpoints(output_dir)
+        intact = f"checkpoint {found[-1][1]} is intact" if found else "no earlier checkpoint was written"
+        raise WriteFailed(f"checkpoint step-{state.step}", root, fault, intact, resume_hint(root, fault))
     accelerator.wait_for_everyone()
     return final
+
+
+def write_on_main(accelerator: Any, what: str, output_dir: str | Path, write: Any) -> Any:
+    """``write()`` on the main process (its result; None elsewhere), every rank waiting for it.
+    The filesystem failing under it stops every rank with the same one line, the unfinished
+    ``NAME.tmp`` outputs removed and the checkpoints as they were."""
+    result: list[Any] = [None]
+
+    def run() -> None:
+        result[0] = write()
+
+    fault = _agree(accelerator, _attempt(run) if accelerator.is_main_process else None)
+    if fault is not None:
+        if accelerator.is_main_process:
+            remove_partial(output_dir)
+        found = list_checkpoints(output_dir)
+        intact = f"checkpoint {found[-1][1]} is intact" if found else "no checkpoint was written"
+        raise WriteFailed(what, Path(output_dir), fault, intact, resume_hint(Path(output_dir), fault))
+    return result[0]
+
+
+def _attempt(write: Any) -> str | None:
+    """``write()``; what the filesystem did when it failed for that (other errors propagate)."""
+    try:
+        write()
+    except Exception as e:
+        reason = disk_fault(e)
+        if reason is None:
+            raise
+        return reason
+    return None
+
+
+def _agree(accelerator: Any, fault: str | None) -> str | None:
+    """Any rank's fault, on every rank (one all-gather; also the barrier between the phases)."""
+    if accelerator.num_processes == 1:
+        return fault
+    import torch.distributed as dist
+
+    everyone: list[str | None] = [None] * accelerator.num_processes
+    dist.all_gather_object(everyone, fault)
+    return next((f for f in everyone if f is not None), None)
 
 
 def rotate(output_dir: str | Path, keep: int) -> list[Path]:

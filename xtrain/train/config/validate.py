@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from xtrain.errors import XtrainError
-from xtrain.train import tasks
+from xtrain.train import lora, tasks
 from xtrain.train.config.schema import TrainConfig, sections
 from xtrain.train.tasks.contract import EVERY_KEY
 
@@ -19,9 +19,11 @@ def validate(cfg: TrainConfig) -> None:
     task = tasks.get(cfg.model.task)
     check_task_keys(cfg)
     task.validate(cfg)
+    check_quantization(cfg)
     o = cfg.optim
     if isinstance(cfg.lora.target_modules, list) and not cfg.lora.target_modules:
         raise XtrainError("lora.target_modules is an empty list", "use auto, or list module names")
+    lora.check_variants(cfg)  # DoRA/rsLoRA/init_weights against enabled and quantization
     if o.lr_scaling != "none" and o.base_global_batch is None:
         raise XtrainError(
             f"optim.lr_scaling={o.lr_scaling} needs optim.base_global_batch",
@@ -32,6 +34,16 @@ def validate(cfg: TrainConfig) -> None:
         if not getattr(getattr(cfg, section), name).strip():
             raise XtrainError(f"{key} is empty")
     check_run(cfg)
+
+
+def check_quantization(cfg: TrainConfig) -> None:
+    """4/8-bit base weights train only through adapters: they cannot take gradient updates."""
+    q = cfg.model.quantization
+    if q is not None and not cfg.lora.enabled:
+        raise XtrainError(
+            f"model.quantization={q} trains LoRA adapters on frozen {q} weights, not a full fine-tune",
+            "set lora.enabled=true, or model.quantization=null for a full fine-tune",
+        )
 
 
 def check_run(cfg: TrainConfig) -> None:

@@ -293,6 +293,7 @@ TASK = Task(
     aliases=("clm",),
     keys=frozenset(
         {
+            "model.quantization",
             "data.row_format",
             "data.text_column",
             "data.prompt_column",

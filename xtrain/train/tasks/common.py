@@ -11,7 +11,7 @@ from typing import Any
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train import attention, collate, data, lora, model_checks, models
+from xtrain.train import attention, collate, data, lora, model_checks, models, quantization
 from xtrain.train.config.schema import TrainConfig
 from xtrain.train.tasks.contract import MainProcessFirst, Task
 from xtrain.train.workload import EvalBatchFn, ReduceFn, Workload
@@ -55,7 +55,8 @@ def pad_collator(tokenizer: Any) -> collate.PadCollator:
 def load_seeded(cfg: TrainConfig, task: Task, source: str, **extra: Any) -> Any:
     """The task's model class ``from_pretrained``, right after ``set_seed(run.seed)``: every
     process and launch mode starts from the same weights (heads made new included), with the
-    attention implementation ``model.attn_implementation`` decides for this process."""
+    attention implementation ``model.attn_implementation`` decides for this process (in 4 or 8
+    bits on this process's device with ``model.quantization``)."""
     import transformers
     from transformers import set_seed
 
@@ -63,7 +64,7 @@ def load_seeded(cfg: TrainConfig, task: Task, source: str, **extra: Any) -> Any:
     set_seed(cfg.run.seed)
     m = cfg.model
     chosen = attention.for_load(cfg, getattr(transformers, task.model_class), source)
-    extra = {**chosen.kwargs(), **extra}
+    extra = {**chosen.kwargs(), **quantization.load_kwargs(cfg, task.unquantized), **extra}
     return models.load_model(source, task.model_class, task.name, m.dtype, m.trust_remote_code, **extra)
 
 
@@ -77,9 +78,12 @@ def finish_model(
     model: Any, cfg: TrainConfig, task: Task, apply_lora: Callable[..., Any] | None = None
 ) -> Any:
     """The model checked against the config (``model_checks``: lengths, LoRA targets), then
-    gradient checkpointing, then LoRA (``apply_lora(model, cfg.lora)``, default: adapters on
-    ``lora.target_modules`` with the task's peft type) or the task's full fine-tune."""
+    peft's k-bit preparation of a quantized model, then gradient checkpointing, then LoRA
+    (``apply_lora(model, cfg.lora)``, default: adapters on ``lora.target_modules`` with the
+    task's peft type) or the task's full fine-tune."""
     model_checks.check_model(model, cfg, task)  # the one place a run checks its model
+    if quantization.is_quantized(model):
+        model = quantization.prepare(model)
     if cfg.model.gradient_checkpointing:
         lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
     if cfg.lora.enabled:
@@ -214,7 +218,8 @@ def image_datasets(
 
 
 def load_media_model(cfg: TrainConfig, task: Task, source: str) -> Any:
-    """``task.model_class`` loaded right after ``set_seed(run.seed)``."""
+    """``task.model_class`` loaded right after ``set_seed(run.seed)`` (quantized with
+    ``model.quantization``, the task's ``unquantized`` modules left as they are)."""
     import transformers
     from transformers import set_seed
 
@@ -223,7 +228,8 @@ def load_media_model(cfg: TrainConfig, task: Task, source: str) -> Any:
     assert task.model_class is not None, f"{task.name} loads its model itself"
     model_class = getattr(transformers, task.model_class)
     chosen = attention.for_load(cfg, model_class, source)  # model.attn_implementation
-    return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code, **chosen.kwargs())
+    extra = {**chosen.kwargs(), **quantization.load_kwargs(cfg, task.unquantized)}
+    return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code, **extra)
 
 
 def generation_eval(cfg: TrainConfig, tokenizer: Any, **more: Any) -> Any:

@@ -97,6 +97,9 @@ class Task:
     lora_plan: Callable[[Any, TrainConfig], tuple[list[str], list[str]]] | None = None
     # A full fine-tune's freezing (cfg.lora.enabled false), shared by the build and the plan
     full_fine_tune: Callable[[Any, TrainConfig], None] | None = None
+    # Module names (at any depth) that ``model.quantization`` leaves in their dtype, e.g. a vision
+    # tower (the output and classifier heads always stay: ``quantization.HEADS``)
+    unquantized: tuple[str, ...] = ()
     image_tokens: bool = False  # its sequences hold image tokens (the memory estimate)
     # Where its token sequences (``data.max_length``) meet a position limit: (the model's config)
     # -> (that part's name for messages, e.g. "decoder"; its positions, None: unknown). None: the

@@ -225,6 +225,7 @@ TASK = Task(
         {
             "data.image_column",
             "data.text_column",
+            "model.quantization",
             "lora.apply_to",
             "generation.max_new_tokens",
             "generation.num_beams",

@@ -74,6 +74,7 @@ TASK = Task(
     build=build,
     keys=frozenset(
         {
+            "model.quantization",
             "model.num_labels",
             "data.text_column",
             "data.text_pair_column",

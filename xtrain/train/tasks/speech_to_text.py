@@ -317,6 +317,7 @@ TASK = Task(
             "data.max_audio_seconds",
             "data.long_audio",
             "data.group_by_length",
+            "model.quantization",
             "lora.apply_to",
             "model.freeze_encoder",
             "generation.max_new_tokens",

@@ -336,6 +336,7 @@ TASK = Task(
     aliases=("vlm", "image-text-to-text"),
     keys=frozenset(
         {
+            "model.quantization",
             "data.messages_column",
             "data.images_column",
             "data.chat_template",
@@ -354,6 +355,7 @@ TASK = Task(
     model_class="AutoModelForImageTextToText",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,
+    unquantized=VISION_TOWER + PROJECTOR,  # 4/8 bits for the language model only
     image_tokens=True,
     # the eval prompt: the conversation up to the answer, image tokens included, within data.max_length
     generation_prompt=lambda cfg: cfg.data.max_length,

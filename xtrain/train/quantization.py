@@ -1,0 +1,236 @@
+"""``model.quantization``: the base weights loaded in 4 or 8 bits through bitsandbytes (QLoRA).
+
+One place decides all of it:
+
+- ``bnb_settings``: the ``BitsAndBytesConfig`` keywords, a pure function of the setting, the run's
+  precision and the device type (4bit: NF4 with double quantization, compute in bf16/fp16 under
+  mixed precision on CUDA, float32 elsewhere; 8bit: LLM.int8);
+- ``backend_problem``: the refusals (MPS; bitsandbytes missing, too old, or without a library
+  for this device), a pure function of what ``check_backend`` reads off the installed package;
+- ``load_kwargs``: what ``from_pretrained`` gets, each process on its own device
+  (``device_map={"": <this process's device>}``: never all ranks on GPU 0);
+- ``prepare``: peft's ``prepare_model_for_kbit_training`` without its gradient checkpointing
+  (``lora.enable_gradient_checkpointing`` does that once, with input grads, when configured);
+- ``fresh_base``: the unquantized base a merged model is made from (``run.save_merged``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+# transformers' own floor for its bitsandbytes integration (BITSANDBYTES_MIN_VERSION in 5.x); the
+# first releases whose CPU backend runs NF4 and LLM.int8 layers
+MIN_BITSANDBYTES = "0.46.1"
+INSTALL = 'pip install "xtrain[quantization]"'
+UPGRADE = f'pip install -U "bitsandbytes>={MIN_BITSANDBYTES}"'
+# what the weights become, for the run banner and the docs
+DESCRIPTION = {
+    "4bit": "4-bit NF4 with double quantization (bitsandbytes)",
+    "8bit": "8-bit LLM.int8 (bitsandbytes)",
+}
+_COMPUTE_DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
+# Output heads kept in their dtype: the LM heads (lm_head; Whisper's proj_out; fairseq-style
+# output_projection; GPT-NeoX's embed_out) and the classifier heads peft trains whole
+HEADS = ("lm_head", "proj_out", "output_projection", "embed_out", "classifier", "score", "qa_outputs")
+
+
+def describe(quantization: str | None) -> str | None:
+    """One line on what the base weights are loaded as (None: not quantized)."""
+    if quantization is None:
+        return None
+    return f"base weights loaded as {DESCRIPTION[quantization]}; LoRA adapters train in float32"
+
+
+def bnb_settings(
+    quantization: str, precision: str | None, device_type: str, skip: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The ``BitsAndBytesConfig`` keywords. ``skip``: module-name patterns left unquantized
+    (bitsandbytes' ``llm_int8_skip_modules``; empty: transformers' defaults)."""
+    if quantization == "4bit":
+        compute = _COMPUTE_DTYPE.get(precision or "no", "float32") if device_type == "cuda" else "float32"
+        settings: dict[str, Any] = {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": compute,
+        }
+    elif quantization == "8bit":
+        settings = {"load_in_8bit": True}
+    else:
+        raise ValueError(f"unknown quantization {quantization!r}")
+    if skip:
+        settings["llm_int8_skip_modules"] = list(skip)
+    return settings
+
+
+def skip_patterns(names: Sequence[str]) -> list[str]:
+    """bitsandbytes skip patterns for the heads (``HEADS``) and the modules named ``names``, at
+    any depth (transformers matches a pattern from the start of the qualified name).
+
+    The heads are named because transformers' own default misses them: it keeps the module of
+    the model's last parameter, but strips only ``.weight`` from its name, so a head whose last
+    parameter is its bias (BERT's ``classifier``) got quantized (transformers 5.24), and peft
+    cannot train a copy of a 4-bit layer (``modules_to_save``)."""
+    either = "|".join(sorted({*HEADS, *names}))
+    return [rf"(?:.*\.)?(?:{either})"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What the installed bitsandbytes offers (``check_backend`` reads it)."""
+
+    version: str | None  # None: not installed
+    devices: frozenset[str] = frozenset()  # bitsandbytes.supported_torch_devices
+    gpu_library: bool = False  # its CUDA/ROCm native library loaded
+    gpu_error: str = ""  # why not, in bitsandbytes' words (first line)
+    torch_cuda: str | None = None  # torch.version.cuda
+    import_error: str = ""  # installed, but ``import bitsandbytes`` failed: why
+
+
+def backend_problem(quantization: str, device_type: str, backend: Backend) -> XtrainError | None:
+    """Why ``quantization`` cannot run on ``device_type`` with ``backend`` (None: it can)."""
+    from packaging.version import Version
+
+    key = f"model.quantization={quantization}"
+    if device_type == "mps":
+        return XtrainError(
+            f"{key} does not run on Apple MPS (bitsandbytes' 4/8-bit training needs CUDA or the CPU)",
+            "set model.quantization=null (LoRA on the 16-bit weights)",
+        )
+    if backend.version is None:
+        return XtrainError(f"{key} needs bitsandbytes, which is not installed", INSTALL)
+    if backend.import_error:
+        return XtrainError(
+            f"bitsandbytes {backend.version} is installed but does not import: {backend.import_error}"[:400],
+            f"{UPGRADE} --force-reinstall",
+        )
+    if Version(backend.version) < Version(MIN_BITSANDBYTES):
+        return XtrainError(
+            f"{key} needs bitsandbytes >= {MIN_BITSANDBYTES}; {backend.version} is installed", UPGRADE
+        )
+    if device_type not in backend.devices:
+        return XtrainError(f"bitsandbytes {backend.version} has no {device_type} backend for {key}", UPGRADE)
+    if device_type == "cuda" and not backend.gpu_library:
+        cuda = f"CUDA {backend.torch_cuda}" if backend.torch_cuda else "this GPU"
+        reason = f": {backend.gpu_error}" if backend.gpu_error else ""
+        return XtrainError(
+            f"bitsandbytes {backend.version} has no working library for {cuda}{reason}"[:400],
+            f"{UPGRADE} --force-reinstall (its wheels carry the CUDA libraries), "
+            "or set model.quantization=null",
+        )
+    return None
+
+
+def read_backend() -> Backend:
+    """The installed bitsandbytes, as ``backend_problem`` reads it (imports torch)."""
+    import importlib.metadata
+
+    import torch
+
+    try:
+        version = importlib.metadata.version("bitsandbytes")
+    except importlib.metadata.PackageNotFoundError:
+        return Backend(version=None)
+    try:
+        import bitsandbytes
+        from bitsandbytes import cextension
+    except Exception as e:  # a broken install: say it as bitsandbytes did
+        return Backend(version=version, import_error=_first_line(e))
+    lib = getattr(cextension, "lib", None)
+    gpu_library = type(lib).__name__ == "CudaBNBNativeLibrary"  # only a CUDA/ROCm build loads as this
+    error = getattr(lib, "error_msg", "") or ""
+    return Backend(
+        version=version,
+        devices=frozenset(getattr(bitsandbytes, "supported_torch_devices", ())),
+        gpu_library=gpu_library,
+        gpu_error=_first_line(error) if error else "",
+        torch_cuda=torch.version.cuda,
+    )
+
+
+def _first_line(e: object) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def check_backend(quantization: str | None, device_type: str) -> None:
+    """Refuse in one line when ``quantization`` cannot run on ``device_type`` here."""
+    if quantization is None:
+        return
+    if device_type == "mps":  # said before bitsandbytes is imported
+        problem = backend_problem(quantization, device_type, Backend(version=None))
+    else:
+        problem = backend_problem(quantization, device_type, read_backend())
+    if problem is not None:
+        raise problem
+
+
+def this_process() -> tuple[Any, str | None]:
+    """(this process's device, its mixed precision): accelerate's state once the loop's
+    Accelerator exists, else the local rank's GPU (or the CPU) and None."""
+    import torch
+    from accelerate.state import AcceleratorState, is_initialized
+
+    if is_initialized():
+        state = AcceleratorState()
+        return state.device, str(state.mixed_precision)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))), None
+    return torch.device("cpu"), None
+
+
+def load_kwargs(cfg: Any, unquantized: Sequence[str] = ()) -> dict[str, Any]:
+    """``from_pretrained`` keywords for ``cfg.model.quantization`` ({} when off): the
+    ``quantization_config`` and this process's device as the whole model's ``device_map``.
+    Kept in their dtype: the heads, ``unquantized`` (a task's vision tower) and
+    ``lora.modules_to_save`` (trained whole: a 4-bit layer cannot be)."""
+    quantization = cfg.model.quantization
+    if quantization is None:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    device, precision = this_process()
+    check_backend(quantization, device.type)
+    precision = precision or cfg.run.mixed_precision
+    whole = [name.rsplit(".", 1)[-1] for name in cfg.lora.modules_to_save or []]
+    settings = bnb_settings(quantization, precision, device.type, skip_patterns([*unquantized, *whole]))
+    # each rank loads its own copy on its own device (accelerate refuses a 4/8-bit model elsewhere)
+    where = "cpu" if device.type == "cpu" else device
+    return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
+
+
+def is_quantized(model: Any) -> bool:
+    """A model (or a peft model around one) whose weights bitsandbytes loaded in 4 or 8 bits."""
+    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
+
+
+def prepare(model: Any) -> Any:
+    """peft's k-bit preparation: the base frozen, its non-quantized half-precision weights (norms,
+    embeddings, head) in float32. Gradient checkpointing and input grads are left to
+    ``lora.enable_gradient_checkpointing`` (switched on once, only when configured)."""
+    from peft import prepare_model_for_kbit_training
+
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def fresh_base(model: Any) -> Any:
+    """The unquantized base of the quantized peft ``model``, loaded anew on the CPU from the
+    adapter's base (its checkpoint dtype where there is a GPU, float32 otherwise): what the
+    adapter is merged into for ``run.save_merged`` (merging into 4-bit weights would round them)."""
+    import copy
+
+    from xtrain.train import models
+
+    base = model.get_base_model()
+    source = next(iter(model.peft_config.values())).base_model_name_or_path
+    # the trained model's config (a new head's labels included) without its quantization
+    config = copy.deepcopy(base.config)
+    for key in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, key):
+            delattr(config, key)
+    return models.load_pretrained(type(base), source, "auto", False, config=config, device_map={"": "cpu"})
