@@ -52,36 +52,28 @@ OPTIONS = [
     ("8-bit LoRA", "8bit", False),
     ("8-bit LoRA + checkpointing", "8bit", True),
 ]
-# the modules the vision-language task leaves unquantized (Task.unquantized: its vision tower and
-# projector), named here so the table does not depend on which branch defines them first
-VLM_UNQUANTIZED = ("visual", "vision_tower", "vision_model", "merger", "multi_modal_projector",
-                   "connector", "mm_projector")  # fmt: skip
 
 
 def table(folder: Path) -> str:
     """The page's table, computed: a row a model, a column an option (GiB a process; over the
-    card in bold with "over")."""
+    card in bold with "over"). Quantized, the vision-language task keeps its vision tower and
+    projector as they are (``Task.unquantized``)."""
     from xtrain.train import memory, model_size
     from xtrain.train.config import load_config
 
-    original = model_size._unquantized
-    model_size._unquantized = lambda cfg: VLM_UNQUANTIZED if cfg.model.task == "vision-language" else ()
-    try:
-        rows = []
-        for name, task, config in MODELS:
-            (folder / name).mkdir(parents=True, exist_ok=True)
-            (folder / name / "config.json").write_text(json.dumps(config), encoding="utf-8")
-            base = [f"model.name_or_path={(folder / name).as_posix()}", f"model.task={task}"]
-            sizes = model_size.offline_sizes(load_config(None, base))
-            assert not isinstance(sizes, str), sizes
-            cells = [name, f"{sizes.params / 1e9:.2f}B"]  # LoRA adapters included
-            for _, quantization, checkpointing in OPTIONS:
-                gib = memory.check_memory(replace(sizes, quantization=quantization), PER_DEVICE, MAX_LENGTH,
-                                          checkpointing, PRECISION, CARD_GIB, CARD).estimate_gib  # fmt: skip
-                cells.append(f"{gib:.1f}" if gib <= CARD_GIB else f"**{gib:.1f}** over")
-            rows.append(cells)
-    finally:
-        model_size._unquantized = original
+    rows = []
+    for name, task, config in MODELS:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / name / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        base = [f"model.name_or_path={(folder / name).as_posix()}", f"model.task={task}"]
+        sizes = model_size.offline_sizes(load_config(None, base))
+        assert not isinstance(sizes, str), sizes
+        cells = [name, f"{sizes.params / 1e9:.2f}B"]  # LoRA adapters included
+        for _, quantization, checkpointing in OPTIONS:
+            gib = memory.check_memory(replace(sizes, quantization=quantization), PER_DEVICE, MAX_LENGTH,
+                                      checkpointing, PRECISION, CARD_GIB, CARD).estimate_gib  # fmt: skip
+            cells.append(f"{gib:.1f}" if gib <= CARD_GIB else f"**{gib:.1f}** over")
+        rows.append(cells)
     head = ["model", "parameters (with LoRA)", *(label for label, _, _ in OPTIONS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])

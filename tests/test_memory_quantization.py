@@ -137,3 +137,32 @@ def test_a_real_4bit_model_counts_as_the_plan_does(caches):
     assert live == planned and live.quantizable == planned.quantizable > 0
     packed = sum(p.numel() for p in model.parameters() if type(p).__name__ == "Params4bit")
     assert packed * 2 == live.quantizable  # two 4-bit weights a byte
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm", "data.train=builtin:tiny-stories"],
+        [
+            "model.name_or_path=builtin:tiny-qwen2-vl",
+            "model.task=vision-language",
+            "data.train=builtin:shapes-vqa",
+        ],
+    ],  # fmt: skip
+    ids=["causal-lm", "vision-language"],
+)
+def test_xtrains_own_4bit_build_counts_as_the_plan_does(caches, overrides):
+    """The task's quantized load (``model.quantization=4bit``: its skip list, peft's preparation,
+    LoRA) has the counts the plan gave from the config: the vision tower stays unquantized."""
+    pytest.importorskip("bitsandbytes")
+    from xtrain.train.model_size import _unquantized, live_sizes, offline_sizes
+    from xtrain.train.tasks import build_workload
+
+    cfg = load_config(None, [*overrides, "model.quantization=4bit", "data.eval=null", "data.max_length=32"])
+    planned = offline_sizes(cfg)
+    model = build_workload(cfg).model
+    live = live_sizes(model, _unquantized(cfg))
+    assert live == planned and live.quantization == "4bit"
+    assert live.quantizable == planned.quantizable > 0
+    packed = sum(p.numel() for p in model.parameters() if type(p).__name__ == "Params4bit")
+    assert packed * 2 == live.quantizable  # exactly the weights bitsandbytes holds in 4 bits

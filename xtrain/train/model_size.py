@@ -144,25 +144,28 @@ _KEPT = ("original_module", "modules_to_save")
 def quantizable_count(
     model: Any, unquantized: tuple[str, ...] = (), kept_whole: list[str] | None = None
 ) -> int:
-    """Weights of the Linear layers that 4-bit/8-bit loading replaces: not the output head, not
-    under a module named in ``unquantized`` or kept whole (by name or its name's last parts, as
-    peft matches them); LoRA's own layers (trained) are not counted. A 4-bit weight counts as
-    its unpacked shape."""
+    """Weights of the Linear layers that 4-bit/8-bit loading replaces: those transformers
+    converts under the task's skip list (``quantization.skip_patterns``: the heads and
+    ``unquantized``, matched by transformers' own ``should_convert_module``), not the output
+    head, not a module kept whole (by name or its name's last parts, as peft matches them), not
+    LoRA's own layers. A 4-bit weight counts as its unpacked shape."""
     import torch
+    from transformers.quantizers.quantizers_utils import should_convert_module
 
+    from xtrain.train.quantization import skip_patterns
+
+    patterns = skip_patterns(unquantized)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    skip = set(unquantized) | set(_KEPT)
     whole = list(kept_whole or [])
     count = 0
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or module is head:
             continue
-        parts = name.split(".")
-        if skip & set(parts) or any(name == k or name.endswith("." + k) for k in whole):
+        parts = set(name.split("."))
+        if parts & {*_KEPT, "lora_A", "lora_B"} or any(name == k or name.endswith("." + k) for k in whole):
             continue
-        if "lora_A" in parts or "lora_B" in parts or parts[-1] == "lm_head":
-            continue
-        count += _weight_count(module.weight)
+        if should_convert_module(name.removesuffix(".base_layer"), patterns):
+            count += _weight_count(module.weight)
     return count
 
 
