@@ -2,9 +2,13 @@
 on a CUDA GPU the peak memory (``torch.cuda.max_memory_allocated``) against that estimate.
 
 The model: a llama-shaped one built from a ``LlamaConfig`` (``--size``: ``small``, 17M parameters,
-for the CPU; ``gpu``, TinyLlama-1.1B's shape; ``micro`` for the smoke run), random weights saved
-once in bfloat16 as a checkpoint both variants load. The training: plain transformers + peft +
-bitsandbytes, no xtrain loop, so the figures do not wait on ``model.quantization`` landing:
+for the CPU; ``gpu``, TinyLlama-1.1B's shape; ``micro`` for the smoke run), random weights and
+xtrain's built-in tokenizer saved once (``xtrain.bench.job.write_model``) as the checkpoint every
+variant loads. Two ways to train it: plain transformers + peft + bitsandbytes with the
+hand-written loop (the floor), and xtrain itself (``python -m xtrain.run`` through the launcher,
+``model.quantization: null`` / ``4bit``, packed tiny stories of the same length; tokens/s from the
+loop's logging windows after the first, and on a GPU the loop's own estimate and peak memory from
+``train_result.json``). The hand-written variants:
 
 - ``16-bit``: the checkpoint loaded unquantized: float32 on the CPU (xtrain's ``model.dtype: auto``
   there), bfloat16 on a GPU;
@@ -48,7 +52,8 @@ from common import (  # noqa: E402  # noqa: E402
 )
 
 HERE = Path(__file__).resolve()
-VARIANTS = ("16-bit", "4-bit")
+VARIANTS = ("16-bit", "4-bit")  # the hand-written loop
+XTRAIN = ("xtrain 16-bit", "xtrain 4-bit")  # python -m xtrain.run, model.quantization null / 4bit
 # (hidden, layers, intermediate, heads, vocab, per-device batch, tokens a sequence)
 SIZES = {
     "micro": (64, 2, 176, 4, 1024, 2, 32),
@@ -59,18 +64,47 @@ LORA_R = 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
-def build_checkpoint(folder: Path, size: str) -> Path:
-    """A random llama-shaped checkpoint in bfloat16 (as published models are), saved once."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def model_size(size: str) -> Any:
+    """``SIZES[size]`` as the bench job's ``ModelSize``."""
+    from xtrain.bench.sizes import ModelSize
 
-    hidden, layers, intermediate, heads, vocab, _, seq = SIZES[size]
-    config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=intermediate,
-                         num_attention_heads=heads, num_key_value_heads=heads, vocab_size=vocab,
-                         max_position_embeddings=max(seq, 128), tie_word_embeddings=False)  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
-    return folder
+    hidden, layers, intermediate, heads, vocab, per_device, seq = SIZES[size]
+    return ModelSize(size, hidden=hidden, layers=layers, heads=heads, intermediate=intermediate, vocab=vocab,
+                     seq_len=seq, per_device=per_device)  # fmt: skip
+
+
+def build_checkpoint(root: Path, size: str) -> Any:
+    """The bench job on disk (``xtrain.bench.job``): the random llama-shaped model with xtrain's
+    built-in tokenizer, and tiny stories to pack for xtrain's runs. Returns the ``Job``."""
+    from xtrain.bench.job import prepare_job
+
+    return prepare_job(root, model_size(size), 1)
+
+
+def xtrain_run(job: Any, variant: str, device: str, steps: int, warmup: int, out: Path) -> dict[str, Any]:
+    """One ``python -m xtrain.run`` of the job (the launcher ``xtrain train`` uses), LoRA r=16 on
+    q/k/v/o, ``model.quantization`` null or 4bit: tokens/s from the loop's windows (the first left
+    out), and on a GPU the loop's estimate and peak memory."""
+    from xtrain.bench.job import job_config, write_config
+    from xtrain.bench.rates import figures
+    from xtrain.bench.runner import plan_for, run_training
+    from xtrain.machine import probe
+
+    size = job.size
+    log_every = max(1, (steps - warmup) // 4) if steps > warmup + 1 else 1
+    cfg = job_config(job, out, size.per_device, steps, log_every, False, None, LORA_R, packing="concatenate")
+    cfg["model"]["quantization"] = "4bit" if variant.endswith("4-bit") else None
+    plan = plan_for(probe.collect(quick=True), 1, None, None)
+    if device == "cpu" and plan.device != "cpu":
+        raise RuntimeError("--device cpu on a GPU machine: xtrain's runs would use the GPU")
+    path = write_config(out.with_suffix(".yaml"), cfg)
+    result = run_training(plan, path, out, out.with_suffix(".log"))
+    info = result.get("run_info") or {}
+    run: dict[str, Any] = {"variant": variant, "tokens_per_s": figures(result, 1, steps).tokens_per_s}
+    if info.get("peak_mem_mib") is not None:
+        run["peak_gib"] = info["peak_mem_mib"] / 1024
+        run["loop_estimate_gib"] = info.get("memory_estimate_gib")
+    return run
 
 
 def _load(variant: str, folder: Path, device: Any) -> Any:
@@ -169,18 +203,36 @@ def measure(
     size: str = "small",
     device: str = "cpu",
     log: Any = None,
+    with_xtrain: bool = True,
 ) -> dict[str, Any]:
-    """For benchmarks/run_all.py: both variants, interleaved, each run in a fresh process."""
+    """For benchmarks/run_all.py: the variants, interleaved, each run in a fresh process."""
+    import os
+
     say = log or (lambda m: None)
     root = Path(tempfile.mkdtemp(prefix="xtrain-bench-quantization-"))
+    env = bench_env(1)
+    os.environ["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"]  # xtrain's launched runs inherit it
+    if with_xtrain:
+        # a one-process CPU plan trains in this process: one compute thread, as the workers have
+        set_threads_from_env()
     try:
-        folder = build_checkpoint(root / "model", size)
-        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+        job = build_checkpoint(root, size)
+        folder = job.model_dir
+        names = VARIANTS + (XTRAIN if with_xtrain else ())
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in names}
         for r in range(repeats):
-            for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+            for variant in names if r % 2 == 0 else names[::-1]:
+                if variant in XTRAIN:
+                    out = root / f"{variant.replace(' ', '-')}-{r}"
+                    run = xtrain_run(job, variant, device, steps, warmup, out)
+                    shutil.rmtree(out, ignore_errors=True)
+                    runs[variant].append(run)
+                    rate = run["tokens_per_s"]
+                    say(f"quantization: repeat {r + 1}/{repeats} {variant}: {rate:,.0f} tokens/s")
+                    continue
                 cmd = [PYTHON, str(HERE), "--worker", variant, "--model", str(folder), "--device", device,
                        "--size", size, "--steps", str(steps), "--warmup", str(warmup)]  # fmt: skip
-                run = run_json(cmd, env=bench_env(1))
+                run = run_json(cmd, env=env)
                 runs[variant].append(run)
                 say(f"quantization: repeat {r + 1}/{repeats} {variant}: {run['tokens_per_s']:,.0f} tokens/s, "
                     f"estimate {run['estimate_gib']['loaded']:.3f} GiB")  # fmt: skip
@@ -192,7 +244,7 @@ def measure(
                 "layers": layers,
                 "intermediate": intermediate,
                 "heads": heads,
-                "vocab": vocab,
+                "vocab": job.vocab,
                 "per_device": per_device,
                 "seq": seq,
                 "steps": steps,
@@ -201,21 +253,27 @@ def measure(
                 "device": device,
                 "lora_r": LORA_R,
             },  # fmt: skip
-            "tokens_per_s": {v: Spread.of([x["tokens_per_s"] for x in runs[v]]).to_dict() for v in VARIANTS},
+            "tokens_per_s": {v: Spread.of([x["tokens_per_s"] for x in runs[v]]).to_dict() for v in names},
             "tokens_per_cpu_s": {
                 v: Spread.of([x["tokens_per_cpu_s"] for x in runs[v]]).to_dict() for v in VARIANTS
             },
             "runs": runs,
         }
-        for v in VARIANTS:  # deterministic per variant: the first run's
+        for v in names:  # deterministic per variant: the first run's
             first = runs[v][0]
-            out.setdefault("estimate_gib", {})[v] = first["estimate_gib"]
-            out.setdefault("weights_mib", {})[v] = first["weights_mib"]
+            if "estimate_gib" in first:
+                out.setdefault("estimate_gib", {})[v] = first["estimate_gib"]
+                out.setdefault("weights_mib", {})[v] = first["weights_mib"]
+            if first.get("loop_estimate_gib") is not None:
+                out.setdefault("loop_estimate_gib", {})[v] = first["loop_estimate_gib"]
             if "peak_gib" in first:
                 out.setdefault("peak_gib", {})[v] = Spread.of([x["peak_gib"] for x in runs[v]]).to_dict()
-        out["ratio"] = out["tokens_per_s"]["4-bit"]["median"] / out["tokens_per_s"]["16-bit"]["median"]
+        tps = out["tokens_per_s"]
+        out["ratio"] = tps["4-bit"]["median"] / tps["16-bit"]["median"]
         cpu = out["tokens_per_cpu_s"]
         out["ratio_cpu"] = cpu["4-bit"]["median"] / cpu["16-bit"]["median"]
+        if with_xtrain:
+            out["ratio_xtrain"] = tps["xtrain 4-bit"]["median"] / tps["xtrain 16-bit"]["median"]
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -229,29 +287,36 @@ def main() -> None:
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-xtrain", action="store_true", help="the hand-written loop only")
     p.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         worker(a.worker, a.model, a.device, a.size, a.steps, a.warmup)
         return
-    result = measure(a.repeats, a.steps, a.warmup, a.size, a.device, log=lambda m: print(m, file=sys.stderr))
+    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    result = measure(a.repeats, a.steps, a.warmup, a.size, a.device, log=say, with_xtrain=not a.no_xtrain)
     result["machine"] = machine()
     if a.json:
         print(json.dumps(result, indent=1))
         return
-    for v in VARIANTS:
+    for v in result["tokens_per_s"]:
         t = result["tokens_per_s"][v]
-        c = result["tokens_per_cpu_s"][v]
-        line = f"{v:7} {t['median']:,.0f} tokens/s ({t['min']:,.0f}-{t['max']:,.0f}, n={t['n']}), "
-        line += f"{c['median']:,.0f} by CPU time; "
-        est = result["estimate_gib"][v]
-        line += f"estimate {est['plan']:.3f} GiB (plan), {est['loaded']:.3f} GiB (loaded); "
-        line += f"weights {result['weights_mib'][v]:.1f} MiB"
-        if "peak_gib" in result:
+        line = f"{v:13} {t['median']:,.0f} tokens/s ({t['min']:,.0f}-{t['max']:,.0f}, n={t['n']})"
+        if v in result["tokens_per_cpu_s"]:
+            line += f", {result['tokens_per_cpu_s'][v]['median']:,.0f} by CPU time"
+        if v in result.get("estimate_gib", {}):
+            est = result["estimate_gib"][v]
+            line += f"; estimate {est['plan']:.3f} GiB (plan), {est['loaded']:.3f} GiB (loaded)"
+            line += f"; weights {result['weights_mib'][v]:.1f} MiB (estimated {est['weights_mib']:.1f})"
+        if v in result.get("loop_estimate_gib", {}):
+            line += f"; the loop's estimate {result['loop_estimate_gib'][v]:.2f} GiB"
+        if v in result.get("peak_gib", {}):
             line += f"; peak {result['peak_gib'][v]['median']:.3f} GiB"
         print(line)
     print(f"4-bit / 16-bit tokens/s: {result['ratio']:.2f}x (by CPU time {result['ratio_cpu']:.2f}x)")
+    if "ratio_xtrain" in result:
+        print(f"through xtrain: {result['ratio_xtrain']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -779,13 +779,32 @@ def quantization_section(q: dict[str, Any]) -> str:
                "weights: loaded / estimated"]  # fmt: skip
     if "peak_gib" in q:
         headers.append("peak GPU memory (`max_memory_allocated`)")
+    xtrain = ""
+    if "ratio_xtrain" in q:
+        xrows = []
+        for v in ("xtrain 16-bit", "xtrain 4-bit"):
+            row = [labels[v.removeprefix("xtrain ")], _s(q["tokens_per_s"][v], "{:,.0f}")]
+            if "peak_gib" in q:
+                loop = q.get("loop_estimate_gib", {}).get(v)
+                row += ["-" if loop is None else _mib(loop), _mib(q["peak_gib"][v]["median"])]
+            xrows.append(row)
+        xheaders = ["weights", "tokens/s (wall)"]
+        if "peak_gib" in q:
+            xheaders += ["the loop's estimate", "peak GPU memory (the loop's `peak_mem_mib`)"]
+        xtrain = (
+            "\nThe same model through xtrain (`python -m xtrain.run` by the launcher `xtrain train` uses, "
+            "`model.quantization: null` / `4bit`, packed tiny stories of the same length, the loop's "
+            "logging windows after the first; the CPU time of a launched run is not measured):\n\n"
+            + table(xheaders, xrows)
+            + f"\n\nThrough xtrain, 4-bit / 16-bit tokens/s: **{q['ratio_xtrain']:.2f}x**.\n"
+        )
     tail = (
         f"\n4-bit / 16-bit tokens/s: **{q['ratio']:.2f}x** by wall time, **{q['ratio_cpu']:.2f}x** by CPU "
         "time (the process's own, which other jobs disturb less). On the CPU, bitsandbytes dequantizes each "
         "4-bit weight for every matmul, so 4-bit trains slower; what it buys is memory (on a GPU: "
         "`python benchmarks/quantization.py --device cuda --size gpu`, which adds the peak memory).\n"
     )
-    return head + "\n" + table(headers, rows) + "\n" + tail
+    return head + "\n" + table(headers, rows) + "\n" + tail + xtrain
 
 
 def vision_language_section(vl: dict[str, Any]) -> str:
