@@ -5,8 +5,8 @@ The model: a llama-shaped one built from a ``LlamaConfig`` (``--size``: ``small`
 for the CPU; ``gpu``, TinyLlama-1.1B's shape; ``micro`` for the smoke run), random weights and
 xtrain's built-in tokenizer saved once (``xtrain.bench.job.write_model``) as the checkpoint every
 variant loads. Two ways to train it: plain transformers + peft + bitsandbytes with the
-hand-written loop (the floor), and xtrain itself (``python -m xtrain.run`` through the launcher,
-``model.quantization: null`` / ``4bit``, packed tiny stories of the same length; tokens/s from the
+hand-written loop (the floor), and xtrain itself (``xtrain.run`` through the launcher ``xtrain
+train`` uses, which runs a one-process CPU plan in this process; ``model.quantization: null`` / ``4bit``, packed tiny stories of the same length; tokens/s from the
 loop's logging windows after the first, and on a GPU the loop's own estimate and peak memory from
 ``train_result.json``). The hand-written variants:
 

@@ -792,9 +792,10 @@ def quantization_section(q: dict[str, Any]) -> str:
         if "peak_gib" in q:
             xheaders += ["the loop's estimate", "peak GPU memory (the loop's `peak_mem_mib`)"]
         xtrain = (
-            "\nThe same model through xtrain (`python -m xtrain.run` by the launcher `xtrain train` uses, "
-            "`model.quantization: null` / `4bit`, packed tiny stories of the same length, the loop's "
-            "logging windows after the first; the CPU time of a launched run is not measured):\n\n"
+            "\nThe same model trained by xtrain (`xtrain.run` through the launcher `xtrain train` uses; "
+            "a one-process CPU plan trains in the calling process, with one compute thread; "
+            "`model.quantization: null` / `4bit`, packed tiny stories of the same length, LoRA r=16 on "
+            "q/k/v/o; tokens/s from the loop's logging windows after the first):\n\n"
             + table(xheaders, xrows)
             + f"\n\nThrough xtrain, 4-bit / 16-bit tokens/s: **{q['ratio_xtrain']:.2f}x**.\n"
         )
