@@ -6,9 +6,10 @@ for the CPU; ``gpu``, TinyLlama-1.1B's shape; ``micro`` for the smoke run), rand
 xtrain's built-in tokenizer saved once (``xtrain.bench.job.write_model``) as the checkpoint every
 variant loads. Two ways to train it: plain transformers + peft + bitsandbytes with the
 hand-written loop (the floor), and xtrain itself (``xtrain.run`` through the launcher ``xtrain
-train`` uses, which runs a one-process CPU plan in this process; ``model.quantization: null`` / ``4bit``, packed tiny stories of the same length; tokens/s from the
-loop's logging windows after the first, and on a GPU the loop's own estimate and peak memory from
-``train_result.json``). The hand-written variants:
+train`` uses, which runs a one-process CPU plan in this process; ``model.quantization: null`` /
+``4bit``, packed tiny stories of the same length; tokens/s from the loop's logging windows after
+the first, and on a GPU the loop's own estimate and peak memory from ``train_result.json``). The
+hand-written variants:
 
 - ``16-bit``: the checkpoint loaded unquantized: float32 on the CPU (xtrain's ``model.dtype: auto``
   there), bfloat16 on a GPU;
