@@ -752,8 +752,9 @@ def quantization_section(q: dict[str, Any]) -> str:
     head = (
         "## 4-bit vs 16-bit LoRA (bitsandbytes)\n\n"
         f"The same llama-shaped model ({s['layers']} layers x {s['hidden']}, MLP {s['intermediate']}, "
-        f"vocabulary {s['vocab']:,}; random weights saved in bfloat16), loaded unquantized (float32 on "
-        "the CPU, bfloat16 on a GPU) and in 4 bits (NF4, double quantization, compute in float32 on the "
+        f"vocabulary {s['vocab']:,}; random weights and xtrain's tokenizer saved once), loaded "
+        "unquantized (float32 on the CPU, bfloat16 on a GPU) and in 4 bits (NF4, double quantization, "
+        "compute in float32 on the "
         "CPU and bfloat16 on a GPU, then peft's `prepare_model_for_kbit_training`), LoRA r="
         f"{s['lora_r']} on q/k/v/o, AdamW, {s['per_device']} x {s['seq']} tokens a step, on {on}, with "
         "plain transformers + peft + bitsandbytes and the hand-written loop "
@@ -802,7 +803,7 @@ def quantization_section(q: dict[str, Any]) -> str:
     tail = (
         f"\n4-bit / 16-bit tokens/s: **{q['ratio']:.2f}x** by wall time, **{q['ratio_cpu']:.2f}x** by CPU "
         "time (the process's own, which other jobs disturb less). On the CPU, bitsandbytes dequantizes each "
-        "4-bit weight for every matmul, so 4-bit trains slower; what it buys is memory (on a GPU: "
+        "4-bit weight for every matmul, extra work a step; what 4-bit buys is memory (on a GPU: "
         "`python benchmarks/quantization.py --device cuda --size gpu`, which adds the peak memory).\n"
     )
     return head + "\n" + table(headers, rows) + "\n" + tail + xtrain
