@@ -75,6 +75,7 @@ def sections(repeats: int) -> dict[str, Section]:
         "image_classification": lambda: bench("image_classification").measure(repeats=repeats, log=log),
         "seq_cls": lambda: bench("seq_cls").measure(repeats=repeats, log=log),
         "vision_language": lambda: bench("vision_language").measure(repeats=repeats, log=log),
+        "quantization": lambda: bench("quantization").measure(repeats=repeats, log=log),
     }
 
 
@@ -103,6 +104,9 @@ def smoke_sections() -> dict[str, Section]:
         "vision_language": lambda: bench("vision_language").measure(
             repeats=1, steps=4, per_device=4, accum=1, log_every=2, log=log
         ),
+        "quantization": lambda: bench("quantization").measure(
+            repeats=1, steps=3, warmup=1, size="micro", log=log
+        ),
     }
 
 
@@ -113,7 +117,7 @@ SMOKE_REUSED = {"overhead": "loops"}
 # The smoke run's two lanes (about the same time each on 2 cores).
 SMOKE_LANES = (
     ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text", "seq_cls"),
-    ("loops", "packing", "vision_language", "resume", "image_classification"),
+    ("loops", "packing", "vision_language", "resume", "image_classification", "quantization"),
 )
 
 
@@ -567,6 +571,8 @@ def render(r: dict[str, Any], command: str) -> str:
         )
     if "vision_language" in r:
         w(vision_language_section(r["vision_language"]))
+    if "quantization" in r:
+        w(quantization_section(r["quantization"]))
     if "fingerprint" in r:
         fp = r["fingerprint"]
         w("## Optimisations\n")
@@ -732,6 +738,75 @@ same command run twice more, before and after alternating (`--repeats 2`): data 
 before, 25% / 25% after. The collator alone (40 batches of 8 built-in rows, images already decoded,
 one thread): 13.8 ms CPU per batch before, 7.8 ms after.
 """
+
+
+def _mib(gib: float) -> str:
+    return f"{gib * 1024:,.0f} MiB" if gib < 1 else f"{gib:.2f} GiB"
+
+
+def quantization_section(q: dict[str, Any]) -> str:
+    """16-bit vs 4-bit LoRA: tokens/s, xtrain's estimate, the weights as loaded (and the peak GPU
+    memory when the run had a GPU)."""
+    s = q["setup"]
+    on = "a CUDA GPU" if s["device"] == "cuda" else "the CPU, one compute thread a process"
+    head = (
+        "## 4-bit vs 16-bit LoRA (bitsandbytes)\n\n"
+        f"The same llama-shaped model ({s['layers']} layers x {s['hidden']}, MLP {s['intermediate']}, "
+        f"vocabulary {s['vocab']:,}; random weights and xtrain's tokenizer saved once), loaded "
+        "unquantized (float32 on the CPU, bfloat16 on a GPU) and in 4 bits (NF4, double quantization, "
+        "compute in float32 on the "
+        "CPU and bfloat16 on a GPU, then peft's `prepare_model_for_kbit_training`), LoRA r="
+        f"{s['lora_r']} on q/k/v/o, AdamW, {s['per_device']} x {s['seq']} tokens a step, on {on}, with "
+        "plain transformers + peft + bitsandbytes and the hand-written loop "
+        f"(`benchmarks/quantization.py`). {s['steps']} steps a run, the first {s['warmup']} left out, "
+        f"{s['repeats']} interleaved runs each in a fresh process. *Estimate*: xtrain's memory estimate "
+        "without gradient checkpointing, from the config before loading (the plan, `xtrain train "
+        "--dry-run`) and from the loaded model (what the training loop checks on a GPU); *weights*: the "
+        "loaded model's parameters and buffers (`get_memory_footprint`) next to the estimate's weights "
+        f"term. Load average after: {_load(q)}.\n"
+    )
+    rows = []
+    unquantized = "16-bit" if s["device"] == "cuda" else "unquantized (float32 on the CPU)"
+    labels = {"16-bit": unquantized, "4-bit": "4-bit"}
+    for v in ("16-bit", "4-bit"):
+        est = q["estimate_gib"][v]
+        row = [labels[v], _s(q["tokens_per_s"][v], "{:,.0f}"), _s(q["tokens_per_cpu_s"][v], "{:,.0f}"),
+               _mib(est["plan"]), _mib(est["loaded"]),
+               f"{q['weights_mib'][v]:,.1f} MiB / {est['weights_mib']:,.1f} MiB"]  # fmt: skip
+        if "peak_gib" in q:
+            row.append(_mib(q["peak_gib"][v]["median"]))
+        rows.append(row)
+    headers = ["weights", "tokens/s (wall)", "tokens/s (CPU time)", "estimate (plan)", "estimate (loaded)",
+               "weights: loaded / estimated"]  # fmt: skip
+    if "peak_gib" in q:
+        headers.append("peak GPU memory (`max_memory_allocated`)")
+    xtrain = ""
+    if "ratio_xtrain" in q:
+        xrows = []
+        for v in ("xtrain 16-bit", "xtrain 4-bit"):
+            row = [labels[v.removeprefix("xtrain ")], _s(q["tokens_per_s"][v], "{:,.0f}")]
+            if "peak_gib" in q:
+                loop = q.get("loop_estimate_gib", {}).get(v)
+                row += ["-" if loop is None else _mib(loop), _mib(q["peak_gib"][v]["median"])]
+            xrows.append(row)
+        xheaders = ["weights", "tokens/s (wall)"]
+        if "peak_gib" in q:
+            xheaders += ["the loop's estimate", "peak GPU memory (the loop's `peak_mem_mib`)"]
+        xtrain = (
+            "\nThe same model trained by xtrain (`xtrain.run` through the launcher `xtrain train` uses; "
+            "a one-process CPU plan trains in the calling process, with one compute thread; "
+            "`model.quantization: null` / `4bit`, packed tiny stories of the same length, LoRA r=16 on "
+            "q/k/v/o; tokens/s from the loop's logging windows after the first):\n\n"
+            + table(xheaders, xrows)
+            + f"\n\nThrough xtrain, 4-bit / 16-bit tokens/s: **{q['ratio_xtrain']:.2f}x**.\n"
+        )
+    tail = (
+        f"\n4-bit / 16-bit tokens/s: **{q['ratio']:.2f}x** by wall time, **{q['ratio_cpu']:.2f}x** by CPU "
+        "time (the process's own, which other jobs disturb less). On the CPU, bitsandbytes dequantizes each "
+        "4-bit weight for every matmul, extra work a step; what 4-bit buys is memory (on a GPU: "
+        "`python benchmarks/quantization.py --device cuda --size gpu`, which adds the peak memory).\n"
+    )
+    return head + "\n" + table(headers, rows) + "\n" + tail + xtrain
 
 
 def vision_language_section(vl: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ LABELS = {
     "vision_language": "vision-language:",
     "image_classification": "image-classification:",
     "seq_cls": "seq-cls:",
+    "quantization": "quantization:",
 }
 TASKS = {
     "image_to_text": ("image-to-text", "quickstart-image-to-text.yaml", "images/s"),

@@ -88,6 +88,10 @@ def _variants(base: Facts) -> list[tuple[str, Facts, Overrides]]:
         ("deepspeed", replace(two, accelerate_config={"distributed_type": "DEEPSPEED", "num_processes": 2}),
          Overrides(platform="windows")),
         ("probe failed", replace(two, probe_errors={"nvidia_smi": "TimeoutExpired"}), Overrides()),
+        ("bitsandbytes missing", replace(two, packages={"bitsandbytes": None}), Overrides()),
+        ("bitsandbytes old", replace(two, packages={"bitsandbytes": "0.45.5"}), Overrides()),
+        ("bitsandbytes without cuda", replace(two, packages={"bitsandbytes": "0.50.2"},
+                                              bitsandbytes_backends=["cpu"]), Overrides()),
     ]  # fmt: skip
 
 
@@ -143,6 +147,7 @@ def test_cases_cover_every_finding_with_a_fix() -> None:
         "accelerate-config",
         "accelerate-config-missing",
         "wsl2-pinned-memory",
+        "bitsandbytes",
     }
     assert codes - info_only <= seen_fix, sorted(codes - info_only - seen_fix)
     assert info_only & seen_fix == set(), "an info finding got a fix: add it to the checked codes"

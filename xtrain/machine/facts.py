@@ -164,6 +164,9 @@ class Facts:
     shm_mib: int | None = None  # /dev/shm size (Linux/WSL2)
     # Python packages
     packages: dict[str, str | None] = field(default_factory=dict)
+    # the native backends of the installed bitsandbytes, from its library files ("cpu",
+    # "cuda126", ...; machine/quant_support.py); None: not installed or not probed (older snapshots)
+    bitsandbytes_backends: list[str] | None = None
     # accelerate's default config file
     accelerate_config_path: str | None = None
     accelerate_config: dict[str, Any] | None = None

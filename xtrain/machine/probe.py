@@ -29,6 +29,7 @@ from xtrain.machine.probes import Probe, why
 from xtrain.machine.probes.accelerate_config import probe_accelerate_config, probe_accelerate_loads
 from xtrain.machine.probes.nvidia import probe_driver_for_plan, probe_nvidia_smi, probe_nvidia_smi_present
 from xtrain.machine.probes.system import (
+    probe_bitsandbytes,
     probe_env,
     probe_hostname,
     probe_hostname_resolves,
@@ -61,6 +62,7 @@ QUICK_PROBES: tuple[tuple[str, Probe], ...] = (
     ("env", probe_env),
     ("shm", probe_shm),
     ("packages", probe_packages),
+    ("bitsandbytes", probe_bitsandbytes),
     ("accelerate_config", probe_accelerate_config),
 )
 FULL_PROBES: tuple[tuple[str, Probe], ...] = (
@@ -78,6 +80,7 @@ FULL_PROBES: tuple[tuple[str, Probe], ...] = (
     ("torchrun_libuv", probe_torchrun_libuv),
     ("shm", probe_shm),
     ("packages", probe_packages),
+    ("bitsandbytes", probe_bitsandbytes),
     ("accelerate_config", probe_accelerate_config),
     ("accelerate_loads", probe_accelerate_loads),
     ("port", probe_port),

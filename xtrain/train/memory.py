@@ -18,6 +18,25 @@ Under DDP every GPU holds the whole model. The estimate adds:
   Qwen2's 152k vocabulary;
 - 10 % for the CUDA context, allocator slack and temporary buffers.
 
+Quantized weights (``model.quantization``, bitsandbytes): the Linear layers that 4-bit or 8-bit
+loading replaces (``ModelSizes.quantizable``: the language model's Linear layers, not the output
+head, the modules trained whole or a vision tower) are counted at
+
+- 4-bit NF4 with double quantization: 4 bits a weight, plus its block constants: one 8-bit absmax
+  per block of 64 and one float32 constant per 256 blocks, ``8/64 + 32/(64 x 256) = 0.127`` bits
+  (Dettmers et al. 2023, QLoRA, section 3 "Double Quantization"; bitsandbytes' ``blocksize=64``);
+- 8-bit (LLM.int8): 1 byte a weight plus one float32 scale a row (``SCB``), ``4 / hidden``;
+
+the rest (embeddings, norms, the output head, a vision tower) in float32: peft's
+``prepare_model_for_kbit_training`` casts every 16-bit parameter that is not 4-bit to float32
+(Qwen2.5-7B's untied embeddings and head: 1.09B parameters, 4.1 GiB).
+
+When a run does not fit, the warning computes the same estimate for what the config does not do
+yet (``batch.per_device=1``, ``model.gradient_checkpointing=true``, ``model.quantization=4bit``)
+and names the smallest sets of them that fit, best first: those that keep the weights as they are
+before 4-bit, then fewer changes before more. Each is a list of ``key=value`` overrides a user
+can paste after ``xtrain train CONFIG``.
+
 Tokens a process: ``batch.per_device x data.max_length``. A vision-language model's image tokens
 are inside ``data.max_length`` (the collator cuts there), and its vision tower is frozen: it keeps
 no activations for the backward pass.
@@ -28,10 +47,25 @@ It is meant to tell "fits" from "far too big" before a long download, not to the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from itertools import combinations
 
 GIB = 1024**3
 HALF = ("bfloat16", "float16")
+# bits a weight of NF4 with double quantization: 4, the 8-bit absmax of each block of 64 and the
+# float32 constant of each 256 blocks (QLoRA, section 3)
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
+# bytes of a weight that is not quantized in a quantized run: peft's prepare_model_for_kbit_training
+# casts every fp16/bf16 parameter that is not 4-bit to float32 (peft/utils/other.py, peft 0.21)
+KBIT_REST_BYTES = 4
+
+
+def quantized_bytes(count: int, quantization: str, hidden: int) -> float:
+    """Bytes of ``count`` weights loaded in ``quantization`` (4bit: NF4 with double quantization;
+    8bit: LLM.int8's int8 weights and a float32 scale a row of about ``hidden`` weights)."""
+    if quantization == "4bit":
+        return count * NF4_BITS / 8
+    return count * (1 + 4 / hidden)
 
 
 def estimate_gib(
@@ -46,13 +80,19 @@ def estimate_gib(
     *,
     intermediate: int | None = None,
     vocab: int = 0,
+    quantized: int = 0,
+    quantization: str | None = None,
 ) -> float:
     """Estimated peak GPU memory in GiB of one training process (see the module docstring).
     ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
     ``activation_bytes``: 2 under fp16/bf16 autocast or 16-bit weights, 4 in float32;
     ``intermediate``: a gated MLP's width (None: a 4 x hidden GELU MLP); ``vocab``: the
-    output vocabulary (0: no logits term)."""
-    weights = params * weight_bytes
+    output vocabulary (0: no logits term); ``quantized``: how many of ``params`` are loaded in
+    ``quantization`` (4bit, 8bit; None: none)."""
+    if quantization is None:
+        weights = params * weight_bytes
+    else:
+        weights = (params - quantized) * weight_bytes + quantized_bytes(quantized, quantization, hidden)
     trained = trainable * 16
     layer = 34 * hidden if intermediate is None else 17 * hidden + 8 * intermediate  # bytes, 16-bit
     if gradient_checkpointing:
@@ -78,33 +118,44 @@ def memory_warning(
     checkpointing: bool = False,
     per_device: int | None = None,
     images: bool = True,
+    fits: Sequence[tuple[str, float]] = (),
 ) -> str | None:
     """One line when ``estimate`` does not fit ``gpu_gib``, naming what lowers it (leaving out
-    what the config already does); else None."""
+    what the config already does); else None. ``fits``: (overrides, estimate) of the changes that
+    fit, best first (``alternatives``): named first, as overrides to paste."""
     if estimate <= gpu_gib:
         return None
+    head = f"the estimated training memory ({size(estimate, 1)} a process)"
+    head += f" exceeds {name} ({size(gpu_gib, 0)})"
+    length = "lower data.max_pixels / data.max_length" if images else "lower data.max_length"
+    if fits:
+        named = ", ".join(f"{overrides} fits (~{size(gib, 1)})" for overrides, gib in fits)
+        others = ([] if half_weights else ["load the weights in bf16/fp16 (model.dtype)"]) + [length]
+        return f"{head}: {named}; or {', or '.join(others)}"
     fixes = [] if half_weights else ["load the weights in bf16/fp16 (model.dtype)"]
     fixes += [] if checkpointing else ["set model.gradient_checkpointing=true"]
-    fixes.append("lower data.max_pixels / data.max_length" if images else "lower data.max_length")
+    fixes.append(length)
     if per_device != 1:
         fixes.append("use batch.per_device=1 with batch.global_batch for accumulation")
-    return (
-        f"the estimated training memory ({size(estimate, 1)} a process) exceeds {name} ({size(gpu_gib, 0)}): "
-        + ", ".join(fixes[:-1])
-        + (", and " if len(fixes) > 1 else "")
-        + fixes[-1]
-    )
+    return f"{head}: " + ", ".join(fixes[:-1]) + (", and " if len(fixes) > 1 else "") + fixes[-1]
 
 
 @dataclass(frozen=True)
 class ModelSizes:
     """What the estimate needs from a model: its parameters, the trained ones, its language
-    model's shape (``Shape``), and the bytes of a frozen weight as loaded."""
+    model's shape (``Shape``), the bytes of a frozen weight as loaded (one not quantized), the
+    frozen Linear weights that 4-bit/8-bit loading replaces (``quantizable``; 0: none, or a
+    full fine-tune, which cannot train quantized weights) and how they are loaded
+    (``quantization``: 4bit, 8bit, None: as ``weight_bytes``)."""
 
     params: int
     trainable: int
     shape: Shape
     weight_bytes: int
+    # not compared: the plan counts it on the config's skeleton, a built 16-bit model by its frozen
+    # Linear layers; the two can differ by layers that are frozen but never quantized
+    quantizable: int = field(default=0, compare=False)
+    quantization: str | None = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +239,64 @@ def smallest_gpu(gpus: Sequence[tuple[int, str, int]], ids: Sequence[int] | None
     return name, mib / 1024
 
 
+def _estimate(
+    sizes: ModelSizes, per_device: int, max_length: int, checkpointing: bool, precision: str | None
+) -> float:
+    shape = sizes.shape
+    # quantized: the rest in float32, as peft's prepare_model_for_kbit_training leaves it
+    rest = max(sizes.weight_bytes, KBIT_REST_BYTES) if sizes.quantization else sizes.weight_bytes
+    return estimate_gib(
+        sizes.params,
+        sizes.trainable,
+        rest,
+        per_device * max_length,
+        shape.hidden,
+        shape.layers,
+        checkpointing,
+        activation_bytes(precision, sizes.weight_bytes),
+        intermediate=shape.intermediate,
+        vocab=shape.vocab,
+        quantized=sizes.quantizable,
+        quantization=sizes.quantization,
+    )
+
+
+def alternatives(
+    sizes: ModelSizes,
+    per_device: int,
+    max_length: int,
+    checkpointing: bool,
+    precision: str | None,
+    gpu_gib: float,
+) -> list[tuple[str, float]]:
+    """The smallest sets of the changes the config does not make yet (a micro-batch of 1,
+    gradient checkpointing, 4-bit weights) whose estimate fits ``gpu_gib``, best first: those
+    that keep the weights before 4-bit, fewer changes before more. Each is (the overrides, its
+    estimate in GiB)."""
+    levers = []  # (override, per_device, checkpointing, quantization)
+    if per_device > 1:
+        levers.append(("batch.per_device=1", 1, checkpointing, sizes.quantization))
+    if not checkpointing:
+        levers.append(("model.gradient_checkpointing=true", per_device, True, sizes.quantization))
+    if sizes.quantization is None and sizes.quantizable:
+        levers.append(("model.quantization=4bit", per_device, checkpointing, "4bit"))
+    sets = [c for n in range(1, len(levers) + 1) for c in combinations(levers, n)]
+    sets.sort(key=lambda c: (any(lever[3] != sizes.quantization for lever in c), len(c)))
+    found: list[tuple[tuple[str, ...], float]] = []
+    for chosen in sets:
+        names = tuple(lever[0] for lever in chosen)
+        if any(set(smaller) <= set(names) for smaller, _ in found):
+            continue  # a subset fits already: this one changes more than needed
+        batch = min(lever[1] for lever in chosen)
+        ckpt = any(lever[2] for lever in chosen)
+        changed = [lever[3] for lever in chosen if lever[3] != sizes.quantization]
+        quantization = changed[0] if changed else sizes.quantization
+        gib = _estimate(replace(sizes, quantization=quantization), batch, max_length, ckpt, precision)
+        if gib <= gpu_gib:
+            found.append((names, gib))
+    return [(" ".join(names), gib) for names, gib in found]
+
+
 def check_memory(
     sizes: ModelSizes,
     per_device: int,
@@ -200,27 +309,22 @@ def check_memory(
 ) -> MemoryCheck:
     """The estimate for a config's batch and length on a card of ``gpu_gib``, with the warning
     when it does not fit (``images``: a vision-language model, whose image tokens
-    ``data.max_pixels`` bounds)."""
-    shape = sizes.shape
-    gib = estimate_gib(
-        sizes.params,
-        sizes.trainable,
-        sizes.weight_bytes,
-        per_device * max_length,
-        shape.hidden,
-        shape.layers,
-        gradient_checkpointing,
-        activation_bytes(precision, sizes.weight_bytes),
-        intermediate=shape.intermediate,
-        vocab=shape.vocab,
+    ``data.max_pixels`` bounds), naming the changes that fit (``alternatives``)."""
+    gib = _estimate(sizes, per_device, max_length, gradient_checkpointing, precision)
+    fits = (
+        alternatives(sizes, per_device, max_length, gradient_checkpointing, precision, gpu_gib)
+        if gib > gpu_gib
+        else []
     )
     warning = memory_warning(
         gib,
         gpu_gib,
         gpu_name,
-        half_weights=sizes.weight_bytes == 2,
+        # a quantized run's float32 rest is peft's doing: model.dtype would not change it
+        half_weights=sizes.weight_bytes == 2 or sizes.quantization is not None,
         checkpointing=gradient_checkpointing,
         per_device=per_device,
         images=images,
+        fits=fits,
     )
     return MemoryCheck(gib, gpu_gib, gpu_name, warning)

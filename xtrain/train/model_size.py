@@ -7,7 +7,13 @@
   the task's own chooser picks (``r x (in + out)`` each, plus a copy of each module trained whole):
   both counts are exact, without importing peft (seconds). Anything that stops it returns the
   reason instead (the plan skips the estimate; the run itself reports real problems).
-- ``live_sizes(model)``: the training loop's model as it is (real counts, real dtypes).
+- ``live_sizes(model)``: the training loop's model as it is (real counts, real dtypes; a 4-bit
+  weight, which bitsandbytes stores packed two to a byte, is counted by its unpacked shape).
+
+Both count the weights that ``model.quantization`` stores in 4 or 8 bits (``quantizable``): the
+Linear layers but the output head, the modules trained whole and the task's ``unquantized``
+modules (a vision tower), as the task's quantized load skips them (transformers' default: the
+output head). A full fine-tune has none: 4-bit weights cannot train.
 
 Imports transformers and accelerate: the CLI imports this module only when the plan needs
 the estimate (a CUDA machine).
@@ -15,6 +21,7 @@ the estimate (a CUDA machine).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +114,8 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
             bare = auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
             tied = _tied_count(bare, config)
             added, trainable = _lora_counts(bare, cfg)
+            kept_whole = adapted_layers(bare, cfg)[1] if cfg.lora.enabled else []
+            quantizable = quantizable_count(bare, _unquantized(cfg), kept_whole) if cfg.lora.enabled else 0
     except Exception as e:  # noqa: BLE001 - advisory: an estimate must never stop a launch
         # a model of another task, LoRA targets that match nothing: the run says so in one line
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
@@ -118,7 +127,66 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
         trainable=trainable,
         shape=shape,
         weight_bytes=memory.weight_bytes(cfg.model.dtype, str(checkpoint_dtype)),
+        quantizable=quantizable,
+        quantization=cfg.model.quantization,
     )
+
+
+def _unquantized(cfg: TrainConfig) -> tuple[str, ...]:
+    """The module names the task's quantized load leaves as they are (``Task.unquantized``)."""
+    return tuple(getattr(tasks.get(cfg.model.task), "unquantized", ()) or ())
+
+
+# peft's modules_to_save wrapper: the frozen original and the trained copy, both kept as they are
+_KEPT = ("original_module", "modules_to_save")
+
+
+def quantizable_count(
+    model: Any, unquantized: tuple[str, ...] = (), kept_whole: list[str] | None = None
+) -> int:
+    """Weights of the Linear layers that 4-bit/8-bit loading replaces: those transformers
+    converts under the task's skip list (``quantization.skip_patterns``: the heads and
+    ``unquantized``, matched by transformers' own ``should_convert_module``), not the output
+    head, not a module kept whole (by name or its name's last parts, as peft matches them), not
+    LoRA's own layers. A 4-bit weight counts as its unpacked shape."""
+    import torch
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    from xtrain.train.quantization import skip_patterns
+
+    patterns = skip_patterns(unquantized)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    whole = list(kept_whole or [])
+    count = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            continue
+        parts = set(name.split("."))
+        if parts & {*_KEPT, "lora_A", "lora_B"} or any(name == k or name.endswith("." + k) for k in whole):
+            continue
+        if should_convert_module(name.removesuffix(".base_layer"), patterns):
+            count += _weight_count(module.weight)
+    return count
+
+
+def _weight_count(weight: Any) -> int:
+    """Elements of a weight; bitsandbytes' 4-bit ``Params4bit`` keeps the unpacked shape in its
+    quantization state (the tensor itself holds two weights a byte)."""
+    state = getattr(weight, "quant_state", None)
+    shape = getattr(state, "shape", None)
+    if shape is not None:
+        n = 1
+        for d in shape:
+            n *= int(d)
+        return n
+    return weight.numel()
+
+
+def loaded_quantization(model: Any) -> str | None:
+    """How a built model's weights were loaded: 4bit (bitsandbytes ``Params4bit``), 8bit
+    (``Int8Params``), None; told by class name, so bitsandbytes is not imported."""
+    kinds = {type(p).__name__ for p in model.parameters()}
+    return "4bit" if "Params4bit" in kinds else "8bit" if "Int8Params" in kinds else None
 
 
 def meta_model(cfg: TrainConfig, task: Any, config: Any) -> Any | str:
@@ -152,30 +220,36 @@ def _tied_count(model: Any, config: Any) -> int:
     return sum(a.numel() for a, b in pairs if a is not None and b is not None and a is not b)
 
 
-def live_sizes(model: Any) -> memory.ModelSizes | None:
-    """The sizes of a built model: counts, and the bytes of its frozen weights as loaded."""
+def live_sizes(model: Any, unquantized: tuple[str, ...] = ()) -> memory.ModelSizes | None:
+    """The sizes of a built model: counts (a 4-bit weight by its unpacked shape), the bytes of
+    its frozen weights that are not quantized, as loaded, and the quantized ones."""
     shape = memory.model_shape(getattr(model, "config", None))
     if shape is None:
         return None
+    quantization = loaded_quantization(model)
     params = trainable = frozen = frozen_bytes = 0
     for p in model.parameters():
-        params += p.numel()
+        n = _weight_count(p)
+        params += n
         if p.requires_grad:
-            trainable += p.numel()
-        else:
-            frozen += p.numel()
-            frozen_bytes += p.numel() * p.element_size()
+            trainable += n
+        elif quantization is None or type(p).__name__ not in ("Params4bit", "Int8Params"):
+            frozen += n
+            frozen_bytes += n * p.element_size()
     weight_bytes = 2 if frozen and frozen_bytes / frozen < 3 else 4
-    return memory.ModelSizes(params, trainable, shape, weight_bytes)
+    quantizable = quantizable_count(model, unquantized)
+    return memory.ModelSizes(params, trainable, shape, weight_bytes, quantizable, quantization)
 
 
 def check_live_model(
     model: Any, cfg: TrainConfig, precision: str, total_bytes: int, gpu_name: str
 ) -> memory.MemoryCheck | None:
     """The training loop's check on its CUDA device (``total_bytes``: the card's memory)."""
-    sizes = live_sizes(model)
+    sizes = live_sizes(model, _unquantized(cfg))
     if sizes is None:
         return None
+    if not cfg.lora.enabled and sizes.quantization is None:
+        sizes = replace(sizes, quantizable=0)  # a full fine-tune cannot train 4-bit weights
     return memory.check_memory(
         sizes,
         cfg.batch.per_device,

@@ -4,6 +4,7 @@ launch variables, /dev/shm, package versions, the rendezvous port."""
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import socket
@@ -12,8 +13,10 @@ import threading
 from typing import Any
 
 from xtrain.machine.facts import Facts
+from xtrain.machine.quant_support import PACKAGE as BITSANDBYTES
+from xtrain.machine.quant_support import library_backends
 
-PACKAGES = ("accelerate", "transformers", "peft", "datasets", "triton")
+PACKAGES = ("accelerate", "transformers", "peft", "datasets", "triton", "bitsandbytes")
 # where a package ships under another distribution name on some platform (the module is the same)
 DISTRIBUTIONS = {"triton": ("triton", "triton-windows")}
 # Variables a user may already have set that change how processes connect (shown by doctor,
@@ -154,3 +157,15 @@ def probe_port(facts: Facts) -> dict[str, Any]:
         except OSError:
             return {"port_free": False}
     return {"port_free": True}
+
+
+def probe_bitsandbytes(facts: Facts) -> dict[str, Any]:
+    """The native backends the installed bitsandbytes ships (its library files' names), found
+    without importing it (seconds: it imports torch and loads a library); None when it is not
+    installed."""
+    spec = importlib.util.find_spec(BITSANDBYTES)  # a top-level package: located, not run
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not folders:
+        return {"bitsandbytes_backends": None}
+    names = [entry.name for folder in folders if os.path.isdir(folder) for entry in os.scandir(folder)]
+    return {"bitsandbytes_backends": library_backends(names)}

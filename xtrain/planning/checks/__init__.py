@@ -9,6 +9,8 @@ docs/findings.md.
 - ``comms.py``: the backend (NCCL, gloo), libuv, NCCL's P2P and shared memory.
 - ``network.py``: the hostname and the rendezvous port.
 - ``environment.py``: packages, accelerate's config file, probes that failed.
+- ``quantization.py``: bitsandbytes (model.quantization, 8-bit optimizers): missing, too old, a
+  build without this torch's native library.
 - ``fixes.py``: the fix lines several of them share (torch wheel, pip, driver update).
 """
 
@@ -27,6 +29,7 @@ from xtrain.planning.checks.gpu import (
     check_visible_devices,
 )
 from xtrain.planning.checks.network import check_hostname, check_port
+from xtrain.planning.checks.quantization import check_bitsandbytes
 from xtrain.planning.plan import Finding, Plan
 
 Check = Callable[[Facts, Plan], list[Finding]]
@@ -45,6 +48,7 @@ CHECKS: tuple[Check, ...] = (
     check_visible_devices,
     check_mismatched_gpus,
     check_packages,
+    check_bitsandbytes,
     check_accelerate_config,
     check_probe_errors,
 )
