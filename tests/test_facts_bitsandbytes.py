@@ -75,20 +75,21 @@ def test_findings_on_the_4090_snapshots_and_their_pip_lines():
     # not installed: a hint (only quantization and the 8-bit optimizers need it), the pip line per shell
     missing = _finding(replace(windows, packages={**windows.packages, "bitsandbytes": None}))
     assert missing.code == "bitsandbytes-missing" and missing.severity == "ok"
-    assert missing.fix == r"C:\Users\alex\xtrain\.venv\Scripts\python.exe -m pip install 'bitsandbytes>=0.46'"
+    exe = r"C:\Users\alex\xtrain\.venv\Scripts\python.exe"
+    assert missing.fix == exe + " -m pip install 'bitsandbytes>=0.46.1'"
     missing = _finding(replace(wsl2, packages={**wsl2.packages, "bitsandbytes": None}))
-    assert missing.fix == f"{wsl2.python_executable} -m pip install 'bitsandbytes>=0.46'"
+    assert missing.fix == f"{wsl2.python_executable} -m pip install 'bitsandbytes>=0.46.1'"
     # too old
     old = _finding(replace(windows, packages={**windows.packages, "bitsandbytes": "0.45.5"}))
     assert old.code == "bitsandbytes-old" and old.severity == "warn" and "0.45.5" in old.message
-    assert old.fix.endswith("-m pip install --upgrade 'bitsandbytes>=0.46'")
+    assert old.fix.endswith("-m pip install --upgrade 'bitsandbytes>=0.46.1'")
     # a CUDA 13 torch with a build whose newest library is CUDA 12.8: loading would fail
     cu13 = replace(windows, torch_cuda="13.0", torch_version="2.13.0+cu130",
                    bitsandbytes_backends=["cpu", "cuda124", "cuda126", "cuda128"])  # fmt: skip
     wrong = _finding(cu13)
     assert wrong.code == "bitsandbytes-no-backend" and wrong.severity == "warn"
     assert "CUDA 13.0" in wrong.message and "cuda128" in wrong.message and "\n" not in wrong.message
-    assert wrong.fix.endswith("-m pip install --upgrade --force-reinstall --no-deps 'bitsandbytes>=0.46'")
+    assert wrong.fix.endswith("-m pip install --upgrade --force-reinstall --no-deps 'bitsandbytes>=0.46.1'")
     # a CPU torch needs the CPU library
     cpu = replace(wsl2, torch_cuda=None, bitsandbytes_backends=["cuda126"])
     assert _finding(cpu).code == "bitsandbytes-no-backend"

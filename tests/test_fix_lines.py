@@ -87,6 +87,8 @@ def _variants(base: Facts) -> list[tuple[str, Facts, Overrides]]:
          Overrides()),
         ("deepspeed", replace(two, accelerate_config={"distributed_type": "DEEPSPEED", "num_processes": 2}),
          Overrides(platform="windows")),
+        ("fsdp", replace(two, accelerate_config={"distributed_type": "FSDP", "num_processes": 2}),
+         Overrides(platform="windows")),
         ("probe failed", replace(two, probe_errors={"nvidia_smi": "TimeoutExpired"}), Overrides()),
         ("bitsandbytes missing", replace(two, packages={"bitsandbytes": None}), Overrides()),
         ("bitsandbytes old", replace(two, packages={"bitsandbytes": "0.45.5"}), Overrides()),

@@ -717,6 +717,18 @@ def test_deepspeed_config_on_windows_is_an_error() -> None:
     assert f.severity == "error" and "WSL2" in f.message and f.fix
 
 
+def test_fsdp_config_on_windows_is_an_error_that_points_to_4bit() -> None:
+    facts = replace(
+        load_machine("windows-2x4090"),
+        accelerate_config={"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": {}},
+    )
+    f = finding(diagnose(facts), "fsdp-windows")
+    assert f.severity == "error" and "model.quantization=4bit" in f.message and "WSL2" in f.message
+    assert f.fix.splitlines()[-1] == "xtrain configure --force"
+    wsl2 = replace(load_machine("wsl2-2x4090"), accelerate_config=facts.accelerate_config)
+    assert not [x for x in diagnose(wsl2).findings if x.code == "fsdp-windows"]
+
+
 # -- bf16 weights train under bf16 where the cards run it at full rate ---------------------------------
 @pytest.mark.parametrize(
     ("machine", "dtype", "expected"),

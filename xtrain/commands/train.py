@@ -201,7 +201,8 @@ def train(
     # the plan, checked against the config's global batch before any process starts
     resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
     plan = resolved.plan
-    shard_flags = sharding_flags(resolved, fsdp, deepspeed)  # refused here where it cannot run
+    # refused here where it cannot run
+    shard_flags = sharding_flags(resolved, fsdp, deepspeed, here=facts_file is None)
     run_argv = ["--config", str(config), *overrides]
     notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
     notes += quantization_lines(cfg, resolved, here=facts_file is None) + memory_lines(cfg, resolved)
@@ -225,7 +226,7 @@ def train(
     raise typer.Exit(launch_training(plan, run_argv, console, cfg.run.output_dir, notes, shard_flags))
 
 
-def sharding_flags(resolved: Any, fsdp: bool, deepspeed: str | None) -> list[str]:
+def sharding_flags(resolved: Any, fsdp: bool, deepspeed: str | None, here: bool = True) -> list[str]:
     """The `accelerate launch` switches for FSDP/DeepSpeed when the options or accelerate's
     default config ask for them (``launch.sharding``), [] otherwise; a machine that cannot run
     them stops here, before any process starts."""
@@ -237,7 +238,7 @@ def sharding_flags(resolved: Any, fsdp: bool, deepspeed: str | None) -> list[str
     if kind is None:
         return []
     from_options = fsdp or deepspeed is not None
-    sharding.check(kind, plan, from_options, pip_line(facts, plan, ["install", "deepspeed"]))
+    sharding.check(kind, plan, from_options, pip_line(facts, plan, ["install", "deepspeed"]), here)
     return sharding.launch_flags(kind, from_options)
 
 

@@ -45,9 +45,10 @@ def requested(fsdp: bool, deepspeed: str | None, accelerate_config: dict[str, An
     return None
 
 
-def check(kind: Kind, plan: Plan, from_options: bool, pip: str) -> None:
+def check(kind: Kind, plan: Plan, from_options: bool, pip: str, here: bool = True) -> None:
     """Refuse, in one line with the fix, where ``kind`` cannot run (before anything starts).
-    ``pip``: the pip line that installs DeepSpeed in the user's shell."""
+    ``pip``: the pip line that installs DeepSpeed in the user's shell; ``here``: the plan is for
+    this machine (a ``--facts`` snapshot's machine may have DeepSpeed where this one has not)."""
     what = "FSDP" if kind == "fsdp" else "DeepSpeed"
     switch = ("--fsdp" if kind == "fsdp" else "--deepspeed") if from_options else None
     drop = f"leave out {switch}" if switch else "rewrite accelerate's config: xtrain configure --force"
@@ -67,7 +68,7 @@ def check(kind: Kind, plan: Plan, from_options: bool, pip: str) -> None:
             f"{what} needs CUDA GPUs; this plan runs on {plan.device} (accelerate sets neither up there)",
             f"{drop}; plain data parallel trains on the CPU",
         )
-    if kind != "fsdp" and importlib.util.find_spec("deepspeed") is None:
+    if here and kind != "fsdp" and importlib.util.find_spec("deepspeed") is None:
         raise XtrainError("DeepSpeed is not installed", f"{pip}, or use --fsdp")
 
 

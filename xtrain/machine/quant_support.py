@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-# the lowest bitsandbytes xtrain supports; pyproject.toml's `quantization` extra pins the same
+# the lowest bitsandbytes xtrain supports: transformers 5.x's own floor (BITSANDBYTES_MIN_VERSION);
+# pyproject.toml's `quantization` extra pins the same
 # (tests/test_facts_bitsandbytes.py checks that they agree)
-MIN_BITSANDBYTES = "0.46"
+MIN_BITSANDBYTES = "0.46.1"
 PACKAGE = "bitsandbytes"
 _LIBRARY = re.compile(r"^libbitsandbytes_([a-z]+\d*)\.(?:so|dll|dylib)$")
 

@@ -22,10 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.machine.quant_support import MIN_BITSANDBYTES  # the one floor (pyproject pins it too)
 
-# transformers' own floor for its bitsandbytes integration (BITSANDBYTES_MIN_VERSION in 5.x); the
-# first releases whose CPU backend runs NF4 and LLM.int8 layers
-MIN_BITSANDBYTES = "0.46.1"
 INSTALL = 'pip install "xtrain[quantization]"'
 UPGRADE = f'pip install -U "bitsandbytes>={MIN_BITSANDBYTES}"'
 # what the weights become, for the run banner and the docs
@@ -107,7 +105,7 @@ def backend_problem(quantization: str, device_type: str, backend: Backend) -> Xt
     if backend.import_error:
         return XtrainError(
             f"bitsandbytes {backend.version} is installed but does not import: {backend.import_error}"[:400],
-            f"{UPGRADE} --force-reinstall",
+            f"{UPGRADE} --force-reinstall --no-deps",
         )
     if Version(backend.version) < Version(MIN_BITSANDBYTES):
         return XtrainError(
@@ -120,7 +118,8 @@ def backend_problem(quantization: str, device_type: str, backend: Backend) -> Xt
         reason = f": {backend.gpu_error}" if backend.gpu_error else ""
         return XtrainError(
             f"bitsandbytes {backend.version} has no working library for {cuda}{reason}"[:400],
-            f"{UPGRADE} --force-reinstall (its wheels carry the CUDA libraries), "
+            f"{UPGRADE} --force-reinstall --no-deps (its wheels carry the CUDA libraries; --no-deps keeps "
+            "your CUDA torch), "
             "or set model.quantization=null",
         )
     return None

@@ -66,6 +66,19 @@ def check_accelerate_config(facts: Facts, plan: Plan) -> list[Finding]:
                 fix,
             )
         ]
+    if plan.os_kind == "windows" and dtype == "FSDP":
+        return [
+            Finding(
+                "fsdp-windows",
+                "error",
+                f"{path} asks for FSDP, which does not run on native Windows: its reduce-scatter goes "
+                "through gloo's all-reduce, whose CUDA path the Windows wheels lack (pytorch#186535), "
+                "and torchrun needs libuv (pytorch#148283). A model too big for one card trains "
+                "there with model.quantization=4bit on each card (docs/fitting-big-models.md), or "
+                "under WSL2.",
+                fix,
+            )
+        ]
     problems = _config_problems(cfg, dtype, facts, plan)
     if not problems:
         return [Finding("accelerate-config", "ok", f"{path} matches this machine.")]
