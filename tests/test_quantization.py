@@ -32,6 +32,10 @@ def test_4bit_is_nf4_with_double_quant_computing_in_the_run_precision():
     assert bnb_settings("4bit", "no", "cuda")["bnb_4bit_compute_dtype"] == "float32"
     assert bnb_settings("4bit", "bf16", "cpu")["bnb_4bit_compute_dtype"] == "float32"  # CPU: fp32
     assert bnb_settings("8bit", "bf16", "cuda") == {"load_in_8bit": True}
+    # under FSDP the packed 4-bit weights are stored in the dtype FSDP gathers in, so they shard
+    assert "bnb_4bit_quant_storage" not in cuda_bf16
+    assert bnb_settings("4bit", "bf16", "cuda", fsdp=True)["bnb_4bit_quant_storage"] == "bfloat16"
+    assert bnb_settings("4bit", "no", "cuda", fsdp=True)["bnb_4bit_quant_storage"] == "float32"
     skip = quantization.skip_patterns(("visual", "merger"))
     assert bnb_settings("8bit", None, "cpu", skip)["llm_int8_skip_modules"] == skip
 
@@ -124,17 +128,20 @@ def test_each_process_loads_onto_its_own_device(monkeypatch):
     """Before accelerate's state exists (a task built outside the loop): the local rank's GPU,
     never GPU 0 for every rank; with it, the accelerator's device and precision."""
 
-    class State:  # what the loop's Accelerator set up: rank 3's GPU, bf16
+    from accelerate.utils import DistributedType
+
+    class State:  # what the loop's Accelerator set up: rank 3's GPU, bf16, FSDP
         device, mixed_precision = torch.device("cuda", 3), "bf16"
+        distributed_type = DistributedType.FSDP
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert quantization.this_process() == (torch.device("cuda", 1), None)
+    assert quantization.this_process() == (torch.device("cuda", 1), None, False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert quantization.this_process() == (torch.device("cpu"), None)
+    assert quantization.this_process() == (torch.device("cpu"), None, False)
     monkeypatch.setattr("accelerate.state.is_initialized", lambda: True)
     monkeypatch.setattr("accelerate.state.AcceleratorState", State)
-    assert quantization.this_process() == (torch.device("cuda", 3), "bf16")
+    assert quantization.this_process() == (torch.device("cuda", 3), "bf16", True)
 
 
 def _quantize(config: Path, quantization: str) -> None:

@@ -45,10 +45,18 @@ def describe(quantization: str | None) -> str | None:
 
 
 def bnb_settings(
-    quantization: str, precision: str | None, device_type: str, skip: Sequence[str] = ()
+    quantization: str,
+    precision: str | None,
+    device_type: str,
+    skip: Sequence[str] = (),
+    fsdp: bool = False,
 ) -> dict[str, Any]:
     """The ``BitsAndBytesConfig`` keywords. ``skip``: module-name patterns left unquantized
-    (bitsandbytes' ``llm_int8_skip_modules``; empty: transformers' defaults)."""
+    (bitsandbytes' ``llm_int8_skip_modules``; empty: transformers' defaults). ``fsdp``: the run
+    shards its weights with FSDP, which shards 4-bit weights only when they are stored in the
+    dtype it gathers in (``bnb_4bit_quant_storage`` = the run's precision; bitsandbytes' default
+    uint8 storage stays whole on every rank, and another dtype would be cast by FSDP's mixed
+    precision, corrupting the packed bytes: docs/fitting-big-models.md, "FSDP with 4-bit weights")."""
     if quantization == "4bit":
         compute = _COMPUTE_DTYPE.get(precision or "no", "float32") if device_type == "cuda" else "float32"
         settings: dict[str, Any] = {
@@ -57,6 +65,8 @@ def bnb_settings(
             "bnb_4bit_use_double_quant": True,
             "bnb_4bit_compute_dtype": compute,
         }
+        if fsdp:
+            settings["bnb_4bit_quant_storage"] = _COMPUTE_DTYPE.get(precision or "no", "float32")
     elif quantization == "8bit":
         settings = {"load_in_8bit": True}
     else:
@@ -169,18 +179,19 @@ def check_backend(quantization: str | None, device_type: str) -> None:
         raise problem
 
 
-def this_process() -> tuple[Any, str | None]:
-    """(this process's device, its mixed precision): accelerate's state once the loop's
-    Accelerator exists, else the local rank's GPU (or the CPU) and None."""
+def this_process() -> tuple[Any, str | None, bool]:
+    """(this process's device, its mixed precision, whether it shards with FSDP): accelerate's
+    state once the loop's Accelerator exists, else the local rank's GPU (or the CPU), None, False."""
     import torch
     from accelerate.state import AcceleratorState, is_initialized
+    from accelerate.utils import DistributedType
 
     if is_initialized():
         state = AcceleratorState()
-        return state.device, str(state.mixed_precision)
+        return state.device, str(state.mixed_precision), state.distributed_type == DistributedType.FSDP
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))), None
-    return torch.device("cpu"), None
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))), None, False
+    return torch.device("cpu"), None, False
 
 
 def load_kwargs(cfg: Any, unquantized: Sequence[str] = ()) -> dict[str, Any]:
@@ -193,11 +204,12 @@ def load_kwargs(cfg: Any, unquantized: Sequence[str] = ()) -> dict[str, Any]:
         return {}
     from transformers import BitsAndBytesConfig
 
-    device, precision = this_process()
+    device, precision, fsdp = this_process()
     check_backend(quantization, device.type)
     precision = precision or cfg.run.mixed_precision
     whole = [name.rsplit(".", 1)[-1] for name in cfg.lora.modules_to_save or []]
-    settings = bnb_settings(quantization, precision, device.type, skip_patterns([*unquantized, *whole]))
+    skip = skip_patterns([*unquantized, *whole])
+    settings = bnb_settings(quantization, precision, device.type, skip, fsdp=fsdp)
     # each rank loads its own copy on its own device (accelerate refuses a 4/8-bit model elsewhere)
     where = "cpu" if device.type == "cpu" else device
     return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
