@@ -130,7 +130,6 @@ def release(accelerator: Any) -> None:
 
     try:
         accelerator.end_training()
-        accelerator.free_memory()  # accelerate's own references to the prepared model and optimizer
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -147,10 +147,6 @@ class Recipe:
                 self.accelerator.device, s.per_device, s.world_size, s.accumulation, s.global_batch
             ) from None
         finally:
-            # the DDP wrapper holds the process group: let go of it so that the group is torn down
-            # in release() (ranks in step), not whenever the wrapper is collected (peers gone:
-            # gloo's teardown then aborts now and then, "terminate called without an active exception")
-            self.model = self.optimizer = self.scheduler = None
             release(self.accelerator)
 
     # -- setup: workload, data order, optimizer, scheduler, prepare, loaders, resume ------------------
@@ -501,6 +497,5 @@ class Recipe:
         # filesystem failing under it stops every rank with one line (checkpoint.write_on_main)
         lora = self.cfg.lora.enabled
         sharded.save_on_main(acc, self.model, write, ("the final outputs", out), trainable_only=lora)
-        acc.wait_for_everyone()  # every rank done with the group before any tears it down
         self.rep.end(result)
         return result
