@@ -12,18 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_loop import cpu_plan  # the CPU plan the loop tests train under
 
 from xtrain.errors import XtrainError
-from xtrain.machine.facts import Facts
-from xtrain.planning.rules import make_plan
 from xtrain.train.config.schema import TrainConfig
 from xtrain.train.report import ListReporter
 
 pytestmark = pytest.mark.usefixtures("private_caches")
-
-
-def cpu_plan():
-    return make_plan(Facts(torch_version="2.13.0", gloo_available=True))
 
 
 def llama_config(out: Path, steps: int = 6, **lora: object) -> TrainConfig:
