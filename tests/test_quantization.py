@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from xtrain.errors import XtrainError
 from xtrain.train import quantization
 from xtrain.train.quantization import Backend, backend_problem, bnb_settings
 
@@ -279,18 +280,101 @@ def test_predict_runs_a_quantized_runs_output(qstraight):
     assert len(rows) == 1 and rows[0]["input"] == "Once upon a time" and rows[0]["text"]
 
 
+def test_predict_loads_a_quantized_runs_base_in_4bit_as_training_did(qstraight):
+    """The run records ``model.quantization`` with its adapter; predict loads the base in 4 bits
+    (bitsandbytes' Linear4bit, on the CPU here as on a GPU), with the same logits as the adapter
+    put by hand on a base loaded with training's BitsAndBytesConfig, and predicts the same twice."""
+    import bitsandbytes as bnb
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from xtrain.predict import load_predictor, predict
+    from xtrain.train.tasks.contract import PredictRequest
+
+    adapter = qstraight / "adapter"
+    assert json.loads((adapter / "xtrain_run.json").read_text())["quantization"] == "4bit"
+    _, loaded = load_predictor(qstraight)
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in loaded.model.modules())
+    base = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    four = AutoModelForCausalLM.from_pretrained(base, quantization_config=_four_bit(), device_map={"": "cpu"})
+    by_hand = PeftModel.from_pretrained(four, str(adapter)).eval()
+    ids = torch.tensor([[1, 5, 9, 13, 17, 21]])
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids).logits, by_hand(ids).logits)
+    request = PredictRequest(inputs=[], prompts=["Once upon a time"], max_new_tokens=4)
+    assert predict(qstraight, request) == predict(qstraight, request)
+
+
+def test_a_run_recorded_without_its_quantization_is_read_from_its_checkpoints(qstraight):
+    """Runs saved before the record named ``quantization``: the newest checkpoint's config says it."""
+    from xtrain.predict import RunTask, trained_quantization
+
+    assert trained_quantization(qstraight / "adapter", RunTask("causal-lm")) == "4bit"
+    assert (
+        trained_quantization(qstraight / "adapter", RunTask("causal-lm", record={"quantization": None}))
+        is None
+    )
+
+
+def _no_bitsandbytes(monkeypatch) -> None:
+    """bitsandbytes as if not installed: no distribution, no module."""
+    import importlib.metadata
+    import sys
+
+    version = importlib.metadata.version
+
+    def without(name: str) -> str:
+        if name == "bitsandbytes":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without)
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
+
+
+def test_predict_without_bitsandbytes_loads_16bit_on_the_cpu_and_refuses_on_a_gpu(monkeypatch):
+    _no_bitsandbytes(monkeypatch)
+    assert quantization.predict_kwargs("4bit", torch.device("cpu")) == {}
+    with pytest.raises(
+        XtrainError, match="model.quantization=4bit needs bitsandbytes, which is not installed"
+    ):
+        quantization.predict_kwargs("4bit", torch.device("cuda", 0))
+    assert quantization.predict_kwargs(None, torch.device("cuda", 0)) == {}
+
+
 # ---------------------------------------------------------------------------------------------
 # In this process: vision-language in 4 bits, causal-lm in 8 bits
 
 
-def _train_here(overrides: list[str], out: Path):
+def _train_here(overrides: list[str], out: Path, reporter=None):
     from xtrain.machine.facts import Facts
     from xtrain.planning.rules import make_plan
     from xtrain.train.config import load_config
     from xtrain.train.loop import train
 
     cfg = load_config(None, [*overrides, f"run.output_dir={out}", "run.tensorboard=false", "run.log_every=1"])
-    return train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)))
+    return train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), reporter)
+
+
+@pytest.mark.usefixtures("private_caches")
+def test_the_banner_counts_4bit_weights_unpacked(tmp_path):
+    """The run banner's parameter count of a 4-bit run is the unquantized model's (with its LoRA
+    adapters), not the packed bytes bitsandbytes stores two weights to."""
+    from transformers import AutoModelForCausalLM
+
+    from xtrain import builtin
+    from xtrain.train.report import ListReporter
+
+    stories = [json.dumps(row) + "\n" for row in builtin.story_examples(8, seed=11)]
+    (tmp_path / "train.jsonl").write_text("".join(stories))
+    reporter = ListReporter()
+    overrides = ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm", "model.quantization=4bit",
+                 f"data.train={tmp_path / 'train.jsonl'}", "data.max_length=32", "batch.per_device=4",
+                 "batch.global_batch=4", "run.max_steps=1"]  # fmt: skip
+    _train_here(overrides, tmp_path / "out", reporter)
+    info = next(data for kind, data in reporter.events if kind == "start")
+    plain = AutoModelForCausalLM.from_pretrained(builtin.ensure_builtin_model("builtin:tiny-llama"))
+    assert info.total_params == sum(p.numel() for p in plain.parameters()) + info.trainable_params
 
 
 def _vqa_rows(root: Path, n: int) -> tuple[Path, Path]:

@@ -5,7 +5,11 @@ the adapter, else the config in its checkpoints, else the head its config names)
 its ``run``. Results of tasks without one (seq-cls, custom) are refused in one line.
 
 An adapter folder loads its base model from ``base_model_name_or_path`` (peft's own record) and the
-processor/tokenizer saved next to the adapter. Library code: returns data, prints nothing.
+processor/tokenizer saved next to the adapter. The base of a run trained with
+``model.quantization`` (its record's ``quantization``, else its checkpoints' config) loads in 4 or
+8 bits as training loaded it (``quantization.predict_kwargs``, passed to the task's loader as the
+record's ``BASE_LOAD``), on the GPU and on the CPU alike: a 14B QLoRA run predicts on the card
+it trained on. Library code: returns data, prints nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import tasks
-from xtrain.train.tasks.contract import Loaded, PredictRequest, Task
+from xtrain.train.tasks.contract import BASE_LOAD, Loaded, PredictRequest, Task
 
 _OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
 
@@ -57,16 +61,34 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _checkpoint_task(folder: Path) -> str | None:
-    """The ``model.task`` of the config saved in the newest checkpoint of the run ``folder`` is in."""
+def _checkpoint_model(folder: Path) -> dict[str, Any]:
+    """The ``model`` section of the config saved in the newest checkpoint of the run ``folder``
+    is in ({} when there is none)."""
     from xtrain.train.checkpoint.layout import STATE_FILE, list_checkpoints
 
     if folder.name not in _OUTPUT_FOLDERS:
-        return None
+        return {}
     found = list_checkpoints(folder.parent)
     config = _read_json(found[-1][1] / STATE_FILE).get("config") if found else None
-    task = (config or {}).get("model", {}).get("task") if isinstance(config, dict) else None
+    model = config.get("model") if isinstance(config, dict) else None
+    return model if isinstance(model, dict) else {}
+
+
+def _checkpoint_task(folder: Path) -> str | None:
+    """The ``model.task`` of the config saved in the newest checkpoint of the run ``folder`` is in."""
+    task = _checkpoint_model(folder).get("task")
     return task if isinstance(task, str) else None
+
+
+def trained_quantization(folder: Path, trained: RunTask) -> str | None:
+    """How the run loaded the base of the adapter in ``folder`` (``model.quantization``: 4bit,
+    8bit, None): its record's word, else its newest checkpoint's config (runs recorded before
+    the record said it)."""
+    if "quantization" in trained.record:
+        found = trained.record["quantization"]
+    else:
+        found = _checkpoint_model(folder).get("quantization")
+    return found if found in ("4bit", "8bit") else None
 
 
 def _head_task(folder: Path) -> str | None:
@@ -123,6 +145,8 @@ def pick_device() -> str:
 def load_predictor(path: str | Path) -> tuple[Task, Loaded]:
     """The result at ``path`` loaded by its task's own loader, its adapter applied, on the GPU
     when there is one, in eval mode."""
+    import torch
+
     from xtrain.train import models
 
     folder = model_folder(path)
@@ -136,15 +160,30 @@ def load_predictor(path: str | Path) -> tuple[Task, Loaded]:
         ]
         base = models.resolve_model(base) if base.startswith("builtin:") else base
     models.load_config(base, trust_remote_code=False)  # predict runs no hub code; one line if absent
-    model, tokenizer, parts = task.predicts.load(folder, base, trained.record)
+    device = torch.device(pick_device())
+    load = base_load(folder, task, trained, device) if adapter else {}
+    model, tokenizer, parts = task.predicts.load(folder, base, {**trained.record, BASE_LOAD: load})
     if adapter:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(folder))
-    model.to(pick_device())
+    if not load:  # a quantized base is on its device already (bitsandbytes' weights do not move)
+        model.to(device)
     model.eval()
     parts = {**trained.record, **parts, "chat": trained.chat}
     return task, Loaded(model=model, tokenizer=tokenizer, source=str(folder), parts=parts)
+
+
+def base_load(folder: Path, task: Task, trained: RunTask, device: Any) -> dict[str, Any]:
+    """The ``from_pretrained`` keywords of the adapter's base: a quantized run's base in 4 or 8
+    bits on ``device`` as training loaded it ({} for a 16-bit run)."""
+    from xtrain.train import quantization
+
+    found = trained_quantization(folder, trained)
+    if found is None:
+        return {}
+    whole = _read_json(folder / "adapter_config.json").get("modules_to_save") or []
+    return quantization.predict_kwargs(found, device, task.unquantized, whole)
 
 
 def predict(path: str | Path, request: PredictRequest) -> list[dict[str, str]]:

@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         # (xtrain.run starts the workers), --processes N (the same), or this process alone
         ctx = LaunchContext.from_env()
         plan = resolve(cfg, processes=args.processes, platform=platform, context=ctx).plan
+        from xtrain.train import optim
+
+        optim.check_backend(cfg.optim.name, plan.device)  # a missing bitsandbytes: before the model loads
         if ctx.launched or plan.world_size == 1:
             run_worker(cfg, plan)
         else:

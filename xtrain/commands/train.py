@@ -103,6 +103,15 @@ def quantization_lines(cfg: Any, resolved: Any, here: bool) -> list[str]:
     return [f"[bold]Weights:[/] {escape(quantization.describe(cfg.model.quantization) or '')}"]
 
 
+def check_optimizer(cfg: Any, resolved: Any, here: bool) -> None:
+    """An 8-bit ``optim.name`` (bitsandbytes) refused before any process starts when this
+    machine's bitsandbytes cannot run it on the plan's device (``here``: as ``quantization_lines``)."""
+    from xtrain.train import optim  # no torch import unless the optimizer is bitsandbytes'
+
+    if here:
+        optim.check_backend(cfg.optim.name, resolved.plan.device)
+
+
 def equivalent_commands(
     plan: Any, run_argv: list[str], sharding: list[str] | None = None
 ) -> list[tuple[str, list[str]]]:
@@ -205,6 +214,7 @@ def train(
     shard_flags = sharding_flags(resolved, fsdp, deepspeed, here=facts_file is None)
     run_argv = ["--config", str(config), *overrides]
     notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
+    check_optimizer(cfg, resolved, here=facts_file is None)
     notes += quantization_lines(cfg, resolved, here=facts_file is None) + memory_lines(cfg, resolved)
 
     if dry_run:

@@ -197,7 +197,9 @@ class Recipe:
         optimizer = build_optimizer(model, cfg, s.lr, self.device)
         scheduler = build_scheduler(cfg, optimizer, self.total_steps)
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.total_params = sum(p.numel() for p in model.parameters())
+        from xtrain.train.model_size import total_weights
+
+        self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         saves = self.total_steps // cfg.run.save_every + 1 if cfg.run.save_every else 1
         for note in preflight.check_disk(
             self.out, self.trainable, self.total_params, cfg.run.keep_checkpoints, cfg.run.save_merged, saves
@@ -439,7 +441,8 @@ class Recipe:
     @property
     def record(self) -> dict[str, str]:
         """The run record saved with the adapter/model (what ``xtrain predict`` reads)."""
-        return run_record(self.cfg.model.task, self.workload.chat, self.workload.record)
+        quantized = {"quantization": self.cfg.model.quantization} if self.cfg.model.quantization else {}
+        return run_record(self.cfg.model.task, self.workload.chat, {**self.workload.record, **quantized})
 
     def _step_dir(self, step: int) -> Path:
         return checkpoint.checkpoints_dir(self.out) / f"step-{step}"

@@ -6,7 +6,13 @@ with the real counts and the card's memory (``model_size.live_sizes``).
 Under DDP every GPU holds the whole model. The estimate adds:
 
 - the frozen weights: parameters x bytes per weight (2 for bf16/fp16, 4 for float32);
-- the trained weights: float32 weights, gradients and AdamW's two moments (16 bytes each);
+- the trained weights: float32 weights, gradients and AdamW's two moments (16 bytes each); with
+  an 8-bit optimizer (``optim.name`` adamw_8bit, paged_adamw_8bit: bitsandbytes' block-wise
+  ``AdamW8bit``) the moments are two uint8 values and a float32 absmax a block of 256 per moment,
+  ``2 + 2 x 4 / 256 = 2.03`` bytes a weight, 10.03 in all; a tensor of fewer than 4096 weights
+  (bitsandbytes' ``min_8bit_size``) keeps float32 moments, 16 bytes (``ModelSizes.small_trainable``
+  counts them; bitsandbytes 0.50, ``optim/optimizer.py``, ``Optimizer2State.init_state``). A
+  paged optimizer's state can move to CPU memory under pressure: it is counted on the GPU;
 - activations, a token a layer in 16-bit (Korthikanti et al. 2022, attention scores not kept:
   sdpa/flash): about ``34 x hidden`` bytes for a GELU MLP of 4 x hidden; with a gated MLP
   (SwiGLU: Llama, Qwen, Mistral) of ``intermediate`` width, ``17 x hidden + 8 x intermediate``
@@ -55,6 +61,13 @@ HALF = ("bfloat16", "float16")
 # bits a weight of NF4 with double quantization: 4, the 8-bit absmax of each block of 64 and the
 # float32 constant of each 256 blocks (QLoRA, section 3)
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
+# bytes of a trained weight: its float32 value and gradient, and AdamW's two moments, float32 or
+# bitsandbytes' 8-bit block-wise ones (a uint8 each, and a float32 absmax a block of 256 each)
+TRAINED_BYTES = 4 + 4
+MOMENT_BYTES = 2 * 4
+MOMENT_BYTES_8BIT = 2 * (1 + 4 / 256)
+# bitsandbytes' min_8bit_size: a tensor of fewer weights keeps float32 moments
+MIN_8BIT_SIZE = 4096
 # bytes of a weight that is not quantized in a quantized run: peft's prepare_model_for_kbit_training
 # casts every fp16/bf16 parameter that is not 4-bit to float32 (peft/utils/other.py, peft 0.21)
 KBIT_REST_BYTES = 4
@@ -66,6 +79,16 @@ def quantized_bytes(count: int, quantization: str, hidden: int) -> float:
     if quantization == "4bit":
         return count * NF4_BITS / 8
     return count * (1 + 4 / hidden)
+
+
+def trained_bytes(trainable: int, moments_8bit: bool = False, small_trainable: int = 0) -> float:
+    """Bytes of ``trainable`` trained weights with their gradients and AdamW's moments, 8-bit
+    ones (``moments_8bit``) but for the ``small_trainable`` weights in tensors under
+    ``MIN_8BIT_SIZE``, which bitsandbytes keeps in float32."""
+    if not moments_8bit:
+        return trainable * (TRAINED_BYTES + MOMENT_BYTES)
+    small = min(small_trainable, trainable)
+    return trainable * TRAINED_BYTES + small * MOMENT_BYTES + (trainable - small) * MOMENT_BYTES_8BIT
 
 
 def estimate_gib(
@@ -82,18 +105,21 @@ def estimate_gib(
     vocab: int = 0,
     quantized: int = 0,
     quantization: str | None = None,
+    moments_8bit: bool = False,
+    small_trainable: int = 0,
 ) -> float:
     """Estimated peak GPU memory in GiB of one training process (see the module docstring).
     ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
     ``activation_bytes``: 2 under fp16/bf16 autocast or 16-bit weights, 4 in float32;
     ``intermediate``: a gated MLP's width (None: a 4 x hidden GELU MLP); ``vocab``: the
     output vocabulary (0: no logits term); ``quantized``: how many of ``params`` are loaded in
-    ``quantization`` (4bit, 8bit; None: none)."""
+    ``quantization`` (4bit, 8bit; None: none); ``moments_8bit``: an 8-bit optimizer, with
+    ``small_trainable`` of the trained weights in tensors too small for 8-bit state."""
     if quantization is None:
         weights = params * weight_bytes
     else:
         weights = (params - quantized) * weight_bytes + quantized_bytes(quantized, quantization, hidden)
-    trained = trainable * 16
+    trained = trained_bytes(trainable, moments_8bit, small_trainable)
     layer = 34 * hidden if intermediate is None else 17 * hidden + 8 * intermediate  # bytes, 16-bit
     if gradient_checkpointing:
         kept = tokens_per_device * (layers * 2 * hidden + layer)  # layer inputs + one recomputed layer
@@ -146,7 +172,9 @@ class ModelSizes:
     model's shape (``Shape``), the bytes of a frozen weight as loaded (one not quantized), the
     frozen Linear weights that 4-bit/8-bit loading replaces (``quantizable``; 0: none, or a
     full fine-tune, which cannot train quantized weights) and how they are loaded
-    (``quantization``: 4bit, 8bit, None: as ``weight_bytes``)."""
+    (``quantization``: 4bit, 8bit, None: as ``weight_bytes``); whether the optimizer keeps
+    8-bit moments (``moments_8bit``: ``optim.name`` adamw_8bit, paged_adamw_8bit) and the trained
+    weights in tensors under ``MIN_8BIT_SIZE`` (``small_trainable``), which keep float32 ones."""
 
     params: int
     trainable: int
@@ -156,6 +184,8 @@ class ModelSizes:
     # Linear layers; the two can differ by layers that are frozen but never quantized
     quantizable: int = field(default=0, compare=False)
     quantization: str | None = None
+    moments_8bit: bool = False
+    small_trainable: int = 0
 
 
 @dataclass(frozen=True)
@@ -258,6 +288,8 @@ def _estimate(
         vocab=shape.vocab,
         quantized=sizes.quantizable,
         quantization=sizes.quantization,
+        moments_8bit=sizes.moments_8bit,
+        small_trainable=sizes.small_trainable,
     )
 
 

@@ -73,22 +73,36 @@ def adapted_layers(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     return [q for q, leaf in layers.items() if leaf in names or q in names], whole
 
 
-def _lora_counts(model: Any, cfg: TrainConfig) -> tuple[int, int]:
-    """(parameters LoRA adds, parameters that train) for ``cfg.lora``: ``r x (in + out)`` for each
-    adapted layer, and a trained copy of each module kept whole (peft's ``modules_to_save``)."""
+def _trained_tensors(model: Any, cfg: TrainConfig) -> tuple[int, list[int]]:
+    """(parameters LoRA adds, the sizes of the tensors that train) for ``cfg.lora``: ``r x in``
+    and ``out x r`` for each adapted layer, and a trained copy of each module kept whole (peft's
+    ``modules_to_save``); a full fine-tune's trained parameters."""
     if not cfg.lora.enabled:
         full_fine_tune = tasks.get(cfg.model.task).full_fine_tune
         if full_fine_tune is not None:  # the task's own freezing, as its build does it
             full_fine_tune(model, cfg)
-            return 0, sum(p.numel() for p in model.parameters() if p.requires_grad)
-        return 0, sum(p.numel() for p in model.parameters())
+            return 0, [p.numel() for p in model.parameters() if p.requires_grad]
+        return 0, [p.numel() for p in model.parameters()]
     targets, whole = adapted_layers(model, cfg)
     modules = dict(model.named_modules())
-    adapters = sum(cfg.lora.r * sum(modules[q].weight.shape) for q in targets)  # Linear and Conv1D
+    # lora_A (r x in) and lora_B (out x r) of each layer, Linear and Conv1D alike
+    adapters = [cfg.lora.r * int(d) for q in targets for d in modules[q].weight.shape]
     # peft matches a kept module by its name or its name's last parts
     kept = [m for q, m in modules.items() if any(q == k or q.endswith("." + k) for k in whole)]
-    copies = sum(p.numel() for m in kept for p in m.parameters())
-    return adapters + copies, adapters + copies
+    copies = [p.numel() for m in kept for p in m.parameters()]
+    return sum(adapters) + sum(copies), adapters + copies
+
+
+def moments_8bit(cfg: TrainConfig) -> bool:
+    """Whether ``optim.name`` keeps AdamW's moments in 8 bits (bitsandbytes)."""
+    from xtrain.train.optim import BNB_OPTIMIZERS
+
+    return cfg.optim.name in BNB_OPTIMIZERS
+
+
+def small_count(sizes: list[int]) -> int:
+    """The weights in tensors too small for bitsandbytes' 8-bit optimizer state."""
+    return sum(n for n in sizes if n < memory.MIN_8BIT_SIZE)
 
 
 def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
@@ -113,7 +127,7 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
             # Auto classes build from a config with from_config, model classes with their constructor
             bare = auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
             tied = _tied_count(bare, config)
-            added, trainable = _lora_counts(bare, cfg)
+            added, trained = _trained_tensors(bare, cfg)
             kept_whole = adapted_layers(bare, cfg)[1] if cfg.lora.enabled else []
             quantizable = quantizable_count(bare, _unquantized(cfg), kept_whole) if cfg.lora.enabled else 0
     except Exception as e:  # noqa: BLE001 - advisory: an estimate must never stop a launch
@@ -124,11 +138,13 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
     checkpoint_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return memory.ModelSizes(
         params=params,
-        trainable=trainable,
+        trainable=sum(trained),
         shape=shape,
         weight_bytes=memory.weight_bytes(cfg.model.dtype, str(checkpoint_dtype)),
         quantizable=quantizable,
         quantization=cfg.model.quantization,
+        moments_8bit=moments_8bit(cfg),
+        small_trainable=small_count(trained),
     )
 
 
@@ -165,13 +181,14 @@ def quantizable_count(
         if parts & {*_KEPT, "lora_A", "lora_B"} or any(name == k or name.endswith("." + k) for k in whole):
             continue
         if should_convert_module(name.removesuffix(".base_layer"), patterns):
-            count += _weight_count(module.weight)
+            count += weight_count(module.weight)
     return count
 
 
-def _weight_count(weight: Any) -> int:
+def weight_count(weight: Any) -> int:
     """Elements of a weight; bitsandbytes' 4-bit ``Params4bit`` keeps the unpacked shape in its
-    quantization state (the tensor itself holds two weights a byte)."""
+    quantization state (the tensor itself holds two weights a byte, or more in a wider
+    ``bnb_4bit_quant_storage``)."""
     state = getattr(weight, "quant_state", None)
     shape = getattr(state, "shape", None)
     if shape is not None:
@@ -180,6 +197,12 @@ def _weight_count(weight: Any) -> int:
             n *= int(d)
         return n
     return weight.numel()
+
+
+def total_weights(model: Any) -> int:
+    """The weights of ``model``, a 4-bit one counted unpacked (the run banner's and
+    ``train_result.json``'s ``total_params``: the same count as the unquantized model's)."""
+    return sum(weight_count(p) for p in model.parameters())
 
 
 def loaded_quantization(model: Any) -> str | None:
@@ -222,23 +245,35 @@ def _tied_count(model: Any, config: Any) -> int:
 
 def live_sizes(model: Any, unquantized: tuple[str, ...] = ()) -> memory.ModelSizes | None:
     """The sizes of a built model: counts (a 4-bit weight by its unpacked shape), the bytes of
-    its frozen weights that are not quantized, as loaded, and the quantized ones."""
+    its frozen weights that are not quantized, as loaded, and the quantized ones; the trained
+    weights in tensors too small for 8-bit optimizer state (``moments_8bit`` is the config's:
+    ``check_live_model``)."""
     shape = memory.model_shape(getattr(model, "config", None))
     if shape is None:
         return None
     quantization = loaded_quantization(model)
     params = trainable = frozen = frozen_bytes = 0
+    trained: list[int] = []
     for p in model.parameters():
-        n = _weight_count(p)
+        n = weight_count(p)
         params += n
         if p.requires_grad:
             trainable += n
+            trained.append(n)
         elif quantization is None or type(p).__name__ not in ("Params4bit", "Int8Params"):
             frozen += n
             frozen_bytes += n * p.element_size()
     weight_bytes = 2 if frozen and frozen_bytes / frozen < 3 else 4
     quantizable = quantizable_count(model, unquantized)
-    return memory.ModelSizes(params, trainable, shape, weight_bytes, quantizable, quantization)
+    return memory.ModelSizes(
+        params,
+        trainable,
+        shape,
+        weight_bytes,
+        quantizable,
+        quantization,
+        small_trainable=small_count(trained),
+    )
 
 
 def check_live_model(
@@ -250,6 +285,7 @@ def check_live_model(
         return None
     if not cfg.lora.enabled and sizes.quantization is None:
         sizes = replace(sizes, quantizable=0)  # a full fine-tune cannot train 4-bit weights
+    sizes = replace(sizes, moments_8bit=moments_8bit(cfg))
     return memory.check_memory(
         sizes,
         cfg.batch.per_device,

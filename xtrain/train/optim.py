@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
 from xtrain.train.config.schema import TrainConfig
+
+if TYPE_CHECKING:  # torch is imported where it is used: `xtrain train` checks optim.name without it
+    import torch
 
 
 def build_optimizer(
@@ -15,6 +16,8 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters only; no weight decay on biases and norms.
     ``optim.name``: torch's AdamW (fused on CUDA) or bitsandbytes' 8-bit AdamW, same groups."""
+    import torch
+
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if p.requires_grad:
@@ -41,22 +44,47 @@ BNB_OPTIMIZERS = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit
 
 
 def bnb_optimizer(name: str, device: torch.device) -> type[torch.optim.Optimizer]:
-    """The bitsandbytes optimizer class for ``optim.name``, or one line saying why not here.
-    bitsandbytes 0.50 has 8-bit optimizer kernels for CUDA, XPU and CPU, none for Apple MPS
-    (backends/mps registers 4-bit ops only)."""
-    if device.type == "mps":
-        raise XtrainError(
+    """The bitsandbytes optimizer class for ``optim.name``, or one line saying why not here."""
+    check_backend(name, device.type)
+    try:
+        import bitsandbytes.optim as bnb_optim
+    except ImportError:  # read_backend found it, yet its optimizers do not import
+        from xtrain.train.quantization import Backend
+
+        problem = backend_problem(name, device.type, Backend(version=None))
+        assert problem is not None
+        raise problem from None
+    return getattr(bnb_optim, BNB_OPTIMIZERS[name])
+
+
+def backend_problem(name: str, device_type: str, backend: Any) -> XtrainError | None:
+    """Why ``optim.name`` cannot run on ``device_type`` with ``backend`` (``quantization.Backend``;
+    None: it can, or it needs no bitsandbytes). bitsandbytes 0.50 has 8-bit optimizer kernels for
+    CUDA, XPU and CPU, none for Apple MPS (backends/mps registers 4-bit ops only)."""
+    from xtrain.train.quantization import bnb_problem
+
+    if name not in BNB_OPTIMIZERS:
+        return None
+    if device_type == "mps":
+        return XtrainError(
             f"optim.name={name} (bitsandbytes) has no 8-bit optimizer for Apple MPS",
             "use optim.name=adamw",
         )
-    try:
-        import bitsandbytes.optim as bnb_optim
-    except ImportError:
-        raise XtrainError(
-            f"optim.name={name} needs bitsandbytes, which is not installed",
-            'pip install "xtrain[quantization]", or use optim.name=adamw',
-        ) from None
-    return getattr(bnb_optim, BNB_OPTIMIZERS[name])
+    return bnb_problem(f"optim.name={name}", device_type, backend, "use optim.name=adamw")
+
+
+def check_backend(name: str, device_type: str) -> None:
+    """Refuse in one line when ``optim.name`` needs a bitsandbytes that cannot run on
+    ``device_type`` here: ``xtrain train`` before any process starts, the worker before it loads
+    the model, and the optimizer's build."""
+    if name not in BNB_OPTIMIZERS:
+        return
+    from xtrain.train.quantization import Backend, read_backend
+
+    backend = Backend(version=None) if device_type == "mps" else read_backend()  # MPS: said unread
+    problem = backend_problem(name, device_type, backend)
+    if problem is not None:
+        raise problem
 
 
 def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:

@@ -11,6 +11,7 @@ One place decides all of it:
   (``device_map={"": <this process's device>}``: never all ranks on GPU 0);
 - ``prepare``: peft's ``prepare_model_for_kbit_training`` without its gradient checkpointing
   (``lora.enable_gradient_checkpointing`` does that once, with input grads, when configured);
+- ``predict_kwargs``: the same load for ``xtrain predict`` of a quantized run's adapter;
 - ``fresh_base``: the unquantized base a merged model is made from (``run.save_merged``).
 """
 
@@ -102,16 +103,23 @@ class Backend:
 
 def backend_problem(quantization: str, device_type: str, backend: Backend) -> XtrainError | None:
     """Why ``quantization`` cannot run on ``device_type`` with ``backend`` (None: it can)."""
-    from packaging.version import Version
-
     key = f"model.quantization={quantization}"
     if device_type == "mps":
         return XtrainError(
             f"{key} does not run on Apple MPS (bitsandbytes' 4/8-bit training needs CUDA or the CPU)",
             "set model.quantization=null (LoRA on the 16-bit weights)",
         )
+    return bnb_problem(key, device_type, backend, "set model.quantization=null")
+
+
+def bnb_problem(key: str, device_type: str, backend: Backend, instead: str) -> XtrainError | None:
+    """Why the setting ``key`` (``model.quantization=4bit``, ``optim.name=adamw_8bit``), which
+    needs bitsandbytes, cannot run on ``device_type`` with ``backend`` (None: it can);
+    ``instead``: the setting that needs no bitsandbytes, named in the fixes."""
+    from packaging.version import Version
+
     if backend.version is None:
-        return XtrainError(f"{key} needs bitsandbytes, which is not installed", INSTALL)
+        return XtrainError(f"{key} needs bitsandbytes, which is not installed", f"{INSTALL}, or {instead}")
     if backend.import_error:
         return XtrainError(
             f"bitsandbytes {backend.version} is installed but does not import: {backend.import_error}"[:400],
@@ -129,8 +137,7 @@ def backend_problem(quantization: str, device_type: str, backend: Backend) -> Xt
         return XtrainError(
             f"bitsandbytes {backend.version} has no working library for {cuda}{reason}"[:400],
             f"{UPGRADE} --force-reinstall --no-deps (its wheels carry the CUDA libraries; --no-deps keeps "
-            "your CUDA torch), "
-            "or set model.quantization=null",
+            f"your CUDA torch), or {instead}",
         )
     return None
 
@@ -211,6 +218,34 @@ def load_kwargs(cfg: Any, unquantized: Sequence[str] = ()) -> dict[str, Any]:
     skip = skip_patterns([*unquantized, *whole])
     settings = bnb_settings(quantization, precision, device.type, skip, fsdp=fsdp)
     # each rank loads its own copy on its own device (accelerate refuses a 4/8-bit model elsewhere)
+    where = "cpu" if device.type == "cpu" else device
+    return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
+
+
+def predict_kwargs(
+    quantization: str | None, device: Any, unquantized: Sequence[str] = (), whole: Sequence[str] = ()
+) -> dict[str, Any]:
+    """``from_pretrained`` keywords that load a quantized run's base for ``xtrain predict`` as
+    its training did ({} when it was not quantized): the same ``bnb_settings`` and kept modules
+    (the heads, the task's ``unquantized``, the adapter's ``modules_to_save`` ``whole``), the
+    whole model on ``device``. A GPU computes 4-bit layers in bf16 where it has it, else fp16; the
+    CPU in float32. Where bitsandbytes cannot run it, a GPU refuses in one line
+    (``check_backend``) and the CPU loads the 16-bit base ({}), which the adapter loads onto too."""
+    if quantization is None:
+        return {}
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    if device.type == "cpu":  # no usable bitsandbytes: the CPU can hold the 16-bit base instead
+        if backend_problem(quantization, "cpu", read_backend()) is not None:
+            return {}
+    else:
+        check_backend(quantization, device.type)
+    precision = None
+    if device.type == "cuda":
+        precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    skip = skip_patterns([*unquantized, *(name.rsplit(".", 1)[-1] for name in whole)])
+    settings = bnb_settings(quantization, precision, device.type, skip)
     where = "cpu" if device.type == "cpu" else device
     return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
 

@@ -222,9 +222,11 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
     from transformers import AutoModelForCausalLM
 
     from xtrain.train import models
+    from xtrain.train.tasks import contract
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False)
+        base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
+        model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False, **base_load)
     except ValueError:
         raise XtrainError(
             f"{base} is a model without a text generation head",

@@ -62,6 +62,11 @@ class Loaded:
     parts: dict[str, Any] = field(default_factory=dict)  # processors, chat flag, labels, ...
 
 
+# The record's key under which ``xtrain predict`` passes a task's ``Predicts.load`` the
+# ``from_pretrained`` keywords of the base ({}; a quantized run's BitsAndBytesConfig and device_map)
+BASE_LOAD = "base_load"
+
+
 @dataclass(frozen=True)
 class Predicts:
     """How a task's finished result is run by ``xtrain predict``."""

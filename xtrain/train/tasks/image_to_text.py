@@ -182,8 +182,11 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
 def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     from transformers import VisionEncoderDecoderModel
 
+    from xtrain.train.tasks import contract
+
     image_processor, tokenizer, _ = load_processors(str(folder), False)
-    model = VisionEncoderDecoderModel.from_pretrained(base, trust_remote_code=False)
+    base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
+    model = VisionEncoderDecoderModel.from_pretrained(base, trust_remote_code=False, **base_load)
     fix_special_tokens(model, tokenizer)
     return model, tokenizer, {"image_processor": image_processor}
 

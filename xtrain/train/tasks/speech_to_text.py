@@ -264,8 +264,11 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
 def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     from transformers import AutoModelForSpeechSeq2Seq
 
+    from xtrain.train.tasks import contract
+
     feature_extractor, tokenizer, _ = load_processors(str(folder), False)
-    model = models.load_pretrained(AutoModelForSpeechSeq2Seq, base, "auto", False)
+    base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
+    model = models.load_pretrained(AutoModelForSpeechSeq2Seq, base, "auto", False, **base_load)
     fix_special_tokens(model, tokenizer)
     return model, tokenizer, {"feature_extractor": feature_extractor}
 

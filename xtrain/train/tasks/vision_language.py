@@ -277,8 +277,11 @@ def _quickstart_inputs() -> list[str]:
 def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     from transformers import AutoModelForImageTextToText
 
+    from xtrain.train.tasks import contract
+
     processor = load_processor(str(folder), False)  # saved with the adapter
-    model = models.load_pretrained(AutoModelForImageTextToText, base, "auto", False)  # its dtype on a GPU
+    base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
+    model = models.load_pretrained(AutoModelForImageTextToText, base, "auto", False, **base_load)
     fix_generation(model, processor.tokenizer)
     return model, processor.tokenizer, {"processor": processor}
 
