@@ -166,3 +166,48 @@ def test_xtrains_own_4bit_build_counts_as_the_plan_does(caches, overrides):
     assert live.quantizable == planned.quantizable > 0
     packed = sum(p.numel() for p in model.parameters() if type(p).__name__ == "Params4bit")
     assert packed * 2 == live.quantizable  # exactly the weights bitsandbytes holds in 4 bits
+
+
+def test_8bit_optimizer_moments_are_what_bitsandbytes_allocates():
+    """``optim.name=adamw_8bit``: the estimate's optimizer state equals the bytes of a real
+    bitsandbytes ``AdamW8bit`` state after one step on the CPU (two uint8 moments and a float32
+    absmax a block of 256 each; float32 moments for a tensor under ``min_8bit_size``)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    import torch
+
+    sizes = [300 * 256 + 7, 4096, 4095, 64]  # blocks with a partial one, the bounds, a norm
+    params = [torch.nn.Parameter(torch.randn(n)) for n in sizes]
+    optimizer = bnb.optim.AdamW8bit(params, lr=1e-3)
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    moments = ("state1", "state2", "absmax1", "absmax2")
+    state = sum(optimizer.state[p][k].nbytes for p in params for k in moments if k in optimizer.state[p])
+    small = sum(n for n in sizes if n < memory.MIN_8BIT_SIZE)
+    trainable = sum(sizes)
+    # the estimate: the weight and its gradient (8 bytes) plus the moments
+    assert memory.trained_bytes(trainable, True, small) - 8 * trainable == pytest.approx(state, abs=8)
+    assert memory.trained_bytes(trainable, False) == 16 * trainable
+
+
+def test_the_plan_counts_8bit_moments_and_the_tensors_too_small_for_them(caches):
+    """tiny-llama's default LoRA (r=8 on 64-wide layers: 512-weight matrices) keeps float32
+    moments under adamw_8bit; with r=64 the larger matrices get 8-bit ones (the k/v projections'
+    lora_B, 32 x 64, stays float32). The estimate drops by the moments saved."""
+    from xtrain.train.model_size import offline_sizes
+
+    base = ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm"]
+    base.append("data.train=builtin:tiny-stories")
+    for r in (8, 64):
+        plain = offline_sizes(load_config(None, [*base, f"lora.r={r}"]))
+        eight = offline_sizes(load_config(None, [*base, f"lora.r={r}", "optim.name=adamw_8bit"]))
+        assert (plain.moments_8bit, eight.moments_8bit) == (False, True)
+        if r == 8:
+            assert eight.small_trainable == eight.trainable
+        else:
+            assert 0 < eight.small_trainable < eight.trainable
+        gib = {s: memory.check_memory(s, 1, 64, False, None, 80, "H100").estimate_gib for s in (plain, eight)}
+        saved = (eight.trainable - eight.small_trainable) * (8 - memory.MOMENT_BYTES_8BIT)
+        assert gib[plain] - gib[eight] == pytest.approx(1.1 * saved / memory.GIB)
+    paged = offline_sizes(load_config(None, [*base, "optim.name=paged_adamw_8bit"]))
+    assert paged.moments_8bit

@@ -95,6 +95,66 @@ def test_missing_bitsandbytes_is_one_line_with_the_pip_command(monkeypatch) -> N
     assert 'pip install "xtrain[quantization]"' in e.value.hint
 
 
+def _no_bitsandbytes(monkeypatch) -> None:
+    """bitsandbytes as if not installed: no distribution, no module (nothing can import it)."""
+    import importlib.metadata
+
+    version = importlib.metadata.version
+
+    def without(name: str) -> str:
+        if name == "bitsandbytes":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return version(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without)
+    for name in [m for m in sys.modules if m == "bitsandbytes" or m.startswith("bitsandbytes.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def _job(tmp_path: Path) -> Path:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "model:\n  name_or_path: builtin:tiny-llama\n  task: causal-lm\noptim:\n  name: adamw_8bit\n"
+        f"run:\n  output_dir: {(tmp_path / 'out').as_posix()}\n"
+    )
+    return config
+
+
+def test_missing_bitsandbytes_is_refused_before_a_process_starts(tmp_path, monkeypatch, capsys, machines_dir):
+    """``xtrain train``: one line, exit 2, before the launcher; a ``--facts`` plan for another
+    machine does not check this one."""
+    from xtrain.cli import main
+    from xtrain.commands import train
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(train, "launch_training", launched)
+    _no_bitsandbytes(monkeypatch)
+    config = _job(tmp_path)
+    assert main(["train", str(config)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "optim.name=adamw_8bit needs bitsandbytes, which is not installed" in lines[0]
+    assert 'pip install "xtrain[quantization]", or use optim.name=adamw' in lines[0]
+    facts = machines_dir / "windows-2x4090.json"
+    assert main(["train", str(config), "--dry-run", "--facts", str(facts), "--platform", "windows"]) == 0
+
+
+def test_the_worker_refuses_a_missing_bitsandbytes_before_loading_the_model(tmp_path, monkeypatch, capsys):
+    """``python -m xtrain.run`` (no CLI check before it): one line, exit 2, no model loaded."""
+    import xtrain.run
+
+    def loads(*args, **kwargs):
+        raise AssertionError("the worker went on to load the model")
+
+    monkeypatch.setattr(xtrain.run, "run_worker", loads)
+    monkeypatch.setattr(xtrain.run, "_spawn", loads)
+    _no_bitsandbytes(monkeypatch)
+    assert xtrain.run.main(["--config", str(_job(tmp_path))]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "optim.name=adamw_8bit needs bitsandbytes, which is not installed" in lines[0]
+
+
 def model_weights(out: Path, name: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

@@ -369,8 +369,8 @@ def test_the_banner_counts_4bit_weights_unpacked(tmp_path):
     (tmp_path / "train.jsonl").write_text("".join(stories))
     reporter = ListReporter()
     overrides = ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm", "model.quantization=4bit",
-                 f"data.train={tmp_path / 'train.jsonl'}", "data.max_length=32", "batch.per_device=4",
-                 "batch.global_batch=4", "run.max_steps=1"]  # fmt: skip
+                 f"data.train={tmp_path / 'train.jsonl'}", "data.eval=null", "data.max_length=32",
+                 "batch.per_device=4", "batch.global_batch=4", "run.max_steps=1"]  # fmt: skip
     _train_here(overrides, tmp_path / "out", reporter)
     info = next(data for kind, data in reporter.events if kind == "start")
     plain = AutoModelForCausalLM.from_pretrained(builtin.ensure_builtin_model("builtin:tiny-llama"))
