@@ -316,6 +316,24 @@ def test_a_run_recorded_without_its_quantization_is_read_from_its_checkpoints(qs
     )
 
 
+def test_predict_on_a_gpu_loads_as_training_did(monkeypatch):
+    """The GPU branch without a GPU: training's NF4 settings computing in bf16 (fp16 where the card
+    has no bf16), the heads and the adapter's whole-trained modules kept, on the current GPU."""
+    monkeypatch.setattr(quantization, "read_backend", lambda: GOOD)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    for bf16, compute in ((True, torch.bfloat16), (False, torch.float16)):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda bf16=bf16: bf16)
+        kwargs = quantization.predict_kwargs("4bit", torch.device("cuda"), ("visual",), ["model.score"])
+        config = kwargs["quantization_config"]
+        assert kwargs["device_map"] == {"": 0}
+        assert config.load_in_4bit and config.bnb_4bit_use_double_quant
+        assert config.bnb_4bit_quant_type == "nf4"
+        assert config.bnb_4bit_compute_dtype == compute
+        assert config.llm_int8_skip_modules == quantization.skip_patterns(("visual", "score"))
+    eight = quantization.predict_kwargs("8bit", torch.device("cuda", 1))
+    assert eight["quantization_config"].load_in_8bit and eight["device_map"] == {"": 1}
+
+
 def _no_bitsandbytes(monkeypatch) -> None:
     """bitsandbytes as if not installed: no distribution, no module."""
     import importlib.metadata

@@ -246,7 +246,9 @@ def predict_kwargs(
         precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     skip = skip_patterns([*unquantized, *(name.rsplit(".", 1)[-1] for name in whole)])
     settings = bnb_settings(quantization, precision, device.type, skip)
-    where = "cpu" if device.type == "cpu" else device
+    where: Any = "cpu"
+    if device.type != "cpu":  # a GPU by its index ("cuda" alone names the current one)
+        where = device.index if device.index is not None else torch.cuda.current_device()
     return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
 
 
