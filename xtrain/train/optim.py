@@ -81,7 +81,8 @@ def check_backend(name: str, device_type: str) -> None:
         return
     from xtrain.train.quantization import Backend, read_backend
 
-    backend = Backend(version=None) if device_type == "mps" else read_backend()  # MPS: said unread
+    # MPS is refused without importing bitsandbytes
+    backend = Backend(version=None) if device_type == "mps" else read_backend()
     problem = backend_problem(name, device_type, backend)
     if problem is not None:
         raise problem
