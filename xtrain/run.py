@@ -92,6 +92,7 @@ def spawned_worker(cfg: Any, plan: Plan, error_dir: str) -> None:
         exit_quietly(130)
     except stops.StopRequested as e:  # the parent says what was (not) saved
         exit_quietly(stops.exit_code(e.signum))
+    lifetime.end_rank(0)  # done: no interpreter teardown (gloo's abort there, see end_rank)
 
 
 def _spawn(cfg: Any, plan: Plan) -> None:
@@ -179,4 +180,7 @@ def exit_quietly(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    exit_quietly(main())
+    code = main()
+    if lifetime.one_of_many():  # a rank under a launcher, done: see lifetime.end_rank
+        lifetime.end_rank(code)
+    exit_quietly(code)

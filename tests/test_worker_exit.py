@@ -1,0 +1,38 @@
+"""A rank of a multi-process run ends without the interpreter's teardown (``lifetime.end_rank``):
+gloo's teardown now and then aborted a finished rank (SIGABRT, "terminate called without an
+active exception"), which made a finished 2-process run fail. What it writes still arrives."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from xtrain.launch import lifetime
+
+
+@pytest.mark.parametrize(
+    ("world", "many"), [("2", True), ("8", True), ("1", False), ("", False), ("x", False), (None, False)]
+)
+def test_one_of_many_reads_world_size(world: str | None, many: bool) -> None:
+    env = {} if world is None else {"WORLD_SIZE": world}
+    assert lifetime.one_of_many(env) is many
+
+
+def test_end_rank_flushes_and_exits_with_the_code_without_atexit() -> None:
+    code = textwrap.dedent(
+        """
+        import atexit, sys
+        from xtrain.launch import lifetime
+        atexit.register(lambda: print("atexit ran"))
+        sys.stdout.write("out without newline")
+        sys.stderr.write("err without newline")
+        lifetime.end_rank(3)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3
+    assert proc.stdout == "out without newline"  # flushed; the atexit hook did not run
+    assert proc.stderr == "err without newline"
