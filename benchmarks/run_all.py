@@ -12,9 +12,11 @@ after another, so it uses one core), renders the page, and writes the page and t
 temporary folder, never into docs/. Its figures measure nothing.
 
 Sections: loops (xtrain vs hand-written vs HF Trainer), per-step overhead (micro model), 1 vs 2
-processes, start-up, resume cost, packing. GPU rows are not run here: the page gives the command
-(benchmarks/gpu.py) for a CUDA machine. The raw results are saved as JSON (``--json-out``, default:
-a file in the temp folder, named in the log); ``--from-json`` renders a saved result again.
+processes (and a hand-written DDP taken apart: ddp_parts), start-up, resume cost, packing, each
+task's job against a hand-written loop, 4-bit vs 16-bit. GPU rows are not run here: the page gives
+the commands (benchmarks/gpu.py) for a CUDA machine. The raw results are saved as JSON
+(``--json-out``, default: a file in the temp folder, named in the log); ``--from-json`` renders a
+saved result again.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def sections(repeats: int) -> dict[str, Section]:
             repeats=repeats, steps=500, warmup=20, size="micro", per_device=2, accum=2, log=log
         ),
         "scaling": lambda: bench("scaling").measure(processes=2, repeats=repeats, log=log),
+        "ddp_parts": lambda: bench("ddp_parts").measure(repeats=repeats, log=log),
         "startup": lambda: bench("startup").measure(repeats=repeats, log=log),
         "resume": lambda: bench("resume").measure(repeats=repeats, log=log),
         "packing": lambda: bench("packing").measure(repeats=repeats, log=log),
@@ -91,6 +94,7 @@ def smoke_sections() -> dict[str, Section]:
             repeats=1, steps=4, warmup=1, size="micro", per_device=2, accum=2, log=log
         ),
         "scaling": lambda: bench("scaling").measure(processes=2, repeats=1, steps=4, log=log),
+        "ddp_parts": lambda: bench("ddp_parts").measure(repeats=1, steps=7, size="micro", log=log),
         "startup": lambda: bench("startup").measure(repeats=1, log=log, warm=False),
         "resume": lambda: bench("resume").measure(repeats=1, starts=(2,), log=log),
         "packing": lambda: bench("packing").measure(repeats=1, steps=4, log=log),
@@ -117,7 +121,7 @@ SMOKE_REUSED = {"overhead": "loops"}
 # The smoke run's two lanes (about the same time each on 2 cores).
 SMOKE_LANES = (
     ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text", "seq_cls"),
-    ("loops", "packing", "vision_language", "resume", "image_classification", "quantization"),
+    ("loops", "packing", "vision_language", "resume", "image_classification", "quantization", "ddp_parts"),
 )
 
 
@@ -263,6 +267,56 @@ def worker_effect(section: dict[str, Any], rate_key: str) -> str:
         f"and waits for data {shares['xtrain_worker']['median']:.0%} of the time instead of "
         f"{shares['xtrain']['median']:.0%}: on a GPU machine the plan gives these tasks such workers "
         "(`media_workers`), on Windows too."
+    )
+
+
+DDP_VARIANTS = {
+    "one": "one process (accumulates 2 micro-batches)",
+    "copies": "2 processes, no process group (the ceiling)",
+    "ddp": "2 ranks, DDP over gloo (one 25 MB bucket)",
+    "ddp_noop": "2 ranks, DDP with a comm hook that sends nothing",
+    "ddp_buckets": "2 ranks, DDP with 0.05 MB buckets (overlap with backward)",
+}
+
+
+def render_ddp_parts(d: dict[str, Any], xtrain: dict[str, Any] | None = None) -> str:
+    """The hand-written DDP breakdown under the 1-vs-2 section: what each part of data parallelism
+    costs on this machine, in words that follow the figures."""
+    s, sp = d["setup"], d["speedup"]
+    rows = [
+        [label, _s(d["samples_per_s"][v], "{:.1f}"), f"{sp[v]:.2f}x", _s(d["step_ms"][v], "{:.0f}"),
+         _s(d["cpu_ms"][v], "{:.0f}")]
+        for v, label in DDP_VARIANTS.items()
+    ]  # fmt: skip
+    comm = sp["ddp"] / sp["ddp_noop"]
+    machinery = sp["ddp_noop"] / sp["copies"]
+    buckets = sp["ddp_buckets"] / sp["ddp"]
+    return (
+        "\n### Where the time of two processes goes (hand-written DDP)\n\n"
+        f"`benchmarks/ddp_parts.py`: the same {s['size']} model with LoRA as a hand-written loop "
+        f"(`hand_written_loop`, AdamW, clipping) under `torch.nn.parallel.DistributedDataParallel` "
+        f"over gloo, global batch {s['global_batch']}, {s['steps']} steps (the first {s['warmup']} "
+        f"left out), one compute thread a process, {s['repeats']} interleaved repeats. *Step* is the "
+        "slower rank's median wall time per optimizer step; *CPU* its CPU time per step (time it "
+        f"computed rather than waited). Load average after: {_load(d)}.\n\n"
+        + table(["variant", "samples/s", "vs one", "step (ms)", "CPU per step (ms)"], rows)
+        + f"\n\nThe gradient all-reduce and the wait for the other rank (DDP vs DDP sending nothing): "
+        f"**{comm:.2f}x**; DDP's own machinery without communication (vs two independent processes): "
+        f"**{machinery:.2f}x**; smaller buckets that start reducing during the backward pass: "
+        f"**{buckets:.2f}x** of one bucket. "
+        + (
+            "Small buckets do not help here (gloo reduces on the same 2 cores that compute). "
+            if buckets < 1.03
+            else "Small buckets help: the reduce of the first buckets overlaps the rest of the backward. "
+        )
+        + (
+            f"xtrain's own 2-process run above: {xtrain['speedup']:.2f}x one process, the hand-written "
+            f"DDP here {sp['ddp']:.2f}x (different runs: compare within each table). "
+            if xtrain is not None
+            else ""
+        )
+        + "xtrain's loop uses DDP's default buckets (accelerate's `DistributedDataParallelKwargs` "
+        "defaults, `gradient_as_bucket_view=True`, `find_unused_parameters=False` for LoRA).\n"
     )
 
 
@@ -428,6 +482,8 @@ def render(r: dict[str, Any], command: str) -> str:
             "little of it hides behind the backward pass) and the sync of each logging window. See "
             "[reading `xtrain bench`](#reading-xtrain-bench-on-your-machine) for what to expect on GPUs.\n"
         )
+    if "ddp_parts" in r:
+        w(render_ddp_parts(r["ddp_parts"], r.get("scaling")))
     if "startup" in r:
         st = r["startup"]
         w("## Start-up\n")

@@ -22,6 +22,7 @@ LABELS = {
     "imports": "imports:",
     "loops": "loops:",
     "scaling": "scaling:",
+    "ddp_parts": "ddp-parts:",
     "startup": "startup:",
     "resume": "resume:",
     "packing": "packing:",
