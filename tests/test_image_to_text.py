@@ -471,7 +471,11 @@ LAUNCHERS = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", list(LAUNCHERS))
+# the Windows path (spawned ranks that spawn their own loader workers) runs by default; the other
+# two launchers, which test_launch_modes covers on the text job, with `pytest -m soak`
+@pytest.mark.parametrize(
+    "mode", [pytest.param(m, marks=pytest.mark.soak) if m != "windows" else m for m in LAUNCHERS]
+)
 def test_launchers_with_loader_workers_give_the_same_cer(ocr_job, ocr_straight, mode):
     import sys
 

@@ -34,8 +34,14 @@ def _before_after(result: dict) -> tuple[dict, dict]:
     return before, result["eval_metrics"]
 
 
-def test_quickstart_learns_and_saves_an_adapter(tmp_path: Path) -> None:
-    proc, result = _quickstart(tmp_path)
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
+    """The README's first command, once for this module."""
+    return _quickstart(tmp_path_factory.mktemp("quickstart-one"))
+
+
+def test_quickstart_learns_and_saves_an_adapter(one_process) -> None:
+    proc, result = one_process
     before, after = _before_after(result)
     assert after["accuracy"] > 0.85 and after["accuracy"] > before["accuracy"] + 0.25
     assert after["eval_loss"] < before["eval_loss"]
@@ -46,8 +52,8 @@ def test_quickstart_learns_and_saves_an_adapter(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_quickstart_two_processes_same_global_batch(tmp_path: Path) -> None:
-    _, one = _quickstart(tmp_path / "one")
+def test_quickstart_two_processes_same_global_batch(one_process, tmp_path: Path) -> None:
+    _, one = one_process
     _, two = _quickstart(tmp_path / "two", "--processes", "2")
     assert (two["world_size"], two["accumulation"], two["global_batch"]) == (2, 1, 32)
     # The same samples per optimizer step in the same order: the same training, up to

@@ -380,7 +380,16 @@ def words_straight(words_job):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["spawn", "torchrun", "accelerate-config"])
+# One launcher runs by default; the other two, which test_launch_modes covers on the text job,
+# run with `pytest -m soak` (docs/reliability.md: keeping the default run under 40 min on 2 cores).
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("spawn", marks=pytest.mark.soak),
+        pytest.param("torchrun", marks=pytest.mark.soak),
+        "accelerate-config",
+    ],
+)
 def test_one_and_two_processes_give_the_same_wer(mode, words_job, words_straight):
     """The same launch modes as the other tasks (support.jobs.TWO_PROCESSES): `python -m
     xtrain.run --processes 2`, `torchrun --nproc_per_node 2 -m xtrain.run` and `accelerate launch
