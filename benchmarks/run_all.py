@@ -478,8 +478,7 @@ def render(r: dict[str, Any], command: str) -> str:
             f"run: that is this machine's own ceiling for {n} processes (its cores share caches and "
             f"memory bandwidth, and the VM's neighbours take their share). The {n}-process run "
             f"reaches **{sc['of_ceiling']:.0%} of that ceiling**; the rest is what data parallelism "
-            "itself costs here: the gradient all-reduce (gloo, on the cores that also compute, so "
-            "little of it hides behind the backward pass) and the sync of each logging window. See "
+            "itself costs here, taken apart on a hand-written DDP loop below. See "
             "[reading `xtrain bench`](#reading-xtrain-bench-on-your-machine) for what to expect on GPUs.\n"
         )
     if "ddp_parts" in r:
