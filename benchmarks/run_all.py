@@ -3,6 +3,8 @@
     python benchmarks/run_all.py --out docs/performance.md            # ~25 min on 2 cores
     python benchmarks/run_all.py --quick --out /tmp/performance.md    # 2 repeats, ~10 min
     python benchmarks/run_all.py --smoke                              # every section once, ~2 min
+    python benchmarks/run_all.py --quick --only startup --merge-into RESULT.json --out docs/performance.md
+                                      # measure one section again into a saved result, re-render
 
 ``--smoke`` checks that the benchmarks still run (CI runs it: tests/test_benchmarks_smoke.py):
 it resolves every ``from X import name`` in benchmarks/*.py (function-level imports included)
@@ -69,7 +71,8 @@ def sections(repeats: int) -> dict[str, Section]:
         ),
         "scaling": lambda: bench("scaling").measure(processes=2, repeats=repeats, log=log),
         "ddp_parts": lambda: bench("ddp_parts").measure(repeats=repeats, log=log),
-        "startup": lambda: bench("startup").measure(repeats=repeats, log=log),
+        # whole-process times that move by seconds with the machine's load: more repeats
+        "startup": lambda: bench("startup").measure(repeats=repeats + 3, log=log),
         "resume": lambda: bench("resume").measure(repeats=repeats, log=log),
         "packing": lambda: bench("packing").measure(repeats=repeats, log=log),
         "fingerprint": lambda: bench("fingerprint").measure(repeats=2 * repeats, log=log),
@@ -194,7 +197,9 @@ def run(to_run: dict[str, Section], only: set[str] | None, smoke: bool = False) 
             continue
         log(f"== {name}")
         t0, cpu0 = time.perf_counter(), cpu_seconds()
+        measured = _dt.datetime.now().isoformat(timespec="seconds")
         results[name] = fn()
+        results[name]["measured"] = measured
         results[name]["elapsed_s"] = time.perf_counter() - t0
         results[name]["cpu_s"] = cpu_seconds() - cpu0
         results[name]["load_after"] = os.getloadavg()
@@ -232,6 +237,13 @@ def loop_verdict(r: dict[str, Any]) -> str:
 def _s(d: dict[str, float], fmt: str = "{:.2f}") -> str:
     """median (min-max)"""
     return f"{fmt.format(d['median'])} ({fmt.format(d['min'])}-{fmt.format(d['max'])})"
+
+
+def _remeasured(r: dict[str, Any]) -> str:
+    """The sections measured again later (``--merge-into``), with when and on which commit."""
+    again = r.get("remeasured") or {}
+    parts = [f"{name} at {v.get('measured')} (`{v.get('commit')}`)" for name, v in sorted(again.items())]
+    return ("; measured again with `--only`: " + ", ".join(parts)) if parts else ""
 
 
 def _load(section: dict[str, Any]) -> str:
@@ -345,7 +357,7 @@ def render(r: dict[str, Any], command: str) -> str:
         table(
             ["", ""],
             [
-                ["measured", f"{r['started']} to {r['finished']}"],
+                ["measured", f"{r['started']} to {r['finished']}" + _remeasured(r)],
                 ["OS / CPU", f"{m['os']}, {m['cpu']}, {m['cores']} cores, {m.get('memory_gib', '?')} GiB"],
                 ["GPU", ", ".join(m["gpus"]) or "none in this session (see [GPU rows](#gpu-rows))"],
                 ["Python / torch", f"{m['python']} / {m['torch']}"],
@@ -940,6 +952,13 @@ def main() -> None:
     p.add_argument("--only", default="", help="comma-separated sections (loops,overhead,scaling,...)")
     p.add_argument("--lane", action="store_true", help=argparse.SUPPRESS)  # a smoke run's child
     p.add_argument("--from-json", type=Path, default=None, help="render a saved result instead of measuring")
+    p.add_argument(
+        "--merge-into",
+        type=Path,
+        default=None,
+        help="with --only: measure those sections, replace them in this saved result (the page says "
+        "which sections were measured again, when), save it and render the page from it",
+    )
     a = p.parse_args()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if a.smoke:
@@ -951,6 +970,8 @@ def main() -> None:
     a.out = a.out or REPO / "docs" / "performance.md"
     command = "python benchmarks/run_all.py" + (" --quick" if a.quick else "") + f" --out {a.out.as_posix()}"
     only = set(filter(None, a.only.split(","))) or None
+    if a.merge_into is not None and (not only or a.smoke or a.from_json):
+        p.error("--merge-into needs --only (the sections to measure again), without --smoke or --from-json")
     if a.from_json:
         results = json.loads(a.from_json.read_text(encoding="utf-8"))
     else:
@@ -975,6 +996,9 @@ def main() -> None:
         else:
             results = run(to_run, only, smoke=a.smoke)
         results = json.loads(json.dumps(results))  # the same keys as a saved result (strings)
+        if a.merge_into is not None:
+            results = merge(json.loads(a.merge_into.read_text(encoding="utf-8")), results, sorted(only or ()))
+            a.json_out = a.json_out or a.merge_into
         if a.smoke:
             smoke_summary(results, [*to_run, *SMOKE_REUSED], time.perf_counter() - t0)
         json_out = a.json_out or Path(tempfile.gettempdir()) / (
@@ -984,6 +1008,17 @@ def main() -> None:
         log(f"raw results: {json_out}")
     a.out.write_text(render(results, command), encoding="utf-8")
     log(f"wrote {a.out}")
+
+
+def merge(saved: dict[str, Any], fresh: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """A saved result with the sections ``names`` replaced by ``fresh`` ones; ``remeasured`` says
+    which, when, and on which commit (the page shows it next to the first run's dates)."""
+    merged = {**saved, **{name: fresh[name] for name in names}}
+    again = dict(saved.get("remeasured", {}))
+    for name in names:
+        again[name] = {"measured": fresh[name].get("measured"), "commit": fresh["machine"].get("commit")}
+    merged["remeasured"] = again
+    return merged
 
 
 def smoke_summary(results: dict[str, Any], names: list[str], seconds: float) -> None:

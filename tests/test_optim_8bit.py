@@ -95,22 +95,6 @@ def test_missing_bitsandbytes_is_one_line_with_the_pip_command(monkeypatch) -> N
     assert 'pip install "xtrain[quantization]"' in e.value.hint
 
 
-def _no_bitsandbytes(monkeypatch) -> None:
-    """bitsandbytes as if not installed: no distribution, no module (nothing can import it)."""
-    import importlib.metadata
-
-    version = importlib.metadata.version
-
-    def without(name: str) -> str:
-        if name == "bitsandbytes":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return version(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", without)
-    for name in [m for m in sys.modules if m == "bitsandbytes" or m.startswith("bitsandbytes.")]:
-        monkeypatch.setitem(sys.modules, name, None)
-
-
 def _job(tmp_path: Path) -> Path:
     config = tmp_path / "job.yaml"
     config.write_text(
@@ -130,7 +114,9 @@ def test_missing_bitsandbytes_is_refused_before_a_process_starts(tmp_path, monke
         raise AssertionError("a process was started")
 
     monkeypatch.setattr(train, "launch_training", launched)
-    _no_bitsandbytes(monkeypatch)
+    from support.packages import hide_bitsandbytes
+
+    hide_bitsandbytes(monkeypatch)
     config = _job(tmp_path)
     assert main(["train", str(config)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
@@ -149,7 +135,9 @@ def test_the_worker_refuses_a_missing_bitsandbytes_before_loading_the_model(tmp_
 
     monkeypatch.setattr(xtrain.run, "run_worker", loads)
     monkeypatch.setattr(xtrain.run, "_spawn", loads)
-    _no_bitsandbytes(monkeypatch)
+    from support.packages import hide_bitsandbytes
+
+    hide_bitsandbytes(monkeypatch)
     assert xtrain.run.main(["--config", str(_job(tmp_path))]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "optim.name=adamw_8bit needs bitsandbytes, which is not installed" in lines[0]

@@ -334,24 +334,10 @@ def test_predict_on_a_gpu_loads_as_training_did(monkeypatch):
     assert eight["quantization_config"].load_in_8bit and eight["device_map"] == {"": 1}
 
 
-def _no_bitsandbytes(monkeypatch) -> None:
-    """bitsandbytes as if not installed: no distribution, no module."""
-    import importlib.metadata
-    import sys
-
-    version = importlib.metadata.version
-
-    def without(name: str) -> str:
-        if name == "bitsandbytes":
-            raise importlib.metadata.PackageNotFoundError(name)
-        return version(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", without)
-    monkeypatch.setitem(sys.modules, "bitsandbytes", None)
-
-
 def test_predict_without_bitsandbytes_loads_16bit_on_the_cpu_and_refuses_on_a_gpu(monkeypatch):
-    _no_bitsandbytes(monkeypatch)
+    from support.packages import hide_bitsandbytes
+
+    hide_bitsandbytes(monkeypatch)
     assert quantization.predict_kwargs("4bit", torch.device("cpu")) == {}
     with pytest.raises(
         XtrainError, match="model.quantization=4bit needs bitsandbytes, which is not installed"
