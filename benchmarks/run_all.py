@@ -69,8 +69,8 @@ def sections(repeats: int) -> dict[str, Section]:
         "overhead": lambda: bench("loops").measure(
             repeats=repeats, steps=500, warmup=20, size="micro", per_device=2, accum=2, log=log
         ),
-        # 120 steps: in 40-step runs the copies' training (~7 s) and start-up (~8 s) overlap
-        # unevenly and the ceiling read 1.18x; 160 steps gave 1.97x, as the hand-written copies do
+        # 120 steps: a 40-step run trains ~7 s, less than its start-up; the ceiling of two copies
+        # still moves between runs on this VM (1.18x, 1.45x, 1.97x seen on 2026-11-25)
         "scaling": lambda: bench("scaling").measure(processes=2, repeats=repeats, steps=120, log=log),
         "ddp_parts": lambda: bench("ddp_parts").measure(repeats=repeats, log=log),
         # whole-process times that move by seconds with the machine's load: more repeats
