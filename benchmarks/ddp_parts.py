@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -60,7 +61,7 @@ def worker(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     from common import hand_written_loop, set_threads_from_env
-    from loops import make_data, make_model
+    from loops import collate, make_data, make_model
     from transformers import get_scheduler
 
     set_threads_from_env()
@@ -85,7 +86,7 @@ def worker(a: argparse.Namespace) -> None:
     data = make_data(a)
     g = torch.Generator().manual_seed(rank)
     loader = torch.utils.data.DataLoader(data, batch_size=a.per_device, shuffle=True, generator=g,
-                                         collate_fn=__import__("loops").collate)  # fmt: skip
+                                         collate_fn=collate)  # fmt: skip
 
     def batches() -> Any:
         while True:
@@ -160,8 +161,6 @@ def measure(repeats: int = 3, steps: int = 40, size: str = "tiny", log: Any = No
                     f"step {slowest * 1e3:.0f} ms"
                 )
     finally:
-        import shutil
-
         shutil.rmtree(folder, ignore_errors=True)
     one = statistics.median(rates["one"])
     return {

@@ -113,3 +113,18 @@ def test_smoke_refuses_to_write_into_docs():
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 2 and "--smoke writes nothing into docs/" in proc.stderr
     assert not (REPO / "docs" / "perf.md").exists()
+
+
+def test_merge_into_replaces_only_the_named_sections_and_the_page_says_so():
+    """``run_all.py --only S --merge-into RESULT``: the sections measured again replace theirs in
+    the saved result, the rest stays, and the page's machine row names what was measured when."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import run_all
+
+    saved = {"machine": {"commit": "old"}, "loops": {"x": 1}, "startup": {"x": 2, "measured": "T0"}}
+    fresh = {"machine": {"commit": "new"}, "startup": {"x": 3, "measured": "T1"}}
+    merged = run_all.merge(saved, fresh, ["startup"])
+    assert merged["loops"] == {"x": 1} and merged["startup"] == {"x": 3, "measured": "T1"}
+    assert merged["machine"] == {"commit": "old"}  # the page's machine is the first run's
+    assert run_all._remeasured(merged) == "; measured again with `--only`: startup at T1 (`new`)"
+    assert run_all._remeasured(saved) == ""

@@ -10,15 +10,19 @@ import textwrap
 
 import pytest
 
-from xtrain.launch import lifetime
+from xtrain import run
 
 
 @pytest.mark.parametrize(
     ("world", "many"), [("2", True), ("8", True), ("1", False), ("", False), ("x", False), (None, False)]
 )
-def test_one_of_many_reads_world_size(world: str | None, many: bool) -> None:
-    env = {} if world is None else {"WORLD_SIZE": world}
-    assert lifetime.one_of_many(env) is many
+def test_one_rank_of_many_reads_world_size(monkeypatch, world: str | None, many: bool) -> None:
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    if world is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world)
+    assert run.one_rank_of_many() is many
 
 
 def test_end_rank_flushes_and_exits_with_the_code_without_atexit() -> None:

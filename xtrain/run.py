@@ -179,8 +179,19 @@ def exit_quietly(code: int) -> NoReturn:
     sys.exit(code)
 
 
+def one_rank_of_many() -> bool:
+    """Whether this process is one rank of a launch of several (the launcher's WORLD_SIZE, read
+    as everywhere by ``LaunchContext``; a malformed one was reported by ``main``)."""
+    from xtrain.planning.context import LaunchContext
+
+    try:
+        return LaunchContext.from_env().distributed
+    except ValueError:
+        return False
+
+
 if __name__ == "__main__":
     code = main()
-    if lifetime.one_of_many():  # a rank under a launcher, done: see lifetime.end_rank
+    if one_rank_of_many():  # a rank under a launcher, done: see lifetime.end_rank
         lifetime.end_rank(code)
     exit_quietly(code)

@@ -158,13 +158,6 @@ def watch_parent(parent_pid: int | None = None, interval_s: float = WATCH_INTERV
     return True
 
 
-def one_of_many(environ: Any = None) -> bool:
-    """Whether this process is one rank of a launch of several (``WORLD_SIZE`` above 1)."""
-    env = os.environ if environ is None else environ
-    size = env.get("WORLD_SIZE", "").strip()
-    return size.isdigit() and int(size) > 1
-
-
 def end_rank(code: int) -> NoReturn:
     """End this rank of a multi-process run with ``code`` once it is done (its outputs written,
     its process group destroyed, its trackers ended), skipping the interpreter's teardown: at
