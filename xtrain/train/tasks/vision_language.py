@@ -171,19 +171,22 @@ def conversations(
     tokenizer: Any,
     with_prompts: bool,
 ) -> VisionChatRows:
-    """Every row checked and rendered (one line naming the first bad row), its images found."""
-    from xtrain.train.tasks import chat_data
+    """Every row read in its format (``row_formats.vision_conversation``: messages, sharegpt,
+    or image + question + answer), checked and rendered (one line naming the first bad row), its
+    images found."""
+    from xtrain.train.tasks import chat_data, row_formats
     from xtrain.train.tasks.image_data import resolve_path, undecoded
     from xtrain.train.tasks.vision_chat import VisionChatRows
 
     d = cfg.data
-    ds = undecoded(ds, d.images_column)
-    messages = chat_data.messages_column_of(ds, d.messages_column, name)
-    images = ds[d.images_column] if d.images_column in ds.column_names else [None] * len(ds)
+    fmt = row_formats.vision_format(d, list(ds.column_names), name)
+    names = row_formats.vision_columns(d, fmt, list(ds.column_names), name)
+    ds = undecoded(ds, row_formats.images_field(d, fmt, list(ds.column_names)))
+    columns = {c: ds[c] for c in names}
     encoded, refs, rows = [], [], []
-    for row, (cell, extra) in enumerate(zip(messages, images, strict=True)):
+    for row in range(len(ds)):
         where = f"row {row} of {name}"
-        conv = chat_data.parse_conversation(cell, row, name, extra, allow_images=True)
+        conv = row_formats.vision_conversation(d, fmt, {c: columns[c][row] for c in names}, row, name)
         for ref in conv.images:
             if isinstance(ref, str) and not resolve_path(ref, folder).is_file():
                 raise chat_data.BadConversation(f"image {resolve_path(ref, folder)} ({where}) not found")
@@ -218,7 +221,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         processor.chat_template = template  # saved with the adapter: predict renders the same way
     with main_process_first():
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
-        train_dir, eval_dir = common.media_dirs(cfg)
+        train_dir, eval_dir = common.media_dirs(cfg, "image")
     tokenizer = processor.tokenizer
     train_rows = conversations(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
     eval_rows = None
@@ -248,7 +251,19 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
 
 
 def validate(cfg: TrainConfig) -> None:
+    from xtrain.train.tasks import row_formats
+
     d = cfg.data
+    if d.row_format not in row_formats.VISION_FORMATS:
+        raise XtrainError(
+            f"data.row_format={d.row_format} is not a vision-language row format",
+            f"use one of {', '.join(row_formats.VISION_FORMATS)} (docs/vision-language.md#data)",
+        )
+    if d.prompt_column is not None and d.row_format not in ("auto", "prompt_response"):
+        raise XtrainError(
+            f"data.prompt_column is for image + question + answer rows, and data.row_format={d.row_format}",
+            "leave data.prompt_column unset, or set data.row_format=prompt_response",
+        )
     if d.min_pixels is not None and d.max_pixels is not None and d.min_pixels > d.max_pixels:
         raise XtrainError(
             f"data.min_pixels={d.min_pixels} is above data.max_pixels={d.max_pixels}",
@@ -340,8 +355,18 @@ TASK = Task(
     keys=frozenset(
         {
             "model.quantization",
+            "data.row_format",
             "data.messages_column",
             "data.images_column",
+            "data.image_column",
+            "data.image_root",
+            "data.prompt_column",
+            "data.response_column",
+            "data.role_tag",
+            "data.content_tag",
+            "data.user_tag",
+            "data.assistant_tag",
+            "data.system_tag",
             "data.chat_template",
             "data.min_pixels",
             "data.max_pixels",
