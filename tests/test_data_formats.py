@@ -220,6 +220,9 @@ def test_flat_rows_without_their_columns_are_one_line_naming_the_key(tmp_path):
     line = _one_line(tmp_path, [flat, {"picture": "train/00000.png", "question": "q?", "answer": ""}],
                      "data.image_column=picture")  # fmt: skip
     assert "row 1 of" in line and "field 'answer' is missing or empty" in line
+    line = _one_line(tmp_path, [flat, {"picture": None, "question": "q?", "answer": "red"}],
+                     "data.image_column=picture")  # fmt: skip
+    assert "row 1 of" in line and "field 'picture' is empty" in line
 
 
 def test_vision_row_formats_are_checked_in_the_config(tmp_path):
@@ -271,6 +274,9 @@ def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
     bad = [spelt[0], {"dialog": [{"who": "robot", "says": "hi"}]}]
     with pytest.raises(RowError, match=r"row 1 of .*bad.jsonl: dialog\[0\] field 'who' is 'robot'"):
         rows(bad, "bad", *tags)
+    llava = [{**native_rows[0], "images": []}, {**native_rows[1], "images": ["0.png"]}]  # it would drop them
+    with pytest.raises(RowError, match=r"row 1 of .*llava.jsonl: field 'images' lists images; causal-lm"):
+        rows(llava, "llava")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -237,7 +237,7 @@ def mapped_turns(cell: Any, keys: TurnKeys, index: int, source: str, column: str
         if role is None:
             tags = ", ".join(dict.fromkeys(tag for tag, _ in keys.tags))
             name = keys.role[0]
-            raise BadRow(f"{where}: {column}[{k}] field '{name}' is {speaker!r} ({name}: {tags})")
+            raise BadRow(f"{where}: {column}[{k}] field '{name}' is {speaker!r:.60} ({name}: {tags:.120})")
         value = next((turn[key] for key in keys.content if turn.get(key) is not None), None)
         if not isinstance(value, (str, list)):
             raise BadRow(f"{where}: {column}[{k}] field '{keys.content[0]}' is missing or not text")
@@ -261,13 +261,25 @@ def chat_conversation(d: DataConfig, fmt: str, row: dict[str, Any], index: int, 
     checked ``chat_data.Conversation``, or a ``RowError`` naming the file, the row and the field."""
     from xtrain.train.tasks import chat_data
 
-    turns = chat_turns(d, fmt, row, index, source)
+    turns = text_chat_turns(d, fmt, row, index, source)
     return chat_data.parse_conversation(turns, index, source, allow_images=False)
 
 
+def text_chat_turns(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str) -> Any:
+    """``chat_turns`` for text chat: a row that lists images (``data.images_column``: LLaVA or
+    LLaMA-Factory rows) is refused, as its images would be dropped."""
+    images = row.get(d.images_column)
+    if isinstance(images, (list, tuple, str, dict)) and images:
+        raise BadRow(
+            f"row {index} of {source}: field '{d.images_column}' lists images; causal-lm chat is text only",
+            "use model.task=vision-language with a vision-language model, or drop the images",
+        )
+    return chat_turns(d, fmt, row, index, source)
+
+
 def conversations(ds: Any, d: DataConfig, fmt: str, source: str) -> list[Any]:
-    """The ``messages`` cells of a chat-shaped dataset: as they are (``messages``), or mapped from
-    sharegpt (or re-spelt messages) or alpaca rows."""
+    """The ``messages`` cells of a chat-shaped dataset for text chat (``text_chat_turns``): as
+    they are (``messages``), or mapped from sharegpt (or re-spelt messages) or alpaca rows."""
     if fmt == "alpaca":
         require(ds, ALPACA_REQUIRED, source, fmt)
         names = [c for c in (*ALPACA_REQUIRED, *ALPACA_OPTIONAL) if c in ds.column_names]
@@ -279,9 +291,10 @@ def conversations(ds: Any, d: DataConfig, fmt: str, source: str) -> list[Any]:
                 f"column '{column}' not in {source} (columns: {', '.join(ds.column_names)})",
                 f"set {key} to the column of conversations",
             )
-        names = [column]
+        names = [column, *([d.images_column] if d.images_column in ds.column_names else [])]
     columns = {c: ds[c] for c in names}
-    return [chat_turns(d, fmt, {c: columns[c][i] for c in names}, i, source) for i in range(len(ds))]
+    rows = ({c: columns[c][i] for c in names} for i in range(len(ds)))
+    return [text_chat_turns(d, fmt, row, i, source) for i, row in enumerate(rows)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,8 +383,10 @@ def vision_turns(
     image, question_column, answer_column = flat_columns(d, list(row))
     images = row.get(image)
     count = len(images) if isinstance(images, (list, tuple)) else int(images is not None and images != "")
-    # a question may be left empty where the row has an image (captions: the image is the prompt)
-    question = _text(row, question_column or QUESTION_COLUMNS[0], where, required=not count) or ""
+    if not count:  # an image, a question and an answer: never trained text-only by a blank cell
+        raise BadRow(f"{where}: field '{image}' is empty")
+    # the question may be empty (captions: the image is the prompt)
+    question = _text(row, question_column or QUESTION_COLUMNS[0], where, required=False) or ""
     answer = _text(row, answer_column or ANSWER_COLUMNS[0], where, required=True)
     assert answer is not None
     if "<image>" not in question:  # chat_data.IMAGE_PLACEHOLDER (a heavy module)

@@ -8,8 +8,10 @@ text conversations; evaluated by eval loss and by generating answers (normalised
   tokenizer. ``data.min_pixels``/``data.max_pixels`` bound the image area (Qwen2-VL-style
   processors: fewer pixels, fewer image tokens, less memory).
 - Data: ``messages`` conversations (``xtrain.train.tasks.chat_data``), images as paths relative to
-  the data file or from ``data.images_column``; the processor's chat template renders them; only
-  the assistant's tokens carry loss (``xtrain.train.tasks.vision_chat``).
+  the data file (or ``data.image_root``) or from ``data.images_column``; also LLaMA-Factory / LLaVA
+  rows (``<image>`` placeholders, sharegpt turns) and flat image + question + answer rows
+  (``row_formats.vision_conversation``); the processor's chat template renders them; only the
+  assistant's tokens carry loss (``xtrain.train.tasks.vision_chat``).
 - LoRA: the language model's attention and MLP projections (``lora.target_modules: auto``) with
   the vision tower frozen; ``lora.projector`` also trains the projector/merger whole (saved with
   the adapter through peft's ``modules_to_save``), ``lora.vision_blocks`` adds adapters to the
