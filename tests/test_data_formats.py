@@ -24,7 +24,7 @@ from xtrain.errors import RowError, XtrainError
 from xtrain.train import models
 from xtrain.train.config.loading import load_config
 from xtrain.train.config.schema import DataConfig
-from xtrain.train.tasks import build_workload, chat_data, common, row_formats, vision_language
+from xtrain.train.tasks import build_workload, chat_data, common, row_formats, vision_rows
 from xtrain.train.tasks.vision_chat import VisionChatCollator, VisionChatRows
 from xtrain.train.tasks.vision_processor import load_processor
 
@@ -119,7 +119,7 @@ def _vision_rows(data: Path, *overrides: str) -> tuple[VisionChatRows, Any]:
     processor, render = _processor(source)
     train, _, name, _ = common.raw_datasets(cfg)
     folder, _ = common.media_dirs(cfg, "image")
-    rows = vision_language.conversations(train, cfg, name, folder, render, processor.tokenizer, False)
+    rows = vision_rows.rows(train, cfg, name, folder, render, processor.tokenizer, False)
     return rows, processor
 
 
@@ -370,7 +370,7 @@ def test_any_conversation_cell_is_read_or_refused_in_one_line(cell, fmt, images)
     d = DataConfig(row_format=fmt)
     row = {"messages": cell, "conversations": cell, "images": images}
     try:
-        conv = row_formats.vision_conversation(d, fmt, row, 0, "f.jsonl")
+        conv = vision_rows.vision_conversation(d, fmt, row, 0, "f.jsonl")
     except RowError as e:
         assert e.one_line().startswith("row 0 of f.jsonl") and "\n" not in e.one_line()
     else:

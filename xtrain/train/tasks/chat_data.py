@@ -35,10 +35,10 @@ from typing import Any
 
 from xtrain.errors import RowError, XtrainError
 from xtrain.train.collate import IGNORE_INDEX
+from xtrain.train.tasks.row_formats import IMAGE_PLACEHOLDER
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
-IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's and LLaVA's image marker in string turns
 _HINT = "fix or remove that row (docs/vision-language.md#data describes the messages format)"
 
 # render(messages, add_generation_prompt) -> text: the tokenizer's or the processor's template

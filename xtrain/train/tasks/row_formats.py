@@ -17,9 +17,7 @@ mapped onto causal-lm's two masked paths (docs/training.md#data-formats):
 The turns of ``messages`` and ``sharegpt`` rows can be spelt otherwise (LLaMA-Factory's
 dataset_info ``tags``): ``data.role_tag`` / ``data.content_tag`` name the keys of a turn and
 ``data.user_tag`` / ``data.assistant_tag`` / ``data.system_tag`` the speakers (``TurnKeys``,
-decided once by ``turn_keys``). vision-language reads ``messages``, ``sharegpt`` and
-``prompt_response`` rows (an image, a question and an answer column: ``vision_format``,
-``vision_turns``).
+decided once by ``turn_keys``); vision-language reads them too (``vision_rows``).
 
 ``auto`` decides from the columns (``detect``). Imported by the config's values: nothing heavy here.
 """
@@ -39,11 +37,8 @@ CHAT = ("messages", "sharegpt")  # always conversations; alpaca becomes one with
 ALPACA_REQUIRED = ("instruction", "output")
 ALPACA_OPTIONAL = ("input", "system")
 SHAREGPT_COLUMN = "conversations"
+IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's and LLaVA's image marker in string turns
 SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
-# vision-language: what it reads (prompt_response: an image, a question and an answer column)
-VISION_FORMATS = ("auto", "messages", "sharegpt", "prompt_response")
-QUESTION_COLUMNS = ("question", "prompt")  # looked for when data.prompt_column is not set
-ANSWER_COLUMNS = ("answer", "response")
 # Bump when the alpaca prompt/response text changes (invalidates the datasets cache).
 ALPACA_VERSION = 1
 
@@ -91,7 +86,7 @@ def require(ds: Any, columns: tuple[str, ...], source: str, row_format: str) -> 
         )
 
 
-def _text(row: dict[str, Any], name: str, where: str, required: bool) -> str | None:
+def text_field(row: dict[str, Any], name: str, where: str, required: bool) -> str | None:
     value = row.get(name)
     if value is None or (isinstance(value, str) and not value.strip()):
         if required:
@@ -105,10 +100,10 @@ def _text(row: dict[str, Any], name: str, where: str, required: bool) -> str | N
 def alpaca_fields(row: dict[str, Any], index: int, source: str) -> tuple[str | None, str, str]:
     """(system or None, the user's text, the answer) of one alpaca row, checked."""
     where = f"row {index} of {source}"
-    instruction = _text(row, "instruction", where, required=True)
-    output = _text(row, "output", where, required=True)
-    extra = _text(row, "input", where, required=False)
-    system = _text(row, "system", where, required=False)
+    instruction = text_field(row, "instruction", where, required=True)
+    output = text_field(row, "output", where, required=True)
+    extra = text_field(row, "input", where, required=False)
+    system = text_field(row, "system", where, required=False)
     assert instruction is not None and output is not None
     return system, instruction + (f"\n\n{extra}" if extra else ""), output
 
@@ -295,100 +290,3 @@ def conversations(ds: Any, d: DataConfig, fmt: str, source: str) -> list[Any]:
     columns = {c: ds[c] for c in names}
     rows = ({c: columns[c][i] for c in names} for i in range(len(ds)))
     return [text_chat_turns(d, fmt, row, i, source) for i, row in enumerate(rows)]
-
-
-# ---------------------------------------------------------------------------------------------
-# vision-language rows
-
-
-def flat_columns(d: DataConfig, columns: list[str]) -> tuple[str, str | None, str | None]:
-    """(image, question, answer) columns of flat vision rows: ``data.image_column``,
-    ``data.prompt_column`` (else ``question`` or ``prompt``), ``data.response_column`` (else
-    ``answer`` or ``response``); None where none is there."""
-    question = d.prompt_column or next((c for c in QUESTION_COLUMNS if c in columns), None)
-    answer = d.response_column or next((c for c in ANSWER_COLUMNS if c in columns), None)
-    return d.image_column, question, answer
-
-
-def vision_format(d: DataConfig, columns: list[str], source: str) -> str:
-    """``data.row_format`` for vision-language, or for ``auto`` what the columns hold: messages
-    (``data.messages_column``), sharegpt (``conversations``), or an image with a question and an
-    answer (``prompt_response``); else one line naming the columns."""
-    if d.row_format != "auto":
-        return d.row_format
-    _, question, answer = flat_columns(d, columns)
-    if d.prompt_column is None and d.messages_column in columns:
-        return "messages"
-    if d.prompt_column is None and SHAREGPT_COLUMN in columns:
-        return "sharegpt"
-    if question in columns and answer in columns:
-        return "prompt_response"
-    raise XtrainError(
-        f"cannot tell what the rows of {source} hold (columns: {', '.join(columns)})",
-        f"vision-language reads a '{d.messages_column}' or '{SHAREGPT_COLUMN}' column of conversations, or "
-        f"'{d.image_column}' + question + answer columns (set data.messages_column, or "
-        "data.prompt_column and data.response_column; docs/vision-language.md#data)",
-    )
-
-
-def images_field(d: DataConfig, fmt: str, columns: list[str]) -> str:
-    """The column of a vision row's images: ``data.image_column`` for flat rows; for
-    conversations ``data.images_column``, or ``data.image_column`` where only that is there
-    (LLaVA's own files: one ``image`` path beside ``conversations``)."""
-    if fmt == "prompt_response" or (d.images_column not in columns and d.image_column in columns):
-        return d.image_column
-    return d.images_column
-
-
-def vision_columns(d: DataConfig, fmt: str, columns: list[str], source: str) -> list[str]:
-    """The columns vision rows of ``fmt`` read, the ones they need checked present (one line)."""
-    if fmt != "prompt_response":
-        needed = [chat_column(d, fmt, columns)]
-        keys = ["data.messages_column"]
-    else:
-        image, question, answer = flat_columns(d, columns)
-        needed = [image, question or QUESTION_COLUMNS[0], answer or ANSWER_COLUMNS[0]]
-        keys = ["data.image_column", "data.prompt_column", "data.response_column"]
-    for column, key in zip(needed, keys, strict=True):
-        if column not in columns:
-            raise XtrainError(
-                f"column '{column}' not in {source} for row_format {fmt} (columns: {', '.join(columns)})",
-                f"set {key} to one of them (docs/vision-language.md#data)",
-            )
-    field = images_field(d, fmt, columns)
-    return list(dict.fromkeys([*needed, *([field] if field in columns else [])]))
-
-
-def vision_conversation(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str) -> Any:
-    """Row ``index`` of ``source`` read as ``fmt`` (``vision_format`` of its columns): the
-    checked ``chat_data.Conversation`` (its images in placeholder order), or a ``RowError``
-    naming the file, the row and the field."""
-    from xtrain.train.tasks import chat_data
-
-    messages, images, field = vision_turns(d, fmt, row, index, source)
-    return chat_data.parse_conversation(messages, index, source, images, images_field=field)
-
-
-def vision_turns(
-    d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str
-) -> tuple[Any, Any, str]:
-    """Row ``index`` of ``source`` as (its ``messages`` cell, its image list cell, the field
-    that list came from), for ``chat_data.parse_conversation``. A flat row becomes one user turn
-    (its question; the images first unless the question places them with ``<image>``) and the
-    answer."""
-    if fmt != "prompt_response":
-        field = images_field(d, fmt, list(row))
-        return chat_turns(d, fmt, row, index, source), row.get(field), field
-    where = f"row {index} of {source}"
-    image, question_column, answer_column = flat_columns(d, list(row))
-    images = row.get(image)
-    count = len(images) if isinstance(images, (list, tuple)) else int(images is not None and images != "")
-    if not count:  # an image, a question and an answer: never trained text-only by a blank cell
-        raise BadRow(f"{where}: field '{image}' is empty")
-    # the question may be empty (captions: the image is the prompt)
-    question = _text(row, question_column or QUESTION_COLUMNS[0], where, required=False) or ""
-    answer = _text(row, answer_column or ANSWER_COLUMNS[0], where, required=True)
-    assert answer is not None
-    if "<image>" not in question:  # chat_data.IMAGE_PLACEHOLDER (a heavy module)
-        question = "<image>" * count + question
-    return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}], images, image

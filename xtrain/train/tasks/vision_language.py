@@ -10,7 +10,7 @@ text conversations; evaluated by eval loss and by generating answers (normalised
 - Data: ``messages`` conversations (``xtrain.train.tasks.chat_data``), images as paths relative to
   the data file (or ``data.image_root``) or from ``data.images_column``; also LLaMA-Factory / LLaVA
   rows (``<image>`` placeholders, sharegpt turns) and flat image + question + answer rows
-  (``row_formats.vision_conversation``); the processor's chat template renders them; only the
+  (``vision_rows``); the processor's chat template renders them; only the
   assistant's tokens carry loss (``xtrain.train.tasks.vision_chat``).
 - LoRA: the language model's attention and MLP projections (``lora.target_modules: auto``) with
   the vision tower frozen; ``lora.projector`` also trains the projector/merger whole (saved with
@@ -34,8 +34,6 @@ from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
-    from xtrain.train.tasks import chat_data
-    from xtrain.train.tasks.vision_chat import VisionChatRows
     from xtrain.train.workload import Workload
 
 NAME = "vision-language"
@@ -164,52 +162,10 @@ def fix_generation(model: Any, tokenizer: Any) -> None:
 # Data
 
 
-def conversations(
-    ds: Any,
-    cfg: TrainConfig,
-    name: str,
-    folder: Path | None,
-    render: chat_data.Render,
-    tokenizer: Any,
-    with_prompts: bool,
-) -> VisionChatRows:
-    """Every row read in its format (``row_formats.vision_conversation``: messages, sharegpt,
-    or image + question + answer), checked and rendered (one line naming the first bad row), its
-    images found."""
-    from xtrain.train.tasks import chat_data, row_formats
-    from xtrain.train.tasks.image_data import resolve_path, undecoded
-    from xtrain.train.tasks.vision_chat import VisionChatRows
-
-    d = cfg.data
-    fmt = row_formats.vision_format(d, list(ds.column_names), name)
-    names = row_formats.vision_columns(d, fmt, list(ds.column_names), name)
-    ds = undecoded(ds, row_formats.images_field(d, fmt, list(ds.column_names)))
-    columns = {c: ds[c] for c in names}
-    encoded, refs, rows = [], [], []
-    for row in range(len(ds)):
-        where = f"row {row} of {name}"
-        conv = row_formats.vision_conversation(d, fmt, {c: columns[c][row] for c in names}, row, name)
-        for ref in conv.images:
-            if isinstance(ref, str) and not resolve_path(ref, folder).is_file():
-                raise chat_data.BadConversation(f"image {resolve_path(ref, folder)} ({where}) not found")
-        enc = chat_data.encode(render, tokenizer, conv, where)
-        if all(t == -100 for t in enc.labels[: d.max_length][1:]):
-            continue  # every answer lies past data.max_length (the causal-lm rule: dropped)
-        encoded.append(enc)
-        refs.append(conv.images)
-        rows.append(row)
-    if not encoded:
-        raise XtrainError(
-            f"no conversation of {name} has an assistant answer within data.max_length={d.max_length}",
-            "raise data.max_length",
-        )
-    return VisionChatRows(encoded, refs, rows, folder, name, with_prompts=with_prompts)
-
-
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     import torch
 
-    from xtrain.train.tasks import chat_data, common
+    from xtrain.train.tasks import chat_data, common, vision_rows
     from xtrain.train.tasks.vision_chat import ANSWER_KEY, GEN_PREFIX, VisionChatCollator
     from xtrain.train.workload import Workload
 
@@ -225,10 +181,10 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train_dir, eval_dir = common.media_dirs(cfg, "image")
     tokenizer = processor.tokenizer
-    train_rows = conversations(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
+    train_rows = vision_rows.rows(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
     eval_rows = None
     if eval_ds is not None:
-        eval_rows = conversations(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, with_prompts=True)
+        eval_rows = vision_rows.rows(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, with_prompts=True)
 
     model = common.load_media_model(cfg, TASK, source)
     fix_generation(model, tokenizer)
@@ -253,13 +209,13 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
 
 
 def validate(cfg: TrainConfig) -> None:
-    from xtrain.train.tasks import row_formats
+    from xtrain.train.tasks.vision_rows import VISION_FORMATS
 
     d = cfg.data
-    if d.row_format not in row_formats.VISION_FORMATS:
+    if d.row_format not in VISION_FORMATS:
         raise XtrainError(
             f"data.row_format={d.row_format} is not a vision-language row format",
-            f"use one of {', '.join(row_formats.VISION_FORMATS)} (docs/vision-language.md#data)",
+            f"use one of {', '.join(VISION_FORMATS)} (docs/vision-language.md#data)",
         )
     if d.prompt_column is not None and d.row_format not in ("auto", "prompt_response"):
         raise XtrainError(
