@@ -308,9 +308,11 @@ def test_media_roots_resolve_relative_paths_and_keep_absolute_ones(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Properties of the readers of user input
 
+FAST = settings(max_examples=60, deadline=None)  # a loaded CI machine: no per-example deadline
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="<"), max_size=12)
 
 
+@FAST
 @given(st.lists(texts, min_size=1, max_size=6))
 def test_placeholders_split_a_turn_into_parts_in_place(pieces):
     text = chat_data.IMAGE_PLACEHOLDER.join(pieces)
@@ -323,6 +325,7 @@ def test_placeholders_split_a_turn_into_parts_in_place(pieces):
     assert ("text", "text") not in zip(kinds, kinds[1:], strict=False)
 
 
+@FAST
 @given(st.integers(0, 4), st.integers(0, 4), texts)
 def test_a_row_is_read_exactly_when_its_images_fill_its_placeholders(placed, listed, question):
     content = chat_data.IMAGE_PLACEHOLDER * placed + question
@@ -341,7 +344,7 @@ names = st.text(alphabet=st.characters(codec="ascii", categories=("L", "N")), mi
 roles = st.sampled_from(["system", "user", "assistant"])
 
 
-@settings(max_examples=60)
+@FAST
 @given(
     st.lists(names, min_size=5, max_size=5, unique_by=str.casefold),
     st.lists(st.tuples(roles, texts), min_size=1, max_size=5),
@@ -365,10 +368,12 @@ json_values = st.recursive(
 )
 
 
-@given(json_values, st.sampled_from(["messages", "sharegpt"]), json_values)
-def test_any_conversation_cell_is_read_or_refused_in_one_line(cell, fmt, images):
+@FAST
+@given(json_values, st.sampled_from(["messages", "sharegpt", "prompt_response"]), json_values, json_values)
+def test_any_row_is_read_or_refused_in_one_line(cell, fmt, images, answer):
     d = DataConfig(row_format=fmt)
-    row = {"messages": cell, "conversations": cell, "images": images}
+    row = {"messages": cell, "conversations": cell, "images": images, "image": images, "question": cell,
+           "answer": answer}  # fmt: skip
     try:
         conv = vision_rows.vision_conversation(d, fmt, row, 0, "f.jsonl")
     except RowError as e:
