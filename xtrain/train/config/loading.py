@@ -24,7 +24,14 @@ from xtrain.train.config.values import resolve_key, set_value, show
 
 QUICKSTART_CONFIG = Path(__file__).resolve().parents[2] / "data" / "quickstart.yaml"
 # Input paths in a config file are looked up next to the file first (then the current folder).
-_INPUT_PATHS = ("model.name_or_path", "data.train", "data.eval", "data.chat_template")
+_INPUT_PATHS = (
+    "model.name_or_path",
+    "data.train",
+    "data.eval",
+    "data.chat_template",
+    "data.image_root",
+    "data.audio_root",
+)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

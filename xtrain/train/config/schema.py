@@ -65,8 +65,10 @@ class DataConfig:
     # alpaca | sharegpt (``format`` above is how the file is stored)
     row_format: str = "auto"
     text_column: str = "text"
-    image_column: str = "image"  # image-to-text: image paths (relative to the data file) or an Image feature
-    audio_column: str = "audio"  # speech-to-text: audio paths (relative to the data file) or an Audio feature
+    # image tasks: image paths (relative to the data file, or data.image_root) or an Image feature
+    image_column: str = "image"
+    # speech-to-text: audio paths (relative to the data file, or data.audio_root) or an Audio feature
+    audio_column: str = "audio"
     max_audio_seconds: float | None = None  # speech-to-text: None: the model's window (30 s for Whisper)
     long_audio: str = "refuse"  # speech-to-text, clips over max_audio_seconds: refuse | cut
     text_pair_column: str | None = None
@@ -74,6 +76,17 @@ class DataConfig:
     messages_column: str = "messages"
     images_column: str = "images"  # vision-language: images for image parts that name no file
     chat_template: str | None = None  # a Jinja file or template text; None: the tokenizer's/processor's
+    # chat turns spelt otherwise (LLaMA-Factory's dataset_info tags): the key of the speaker, the
+    # key of the text, and each role's speaker name; None: the row format's own (messages:
+    # role/content; sharegpt: from/value, human/gpt/system)
+    role_tag: str | None = None
+    content_tag: str | None = None
+    user_tag: str | None = None
+    assistant_tag: str | None = None
+    system_tag: str | None = None
+    # the folder relative image / audio paths are relative to; None: the data file's folder
+    image_root: str | None = None
+    audio_root: str | None = None
     min_pixels: int | None = None  # vision-language (Qwen2-VL-style processors): image area bounds
     max_pixels: int | None = None  # (fewer pixels: fewer image tokens, less memory); None: the processor's
     prompt_column: str | None = None  # causal-lm prompt/response: loss masked on the prompt

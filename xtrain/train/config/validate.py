@@ -12,6 +12,7 @@ from xtrain.errors import XtrainError
 from xtrain.train import lora, tasks
 from xtrain.train.config.schema import TrainConfig, sections
 from xtrain.train.tasks.contract import EVERY_KEY
+from xtrain.train.tasks.row_formats import check_tags
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -19,6 +20,7 @@ def validate(cfg: TrainConfig) -> None:
     task = tasks.get(cfg.model.task)
     check_task_keys(cfg)
     task.validate(cfg)
+    check_tags(cfg.data)  # data.role_tag & co.: only for conversations, each role its own tag
     check_quantization(cfg)
     o = cfg.optim
     if isinstance(cfg.lora.target_modules, list) and not cfg.lora.target_modules:

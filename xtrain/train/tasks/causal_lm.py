@@ -74,7 +74,7 @@ def chat_rows(
         if ds is None:
             out.append(None)
             continue
-        cells = row_formats.conversations(ds, fmt, d.messages_column, name)
+        cells = row_formats.conversations(ds, d, fmt, name)
         rows = chat_data.text_chat_rows(cells, render, tokenizer, d.max_length, name)
         require_nonempty(rows, name, "training" if ds is train[0] else "eval")
         if d.packing == "on" and ds is train[0]:  # the training rows only, as for text
@@ -301,6 +301,11 @@ TASK = Task(
             "data.prompt_column",
             "data.response_column",
             "data.messages_column",
+            "data.role_tag",
+            "data.content_tag",
+            "data.user_tag",
+            "data.assistant_tag",
+            "data.system_tag",
             "data.chat_template",
             "data.packing",
             "data.group_by_length",

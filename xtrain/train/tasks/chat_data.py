@@ -11,7 +11,11 @@ processor's template, image parts). A row is::
 
 ``content`` is a string or a list of parts (``{"type": "text", "text": ...}``,
 ``{"type": "image", "image": "path relative to the data file"}``; an image part without a path
-takes the next image of the row's ``data.images_column``).
+takes the next image of the row's ``data.images_column``). In vision chat an ``<image>``
+placeholder inside a string content is such a part (LLaMA-Factory / LLaVA rows:
+``{"role": "user", "content": "<image>What is this?"}`` with ``"images": ["a.png"]``); the row's
+images fill the placeholders and path-less parts in the order they appear, and a row whose image
+list has more or fewer entries than that is refused.
 
 Masking: the template renders the whole conversation once; for every assistant turn it also
 renders the conversation before that turn with the generation prompt (``<|im_start|>assistant\\n``)
@@ -31,6 +35,7 @@ from typing import Any
 
 from xtrain.errors import RowError, XtrainError
 from xtrain.train.collate import IGNORE_INDEX
+from xtrain.train.tasks.row_formats import IMAGE_PLACEHOLDER
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
@@ -59,18 +64,75 @@ def _text_of(parts: list[dict[str, Any]]) -> str:
     return "".join(p["text"] for p in parts if p["type"] == "text")
 
 
+def image_parts(text: str) -> list[dict[str, Any]]:
+    """A string turn as content parts: an ``{"type": "image"}`` part for each ``<image>``
+    placeholder, in place, and the text around them (empty pieces left out)."""
+    parts: list[dict[str, Any]] = []
+    for k, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
+        if k:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def _content_parts(content: Any, where: str, k: int, allow_images: bool) -> list[dict[str, Any]]:
+    """One turn's content as checked parts; an image part keeps its path (``image`` or ``path``)
+    or None where the row's image list fills it."""
+    if isinstance(content, str):
+        if allow_images and IMAGE_PLACEHOLDER in content:
+            parts = image_parts(content)
+            return [p if p["type"] == "text" else {"type": "image", "ref": None} for p in parts]
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise BadConversation(f"{where}: turn {k} content must be text or a list of parts")
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in PART_TYPES:
+            raise BadConversation(
+                f"{where}: turn {k} has a content part of type {kind!r} (types: text, image)"
+            )
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise BadConversation(f"{where}: turn {k} has a text part without text")
+            parts.append({"type": "text", "text": part["text"]})
+            continue
+        if not allow_images:
+            raise BadConversation(
+                f"{where}: turn {k} holds an image, and causal-lm chat is text only",
+                "use model.task=vision-language with a vision-language model",
+            )
+        parts.append({"type": "image", "ref": part.get("image") or part.get("path")})
+    return parts
+
+
+def image_list(images: Any) -> list[Any]:
+    """A row's image cell as a list: a list as it is, one path or image as a list of one, none
+    (null, an empty string) as an empty list."""
+    if isinstance(images, (list, tuple)):
+        return list(images)
+    return [] if images is None or images == "" else [images]
+
+
 def parse_conversation(
-    messages: Any, row: int, source: str, images: Any = None, allow_images: bool = True
+    messages: Any,
+    row: int,
+    source: str,
+    images: Any = None,
+    allow_images: bool = True,
+    images_field: str = "images",
 ) -> Conversation:
     """Check one ``messages`` cell and normalise it: roles known, content text or parts, an
-    assistant turn that follows a user turn. Text-only chat (``allow_images=False``) gets string
-    contents; vision chat gets lists of parts (what VLM templates iterate over)."""
+    assistant turn that follows a user turn, and every image of the row's ``images_field``
+    cell (``images``) used by exactly one ``<image>`` placeholder or path-less image part.
+    Text-only chat (``allow_images=False``) gets string contents; vision chat gets lists of parts
+    (what VLM templates iterate over)."""
     where = f"row {row} of {source}"
     if not isinstance(messages, list) or not messages:
         raise BadConversation(f"{where}: messages must be a non-empty list of {{role, content}} turns")
-    extra = list(images) if isinstance(images, (list, tuple)) else ([] if images is None else [images])
     out: list[dict[str, Any]] = []
-    refs: list[Any] = []
+    refs: list[Any] = []  # None where the row's image list fills the part
     seen_user = False
     for k, turn in enumerate(messages):
         if not isinstance(turn, dict) or "role" not in turn:
@@ -81,47 +143,32 @@ def parse_conversation(
         if role == "assistant" and not seen_user:
             raise BadConversation(f"{where}: the assistant speaks in turn {k} before any user turn")
         seen_user |= role == "user"
-        content = turn.get("content")
-        parts: list[dict[str, Any]] = []
-        if isinstance(content, str):
-            parts.append({"type": "text", "text": content})
-        elif isinstance(content, list):
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind not in PART_TYPES:
-                    raise BadConversation(
-                        f"{where}: turn {k} has a content part of type {kind!r} (types: text, image)"
-                    )
-                if kind == "text":
-                    if not isinstance(part.get("text"), str):
-                        raise BadConversation(f"{where}: turn {k} has a text part without text")
-                    parts.append({"type": "text", "text": part["text"]})
-                    continue
-                if not allow_images:
-                    raise BadConversation(
-                        f"{where}: turn {k} holds an image, and causal-lm chat is text only",
-                        "use model.task=vision-language with a vision-language model",
-                    )
-                if role == "assistant":
-                    raise BadConversation(f"{where}: turn {k}: images go in user or system turns")
-                ref = part.get("image") or part.get("path")
-                if ref is None:
-                    if not extra:
-                        raise BadConversation(
-                            f"{where}: turn {k} has an image part without a path and the row has "
-                            "no images left in data.images_column"
-                        )
-                    ref = extra.pop(0)
-                refs.append(ref)
-                parts.append({"type": "image"})
-        else:
-            raise BadConversation(f"{where}: turn {k} content must be text or a list of parts")
+        parts = _content_parts(turn.get("content"), where, k, allow_images)
+        if role == "assistant" and any(p["type"] == "image" for p in parts):
+            raise BadConversation(f"{where}: turn {k}: images go in user or system turns")
+        refs += [p["ref"] for p in parts if p["type"] == "image"]
+        parts = [p if p["type"] == "text" else {"type": "image"} for p in parts]
         if role == "assistant" and not _text_of(parts).strip():
             raise BadConversation(f"{where}: turn {k} is an empty assistant answer")
         out.append({"role": role, "content": _text_of(parts) if not allow_images else parts})
     if not any(t["role"] == "assistant" for t in out):
         raise BadConversation(f"{where} has no assistant turn: nothing to learn")
-    return Conversation(out, refs)
+    return Conversation(out, _fill(refs, image_list(images) if allow_images else [], where, images_field))
+
+
+def _fill(refs: list[Any], listed: list[Any], where: str, field_name: str) -> list[Any]:
+    """The row's listed images in the slots the turns left open (``None``), in order; the two
+    counts must agree (an image nobody places would be silently unused)."""
+    slots = sum(ref is None for ref in refs)
+    if slots != len(listed):
+        raise BadConversation(
+            f"{where}: field '{field_name}' lists {len(listed)} image(s) but the turns place {slots} "
+            f"(one {IMAGE_PLACEHOLDER} placeholder or path-less image part for each)",
+            "give each image of the row its placeholder, or set data.images_column to the column "
+            "that holds the row's images (docs/vision-language.md#data)",
+        )
+    rest = iter(listed)
+    return [next(rest) if ref is None else ref for ref in refs]
 
 
 def user_turn(

@@ -193,9 +193,20 @@ def base_dir(source: str, role: str) -> Path | None:
     return None
 
 
-def media_dirs(cfg: TrainConfig) -> tuple[Any, Any]:
-    """The folders that the train and eval data's relative media paths are relative to."""
+def media_dirs(cfg: TrainConfig, media: str) -> tuple[Any, Any]:
+    """The folders that the train and eval data's relative ``media`` ("image" or "audio") paths
+    are relative to: ``data.image_root`` / ``data.audio_root`` for both when set, else each data
+    file's folder. ``image_data.resolve_path`` joins them; absolute paths stay as they are."""
     d = cfg.data
+    root = getattr(d, f"{media}_root")
+    if root is not None:
+        folder = Path(root).expanduser()
+        if not folder.is_dir():
+            raise XtrainError(
+                f"data.{media}_root {root} is not a folder",
+                f"set it to the folder the data's relative {media} paths start from, or leave it unset",
+            )
+        return folder.resolve(), folder.resolve()
     train_dir = base_dir(d.train or "", "train")
     return train_dir, base_dir(d.eval, "eval") if d.eval else train_dir
 
@@ -209,7 +220,7 @@ def image_datasets(
 
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
-        train_dir, eval_dir = media_dirs(cfg)
+        train_dir, eval_dir = media_dirs(cfg, "image")
         for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
             if ds is not None:
                 data.require_columns(ds, columns, name)

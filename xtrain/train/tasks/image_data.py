@@ -61,7 +61,8 @@ def describe(value: Any, base_dir: Path | None, media: str = "image") -> str:
 
 
 def resolve_path(path: str, base_dir: Path | None) -> Path:
-    """A relative image path is relative to the data file's folder."""
+    """A relative image or audio path is relative to ``base_dir``: the data file's folder, or
+    ``data.image_root`` / ``data.audio_root`` (``common.media_dirs`` decides); absolute stays."""
     p = Path(path).expanduser()
     return p if p.is_absolute() or base_dir is None else base_dir / p
 

@@ -227,6 +227,7 @@ TASK = Task(
     keys=frozenset(
         {
             "data.image_column",
+            "data.image_root",
             "data.text_column",
             "model.quantization",
             "lora.apply_to",

@@ -14,20 +14,30 @@ mapped onto causal-lm's two masked paths (docs/training.md#data-formats):
 - ``sharegpt``: a ``conversations`` list of ``{from: human|gpt|system (also user|assistant), value}``
   turns, which become ``messages``.
 
+The turns of ``messages`` and ``sharegpt`` rows can be spelt otherwise (LLaMA-Factory's
+dataset_info ``tags``): ``data.role_tag`` / ``data.content_tag`` name the keys of a turn and
+``data.user_tag`` / ``data.assistant_tag`` / ``data.system_tag`` the speakers (``TurnKeys``,
+decided once by ``turn_keys``); vision-language reads them too (``vision_rows``).
+
 ``auto`` decides from the columns (``detect``). Imported by the config's values: nothing heavy here.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import RowError, XtrainError
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import DataConfig
 
 ROW_FORMATS = ("auto", "text", "prompt_response", "messages", "alpaca", "sharegpt")
 CHAT = ("messages", "sharegpt")  # always conversations; alpaca becomes one with a chat template
 ALPACA_REQUIRED = ("instruction", "output")
 ALPACA_OPTIONAL = ("input", "system")
 SHAREGPT_COLUMN = "conversations"
+IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's and LLaVA's image marker in string turns
 SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
 # Bump when the alpaca prompt/response text changes (invalidates the datasets cache).
 ALPACA_VERSION = 1
@@ -76,7 +86,7 @@ def require(ds: Any, columns: tuple[str, ...], source: str, row_format: str) -> 
         )
 
 
-def _text(row: dict[str, Any], name: str, where: str, required: bool) -> str | None:
+def text_field(row: dict[str, Any], name: str, where: str, required: bool) -> str | None:
     value = row.get(name)
     if value is None or (isinstance(value, str) and not value.strip()):
         if required:
@@ -90,10 +100,10 @@ def _text(row: dict[str, Any], name: str, where: str, required: bool) -> str | N
 def alpaca_fields(row: dict[str, Any], index: int, source: str) -> tuple[str | None, str, str]:
     """(system or None, the user's text, the answer) of one alpaca row, checked."""
     where = f"row {index} of {source}"
-    instruction = _text(row, "instruction", where, required=True)
-    output = _text(row, "output", where, required=True)
-    extra = _text(row, "input", where, required=False)
-    system = _text(row, "system", where, required=False)
+    instruction = text_field(row, "instruction", where, required=True)
+    output = text_field(row, "output", where, required=True)
+    extra = text_field(row, "input", where, required=False)
+    system = text_field(row, "system", where, required=False)
     assert instruction is not None and output is not None
     return system, instruction + (f"\n\n{extra}" if extra else ""), output
 
@@ -135,41 +145,148 @@ def alpaca_as_prompt_response(ds: Any, source: str) -> Any:
     )
 
 
-def sharegpt_messages(cell: Any, index: int, source: str) -> list[dict[str, str]]:
-    """One ``conversations`` cell as ``messages`` (``chat_data.parse_conversation`` checks the
-    rest: an assistant turn after a user turn, no empty answer)."""
+@dataclass(frozen=True)
+class TurnKeys:
+    """How the turns of a chat column are spelt: the keys tried for the speaker and for the text,
+    and which speaker tag (compared case-insensitively) is which role."""
+
+    role: tuple[str, ...]
+    content: tuple[str, ...]
+    tags: tuple[tuple[str, str], ...]  # (tag, casefolded; role)
+
+    def role_of(self, speaker: Any) -> str | None:
+        if not isinstance(speaker, str):
+            return None
+        return next((role for tag, role in self.tags if tag == speaker.casefold()), None)
+
+
+SHAREGPT_KEYS = TurnKeys(("from", "role"), ("value", "content"), tuple(SPEAKERS.items()))
+MESSAGES_KEYS = TurnKeys(("role",), ("content",), tuple((r, r) for r in ("system", "user", "assistant")))
+TAG_KEYS = ("user_tag", "assistant_tag", "system_tag")  # data.*: the speaker of each role
+
+
+def turn_keys(d: DataConfig, fmt: str) -> TurnKeys | None:
+    """The one place that decides how a ``messages`` or ``sharegpt`` turn is read: the format's
+    spelling with ``data.role_tag``, ``data.content_tag`` and the role tags put in; None for
+    ``messages`` rows with none of them set (the turns are read as they are)."""
+    chosen = {key.removesuffix("_tag"): getattr(d, key) for key in TAG_KEYS if getattr(d, key) is not None}
+    if fmt != "sharegpt" and d.role_tag is None and d.content_tag is None and not chosen:
+        return None
+    base = SHAREGPT_KEYS if fmt == "sharegpt" else MESSAGES_KEYS
+    tags = [(tag, role) for tag, role in base.tags if role not in chosen]
+    return TurnKeys(
+        (d.role_tag,) if d.role_tag is not None else base.role,
+        (d.content_tag,) if d.content_tag is not None else base.content,
+        tuple([(tag.casefold(), role) for role, tag in chosen.items()] + tags),
+    )
+
+
+def check_tags(d: DataConfig) -> None:
+    """The turn keys and the role tags: only for conversations, and told apart (a key or tag
+    given twice is refused)."""
+    given = [k for k in ("role_tag", "content_tag", *TAG_KEYS) if getattr(d, k) is not None]
+    if given and d.row_format not in ("auto", *CHAT):
+        raise XtrainError(
+            f"data.{given[0]} spells the turns of conversations, and data.row_format={d.row_format}",
+            f"leave data.{given[0]} unset, or set data.row_format to messages or sharegpt",
+        )
+    if d.role_tag is not None and d.role_tag == d.content_tag:
+        raise XtrainError(
+            f"data.role_tag and data.content_tag are both {d.role_tag!r}",
+            "name the key of the speaker and the key of the text (e.g. from and value)",
+        )
+    chosen = [(key, getattr(d, key)) for key in TAG_KEYS if getattr(d, key) is not None]
+    for key, tag in chosen:
+        if not tag.strip():
+            raise XtrainError(f"data.{key} is empty", "set it to the speaker's name in the data, or unset it")
+    for i, (key, tag) in enumerate(chosen):
+        for other, again in chosen[i + 1 :]:
+            if tag.casefold() == again.casefold():
+                raise XtrainError(
+                    f"data.{key} and data.{other} are both {tag!r}: the roles cannot be told apart",
+                    "give each role the tag its turns carry in the data",
+                )
+
+
+def chat_column(d: DataConfig, fmt: str, columns: list[str]) -> str:
+    """The column of a chat format's conversations: ``data.messages_column``; for sharegpt rows
+    ``conversations`` unless the data has a ``data.messages_column``."""
+    if fmt == "sharegpt" and d.messages_column not in columns:
+        return SHAREGPT_COLUMN
+    return d.messages_column
+
+
+def mapped_turns(cell: Any, keys: TurnKeys, index: int, source: str, column: str) -> list[dict[str, Any]]:
+    """One conversation cell as ``{role, content}`` turns (``chat_data.parse_conversation`` checks
+    the rest: an assistant turn after a user turn, no empty answer, the content's parts)."""
     where = f"row {index} of {source}"
+    shape = f"{{{keys.role[0]}, {keys.content[0]}}}"
     if not isinstance(cell, list) or not cell:
-        raise BadRow(f"{where}: field '{SHAREGPT_COLUMN}' must be a non-empty list of {{from, value}} turns")
+        raise BadRow(f"{where}: field '{column}' must be a non-empty list of {shape} turns")
     out = []
     for k, turn in enumerate(cell):
         if not isinstance(turn, dict):
-            raise BadRow(f"{where}: {SHAREGPT_COLUMN}[{k}] is not a {{from, value}} object")
-        speaker = turn.get("from") or turn.get("role")  # a column mixing both spellings has both keys
-        role = SPEAKERS.get(speaker.lower()) if isinstance(speaker, str) else None
+            raise BadRow(f"{where}: {column}[{k}] is not a {shape} object")
+        speaker = next((turn[key] for key in keys.role if turn.get(key) is not None), None)
+        role = keys.role_of(speaker)
         if role is None:
-            raise BadRow(
-                f"{where}: {SHAREGPT_COLUMN}[{k}] field 'from' is {speaker!r} "
-                "(from: human, gpt, system; also user, assistant)"
-            )
-        value = turn.get("value") if turn.get("value") is not None else turn.get("content")
-        if not isinstance(value, str):
-            raise BadRow(f"{where}: {SHAREGPT_COLUMN}[{k}] field 'value' is missing or not text")
+            tags = ", ".join(dict.fromkeys(tag for tag, _ in keys.tags))
+            name = keys.role[0]
+            raise BadRow(f"{where}: {column}[{k}] field '{name}' is {speaker!r:.60} ({name}: {tags:.120})")
+        value = next((turn[key] for key in keys.content if turn.get(key) is not None), None)
+        if not isinstance(value, (str, list)):
+            raise BadRow(f"{where}: {column}[{k}] field '{keys.content[0]}' is missing or not text")
         out.append({"role": role, "content": value})
     return out
 
 
-def conversations(ds: Any, row_format: str, messages_column: str, source: str) -> list[Any]:
-    """The ``messages`` cells of a chat-shaped dataset: as they are (``messages``), or mapped from
-    sharegpt or alpaca rows."""
+def chat_turns(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str) -> Any:
+    """Row ``index`` of ``source`` (a chat-shaped format: messages, sharegpt, alpaca) as its
+    ``messages`` cell, not yet checked by ``chat_data.parse_conversation``."""
+    if fmt == "alpaca":
+        return alpaca_messages(row, index, source)
+    column = chat_column(d, fmt, list(row))
+    keys = turn_keys(d, fmt)
+    cell = row.get(column)
+    return cell if keys is None else mapped_turns(cell, keys, index, source, column)
+
+
+def chat_conversation(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str) -> Any:
+    """Row ``index`` of ``source`` read as text chat (``fmt``: ``detect`` of its columns): the
+    checked ``chat_data.Conversation``, or a ``RowError`` naming the file, the row and the field."""
     from xtrain.train.tasks import chat_data
 
-    if row_format == "messages":
-        return chat_data.messages_column_of(ds, messages_column, source)
-    if row_format == "sharegpt":
-        require(ds, (SHAREGPT_COLUMN,), source, row_format)
-        return [sharegpt_messages(cell, i, source) for i, cell in enumerate(ds[SHAREGPT_COLUMN])]
-    require(ds, ALPACA_REQUIRED, source, row_format)
-    names = [c for c in (*ALPACA_REQUIRED, *ALPACA_OPTIONAL) if c in ds.column_names]
+    turns = text_chat_turns(d, fmt, row, index, source)
+    return chat_data.parse_conversation(turns, index, source, allow_images=False)
+
+
+def text_chat_turns(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str) -> Any:
+    """``chat_turns`` for text chat: a row that lists images (``data.images_column``: LLaVA or
+    LLaMA-Factory rows) is refused, as its images would be dropped."""
+    images = row.get(d.images_column)
+    if isinstance(images, (list, tuple, str, dict)) and images:
+        raise BadRow(
+            f"row {index} of {source}: field '{d.images_column}' lists images; causal-lm chat is text only",
+            "use model.task=vision-language with a vision-language model, or drop the images",
+        )
+    return chat_turns(d, fmt, row, index, source)
+
+
+def conversations(ds: Any, d: DataConfig, fmt: str, source: str) -> list[Any]:
+    """The ``messages`` cells of a chat-shaped dataset for text chat (``text_chat_turns``): as
+    they are (``messages``), or mapped from sharegpt (or re-spelt messages) or alpaca rows."""
+    if fmt == "alpaca":
+        require(ds, ALPACA_REQUIRED, source, fmt)
+        names = [c for c in (*ALPACA_REQUIRED, *ALPACA_OPTIONAL) if c in ds.column_names]
+    else:
+        column = chat_column(d, fmt, list(ds.column_names))
+        if column not in ds.column_names:
+            key = "data.messages_column" if column == d.messages_column else "data.row_format"
+            raise XtrainError(
+                f"column '{column}' not in {source} (columns: {', '.join(ds.column_names)})",
+                f"set {key} to the column of conversations",
+            )
+        names = [column, *([d.images_column] if d.images_column in ds.column_names else [])]
     columns = {c: ds[c] for c in names}
-    return [alpaca_messages({c: columns[c][i] for c in names}, i, source) for i in range(len(ds))]
+    rows = ({c: columns[c][i] for c in names} for i in range(len(ds)))
+    return [text_chat_turns(d, fmt, row, i, source) for i, row in enumerate(rows)]

@@ -214,7 +214,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     with main_process_first():
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train, eval_ds = (_file_name_column(ds, d.audio_column) for ds in (train, eval_ds))
-        train_dir, eval_dir = common.media_dirs(cfg)
+        train_dir, eval_dir = common.media_dirs(cfg, "audio")
         durations: dict[str, list[float] | None] = {}  # seconds per clip, from the headers checked here
         for role, ds, name, folder in (
             ("train", train, train_name, train_dir),
@@ -316,6 +316,7 @@ TASK = Task(
     keys=frozenset(
         {
             "data.audio_column",
+            "data.audio_root",
             "data.text_column",
             "data.max_audio_seconds",
             "data.long_audio",

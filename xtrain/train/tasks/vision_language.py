@@ -8,8 +8,10 @@ text conversations; evaluated by eval loss and by generating answers (normalised
   tokenizer. ``data.min_pixels``/``data.max_pixels`` bound the image area (Qwen2-VL-style
   processors: fewer pixels, fewer image tokens, less memory).
 - Data: ``messages`` conversations (``xtrain.train.tasks.chat_data``), images as paths relative to
-  the data file or from ``data.images_column``; the processor's chat template renders them; only
-  the assistant's tokens carry loss (``xtrain.train.tasks.vision_chat``).
+  the data file (or ``data.image_root``) or from ``data.images_column``; also LLaMA-Factory / LLaVA
+  rows (``<image>`` placeholders, sharegpt turns) and flat image + question + answer rows
+  (``vision_rows``); the processor's chat template renders them; only the
+  assistant's tokens carry loss (``xtrain.train.tasks.vision_chat``).
 - LoRA: the language model's attention and MLP projections (``lora.target_modules: auto``) with
   the vision tower frozen; ``lora.projector`` also trains the projector/merger whole (saved with
   the adapter through peft's ``modules_to_save``), ``lora.vision_blocks`` adds adapters to the
@@ -32,8 +34,6 @@ from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
-    from xtrain.train.tasks import chat_data
-    from xtrain.train.tasks.vision_chat import VisionChatRows
     from xtrain.train.workload import Workload
 
 NAME = "vision-language"
@@ -162,49 +162,10 @@ def fix_generation(model: Any, tokenizer: Any) -> None:
 # Data
 
 
-def conversations(
-    ds: Any,
-    cfg: TrainConfig,
-    name: str,
-    folder: Path | None,
-    render: chat_data.Render,
-    tokenizer: Any,
-    with_prompts: bool,
-) -> VisionChatRows:
-    """Every row checked and rendered (one line naming the first bad row), its images found."""
-    from xtrain.train.tasks import chat_data
-    from xtrain.train.tasks.image_data import resolve_path, undecoded
-    from xtrain.train.tasks.vision_chat import VisionChatRows
-
-    d = cfg.data
-    ds = undecoded(ds, d.images_column)
-    messages = chat_data.messages_column_of(ds, d.messages_column, name)
-    images = ds[d.images_column] if d.images_column in ds.column_names else [None] * len(ds)
-    encoded, refs, rows = [], [], []
-    for row, (cell, extra) in enumerate(zip(messages, images, strict=True)):
-        where = f"row {row} of {name}"
-        conv = chat_data.parse_conversation(cell, row, name, extra, allow_images=True)
-        for ref in conv.images:
-            if isinstance(ref, str) and not resolve_path(ref, folder).is_file():
-                raise chat_data.BadConversation(f"image {resolve_path(ref, folder)} ({where}) not found")
-        enc = chat_data.encode(render, tokenizer, conv, where)
-        if all(t == -100 for t in enc.labels[: d.max_length][1:]):
-            continue  # every answer lies past data.max_length (the causal-lm rule: dropped)
-        encoded.append(enc)
-        refs.append(conv.images)
-        rows.append(row)
-    if not encoded:
-        raise XtrainError(
-            f"no conversation of {name} has an assistant answer within data.max_length={d.max_length}",
-            "raise data.max_length",
-        )
-    return VisionChatRows(encoded, refs, rows, folder, name, with_prompts=with_prompts)
-
-
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     import torch
 
-    from xtrain.train.tasks import chat_data, common
+    from xtrain.train.tasks import chat_data, common, vision_rows
     from xtrain.train.tasks.vision_chat import ANSWER_KEY, GEN_PREFIX, VisionChatCollator
     from xtrain.train.workload import Workload
 
@@ -218,12 +179,12 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         processor.chat_template = template  # saved with the adapter: predict renders the same way
     with main_process_first():
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
-        train_dir, eval_dir = common.media_dirs(cfg)
+        train_dir, eval_dir = common.media_dirs(cfg, "image")
     tokenizer = processor.tokenizer
-    train_rows = conversations(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
+    train_rows = vision_rows.rows(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
     eval_rows = None
     if eval_ds is not None:
-        eval_rows = conversations(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, with_prompts=True)
+        eval_rows = vision_rows.rows(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, with_prompts=True)
 
     model = common.load_media_model(cfg, TASK, source)
     fix_generation(model, tokenizer)
@@ -248,7 +209,19 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
 
 
 def validate(cfg: TrainConfig) -> None:
+    from xtrain.train.tasks.vision_rows import VISION_FORMATS
+
     d = cfg.data
+    if d.row_format not in VISION_FORMATS:
+        raise XtrainError(
+            f"data.row_format={d.row_format} is not a vision-language row format",
+            f"use one of {', '.join(VISION_FORMATS)} (docs/vision-language.md#data)",
+        )
+    if d.prompt_column is not None and d.row_format not in ("auto", "prompt_response"):
+        raise XtrainError(
+            f"data.prompt_column is for image + question + answer rows, and data.row_format={d.row_format}",
+            "leave data.prompt_column unset, or set data.row_format=prompt_response",
+        )
     if d.min_pixels is not None and d.max_pixels is not None and d.min_pixels > d.max_pixels:
         raise XtrainError(
             f"data.min_pixels={d.min_pixels} is above data.max_pixels={d.max_pixels}",
@@ -340,8 +313,18 @@ TASK = Task(
     keys=frozenset(
         {
             "model.quantization",
+            "data.row_format",
             "data.messages_column",
             "data.images_column",
+            "data.image_column",
+            "data.image_root",
+            "data.prompt_column",
+            "data.response_column",
+            "data.role_tag",
+            "data.content_tag",
+            "data.user_tag",
+            "data.assistant_tag",
+            "data.system_tag",
             "data.chat_template",
             "data.min_pixels",
             "data.max_pixels",
