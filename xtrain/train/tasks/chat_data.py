@@ -121,7 +121,21 @@ def parse_conversation(
         out.append({"role": role, "content": _text_of(parts) if not allow_images else parts})
     if not any(t["role"] == "assistant" for t in out):
         raise BadConversation(f"{where} has no assistant turn: nothing to learn")
+    if extra:  # listed for the row but never shown to the model: it would train text-only, silently
+        unused = ", ".join(_image_name(x) for x in extra[:3]) + (", ..." if len(extra) > 3 else "")
+        raise BadConversation(
+            f"{where}: {len(extra)} image(s) of its images list no turn uses ({unused})",
+            "give each listed image an image part in a user turn, or leave it out of the row",
+        )
     return Conversation(out, refs)
+
+
+def _image_name(ref: Any) -> str:
+    if isinstance(ref, str):
+        return ref
+    if isinstance(ref, dict):
+        return str(ref.get("path") or "embedded image bytes")
+    return type(ref).__name__
 
 
 def user_turn(
@@ -317,10 +331,15 @@ def text_chat_rows(
     dropped (as causal-lm does)."""
     rows = []
     for row, cell in enumerate(cells):
-        conv = parse_conversation(cell, row, source, allow_images=False)
-        enc = encode(render, tokenizer, conv, f"row {row} of {source}")
+        enc = text_chat_encoded(cell, row, render, tokenizer, source)
         ids, labels = enc.input_ids[:max_length], enc.labels[:max_length]
         if all(t == IGNORE_INDEX for t in labels[1:]):  # the model shifts: position 0 never counts
             continue
         rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels})
     return rows
+
+
+def text_chat_encoded(cell: Any, row: int, render: Render, tokenizer: Any, source: str) -> Encoded:
+    """One causal-lm chat row (a ``messages`` cell) checked, rendered and labelled, not yet cut."""
+    conv = parse_conversation(cell, row, source, allow_images=False)
+    return encode(render, tokenizer, conv, f"row {row} of {source}")
