@@ -97,20 +97,21 @@ def inspect(
         data.require_columns(s.ds, columns, s.name)
     classes = data_check.classes(cfg, samples, d.label_column, HEAD, new_head=False, found=found)
     report = DataReport(NAME, d.max_length, notes=notes + classes.notes)
+    columns, to_id = (d.text_column, d.text_pair_column, d.label_column), classes.to_id()
+
+    def tokenize(rows: dict[str, list[Any]], max_length: int) -> list[list[int]]:
+        return data.tokenize_seq_cls(rows, tokenizer, *columns, to_id, max_length)["input_ids"]
+
     for s in samples:
         check = s.check(labels=data_check.label_counts(s.ds, d.label_column))
         report.sources.append(check)
         if tokenizer is None:
             continue
-        pairs = s.ds[d.text_pair_column] if d.text_pair_column else None
-        texts = [t if t is not None else "" for t in s.ds[d.text_column]]
-        check.lengths = [len(ids) for ids in tokenizer(texts, pairs)["input_ids"]]
+        check.lengths = [len(ids) for ids in tokenize(s.ds[:], data_check.NO_CUT)]
         check.truncated = sum(n > d.max_length for n in check.lengths)
         if s.role == "train" and report.example is None:
             row = s.ds[0:1]
-            ids = data.tokenize_seq_cls(row, tokenizer, d.text_column, d.text_pair_column, d.label_column,
-                                        classes.to_id(), d.max_length)["input_ids"][0]  # fmt: skip
-            label = classes.text(row[d.label_column][0])
+            ids, label = tokenize(row, d.max_length)[0], classes.text(row[d.label_column][0])
             report.example = data_check.example_of(s, 0, tokenizer, ids, None, label=label)
     return report
 
