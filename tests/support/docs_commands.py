@@ -40,7 +40,8 @@ Every doc runs as one session in a temporary folder holding copies of ``examples
 ``accelerate_configs/`` and ``tests/fixtures/machines/``, with ``HOME``, ``HF_HOME``,
 ``XDG_CACHE_HOME`` and ``XTRAIN_CACHE`` inside it: nothing touches the user's ``~/.cache``.
 ``YOUR.yaml``, ``job.yaml`` and ``train.yaml`` (the docs' placeholders) are copies of
-``examples/lora-causal-lm.yaml`` there, and ``node.json`` (a snapshot "saved on a cluster node")
+``examples/lora-causal-lm.yaml`` there (with ``examples/data`` beside them: the dry-run reads the
+data), and ``node.json`` (a snapshot "saved on a cluster node")
 is the 8x A100 fixture.
 """
 
@@ -334,6 +335,8 @@ class Session:
                 shutil.copy(example, work / name)
             else:  # until the examples exist: an empty config is all defaults
                 (work / name).write_text("{}\n", encoding="utf-8")
+        if (work / "examples" / "data").is_dir():  # the placeholders' data paths, next to them
+            shutil.copytree(work / "examples" / "data", work / "data")
         for name, machine in policy.placeholder_snapshots.items():
             shutil.copy(MACHINES / f"{machine}.json", work / name)
         env = {
