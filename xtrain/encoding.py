@@ -87,12 +87,13 @@ def read_text(path: Path | str, what: str) -> str:
     return decode(Path(path).read_bytes(), path, what)
 
 
-def utf8_copy(path: Path, what: str, cache_dir: Path | None = None) -> Path:
+def utf8_copy(path: Path, what: str, cache_dir: Path | None = None, whole: bool = True) -> Path:
     """``path`` itself when it is plain UTF-8, else a cached UTF-8 copy (BOM dropped).
 
     A BOM-less file is checked whole (in pieces; decoding runs at memory speed): datasets' JSON
     reader was seen here to load cp1252 bytes without an error, so its own check cannot be relied
-    on."""
+    on. ``whole=False``: its first piece only (the data check reads the first rows; the run
+    checks the rest)."""
     with open(path, "rb") as f:
         head = f.read(CHUNK_BYTES)
         codec, _ = detect_bom(head[:4])
@@ -104,8 +105,9 @@ def utf8_copy(path: Path, what: str, cache_dir: Path | None = None) -> Path:
                 while chunk:
                     decoder.decode(chunk)
                     done += len(chunk)
-                    chunk = f.read(CHUNK_BYTES)
-                decoder.decode(b"", final=True)
+                    chunk = f.read(CHUNK_BYTES) if whole else b""
+                if whole:
+                    decoder.decode(b"", final=True)
             except UnicodeDecodeError as e:
                 raise not_utf8(path, what, e, base=done) from None
             return path

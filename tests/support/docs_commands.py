@@ -40,7 +40,8 @@ Every doc runs as one session in a temporary folder holding copies of ``examples
 ``accelerate_configs/`` and ``tests/fixtures/machines/``, with ``HOME``, ``HF_HOME``,
 ``XDG_CACHE_HOME`` and ``XTRAIN_CACHE`` inside it: nothing touches the user's ``~/.cache``.
 ``YOUR.yaml``, ``job.yaml`` and ``train.yaml`` (the docs' placeholders) are copies of
-``examples/lora-causal-lm.yaml`` there, and ``node.json`` (a snapshot "saved on a cluster node")
+``examples/lora-causal-lm.yaml`` there (with ``examples/data`` beside them: the dry-run reads the
+data), and ``node.json`` (a snapshot "saved on a cluster node")
 is the 8x A100 fixture.
 """
 
@@ -289,6 +290,28 @@ def argv_of(cmd: Command) -> list[str]:
     return shlex.split(cmd.text)
 
 
+def user_data(examples: Path) -> None:
+    """The user's own data that example configs name (``lines/train.csv`` of trocr-printed.yaml,
+    ``clips/`` of whisper-small.yaml, the ``captions`` image folder of vit-gpt2-captions.yaml), two
+    rows each: ``xtrain train --dry-run`` reads the data (docs/training.md#the-data-check)."""
+    import numpy as np
+    import soundfile
+    from PIL import Image
+
+    for folder in ("lines", "clips", "captions"):
+        (examples / folder).mkdir(exist_ok=True)
+    for i in range(2):
+        Image.new("RGB", (64, 16), (255, 255, 255)).save(examples / "lines" / f"{i}.png")
+        Image.new("RGB", (32, 32), (200, 40 * i, 0)).save(examples / "captions" / f"{i}.png")
+        tone = np.sin(np.linspace(0, 440 * 2 * np.pi, 8000)).astype("float32")
+        soundfile.write(examples / "clips" / f"{i}.wav", tone, 16000)
+    for split in ("train", "eval"):
+        (examples / "lines" / f"{split}.csv").write_text("image,text\n0.png,hello\n1.png,world\n")
+        (examples / "clips" / f"{split}.csv").write_text("audio,text\n0.wav,hello\n1.wav,world\n")
+    captions = "file_name,caption\n0.png,a red square\n1.png,an orange square\n"
+    (examples / "captions" / "metadata.csv").write_text(captions)
+
+
 @dataclass
 class Session:
     """One doc's commands, in order, in one temporary folder with its own environment."""
@@ -305,12 +328,15 @@ class Session:
         for rel in ("examples", "accelerate_configs", "tests/fixtures/machines"):
             if (ROOT / rel).is_dir():
                 shutil.copytree(ROOT / rel, work / rel)
+        user_data(work / "examples")
         example = ROOT / policy.example_config
         for name in policy.placeholder_configs:
             if example.exists():
                 shutil.copy(example, work / name)
             else:  # until the examples exist: an empty config is all defaults
                 (work / name).write_text("{}\n", encoding="utf-8")
+        if (work / "examples" / "data").is_dir():  # the placeholders' data paths, next to them
+            shutil.copytree(work / "examples" / "data", work / "data")
         for name, machine in policy.placeholder_snapshots.items():
             shutil.copy(MACHINES / f"{machine}.json", work / name)
         env = {

@@ -219,9 +219,15 @@ def train(
 
     if dry_run:
         notes += model_check_lines(cfg, resolved)  # the checks a worker runs on the loaded model
+        from xtrain.commands import data_report
+
+        # the data on this machine, also for another machine's plan (--facts): read as the run reads
+        # it, a bad row refused in its one line before anything is printed
+        report = data_report.check(cfg)
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
         for line in notes:
             console.print(line, soft_wrap=True)
+        data_report.render(report, console)
         for title, lines in equivalent_commands(plan, run_argv, shard_flags):
             shell = "PowerShell" if plan.shell == "powershell" else "bash"
             console.print(f"\n# {title} ({shell})", soft_wrap=True, markup=False)

@@ -61,9 +61,9 @@ def _looks_like_hub_id(source: str) -> bool:
 
 def _pick_split(ds: Any, source: str, role: str) -> Any:
     """One split of a DatasetDict: "train" for training, validation/eval/test for evaluation."""
-    from datasets import DatasetDict
+    from datasets import DatasetDict, IterableDatasetDict
 
-    if not isinstance(ds, DatasetDict):
+    if not isinstance(ds, (DatasetDict, IterableDatasetDict)):
         return ds
     names = list(ds.keys())
     wanted = ("train",) if role == "train" else EVAL_SPLITS
@@ -128,15 +128,42 @@ def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = 
 def _load_file(path: Path, builder: str, source: str) -> Any:
     import datasets
 
+    original, path, kwargs = path, *_readable(path, builder, source, whole=True)
+    try:
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+    except Exception as e:
+        raise _read_error(e, original, source, builder) from None
+    if len(ds) == 0:
+        raise XtrainError(f"data file {source} has no rows", "add examples to it")
+    return ds
+
+
+def _stream_file(path: Path, builder: str, source: str, limit: int) -> tuple[Any, int | None]:
+    """``_load_file``'s first ``limit`` rows, streamed by the same builder (``first_rows``)."""
+    import datasets
+
+    original, path, kwargs = path, *_readable(path, builder, source, whole=False)
+    try:
+        stream = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
+        return _first_of_stream(stream, limit, source)
+    except XtrainError:
+        raise
+    except Exception as e:
+        raise _read_error(e, original, source, builder) from None
+
+
+def _readable(path: Path, builder: str, source: str, whole: bool) -> tuple[Path, dict[str, Any]]:
+    """(the path datasets reads: a cached UTF-8 copy of a file with a BOM or in UTF-16, its
+    ``load_dataset`` keywords); an empty file is refused. ``whole``: the UTF-8 check reads it
+    all, else its first piece (the rest is checked when the run reads it)."""
     from xtrain import encoding
 
     kwargs: dict[str, Any] = {}
     if builder == "csv" and path.suffix.lower() == ".tsv":
         kwargs["delimiter"] = "\t"
-    original = path
     if builder in ("json", "csv", "text"):
         # datasets reads text as UTF-8: a BOM or UTF-16 (PowerShell's `>`) gets a cached UTF-8 copy
-        path = encoding.utf8_copy(path, "data file")
+        path = encoding.utf8_copy(path, "data file", whole=whole)
     try:
         size = path.stat().st_size
     except OSError:
@@ -145,21 +172,89 @@ def _load_file(path: Path, builder: str, source: str) -> Any:
         raise XtrainError(
             f"data file {source} is empty", "point data.train/data.eval at a file with examples"
         )
-    try:
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
-    except Exception as e:
-        cause: BaseException | None = e
-        while cause is not None and not isinstance(cause, UnicodeDecodeError):
-            cause = cause.__cause__ or cause.__context__
-        if isinstance(cause, UnicodeDecodeError) or "codec can't decode" in str(e):
-            # a non-UTF-8 byte past the part utf8_copy checks
-            raise encoding.not_utf8(original, "data file") from None
-        if "corresponds to no data" in str(e):  # a CSV with a header line only
-            raise XtrainError(f"data file {source} has no rows", "add examples below the header") from None
-        raise XtrainError(f"cannot read {source} as {builder}: {_first_line(e)}") from None
-    if len(ds) == 0:
+    return path, kwargs
+
+
+def _read_error(e: Exception, original: Path, source: str, builder: str) -> XtrainError:
+    from xtrain import encoding
+
+    cause: BaseException | None = e
+    while cause is not None and not isinstance(cause, UnicodeDecodeError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, UnicodeDecodeError) or "codec can't decode" in str(e):
+        # a non-UTF-8 byte past the part utf8_copy checks
+        return encoding.not_utf8(original, "data file")
+    if "corresponds to no data" in str(e):  # a CSV with a header line only
+        return XtrainError(f"data file {source} has no rows", "add examples below the header")
+    return XtrainError(f"cannot read {source} as {builder}: {_first_line(e)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The first rows only (the data check: ``xtrain train --dry-run`` and the start of a run)
+
+
+def first_rows(
+    source: str, fmt: str, limit: int, role: str = "train", key: str = "data.train"
+) -> tuple[Any, int | None] | None:
+    """(a ``Dataset`` of the first ``limit`` rows of ``source``, its row count where that is known
+    without reading it all: a saved data set, or a file that ends within ``limit + 1`` rows), read
+    by the same ``datasets`` builders as ``load_source`` but streamed: a 10 GB file costs its first
+    rows. None for a hub id: nothing is downloaded to check it."""
+    import datasets
+
+    if builtin.is_builtin(source):
+        return _stream_file(builtin.builtin_data_file(source, role), "json", source, limit)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "state.json").exists() or fmt == "arrow":
+            ds = load_source(source, fmt, role, key)  # memory-mapped: nothing read up front
+            return ds.select(range(min(limit, len(ds)))), len(ds)
+        try:
+            stream = _pick_split(datasets.load_dataset(str(path), streaming=True), source, role)
+            return _first_of_stream(stream, limit, source)
+        except XtrainError:
+            raise
+        except Exception as e:
+            raise XtrainError(f"cannot read data folder {source}: {_first_line(e)}") from None
+    if path.is_file():
+        builder = fmt if fmt != "auto" else EXTENSIONS.get(path.suffix.lower())
+        if builder is None:
+            load_source(source, fmt, role, key)  # its one line about the extension
+        return _stream_file(path, str(builder), source, limit)
+    if _looks_like_hub_id(source):
+        return None
+    return load_source(source, fmt, role, key)  # raises: not found
+
+
+def _first_of_stream(stream: Any, limit: int, source: str) -> tuple[Any, int | None]:
+    """(the first ``limit`` rows of an ``IterableDataset`` as a ``Dataset``, the row count when
+    that is all of them). Image and audio columns stay undecoded, as the run reads them."""
+    import itertools
+
+    import datasets
+
+    features = stream.features
+    if features is not None:
+        for name, feature in features.items():
+            if isinstance(feature, (datasets.Image, datasets.Audio)) and feature.decode:
+                stream = stream.cast_column(name, type(feature)(decode=False))
+        features = stream.features
+    rows = list(itertools.islice(stream, limit + 1))
+    if not rows:
         raise XtrainError(f"data file {source} has no rows", "add examples to it")
-    return ds
+    ds = datasets.Dataset.from_list(rows[:limit], features=features)
+    return ds, (len(rows) if len(rows) <= limit else None)
+
+
+def undecoded_row(ds: Any, i: int, column: str) -> dict[str, Any]:
+    """Row ``i`` with its ``Image``/``Audio`` column as the run reads it: undecoded (a path, or
+    ``{"bytes", "path"}``)."""
+    import datasets
+
+    feature = ds.features.get(column)
+    if isinstance(feature, (datasets.Image, datasets.Audio)) and feature.decode:
+        ds = ds.cast_column(column, type(feature)(decode=False))
+    return ds[i]
 
 
 # Columns that are checked for presence only: labels (ints or names), images and audio (paths,
@@ -481,15 +576,15 @@ def labels_of(
     column names its integer classes (the classification tasks)."""
     feature = train.features.get(column)
     return label_mapping(
-        _label_values(train, column, sources[0]),
-        _label_values(eval_ds, column, sources[1]) if eval_ds is not None else [],
+        label_values(train, column, sources[0]),
+        label_values(eval_ds, column, sources[1]) if eval_ds is not None else [],
         num_labels,
         sources,
         class_names=list(feature.names) if hasattr(feature, "names") else None,
     )
 
 
-def _label_values(ds: Any, column: str, source: str) -> list[Any]:
+def label_values(ds: Any, column: str, source: str) -> list[Any]:
     """The distinct labels of a column. A JSON column that mixes numbers and names is typed Json
     by datasets (arrow has no ``unique`` for it): read row by row, lists and objects refused."""
     feature = ds.features.get(column)

@@ -256,6 +256,7 @@ class Recipe:
             total_params=self.total_params, output_dir=str(self.out), cpu_staged_allreduce=self.cpu_staged,
             resumed_from=str(self.resume_from) if self.resume_from else None,
             loader_workers=self.workers[0], loader_why=self.workers[1],
+            data_checked=report.summary() if (report := self.workload.data_report) is not None else None,
         )  # fmt: skip
 
     def _resume_position(self) -> int:

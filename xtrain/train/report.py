@@ -33,6 +33,7 @@ class StartInfo:
     cpu_staged_allreduce: bool = False
     loader_workers: int = 0
     loader_why: str = ""
+    data_checked: str | None = None  # the task's data check on its first rows (DataReport.summary)
 
     @classmethod
     def of(cls, settings: Any, **found: Any) -> StartInfo:
@@ -175,6 +176,8 @@ class RichReporter:
             f"{info.device}, {comm}, precision {info.precision if info.precision != 'no' else 'fp32'}"
         )
         c.print(f"  {info.batch_line}")
+        if info.data_checked:
+            c.print(f"  data checked: {_esc(info.data_checked)}")
         if info.loader_workers:
             c.print(f"  data: {info.loader_workers} loader worker(s) per process ({_esc(info.loader_why)})")
         share = 100 * info.trainable_params / max(1, info.total_params)

@@ -60,3 +60,6 @@ class Workload:
     # One length per training sample, for data.group_by_length (speech-to-text: audio seconds from
     # the file headers). None: the token count of an ``input_ids`` column (xtrain.train.sampler).
     train_lengths: Callable[[], Sequence[float]] | None = None
+    # the task's data check on the first rows it loaded (``tasks.data_check.DataReport``): its
+    # summary is a line of the run's banner
+    data_report: Any | None = None

@@ -18,6 +18,7 @@ from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
 
 NAME = "causal-lm"
@@ -60,15 +61,7 @@ def chat_rows(
     from xtrain.train.tasks.common import require_nonempty
 
     d = cfg.data
-    if d.packing == "concatenate":
-        hint = "set data.packing=on (whole conversations packed, kept apart) or off"
-        if fmt == "alpaca":
-            hint += " (alpaca rows are chat conversations when the tokenizer has a chat template)"
-        raise XtrainError("data.packing=concatenate would cut conversations mid-turn", hint)
-    template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
-    if d.chat_template is not None:
-        tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
-    render = chat_data.renderer(tokenizer, template, d.chat_template)
+    render = chat_render(cfg, tokenizer, source, fmt)
     out: list[list[dict[str, list[int]]] | None] = []
     for ds, name in (train, eval_):
         if ds is None:
@@ -84,6 +77,22 @@ def chat_rows(
     return out[0], out[1]
 
 
+def chat_render(cfg: TrainConfig, tokenizer: Any, source: str, fmt: str) -> Any:
+    """The chat template's renderer (``data.chat_template`` or the tokenizer's)."""
+    from xtrain.train.tasks import chat_data
+
+    d = cfg.data
+    if d.packing == "concatenate":
+        hint = "set data.packing=on (whole conversations packed, kept apart) or off"
+        if fmt == "alpaca":
+            hint += " (alpaca rows are chat conversations when the tokenizer has a chat template)"
+        raise XtrainError("data.packing=concatenate would cut conversations mid-turn", hint)
+    template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
+    if d.chat_template is not None:
+        tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
+    return chat_data.renderer(tokenizer, template, d.chat_template)
+
+
 def _text_columns(cfg: TrainConfig, fmt: str) -> tuple[str | None, str | None, dict[str, str]]:
     """(prompt column, response column, the columns to require) of a non-chat format."""
     d = cfg.data
@@ -97,7 +106,7 @@ def _text_columns(cfg: TrainConfig, fmt: str) -> tuple[str | None, str | None, d
 
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.train import data
-    from xtrain.train.tasks import row_formats
+    from xtrain.train.tasks import data_check, row_formats
     from xtrain.train.tasks.common import (
         load_seeded,
         prepare_tokenizer,
@@ -111,6 +120,8 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+        first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+        report = inspect(cfg, tokenizer, source, first, [])  # the data check: its first rows first
         fmt = row_format(cfg, train)
         chat = is_chat(cfg, tokenizer, fmt)
         if not chat:
@@ -151,13 +162,113 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     if d.packing == "on":
         check_packs_apart(model)  # before LoRA wraps it: the model's own class and config
     workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
-    workload.chat = chat
+    workload.chat, workload.data_report = chat, report
     if d.packing == "on":  # one padding-free row per micro-batch; eval rows padded as before
         pad = workload.collator
         workload.collator = collate.PackedCollator(pad.pad_token_id, pad.pad_to_multiple_of)
     if cfg.optim.neftune_alpha is not None:  # on the unwrapped model; active in training mode only
         neftune.attach(workload.model, cfg.optim.neftune_alpha)
     return workload
+
+
+# ---------------------------------------------------------------------------------------------
+# The data check (``Task.check_data``): the first rows through the functions ``build`` uses
+
+
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    from xtrain.train.tasks import data_check
+    from xtrain.train.tasks.common import prepare_tokenizer
+
+    samples, notes = data_check.first_samples(cfg, limit)
+    found = data_check.loaded_or_note(cfg, notes, lambda: prepare_tokenizer(cfg, contextlib.nullcontext))
+    source, tokenizer = found if found is not None else (cfg.model.name_or_path, None)
+    return inspect(cfg, tokenizer, source, samples, notes)
+
+
+def inspect(
+    cfg: TrainConfig, tokenizer: Any, source: str, samples: list[Sample], notes: list[str]
+) -> DataReport:
+    """Each sample's rows in the format the run reads (``row_format``), tokenised as the run
+    tokenises them (chat: ``chat_data``; text: ``data.tokenize_causal_lm``); without a tokenizer
+    (a hub model not on this machine) the rows' fields only."""
+    from xtrain.train.tasks import row_formats
+    from xtrain.train.tasks.data_check import DataReport
+
+    d = cfg.data
+    report = DataReport(NAME, d.max_length, notes=notes)
+    train = next((s for s in samples if s.role == "train"), None)
+    if train is None:
+        return report
+    fmt = row_format(cfg, train.ds)
+    chat = fmt in row_formats.CHAT if tokenizer is None else is_chat(cfg, tokenizer, fmt)
+    render = chat_render(cfg, tokenizer, source, fmt) if chat and tokenizer is not None else None
+    for s in samples:
+        check = _check_chat(cfg, s, fmt, render, tokenizer) if chat else _check_text(cfg, s, fmt, tokenizer)
+        report.sources.append(check[0])
+        report.example = report.example or check[1]
+    if report.example is not None and d.packing == "on":
+        report.example.note = (
+            f"data.packing=on: whole examples like this one are packed into training rows of up to "
+            f"{d.max_length} tokens (the first token of each carries no loss)"
+        )
+    return report
+
+
+def _check_chat(cfg: TrainConfig, s: Sample, fmt: str, render: Any, tokenizer: Any) -> tuple[Any, Any]:
+    from xtrain.train.collate import IGNORE_INDEX
+    from xtrain.train.tasks import chat_data, data_check, row_formats
+
+    d = cfg.data
+    cells = row_formats.conversations(s.ds, d, fmt, s.name)
+    check, example = s.check(row_format=fmt), None
+    for row, cell in enumerate(cells):
+        if render is None:
+            chat_data.parse_conversation(cell, row, s.name, allow_images=False)
+            continue
+        enc = chat_data.text_chat_encoded(cell, row, render, tokenizer, s.name)
+        ids, labels = enc.input_ids[: d.max_length], enc.labels[: d.max_length]
+        check.lengths.append(len(enc.input_ids))
+        check.truncated += len(enc.input_ids) > d.max_length
+        if all(t == IGNORE_INDEX for t in labels[1:]):  # text_chat_rows leaves it out
+            check.dropped += 1
+        elif example is None and s.role == "train":
+            example = data_check.example_of(s, row, tokenizer, ids, labels)
+    return check, example
+
+
+def _check_text(cfg: TrainConfig, s: Sample, fmt: str, tokenizer: Any) -> tuple[Any, Any]:
+    from xtrain.train import data
+    from xtrain.train.tasks import data_check, row_formats
+
+    d = cfg.data
+    prompt, response, columns = _text_columns(cfg, fmt)
+    ds = row_formats.alpaca_as_prompt_response(s.ds, s.name) if fmt == "alpaca" else s.ds
+    data.require_columns(ds, columns, s.name)
+    check = s.check(row_format=fmt)
+    if tokenizer is None:
+        return check, None
+    settings = {"text_column": d.text_column, "prompt_column": prompt, "response_column": response}
+
+    def tokenize(batch: dict[str, list[Any]], max_length: int, packing: str = "off") -> Any:
+        return data.tokenize_causal_lm(batch, tokenizer, **settings, max_length=max_length, packing=packing)
+
+    whole, cut = tokenize(ds[:], data_check.NO_CUT), tokenize(ds[:], d.max_length)
+    check.lengths = [len(ids) for ids in whole["input_ids"]]
+    check.truncated = sum(n > d.max_length for n in check.lengths)
+    check.dropped = len(ds) - len(cut["input_ids"])
+    example = None
+    if s.role == "train" and d.packing == "concatenate":  # the first block the run trains on
+        run = tokenize(ds[:], d.max_length, d.packing)
+        if run["input_ids"]:
+            example = data_check.example_of(s, 0, tokenizer, run["input_ids"][0], run["labels"][0])
+            example.note = "data.packing=concatenate: the rows joined and cut into blocks; the first block"
+    elif s.role == "train":
+        for row in range(len(ds)):  # the first row with something to learn
+            one = tokenize(ds[row : row + 1], d.max_length)
+            if one["input_ids"]:
+                example = data_check.example_of(s, row, tokenizer, one["input_ids"][0], one["labels"][0])
+                break
+    return check, example
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -317,4 +428,5 @@ TASK = Task(
     peft_task_type="CAUSAL_LM",
     recognizes=_is_causal_lm,
     predicts=Predicts(takes="--prompt TEXT", load=load_for_predict, run=predict),
+    check_data=check_data,
 )

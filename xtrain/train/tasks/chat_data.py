@@ -171,6 +171,7 @@ def _fill(refs: list[Any], listed: list[Any], where: str, field_name: str) -> li
     return [next(rest) if ref is None else ref for ref in refs]
 
 
+
 def user_turn(
     question: str, images: int = 0, system: str | None = None, text_only: bool = False
 ) -> list[dict[str, Any]]:
@@ -364,10 +365,15 @@ def text_chat_rows(
     dropped (as causal-lm does)."""
     rows = []
     for row, cell in enumerate(cells):
-        conv = parse_conversation(cell, row, source, allow_images=False)
-        enc = encode(render, tokenizer, conv, f"row {row} of {source}")
+        enc = text_chat_encoded(cell, row, render, tokenizer, source)
         ids, labels = enc.input_ids[:max_length], enc.labels[:max_length]
         if all(t == IGNORE_INDEX for t in labels[1:]):  # the model shifts: position 0 never counts
             continue
         rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels})
     return rows
+
+
+def text_chat_encoded(cell: Any, row: int, render: Render, tokenizer: Any, source: str) -> Encoded:
+    """One causal-lm chat row (a ``messages`` cell) checked, rendered and labelled, not yet cut."""
+    conv = parse_conversation(cell, row, source, allow_images=False)
+    return encode(render, tokenizer, conv, f"row {row} of {source}")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.tasks.data_check import DataReport
     from xtrain.train.workload import Workload
 
 MainProcessFirst = Callable[[], contextlib.AbstractContextManager]
@@ -121,3 +122,8 @@ class Task:
     recognizes: Callable[[dict[str, Any]], bool] | None = None
     predicts: Predicts | None = None  # None: ``xtrain predict`` refuses its results
     quickstart: Quickstart | None = None
+    # The data check (``xtrain train --dry-run``): (cfg, rows) -> what the first ``rows`` rows of
+    # each data source hold, read by the task's own readers with its tokenizer or processor (never
+    # the model weights); a row the run would refuse raises its line. Its ``build`` runs the same
+    # check on the data it loaded (``Workload.data_report``). None: not checked (custom).
+    check_data: Callable[[TrainConfig, int], DataReport] | None = None

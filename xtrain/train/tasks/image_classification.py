@@ -24,9 +24,11 @@ from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
 
 NAME = "image-classification"
+HEAD = "ForImageClassification"  # the architectures of a checkpoint whose head is trained
 # the attention projections of ViT/DeiT/BEiT/Swin (query/key/value), CLIP/SigLIP-style (q/k/v_proj),
 # DINOv2-with-registers/EVA-style fused (qkv); ConvNeXt has no attention: its Linear layers
 ATTENTION = ("query", "key", "value", "q_proj", "k_proj", "v_proj", "qkv")
@@ -78,7 +80,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     import transformers
 
     from xtrain.train import collate, data
-    from xtrain.train.tasks import common
+    from xtrain.train.tasks import common, data_check
     from xtrain.train.tasks.image_data import ImageLabelCollator, ImageLabelRows
     from xtrain.train.workload import Workload
 
@@ -94,7 +96,10 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         cfg, main_process_first, columns
     )
     sources = (train_name, eval_name)
-    mapping, num_labels, id2label = data.labels_of(train, eval_ds, d.label_column, m.num_labels, sources)
+    found = data.labels_of(train, eval_ds, d.label_column, m.num_labels, sources)
+    mapping, num_labels, id2label = found
+    sets = [(train, train_name, "train"), (eval_ds, eval_name, "eval")]
+    report = inspect(cfg, data_check.loaded_samples(cfg, sets), [], found)  # the data check
     names = id2label or {i: str(i) for i in range(num_labels)}
 
     def rows(ds: Any, folder: Path | None, name: str) -> ImageLabelRows:
@@ -113,9 +118,42 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         tokenizer=image_processor,  # saved with the adapter: predict prepares images the same way
         main_metric="accuracy",
         tokens_key=None,
+        data_report=report,
     )
     workload.record = {"labels": [names[i] for i in range(num_labels)]}
     return workload
+
+
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    """No processor needed: the images are found and their labels held against the model's."""
+    from xtrain.train.tasks import data_check
+
+    samples, notes = data_check.first_samples(cfg, limit)
+    return inspect(cfg, samples, notes)
+
+
+def inspect(cfg: TrainConfig, samples: list[Sample], notes: list[str], found: Any = None) -> DataReport:
+    """Columns and image files as ``common.image_datasets`` checks them, the labels (``found``:
+    the run's mapping) against the checkpoint's classes; the example: the first training row."""
+    from xtrain.train import data
+    from xtrain.train.tasks import data_check
+    from xtrain.train.tasks.data_check import DataReport, Example
+    from xtrain.train.tasks.image_data import check_image_files
+
+    d = cfg.data
+    for s in samples:
+        columns = {"data.image_column": d.image_column, "data.label_column": d.label_column}
+        data.require_columns(s.ds, columns, s.name)
+        check_image_files(s.ds, d.image_column, s.folder, s.name)
+    classes = data_check.classes(cfg, samples, d.label_column, HEAD, new_head=True, found=found)
+    report = DataReport(NAME, d.max_length, notes=notes + classes.notes)
+    for s in samples:
+        report.sources.append(s.check(labels=data_check.label_counts(s.ds, d.label_column)))
+        if s.role == "train" and report.example is None:
+            row = data.undecoded_row(s.ds, 0, d.image_column)
+            image = data_check.image_line(row[d.image_column], s.folder)
+            report.example = Example(s.name, 0, inputs=[image], label=classes.text(row[d.label_column]))
+    return report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +206,7 @@ def _quickstart_inputs() -> list[str]:
 
 
 def _is_image_classifier(config: dict[str, Any]) -> bool:
-    return any(str(a).endswith("ForImageClassification") for a in config.get("architectures") or [])
+    return any(str(a).endswith(HEAD) for a in config.get("architectures") or [])
 
 
 TASK = Task(
@@ -182,6 +220,7 @@ TASK = Task(
     resume_keys=("model.num_labels",),
     recognizes=_is_image_classifier,
     predicts=Predicts(takes="images", load=load_for_predict, run=predict),
+    check_data=check_data,
     quickstart=Quickstart(
         job="quickstart-image-classification.yaml",
         about="image classification",

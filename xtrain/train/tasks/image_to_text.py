@@ -26,6 +26,7 @@ from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
 
 NAME = "image-to-text"
@@ -142,7 +143,7 @@ def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
 
 
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-    from xtrain.train.tasks import common
+    from xtrain.train.tasks import common, data_check
     from xtrain.train.tasks.image_data import ImageTextCollator, ImageTextRows
     from xtrain.train.workload import Workload
 
@@ -153,6 +154,8 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     (train, train_name, train_dir), (eval_ds, eval_name, eval_dir) = common.image_datasets(
         cfg, main_process_first, columns
     )
+    sets = [(train, train_name, "train"), (eval_ds, eval_name, "eval")]
+    report = inspect(cfg, tokenizer, data_check.loaded_samples(cfg, sets), [])  # the data check
     train_rows = ImageTextRows(train, d.image_column, d.text_column, train_dir, train_name)
     eval_rows = None
     if eval_ds is not None:
@@ -172,7 +175,50 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         main_metric="cer",
         tokens_key=None,
         evaluate=common.generation_eval(cfg, tokenizer),
+        data_report=report,
     )
+
+
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    from xtrain.train.tasks import common, data_check
+
+    def tokenizer() -> Any:
+        source = common.media_source(cfg, contextlib.nullcontext, check_model_type)
+        return load_processors(source, cfg.model.trust_remote_code)[1]
+
+    samples, notes = data_check.first_samples(cfg, limit)
+    return inspect(cfg, data_check.loaded_or_note(cfg, notes, tokenizer), samples, notes)
+
+
+def inspect(cfg: TrainConfig, tokenizer: Any, samples: list[Sample], notes: list[str]) -> DataReport:
+    """Columns and image files as ``common.image_datasets`` checks them, the texts as the run's
+    collator labels them (``ImageTextCollator.labels``: every token trained)."""
+    from xtrain.train import data
+    from xtrain.train.tasks import data_check
+    from xtrain.train.tasks.data_check import DataReport
+    from xtrain.train.tasks.image_data import ImageTextCollator, check_image_files
+
+    d = cfg.data
+    report = DataReport(NAME, d.max_length, notes=notes)
+    for s in samples:
+        data.require_columns(s.ds, {"data.image_column": d.image_column, "data.text_column": d.text_column},
+                             s.name)  # fmt: skip
+        check_image_files(s.ds, d.image_column, s.folder, s.name)
+        check = s.check()
+        report.sources.append(check)
+        if tokenizer is None:
+            continue
+        texts = ["" if t is None else str(t) for t in s.ds[d.text_column]]
+        whole = ImageTextCollator(None, tokenizer, data_check.NO_CUT).labels(texts)
+        check.lengths = [len(ids) for ids in whole]
+        check.truncated = sum(n > d.max_length for n in check.lengths)
+        if s.role == "train" and report.example is None:
+            labels = ImageTextCollator(None, tokenizer, d.max_length).labels(texts[:1])[0]
+            cell = data.undecoded_row(s.ds, 0, d.image_column)[d.image_column]
+            image = data_check.image_line(cell, s.folder)
+            report.example = data_check.example_of(s, 0, tokenizer, labels, labels, inputs=[image])
+            report.example.note = "the decoder writes these tokens (all trained) after its start token"
+    return report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,6 +290,7 @@ TASK = Task(
     resume_keys=("lora.apply_to",),
     recognizes=lambda config: config.get("model_type") == "vision-encoder-decoder",
     predicts=Predicts(takes="images", load=load_for_predict, run=predict),
+    check_data=check_data,
     quickstart=Quickstart(
         job="quickstart-image-to-text.yaml",
         about="OCR",

@@ -10,13 +10,16 @@ from xtrain.train.tasks.contract import MainProcessFirst, Quickstart, Task
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
 
 NAME = "seq-cls"
+HEAD = "ForSequenceClassification"  # the architectures of a checkpoint whose head is trained
 
 
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.train import collate, data
+    from xtrain.train.tasks import data_check
     from xtrain.train.tasks.common import (
         load_seeded,
         prepare_tokenizer,
@@ -39,9 +42,10 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         if eval_ds is not None:
             data.require_columns(eval_ds, columns, eval_name)
         sources = (train_name, eval_name)
-        mapping, num_labels, id2label = data.labels_of(
-            train, eval_ds, d.label_column, cfg.model.num_labels, sources
-        )
+        found = data.labels_of(train, eval_ds, d.label_column, cfg.model.num_labels, sources)
+        mapping, num_labels, id2label = found
+        first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+        report = inspect(cfg, tokenizer, first, [], found)  # the data check, on its first rows
         kwargs = {
             "tokenizer": tokenizer,
             "text_column": d.text_column,
@@ -60,12 +64,61 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     # Decoder models classify from the last non-pad token: they must know the pad id.
     model.config.pad_token_id = tokenizer.pad_token_id
     evaluation = (collate.seq_cls_eval_batch, collate.seq_cls_reduce, "accuracy")
-    return text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
+    workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
+    workload.data_report = report
+    return workload
+
+
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    from xtrain.train.tasks import data_check
+    from xtrain.train.tasks.common import prepare_tokenizer
+
+    samples, notes = data_check.first_samples(cfg, limit)
+    found = data_check.loaded_or_note(cfg, notes, lambda: prepare_tokenizer(cfg, contextlib.nullcontext))
+    return inspect(cfg, found[1] if found is not None else None, samples, notes)
+
+
+def inspect(
+    cfg: TrainConfig, tokenizer: Any, samples: list[Sample], notes: list[str], found: Any = None
+) -> DataReport:
+    """The columns and labels of each sample (``found``: the run's label mapping), tokenised as
+    the run tokenises them (``data.tokenize_seq_cls``); the example: the first training row."""
+    from xtrain.train import data
+    from xtrain.train.tasks import data_check
+    from xtrain.train.tasks.data_check import DataReport
+
+    d = cfg.data
+    columns = {
+        "data.text_column": d.text_column,
+        "data.text_pair_column": d.text_pair_column,
+        "data.label_column": d.label_column,
+    }
+    for s in samples:
+        data.require_columns(s.ds, columns, s.name)
+    classes = data_check.classes(cfg, samples, d.label_column, HEAD, new_head=False, found=found)
+    report = DataReport(NAME, d.max_length, notes=notes + classes.notes)
+    columns, to_id = (d.text_column, d.text_pair_column, d.label_column), classes.to_id()
+
+    def tokenize(rows: dict[str, list[Any]], max_length: int) -> list[list[int]]:
+        return data.tokenize_seq_cls(rows, tokenizer, *columns, to_id, max_length)["input_ids"]
+
+    for s in samples:
+        check = s.check(labels=data_check.label_counts(s.ds, d.label_column))
+        report.sources.append(check)
+        if tokenizer is None:
+            continue
+        check.lengths = [len(ids) for ids in tokenize(s.ds[:], data_check.NO_CUT)]
+        check.truncated = sum(n > d.max_length for n in check.lengths)
+        if s.role == "train" and report.example is None:
+            row = s.ds[0:1]
+            ids, label = tokenize(row, d.max_length)[0], classes.text(row[d.label_column][0])
+            report.example = data_check.example_of(s, 0, tokenizer, ids, None, label=label)
+    return report
 
 
 def _is_classifier(config: dict[str, Any]) -> bool:
     heads = [str(a) for a in config.get("architectures") or []]
-    return config.get("task_type") == "SEQ_CLS" or any(a.endswith("ForSequenceClassification") for a in heads)
+    return config.get("task_type") == "SEQ_CLS" or any(a.endswith(HEAD) for a in heads)
 
 
 TASK = Task(
@@ -86,6 +139,7 @@ TASK = Task(
     peft_task_type="SEQ_CLS",
     resume_keys=("model.num_labels",),
     recognizes=_is_classifier,
+    check_data=check_data,
     quickstart=Quickstart(
         job="quickstart.yaml", about="text classification", next_command="xtrain train examples/seq-cls.yaml"
     ),

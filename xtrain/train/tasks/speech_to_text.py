@@ -34,6 +34,7 @@ from xtrain.train.tasks.image_to_text import PARTS
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.audio_data import AudioTextRows
+    from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
 
 NAME = "speech-to-text"
@@ -190,30 +191,24 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-    from xtrain.train.tasks import common
-    from xtrain.train.tasks.audio_data import (
-        AudioTextRows,
-        SpeechTextCollator,
-        audiofolder_metadata,
-        check_audio_files,
-    )
+    from xtrain.train.tasks import common, data_check
+    from xtrain.train.tasks.audio_data import AudioTextRows, SpeechTextCollator, check_audio_files
     from xtrain.train.workload import Workload
 
-    d, m = cfg.data, cfg.model
+    m = cfg.model
     source = common.media_source(cfg, main_process_first, check_model_type)
     feature_extractor, tokenizer, saver = load_processors(source, m.trust_remote_code)
     rate = int(feature_extractor.sampling_rate)
-    seconds = max_seconds(d.max_audio_seconds, feature_extractor)
-    # An audiofolder is read through its metadata file (its paths are relative to that file).
-    train_meta, eval_meta = audiofolder_metadata(d.train, "train"), audiofolder_metadata(d.eval, "eval")
-    if train_meta or eval_meta:
-        d = dataclasses.replace(
-            d, train=str(train_meta or d.train), eval=str(eval_meta or d.eval) if d.eval else None
-        )
-        cfg = dataclasses.replace(cfg, data=d)
+    seconds = max_seconds(cfg.data.max_audio_seconds, feature_extractor)
+    cfg = with_metadata(cfg)
+    d = cfg.data
     with main_process_first():
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train, eval_ds = (_file_name_column(ds, d.audio_column) for ds in (train, eval_ds))
+        sets = [(train, train_name, "train"), (eval_ds, eval_name, "eval")]
+        parts = (feature_extractor, tokenizer, label_start(cfg, source, tokenizer))
+        first = data_check.loaded_samples(cfg, sets, media="audio")
+        report = inspect(cfg, parts, first, [])  # the data check
         train_dir, eval_dir = common.media_dirs(cfg, "audio")
         durations: dict[str, list[float] | None] = {}  # seconds per clip, from the headers checked here
         for role, ds, name, folder in (
@@ -254,7 +249,88 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
             normalize=True,
         ),
         train_lengths=train_rows.lengths,  # audio seconds, from the headers read above
+        data_report=report,
     )
+
+
+def with_metadata(cfg: TrainConfig) -> TrainConfig:
+    """An audiofolder is read through its metadata file (its paths are relative to that file)."""
+    from xtrain.train.tasks.audio_data import audiofolder_metadata
+
+    d = cfg.data
+    train_meta, eval_meta = audiofolder_metadata(d.train, "train"), audiofolder_metadata(d.eval, "eval")
+    if not (train_meta or eval_meta):
+        return cfg
+    found = {"train": str(train_meta or d.train), "eval": str(eval_meta or d.eval) if d.eval else None}
+    return dataclasses.replace(cfg, data=dataclasses.replace(d, **found))
+
+
+def label_start(cfg: TrainConfig, source: str, tokenizer: Any) -> int:
+    """The decoder start id the labels leave out, with Whisper's language/task prefix set on the
+    tokenizer: ``fix_special_tokens`` and ``set_prefix`` on the checkpoint's config and generation
+    config, before its weights load (the loaded model gives the same)."""
+    import types
+
+    from transformers import GenerationConfig
+
+    config = models.load_config(source, cfg.model.trust_remote_code)
+    try:
+        generation = GenerationConfig.from_pretrained(source)
+    except Exception:  # no generation_config.json: what from_pretrained makes of the model config
+        generation = GenerationConfig.from_model_config(config)
+    stand_in = types.SimpleNamespace(config=config, generation_config=generation)
+    start = fix_special_tokens(stand_in, tokenizer)
+    set_prefix(tokenizer, stand_in, cfg.generation.language, cfg.generation.speech_task)
+    return start
+
+
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    from xtrain.train.tasks import common, data_check
+
+    def parts() -> tuple[Any, Any, int]:
+        source = common.media_source(cfg, contextlib.nullcontext, check_model_type)
+        feature_extractor, tokenizer, _ = load_processors(source, cfg.model.trust_remote_code)
+        return feature_extractor, tokenizer, label_start(cfg, source, tokenizer)
+
+    cfg = with_metadata(cfg)
+    samples, notes = data_check.first_samples(cfg, limit, media="audio")
+    return inspect(cfg, data_check.loaded_or_note(cfg, notes, parts), samples, notes)
+
+
+def inspect(cfg: TrainConfig, parts: Any, samples: list[Sample], notes: list[str]) -> DataReport:
+    """Columns and audio headers as the run checks them (``check_audio_files``), the transcripts
+    as the run's collator labels them (``SpeechTextCollator.labels``: the prefix, every token
+    trained); the example: the first training row."""
+    from xtrain.train import data
+    from xtrain.train.tasks import data_check
+    from xtrain.train.tasks.audio_data import SpeechTextCollator, check_audio_files, clip_seconds
+    from xtrain.train.tasks.data_check import DataReport
+    from xtrain.train.tasks.image_data import describe
+
+    d = cfg.data
+    feature_extractor, tokenizer, start = parts if parts is not None else (None, None, None)
+    seconds = max_seconds(d.max_audio_seconds, feature_extractor) if parts else d.max_audio_seconds
+    report = DataReport(NAME, d.max_length, notes=notes)
+    for s in samples:
+        ds = _file_name_column(s.ds, d.audio_column)
+        _require_columns(ds, d.audio_column, d.text_column, s.name)
+        durations = check_audio_files(ds, d.audio_column, s.folder, s.name, seconds, d.long_audio)
+        cells = [data.undecoded_row(ds, i, d.audio_column)[d.audio_column] for i in range(len(ds))]
+        check = s.check(seconds=durations or [clip_seconds(c, s.folder) for c in cells])
+        report.sources.append(check)
+        if tokenizer is None:
+            continue
+        texts = ["" if t is None else str(t) for t in ds[d.text_column]]
+        whole = SpeechTextCollator(feature_extractor, tokenizer, data_check.NO_CUT, start).labels(texts)
+        check.lengths = [len(ids) for ids in whole]
+        check.truncated = sum(n > d.max_length for n in check.lengths)
+        if s.role == "train" and report.example is None:
+            collator = SpeechTextCollator(feature_extractor, tokenizer, d.max_length, start)
+            labels = collator.labels(texts[:1])[0]
+            audio = f"audio {describe(cells[0], s.folder, 'audio')} ({check.seconds[0]:.1f} s)"
+            report.example = data_check.example_of(s, 0, tokenizer, labels, labels, inputs=[audio])
+            report.example.note = "the decoder writes these tokens (all trained) after its start token"
+    return report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,6 +417,7 @@ TASK = Task(
     resume_keys=("lora.apply_to", "model.freeze_encoder"),
     recognizes=lambda config: _speech_seq2seq(config.get("model_type")),
     predicts=Predicts(takes="audio files", load=load_for_predict, run=predict),
+    check_data=check_data,
     quickstart=Quickstart(
         job="quickstart-speech-to-text.yaml",
         about="ASR",

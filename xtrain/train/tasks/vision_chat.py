@@ -261,3 +261,25 @@ def _pad(outs: list[dict[str, Any]], length: int, pad: int, left: bool) -> dict[
         elif torch.is_tensor(first):
             batch[key] = torch.cat([v for v in values if v is not None], dim=0)
     return batch
+
+
+def expanded_lengths(processor: Any, rows: VisionChatRows) -> tuple[list[int], bool]:
+    """Each row's token count with its images expanded as the processor expands them, from the
+    images' sizes (their headers: nothing decoded) through the processor's own count of image
+    tokens per size (``_get_num_multimodal_tokens``, what serving engines call); (the template's
+    counts, one token per image, False) where the processor does not tell."""
+    from xtrain.train.tasks.data_check import image_size
+
+    plain = [len(enc.input_ids) for enc in rows.encoded]
+    count = getattr(processor, "_get_num_multimodal_tokens", None)
+    if count is None:
+        return plain, False
+    out = []
+    try:
+        for n, refs in zip(plain, rows.images, strict=True):
+            sizes = [image_size(ref, rows.base_dir) for ref in refs]
+            tokens = count(image_sizes=sizes).num_image_tokens if sizes else []
+            out.append(n + sum(t - 1 for t in tokens))
+    except Exception:  # an unreadable header fails with its one line when the row is read
+        return plain, False
+    return out, True

@@ -34,6 +34,7 @@ from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
 
 NAME = "vision-language"
@@ -165,21 +166,17 @@ def fix_generation(model: Any, tokenizer: Any) -> None:
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     import torch
 
-    from xtrain.train.tasks import chat_data, common, vision_rows
+    from xtrain.train.tasks import common, data_check, vision_rows
     from xtrain.train.tasks.vision_chat import ANSWER_KEY, GEN_PREFIX, VisionChatCollator
     from xtrain.train.workload import Workload
 
-    d, m = cfg.data, cfg.model
-    source = common.media_source(cfg, main_process_first, check_model_type)
-    processor = load_processor(source, m.trust_remote_code)
-    set_pixel_bounds(processor.image_processor, d.min_pixels, d.max_pixels)
-    template = chat_data.require_template(processor, chat_data.load_template(d.chat_template), source)
-    render = chat_data.renderer(processor, template, d.chat_template)
-    if d.chat_template is not None:
-        processor.chat_template = template  # saved with the adapter: predict renders the same way
+    d = cfg.data
+    source, processor, render = processor_and_render(cfg, main_process_first)
     with main_process_first():
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train_dir, eval_dir = common.media_dirs(cfg, "image")
+    sets = [(train, train_name, "train"), (eval_ds, eval_name, "eval")]
+    report = inspect(cfg, (processor, render), data_check.loaded_samples(cfg, sets), [])  # first rows first
     tokenizer = processor.tokenizer
     train_rows = vision_rows.rows(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
     eval_rows = None
@@ -205,7 +202,63 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
             error_rates=False,
             exact_match=True,
         ),
+        data_report=report,
     )
+
+
+def processor_and_render(cfg: TrainConfig, main_process_first: MainProcessFirst) -> tuple[str, Any, Any]:
+    """(the model's folder or hub id, its processor with ``data.min_pixels``/``max_pixels``, the
+    renderer of its chat template or ``data.chat_template``)."""
+    from xtrain.train.tasks import chat_data, common
+
+    d = cfg.data
+    source = common.media_source(cfg, main_process_first, check_model_type)
+    processor = load_processor(source, cfg.model.trust_remote_code)
+    set_pixel_bounds(processor.image_processor, d.min_pixels, d.max_pixels)
+    template = chat_data.require_template(processor, chat_data.load_template(d.chat_template), source)
+    if d.chat_template is not None:
+        processor.chat_template = template  # saved with the adapter: predict renders the same way
+    return source, processor, chat_data.renderer(processor, template, d.chat_template)
+
+
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    from xtrain.train.tasks import data_check
+
+    samples, notes = data_check.first_samples(cfg, limit)
+    parts = data_check.loaded_or_note(cfg, notes, lambda: processor_and_render(cfg, contextlib.nullcontext))
+    return inspect(cfg, parts, samples, notes)
+
+
+def inspect(cfg: TrainConfig, parts: Any, samples: list[Sample], notes: list[str]) -> DataReport:
+    """Each sample's conversations checked and rendered as the run does (``vision_rows.rows``), their
+    lengths with each image's tokens (``vision_chat.expanded_lengths``); the example: the first
+    training row through the run's collator, images opened and expanded as the model gets them."""
+    from xtrain.train.tasks import data_check, vision_rows
+    from xtrain.train.tasks.data_check import DataReport
+    from xtrain.train.tasks.vision_chat import VisionChatCollator, expanded_lengths
+
+    d = cfg.data
+    processor, render = parts[-2:] if parts is not None else (None, None)
+    tokenizer = getattr(processor, "tokenizer", None)
+    report = DataReport(NAME, d.max_length, notes=notes)
+    for s in samples:
+        rows = vision_rows.rows(s.ds, cfg, s.name, s.folder, render, tokenizer, with_prompts=False)
+        check = s.check(row_format=vision_rows.vision_format(d, list(s.ds.column_names), s.name))
+        report.sources.append(check)
+        if render is None:
+            continue
+        check.images = [len(refs) for refs in rows.images]
+        check.lengths, counted = expanded_lengths(processor, rows)
+        if not counted:
+            report.notes.append("token counts without the images' tokens (the processor does not tell them)")
+        check.truncated = sum(n > d.max_length for n in check.lengths)
+        check.dropped = len(s.ds) - len(rows)  # every answer past data.max_length: left out
+        if s.role == "train" and report.example is None:
+            batch = VisionChatCollator(processor, d.max_length)([rows[0]])
+            ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+            inputs = [data_check.image_line(ref, s.folder) for ref in rows.images[0]]
+            report.example = data_check.example_of(s, rows.rows[0], tokenizer, ids, labels, inputs=inputs)
+    return report
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -348,6 +401,7 @@ TASK = Task(
     resume_keys=("lora.projector", "lora.vision_blocks", "model.freeze_vision"),
     recognizes=lambda config: _image_text_to_text(config.get("model_type")),
     predicts=Predicts(takes="images with --question TEXT", load=load_for_predict, run=predict),
+    check_data=check_data,
     quickstart=Quickstart(
         job="quickstart-vision-language.yaml",
         about="questions about images",

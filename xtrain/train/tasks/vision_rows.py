@@ -132,12 +132,13 @@ def rows(
     cfg: TrainConfig,
     name: str,
     folder: Path | None,
-    render: chat_data.Render,
+    render: chat_data.Render | None,
     tokenizer: Any,
     with_prompts: bool,
 ) -> VisionChatRows:
     """The task's rows of ``ds``: every row read in its format (``vision_conversation``),
-    checked and rendered (one line naming the first bad row), its images found."""
+    checked and rendered (one line naming the first bad row), its images found. ``render`` None
+    (the data check without a processor): checked, not rendered (no rows)."""
     from xtrain.train.tasks import chat_data
     from xtrain.train.tasks.image_data import resolve_path, undecoded
     from xtrain.train.tasks.vision_chat import VisionChatRows
@@ -154,13 +155,15 @@ def rows(
         for ref in conv.images:
             if isinstance(ref, str) and not resolve_path(ref, folder).is_file():
                 raise chat_data.BadConversation(f"image {resolve_path(ref, folder)} ({where}) not found")
+        if render is None:
+            continue
         enc = chat_data.encode(render, tokenizer, conv, where)
         if all(t == -100 for t in enc.labels[: d.max_length][1:]):
             continue  # every answer lies past data.max_length (the causal-lm rule: dropped)
         encoded.append(enc)
         refs.append(conv.images)
         kept.append(row)
-    if not encoded:
+    if not encoded and render is not None:
         raise XtrainError(
             f"no conversation of {name} has an assistant answer within data.max_length={d.max_length}",
             "raise data.max_length",
