@@ -136,10 +136,10 @@ def test_a_row_with_an_image_no_turn_uses_is_refused_with_the_row(tmp_path, caps
     rows[0]["images"] = None
     rows[2]["images"] = None
     code, _, err = _dry_run(capsys, _vqa_job(tmp_path, rows))
-    _one_line_refusal(code, err, "row 1 of", "1 image(s) of its images list no turn uses (img/0.png)")
+    _one_line_refusal(code, err, "row 1 of", "field 'images' lists 1 image(s) but the turns place 0")
     # the run refuses it too, before the model loads
     cfg = load_config(tmp_path / "vqa.yaml", [])
-    with pytest.raises(XtrainError, match="row 1 of .* no turn uses"):
+    with pytest.raises(XtrainError, match="row 1 of .* lists 1 image.s. but the turns place 0"):
         get_task(cfg.model.task).build(cfg, contextlib.nullcontext)
 
 
