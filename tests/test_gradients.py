@@ -10,6 +10,7 @@ below each quantized layer got no gradient after its first evaluation passed bot
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,12 @@ def _stories(root: Path) -> tuple[Path, Path]:
 
 
 def _cfg(out: Path, *overrides: str):
+    """The built-in job's config (load_config's base) made one step without evaluations, then
+    ``overrides``."""
     return load_config(
         None,
-        [*overrides, f"run.output_dir={out}", "run.report_to=none", "run.max_steps=1",
-         "optim.max_grad_norm=null", "optim.warmup_steps=0"],
+        [f"run.output_dir={out}", "run.report_to=none", "run.max_steps=1", "run.eval_at_start=false",
+         "run.eval_every=null", "optim.max_grad_norm=null", "optim.warmup_steps=0", *overrides],
     )  # fmt: skip
 
 
@@ -61,8 +64,7 @@ def _check(cfg, rtol: float = 1e-4, adjust=None, micro_batches: int | None = Non
     capture = xtrain_gradients(cfg)
     if micro_batches is not None:
         assert len(capture.inputs) == micro_batches
-    if evaluated:
-        assert capture.evaluated > 0, "no evaluation ran before the step"
+    assert bool(capture.evaluated) == evaluated, f"evaluation forwards before the step: {capture.evaluated}"
     want = reference_gradients(capture, adjust, cfg.optim.max_grad_norm)
     assert_same_gradients(capture.grads, want, rtol)
     return capture
@@ -107,3 +109,148 @@ def test_a_4bit_layer_keeps_its_input_gradient_after_an_eval_forward():
     torch.testing.assert_close(x.grad, torch.ones(3, 64) @ weight)
     torch.testing.assert_close(F.dequantize_4bit(layer.weight.data, layer.weight.quant_state), weight)
     assert evaluated.shape == (3, 64)
+
+
+# -- causal-lm: 16-bit, 8-bit, the LoRA variants, packing, NEFTune ---------------------------------
+def test_16bit_lora_with_accumulation_clipping_and_dropout_after_an_evaluation(data, tmp_path):
+    cfg = _causal(data, tmp_path / "lora", "run.eval_at_start=true")
+    cfg.optim.max_grad_norm = 0.05  # small enough to clip: the reference clips the same way
+    _check(cfg, micro_batches=2, evaluated=True)
+
+
+def test_8bit_gradients_after_an_evaluation_equal_the_dequantized_reference(data, tmp_path):
+    pytest.importorskip("bitsandbytes")
+    cfg = _causal(data, tmp_path / "q8", "model.quantization=8bit", "run.eval_at_start=true")
+    _check(cfg, evaluated=True)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["lora.use_dora=true", "lora.use_rslora=true", "lora.init_weights=pissa", "lora.init_weights=olora",
+     "model.quantization=4bit lora.use_dora=true"],
+)  # fmt: skip
+def test_lora_variants(data, tmp_path, variant):
+    if "quantization" in variant:
+        pytest.importorskip("bitsandbytes")
+    _check(_causal(data, tmp_path / "variant", *variant.split(), "lora.dropout=0.0"))
+
+
+def test_packing_restarts_positions_per_example(data, tmp_path):
+    capture = _check(_causal(data, tmp_path / "packed", "data.packing=on", "data.max_length=96"))
+    positions = capture.inputs[0][0]["position_ids"]
+    assert positions.shape[0] == 1 and int((positions == 0).sum()) >= 2  # one row, examples restart at 0
+
+
+def test_neftune_noise_is_the_papers(data, tmp_path):
+    """NEFTune on: the gradient equals a reference that adds the paper's noise itself (uniform in
+    +-alpha/sqrt(L*d) on the input embeddings, from the same generator state)."""
+    alpha = 5.0
+
+    def noisy(model):
+        def hook(module, inputs, output):
+            scale = alpha / (output.size(-2) * output.size(-1)) ** 0.5
+            return output + torch.empty_like(output).uniform_(-scale, scale)
+
+        model.get_input_embeddings().register_forward_hook(hook)
+
+    _check(_causal(data, tmp_path / "neftune", f"optim.neftune_alpha={alpha}"), adjust=noisy)
+
+
+# -- each task's loss ----------------------------------------------------------------------------------
+def _task(out: Path, name: str, model: str, train: Path, *extra: str):
+    return _cfg(out, f"model.name_or_path={model}", f"model.task={name}", f"data.train={train}",
+                "data.eval=null", "batch.per_device=2", "batch.global_batch=4", "lora.dropout=0.0",
+                *extra)  # fmt: skip
+
+
+def test_seq_cls_trains_adapters_and_its_head_whole(data, tmp_path):
+    train = jsonl(data / "sentiment" / "train.jsonl", builtin.sentiment_examples(8, seed=5))
+    capture = _check(_task(tmp_path / "cls", "seq-cls", "builtin:tiny-bert", train, "lora.dropout=0.1"))
+    assert any("modules_to_save" in n for n in capture.grads), "the head trains whole"
+
+
+def test_image_classification_trains_adapters_and_its_head_whole(data, tmp_path):
+    from xtrain.builtin import image_classes
+
+    rng, rows = random.Random(7), []
+    for i, label in enumerate(image_classes.shape_labels(8, seed=7)):
+        image_classes.draw_shape(label, rng).save(data / f"shape-{i}.png")
+        rows.append({"image": str(data / f"shape-{i}.png"), "label": label})
+    train = jsonl(data / "shapes" / "train.jsonl", rows)
+    capture = _check(_task(tmp_path / "vit", "image-classification", "builtin:tiny-vit", train))
+    assert any("modules_to_save" in n for n in capture.grads)
+
+
+def test_image_to_text_adapters_on_encoder_and_decoder(data, tmp_path):
+    from xtrain.builtin import image as builtin_image
+
+    rng, rows = random.Random(3), []
+    for i, text in enumerate(builtin_image.line_texts(4, seed=3)):
+        builtin_image.render_line(text, rng).save(data / f"line-{i}.png")
+        rows.append({"image": str(data / f"line-{i}.png"), "text": text})
+    train = jsonl(data / "lines" / "train.jsonl", rows)
+    _check(_task(tmp_path / "ocr", "image-to-text", "builtin:tiny-trocr", train, "data.max_length=24",
+                 "generation.max_new_tokens=8"))
+
+
+def test_speech_to_text_full_fine_tune(data, tmp_path):
+    import soundfile
+
+    from xtrain.builtin import audio as builtin_audio
+
+    rng, rows = random.Random(5), []
+    for i, text in enumerate(builtin_audio.clip_texts(4, seed=5)):
+        path = data / f"clip-{i}.wav"
+        soundfile.write(path, builtin_audio.synthesize(text, rng), builtin_audio.FILE_RATE)
+        rows.append({"audio": str(path), "text": text})
+    train = jsonl(data / "clips" / "train.jsonl", rows)
+    capture = _check(
+        _task(tmp_path / "asr", "speech-to-text", "builtin:tiny-whisper", train, "data.max_length=24",
+              "lora.enabled=false", "generation.max_new_tokens=8"),
+    )  # fmt: skip
+    assert not hasattr(capture.model, "peft_config") and len(capture.grads) > 20  # every weight trains
+
+
+def test_vision_language_adapters_and_projector(data, tmp_path):
+    from xtrain.builtin import vision_language as builtin_vl
+
+    rng, rows = random.Random(11), []
+    for i in range(4):
+        shape, colour = rng.choice(builtin_vl.SHAPES), rng.choice(list(builtin_vl.COLOURS))
+        builtin_vl.draw_shape(shape, colour, rng).save(data / f"vqa-{i}.png")
+        rows.append(builtin_vl.conversation(str(data / f"vqa-{i}.png"), shape, colour, rng))
+    train = jsonl(data / "vqa" / "train.jsonl", rows)
+    capture = _check(
+        _task(tmp_path / "vl", "vision-language", "builtin:tiny-qwen2-vl", train, "data.max_length=64",
+              "lora.projector=true", "generation.max_new_tokens=4"),
+    )  # fmt: skip
+    assert any("merger" in n for n in capture.grads), "the projector trains whole"
+
+
+# -- evaluation never changes training -----------------------------------------------------------------
+@pytest.mark.parametrize("quantization", [None, "4bit"])
+def test_evaluations_leave_the_trained_adapter_bitwise_the_same(data, tmp_path, quantization):
+    """Evaluations at the start and after each step (a DataLoader iterator each, eval mode,
+    no_grad, 4-bit layers that would repack) end with the adapter of the same run without them."""
+    from safetensors.torch import load_file
+
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.rules import make_plan
+    from xtrain.train.loop import train
+
+    if quantization:
+        pytest.importorskip("bitsandbytes")
+    plan, adapters, first = make_plan(Facts(torch_version="2.13.0", gloo_available=True)), [], []
+    for name, evals in (("plain", ()), ("evaluated", ("run.eval_at_start=true", "run.eval_every=1"))):
+        cfg = _causal(data, tmp_path / name, f"model.quantization={quantization or 'null'}",
+                      "run.max_steps=3", "optim.max_grad_norm=1.0", "optim.lr=0.01", "run.log_every=1",
+                      *evals)  # fmt: skip
+        result = train(cfg, plan)
+        adapters.append(load_file(str(Path(result.outputs["adapter"]) / "adapter_model.safetensors")))
+        first.append([loss for _, loss in result.losses])
+        if evals:
+            assert [h["step"] for h in result.eval_history] == [0, 1, 2, 3]
+    plain, evaluated = adapters
+    assert plain.keys() == evaluated.keys() and all(torch.equal(plain[k], evaluated[k]) for k in plain)
+    assert first[0] == first[1]  # every step's training loss too
+

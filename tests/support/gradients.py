@@ -156,8 +156,9 @@ def reference_model(capture: Capture, device: torch.device | str = "cpu") -> Any
     with torch.no_grad():
         for name, t in tensors.items():
             t.copy_(capture.initial[name])
-    for name, p in ref.named_parameters(remove_duplicate=False):
-        p.requires_grad_(name in capture.grads)
+    trained = {id(p) for name, p in ref.named_parameters(remove_duplicate=False) if name in capture.grads}
+    for p in ref.parameters():
+        p.requires_grad_(id(p) in trained)  # (a tied weight trains under any of its names)
     return ref.to(device)
 
 
