@@ -254,3 +254,47 @@ def test_evaluations_leave_the_trained_adapter_bitwise_the_same(data, tmp_path, 
     assert plain.keys() == evaluated.keys() and all(torch.equal(plain[k], evaluated[k]) for k in plain)
     assert first[0] == first[1]  # every step's training loss too
 
+
+
+# -- warnings that mean wrong gradients stop the run ---------------------------------------------------
+def test_an_operator_without_autograd_stops_the_run_in_one_line(data, tmp_path):
+    """torch's "an autograd kernel was not registered" (an operator on the way to the trained
+    weights has no backward: their gradients are wrong) is an XtrainError, not a log line."""
+    from xtrain.errors import XtrainError
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.rules import make_plan
+    from xtrain.train.loop import train
+    from xtrain.train.tasks import build_workload
+
+    lib = torch.library.Library("xtrain_gradients_test", "DEF")  # an op with a CPU kernel only
+    lib.define("double(Tensor x) -> Tensor")
+    lib.impl("double", lambda x: x * 2, "CPU")
+
+    def build(cfg, main_process_first):
+        workload = build_workload(cfg, main_process_first)
+        norm = workload.model.get_base_model().model.norm  # above every adapter
+        norm.register_forward_hook(lambda module, args, out: torch.ops.xtrain_gradients_test.double(out))
+        return workload
+
+    cfg = _causal(data, tmp_path / "op")
+    with pytest.raises(XtrainError) as raised:
+        train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
+    line = raised.value.one_line()
+    assert "\n" not in line and line.startswith("xtrain_gradients_test::double has no gradient"), line
+    assert not (tmp_path / "op" / "adapter").exists()
+
+
+def test_only_the_listed_warnings_become_errors():
+    import warnings
+
+    from xtrain.train import quiet
+
+    before = list(warnings.filters)
+    with quiet.wrong_results_raise():
+        warnings.warn("something else", UserWarning, stacklevel=1)  # shown as before, not raised
+        with pytest.raises(UserWarning) as raised:
+            warnings.warn("None of the inputs have requires_grad=True. Gradients will be None", stacklevel=1)
+    problem = quiet.wrong_result(raised.value)
+    assert problem is not None and "activation checkpointing" in problem.message
+    assert quiet.wrong_result(UserWarning("something else")) is None
+    assert warnings.filters == before  # the filters as they were, on the way out
