@@ -11,6 +11,7 @@ below each quantized layer got no gradient after its first evaluation passed bot
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -298,3 +299,80 @@ def test_only_the_listed_warnings_become_errors():
     assert problem is not None and "activation checkpointing" in problem.message
     assert quiet.wrong_result(UserWarning("something else")) is None
     assert warnings.filters == before  # the filters as they were, on the way out
+
+
+# -- two processes under FSDP2: the averaged gradient is one process's ---------------------------------
+# xtrain.run with the Accelerator's state switched to FSDP2 (tests/test_fsdp_cpu.py's seam), each
+# rank writing its whole gradients (FSDP2's shards gathered) at the first optimizer step
+FSDP_WORKER = """
+import os, runpy, sys
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+import xtrain.train.loop as loop
+import xtrain.train.tasks as tasks
+
+real_accelerator, real_build, models = loop.build_accelerator, tasks.build_workload, []
+
+
+def fsdp_accelerator(*args, **kwargs):
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    acc = real_accelerator(*args, **kwargs)
+    plugin = FullyShardedDataParallelPlugin(fsdp_version=2, reshard_after_forward=True,
+                                            auto_wrap_policy="transformer_based_wrap")
+    PartialState().distributed_type = DistributedType.FSDP
+    acc.state.distributed_type = DistributedType.FSDP
+    acc.state.fsdp_plugin = plugin
+    return acc
+
+
+def build_workload(*args, **kwargs):
+    workload = real_build(*args, **kwargs)
+    models.append(workload.model)
+    return workload
+
+
+def at_step(optimizer, args, kwargs):
+    grads = {}
+    for name, p in models[0].named_parameters():
+        if p.requires_grad:
+            grads[name] = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+    torch.save(grads, os.path.join(os.environ["TEST_OUT"], f"grads-{dist.get_rank()}.pt"))
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)  # the gradients are all this test wants (and no gloo teardown race)
+
+
+loop.build_accelerator, tasks.build_workload = fsdp_accelerator, build_workload
+register_optimizer_step_pre_hook(at_step)
+sys.argv = ["xtrain.run", *sys.argv[1:]]
+runpy.run_module("xtrain.run", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_two_fsdp2_processes_average_to_one_processs_gradient(tmp_path, tmp_path_factory):
+    """Two FSDP2 ranks over gloo, one micro-batch each, reduce-scatter the mean of their
+    gradients: gathered, it is the gradient of one plain process accumulating both micro-batches
+    over the same global batch, which is the reference's (dropout on: the loop seeds it per sample
+    position, not per rank)."""
+    from support.jobs import make_job, run_xtrain, session_builtin
+
+    from xtrain.launch.rendezvous import free_port
+
+    job = make_job(tmp_path / "job", model=str(session_builtin(tmp_path_factory, "builtin:tiny-llama")))
+    common = ["run.max_steps=1", "optim.max_grad_norm=null", "optim.warmup_steps=0", "batch.per_device=4"]
+    one = _check(load_config(job.config, [*common, f"run.output_dir={tmp_path / 'one'}"]), micro_batches=2)
+    worker = tmp_path / "fsdp_worker.py"
+    worker.write_text(FSDP_WORKER)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), str(worker), "--config", str(job.config),
+           f"run.output_dir={tmp_path / 'fsdp'}", *common]  # fmt: skip
+    proc = run_xtrain(cmd, {**job.env, "TEST_OUT": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in (0, 1):
+        assert_same_gradients(torch.load(tmp_path / f"grads-{rank}.pt"), one.grads, rtol=1e-4)
