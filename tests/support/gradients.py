@@ -202,6 +202,26 @@ def assert_same_gradients(
         assert not off, f"{name}: {off} of {close.numel()} differ, by up to {worst:.3g} (scale {scale:.3g})"
 
 
+def assert_close_gradients(
+    got: dict[str, torch.Tensor | None], want: dict[str, torch.Tensor], rel: float
+) -> None:
+    """For half-precision and int8 arithmetic (the GPU): every trained parameter's gradient is
+    within ``rel`` of the reference's in norm (``|got - want| <= rel * |want|``, per tensor); a
+    missing or cut gradient is off by about 1."""
+    missing = sorted(n for n, g in got.items() if g is None)
+    assert not missing, f"no gradient for {len(missing)} trained parameters: {missing[:4]}"
+    assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())[:8]
+    for name, expected in want.items():
+        actual = got[name]
+        assert actual is not None
+        size = float(expected.norm())
+        if size == 0.0:  # (LoRA's A before B has moved: zero in both)
+            assert float(actual.norm()) <= 1e-6, name
+            continue
+        off = float((actual - expected).norm()) / size
+        assert off <= rel, f"{name}: off by {off:.3g} of its norm (allowed {rel})"
+
+
 def jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     import json
 
