@@ -281,6 +281,7 @@ def test_an_operator_without_autograd_stops_the_run_in_one_line(data, tmp_path):
     with pytest.raises(XtrainError) as raised:
         train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
     line = raised.value.one_line()
+    assert raised.value.exit_code == 3
     assert "\n" not in line and line.startswith("xtrain_gradients_test::double has no gradient"), line
     assert not (tmp_path / "op" / "adapter").exists()
 

@@ -87,5 +87,7 @@ def wrong_result(raised: Warning) -> XtrainError | None:
     text = str(raised)
     for wrong in WRONG_RESULTS:
         if re.match(wrong.pattern, text):
-            return XtrainError(wrong.message.format(text.split(": ")[0].strip()[:80]), wrong.hint)
+            what = text.split(": ")[0].strip()[:80]  # the operator, in torch's words
+            # exit 3, as a diverged run's (failures.py): the numbers went wrong, not the input
+            return XtrainError(wrong.message.format(what), wrong.hint, exit_code=3)
     return None
