@@ -377,3 +377,31 @@ def test_two_fsdp2_processes_average_to_one_processs_gradient(tmp_path, tmp_path
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in (0, 1):
         assert_same_gradients(torch.load(tmp_path / f"grads-{rank}.pt"), one.grads, rtol=1e-4)
+
+
+def test_a_4bit_layer_repacked_before_the_run_is_unpacked_for_training():
+    """A custom task's builder that ran its 4-bit model in eval mode hands the loop repacked
+    layers: they are unpacked (bitsandbytes' inverse: the weights within its bf16-rounded scales)
+    and pass their input gradient again."""
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes.functional as F
+    from bitsandbytes.nn import Linear4bit
+
+    from xtrain.train.quantization import keep_training_layout
+
+    torch.manual_seed(0)
+    layer = Linear4bit(64, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4").to("cpu")
+    weight = F.dequantize_4bit(layer.weight.data, layer.weight.quant_state).clone()
+    if not layer.support_avx512bf16_for_cpu:
+        pytest.skip("this CPU has no AVX512-BF16: bitsandbytes never repacks here")
+    layer.eval()
+    with torch.no_grad():
+        layer(torch.randn(3, 64))
+    assert layer.weight.quant_state.packing_format_for_cpu  # what bitsandbytes 0.50 does
+    assert keep_training_layout(layer) == 1 and not layer.weight.quant_state.packing_format_for_cpu
+    layer.train()
+    x = torch.randn(3, 64, requires_grad=True)
+    layer(x).sum().backward()
+    unpacked = F.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+    torch.testing.assert_close(unpacked, weight, rtol=0, atol=1e-3)
+    torch.testing.assert_close(x.grad, torch.ones(3, 64) @ unpacked)
