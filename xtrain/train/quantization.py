@@ -278,7 +278,7 @@ def keep_training_layout(model: Any) -> int:
     ``gemv_4bit``, which has no autograd kernel: the gradient to the layer's input is None, so
     the adapters below it stop learning but through the residual stream, and the outputs move by
     about 1e-2 (its scales are rounded to bf16). Its inverse (``_convert_weight_packed_for_cpu_inverse``)
-    is best-effort: the weights come back moved by about 1e-4. So the repack must not happen:
+    is best-effort: the weights come back moved by about 2e-4. So the repack must not happen:
     the layer's own switch, ``support_avx512bf16_for_cpu`` (read in ``Linear4bit.forward``), is
     turned off, and an evaluation computes what training computes (dequantize + matmul). A
     weight already repacked (a custom task that ran it in eval mode) is unpacked by that inverse.
