@@ -3,10 +3,17 @@
 A task evaluates either forward-only (``Workload.eval_batch`` per-example statistics, reduced by
 ``Workload.reduce_metrics``; the batch's mean loss without one) or by generating
 (``Workload.evaluate``, see ``xtrain.train.generation``).
+
+Evaluation never changes training: the random generators are as they were before it (iterating
+the eval loader draws a DataLoader seed from the default generator, which the train loader's
+workers would otherwise be seeded from), and 4-bit weights keep their training layout
+(``quantization.keep_training_layout``, set up by the loop). tests/test_gradients.py checks both.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -21,12 +28,28 @@ def default_eval_batch(outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
     return {"loss_sum": loss.expand(n), "count": torch.ones(n, device=loss.device)}
 
 
+@contextmanager
+def rng_kept(device: torch.device) -> Iterator[None]:
+    """The CPU generator (and this GPU's) as they were on entry, whatever ran inside."""
+    cuda = device.type == "cuda"
+    index = device.index if device.index is not None else (torch.cuda.current_device() if cuda else 0)
+    with torch.random.fork_rng(devices=[index] if cuda else [], device_type="cuda"):
+        yield
+
+
 def evaluate(
     accelerator: Any, model: Any, loader: Any, workload: Workload, samples: list[Any] | None = None
 ) -> dict[str, float]:
     """Eval loss (and the task's metrics) over the whole eval set, gathered from all ranks.
     A task that evaluates by generation (``workload.evaluate``) runs that instead; its sample
-    predictions are appended to ``samples``."""
+    predictions are appended to ``samples``. The random generators are left as they were."""
+    with rng_kept(accelerator.device):
+        return _evaluate(accelerator, model, loader, workload, samples)
+
+
+def _evaluate(
+    accelerator: Any, model: Any, loader: Any, workload: Workload, samples: list[Any] | None
+) -> dict[str, float]:
     if workload.evaluate is not None:
         metrics, predictions = workload.evaluate(accelerator, model, loader)
         if samples is not None:

@@ -35,7 +35,7 @@ import torch
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings, resolve, trackers
-from xtrain.train import checkpoint, failures, lock, preflight, sharded, stops, tracking
+from xtrain.train import checkpoint, failures, lock, preflight, quantization, quiet, sharded, stops, tracking
 from xtrain.train.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.collate import batch_tokens
 from xtrain.train.collective import (
@@ -139,9 +139,15 @@ class Recipe:
         s = self.settings
         self.accelerator = build_accelerator(self.cfg, self.plan, self.ctx, s)
         try:
-            self.setup()
-            self.fit()
-            return self.finish()
+            with quiet.wrong_results_raise():  # a library warning that means wrong numbers stops the run
+                self.setup()
+                self.fit()
+                return self.finish()
+        except Warning as e:  # one of those; anything else raised as a warning goes on up as it is
+            problem = quiet.wrong_result(e)
+            if problem is None:
+                raise
+            raise problem from None
         except torch.OutOfMemoryError:  # torch.cuda.OutOfMemoryError is the same class
             raise out_of_memory_error(
                 self.accelerator.device, s.per_device, s.world_size, s.accumulation, s.global_batch
@@ -193,6 +199,7 @@ class Recipe:
         self.total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * self.order.steps_per_epoch))
 
         model = self.workload.model
+        quantization.keep_training_layout(model)  # evaluations leave 4-bit weights as training needs them
         upcast_trainable(model, s.precision)  # fp32 master weights under autocast
         optimizer = build_optimizer(model, cfg, s.lr, self.device)
         scheduler = build_scheduler(cfg, optimizer, self.total_steps)

@@ -11,6 +11,8 @@ One place decides all of it:
   (``device_map={"": <this process's device>}``: never all ranks on GPU 0);
 - ``prepare``: peft's ``prepare_model_for_kbit_training`` without its gradient checkpointing
   (``lora.enable_gradient_checkpointing`` does that once, with input grads, when configured);
+- ``keep_training_layout``: a model being trained keeps its 4-bit weights in the layout training
+  computes with, through evaluations (bitsandbytes' CPU inference repack breaks gradients);
 - ``predict_kwargs``: the same load for ``xtrain predict`` of a quantized run's adapter;
 - ``fresh_base``: the unquantized base a merged model is made from (``run.save_merged``).
 """
@@ -264,6 +266,42 @@ def prepare(model: Any) -> Any:
     from peft import prepare_model_for_kbit_training
 
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def keep_training_layout(model: Any) -> int:
+    """Keep every bitsandbytes ``Linear4bit`` of ``model`` in its training layout for the whole
+    run; returns how many layers were switched (0: no 4-bit layer, nothing imported).
+
+    bitsandbytes 0.50 on a CPU with AVX512-BF16 repacks a ``Linear4bit``'s weight for its CPU
+    inference kernel at the layer's first forward in eval mode under ``no_grad`` (an evaluation),
+    in place (``quant_state.packing_format_for_cpu``); every later forward then goes through
+    ``gemv_4bit``, which has no autograd kernel: the gradient to the layer's input is None, so
+    the adapters below it stop learning but through the residual stream, and the outputs move by
+    about 1e-2 (its scales are rounded to bf16). Its inverse (``_convert_weight_packed_for_cpu_inverse``)
+    is best-effort: the weights come back moved by about 2e-4. So the repack must not happen:
+    the layer's own switch, ``support_avx512bf16_for_cpu`` (read in ``Linear4bit.forward``), is
+    turned off, and an evaluation computes what training computes (dequantize + matmul). A
+    weight already repacked (a custom task that ran it in eval mode) is unpacked by that inverse.
+    CUDA and 8-bit layers are untouched: nothing there changes state on an evaluation
+    (docs/fitting-big-models.md, "4-bit training and evaluation")."""
+    import sys
+
+    if "bitsandbytes" not in sys.modules:  # no bitsandbytes layer can exist
+        return 0
+    from bitsandbytes.nn import Linear4bit
+
+    switched = 0
+    for module in model.modules():
+        if not isinstance(module, Linear4bit):
+            continue
+        module.support_avx512bf16_for_cpu = False
+        weight = module.weight
+        if getattr(weight.quant_state, "packing_format_for_cpu", False):
+            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse as unpack
+
+            weight.data, weight.quant_state = unpack(weight.data, weight.quant_state)
+        switched += 1
+    return switched
 
 
 def fresh_base(model: Any) -> Any:

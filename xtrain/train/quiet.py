@@ -1,15 +1,25 @@
-"""Keep a training run's terminal readable: xtrain's own banner, progress and results only.
+"""Keep a training run's terminal readable, and its numbers right.
 
 transformers, datasets and peft print progress bars, load reports ("classifier.weight |
 MISSING", expected for a new task head) and deprecation warnings that say nothing to an xtrain
-user. Set ``XTRAIN_VERBOSE=1`` to see them all again (debugging a model that will not load).
-Errors are never hidden.
+user: ``quiet_libraries`` hides them. Set ``XTRAIN_VERBOSE=1`` to see them all again (debugging
+a model that will not load). Errors are never hidden.
+
+Some library warnings are the opposite of noise: they say the gradients are wrong while the run
+goes on (the loss may even fall). ``wrong_results_raise`` turns those (``WRONG_RESULTS``) into
+exceptions for the duration of a run, and ``wrong_result`` into the one-line error the CLI prints.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from xtrain.errors import XtrainError
 
 VERBOSE_ENV = "XTRAIN_VERBOSE"
 
@@ -27,3 +37,57 @@ def quiet_libraries() -> None:
     # transformers 5 deprecations triggered inside peft/transformers, not by xtrain's calls
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*")
+
+
+@dataclass(frozen=True)
+class WrongResult:
+    """A library warning that means wrong numbers: its message (a regex, matched from the start
+    as ``warnings`` does) and what xtrain says instead (``{0}``: the warning's first words)."""
+
+    pattern: str
+    message: str
+    hint: str
+
+
+REPORT = "report it to xtrain with the output of `xtrain doctor`"
+WRONG_RESULTS = (
+    # torch's autograd fallback: an operator without a backward ran on inputs that need gradients
+    # (bitsandbytes' CPU gemv_4bit after an evaluation's repack: docs/fitting-big-models.md)
+    WrongResult(
+        r".*an autograd kernel was not registered",
+        "{0} has no gradient (torch: an autograd kernel was not registered): the weights before it "
+        "would train on wrong gradients, so the run stopped",
+        f"{REPORT}; model.quantization=null trains without bitsandbytes' 4/8-bit layers",
+    ),
+    # reentrant activation checkpointing with no input that needs a gradient: the adapters inside
+    # get none (xtrain's own checkpointing is non-reentrant; a custom task's may not be)
+    WrongResult(
+        r"None of the inputs have requires_grad=True\. Gradients will be None",
+        "activation checkpointing got no input that needs a gradient: the weights inside it would "
+        "not train, so the run stopped",
+        "model.gradient_checkpointing=true sets it up right; a custom task that checkpoints itself: "
+        "use_reentrant=False, or model.enable_input_require_grads()",
+    ),
+)
+
+
+@contextmanager
+def wrong_results_raise() -> Iterator[None]:
+    """Within: the ``WRONG_RESULTS`` warnings are raised as exceptions (every time, not once per
+    place as a warning is shown), each other filter as it was; restored on the way out."""
+    with warnings.catch_warnings():
+        for wrong in WRONG_RESULTS:
+            warnings.filterwarnings("error", message=wrong.pattern)
+        yield
+
+
+def wrong_result(raised: Warning) -> XtrainError | None:
+    """The one-line error for a ``WRONG_RESULTS`` warning raised by ``wrong_results_raise``
+    (None: another warning, raised because a filter of the user's says so)."""
+    text = str(raised)
+    for wrong in WRONG_RESULTS:
+        if re.match(wrong.pattern, text):
+            what = text.split(": ")[0].strip()[:80]  # the operator, in torch's words
+            # exit 3, as a diverged run's (failures.py): the numbers went wrong, not the input
+            return XtrainError(wrong.message.format(what), wrong.hint, exit_code=3)
+    return None

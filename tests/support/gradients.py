@@ -1,0 +1,230 @@
+"""Gradient checks: the gradients xtrain computes at its first optimizer step against a plain
+reference built from the same weights (tests/test_gradients.py; tests/gpu/test_gradients_gpu.py).
+
+xtrain's side is the real loop (``xtrain.train.loop.train``) with no seam added to it: torch's
+global optimizer-step pre-hook (``torch.optim.optimizer.register_optimizer_step_pre_hook``)
+copies every trained parameter's gradient where the optimizer would read it (after the
+accumulation, the all-reduce and the clipping) and ends the run there; a forward pre-hook on the
+model records what each training forward got (its keyword arguments and the random generators'
+states the loop seeded for its dropout).
+
+The reference knows nothing of xtrain: the model's class built from its config (no quantization),
+peft's ``get_peft_model`` with the same adapter config, every weight as xtrain's model held it
+when built (4-bit and 8-bit weights dequantized with bitsandbytes' own functions), the recorded
+inputs through it in training mode, the model's own ``.loss`` over the accumulation, backward.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RngStates = tuple[torch.Tensor, "torch.Tensor | None"]  # the CPU generator's, this GPU's
+
+
+class FirstStep(Exception):
+    """Raised by the optimizer-step hook: the gradients are read, the run ends there."""
+
+
+@dataclass
+class Capture:
+    """What one run showed: the model, its weights as built, each training forward's inputs with
+    the generators' states, and the gradients at the first optimizer step (None: no gradient)."""
+
+    model: Any = None
+    initial: dict[str, torch.Tensor] = field(default_factory=dict)
+    inputs: list[tuple[dict[str, Any], RngStates]] = field(default_factory=list)
+    grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    evaluated: int = 0  # forwards seen in eval mode or without gradients (evaluations)
+
+
+def _dequantized(model: Any) -> dict[str, torch.Tensor]:
+    """``{parameter name: float weight}`` of the bitsandbytes 4/8-bit layers of ``model``."""
+    if "bitsandbytes" not in sys.modules:
+        return {}
+    import bitsandbytes.functional as F
+    from bitsandbytes.nn import Linear4bit, Linear8bitLt
+
+    out = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, Linear4bit):
+            out[f"{name}.weight"] = F.dequantize_4bit(module.weight.data, module.weight.quant_state)
+        elif isinstance(module, Linear8bitLt):
+            cb = module.state.CB if module.state.CB is not None else module.weight.CB
+            scb = module.state.SCB if module.state.SCB is not None else module.weight.SCB
+            out[f"{name}.weight"] = F.int8_vectorwise_dequant(cb, scb)
+    return out
+
+
+def _tensors(model: Any) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by every name it has (tied weights under each name)."""
+    return {
+        **dict(model.named_parameters(remove_duplicate=False)),
+        **dict(model.named_buffers(remove_duplicate=False)),
+    }
+
+
+def float_state(model: Any) -> dict[str, torch.Tensor]:
+    """Copies of every parameter and buffer of ``model`` by name, the 4/8-bit weights dequantized."""
+    dequantized = _dequantized(model)
+    return {name: dequantized.get(name, t).detach().clone() for name, t in _tensors(model).items()}
+
+
+def _rng_states(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _record(capture: Capture, module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+    if not (module.training and torch.is_grad_enabled()):
+        capture.evaluated += 1
+        return
+    assert not args, "the loop calls the model with keyword arguments only"
+    device = next(v.device for v in kwargs.values() if torch.is_tensor(v))
+    inputs = {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in kwargs.items()}
+    capture.inputs.append((inputs, _rng_states(device)))
+
+
+def _at_step(capture: Capture, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def grad(p: torch.Tensor) -> torch.Tensor | None:
+        g = p.grad
+        if g is None:
+            return None
+        g = g.full_tensor() if hasattr(g, "full_tensor") else g  # FSDP2: a DTensor shard
+        return g.detach().float().cpu().clone()
+
+    capture.grads = {n: grad(p) for n, p in capture.model.named_parameters() if p.requires_grad}
+    raise FirstStep
+
+
+def xtrain_gradients(cfg: Any, plan: Any = None) -> Capture:
+    """Run xtrain's loop on ``cfg`` up to its first optimizer step (in this process) and return
+    what it computed there."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.rules import make_plan
+    from xtrain.train.loop import train
+    from xtrain.train.tasks import build_workload
+
+    capture = Capture()
+
+    def build(cfg: Any, main_process_first: Any) -> Any:
+        workload = build_workload(cfg, main_process_first)
+        capture.model = workload.model
+        capture.initial = float_state(workload.model)
+        workload.model.register_forward_pre_hook(partial(_record, capture), with_kwargs=True)
+        return workload
+
+    handle = register_optimizer_step_pre_hook(partial(_at_step, capture))
+    try:
+        train(cfg, plan or make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
+    except FirstStep:
+        pass
+    else:
+        raise AssertionError("the run ended without an optimizer step")
+    finally:
+        handle.remove()
+    return capture
+
+
+def reference_model(capture: Capture, device: torch.device | str = "cpu") -> Any:
+    """A plain model of the captured model's class and config, with the same adapters (peft),
+    every weight set to the captured model's as built, training what it trained."""
+    model = capture.model
+    peft_config = getattr(model, "peft_config", None)
+    base = model.get_base_model() if peft_config else model
+    config = copy.deepcopy(base.config)
+    for key in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, key):
+            delattr(config, key)
+    ref = type(base)(config)
+    if peft_config:
+        from peft import get_peft_model
+
+        adapter = copy.deepcopy(peft_config["default"])
+        adapter.init_lora_weights = True  # every adapter weight is set below (PiSSA's residual too)
+        ref = get_peft_model(ref, adapter)
+    tensors = _tensors(ref)
+    assert tensors.keys() == capture.initial.keys(), sorted(tensors.keys() ^ capture.initial.keys())[:8]
+    with torch.no_grad():
+        for name, t in tensors.items():
+            t.copy_(capture.initial[name])
+    trained = {id(p) for name, p in ref.named_parameters(remove_duplicate=False) if name in capture.grads}
+    for p in ref.parameters():
+        p.requires_grad_(id(p) in trained)  # (a tied weight trains under any of its names)
+    return ref.to(device)
+
+
+def reference_gradients(
+    capture: Capture, adjust: Callable[[Any], None] | None = None, max_grad_norm: float | None = None
+) -> dict[str, torch.Tensor]:
+    """The reference's gradients over the captured micro-batches: each one's ``.loss`` divided
+    by their number (the accumulation), the generators as the loop had them; ``adjust(model)``
+    adds what the reference must do by hand (NEFTune's noise); ``max_grad_norm`` clips as torch's
+    ``clip_grad_norm_`` does."""
+    device = next(v.device for v in capture.inputs[0][0].values() if torch.is_tensor(v))
+    ref = reference_model(capture, device)
+    if adjust is not None:
+        adjust(ref)
+    ref.train()
+    for kwargs, (cpu_state, cuda_state) in capture.inputs:
+        torch.set_rng_state(cpu_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state(cuda_state, device)
+        (ref(**kwargs).loss / len(capture.inputs)).backward()
+    trained = [p for p in ref.parameters() if p.requires_grad]
+    if max_grad_norm:
+        torch.nn.utils.clip_grad_norm_(trained, max_grad_norm)
+    return {n: p.grad.detach().float().cpu() for n, p in ref.named_parameters() if p.grad is not None}
+
+
+def assert_same_gradients(
+    got: dict[str, torch.Tensor | None], want: dict[str, torch.Tensor], rtol: float = 1e-4
+) -> None:
+    """Every trained parameter has a gradient equal to the reference's: within ``rtol`` of each
+    element, or of the tensor's largest element (for the elements near zero)."""
+    missing = sorted(n for n, g in got.items() if g is None)
+    assert not missing, f"no gradient for {len(missing)} trained parameters: {missing[:4]}"
+    assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())[:8]
+    assert any(bool(g.abs().max() > 0) for g in want.values()), "the reference's gradients are all zero"
+    for name, expected in want.items():
+        scale = float(expected.abs().max())
+        close = torch.isclose(got[name], expected, rtol=rtol, atol=rtol * scale + 1e-12)
+        worst = float((got[name] - expected).abs().max())
+        off = int((~close).sum())
+        assert not off, f"{name}: {off} of {close.numel()} differ, by up to {worst:.3g} (scale {scale:.3g})"
+
+
+def assert_close_gradients(
+    got: dict[str, torch.Tensor | None], want: dict[str, torch.Tensor], rel: float
+) -> None:
+    """For half-precision and int8 arithmetic (the GPU): every trained parameter's gradient is
+    within ``rel`` of the reference's in norm (``|got - want| <= rel * |want|``, per tensor); a
+    missing or cut gradient is off by about 1."""
+    missing = sorted(n for n, g in got.items() if g is None)
+    assert not missing, f"no gradient for {len(missing)} trained parameters: {missing[:4]}"
+    assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())[:8]
+    for name, expected in want.items():
+        actual = got[name]
+        assert actual is not None
+        size = float(expected.norm())
+        if size == 0.0:  # (LoRA's A before B has moved: zero in both)
+            assert float(actual.norm()) <= 1e-6, name
+            continue
+        off = float((actual - expected).norm()) / size
+        assert off <= rel, f"{name}: off by {off:.3g} of its norm (allowed {rel})"
+
+
+def jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
