@@ -8,6 +8,7 @@ Every daemon it starts is stopped by its own pid; the jobs it submitted are canc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -64,6 +65,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 @dataclass
 class Slurm:
     env: dict[str, str]  # SLURM_CONF for the clients (empty: the running SLURM's own)
+    node: str  # this host: jobs run here (their files are in this host's temporary folder)
     jobs: list[str] = field(default_factory=list)
 
     def run(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -74,7 +76,7 @@ class Slurm:
     def submit(self, script: Path, args: list[str], env: dict[str, str], cwd: Path) -> str:
         """``sbatch SCRIPT ARGS`` from ``cwd`` with ``env`` (sbatch passes it on to the job)."""
         proc = subprocess.run(
-            ["sbatch", "--parsable", str(script), *args],
+            ["sbatch", "--parsable", f"--nodelist={self.node}", str(script), *args],
             env={**env, **self.env},
             cwd=cwd,
             capture_output=True,
@@ -111,13 +113,15 @@ def _missing() -> str | None:
     return None
 
 
-def _running() -> bool:
-    if shutil.which("sinfo") is None:
+def _running(node: str) -> bool:
+    """A SLURM answers here and this host is one of its nodes."""
+    if shutil.which("sinfo") is None or "SLURM_CONF" in os.environ:
         return False
     try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
+        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return False
+    return proc.returncode == 0 and node in proc.stdout.split()
 
 
 def _free_port() -> int:
@@ -143,20 +147,24 @@ def _stop(pid_file: Path) -> None:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
-    for _ in range(50):
+    for _ in range(10):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return
         time.sleep(0.1)
+    # a daemon of a throw-away SLURM: its state need not be saved
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 @contextmanager
 def start() -> Iterator[Slurm]:
     """A SLURM to submit to: the running one, else a private one-node SLURM in a new folder under
     the system's temporary folder (munged's socket path must stay short)."""
-    if _running() and "SLURM_CONF" not in os.environ:
-        slurm = Slurm(env={})
+    node = socket.gethostname().split(".")[0]
+    if _running(node):
+        slurm = Slurm(env={}, node=node)
         yield slurm
         for job in slurm.jobs:
             slurm.run("scancel", job)
@@ -171,13 +179,12 @@ def start() -> Iterator[Slurm]:
     key = root / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    node = socket.gethostname().split(".")[0]
     cpus, memory = _node_resources()
     conf = root / "slurm.conf"
     conf.write_text(CONF.format(root=root, node=node, cpus=cpus, memory=memory,
                                 ctld_port=_free_port(), d_port=_free_port()))  # fmt: skip
     env = {"SLURM_CONF": str(conf)}
-    slurm = Slurm(env=env)
+    slurm = Slurm(env=env, node=node)
     daemons = [
         ["munged", "--force", f"--socket={root}/munge.sock", f"--key-file={key}",
          f"--log-file={root}/munged.log", f"--pid-file={root}/munged.pid", f"--seed-file={root}/munged.seed"],
