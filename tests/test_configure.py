@@ -587,10 +587,17 @@ def test_slurm_script_and_its_launch_line_parse(tmp_path):
         "nodes": "2",
         "ntasks-per-node": "1",
         "gpus-per-node": "4",
+        # a generic node (8 cores a GPU): each rank and its 4 loader workers; 32G a GPU process
+        "cpus-per-task": "20",
+        "mem": "128G",
         "output": "%x-%j.out",
+        "open-mode": "append",
+        "signal": "B:USR1@300",  # to the batch shell, which stops the ranks and requeues
+        "requeue": "",
         "time": "02:00:00",
         "partition": "gpu",
     }
+    assert "export MAIN_PORT=29777" in text  # --port: fixed; else derived from the job id
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1' in text
     # the accelerate config next to it: the whole cluster, the address left to the script
     cfg = load(tmp_path / "job.accelerate.yaml")
@@ -607,6 +614,41 @@ def test_slurm_script_and_its_launch_line_parse(tmp_path):
             "xtrain.run",
             ["--config", "train.yaml"],
         )
+
+
+def test_slurm_resources_and_port_follow_the_plan(tmp_path, monkeypatch, capsys):
+    from xtrain.cli import main
+    from xtrain.launch import slurm as sl
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+
+    def directives(name: str, *args: str) -> dict[str, str]:
+        files = ["--slurm", f"{name}.sbatch", "--output", f"{name}.yaml"]
+        code = main(["configure", *files, "--nodes", "1", *args])
+        assert code == 0, capsys.readouterr().err
+        return sbatch_directives((tmp_path / f"{name}.sbatch").read_text())
+
+    # a CPU node's snapshot: no GPU asked for, every core for the process, 8G (a CPU process)
+    cpu = save_facts(tmp_path, replace(cpu_facts(), cpu_count=6, memory_mib=65536))
+    got = directives("cpu", "--facts", str(cpu))
+    assert "gpus-per-node" not in got and (got["cpus-per-task"], got["mem"]) == ("6", "8G")
+    # a node snapshot with less memory than the default asks for (2 x 32G): 90% of it
+    small = save_facts(tmp_path, replace(LINUX_2X3090, memory_mib=32768), "small.json")
+    assert directives("small", "--facts", str(small))["mem"] == f"{int(32768 * sl.MEM_SHARE)}M"
+    assert directives("mem", "--gpus-per-node", "2", "--mem", "200G")["mem"] == "200G"
+    # the port: the job's own, past one in use on the first node
+    text = (tmp_path / "cpu.sbatch").read_text()
+    script = "\n".join(line for line in text.splitlines() if "MAIN_PORT" in line and "--main" not in line)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 20000 + 4242))
+    busy.listen()
+    with busy:
+        for job_id, port in (("4243", 24243), ("14242", 24243)):  # 14242 % 10000 = 4242: taken
+            env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": job_id}
+            argv = ["bash", "-c", script + '\necho "$MAIN_PORT"']
+            run = subprocess.run(argv, env=env, capture_output=True, text=True)
+            assert run.stdout.split() == [str(port)], run.stderr
 
 
 def test_slurm_existing_files_are_kept(tmp_path):
@@ -629,12 +671,17 @@ def test_slurm_existing_files_are_kept(tmp_path):
         (["--nodes", "2", "--gpus-per-node", "1", "--time", "two hours"], "not a SLURM time"),
         (["--nodes", "2", "--gpus-per-node", "1", "--partition", "a b"], "--partition"),
         (["--nodes", "2", "--gpus-per-node", "1", "--machines", "2"], "--slurm sets machines"),
+        (["--nodes", "1", "--gpus-per-node", "1", "--mem", "lots"], "not a SLURM memory size"),
+        (["--nodes", "1", "--gpus-per-node", "1", "--facts", "CPU_NODE"], "has no GPU"),
     ],
 )
 def test_slurm_bad_input(tmp_path, args, words):
+    if "CPU_NODE" in args:
+        args[args.index("CPU_NODE")] = str(save_facts(tmp_path, cpu_facts()))
+    before = sorted(tmp_path.iterdir())
     proc = xtrain(tmp_path, "--slurm", "job.sbatch", *args)
     assert_one_line_error(proc, words)
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(tmp_path.iterdir()) == before
 
 
 FAKE_SRUN = """#!/bin/bash
@@ -664,7 +711,7 @@ def test_slurm_script_runs_two_nodes_on_this_host(tmp_path):
     """The whole sbatch script, with srun/scontrol stand-ins: 2 "nodes" x 1 CPU process."""
     facts = save_facts(tmp_path, cpu_facts())
     port = free_port()
-    args = ["--facts", str(facts), "--slurm", "job.sbatch", "--nodes", "2", "--gpus-per-node", "1"]
+    args = ["--facts", str(facts), "--slurm", "job.sbatch", "--nodes", "2", "--processes", "1"]
     proc = xtrain(tmp_path, *args, "--port", str(port))
     assert proc.returncode == 0, proc.stderr
     tiny = tmp_path / "tiny.py"

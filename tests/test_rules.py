@@ -70,6 +70,35 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
             "accelerate-config-missing": "ok",
         },
     ),
+    # torch 2.8's Windows build has no gloo transport (pytorch#150381): the same plan, refused
+    "windows-2x4090-torch28": (
+        dict(
+            shell="powershell",
+            device="cuda",
+            backend="gloo",
+            num_processes=2,
+            gpu_ids=[0, 1],
+            mixed_precision="fp16",
+            tf32=True,
+            launcher="spawn",
+            cpu=False,
+            cpu_staged_allreduce=True,
+            env={"USE_LIBUV": "0"},
+            dataloader_workers=0,
+            media_workers=4,
+            pin_memory=True,
+            main_address="127.0.0.1",
+            main_port=29500,
+        ),
+        {
+            "gpus": "ok",
+            "nccl-absent-windows": "warn",
+            "gloo-windows-broken": "error",
+            "libuv": "warn",
+            "bitsandbytes": "ok",
+            "accelerate-config-missing": "ok",
+        },
+    ),
     "windows-cpu-torch-with-driver": (
         dict(
             shell="powershell",

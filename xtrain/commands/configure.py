@@ -45,12 +45,15 @@ class ConfigureOptions:
     time: str | None = None
     partition: str | None = None
     job_name: str = "xtrain"
+    mem: str | None = None
     platform: str | None = None
 
-    def slurm_job(self, gpus_per_node: int, **fields: Any) -> Any:
+    def slurm_job(self, processes_per_node: int, **fields: Any) -> Any:
         from xtrain.launch import slurm as sl
 
-        return sl.SlurmJob(nodes=self.nodes, gpus_per_node=gpus_per_node, time=self.time,
+        if self.mem is not None:
+            fields["mem"] = self.mem
+        return sl.SlurmJob(nodes=self.nodes, processes_per_node=processes_per_node, time=self.time,
                            partition=self.partition, job_name=self.job_name, **fields)  # fmt: skip
 
 
@@ -95,15 +98,26 @@ def _check_options(
 
 def _slurm_facts(opts: ConfigureOptions, notes: list[str]) -> tuple[Any, int]:
     """``--slurm`` (``--nodes`` given): the facts to plan the cluster's nodes from (``--facts``,
-    else a generic GPU node) and the GPUs per node."""
+    else a generic GPU node) and the processes per node (its GPUs; ``--processes`` or 1 on a
+    snapshot of a node without GPUs: a CPU job)."""
     from xtrain.launch import slurm as sl
     from xtrain.machine.facts import Facts
 
     facts = Facts.load(opts.facts_file) if opts.facts_file else None
     gpus_per_node, processes = opts.gpus_per_node, opts.processes
+    if facts is not None and not facts.gpus:
+        if gpus_per_node is not None:
+            raise XtrainError(
+                f"--gpus-per-node {gpus_per_node} but the node in {opts.facts_file} has no GPU",
+                "leave out --gpus-per-node for a CPU job (--processes N for several processes a node)",
+            )
+        gpus_per_node = processes or 1
     if gpus_per_node is None:
-        if facts is None or not facts.gpus:
-            raise XtrainError("--slurm needs --gpus-per-node", "e.g. --gpus-per-node 8")
+        if facts is None:
+            raise XtrainError(
+                "--slurm needs --gpus-per-node",
+                "e.g. --gpus-per-node 8; for CPU-only nodes plan from a node's snapshot: --facts node.json",
+            )
         gpus_per_node = processes or facts.gpu_count
     if processes is not None and processes != gpus_per_node:
         raise XtrainError("--processes and --gpus-per-node disagree", "give only --gpus-per-node")
@@ -175,6 +189,9 @@ def configure(
     time: str = typer.Option(None, "--time", help="SLURM: time limit, e.g. 04:00:00."),
     partition: str = typer.Option(None, "--partition", help="SLURM: partition."),
     job_name: str = typer.Option("xtrain", "--job-name", help="SLURM: job name."),
+    mem: str = typer.Option(
+        None, "--mem", help="SLURM: memory per node, e.g. 64G (default: 32G per GPU process, 8G per CPU one)."
+    ),
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Write the accelerate config for this machine (and print what to run next)."""
@@ -184,7 +201,8 @@ def configure(
         output=output, dry_run=dry_run, force=force, processes=processes, gpus=gpus, precision=precision,
         port=port, machines=machines, machine_rank=machine_rank, main_address=main_address,
         facts_file=facts_file, fsdp=fsdp, deepspeed=deepspeed, slurm=slurm, nodes=nodes,
-        gpus_per_node=gpus_per_node, time=time, partition=partition, job_name=job_name, platform=platform,
+        gpus_per_node=gpus_per_node, time=time, partition=partition, job_name=job_name, mem=mem,
+        platform=platform,
     )  # fmt: skip
     console = make_console()
     notes: list[str] = []
@@ -213,8 +231,10 @@ def _resolve(opts: ConfigureOptions, notes: list[str]) -> tuple[Any, int | None]
 
     gpu_ids = _check_options(opts.main_address, opts.gpus, opts.fsdp, opts.deepspeed)
     if opts.slurm is None:
-        if any(v is not None for v in (opts.nodes, opts.gpus_per_node, opts.time, opts.partition)):
-            raise XtrainError("--nodes/--gpus-per-node/--time/--partition need --slurm", "add --slurm FILE")
+        if any(v is not None for v in (opts.nodes, opts.gpus_per_node, opts.time, opts.partition, opts.mem)):
+            raise XtrainError(
+                "--nodes/--gpus-per-node/--time/--partition/--mem need --slurm", "add --slurm FILE"
+            )
         facts = Facts.load(opts.facts_file) if opts.facts_file is not None else None  # else: probed
         layout = (opts.processes, opts.platform, opts.machines, opts.machine_rank, opts.main_address)
         gpus_per_node = None
@@ -266,8 +286,13 @@ def _files(
         target = opts.output.expanduser() if opts.output else slurm_path.with_suffix(".accelerate.yaml")
         if slurm_path.resolve() == target.resolve():
             raise XtrainError("--slurm and --output name the same file", "give them different names")
-        job = opts.slurm_job(gpus_per_node, config_path=str(target.resolve()), port=plan.main_port,
-                             env=dict(plan.env))  # fmt: skip
+        facts = resolved.facts
+        job = opts.slurm_job(
+            gpus_per_node, config_path=str(target.resolve()), port=opts.port, env=dict(plan.env),
+            gpus_per_node=gpus_per_node if plan.device == "cuda" else 0,
+            cpus_per_task=sl.cpus_per_task(plan, facts.cpu_count),
+            mem=sl.mem_per_node(plan, facts.memory_mib),  # (--mem: slurm_job replaces it)
+        )  # fmt: skip
         scripts = [(slurm_path, sl.sbatch_script(job), "sbatch script")]
         header += f"\nFor the sbatch script {slurm_path.name}: it adds each node's rank and the main address."
     files = [(target, ac.to_yaml(config, header), "loads with accelerate's ClusterConfig"), *scripts]

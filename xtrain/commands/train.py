@@ -187,8 +187,11 @@ def train(
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
     """Train CONFIG on every planned device (one process per GPU, fixed global batch)."""
+    from rich.markup import escape
+
     from xtrain.console import make_console
     from xtrain.machine.facts import Facts
+    from xtrain.planning.checks.comms import windows_gloo_refusal
     from xtrain.planning.resolve import resolve
     from xtrain.train.config import load_config
 
@@ -210,11 +213,16 @@ def train(
     # the plan, checked against the config's global batch before any process starts
     resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
     plan = resolved.plan
+    refusal = windows_gloo_refusal(resolved.facts, plan)  # a torch that cannot form a group
+    if refusal is not None and not dry_run:
+        raise refusal
     # refused here where it cannot run
     shard_flags = sharding_flags(resolved, fsdp, deepspeed, here=facts_file is None)
     run_argv = ["--config", str(config), *overrides]
     notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
     check_optimizer(cfg, resolved, here=facts_file is None)
+    if refusal is not None:
+        notes.append(f"[bold red]error:[/] {escape(refusal.one_line())}")
     notes += quantization_lines(cfg, resolved, here=facts_file is None) + memory_lines(cfg, resolved)
 
     if dry_run:

@@ -36,6 +36,24 @@ MIN_CC_CUDA13 = 7.5
 DRIVER_BRANCH_FOR_CUDA_MAJOR = {13: 580, 12: 525, 11: 450}
 
 
+# Windows wheels built without gloo's libuv transport, the only one gloo has on Windows:
+# init_process_group("gloo") fails with "makeDeviceForHostname(): unsupported gloo device"
+# (pytorch#150381). gloo's CMakeLists set USE_LIBUV OFF under MSVC in gloo accd654 (#398,
+# 2024-11-26) and back ON in 3135b0b (#472, 2025-12-01); pytorch PR#170491 (2025-12-16) moved
+# torch's third_party/gloo past it. Checked here in the released win_amd64 wheels on PyPI (the CPU
+# builds): torch_cpu.dll of 2.8.0, 2.9.0, 2.9.1 and 2.10.0 has no makeUVDevice (the uv transport's
+# factory), that of 2.6.0, 2.7.0, 2.7.1, 2.11.0, 2.12.0 and 2.13.0 has it. Not checked: the CUDA
+# builds on download.pytorch.org (built from the same source; users report 2.8.0+cu128 failing:
+# vllm-windows#19, GPT-SoVITS#2626, OneTrainer#1122) and the nightlies (inferred below).
+WINDOWS_GLOO_BROKEN: tuple[tuple[int, int], ...] = ((2, 8), (2, 9), (2, 10))
+# 2.11 nightlies built before PR#170491 was merged (2025-12-16) carry 2.10's gloo: inferred from
+# the merge date, not checked in a nightly wheel.
+WINDOWS_GLOO_FIXED_NIGHTLY = 20251217
+# A working release to move to when the recommended one has no build for the driver: the last
+# release before the break (cu118 builds for older drivers).
+WINDOWS_GLOO_FALLBACK = "2.7.1"
+
+
 def _numbers(text: str | None, n: int) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", text or "")[:n])
 
@@ -56,6 +74,15 @@ def pinned_version(torch_version: str | None) -> str:
     """The public version to pin (``2.13.0+cpu`` -> ``2.13.0``); the recommended one when unknown."""
     public = (torch_version or "").split("+")[0].strip()
     return public if re.fullmatch(r"\d+\.\d+(\.\d+)?", public) else RECOMMENDED_TORCH
+
+
+def windows_gloo_broken(torch_version: str | None) -> bool:
+    """Is this a torch whose Windows build cannot create a gloo device (pytorch#150381)?"""
+    rel = release(torch_version) if torch_version else None
+    if rel in WINDOWS_GLOO_BROKEN:
+        return True
+    nightly = re.search(r"\.dev(\d{8})", torch_version or "")
+    return rel == (2, 11) and nightly is not None and int(nightly.group(1)) < WINDOWS_GLOO_FIXED_NIGHTLY
 
 
 def tags_for(torch_version: str | None) -> tuple[str, ...]:

@@ -6,7 +6,8 @@ facts behind each check are in ``../shared/FIELD_NOTES.md`` and explained for us
 docs/findings.md.
 
 - ``gpu.py``: torch, the NVIDIA driver, the GPUs (visible, matched).
-- ``comms.py``: the backend (NCCL, gloo), libuv, NCCL's P2P and shared memory.
+- ``comms.py``: the backend (NCCL, gloo; Windows builds without gloo's transport), libuv, NCCL's
+  P2P and shared memory.
 - ``network.py``: the hostname and the rendezvous port.
 - ``environment.py``: packages, accelerate's config file, probes that failed.
 - ``quantization.py``: bitsandbytes (model.quantization, 8-bit optimizers): missing, too old, a
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from xtrain.machine.facts import Facts
-from xtrain.planning.checks.comms import check_backend, check_libuv, check_p2p, check_shm
+from xtrain.planning.checks.comms import check_backend, check_libuv, check_p2p, check_shm, check_windows_gloo
 from xtrain.planning.checks.environment import check_accelerate_config, check_packages, check_probe_errors
 from xtrain.planning.checks.gpu import (
     check_driver,
@@ -40,6 +41,7 @@ CHECKS: tuple[Check, ...] = (
     check_driver,
     check_no_gpu,
     check_backend,
+    check_windows_gloo,
     check_libuv,
     check_p2p,
     check_shm,

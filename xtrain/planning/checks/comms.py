@@ -3,8 +3,10 @@ NCCL's P2P and shared-memory transports."""
 
 from __future__ import annotations
 
+from xtrain.errors import XtrainError
 from xtrain.machine.facts import Facts, is_rtx40
-from xtrain.planning.checks.fixes import torch_or_driver_fix
+from xtrain.machine.torch_wheels import RECOMMENDED_TORCH, WINDOWS_GLOO_FALLBACK, windows_gloo_broken
+from xtrain.planning.checks.fixes import driver_update_lines, torch_install, torch_or_driver_fix
 from xtrain.planning.plan import Finding, Plan
 from xtrain.planning.rules import SMALL_SHM_MIB
 from xtrain.shell import comment, join_commands, set_env
@@ -47,6 +49,50 @@ def check_backend(facts: Facts, plan: Plan) -> list[Finding]:
             )
         )
     return out
+
+
+def check_windows_gloo(facts: Facts, plan: Plan) -> list[Finding]:
+    """Windows builds of torch 2.8-2.10 have no gloo transport (pytorch#150381): a process group
+    cannot form, so several processes cannot train (one still does)."""
+    if plan.os_kind != "windows" or not facts.gloo_available or not windows_gloo_broken(facts.torch_version):
+        return []
+    several = plan.distributed
+    # the recommended release where the driver runs a build of it, else the last one before the break
+    install = torch_install(facts, plan, reinstall=False, version=RECOMMENDED_TORCH) or torch_install(
+        facts, plan, reinstall=False, version=WINDOWS_GLOO_FALLBACK
+    )
+    lines = (
+        [comment("install a torch whose Windows build has gloo's transport:"), install]
+        if install
+        else driver_update_lines(facts)
+    )
+    lines.append(comment("torchvision and torchaudio, if installed, need the matching release (same index)"))
+    return [
+        Finding(
+            "gloo-windows-broken",
+            "error" if several else "warn",
+            f"torch {facts.torch_version} for Windows was built without gloo's transport: "
+            "init_process_group fails with 'makeDeviceForHostname(): unsupported gloo device' "
+            "(pytorch#150381; Windows builds of 2.8, 2.9 and 2.10), so "
+            + ("these processes cannot form a group." if several else "one process trains, several cannot."),
+            "\n".join(lines),
+        )
+    ]
+
+
+def windows_gloo_refusal(facts: Facts, plan: Plan) -> XtrainError | None:
+    """What `xtrain train` says, in one line, before it starts several processes on a Windows torch
+    without gloo's transport (``check_windows_gloo``'s error); None where the plan can run."""
+    found = [f for f in check_windows_gloo(facts, plan) if f.severity == "error"]
+    if not found:
+        return None
+    install = next((line for line in (found[0].fix or "").splitlines() if not line.startswith("#")), None)
+    return XtrainError(
+        f"torch {facts.torch_version} for Windows cannot start {plan.world_size} processes: its gloo has "
+        "no transport ('unsupported gloo device', pytorch#150381)",
+        (f"install a torch that can: {install}" if install else "update the NVIDIA driver, then torch")
+        + "; or train on one GPU with --processes 1",
+    )
 
 
 def check_libuv(facts: Facts, plan: Plan) -> list[Finding]:

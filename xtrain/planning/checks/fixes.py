@@ -19,9 +19,10 @@ def min_cc(facts: Facts) -> float | None:
     return min(caps) if caps else None
 
 
-def torch_index_tag(facts: Facts) -> str | None:
-    """The PyTorch wheel index tag of this torch release that the installed driver runs."""
-    return pick_tag(facts.torch_version, facts.driver_cuda, facts.driver_version, min_cc(facts))
+def torch_index_tag(facts: Facts, version: str | None = None) -> str | None:
+    """The PyTorch wheel index tag of this torch release (or of ``version``) that the installed
+    driver runs."""
+    return pick_tag(version or facts.torch_version, facts.driver_cuda, facts.driver_version, min_cc(facts))
 
 
 def pip_line(facts: Facts, plan: Plan, args: list[str]) -> str:
@@ -29,13 +30,14 @@ def pip_line(facts: Facts, plan: Plan, args: list[str]) -> str:
     return pip_command(plan.shell, facts.python_executable or None, args)
 
 
-def torch_install(facts: Facts, plan: Plan, reinstall: bool) -> str | None:
-    """The pip line for this torch release in the CUDA build the driver runs (PyPI's build on a
-    machine without an NVIDIA driver); None when the driver runs no build of this release."""
+def torch_install(facts: Facts, plan: Plan, reinstall: bool, version: str | None = None) -> str | None:
+    """The pip line for this torch release (or ``version``) in the CUDA build the driver runs
+    (PyPI's build on a machine without an NVIDIA driver); None when the driver runs no build of
+    that release."""
     args = ["install"] + (["--force-reinstall"] if reinstall else [])
-    args.append(f"torch=={pinned_version(facts.torch_version)}")
+    args.append(f"torch=={version or pinned_version(facts.torch_version)}")
     if facts.nvidia_smi:
-        tag = torch_index_tag(facts)
+        tag = torch_index_tag(facts, version)
         if tag is None:
             return None
         args += ["--index-url", index_url(tag)]
