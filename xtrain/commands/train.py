@@ -68,6 +68,22 @@ def model_check_lines(cfg: Any, resolved: Any) -> list[str]:
     return [f"[bold]Model checks:[/] {escape(model_checks.check_offline(cfg, light))}"]
 
 
+def precision_lines(resolved: Any) -> list[str]:
+    """The precision the workers train in and why (the plan's reason: the user's choice, the
+    weights' dtype, the GPU), with a warning line when it narrows the weights' range (rich markup)."""
+    from rich.markup import escape
+
+    plan = resolved.plan
+    shown = plan.mixed_precision if plan.mixed_precision != "no" else "fp32"
+    why = plan.reasons.get("mixed_precision", "")
+    lines = [f"[bold]Precision:[/] {shown} ({escape(why)})" if why else f"[bold]Precision:[/] {shown}"]
+    for f in resolved.findings:
+        if f.code.startswith("precision-"):
+            fix = f"; fix: {escape(f.fix)}" if f.fix else ""
+            lines.append(f"[bold yellow]warning:[/] {escape(f.message)}{fix}")
+    return lines
+
+
 def loading_lines(cfg: Any, resolved: Any) -> list[str]:
     """The DataLoader workers each process reads its batches with, and why (rich markup)."""
     from rich.markup import escape
@@ -207,13 +223,23 @@ def train(
         )
     cfg = load_config(str(config), overrides)
     facts = Facts.load(facts_file) if facts_file is not None else None  # else resolve probes
-    # the plan, checked against the config's global batch before any process starts
-    resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
+    from xtrain.train.model_size import checkpoint_dtype
+
+    # the plan, checked against the config's global batch before any process starts; the
+    # checkpoint's dtype (read here, where it is on this machine) decides model.dtype auto's precision
+    resolved = resolve(
+        cfg,
+        processes=n,
+        gpu_ids=gpu_ids,
+        platform=platform,
+        facts=facts,
+        checkpoint_dtype=checkpoint_dtype(cfg),
+    )
     plan = resolved.plan
     # refused here where it cannot run
     shard_flags = sharding_flags(resolved, fsdp, deepspeed, here=facts_file is None)
     run_argv = ["--config", str(config), *overrides]
-    notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
+    notes = precision_lines(resolved) + loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
     check_optimizer(cfg, resolved, here=facts_file is None)
     notes += quantization_lines(cfg, resolved, here=facts_file is None) + memory_lines(cfg, resolved)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
@@ -113,23 +114,55 @@ def check_model(model: Any, cfg: TrainConfig, task: Task) -> None:
         check_targets(cfg, task, model)
 
 
+def config_path(name: str) -> Path | None:
+    """The model's ``config.json`` where it already is on this machine: a local folder, a built-in
+    already built, the Hugging Face cache of a hub id (never a download, never a build); else None."""
+    from xtrain import builtin
+
+    if builtin.is_builtin(name):
+        path = builtin.cache_root() / builtin.strip_prefix(name) / "config.json"
+        return path if path.is_file() else None
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return folder / "config.json" if (folder / "config.json").is_file() else None
+    from xtrain.train import models
+
+    if not models.looks_like_hub_id(name):
+        return None
+    try:  # the cache only: no network
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+    except Exception:  # noqa: BLE001 - an unreadable cache: the same as not cached
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def config_json(name: str) -> dict[str, Any] | None:
+    """The model's ``config.json`` as plain data, read without transformers where it is on this
+    machine (``config_path``); None when it is not (or is not a JSON mapping)."""
+    from xtrain import structured
+
+    path = config_path(name)
+    if path is None:
+        return None
+    try:
+        data = structured.load_json(path.read_text(encoding="utf-8"))  # no key twice, bounded nesting
+    except (OSError, ValueError, TypeError, XtrainError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def local_config(cfg: TrainConfig) -> Any | None:
     """The model's ``config.json`` as attributes (nested configs too), read without transformers
-    when it is on disk (a local folder, a built-in already built); else None."""
+    when it is on this machine (``config_json``); else None."""
     import json
     import types
-    from pathlib import Path
 
-    from xtrain import builtin, structured
-
-    name = cfg.model.name_or_path
-    folder = builtin.cache_root() / builtin.strip_prefix(name) if builtin.is_builtin(name) else Path(name)
-    try:
-        text = (folder.expanduser() / "config.json").read_text(encoding="utf-8")
-        structured.load_json(text)  # no key twice, bounded nesting
-        return json.loads(text, object_hook=lambda d: types.SimpleNamespace(**d))
-    except (OSError, ValueError, TypeError):
+    data = config_json(cfg.model.name_or_path)
+    if data is None:
         return None
+    return json.loads(json.dumps(data), object_hook=lambda d: types.SimpleNamespace(**d))
 
 
 def check_offline(cfg: TrainConfig, light: bool = False) -> str:
