@@ -8,7 +8,8 @@ download). Each failure is one ``XtrainError`` line naming the key and the limit
   task's prompt (``Task.generation_prompt``) against the same positions: a longer sequence fails
   inside the first forward pass or the first evaluation (``IndexError: index out of range``).
 - LoRA: every name in ``lora.target_modules`` matches a module of the model (peft accepts a list
-  where only some names match, and drops the others silently); ``auto`` finds some layers.
+  where only some names match, and drops the others silently); ``auto`` and ``all-linear`` find
+  some layers (the task's own chooser, as the plan counts them).
 
 Tasks contribute their limits through the contract; nothing here names a task.
 """
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.contract import Task
 
+# LoRA target names that transformers 5 renamed in vision encoders (ViT/DeiT: attention.query ->
+# q_proj, ...): lists written for transformers 4, such as LLaMA-Factory's or older tutorials'
+RENAMED = {"query": "q_proj", "key": "k_proj", "value": "v_proj"}
 # Spellings of "how many positions" across architectures (GPT-2's n_positions, Whisper's decoder)
 POSITION_NAMES = ("max_position_embeddings", "n_positions", "max_target_positions")
 
@@ -80,16 +84,17 @@ def _matches(name: str, qualified: str) -> bool:
 
 
 def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
-    """Every listed ``lora.target_modules`` name matches a module; ``auto`` finds some layers."""
+    """Every listed ``lora.target_modules`` name matches a module; ``auto`` and ``all-linear``
+    (peft's: every Linear but the output head) find some layers."""
     from xtrain.train import lora, model_size
 
     names = cfg.lora.target_modules
-    if names == "auto":
+    if names == "auto" or lora.is_all_linear(names):
         adapted, _ = model_size.adapted_layers(model, cfg)
         if not adapted:
             kind = getattr(getattr(model, "config", None), "model_type", None) or "model"
             raise XtrainError(
-                f"lora.target_modules=auto found no layer to adapt in this {kind}",
+                f"lora.target_modules={names} found no layer to adapt in this {kind}",
                 "set lora.target_modules to the module names to adapt, or lora.enabled=false",
             )
         return
@@ -99,8 +104,12 @@ def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
     if not missing:
         return
     leaves = sorted(set(lora.linear_layers(model).values()))
-    close = difflib.get_close_matches(missing[0], leaves, n=1, cutoff=0.6)
-    hint = f"did you mean '{close[0]}'? " if close else ""
+    renamed = RENAMED.get(missing[0])
+    if renamed in leaves:  # a list written for transformers 4 (ViT, DeiT, TrOCR's encoder)
+        hint = f"did you mean '{renamed}'? (transformers 5 renamed {missing[0]} to {renamed} in this model) "
+    else:
+        close = difflib.get_close_matches(missing[0], leaves, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
     raise XtrainError(
         f"lora.target_modules {missing} not found in the model",
         f"{hint}Linear layers it has: {', '.join(leaves[:16])}",

@@ -96,10 +96,12 @@ def adapted_layers(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     layers = lora.linear_layers(model)  # qualified name -> leaf name
     whole = list(cfg.lora.modules_to_save or [])
     names = cfg.lora.target_modules
-    if isinstance(names, str):  # auto: lora.apply_lora's own choice
-        names = lora.find_target_modules(model) if names == "auto" else [names]
     if task.peft_task_type == "SEQ_CLS":
         whole += ["classifier", "score"]  # peft's SEQ_CLS trains the head whole, whatever else is named
+    if lora.is_all_linear(names):  # peft's own expansion, which apply_lora leaves to peft
+        return lora.all_linear_layers(model, task.peft_task_type), whole
+    if isinstance(names, str):  # auto: lora.apply_lora's own choice
+        names = lora.find_target_modules(model) if names == "auto" else [names]
     return [q for q, leaf in layers.items() if leaf in names or q in names], whole
 
 

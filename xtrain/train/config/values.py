@@ -52,6 +52,8 @@ ALIASES: dict[str, dict[Any, str | None]] = {
     "model.quantization": {False: None, "off": None, "no": None, "nf4": "4bit", "int4": "4bit",
                            "4-bit": "4bit", "int8": "8bit", "8-bit": "8bit"},
     "lora.init_weights": {True: "default", "true": "default", "lora": "default"},
+    # peft's all-linear (every Linear but the output head); LLaMA-Factory's lora_target: all
+    "lora.target_modules": {"all-linear": "all-linear", "all_linear": "all-linear", "all": "all-linear"},
     "optim.name": {"adamw_torch": "adamw", "adamw8bit": "adamw_8bit", "paged_adamw8bit": "paged_adamw_8bit",
                    "adamw_bnb_8bit": "adamw_8bit"},
 }
@@ -249,6 +251,9 @@ def set_value(cfg: TrainConfig, key: str, value: Any, *, from_text: str | None =
         value = ALIASES[key].get(value, value)
     if key == "lora.target_modules" and isinstance(value, str) and "," in value:
         value = [m.strip() for m in value.split(",") if m.strip()]
+    if key == "lora.target_modules" and isinstance(value, list) and len(value) == 1:
+        alone = str(value[0]).lower()
+        value = ALIASES[key].get(alone, value)  # [all-linear]: the shorthand, not a module name
     setattr(getattr(cfg, section), name, _check(key, _coerce(value, tp, key)))
 
 
