@@ -13,6 +13,7 @@ from typing import Any
 from xtrain.errors import XtrainError
 from xtrain.planning.plan import ATTENTION, PRECISIONS
 from xtrain.train import tasks
+from xtrain.train.config import foreign
 from xtrain.train.config.schema import TrainConfig, config_keys, section_fields, sections
 from xtrain.train.tasks.row_formats import ROW_FORMATS
 
@@ -258,8 +259,13 @@ def set_value(cfg: TrainConfig, key: str, value: Any, *, from_text: str | None =
 
 
 def resolve_key(section: str, name: str, where: str) -> str:
+    """``section.name`` checked; an unknown one is one line naming the xtrain key that means the
+    same (a name from another trainer: ``foreign.answer``; the same key in another section), else
+    the closest spelling."""
     all_sections = sections()
     if section not in all_sections:
+        if name and foreign.answer(name) and closest(section, all_sections) is None:  # training.learning_rate
+            raise XtrainError(f"unknown key '{section}.{name}'{where}", foreign.answer(name))
         close = closest(section, all_sections)
         raise XtrainError(
             f"unknown section {section!r}{where}",
@@ -268,8 +274,11 @@ def resolve_key(section: str, name: str, where: str) -> str:
     names = section_fields(all_sections[section])
     if name not in names:
         key = f"{section}.{name}"
-        # The same key in another section first (`lora.lr` -> `optim.lr`), then the closest spelling.
+        # The same key in another section first (`lora.lr` -> `optim.lr`), then a name from another
+        # trainer (learning_rate, cutoff_len, logging_steps, ...), then the closest spelling.
         elsewhere = [f"{s}.{name}" for s, cls in all_sections.items() if name and name in section_fields(cls)]
+        if not elsewhere and foreign.answer(name):
+            raise XtrainError(f"unknown key {key!r}{where}", foreign.answer(name))
         close = (elsewhere[0] if elsewhere else None) or closest(key, config_keys()) or closest(name, names)
         if close and "." not in close:
             close = f"{section}.{close}"
