@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         from xtrain.train.config.loading import load_config
 
         cfg = load_config(args.config, args.overrides)
+        _fit_defaults(cfg)  # lengths the user did not set, from the model's positions
         # the launch mode, in one place: a rank of a launcher, accelerate's one-process launch
         # (xtrain.run starts the workers), --processes N (the same), or this process alone
         ctx = LaunchContext.from_env()
@@ -165,6 +166,20 @@ def main(argv: list[str] | None = None) -> int:
         out = cfg.run.output_dir if cfg is not None else None
         return _report(stops.stopped_error(out, signum, at_once=isinstance(e, stops.StopAtOnce)))
     return 0
+
+
+def _fit_defaults(cfg: Any) -> None:
+    """``model_checks.fit_defaults`` from the model's config.json (a built-in is built and a hub
+    model's config.json fetched here: the run loads the model next anyway); rank 0 says each change."""
+    from xtrain.train import model_checks
+    from xtrain.train.config.schema import given_keys
+
+    lengths = {"data.max_length", "generation.max_new_tokens"}
+    if lengths <= (given_keys(cfg) or lengths):
+        return  # both given (or a config built in code): nothing to fit, nothing to read
+    for note in model_checks.fit_defaults(cfg, model_checks.local_config(cfg, fetch=True)):
+        if _is_rank0():
+            sys.stderr.write(f"note: {note}\n")
 
 
 def _say_precision_findings(findings: list[Any]) -> None:

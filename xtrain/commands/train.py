@@ -68,6 +68,17 @@ def model_check_lines(cfg: Any, resolved: Any) -> list[str]:
     return [f"[bold]Model checks:[/] {escape(model_checks.check_offline(cfg, light))}"]
 
 
+def fitted_lines(cfg: Any) -> list[str]:
+    """Defaults the user did not write that the model's positions lower (``data.max_length``,
+    ``generation.max_new_tokens``), fitted in ``cfg`` from its config.json where it is on this
+    machine, one line each (rich markup)."""
+    from rich.markup import escape
+
+    from xtrain.train import model_checks
+
+    return [f"[bold]Fitted to the model:[/] {escape(note)}" for note in model_checks.fit_defaults(cfg)]
+
+
 def precision_lines(resolved: Any) -> list[str]:
     """The precision the workers train in and why (the plan's reason: the user's choice, the
     weights' dtype, the GPU), with a warning line when it narrows the weights' range (rich markup)."""
@@ -222,6 +233,7 @@ def train(
             "add --dry-run to see that machine's plan, or leave out --facts",
         )
     cfg = load_config(str(config), overrides)
+    fitted = fitted_lines(cfg)  # lengths the user did not set, fitted to the model (each worker too)
     facts = Facts.load(facts_file) if facts_file is not None else None  # else resolve probes
     from xtrain.train.model_size import checkpoint_dtype
 
@@ -239,7 +251,7 @@ def train(
     # refused here where it cannot run
     shard_flags = sharding_flags(resolved, fsdp, deepspeed, here=facts_file is None)
     run_argv = ["--config", str(config), *overrides]
-    notes = precision_lines(resolved) + loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
+    notes = fitted + precision_lines(resolved) + loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
     check_optimizer(cfg, resolved, here=facts_file is None)
     notes += quantization_lines(cfg, resolved, here=facts_file is None) + memory_lines(cfg, resolved)
 

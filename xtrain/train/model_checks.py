@@ -72,6 +72,45 @@ def check_lengths(cfg: TrainConfig, task: Task, config: Any) -> None:
         )
 
 
+def fit_defaults(cfg: TrainConfig, config: Any | None = None) -> list[str]:
+    """Defaults the user did not write, fitted to the model before anything is built: a
+    ``data.max_length`` above the positions its sequences go through becomes that limit, and a
+    ``generation.max_new_tokens`` that does not fit on top of the prompt becomes the room left
+    (``config``: the model's config, else its config.json where it is on this machine). Changes
+    ``cfg`` in place and returns one note per change. Values the user gave are left as they are:
+    ``check_lengths`` refuses them when they cannot work. A config built in code (no record of
+    what was given) is left alone."""
+    from xtrain.train import tasks
+    from xtrain.train.config.schema import given_keys
+
+    given = given_keys(cfg)
+    task = tasks.get(cfg.model.task)
+    if given is None or task.model_class is None:
+        return []
+    config = config if config is not None else local_config(cfg)
+    where, limit = (task.positions or text_positions)(config) if config is not None else ("", None)
+    if limit is None:
+        return []
+    d, g, notes = cfg.data, cfg.generation, []
+    fitted = "data.max_length" not in given and d.max_length > limit
+    if fitted:
+        notes.append(f"data.max_length={limit}: the {where}'s limit (the default {d.max_length} is above it)")
+        d.max_length = limit
+    if task.generation_prompt is None or "generation.max_new_tokens" in given:
+        return notes
+    if fitted and limit - task.generation_prompt(cfg) < 1:  # the prompt is max_length: leave room
+        d.max_length = max(1, limit - min(g.max_new_tokens, limit // 2))
+        notes[-1] = f"data.max_length={d.max_length}: room to generate within the {where}'s {limit} positions"
+    room = limit - task.generation_prompt(cfg)
+    if 0 < room < g.max_new_tokens:
+        notes.append(
+            f"generation.max_new_tokens={room}: what the {where}'s {limit} positions leave after the "
+            f"prompt (the default {g.max_new_tokens} is above it)"
+        )
+        g.max_new_tokens = room
+    return notes
+
+
 def _matches(name: str, qualified: str) -> bool:
     """peft's rule for one ``target_modules`` entry: the module's name, its last parts, or (a
     single string) a regex matching the whole qualified name."""
@@ -123,13 +162,20 @@ def check_model(model: Any, cfg: TrainConfig, task: Task) -> None:
         check_targets(cfg, task, model)
 
 
-def config_path(name: str) -> Path | None:
+def config_path(name: str, fetch: bool = False) -> Path | None:
     """The model's ``config.json`` where it already is on this machine: a local folder, a built-in
-    already built, the Hugging Face cache of a hub id (never a download, never a build); else None."""
+    already built, the Hugging Face cache of a hub id; else None. Never a download or a build,
+    unless ``fetch`` (a training worker, which loads the model next anyway): then a built-in is
+    built and a hub id's config.json (only that file) is downloaded."""
     from xtrain import builtin
 
     if builtin.is_builtin(name):
         path = builtin.cache_root() / builtin.strip_prefix(name) / "config.json"
+        if fetch and not path.is_file():
+            try:
+                return builtin.ensure_builtin_model(name) / "config.json"
+            except XtrainError:  # an unknown built-in: the run says so when it loads it
+                return None
         return path if path.is_file() else None
     folder = Path(name).expanduser()
     if folder.is_dir():
@@ -138,21 +184,23 @@ def config_path(name: str) -> Path | None:
 
     if not models.looks_like_hub_id(name):
         return None
-    try:  # the cache only: no network
-        from huggingface_hub import try_to_load_from_cache
+    try:  # the cache; the hub only with fetch (offline mode: fails at once)
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
         found = try_to_load_from_cache(name, "config.json")
-    except Exception:  # noqa: BLE001 - an unreadable cache: the same as not cached
+        if not isinstance(found, str) and fetch:
+            found = hf_hub_download(name, "config.json")
+    except Exception:  # noqa: BLE001 - unreadable cache, no network: the same as not there
         return None
     return Path(found) if isinstance(found, str) else None
 
 
-def config_json(name: str) -> dict[str, Any] | None:
+def config_json(name: str, fetch: bool = False) -> dict[str, Any] | None:
     """The model's ``config.json`` as plain data, read without transformers where it is on this
     machine (``config_path``); None when it is not (or is not a JSON mapping)."""
     from xtrain import structured
 
-    path = config_path(name)
+    path = config_path(name, fetch)
     if path is None:
         return None
     try:
@@ -162,13 +210,13 @@ def config_json(name: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def local_config(cfg: TrainConfig) -> Any | None:
+def local_config(cfg: TrainConfig, fetch: bool = False) -> Any | None:
     """The model's ``config.json`` as attributes (nested configs too), read without transformers
     when it is on this machine (``config_json``); else None."""
     import json
     import types
 
-    data = config_json(cfg.model.name_or_path)
+    data = config_json(cfg.model.name_or_path, fetch)
     if data is None:
         return None
     return json.loads(json.dumps(data), object_hook=lambda d: types.SimpleNamespace(**d))

@@ -19,7 +19,7 @@ from typing import Any
 from xtrain import structured
 from xtrain.errors import XtrainError
 from xtrain.train.config import foreign
-from xtrain.train.config.schema import TrainConfig, sections
+from xtrain.train.config.schema import TrainConfig, mark_given, sections
 from xtrain.train.config.validate import validate
 from xtrain.train.config.values import closest, resolve_key, set_value, show
 
@@ -138,7 +138,9 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Train
         section, _, name = key.partition(".")
         key = resolve_key(section, name, " in the command-line overrides")
         set_value(cfg, key, value, from_text=raw)
+        keys.append(key)
     validate(cfg)
+    mark_given(cfg, keys)  # what the user wrote; the rest are defaults (model_checks.fit_defaults)
     return cfg
 
 
