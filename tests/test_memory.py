@@ -254,9 +254,9 @@ def test_plan_on_two_4090s_shows_the_estimate_and_a_tiny_gpu_warns(caches, machi
     out = _plan(tmp_path, machines_dir / "wsl2-2x4090.json", capsys)
     lines = out.splitlines()
     assert lines[0].startswith("Plan: 2 processes, on cuda [0, 1]")
-    # under the plan: the loaders, the attention kernels, then the estimate
-    assert [line.split(":")[0] for line in lines[1:4]] == ["Data loading", "Attention", "Memory"]
-    assert lines[3].startswith("Memory: ~") and "(estimate; NVIDIA GeForce RTX 4090: 24 GiB)" in lines[3]
+    # under the plan: the precision and why, the loaders, the attention kernels, then the estimate
+    assert [line.split(":")[0] for line in lines[1:5]] == ["Precision", "Data loading", "Attention", "Memory"]
+    assert lines[4].startswith("Memory: ~") and "(estimate; NVIDIA GeForce RTX 4090: 24 GiB)" in lines[4]
     assert "warning" not in out
     small = json.loads((machines_dir / "wsl2-2x4090.json").read_text())
     for gpu in small["gpus"]:

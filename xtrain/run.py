@@ -134,10 +134,21 @@ def main(argv: list[str] | None = None) -> int:
         from xtrain.train.config.loading import load_config
 
         cfg = load_config(args.config, args.overrides)
+        _fit_defaults(cfg)  # lengths the user did not set, from the model's positions
         # the launch mode, in one place: a rank of a launcher, accelerate's one-process launch
         # (xtrain.run starts the workers), --processes N (the same), or this process alone
         ctx = LaunchContext.from_env()
-        plan = resolve(cfg, processes=args.processes, platform=platform, context=ctx).plan
+        from xtrain.train.model_size import checkpoint_dtype
+
+        resolved = resolve(
+            cfg,
+            processes=args.processes,
+            platform=platform,
+            context=ctx,
+            checkpoint_dtype=checkpoint_dtype(cfg),
+        )
+        plan = resolved.plan
+        _say_precision_findings(resolved.findings)  # planned here (accelerate launch, torchrun): one line
         from xtrain.train import optim
 
         optim.check_backend(cfg.optim.name, plan.device)  # a missing bitsandbytes: before the model loads
@@ -155,6 +166,31 @@ def main(argv: list[str] | None = None) -> int:
         out = cfg.run.output_dir if cfg is not None else None
         return _report(stops.stopped_error(out, signum, at_once=isinstance(e, stops.StopAtOnce)))
     return 0
+
+
+def _fit_defaults(cfg: Any) -> None:
+    """``model_checks.fit_defaults`` from the model's config.json (a built-in is built and a hub
+    model's config.json fetched here: the run loads the model next anyway); rank 0 says each change."""
+    from xtrain.train import model_checks
+    from xtrain.train.config.schema import given_keys
+
+    lengths = {"data.max_length", "generation.max_new_tokens"}
+    if lengths <= (given_keys(cfg) or lengths):
+        return  # both given (or a config built in code): nothing to fit, nothing to read
+    for note in model_checks.fit_defaults(cfg, model_checks.local_config(cfg, fetch=True)):
+        if _is_rank0():
+            sys.stderr.write(f"note: {note}\n")
+
+
+def _say_precision_findings(findings: list[Any]) -> None:
+    """A precision that narrows the weights' range (``checks.precision``), said once by rank 0 of a
+    plan made here; a plan xtrain's launcher sent has no findings (its command said them)."""
+    if not _is_rank0():
+        return
+    for f in findings:
+        if f.code.startswith("precision-"):
+            sys.stderr.write(f"warning: {f.message}" + (f"; fix: {f.fix}" if f.fix else "") + "\n")
+    sys.stderr.flush()
 
 
 def _report(e: XtrainError) -> int:

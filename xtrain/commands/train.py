@@ -68,6 +68,33 @@ def model_check_lines(cfg: Any, resolved: Any) -> list[str]:
     return [f"[bold]Model checks:[/] {escape(model_checks.check_offline(cfg, light))}"]
 
 
+def fitted_lines(cfg: Any) -> list[str]:
+    """Defaults the user did not write that the model's positions lower (``data.max_length``,
+    ``generation.max_new_tokens``), fitted in ``cfg`` from its config.json where it is on this
+    machine, one line each (rich markup)."""
+    from rich.markup import escape
+
+    from xtrain.train import model_checks
+
+    return [f"[bold]Fitted to the model:[/] {escape(note)}" for note in model_checks.fit_defaults(cfg)]
+
+
+def precision_lines(resolved: Any) -> list[str]:
+    """The precision the workers train in and why (the plan's reason: the user's choice, the
+    weights' dtype, the GPU), with a warning line when it narrows the weights' range (rich markup)."""
+    from rich.markup import escape
+
+    plan = resolved.plan
+    shown = plan.mixed_precision if plan.mixed_precision != "no" else "fp32"
+    why = plan.reasons.get("mixed_precision", "")
+    lines = [f"[bold]Precision:[/] {shown} ({escape(why)})" if why else f"[bold]Precision:[/] {shown}"]
+    for f in resolved.findings:
+        if f.code.startswith("precision-"):
+            fix = f"; fix: {escape(f.fix)}" if f.fix else ""
+            lines.append(f"[bold yellow]warning:[/] {escape(f.message)}{fix}")
+    return lines
+
+
 def loading_lines(cfg: Any, resolved: Any) -> list[str]:
     """The DataLoader workers each process reads its batches with, and why (rich markup)."""
     from rich.markup import escape
@@ -209,9 +236,20 @@ def train(
             "add --dry-run to see that machine's plan, or leave out --facts",
         )
     cfg = load_config(str(config), overrides)
+    fitted = fitted_lines(cfg)  # lengths the user did not set, fitted to the model (each worker too)
     facts = Facts.load(facts_file) if facts_file is not None else None  # else resolve probes
-    # the plan, checked against the config's global batch before any process starts
-    resolved = resolve(cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts)
+    from xtrain.train.model_size import checkpoint_dtype
+
+    # the plan, checked against the config's global batch before any process starts; the
+    # checkpoint's dtype (read here, where it is on this machine) decides model.dtype auto's precision
+    resolved = resolve(
+        cfg,
+        processes=n,
+        gpu_ids=gpu_ids,
+        platform=platform,
+        facts=facts,
+        checkpoint_dtype=checkpoint_dtype(cfg),
+    )
     plan = resolved.plan
     refusal = windows_gloo_refusal(resolved.facts, plan)  # a torch that cannot form a group
     if refusal is not None and not dry_run:
@@ -219,7 +257,7 @@ def train(
     # refused here where it cannot run
     shard_flags = sharding_flags(resolved, fsdp, deepspeed, here=facts_file is None)
     run_argv = ["--config", str(config), *overrides]
-    notes = loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
+    notes = fitted + precision_lines(resolved) + loading_lines(cfg, resolved) + attention_lines(cfg, resolved)
     check_optimizer(cfg, resolved, here=facts_file is None)
     if refusal is not None:
         notes.append(f"[bold red]error:[/] {escape(refusal.one_line())}")

@@ -45,6 +45,12 @@ class Overrides:
     machine_rank: int = 0
     main_address: str | None = None
     weights_dtype: str | None = None  # model.dtype of the train config: bfloat16 weights prefer bf16
+    # the checkpoint's own dtype (config.json's torch_dtype/dtype), read by the caller where the
+    # model's config is on this machine (never downloaded): what model.dtype auto loads on a GPU
+    checkpoint_dtype: str | None = None
+    # what `accelerate launch` exported (ACCELERATE_MIXED_PRECISION): a choice only where it
+    # differs from the machine's default, which is what `xtrain configure` writes (rules._precision)
+    launcher_precision: str | None = None
 
     def check(self) -> None:
         """Every choice that needs no facts, checked in this one place before anything is probed:
@@ -56,6 +62,12 @@ class Overrides:
             )
         if self.mixed_precision is not None and self.mixed_precision not in PRECISIONS:
             raise XtrainError(f"--precision {self.mixed_precision!r} is unknown", "use no, fp16 or bf16")
+        if self.launcher_precision is not None and self.launcher_precision not in PRECISIONS:
+            raise XtrainError(
+                f"accelerate launch exported mixed precision {self.launcher_precision!r}, which xtrain "
+                "does not train with",
+                "use --mixed_precision no, fp16 or bf16 (or set run.mixed_precision in the train config)",
+            )
         if self.platform is not None and self.platform not in OS_KINDS:
             raise XtrainError(f"unknown platform {self.platform!r}", f"use one of {', '.join(OS_KINDS)}")
         if self.port is not None and not 1 <= self.port <= 65535:
@@ -99,6 +111,9 @@ class Plan:
     pin_memory: bool = False
     # why run.compile (torch.compile) cannot work here; None: it can (rules.compile_blocker)
     compile_blocker: str | None = None
+    # the 16-bit format the weights are in (bf16 | fp16; None: fp32 or unknown): model.dtype, else
+    # the checkpoint's; checks.precision warns when the chosen precision narrows their range
+    weights_half: str | None = None
     reasons: dict[str, str] = field(default_factory=dict)  # choice -> why
 
     @property

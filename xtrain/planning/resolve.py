@@ -10,8 +10,11 @@ training loop call it.
    launch context adds (``xtrain.planning.context``: a launcher's process count, which
    ``--processes`` must agree with; one worker per GPU that accelerate's one-process launch left
    visible; one process for ``python -m xtrain.run`` alone), the config's precision
-   (``choose_precision``) and its weights' dtype, made into the one ``Overrides`` and checked
-   (``Overrides.check``) before anything is probed.
+   (``choose_precision``), the one ``accelerate launch`` exported (``exported_precision``: the
+   rules count it as a choice only where it differs from the machine's default), the weights'
+   dtype (``model.dtype``) and the checkpoint's (``checkpoint_dtype``: read by the caller, machine
+   I/O kept out of here), made into the one ``Overrides`` and checked (``Overrides.check``) before
+   anything is probed.
 2. The plan: the one this process already holds (the loop) or that xtrain's launcher sent
    (``XTRAIN_PLAN``), else the rules' answer (``rules.make_plan``) with the checks' findings
    (``diagnose``) for the facts given (a ``--facts`` snapshot) or probed here: the only probe of
@@ -26,7 +29,7 @@ training loop call it.
    supports). The facts need the model's class, so the train layer gathers them
    (``xtrain.train.attention``): for the plan before launching and in each worker before loading.
 
-Pure functions except the probe (``facts=None``) and the environment ``choose_precision`` reads,
+Pure functions except the probe (``facts=None``) and the environment ``exported_precision`` reads,
 so every platform's answer is testable from a saved facts snapshot.
 """
 
@@ -101,13 +104,16 @@ def resolve(
     full_probe: bool = False,
     context: LaunchContext | None = None,
     plan: Plan | None = None,
+    checkpoint_dtype: str | None = None,
 ) -> Resolved:
     """Decide the plan, its findings and (with ``cfg``) the run settings; see the module's steps.
 
     ``context``: the launch context of this process (None: a command that starts the processes
     itself, one per GPU unless ``processes`` says otherwise). ``precision`` stands in for a
     config's (bench, doctor, configure). ``plan``: a plan this process already runs (the loop);
-    its settings are then for the context's world size. ``facts=None`` probes this machine."""
+    its settings are then for the context's world size. ``facts=None`` probes this machine.
+    ``checkpoint_dtype``: the model's own dtype from its config.json where the caller found it
+    (``xtrain.train.model_size.checkpoint_dtype``; None: unknown), for ``model.dtype: auto``."""
     processes = _processes(processes, context)
     if context is not None and context.launched:
         machines, main_address = context.num_machines, context.main_address
@@ -116,12 +122,14 @@ def resolve(
         num_processes=processes,
         gpu_ids=gpu_ids,
         mixed_precision=choose_precision(cfg) if cfg is not None and precision is None else precision,
+        launcher_precision=exported_precision() if cfg is not None and precision is None else None,
         port=port,
         platform=platform,
         num_machines=machines,
         machine_rank=machine_rank,
         main_address=main_address,
         weights_dtype=cfg.model.dtype if cfg is not None else None,
+        checkpoint_dtype=checkpoint_dtype if cfg is not None else None,
     )
     overrides.check()  # before the probe: a mistake costs no torch import
     held = plan or _sent_plan(context, processes)
@@ -165,14 +173,21 @@ def _sent_plan(context: LaunchContext | None, processes: int | None) -> Plan | N
     return sent if context.launched or processes == sent.num_processes else None
 
 
-def choose_precision(cfg: TrainConfigView, environ: Mapping[str, str] | None = None) -> str | None:
-    """The precision the user chose: the config's, else what ``accelerate launch`` exported (its
-    config or ``--mixed_precision``), else None (the rules decide from the GPU)."""
+def choose_precision(cfg: TrainConfigView) -> str | None:
+    """The precision the user chose in the train config (``--precision`` writes
+    ``run.mixed_precision``), else None: the rules decide."""
     mp = cfg.run.mixed_precision
-    if mp in AUTO:
-        env = os.environ if environ is None else environ
-        mp = env.get("ACCELERATE_MIXED_PRECISION") or None
-    return mp
+    return None if mp in AUTO else mp
+
+
+def exported_precision(environ: Mapping[str, str] | None = None) -> str | None:
+    """What ``accelerate launch`` exported (ACCELERATE_MIXED_PRECISION: its config's
+    ``mixed_precision`` or ``--mixed_precision``); None when no accelerate launcher started this
+    process. The rules count it as the user's choice only where it differs from the machine's
+    default (what ``xtrain configure`` writes): ``rules._precision``."""
+    env = os.environ if environ is None else environ
+    value = (env.get("ACCELERATE_MIXED_PRECISION") or "").strip().lower()
+    return value or None
 
 
 def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:

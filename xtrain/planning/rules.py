@@ -60,30 +60,29 @@ def _p2p_missing(facts: Facts, gpus: list[GPU]) -> bool:
     return rtx40
 
 
-def _precision(
-    facts: Facts, device: str, gpus: list[GPU], asked: str | None, weights_dtype: str | None = None
-) -> tuple[str, str]:
-    """(mixed_precision, reason)."""
+HALF_DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16"}
+
+
+def weights_half(weights_dtype: str | None, checkpoint_dtype: str | None) -> tuple[str | None, str]:
+    """(the 16-bit format the weights are in: bf16 | fp16 | None, and where that comes from):
+    ``model.dtype`` when it names one, else (``auto``) the checkpoint's own dtype (config.json's
+    ``torch_dtype``/``dtype``), which is what ``auto`` loads on a GPU. An explicit float32 load
+    of a bf16 checkpoint still holds bf16-trained values: their range is bf16's."""
+    explicit = HALF_DTYPES.get(str(weights_dtype).removeprefix("torch."))
+    if explicit is not None:
+        return explicit, f"model.dtype: {weights_dtype}"
+    saved = HALF_DTYPES.get(str(checkpoint_dtype).removeprefix("torch."))
+    if saved is not None:
+        return saved, f"the checkpoint's config.json says {checkpoint_dtype}"
+    return None, ""
+
+
+def machine_precision(device: str, gpus: list[GPU]) -> tuple[str, str]:
+    """(mixed_precision, reason) for the machine alone, without a model: what ``xtrain configure``
+    writes into accelerate's config (it plans without a train config)."""
     min_cc = min((g.cc for g in gpus), default=0.0)
-    if asked is not None:
-        if asked == "fp16" and device != "cuda":
-            raise XtrainError(
-                f"fp16 needs a CUDA GPU, this plan runs on {device}",
-                "use --precision no (or bf16 on a recent CPU)",
-            )
-        if asked == "bf16" and device == "cuda" and 0 < min_cc < 8.0:
-            raise XtrainError(
-                f"bf16 needs compute capability >= 8.0, the selected GPUs have {min_cc:.1f}",
-                "use --precision fp16",
-            )
-        return asked, "chosen by the user"
     if device != "cuda":
         return "no", f"no CUDA GPU: fp32 on {device} (autocast gains little there)"
-    if weights_dtype in ("bfloat16", "bf16") and min_cc >= 8.0:
-        return "bf16", (
-            "the weights load in bf16 (model.dtype: bfloat16): bf16 autocast keeps their range, "
-            "fp16 would narrow it; compute capability >= 8.0 runs bf16 at full rate"
-        )
     if all(is_geforce(g) for g in gpus):
         return "fp16", (
             "GeForce card: fp16 autocast with a GradScaler (same tensor-core rate as bf16; fp16 "
@@ -93,6 +92,49 @@ def _precision(
     if min_cc >= 8.0:
         return "bf16", "datacenter GPU with compute capability >= 8.0: bf16 needs no loss scaling"
     return "fp16", f"compute capability {min_cc:.1f} < 8.0 has no fast bf16: fp16 with a GradScaler"
+
+
+def _check_asked(asked: str, device: str, min_cc: float, who: str = "") -> None:
+    """An explicit precision the device cannot run: one line (``who``: where it came from, when
+    not from the user's own flag or config)."""
+    if asked == "fp16" and device != "cuda":
+        raise XtrainError(
+            f"fp16{who} needs a CUDA GPU, this plan runs on {device}",
+            "use --precision no (or bf16 on a recent CPU)",
+        )
+    if asked == "bf16" and device == "cuda" and 0 < min_cc < 8.0:
+        raise XtrainError(
+            f"bf16{who} needs compute capability >= 8.0, the selected GPUs have {min_cc:.1f}",
+            "use --precision fp16",
+        )
+
+
+def _precision(device: str, gpus: list[GPU], ov: Overrides) -> tuple[str, str]:
+    """(mixed_precision, reason), in this order: the user's choice (``--precision``,
+    ``run.mixed_precision``); the one ``accelerate launch`` exported where it differs from the
+    machine's default (a config or ``--mixed_precision`` the user chose; the default is what
+    ``xtrain configure`` writes, so its config is not a choice and both launchers agree); bf16 for
+    weights in bf16 (``model.dtype``, else the checkpoint's dtype) on compute capability >= 8.0;
+    else the machine's default."""
+    min_cc = min((g.cc for g in gpus), default=0.0)
+    machine, why = machine_precision(device, gpus)
+    if ov.mixed_precision is not None:
+        _check_asked(ov.mixed_precision, device, min_cc)
+        return ov.mixed_precision, "chosen by the user"
+    launched = ov.launcher_precision
+    if launched is not None and launched != machine:
+        _check_asked(launched, device, min_cc, " (exported by accelerate launch)")
+        return launched, (
+            f"accelerate launch exported {launched} (its config or --mixed_precision): the user's "
+            f"choice, since it differs from this machine's default {machine}"
+        )
+    half, source = weights_half(ov.weights_dtype, ov.checkpoint_dtype)
+    if device == "cuda" and half == "bf16" and min_cc >= 8.0:
+        return "bf16", (
+            f"bf16 weights, {source}: bf16 autocast keeps their range (fp16 tops out at 65504 "
+            "and can overflow); compute capability >= 8.0 runs bf16 at full rate"
+        )
+    return machine, why
 
 
 def _torchrun_works_on_windows(facts: Facts) -> bool:
@@ -116,9 +158,7 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         gpus = gpus[:num_processes]
     world_size = num_processes * ov.num_machines
     backend, launcher, cpu_staged = _plan_backend(facts, os_kind, device, world_size, reasons)
-    mixed_precision, reasons["mixed_precision"] = _precision(
-        facts, device, gpus, ov.mixed_precision, ov.weights_dtype
-    )
+    mixed_precision, reasons["mixed_precision"] = _precision(device, gpus, ov)
     tf32 = device == "cuda" and min(g.cc for g in gpus) >= 8.0
     reasons["tf32"] = (
         "Ampere or newer: TF32 matmuls for the fp32 parts"
@@ -148,6 +188,7 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         media_workers=media_workers,
         pin_memory=pin_memory,
         compile_blocker=compile_blocker(os_kind, device, bool(facts.packages.get("triton"))),
+        weights_half=weights_half(ov.weights_dtype, ov.checkpoint_dtype)[0],
         reasons=reasons,
     )
 

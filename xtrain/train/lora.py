@@ -68,6 +68,11 @@ KNOWN_TARGETS: dict[str, list[str]] = {
 }
 # Heads that are never LoRA targets (they are trained whole through modules_to_save, or frozen).
 HEAD_NAMES = {"lm_head", "classifier", "score", "qa_outputs", "cls", "pooler", "embed_out"}
+# peft's shorthand for every Linear layer but the output head (INCLUDE_LINEAR_LAYERS_SHORTHAND)
+ALL_LINEAR = "all-linear"
+# peft's SEQ_CLS_HEAD_NAMES: the classifier heads all-linear leaves out of a model without output
+# embeddings (peft/utils/constants.py; named here so that counting does not import peft)
+PEFT_SEQ_CLS_HEADS = ("score", "classifier")
 
 
 def _linear_types() -> tuple[type, ...]:
@@ -99,6 +104,45 @@ def _head_layers(model: Any) -> set[str]:
         for name, mod in model.named_modules()
         if (out is not None and mod is out) or any(p in HEAD_NAMES for p in name.split("."))
     }
+
+
+def is_all_linear(targets: Any) -> bool:
+    """``lora.target_modules: all-linear`` (peft compares it case-insensitively)."""
+    return isinstance(targets, str) and targets.lower() == ALL_LINEAR
+
+
+def all_linear_layers(model: Any, task_type: str | None = None) -> list[str]:
+    """Qualified names of the layers peft's ``all-linear`` adapts (tuners_utils
+    ``_maybe_include_all_linear_layers``): every ``nn.Linear``/``Conv1D`` but the output embeddings
+    (the LM head), and for a ``SEQ_CLS`` model without them its classifier head (``score`` or
+    ``classifier``). What ``apply_lora`` passes on to peft, counted the same way for the plan."""
+    layers = list(linear_layers(model))
+    excluded: set[str] = set()
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None:
+        excluded |= {name for name, mod in model.named_modules() if mod is out}
+    elif task_type == "SEQ_CLS":
+        for attr in PEFT_SEQ_CLS_HEADS:
+            head = getattr(model, attr, None)
+            if head is not None:
+                excluded |= {name for name, mod in model.named_modules() if mod is head}
+                break
+    return [q for q in layers if q not in excluded]
+
+
+def body_layers(model: Any) -> dict[str, str]:
+    """Qualified name -> leaf name of the Linear-like layers that are not heads (``_head_layers``:
+    the output embeddings, classifiers, poolers): ``all-linear`` for the tasks that choose their
+    own layers (one half of an encoder-decoder, a language model inside a vision-language one)."""
+    heads = _head_layers(model)
+    return {q: leaf for q, leaf in linear_layers(model).items() if q not in heads}
+
+
+def exact_pattern(names: list[str]) -> str:
+    """A peft ``target_modules`` regex matching exactly these qualified names (none: matches nothing)."""
+    import re
+
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else r"^(?!)$"
 
 
 def find_target_modules(model: Any) -> list[str]:

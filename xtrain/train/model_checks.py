@@ -8,7 +8,8 @@ download). Each failure is one ``XtrainError`` line naming the key and the limit
   task's prompt (``Task.generation_prompt``) against the same positions: a longer sequence fails
   inside the first forward pass or the first evaluation (``IndexError: index out of range``).
 - LoRA: every name in ``lora.target_modules`` matches a module of the model (peft accepts a list
-  where only some names match, and drops the others silently); ``auto`` finds some layers.
+  where only some names match, and drops the others silently); ``auto`` and ``all-linear`` find
+  some layers (the task's own chooser, as the plan counts them).
 
 Tasks contribute their limits through the contract; nothing here names a task.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
@@ -25,6 +27,9 @@ if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.contract import Task
 
+# LoRA target names that transformers 5 renamed in vision encoders (ViT/DeiT: attention.query ->
+# q_proj, ...): lists written for transformers 4, such as LLaMA-Factory's or older tutorials'
+RENAMED = {"query": "q_proj", "key": "k_proj", "value": "v_proj"}
 # Spellings of "how many positions" across architectures (GPT-2's n_positions, Whisper's decoder)
 POSITION_NAMES = ("max_position_embeddings", "n_positions", "max_target_positions")
 
@@ -67,6 +72,45 @@ def check_lengths(cfg: TrainConfig, task: Task, config: Any) -> None:
         )
 
 
+def fit_defaults(cfg: TrainConfig, config: Any | None = None) -> list[str]:
+    """Defaults the user did not write, fitted to the model before anything is built: a
+    ``data.max_length`` above the positions its sequences go through becomes that limit, and a
+    ``generation.max_new_tokens`` that does not fit on top of the prompt becomes the room left
+    (``config``: the model's config, else its config.json where it is on this machine). Changes
+    ``cfg`` in place and returns one note per change. Values the user gave are left as they are:
+    ``check_lengths`` refuses them when they cannot work. A config built in code (no record of
+    what was given) is left alone."""
+    from xtrain.train import tasks
+    from xtrain.train.config.schema import given_keys
+
+    given = given_keys(cfg)
+    task = tasks.get(cfg.model.task)
+    if given is None or task.model_class is None:
+        return []
+    config = config if config is not None else local_config(cfg)
+    where, limit = (task.positions or text_positions)(config) if config is not None else ("", None)
+    if limit is None:
+        return []
+    d, g, notes = cfg.data, cfg.generation, []
+    fitted = "data.max_length" not in given and d.max_length > limit
+    if fitted:
+        notes.append(f"data.max_length={limit}: the {where}'s limit (the default {d.max_length} is above it)")
+        d.max_length = limit
+    if task.generation_prompt is None or "generation.max_new_tokens" in given:
+        return notes
+    if fitted and limit - task.generation_prompt(cfg) < 1:  # the prompt is max_length: leave room
+        d.max_length = max(1, limit - min(g.max_new_tokens, limit // 2))
+        notes[-1] = f"data.max_length={d.max_length}: room to generate within the {where}'s {limit} positions"
+    room = limit - task.generation_prompt(cfg)
+    if 0 < room < g.max_new_tokens:
+        notes.append(
+            f"generation.max_new_tokens={room}: what the {where}'s {limit} positions leave after the "
+            f"prompt (the default {g.max_new_tokens} is above it)"
+        )
+        g.max_new_tokens = room
+    return notes
+
+
 def _matches(name: str, qualified: str) -> bool:
     """peft's rule for one ``target_modules`` entry: the module's name, its last parts, or (a
     single string) a regex matching the whole qualified name."""
@@ -79,16 +123,17 @@ def _matches(name: str, qualified: str) -> bool:
 
 
 def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
-    """Every listed ``lora.target_modules`` name matches a module; ``auto`` finds some layers."""
+    """Every listed ``lora.target_modules`` name matches a module; ``auto`` and ``all-linear``
+    (peft's: every Linear but the output head) find some layers."""
     from xtrain.train import lora, model_size
 
     names = cfg.lora.target_modules
-    if names == "auto":
+    if names == "auto" or lora.is_all_linear(names):
         adapted, _ = model_size.adapted_layers(model, cfg)
         if not adapted:
             kind = getattr(getattr(model, "config", None), "model_type", None) or "model"
             raise XtrainError(
-                f"lora.target_modules=auto found no layer to adapt in this {kind}",
+                f"lora.target_modules={names} found no layer to adapt in this {kind}",
                 "set lora.target_modules to the module names to adapt, or lora.enabled=false",
             )
         return
@@ -98,8 +143,12 @@ def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
     if not missing:
         return
     leaves = sorted(set(lora.linear_layers(model).values()))
-    close = difflib.get_close_matches(missing[0], leaves, n=1, cutoff=0.6)
-    hint = f"did you mean '{close[0]}'? " if close else ""
+    renamed = RENAMED.get(missing[0])
+    if renamed in leaves:  # a list written for transformers 4 (ViT, DeiT, TrOCR's encoder)
+        hint = f"did you mean '{renamed}'? (transformers 5 renamed {missing[0]} to {renamed} in this model) "
+    else:
+        close = difflib.get_close_matches(missing[0], leaves, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
     raise XtrainError(
         f"lora.target_modules {missing} not found in the model",
         f"{hint}Linear layers it has: {', '.join(leaves[:16])}",
@@ -113,23 +162,64 @@ def check_model(model: Any, cfg: TrainConfig, task: Task) -> None:
         check_targets(cfg, task, model)
 
 
-def local_config(cfg: TrainConfig) -> Any | None:
+def config_path(name: str, fetch: bool = False) -> Path | None:
+    """The model's ``config.json`` where it already is on this machine: a local folder, a built-in
+    already built, the Hugging Face cache of a hub id; else None. Never a download or a build,
+    unless ``fetch`` (a training worker, which loads the model next anyway): then a built-in is
+    built and a hub id's config.json (only that file) is downloaded."""
+    from xtrain import builtin
+
+    if builtin.is_builtin(name):
+        path = builtin.cache_root() / builtin.strip_prefix(name) / "config.json"
+        if fetch and not path.is_file():
+            try:
+                return builtin.ensure_builtin_model(name) / "config.json"
+            except XtrainError:  # an unknown built-in: the run says so when it loads it
+                return None
+        return path if path.is_file() else None
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return folder / "config.json" if (folder / "config.json").is_file() else None
+    from xtrain.train import models
+
+    if not models.looks_like_hub_id(name):
+        return None
+    try:  # the cache; the hub only with fetch (offline mode: fails at once)
+        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, "config.json")
+        if not isinstance(found, str) and fetch:
+            found = hf_hub_download(name, "config.json")
+    except Exception:  # noqa: BLE001 - unreadable cache, no network: the same as not there
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def config_json(name: str, fetch: bool = False) -> dict[str, Any] | None:
+    """The model's ``config.json`` as plain data, read without transformers where it is on this
+    machine (``config_path``); None when it is not (or is not a JSON mapping)."""
+    from xtrain import structured
+
+    path = config_path(name, fetch)
+    if path is None:
+        return None
+    try:
+        data = structured.load_json(path.read_text(encoding="utf-8"))  # no key twice, bounded nesting
+    except (OSError, ValueError, TypeError, XtrainError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def local_config(cfg: TrainConfig, fetch: bool = False) -> Any | None:
     """The model's ``config.json`` as attributes (nested configs too), read without transformers
-    when it is on disk (a local folder, a built-in already built); else None."""
+    when it is on this machine (``config_json``); else None."""
     import json
     import types
-    from pathlib import Path
 
-    from xtrain import builtin, structured
-
-    name = cfg.model.name_or_path
-    folder = builtin.cache_root() / builtin.strip_prefix(name) if builtin.is_builtin(name) else Path(name)
-    try:
-        text = (folder.expanduser() / "config.json").read_text(encoding="utf-8")
-        structured.load_json(text)  # no key twice, bounded nesting
-        return json.loads(text, object_hook=lambda d: types.SimpleNamespace(**d))
-    except (OSError, ValueError, TypeError):
+    data = config_json(cfg.model.name_or_path, fetch)
+    if data is None:
         return None
+    return json.loads(json.dumps(data), object_hook=lambda d: types.SimpleNamespace(**d))
 
 
 def check_offline(cfg: TrainConfig, light: bool = False) -> str:

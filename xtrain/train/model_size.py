@@ -57,6 +57,36 @@ def read_config_offline(cfg: TrainConfig) -> Any | str:
         return f"{name} is not downloaded yet"
 
 
+# the dtypes a checkpoint's config.json names (torch_dtype before transformers 4.56, dtype after)
+CHECKPOINT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def dtype_in_config(data: dict[str, Any]) -> str | None:
+    """The dtype a ``config.json`` says its weights are saved in: ``dtype`` or ``torch_dtype`` at
+    its top level, else in its text model's config (composite configs such as Qwen2-VL's); None
+    when it names none of float32/bfloat16/float16."""
+    for where in (data, data.get("text_config"), data.get("decoder")):
+        if not isinstance(where, dict):
+            continue
+        for key in ("dtype", "torch_dtype"):
+            value = str(where.get(key) or "").removeprefix("torch.")
+            if value in CHECKPOINT_DTYPES:
+                return value
+    return None
+
+
+def checkpoint_dtype(cfg: TrainConfig) -> str | None:
+    """The dtype the model's checkpoint is saved in, from its ``config.json`` where that is on this
+    machine (a local folder, a built-in already built, the hub cache: ``model_checks.config_path``;
+    never a download; plain JSON, so no repository code runs); None: unknown (the plan then decides
+    from the GPU alone). Read once per process by the caller of ``planning.resolve`` (machine I/O
+    stays out of the rules)."""
+    from xtrain.train import model_checks
+
+    data = model_checks.config_json(cfg.model.name_or_path)
+    return dtype_in_config(data) if data is not None else None
+
+
 def adapted_layers(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """(the Linear layers that get adapters, the modules trained whole) as the task's builder picks
     them, with the task's own chooser (``Task.lora_plan``); peft itself is not imported (seconds)."""
@@ -66,10 +96,12 @@ def adapted_layers(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     layers = lora.linear_layers(model)  # qualified name -> leaf name
     whole = list(cfg.lora.modules_to_save or [])
     names = cfg.lora.target_modules
-    if isinstance(names, str):  # auto: lora.apply_lora's own choice
-        names = lora.find_target_modules(model) if names == "auto" else [names]
     if task.peft_task_type == "SEQ_CLS":
         whole += ["classifier", "score"]  # peft's SEQ_CLS trains the head whole, whatever else is named
+    if lora.is_all_linear(names):  # peft's own expansion, which apply_lora leaves to peft
+        return lora.all_linear_layers(model, task.peft_task_type), whole
+    if isinstance(names, str):  # auto: lora.apply_lora's own choice
+        names = lora.find_target_modules(model) if names == "auto" else [names]
     return [q for q, leaf in layers.items() if leaf in names or q in names], whole
 
 

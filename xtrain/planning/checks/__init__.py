@@ -12,6 +12,7 @@ docs/findings.md.
 - ``environment.py``: packages, accelerate's config file, probes that failed.
 - ``quantization.py``: bitsandbytes (model.quantization, 8-bit optimizers): missing, too old, a
   build without this torch's native library.
+- ``precision.py``: the plan's precision against the weights' dtype (fp16 over bf16 weights).
 - ``fixes.py``: the fix lines several of them share (torch wheel, pip, driver update).
 """
 
@@ -30,6 +31,7 @@ from xtrain.planning.checks.gpu import (
     check_visible_devices,
 )
 from xtrain.planning.checks.network import check_hostname, check_port
+from xtrain.planning.checks.precision import check_precision_weights
 from xtrain.planning.checks.quantization import check_bitsandbytes
 from xtrain.planning.plan import Finding, Plan
 
@@ -49,6 +51,7 @@ CHECKS: tuple[Check, ...] = (
     check_port,
     check_visible_devices,
     check_mismatched_gpus,
+    check_precision_weights,
     check_packages,
     check_bitsandbytes,
     check_accelerate_config,

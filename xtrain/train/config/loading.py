@@ -18,9 +18,10 @@ from typing import Any
 
 from xtrain import structured
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import TrainConfig, sections
+from xtrain.train.config import foreign
+from xtrain.train.config.schema import TrainConfig, mark_given, sections
 from xtrain.train.config.validate import validate
-from xtrain.train.config.values import resolve_key, set_value, show
+from xtrain.train.config.values import closest, resolve_key, set_value, show
 
 QUICKSTART_CONFIG = Path(__file__).resolve().parents[2] / "data" / "quickstart.yaml"
 # Input paths in a config file are looked up next to the file first (then the current folder).
@@ -68,10 +69,19 @@ def _apply_mapping(cfg: TrainConfig, data: dict[str, Any], where: str) -> list[s
     for section, values in data.items():
         section = str(section)
         if section not in sections():
+            if not isinstance(values, dict) and foreign.answer(section):  # `learning_rate: 2e-4`
+                raise XtrainError(f"unknown key {section!r}{where}", foreign.answer(section))
+            if isinstance(values, dict) and closest(section, sections()) is None:
+                # `training: {learning_rate: ...}`: no section of that name; a key says what was meant
+                for name in values:
+                    if foreign.answer(str(name)):
+                        raise XtrainError(f"unknown key '{section}.{name}'{where}", foreign.answer(str(name)))
             resolve_key(section, "", where)  # raises: unknown section, with the closest name
         if values is None:  # an empty section (`lora:` with nothing under it)
             continue
         if not isinstance(values, dict):
+            if foreign.answer(section):  # HF's `optim: adamw_torch`, at the top level
+                raise XtrainError(f"section '{section}'{where} is not a setting", foreign.answer(section))
             raise XtrainError(
                 f"section '{section}'{where} must be a mapping of keys, got {show(values)}",
                 f"write it as '{section}:' with indented 'key: value' lines below",
@@ -91,6 +101,8 @@ def parse_override(text: str) -> tuple[str, Any, str]:
     body = text[2:] if text.startswith("--") else text
     key, eq, raw = body.partition("=")
     key = key.strip()
+    if eq and "." not in key and foreign.answer(key):  # learning_rate=2e-4
+        raise XtrainError(f"override {text[:80]!r} must look like section.key=value", foreign.answer(key))
     if not eq or "." not in key:
         raise XtrainError(
             f"override {text!r} must look like section.key=value", "e.g. run.max_steps=20 or data.eval=null"
@@ -133,7 +145,9 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Train
         section, _, name = key.partition(".")
         key = resolve_key(section, name, " in the command-line overrides")
         set_value(cfg, key, value, from_text=raw)
+        keys.append(key)
     validate(cfg)
+    mark_given(cfg, keys)  # what the user wrote; the rest are defaults (model_checks.fit_defaults)
     return cfg
 
 

@@ -193,3 +193,19 @@ def section_fields(section_cls: type) -> dict[str, Any]:
 def config_keys() -> list[str]:
     """Every valid ``section.key``, in declaration order."""
     return [f"{s}.{k}" for s, cls in sections().items() for k in section_fields(cls)]
+
+
+# The ``section.key`` names a config was given (its YAML file and overrides), kept on the loaded
+# object by ``loading.load_config``: a default the user never wrote can then be fitted to the model
+# (``model_checks.fit_defaults``) instead of being refused as if the user had chosen it. Not a
+# dataclass field, so it is not a section, not saved with checkpoints and not compared.
+_GIVEN = "_xtrain_given_keys"
+
+
+def mark_given(cfg: TrainConfig, keys: typing.Iterable[str]) -> None:
+    setattr(cfg, _GIVEN, frozenset(keys))
+
+
+def given_keys(cfg: TrainConfig) -> frozenset[str] | None:
+    """The keys ``cfg`` was given; None for a config built in code (every value counts as chosen)."""
+    return getattr(cfg, _GIVEN, None)

@@ -13,6 +13,7 @@ from typing import Any
 from xtrain.errors import XtrainError
 from xtrain.planning.plan import ATTENTION, PRECISIONS
 from xtrain.train import tasks
+from xtrain.train.config import foreign
 from xtrain.train.config.schema import TrainConfig, config_keys, section_fields, sections
 from xtrain.train.tasks.row_formats import ROW_FORMATS
 
@@ -52,6 +53,8 @@ ALIASES: dict[str, dict[Any, str | None]] = {
     "model.quantization": {False: None, "off": None, "no": None, "nf4": "4bit", "int4": "4bit",
                            "4-bit": "4bit", "int8": "8bit", "8-bit": "8bit"},
     "lora.init_weights": {True: "default", "true": "default", "lora": "default"},
+    # peft's all-linear (every Linear but the output head); LLaMA-Factory's lora_target: all
+    "lora.target_modules": {"all-linear": "all-linear", "all_linear": "all-linear", "all": "all-linear"},
     "optim.name": {"adamw_torch": "adamw", "adamw8bit": "adamw_8bit", "paged_adamw8bit": "paged_adamw_8bit",
                    "adamw_bnb_8bit": "adamw_8bit"},
 }
@@ -249,12 +252,20 @@ def set_value(cfg: TrainConfig, key: str, value: Any, *, from_text: str | None =
         value = ALIASES[key].get(value, value)
     if key == "lora.target_modules" and isinstance(value, str) and "," in value:
         value = [m.strip() for m in value.split(",") if m.strip()]
+    if key == "lora.target_modules" and isinstance(value, list) and len(value) == 1:
+        alone = str(value[0]).lower()
+        value = ALIASES[key].get(alone, value)  # [all-linear]: the shorthand, not a module name
     setattr(getattr(cfg, section), name, _check(key, _coerce(value, tp, key)))
 
 
 def resolve_key(section: str, name: str, where: str) -> str:
+    """``section.name`` checked; an unknown one is one line naming the xtrain key that means the
+    same (a name from another trainer: ``foreign.answer``; the same key in another section), else
+    the closest spelling."""
     all_sections = sections()
     if section not in all_sections:
+        if name and foreign.answer(name) and closest(section, all_sections) is None:  # training.learning_rate
+            raise XtrainError(f"unknown key '{section}.{name}'{where}", foreign.answer(name))
         close = closest(section, all_sections)
         raise XtrainError(
             f"unknown section {section!r}{where}",
@@ -263,8 +274,11 @@ def resolve_key(section: str, name: str, where: str) -> str:
     names = section_fields(all_sections[section])
     if name not in names:
         key = f"{section}.{name}"
-        # The same key in another section first (`lora.lr` -> `optim.lr`), then the closest spelling.
+        # The same key in another section first (`lora.lr` -> `optim.lr`), then a name from another
+        # trainer (learning_rate, cutoff_len, logging_steps, ...), then the closest spelling.
         elsewhere = [f"{s}.{name}" for s, cls in all_sections.items() if name and name in section_fields(cls)]
+        if not elsewhere and foreign.answer(name):
+            raise XtrainError(f"unknown key {key!r}{where}", foreign.answer(name))
         close = (elsewhere[0] if elsewhere else None) or closest(key, config_keys()) or closest(name, names)
         if close and "." not in close:
             close = f"{section}.{close}"

@@ -63,6 +63,9 @@ def _plan(model: Any, lora_cfg: Any) -> tuple[list[str], list[str]]:
     head = heads(model)
     layers = {q: leaf for q, leaf in lora.linear_layers(model).items() if q.split(".")[0] not in head}
     names = lora_cfg.target_modules
+    if lora.is_all_linear(names):  # every Linear of the encoder (not its pooler); the head trains whole
+        body = lora.body_layers(model)
+        return [q for q in layers if q in body], list(lora_cfg.modules_to_save or []) + head
     if isinstance(names, str):
         names = [n for n in ATTENTION if n in layers.values()] if names == "auto" else [names]
         if not names:

@@ -108,6 +108,9 @@ def _auto_names(part: Any, table: dict[str, tuple[str, ...]]) -> list[str]:
 def target_pattern(model: Any, lora_cfg: Any) -> str:
     """A peft ``target_modules`` regex (full match on module names) for the chosen halves."""
     explicit = lora_cfg.target_modules
+    if lora.is_all_linear(explicit):  # every Linear of the chosen halves but the heads and the pooler
+        parts = PARTS[lora_cfg.apply_to]
+        return lora.exact_pattern([q for q in lora.body_layers(model) if q.split(".")[0] in parts])
     if isinstance(explicit, str) and explicit != "auto":
         explicit = [explicit]
     alternatives = []

@@ -107,13 +107,16 @@ def fix_special_tokens(model: Any, tokenizer: Any) -> int:
 def target_pattern(model: Any, lora_cfg: Any) -> str:
     """A peft ``target_modules`` regex on module names (``model.encoder.layers.0.self_attn.q_proj``)."""
     explicit = lora_cfg.target_modules
+    parts = "|".join(PARTS[lora_cfg.apply_to])
+    if lora.is_all_linear(explicit):  # every Linear of the chosen halves but the output head
+        inside = re.compile(rf"^(?:.*\.)?(?:{parts})\.")
+        return lora.exact_pattern([q for q in lora.body_layers(model) if inside.match(q)])
     if isinstance(explicit, str) and explicit != "auto":
         explicit = [explicit]
     names = explicit if isinstance(explicit, list) else list(ATTENTION)
     leaves = set(lora.linear_layers(model).values())
     if not isinstance(explicit, list) and not any(n in leaves for n in names):
         names = lora.find_target_modules(model)
-    parts = "|".join(PARTS[lora_cfg.apply_to])
     return rf"^(?:.*\.)?(?:{parts})\..*\.(?:{'|'.join(re.escape(n) for n in names)})$"
 
 

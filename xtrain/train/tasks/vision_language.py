@@ -97,7 +97,11 @@ def lora_targets(model: Any, lora_cfg: Any) -> list[str]:
     if isinstance(explicit, str) and explicit != "auto":
         explicit = [explicit]
     in_language = {q: leaf for q, leaf in layers.items() if _under(q, language)}
-    if isinstance(explicit, list):
+    if lora.is_all_linear(lora_cfg.target_modules):  # every Linear of the language model, no head
+        body = lora.body_layers(model)
+        in_language = {q: leaf for q, leaf in in_language.items() if q in body}
+        names = set(in_language.values())
+    elif isinstance(explicit, list):
         names = set(explicit)
     else:
         names = {leaf for leaf in in_language.values() if leaf in LANGUAGE_TARGETS}
