@@ -56,6 +56,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
+from xtrain.train.activations import Precision, Stack, loss_bytes, step_bytes
+
 GIB = 1024**3
 HALF = ("bfloat16", "float16")
 # bits a weight of NF4 with double quantization: 4, the 8-bit absmax of each block of 64 and the
@@ -107,6 +109,7 @@ def estimate_gib(
     quantization: str | None = None,
     moments_8bit: bool = False,
     small_trainable: int = 0,
+    saved: float | None = None,
 ) -> float:
     """Estimated peak GPU memory in GiB of one training process (see the module docstring).
     ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
@@ -114,7 +117,9 @@ def estimate_gib(
     ``intermediate``: a gated MLP's width (None: a 4 x hidden GELU MLP); ``vocab``: the
     output vocabulary (0: no logits term); ``quantized``: how many of ``params`` are loaded in
     ``quantization`` (4bit, 8bit; None: none); ``moments_8bit``: an 8-bit optimizer, with
-    ``small_trainable`` of the trained weights in tensors too small for 8-bit state."""
+    ``small_trainable`` of the trained weights in tensors too small for 8-bit state; ``saved``:
+    the activations' bytes from the task's stacks (``activations.step_bytes``), which then
+    replace the per-token rule and leave ``tokens_per_device`` to the logits."""
     if quantization is None:
         weights = params * weight_bytes
     else:
@@ -125,7 +130,7 @@ def estimate_gib(
         kept = tokens_per_device * (layers * 2 * hidden + layer)  # layer inputs + one recomputed layer
     else:
         kept = tokens_per_device * layers * layer
-    activations = kept * activation_bytes // 2
+    activations = kept * activation_bytes // 2 if saved is None else saved
     logits = tokens_per_device * vocab * 10
     return 1.1 * (weights + trained + activations + logits) / GIB
 
@@ -186,6 +191,12 @@ class ModelSizes:
     quantization: str | None = None
     moments_8bit: bool = False
     small_trainable: int = 0
+    # the task's stacks with how each trains (``activations``; empty: the per-token rule), whether
+    # the output head trains (it keeps its input), LoRA's rank (0: none) and whether its dropout is on
+    stacks: tuple[Stack, ...] = ()
+    head_trains: bool = False
+    lora_rank: int = 0
+    lora_dropout: bool = False
 
 
 @dataclass(frozen=True)
@@ -275,22 +286,39 @@ def _estimate(
     shape = sizes.shape
     # quantized: the rest in float32, as peft's prepare_model_for_kbit_training leaves it
     rest = max(sizes.weight_bytes, KBIT_REST_BYTES) if sizes.quantization else sizes.weight_bytes
+    act = activation_bytes(precision, sizes.weight_bytes)
+    saved, tokens = None, per_device * max_length
+    if sizes.stacks:  # what autograd keeps of the task's stacks; the logits at the last one's tokens
+        last, bytes_of = sizes.stacks[-1], Precision(act, 1, sizes.lora_rank, sizes.lora_dropout)
+        layers = step_bytes(sizes.stacks, bytes_of, checkpointing)
+        head = last.positions * last.hidden * act if sizes.head_trains else 0  # a trained head's input
+        saved, tokens = per_device * (layers + head), per_device * last.positions
     return estimate_gib(
         sizes.params,
         sizes.trainable,
         rest,
-        per_device * max_length,
+        tokens,
         shape.hidden,
         shape.layers,
         checkpointing,
-        activation_bytes(precision, sizes.weight_bytes),
+        act,
         intermediate=shape.intermediate,
         vocab=shape.vocab,
         quantized=sizes.quantizable,
         quantization=sizes.quantization,
         moments_8bit=sizes.moments_8bit,
         small_trainable=sizes.small_trainable,
+        saved=saved,
     )
+
+
+def saved_bytes(sizes: ModelSizes, checkpointing: bool, precision: Precision) -> tuple[float, float]:
+    """(bytes a sample the stacks keep for the backward pass, bytes a sample the head and the
+    loss keep: the float32 log-softmax over the vocabulary at the last stack's positions and the
+    head's input when it trains). The benchmark holds these against autograd's saved tensors."""
+    layers = step_bytes(sizes.stacks, precision, checkpointing)
+    last = sizes.stacks[-1]
+    return layers, loss_bytes(sizes.shape.vocab, last.positions, last.hidden, sizes.head_trains, precision)
 
 
 def alternatives(
