@@ -59,6 +59,9 @@ from itertools import combinations
 from xtrain.train.activations import Precision, Stack, loss_bytes, step_bytes
 
 GIB = 1024**3
+# above this share of the card a process is "tight": the allocator's fragmentation, a longer batch
+# or another process on the card tips it over
+TIGHT = 0.9
 HALF = ("bfloat16", "float16")
 # bits a weight of NF4 with double quantization: 4, the 8-bit absmax of each block of 64 and the
 # float32 constant of each 256 blocks (QLoRA, section 3)
@@ -150,14 +153,23 @@ def memory_warning(
     per_device: int | None = None,
     images: bool = True,
     fits: Sequence[tuple[str, float]] = (),
+    windows: bool = False,
 ) -> str | None:
-    """One line when ``estimate`` does not fit ``gpu_gib``, naming what lowers it (leaving out
-    what the config already does); else None. ``fits``: (overrides, estimate) of the changes that
-    fit, best first (``alternatives``): named first, as overrides to paste."""
-    if estimate <= gpu_gib:
+    """One line when ``estimate`` is above ``TIGHT`` of ``gpu_gib`` (tight) or above all of it
+    (does not fit), naming what lowers it (leaving out what the config already does); else None.
+    ``fits``: (overrides, estimate) of the changes that bring it under ``TIGHT`` of the card, best
+    first (``alternatives``): named first, as overrides to paste. ``windows``: the card that
+    drives the desktop has less free, said in the line."""
+    if estimate <= TIGHT * gpu_gib:
         return None
-    head = f"the estimated training memory ({size(estimate, 1)} a process)"
-    head += f" exceeds {name} ({size(gpu_gib, 0)})"
+    if estimate <= gpu_gib:
+        head = f"the estimated training memory ({size(estimate, 1)} a process) is {estimate / gpu_gib:.0%}"
+        head += f" of {name} ({size(gpu_gib, 0)}): tight"
+    else:
+        head = f"the estimated training memory ({size(estimate, 1)} a process)"
+        head += f" exceeds {name} ({size(gpu_gib, 0)})"
+    if windows:
+        head += " (on Windows the card that drives the display has less free: the desktop uses some of it)"
     length = "lower data.max_pixels / data.max_length" if images else "lower data.max_length"
     if fits:
         named = ", ".join(f"{overrides} fits (~{size(gib, 1)})" for overrides, gib in fits)
@@ -366,14 +378,17 @@ def check_memory(
     gpu_gib: float,
     gpu_name: str,
     images: bool = False,
+    windows: bool = False,
 ) -> MemoryCheck:
     """The estimate for a config's batch and length on a card of ``gpu_gib``, with the warning
-    when it does not fit (``images``: a vision-language model, whose image tokens
-    ``data.max_pixels`` bounds), naming the changes that fit (``alternatives``)."""
+    when it is tight (above ``TIGHT`` of the card) or does not fit (``images``: a vision-language
+    model, whose image tokens ``data.max_pixels`` bounds; ``windows``: the card may drive the
+    desktop), naming the changes that bring it under ``TIGHT`` of the card (``alternatives``)."""
     gib = _estimate(sizes, per_device, max_length, gradient_checkpointing, precision)
+    budget = TIGHT * gpu_gib
     fits = (
-        alternatives(sizes, per_device, max_length, gradient_checkpointing, precision, gpu_gib)
-        if gib > gpu_gib
+        alternatives(sizes, per_device, max_length, gradient_checkpointing, precision, budget)
+        if gib > budget
         else []
     )
     warning = memory_warning(
@@ -386,5 +401,6 @@ def check_memory(
         per_device=per_device,
         images=images,
         fits=fits,
+        windows=windows,
     )
     return MemoryCheck(gib, gpu_gib, gpu_name, warning)

@@ -21,6 +21,7 @@ the estimate (a CUDA machine).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -309,4 +310,5 @@ def check_live_model(
         total_bytes / memory.GIB,
         gpu_name,
         images=tasks.get(cfg.model.task).image_tokens,
+        windows=sys.platform == "win32",
     )

@@ -61,8 +61,9 @@ def dropout_on(config: Any) -> bool:
 def from_config(
     part: str, model: Any, prefix: str, config: Any, positions: int, cfg: TrainConfig, **extra: Any
 ) -> Stack:
-    """A stack of ``positions`` a sample with the widths of a (text or vision) ``config``."""
-    hidden = first(config, "hidden_size", "d_model", "n_embd", "embed_dim", "dim") or 0
+    """A stack of ``positions`` a sample with the widths of a (text or vision) ``config``
+    (``extra``: fields it gets wrong, e.g. a vision tower's width)."""
+    hidden = extra.get("hidden") or first(config, "hidden_size", "d_model", "n_embd", "embed_dim", "dim") or 0
     ffn = first(config, "intermediate_size", "n_inner", "decoder_ffn_dim", "encoder_ffn_dim", "ffn_dim")
     ratio = getattr(config, "mlp_ratio", None)
     if ffn is None and isinstance(ratio, (int, float)):

@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import models
-from xtrain.train.config.schema import TrainConfig
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
 
 _IMAGE_ONLY: dict[type, type] = {}
 
