@@ -99,7 +99,7 @@ class Saved:
         self.weights = {t.untyped_storage().data_ptr() for t in tensors}
         self.seen: set[int] = set()
         self.bytes = {"layers": 0, "loss": 0}
-        self.stack: list[int] = []
+        self.stack: list[int | None] = []
 
     def pack(self, t: Any) -> Any:
         storage = t.untyped_storage()
@@ -110,10 +110,14 @@ class Saved:
             self.bytes["loss" if inner is None or inner in self.top else "layers"] += storage.nbytes()
         return t
 
+    def enter(self, module: Any) -> None:
+        # a loss module (Whisper's and VisionEncoderDecoder's CrossEntropyLoss) is the top level
+        self.stack.append(None if isinstance(module, self.torch.nn.modules.loss._Loss) else id(module))
+
     def forward(self, batch: dict[str, Any]) -> Any:
         import torch.nn.modules.module as modules
 
-        pre = modules.register_module_forward_pre_hook(lambda m, a: self.stack.append(id(m)))
+        pre = modules.register_module_forward_pre_hook(lambda m, a: self.enter(m))
         post = modules.register_module_forward_hook(lambda m, a, o: self.stack.pop() and None)
         try:
             with self.torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t):
@@ -236,8 +240,8 @@ def measure(log: Any = None, smoke: bool = False, device: str = "cpu") -> dict[s
             found = measure_case(task, label, training, settings, device)
             if log:
                 for r in found:
-                    log(f"{task}, {label}, {r['per_device']} x {r['positions']}: estimate / measured "
-                        f"{r['ratio']:.3f}")  # fmt: skip
+                    log(f"memory-estimate: {task}, {label}, {r['per_device']} x {r['positions']}: "
+                        f"estimate / measured {r['ratio']:.3f}")  # fmt: skip
             rows += found
     worst = {t: max((abs(r["ratio"] - 1) for r in rows if r["task"] == t), default=0.0) for t in TRAINING}
     held = all(worst[task] <= 0.25 for task in MUST_HOLD if task in worst)

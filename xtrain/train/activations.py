@@ -97,6 +97,7 @@ class Stack:
     dropout: bool = False  # the model's own dropout after attention and MLP (a mask each)
     stem: int = 0  # values a position its input layers keep when they train (a conv stem, patches)
     embeds: bool = False  # its input is token embeddings (indices kept when they train)
+    text: bool = False  # its positions are data.max_length tokens (the estimate sets them)
     trains: str = "frozen"  # frozen | lora | full
     adapters: tuple[tuple[str, int], ...] = field(default=())
 
@@ -246,3 +247,8 @@ def loss_bytes(vocab: int, positions: int, hidden: int, head_trains: bool, p: Pr
 
 def with_training(stack: Stack, trains: str, adapters: dict[str, int]) -> Stack:
     return replace(stack, trains=trains, adapters=tuple(sorted(adapters.items())))
+
+
+def at_length(stacks: Sequence[Stack], max_length: int) -> tuple[Stack, ...]:
+    """``stacks`` with their text stacks at ``max_length`` tokens a sample."""
+    return tuple(replace(s, positions=max_length) if s.text else s for s in stacks)

@@ -13,12 +13,14 @@ Under DDP every GPU holds the whole model. The estimate adds:
   (bitsandbytes' ``min_8bit_size``) keeps float32 moments, 16 bytes (``ModelSizes.small_trainable``
   counts them; bitsandbytes 0.50, ``optim/optimizer.py``, ``Optimizer2State.init_state``). A
   paged optimizer's state can move to CPU memory under pressure: it is counted on the GPU;
-- activations, a token a layer in 16-bit (Korthikanti et al. 2022, attention scores not kept:
-  sdpa/flash): about ``34 x hidden`` bytes for a GELU MLP of 4 x hidden; with a gated MLP
-  (SwiGLU: Llama, Qwen, Mistral) of ``intermediate`` width, ``17 x hidden + 8 x intermediate``
-  (gate, up, activation and product outputs: Qwen2-7B's 18944 makes it 1.7x the GELU figure).
-  With gradient checkpointing only each layer's input is kept (``2 x hidden``), plus one layer's
-  activations while it is recomputed. Twice all that in float32 (no mixed precision);
+- activations: what autograd keeps for the backward pass in each stack of layers the task runs
+  (``Task.stacks``: an encoder at its own positions, Whisper's 1500 frames or a ViT's patches, a
+  VLM's vision tower and merger, the decoder or language model at ``data.max_length`` tokens),
+  as each stack trains (``xtrain/train/activations.py``: a frozen stack whose input needs no
+  gradient keeps nothing); with gradient checkpointing each layer's input, plus one layer while
+  it is recomputed. A model no task hook reads falls back to a token a layer in 16-bit
+  (Korthikanti et al. 2022): ``34 x hidden`` bytes for a GELU MLP, ``17 x hidden + 8 x
+  intermediate`` for a gated one, at ``batch.per_device x data.max_length`` tokens;
 - the logits of the loss: a token x the vocabulary x 10 bytes (16-bit logits, the float32 copy
   the loss takes, its log-softmax kept for the backward pass): 1.5 GiB for 1024 tokens of
   Qwen2's 152k vocabulary;
@@ -43,9 +45,8 @@ and names the smallest sets of them that fit, best first: those that keep the we
 before 4-bit, then fewer changes before more. Each is a list of ``key=value`` overrides a user
 can paste after ``xtrain train CONFIG``.
 
-Tokens a process: ``batch.per_device x data.max_length``. A vision-language model's image tokens
-are inside ``data.max_length`` (the collator cuts there), and its vision tower is frozen: it keeps
-no activations for the backward pass.
+Above ``TIGHT`` (90 %) of the card the warning says "tight" with the same changes (those that
+leave 10 % free), and on Windows that the card driving the display has less free.
 
 It is meant to tell "fits" from "far too big" before a long download, not to the last gigabyte.
 """
@@ -56,7 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
-from xtrain.train.activations import Precision, Stack, loss_bytes, step_bytes
+from xtrain.train.activations import Precision, Stack, at_length, loss_bytes, step_bytes
 
 GIB = 1024**3
 # above this share of the card a process is "tight": the allocator's fragmentation, a longer batch
@@ -301,8 +302,9 @@ def _estimate(
     act = activation_bytes(precision, sizes.weight_bytes)
     saved, tokens = None, per_device * max_length
     if sizes.stacks:  # what autograd keeps of the task's stacks; the logits at the last one's tokens
-        last, bytes_of = sizes.stacks[-1], Precision(act, 1, sizes.lora_rank, sizes.lora_dropout)
-        layers = step_bytes(sizes.stacks, bytes_of, checkpointing)
+        stacks = at_length(sizes.stacks, max_length)
+        last, bytes_of = stacks[-1], Precision(act, 1, sizes.lora_rank, sizes.lora_dropout)
+        layers = step_bytes(stacks, bytes_of, checkpointing)
         head = last.positions * last.hidden * act if sizes.head_trains else 0  # a trained head's input
         saved, tokens = per_device * (layers + head), per_device * last.positions
     return estimate_gib(
@@ -325,12 +327,13 @@ def _estimate(
 
 
 def saved_bytes(sizes: ModelSizes, checkpointing: bool, precision: Precision) -> tuple[float, float]:
-    """(bytes a sample the stacks keep for the backward pass, bytes a sample the head and the
-    loss keep: the float32 log-softmax over the vocabulary at the last stack's positions and the
-    head's input when it trains). The benchmark holds these against autograd's saved tensors."""
+    """(bytes a sample the stacks keep for the backward pass, a trained output head's input
+    included; bytes a sample the loss keeps: the float32 log-softmax over the vocabulary at the
+    last stack's positions). The benchmark holds these against autograd's saved tensors."""
     layers = step_bytes(sizes.stacks, precision, checkpointing)
     last = sizes.stacks[-1]
-    return layers, loss_bytes(sizes.shape.vocab, last.positions, last.hidden, sizes.head_trains, precision)
+    head = loss_bytes(0, last.positions, last.hidden, sizes.head_trains, precision)
+    return layers + head, loss_bytes(sizes.shape.vocab, last.positions, last.hidden, False, precision)
 
 
 def alternatives(

@@ -60,7 +60,7 @@ def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     encoder = st.from_config("encoder", model, "encoder", enc, positions, cfg, stem=st.patch_stem(enc))
     width = encoder.hidden
     decoder = st.from_config("decoder", model, "decoder", dec, cfg.data.max_length, cfg, cross=positions,
-                             cross_hidden=width, embeds=True)  # fmt: skip
+                             cross_hidden=width, embeds=True, text=True)  # fmt: skip
     return [encoder, decoder]
 
 

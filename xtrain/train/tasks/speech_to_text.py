@@ -202,7 +202,7 @@ def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     return [
         st.from_config("encoder", model, encoder, c, frames, cfg, stem=stem, **sizes("encoder")),
         st.from_config("decoder", model, decoder, c, cfg.data.max_length, cfg, cross=frames,
-                       cross_hidden=width, embeds=True, **sizes("decoder")),
+                       cross_hidden=width, embeds=True, text=True, **sizes("decoder")),
     ]  # fmt: skip
 
 

@@ -87,7 +87,7 @@ def text_stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     """The default: the model's text layers at ``data.max_length`` positions (causal-lm, seq-cls)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     prefix = layers_owner(model)
-    return [from_config("model", model, prefix, config, cfg.data.max_length, cfg, embeds=True)]
+    return [from_config("model", model, prefix, config, cfg.data.max_length, cfg, embeds=True, text=True)]
 
 
 def layers_owner(model: Any) -> str:

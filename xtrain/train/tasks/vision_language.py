@@ -164,7 +164,7 @@ def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config.text_config
     lm = st.from_config("language model", model, language, text, cfg.data.max_length, cfg, embeds=True,
-                        follows=True)  # fmt: skip
+                        follows=True, text=True)  # fmt: skip
     vc = getattr(config, "vision_config", None)
     if vision is None or vc is None:
         return [lm]
