@@ -84,6 +84,8 @@ def sections(repeats: int) -> dict[str, Section]:
         "seq_cls": lambda: bench("seq_cls").measure(repeats=repeats, log=log),
         "vision_language": lambda: bench("vision_language").measure(repeats=repeats, log=log),
         "quantization": lambda: bench("quantization").measure(repeats=repeats, log=log),
+        # exact byte counts, nothing timed: one run
+        "memory_estimate": lambda: bench("memory_estimate").measure(log=log),
     }
 
 
@@ -116,6 +118,7 @@ def smoke_sections() -> dict[str, Section]:
         "quantization": lambda: bench("quantization").measure(
             repeats=1, steps=3, warmup=1, size="micro", log=log
         ),
+        "memory_estimate": lambda: bench("memory_estimate").measure(log=log, smoke=True),
     }
 
 
@@ -125,7 +128,8 @@ def smoke_sections() -> dict[str, Section]:
 SMOKE_REUSED = {"overhead": "loops"}
 # The smoke run's two lanes (about the same time each on 2 cores).
 SMOKE_LANES = (
-    ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text", "seq_cls"),
+    ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text", "seq_cls",
+     "memory_estimate"),
     ("loops", "packing", "vision_language", "resume", "image_classification", "quantization", "ddp_parts"),
 )
 
@@ -642,6 +646,8 @@ def render(r: dict[str, Any], command: str) -> str:
         w(vision_language_section(r["vision_language"]))
     if "quantization" in r:
         w(quantization_section(r["quantization"]))
+    if "memory_estimate" in r:
+        w(memory_estimate_section(r["memory_estimate"]))
     if "fingerprint" in r:
         fp = r["fingerprint"]
         w("## Optimisations\n")
@@ -876,6 +882,49 @@ def quantization_section(q: dict[str, Any]) -> str:
         "`python benchmarks/quantization.py --device cuda --size gpu`, which adds the peak memory).\n"
     )
     return head + "\n" + table(headers, rows) + "\n" + tail + xtrain
+
+
+def memory_estimate_section(m: dict[str, Any]) -> str:
+    """The memory estimate's activation term against the bytes autograd saved for the backward
+    pass, for every built-in job and way of training it (``benchmarks/memory_estimate.py``)."""
+    mib = 2**20
+    rows = [
+        [r["task"], r["training"], f"{r['per_device']} x {r['positions']}",
+         f"{r['measured']['layers'] / mib:.2f}", f"{r['estimate']['layers'] / mib:.2f}", f"{r['ratio']:.3f}",
+         f"{r['measured']['loss'] / mib:.2f} / {r['estimate']['loss'] / mib:.2f}"]
+        for r in m["rows"]
+    ]  # fmt: skip
+    worst = ", ".join(f"{task} {100 * v:.1f} %" for task, v in m["worst"].items())
+    held = "holds" if m["must_hold"] else "does NOT hold"
+    return (
+        "## The memory estimate against what autograd keeps\n\n"
+        "`benchmarks/memory_estimate.py`: each built-in job, built by its task as xtrain trains it "
+        "(LoRA with the defaults, `lora.r=8`, `lora.dropout=0.05`; LoRA on the decoder only; a full "
+        "fine-tune; the vision-language quickstart's LoRA + merger without dropout), runs one training "
+        "forward pass under `torch.autograd.graph.saved_tensors_hooks`; every tensor autograd saves is "
+        "counted once by its storage, parameters and buffers left out. *Measured*: saved inside the "
+        "model's modules; *estimate*: xtrain's activation term for the same batch (`memory.saved_bytes` "
+        "on the stacks the task's `stacks` hook reads, `xtrain/train/activations.py`); *loss*: the "
+        "float32 log-softmax saved at the top level, measured / estimated. The encoder-decoders' batch "
+        "is the built-in clips or images with random label tokens of the length shown; the "
+        "vision-language batch is the built-in conversations (one 56 x 56 or 112 x 112 image each, "
+        "`data.min_pixels` = `data.max_pixels` = its area), at their collated length. Float32 on the "
+        f"{m['device'].upper()} (torch {m['torch']}, measured {m.get('measured', '?')}): byte counts, "
+        "exact, not timed. A method "
+        "description is in [Fitting big models](fitting-big-models.md#how-the-activations-are-counted)."
+        "\n\n"
+        + table(["task", "training", "batch x tokens", "measured (MiB)", "estimate (MiB)",
+                 "estimate / measured", "loss (MiB)"], rows)  # fmt: skip
+        + f"\n\nLargest deviation by task: {worst}. The must-hold (within 25 % for speech-to-text, "
+        f"image-to-text and vision-language) **{held}**. The tiny models' shapes differ from 7B ones "
+        "(2 layers, widths of 64-128, vocabularies of a few hundred), so the rule is structural: per "
+        "layer, per position, per width, head and adapter, as autograd saves it; what it leaves out "
+        "(RoPE's cos/sin, the attention mask, norm statistics) or counts twice (o_proj's input, which "
+        "shares sdpa's output storage in Llama/Qwen2) is the few percent seen here. On a GPU "
+        "`python benchmarks/memory_estimate.py --device cuda` runs each case as a bf16-autocast step "
+        "and adds `torch.cuda.max_memory_allocated` against the whole estimate (not run: no GPU was "
+        "lent to this session).\n"
+    )
 
 
 def vision_language_section(vl: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ LABELS = {
     "image_classification": "image-classification:",
     "seq_cls": "seq-cls:",
     "quantization": "quantization:",
+    "memory_estimate": "memory-estimate:",
 }
 TASKS = {
     "image_to_text": ("image-to-text", "quickstart-image-to-text.yaml", "images/s"),
@@ -103,7 +104,8 @@ def test_smoke_runs_every_benchmark_and_each_task_section_measures_its_own_job(t
     page = next(tmp_path.glob("xtrain-performance-smoke-*.md")).read_text()
     assert page.startswith("# Performance\n\n**Smoke run")
     for heading in ("## Image to text", "## Image classification", "## Speech to text", "## Vision-language",
-                    "## Text classification", "## Resume cost"):  # fmt: skip
+                    "## Text classification", "## Resume cost",
+                    "## The memory estimate against what autograd keeps"):  # fmt: skip
         assert heading in page
 
 

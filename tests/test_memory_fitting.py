@@ -56,8 +56,8 @@ OPTIONS = [
 
 def table(folder: Path) -> str:
     """The page's table, computed: a row a model, a column an option (GiB a process; over the
-    card in bold with "over"). Quantized, the vision-language task keeps its vision tower and
-    projector as they are (``Task.unquantized``)."""
+    card in bold with "over", above 90 % of it "tight"). Quantized, the vision-language task
+    keeps its vision tower and projector as they are (``Task.unquantized``)."""
     from xtrain.train import memory, model_size
     from xtrain.train.config import load_config
 
@@ -72,7 +72,9 @@ def table(folder: Path) -> str:
         for _, quantization, checkpointing in OPTIONS:
             gib = memory.check_memory(replace(sizes, quantization=quantization), PER_DEVICE, MAX_LENGTH,
                                       checkpointing, PRECISION, CARD_GIB, CARD).estimate_gib  # fmt: skip
-            cells.append(f"{gib:.1f}" if gib <= CARD_GIB else f"**{gib:.1f}** over")
+            tight = gib > memory.TIGHT * CARD_GIB  # the plan says "tight" above 90 % of the card
+            cell = f"{gib:.1f} tight" if tight else f"{gib:.1f}"
+            cells.append(f"**{gib:.1f}** over" if gib > CARD_GIB else cell)
         rows.append(cells)
     head = ["model", "parameters (with LoRA)", *(label for label, _, _ in OPTIONS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -103,9 +103,9 @@ def test_on_two_4090s_14b_needs_4bit_and_7b_fits_in_16bit(caches, tmp_path, mach
     # 16-bit weights with checkpointing: over the card; the warning says what fits, pasteable
     assert "Memory: ~32.8 GiB a process (estimate; NVIDIA GeForce RTX 4090: 24 GiB)" in out
     assert "warning: the estimated training memory (32.8 GiB a process) exceeds" in out
-    assert "model.quantization=4bit fits (~15.9 GiB)" in out
+    assert "model.quantization=4bit fits (~16.0 GiB)" in out
     out = _plan(tmp_path, machines_dir, capsys, "14b", "model.quantization=4bit")
-    assert "Memory: ~15.9 GiB a process" in out and "warning" not in out
+    assert "Memory: ~16.0 GiB a process" in out and "warning" not in out
     out = _plan(tmp_path, machines_dir, capsys, "7b")
     assert "Memory: ~17.7 GiB a process" in out and "warning" not in out
 
@@ -132,7 +132,7 @@ def test_a_real_4bit_model_counts_as_the_plan_does(caches):
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     targets = lora.find_target_modules(model)
     model = get_peft_model(model, LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=targets))
-    live = live_sizes(model)
+    live = live_sizes(model, cfg=cfg)
     assert live.quantization == planned.quantization == "4bit"
     assert live == planned and live.quantizable == planned.quantizable > 0
     packed = sum(p.numel() for p in model.parameters() if type(p).__name__ == "Params4bit")
@@ -161,7 +161,7 @@ def test_xtrains_own_4bit_build_counts_as_the_plan_does(caches, overrides):
     cfg = load_config(None, [*overrides, "model.quantization=4bit", "data.eval=null", "data.max_length=32"])
     planned = offline_sizes(cfg)
     model = build_workload(cfg).model
-    live = live_sizes(model, _unquantized(cfg))
+    live = live_sizes(model, _unquantized(cfg), cfg)
     assert live == planned and live.quantization == "4bit"
     assert live.quantizable == planned.quantizable > 0
     packed = sum(p.numel() for p in model.parameters() if type(p).__name__ == "Params4bit")

@@ -47,6 +47,7 @@ def memory_lines(cfg: Any, resolved: Any) -> list[str]:
         gpu[1],
         gpu[0],
         images=tasks.get(cfg.model.task).image_tokens,
+        windows=resolved.facts.os_kind == "windows",
     )
     lines = [f"[bold]Memory:[/] {escape(check.summary())}"]
     return lines + ([f"[bold yellow]warning:[/] {escape(check.warning)}"] if check.warning else [])

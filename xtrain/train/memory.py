@@ -13,12 +13,14 @@ Under DDP every GPU holds the whole model. The estimate adds:
   (bitsandbytes' ``min_8bit_size``) keeps float32 moments, 16 bytes (``ModelSizes.small_trainable``
   counts them; bitsandbytes 0.50, ``optim/optimizer.py``, ``Optimizer2State.init_state``). A
   paged optimizer's state can move to CPU memory under pressure: it is counted on the GPU;
-- activations, a token a layer in 16-bit (Korthikanti et al. 2022, attention scores not kept:
-  sdpa/flash): about ``34 x hidden`` bytes for a GELU MLP of 4 x hidden; with a gated MLP
-  (SwiGLU: Llama, Qwen, Mistral) of ``intermediate`` width, ``17 x hidden + 8 x intermediate``
-  (gate, up, activation and product outputs: Qwen2-7B's 18944 makes it 1.7x the GELU figure).
-  With gradient checkpointing only each layer's input is kept (``2 x hidden``), plus one layer's
-  activations while it is recomputed. Twice all that in float32 (no mixed precision);
+- activations: what autograd keeps for the backward pass in each stack of layers the task runs
+  (``Task.stacks``: an encoder at its own positions, Whisper's 1500 frames or a ViT's patches, a
+  VLM's vision tower and merger, the decoder or language model at ``data.max_length`` tokens),
+  as each stack trains (``xtrain/train/activations.py``: a frozen stack whose input needs no
+  gradient keeps nothing); with gradient checkpointing each layer's input, plus one layer while
+  it is recomputed. A model no task hook reads falls back to a token a layer in 16-bit
+  (Korthikanti et al. 2022): ``34 x hidden`` bytes for a GELU MLP, ``17 x hidden + 8 x
+  intermediate`` for a gated one, at ``batch.per_device x data.max_length`` tokens;
 - the logits of the loss: a token x the vocabulary x 10 bytes (16-bit logits, the float32 copy
   the loss takes, its log-softmax kept for the backward pass): 1.5 GiB for 1024 tokens of
   Qwen2's 152k vocabulary;
@@ -43,9 +45,8 @@ and names the smallest sets of them that fit, best first: those that keep the we
 before 4-bit, then fewer changes before more. Each is a list of ``key=value`` overrides a user
 can paste after ``xtrain train CONFIG``.
 
-Tokens a process: ``batch.per_device x data.max_length``. A vision-language model's image tokens
-are inside ``data.max_length`` (the collator cuts there), and its vision tower is frozen: it keeps
-no activations for the backward pass.
+Above ``TIGHT`` (90 %) of the card the warning says "tight" with the same changes (those that
+leave 10 % free), and on Windows that the card driving the display has less free.
 
 It is meant to tell "fits" from "far too big" before a long download, not to the last gigabyte.
 """
@@ -56,7 +57,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
+from xtrain.train.activations import Precision, Stack, at_length, loss_bytes, step_bytes
+
 GIB = 1024**3
+# above this share of the card a process is "tight": the allocator's fragmentation, a longer batch
+# or another process on the card tips it over
+TIGHT = 0.9
 HALF = ("bfloat16", "float16")
 # bits a weight of NF4 with double quantization: 4, the 8-bit absmax of each block of 64 and the
 # float32 constant of each 256 blocks (QLoRA, section 3)
@@ -107,6 +113,7 @@ def estimate_gib(
     quantization: str | None = None,
     moments_8bit: bool = False,
     small_trainable: int = 0,
+    saved: float | None = None,
 ) -> float:
     """Estimated peak GPU memory in GiB of one training process (see the module docstring).
     ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
@@ -114,7 +121,9 @@ def estimate_gib(
     ``intermediate``: a gated MLP's width (None: a 4 x hidden GELU MLP); ``vocab``: the
     output vocabulary (0: no logits term); ``quantized``: how many of ``params`` are loaded in
     ``quantization`` (4bit, 8bit; None: none); ``moments_8bit``: an 8-bit optimizer, with
-    ``small_trainable`` of the trained weights in tensors too small for 8-bit state."""
+    ``small_trainable`` of the trained weights in tensors too small for 8-bit state; ``saved``:
+    the activations' bytes from the task's stacks (``activations.step_bytes``), which then
+    replace the per-token rule and leave ``tokens_per_device`` to the logits."""
     if quantization is None:
         weights = params * weight_bytes
     else:
@@ -125,7 +134,7 @@ def estimate_gib(
         kept = tokens_per_device * (layers * 2 * hidden + layer)  # layer inputs + one recomputed layer
     else:
         kept = tokens_per_device * layers * layer
-    activations = kept * activation_bytes // 2
+    activations = kept * activation_bytes // 2 if saved is None else saved
     logits = tokens_per_device * vocab * 10
     return 1.1 * (weights + trained + activations + logits) / GIB
 
@@ -145,14 +154,23 @@ def memory_warning(
     per_device: int | None = None,
     images: bool = True,
     fits: Sequence[tuple[str, float]] = (),
+    windows: bool = False,
 ) -> str | None:
-    """One line when ``estimate`` does not fit ``gpu_gib``, naming what lowers it (leaving out
-    what the config already does); else None. ``fits``: (overrides, estimate) of the changes that
-    fit, best first (``alternatives``): named first, as overrides to paste."""
-    if estimate <= gpu_gib:
+    """One line when ``estimate`` is above ``TIGHT`` of ``gpu_gib`` (tight) or above all of it
+    (does not fit), naming what lowers it (leaving out what the config already does); else None.
+    ``fits``: (overrides, estimate) of the changes that bring it under ``TIGHT`` of the card, best
+    first (``alternatives``): named first, as overrides to paste. ``windows``: the card that
+    drives the desktop has less free, said in the line."""
+    if estimate <= TIGHT * gpu_gib:
         return None
-    head = f"the estimated training memory ({size(estimate, 1)} a process)"
-    head += f" exceeds {name} ({size(gpu_gib, 0)})"
+    if estimate <= gpu_gib:
+        head = f"the estimated training memory ({size(estimate, 1)} a process) is {estimate / gpu_gib:.0%}"
+        head += f" of {name} ({size(gpu_gib, 0)}): tight"
+    else:
+        head = f"the estimated training memory ({size(estimate, 1)} a process)"
+        head += f" exceeds {name} ({size(gpu_gib, 0)})"
+    if windows:
+        head += " (on Windows the card that drives the display has less free: the desktop uses some of it)"
     length = "lower data.max_pixels / data.max_length" if images else "lower data.max_length"
     if fits:
         named = ", ".join(f"{overrides} fits (~{size(gib, 1)})" for overrides, gib in fits)
@@ -186,6 +204,12 @@ class ModelSizes:
     quantization: str | None = None
     moments_8bit: bool = False
     small_trainable: int = 0
+    # the task's stacks with how each trains (``activations``; empty: the per-token rule), whether
+    # the output head trains (it keeps its input), LoRA's rank (0: none) and whether its dropout is on
+    stacks: tuple[Stack, ...] = ()
+    head_trains: bool = False
+    lora_rank: int = 0
+    lora_dropout: bool = False
 
 
 @dataclass(frozen=True)
@@ -275,22 +299,41 @@ def _estimate(
     shape = sizes.shape
     # quantized: the rest in float32, as peft's prepare_model_for_kbit_training leaves it
     rest = max(sizes.weight_bytes, KBIT_REST_BYTES) if sizes.quantization else sizes.weight_bytes
+    act = activation_bytes(precision, sizes.weight_bytes)
+    saved, tokens = None, per_device * max_length
+    if sizes.stacks:  # what autograd keeps of the task's stacks; the logits at the last one's tokens
+        stacks = at_length(sizes.stacks, max_length)
+        last, bytes_of = stacks[-1], Precision(act, 1, sizes.lora_rank, sizes.lora_dropout)
+        layers = step_bytes(stacks, bytes_of, checkpointing)
+        head = last.positions * last.hidden * act if sizes.head_trains else 0  # a trained head's input
+        saved, tokens = per_device * (layers + head), per_device * last.positions
     return estimate_gib(
         sizes.params,
         sizes.trainable,
         rest,
-        per_device * max_length,
+        tokens,
         shape.hidden,
         shape.layers,
         checkpointing,
-        activation_bytes(precision, sizes.weight_bytes),
+        act,
         intermediate=shape.intermediate,
         vocab=shape.vocab,
         quantized=sizes.quantizable,
         quantization=sizes.quantization,
         moments_8bit=sizes.moments_8bit,
         small_trainable=sizes.small_trainable,
+        saved=saved,
     )
+
+
+def saved_bytes(sizes: ModelSizes, checkpointing: bool, precision: Precision) -> tuple[float, float]:
+    """(bytes a sample the stacks keep for the backward pass, a trained output head's input
+    included; bytes a sample the loss keeps: the float32 log-softmax over the vocabulary at the
+    last stack's positions). The benchmark holds these against autograd's saved tensors."""
+    layers = step_bytes(sizes.stacks, precision, checkpointing)
+    last = sizes.stacks[-1]
+    head = loss_bytes(0, last.positions, last.hidden, sizes.head_trains, precision)
+    return layers + head, loss_bytes(sizes.shape.vocab, last.positions, last.hidden, False, precision)
 
 
 def alternatives(
@@ -338,14 +381,17 @@ def check_memory(
     gpu_gib: float,
     gpu_name: str,
     images: bool = False,
+    windows: bool = False,
 ) -> MemoryCheck:
     """The estimate for a config's batch and length on a card of ``gpu_gib``, with the warning
-    when it does not fit (``images``: a vision-language model, whose image tokens
-    ``data.max_pixels`` bounds), naming the changes that fit (``alternatives``)."""
+    when it is tight (above ``TIGHT`` of the card) or does not fit (``images``: a vision-language
+    model, whose image tokens ``data.max_pixels`` bounds; ``windows``: the card may drive the
+    desktop), naming the changes that bring it under ``TIGHT`` of the card (``alternatives``)."""
     gib = _estimate(sizes, per_device, max_length, gradient_checkpointing, precision)
+    budget = TIGHT * gpu_gib
     fits = (
-        alternatives(sizes, per_device, max_length, gradient_checkpointing, precision, gpu_gib)
-        if gib > gpu_gib
+        alternatives(sizes, per_device, max_length, gradient_checkpointing, precision, budget)
+        if gib > budget
         else []
     )
     warning = memory_warning(
@@ -358,5 +404,6 @@ def check_memory(
         per_device=per_device,
         images=images,
         fits=fits,
+        windows=windows,
     )
     return MemoryCheck(gib, gpu_gib, gpu_name, warning)

@@ -21,6 +21,7 @@ the estimate (a CUDA machine).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import lora, memory, tasks
 from xtrain.train.config.schema import TrainConfig
+from xtrain.train.stack_sizes import lora_fields, step_stacks, train_only
 
 
 def read_config_offline(cfg: TrainConfig) -> Any | str:
@@ -162,6 +164,10 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
             added, trained = _trained_tensors(bare, cfg)
             kept_whole = adapted_layers(bare, cfg)[1] if cfg.lora.enabled else []
             quantizable = quantizable_count(bare, _unquantized(cfg), kept_whole) if cfg.lora.enabled else 0
+            targets = adapted_layers(bare, cfg)[0] if cfg.lora.enabled else []
+            if cfg.lora.enabled:  # as the build leaves it: frozen but the modules kept whole
+                train_only(bare, kept_whole)
+            stacks = step_stacks(bare, cfg, targets)
     except Exception as e:  # noqa: BLE001 - advisory: an estimate must never stop a launch
         # a model of another task, LoRA targets that match nothing: the run says so in one line
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
@@ -177,6 +183,7 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
         quantization=cfg.model.quantization,
         moments_8bit=moments_8bit(cfg),
         small_trainable=small_count(trained),
+        **lora_fields(cfg, bare, stacks),
     )
 
 
@@ -275,11 +282,13 @@ def _tied_count(model: Any, config: Any) -> int:
     return sum(a.numel() for a, b in pairs if a is not None and b is not None and a is not b)
 
 
-def live_sizes(model: Any, unquantized: tuple[str, ...] = ()) -> memory.ModelSizes | None:
+def live_sizes(
+    model: Any, unquantized: tuple[str, ...] = (), cfg: TrainConfig | None = None
+) -> memory.ModelSizes | None:
     """The sizes of a built model: counts (a 4-bit weight by its unpacked shape), the bytes of
     its frozen weights that are not quantized, as loaded, and the quantized ones; the trained
     weights in tensors too small for 8-bit optimizer state (``moments_8bit`` is the config's:
-    ``check_live_model``)."""
+    ``check_live_model``); with ``cfg``, the task's stacks as they train in this model."""
     shape = memory.model_shape(getattr(model, "config", None))
     if shape is None:
         return None
@@ -297,6 +306,11 @@ def live_sizes(model: Any, unquantized: tuple[str, ...] = ()) -> memory.ModelSiz
             frozen_bytes += n * p.element_size()
     weight_bytes = 2 if frozen and frozen_bytes / frozen < 3 else 4
     quantizable = quantizable_count(model, unquantized)
+    extra: dict[str, Any] = {}
+    if cfg is not None:
+        bare = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's wrapper
+        adapted = [n for n, m in bare.named_modules() if getattr(m, "lora_A", None)]
+        extra = lora_fields(cfg, bare, step_stacks(bare, cfg, adapted))
     return memory.ModelSizes(
         params,
         trainable,
@@ -305,6 +319,7 @@ def live_sizes(model: Any, unquantized: tuple[str, ...] = ()) -> memory.ModelSiz
         quantizable,
         quantization,
         small_trainable=small_count(trained),
+        **extra,
     )
 
 
@@ -312,7 +327,7 @@ def check_live_model(
     model: Any, cfg: TrainConfig, precision: str, total_bytes: int, gpu_name: str
 ) -> memory.MemoryCheck | None:
     """The training loop's check on its CUDA device (``total_bytes``: the card's memory)."""
-    sizes = live_sizes(model, _unquantized(cfg))
+    sizes = live_sizes(model, _unquantized(cfg), cfg)
     if sizes is None:
         return None
     if not cfg.lora.enabled and sizes.quantization is None:
@@ -327,4 +342,5 @@ def check_live_model(
         total_bytes / memory.GIB,
         gpu_name,
         images=tasks.get(cfg.model.task).image_tokens,
+        windows=sys.platform == "win32",
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from xtrain.train.activations import Stack
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.data_check import DataReport
     from xtrain.train.workload import Workload
@@ -107,6 +108,11 @@ class Task:
     # tower (the output and classifier heads always stay: ``quantization.HEADS``)
     unquantized: tuple[str, ...] = ()
     image_tokens: bool = False  # its sequences hold image tokens (the memory estimate)
+    # The stacks of layers a training step runs, in order (the memory estimate's activations):
+    # (the model, on the meta device or loaded, not wrapped by peft; cfg) -> stacks with a
+    # sample's positions each (an encoder's audio frames or image patches, a decoder's tokens).
+    # None: the model's layers at data.max_length positions (``tasks.stacks.text_stacks``)
+    stacks: Callable[[Any, TrainConfig], list[Stack]] | None = None
     # Where its token sequences (``data.max_length``) meet a position limit: (the model's config)
     # -> (that part's name for messages, e.g. "decoder"; its positions, None: unknown). None: the
     # text model's ``max_position_embeddings`` (``xtrain.train.model_checks``)

@@ -23,6 +23,7 @@ from xtrain.train import lora, models
 from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
 
 if TYPE_CHECKING:
+    from xtrain.train.activations import Stack
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
@@ -51,6 +52,19 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
 def heads(model: Any) -> list[str]:
     """The classifier head(s): top-level modules of the model named like one (trained whole)."""
     return [name for name, _ in model.named_children() if name in HEADS]
+
+
+def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+    """A ViT-style encoder runs every patch and its class token ((224 / 16)^2 + 1 = 197); models
+    without fixed patches (ConvNeXt, Swin's stages) get the default estimate."""
+    from xtrain.train.tasks import stacks as st
+
+    config = model.config
+    fixed = hasattr(config, "patch_size") and hasattr(config, "image_size")
+    if not fixed or st.layer_count(model, "") == 0:
+        return []
+    prefix, positions = st.layers_owner(model), st.patches(config)
+    return [st.from_config("encoder", model, prefix, config, positions, cfg, stem=st.patch_stem(config))]
 
 
 def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
@@ -219,6 +233,7 @@ TASK = Task(
     build=build,
     keys=frozenset({"model.num_labels", "data.image_column", "data.image_root", "data.label_column"}),
     model_class="AutoModelForImageClassification",
+    stacks=stacks,
     lora_plan=lora_plan,
     resume_keys=("model.num_labels",),
     recognizes=_is_image_classifier,

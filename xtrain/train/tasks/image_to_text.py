@@ -25,6 +25,7 @@ from xtrain.train import lora, models
 from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
 
 if TYPE_CHECKING:
+    from xtrain.train.activations import Stack
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
@@ -48,6 +49,20 @@ DECODER_TARGETS: dict[str, tuple[str, ...]] = {
     "bart": _QKVO,
 }
 PARTS = {"both": ("encoder", "decoder"), "encoder": ("encoder",), "decoder": ("decoder",)}
+
+
+def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+    """The image encoder runs all its patches (TrOCR-base: (384 / 16)^2 + 1 = 577), the decoder the
+    text's tokens, reading every patch in each layer's cross-attention."""
+    from xtrain.train.tasks import stacks as st
+
+    enc, dec = model.config.encoder, model.config.decoder
+    positions = st.patches(enc)
+    encoder = st.from_config("encoder", model, "encoder", enc, positions, cfg, stem=st.patch_stem(enc))
+    width = encoder.hidden
+    decoder = st.from_config("decoder", model, "decoder", dec, cfg.data.max_length, cfg, cross=positions,
+                             cross_hidden=width, embeds=True, text=True)  # fmt: skip
+    return [encoder, decoder]
 
 
 def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
@@ -289,6 +304,7 @@ TASK = Task(
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,
     positions=decoder_positions,
+    stacks=stacks,
     generation_prompt=lambda cfg: 1,  # generate starts from the decoder start token
     resume_keys=("lora.apply_to",),
     recognizes=lambda config: config.get("model_type") == "vision-encoder-decoder",

@@ -32,6 +32,7 @@ from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest
 from xtrain.train.tasks.image_to_text import PARTS
 
 if TYPE_CHECKING:
+    from xtrain.train.activations import Stack
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.audio_data import AudioTextRows
     from xtrain.train.tasks.data_check import DataReport, Sample
@@ -183,6 +184,30 @@ def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
 
 def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     return lora.layers_matching(model, target_pattern(model, cfg.lora)), list(cfg.lora.modules_to_save or [])
+
+
+def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+    """The encoder always runs its whole window (Whisper pads every clip to 30 s: 3000 mel frames,
+    halved by its conv stem to ``max_source_positions`` = 1500), the decoder the transcript's
+    tokens, reading the encoder's positions in every layer's cross-attention."""
+    from xtrain.train.tasks import stacks as st
+
+    c = model.config
+    frames = st.first(c, "max_source_positions") or cfg.data.max_length
+    width = st.first(c, "d_model", "hidden_size") or 0
+    # Whisper's stem, when it trains: conv1's mel input and two GELU + conv inputs over 2x the frames
+    stem = 5 * width + 2 * (st.first(c, "num_mel_bins") or 0)
+    encoder, decoder = (st.name_of(model, m) for m in (model.get_encoder(), model.get_decoder()))
+
+    def sizes(half: str) -> dict[str, int]:
+        ffn, heads = st.first(c, f"{half}_ffn_dim"), st.first(c, f"{half}_attention_heads")
+        return {"intermediate": ffn or 4 * width, "heads": heads or 1}
+
+    return [
+        st.from_config("encoder", model, encoder, c, frames, cfg, stem=stem, **sizes("encoder")),
+        st.from_config("decoder", model, decoder, c, cfg.data.max_length, cfg, cross=frames,
+                       cross_hidden=width, embeds=True, text=True, **sizes("decoder")),
+    ]  # fmt: skip
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -415,6 +440,7 @@ TASK = Task(
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,
     positions=decoder_positions,
+    stacks=stacks,
     # Whisper's prompt: start, language, task, no-timestamps (fewer for other models)
     generation_prompt=lambda cfg: 4,
     resume_keys=("lora.apply_to", "model.freeze_encoder"),

@@ -33,6 +33,7 @@ from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest
 from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
 
 if TYPE_CHECKING:
+    from xtrain.train.activations import Stack
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
@@ -153,6 +154,43 @@ def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     whole = list(cfg.lora.modules_to_save or [])
     projector = parts(model)[2] if cfg.lora.projector else None
     return lora_targets(model, cfg.lora), whole + ([projector] if projector else [])
+
+
+def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+    """The vision tower runs an image's patches (Qwen2-VL: ``data.max_pixels``, else the
+    processor's, in patches of 14 x 14, at most 2 x 2 a text position; fixed-size towers such as
+    LLaVA's CLIP: (image / patch)^2 + 1), its merger the merged patches, and the language model
+    ``data.max_length`` positions, image tokens included (the collator cuts there). One image a
+    sample."""
+    from xtrain.train.tasks import stacks as st
+    from xtrain.train.tasks.vision_processor import max_pixels
+
+    language, vision, projector = parts(model)
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config.text_config
+    lm = st.from_config("language model", model, language, text, cfg.data.max_length, cfg, embeds=True,
+                        follows=True, text=True)  # fmt: skip
+    vc = getattr(config, "vision_config", None)
+    if vision is None or vc is None:
+        return [lm]
+    merge = st.first(vc, "spatial_merge_size") or 1
+    width = st.first(vc, "embed_dim", "hidden_size") or 0
+    patch = st.first(vc, "patch_size") or 14
+    if hasattr(vc, "image_size") and not hasattr(vc, "spatial_merge_size"):
+        patches = st.patches(vc)  # a fixed-size tower
+    else:
+        pixels = max_pixels(cfg)
+        cap = merge * merge * cfg.data.max_length  # more would not fit data.max_length
+        patches = min(pixels // (patch * patch), cap) if pixels else cap
+    # a trained patch embedding keeps its input: channels x frames x patch area a patch
+    channels = st.first(vc, "in_channels", "in_chans", "num_channels") or 3
+    stem = channels * (st.first(vc, "temporal_patch_size") or 1) * patch * patch
+    found = [st.from_config("vision tower", model, vision, vc, patches, cfg, hidden=width, stem=stem)]
+    if projector is not None:  # Qwen2-VL's merger: a norm, then an MLP over 2 x 2 patches at a time
+        merged = width * merge * merge
+        found.append(st.Stack("projector", patches // (merge * merge), 1, merged, merged, 1,
+                              module=projector, mlp_only=True, follows=True))  # fmt: skip
+    return [*found, lm]
 
 
 def fix_generation(model: Any, tokenizer: Any) -> None:
@@ -400,6 +438,7 @@ TASK = Task(
     full_fine_tune=full_fine_tune,
     unquantized=VISION_TOWER + PROJECTOR,  # 4/8 bits for the language model only
     image_tokens=True,
+    stacks=stacks,
     # the eval prompt: the conversation up to the answer, image tokens included, within data.max_length
     generation_prompt=lambda cfg: cfg.data.max_length,
     resume_keys=("lora.projector", "lora.vision_blocks", "model.freeze_vision"),

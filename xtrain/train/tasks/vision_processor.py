@@ -7,10 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import models
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
 
 _IMAGE_ONLY: dict[type, type] = {}
 
@@ -90,6 +93,29 @@ def load_processor(source: str, trust_remote_code: bool) -> Any:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     tokenizer.padding_side = "right"  # the collator pads prompts for generation itself
     return processor
+
+
+def max_pixels(cfg: TrainConfig) -> int | None:
+    """The largest image area the processor makes: ``data.max_pixels``, else the checkpoint's
+    image processor's (``max_pixels`` or ``size.longest_edge``) where it is on this machine (a
+    built-in, a folder, the hub cache: nothing is downloaded); None when unknown."""
+    from xtrain import builtin
+
+    if cfg.data.max_pixels:
+        return cfg.data.max_pixels
+    name = cfg.model.name_or_path
+    try:
+        folder = builtin.ensure_builtin_model(name) if builtin.is_builtin(name) else None
+        from transformers.utils import cached_file
+
+        path = cached_file(str(folder or name), "preprocessor_config.json", local_files_only=True,
+                           _raise_exceptions_for_missing_entries=False)  # fmt: skip
+        found = json.loads(Path(path).read_text(encoding="utf-8")) if path else {}
+    except Exception:  # noqa: BLE001 - advisory: the estimate falls back to data.max_length
+        return None
+    size = found.get("size") if isinstance(found.get("size"), dict) else {}
+    value = found.get("max_pixels") or size.get("longest_edge")
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def set_pixel_bounds(image_processor: Any, min_pixels: int | None, max_pixels: int | None) -> None:
