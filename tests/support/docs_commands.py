@@ -675,7 +675,10 @@ def quote_ps(word: str) -> str:
 # ---------------------------------------------------------------------------------------------
 INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 # an inline span that is a command or an option a reader would type
-TYPED = re.compile(r"^(\.venv[/\\](bin|Scripts)[/\\])?(xtrain|python3?|py|accelerate|torchrun)\s|^--?[a-z]")
+# (not output quoted in prose: "xtrain 2 processes on cuda, ..." is the start banner)
+TYPED = re.compile(
+    r"^(\.venv[/\\](bin|Scripts)[/\\])?(xtrain\s+(-|[a-z])|(python3?|py|accelerate|torchrun)\s)|^--?[a-z]"
+)
 
 
 @dataclass(frozen=True)
@@ -790,7 +793,7 @@ INSTALLS_ANOTHER_PROJECT = [
         re.compile(r"\bpip3?(\.exe)? install\b[^`\n]*?\s['\"]?xtrain(?![\w./\\\[-])"),
         "installs the public index's `xtrain`, an unrelated project: pip install -e . from the checkout",
     ),
-    (re.compile(r"\bhuggingface-cli\b"), "the hub client installed with transformers 5 ships `hf` (hf download REPO)"),
+    (re.compile(r"\bhuggingface-cli\b"), "transformers 5's hub client ships `hf` (hf download REPO)"),
 ]
 
 
@@ -806,5 +809,5 @@ def install_problems(path: Path) -> list[str]:
 
 
 def _around(line: str, at: int, width: int = 40) -> str:
-    start = max(0, at - width)
-    return ("..." if start else "") + line[start : at + width].strip() + ("..." if at + width < len(line) else "")
+    start, end = max(0, at - width), at + width
+    return ("..." if start else "") + line[start:end].strip() + ("..." if end < len(line) else "")

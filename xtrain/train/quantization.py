@@ -25,7 +25,9 @@ from typing import Any
 from xtrain.errors import XtrainError
 from xtrain.machine.quant_support import MIN_BITSANDBYTES  # the one floor (pyproject pins it too)
 
-INSTALL = 'pip install "xtrain[quantization]"'
+# the package itself: the `xtrain` on the public index is an unrelated project (pyproject's
+# `quantization` extra asks for the same, for installs from the checkout: pip install -e ".[quantization]")
+INSTALL = f'pip install "bitsandbytes>={MIN_BITSANDBYTES}"'
 UPGRADE = f'pip install -U "bitsandbytes>={MIN_BITSANDBYTES}"'
 # what the weights become, for the run banner and the docs
 DESCRIPTION = {

@@ -129,7 +129,7 @@ class RunConfig:
     mixed_precision: str = "auto"  # auto (from the plan) | no | fp16 | bf16
     tensorboard: bool = True  # the shorthand of report_to: [tensorboard] (report_to: auto reads it)
     # experiment trackers (accelerate's): auto (tensorboard unless run.tensorboard is false), none,
-    # or a list of tensorboard, mlflow, wandb, trackio (each but tensorboard an extra: xtrain[NAME])
+    # or a list of tensorboard, mlflow, wandb, trackio (each but tensorboard installed apart)
     report_to: str | list[str] = "auto"
     save_merged: bool = False  # also write the LoRA-merged full model
     best_metric: str | None = None  # e.g. cer or eval_loss: keep the best model so far in output_dir/best
