@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import structured
-from xtrain.errors import XtrainError
+from xtrain.errors import XtrainError, shown
 from xtrain.train.config.schema import TrainConfig, sections
 from xtrain.train.config.validate import validate
 from xtrain.train.config.values import resolve_key, set_value, show
@@ -86,12 +86,13 @@ def parse_override(text: str) -> tuple[str, Any, str]:
     key = key.strip()
     if not eq or "." not in key:
         raise XtrainError(
-            f"override {text!r} must look like section.key=value", "e.g. run.max_steps=20 or data.eval=null"
+            f"override {shown(text)} must look like section.key=value",
+            "e.g. run.max_steps=20 or data.eval=null",
         )
     try:
         value = structured.load_yaml(raw) if raw.strip() else None
-    except (structured.DuplicateKey, structured.TooDeep) as e:
-        raise XtrainError(f"override {text[:80]!r}: the value {e}", "e.g. data.eval=null") from None
+    except structured.StructureError as e:
+        raise XtrainError(f"override {shown(text)}: the value {e}", "e.g. data.eval=null") from None
     except yaml.YAMLError:
         value = raw  # not YAML: the text as written
     return key, value, raw.strip()

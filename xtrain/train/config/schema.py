@@ -76,6 +76,9 @@ class DataConfig:
     chat_template: str | None = None  # a Jinja file or template text; None: the tokenizer's/processor's
     min_pixels: int | None = None  # vision-language (Qwen2-VL-style processors): image area bounds
     max_pixels: int | None = None  # (fewer pixels: fewer image tokens, less memory); None: the processor's
+    # every task that reads images, and predict: an image file whose header declares more pixels is
+    # refused before it is decoded (a decompression bomb); Pillow's own limit; None: no limit
+    max_image_pixels: int | None = 89_478_485
     prompt_column: str | None = None  # causal-lm prompt/response: loss masked on the prompt
     response_column: str | None = None
     label_column: str = "label"
