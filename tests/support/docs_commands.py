@@ -30,6 +30,13 @@ How a doc is read (the convention; keep docs to it):
   launcher's port matches any port: xtrain picks a free one when 29500 is taken.)
 - Other blocks (``text``, ``yaml``, ``json``, none) are not commands.
 
+Static checks (parsing only, every page, prose and skipped commands too): every ``xtrain SUB
+--option`` and ``-m xtrain.run --option`` names a command and an option the CLI has (read off the
+typer app and xtrain.run's parser); a PowerShell line (and, on pages whose reader types PowerShell,
+an inline command of the prose) has no unquoted comma list (``--gpus 0,1`` is an array there: the
+program gets ``0 1``; runs split it the same way); no line installs the public index's ``xtrain``
+(an unrelated project) or uses ``huggingface-cli`` (the hub client ships ``hf``).
+
 Which machine a command describes: a doc about a platform plans for that platform's saved
 snapshot (``DOC_MACHINES``; ``--facts tests/fixtures/machines/NAME.json`` is added to ``xtrain
 doctor`` / ``xtrain configure`` / ``xtrain train`` lines that do not name one, and PowerShell blocks
