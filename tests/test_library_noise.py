@@ -54,3 +54,15 @@ def test_the_filter_matches_the_installed_bitsandbytes() -> None:
     assert "logger = logging.getLogger(__name__)" in source
     assert quiet.BNB_CPU_LOGGER == "bitsandbytes.backends.cpu.ops"
     assert f'"{quiet.BNB_KERNELS_HINT}: %s.' in source
+
+
+def test_xtrain_verbose_keeps_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    logger = logging.getLogger(quiet.BNB_CPU_LOGGER)
+    saved = list(logger.filters)
+    try:
+        logger.filters[:] = []
+        monkeypatch.setenv(quiet.VERBOSE_ENV, "1")
+        quiet.quiet_bitsandbytes()
+        assert logger.filters == []
+    finally:
+        logger.filters[:] = saved

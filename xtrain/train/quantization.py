@@ -154,6 +154,9 @@ def read_backend() -> Backend:
         version = importlib.metadata.version("bitsandbytes")
     except importlib.metadata.PackageNotFoundError:
         return Backend(version=None)
+    from xtrain.train.quiet import quiet_bitsandbytes
+
+    quiet_bitsandbytes()  # importing it logs a hint about an optional package on some CPUs
     try:
         import bitsandbytes
         from bitsandbytes import cextension

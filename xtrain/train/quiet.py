@@ -30,8 +30,11 @@ class _NoKernelsPackageHint(logging.Filter):
 
 
 def quiet_bitsandbytes() -> None:
-    """Drop bitsandbytes' hint about the optional ``kernels`` package; before peft is imported
-    (the record is logged once, at import). Idempotent."""
+    """Drop bitsandbytes' hint about the optional ``kernels`` package: call before bitsandbytes
+    (or peft, which imports it) is imported; the record is logged once, at import. Idempotent;
+    nothing with ``XTRAIN_VERBOSE=1``."""
+    if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
+        return
     logger = logging.getLogger(BNB_CPU_LOGGER)
     if not any(isinstance(f, _NoKernelsPackageHint) for f in logger.filters):
         logger.addFilter(_NoKernelsPackageHint())
