@@ -179,7 +179,7 @@ def test_a_shown_value_is_short_and_what_python_prints_when_short(value: object)
     if isinstance(value, (str, int, float, type(None))) and len(full) <= SHOWN_CHARS:
         assert text == full
     elif len(full) > SHOWN_CHARS:
-        assert text.endswith("...")
+        assert "..." in text  # cut at the end, or items left out inside (reprlib)
 
 
 def test_a_shown_value_of_an_expanded_bomb_costs_nothing() -> None:
