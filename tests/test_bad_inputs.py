@@ -34,6 +34,8 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "unknown section": ("run", ["--config", "{r}/typo.yaml"], {}, "unknown section 'modle'", 2, False),
     "config is /dev/null": ("run", ["--config", "/dev/null"], {}, "config path /dev/null is not a regular file", 2, False),
     "config not UTF-8": ("run", ["--config", "{r}/latin1.yaml"], {}, "config file {r}/latin1.yaml is not UTF-8: byte 0xe9", 2, False),
+    "YAML alias bomb": ("run", ["--config", "{r}/laughs.yaml"], {}, "config file {r}/laughs.yaml expands to more than 10000 values through its aliases (*name) at line 7", 2, False),
+    "YAML alias in its own anchor": ("run", ["--config", "{c}", "data.train=&a [*a]"], {}, "the value has an alias inside its own anchor's value", 2, False),
     # -- config values and overrides ----------------------------------------------------------------
     "unknown key": ("run", ["--config", "{c}", "optim.learning_rate=1"], {}, "unknown key 'optim.learning_rate'", 2, False),
     "not a number": ("run", ["--config", "{c}", "run.max_steps=abc"], {}, "run.max_steps must be a positive integer", 2, False),
@@ -42,6 +44,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "unknown task": ("run", ["--config", "{c}", "model.task=translate"], {}, "model.task must be one of", 2, False),
     "custom task unset": ("run", ["--config", "{c}", "model.task=custom"], {}, "model.custom is not set", 2, False),
     "custom spec malformed": ("run", ["--config", "{c}", "model.task=custom", "model.custom=nocolon"], {}, "must look like module:function", 2, False),
+    "a long value cut in the line": ("run", ["--config", "{c}", "data.train=[" + "'x'," * 5000 + "]"], {}, "data.train must be a string, got ['x', 'x', 'x',", 2, False),
     "override without section": ("run", ["--config", "{c}", "max_steps=3"], {}, "must look like section.key=value", 2, False),
     "prompt without response": ("run", ["--config", "{c}", "data.prompt_column=q"], {}, "go together", 2, False),
     "lr scaling without base": ("run", ["--config", "{c}", "optim.lr_scaling=linear"], {}, "needs optim.base_global_batch", 2, False),
@@ -65,6 +68,8 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "absurd LoRA rank": ("run", ["--config", "{c}", "lora.r=1e30"], {}, "lora.r must be an integer in 1..4096", 2, False),
     "absurd num_labels": ("run", ["--config", "{c}", "model.task=seq-cls", "model.num_labels=1e30"], {}, "model.num_labels must be an integer in 2..1000000", 2, False),
     "unsafe chat template": ("run", ["--config", "{c}", "data.train={r}/chat.jsonl", "data.eval=null", "data.chat_template={{% for m in messages %}}{{{{ m.__class__.__mro__ }}}}{{% endfor %}}", "run.output_dir={r}/fresh-chat"], {}, "data.chat_template is unsafe: the sandbox refused it", 2, False),
+    "image bomb": ("run", ["--config", "{c}", "model.task=image-to-text", "model.name_or_path=builtin:tiny-trocr", "data.train={r}/bomb.csv", "data.eval=null", "data.max_length=24", "generation.max_new_tokens=16", "batch.per_device=1", "batch.global_batch=2", "run.output_dir={r}/fresh-bomb"], {}, "cannot read image {r}/bomb.png (row 1 of {r}/bomb.csv): it declares 10000000000 pixels, above data.max_image_pixels=89478485", 2, False),
+    "audio with no samples": ("run", ["--config", "{c}", "model.task=speech-to-text", "model.name_or_path=builtin:tiny-whisper", "data.train={r}/clips.csv", "data.eval=null", "data.max_length=24", "generation.max_new_tokens=16", "run.output_dir={r}/fresh-clips"], {}, "audio {r}/empty.wav (row 1 of {r}/clips.csv): no samples, an empty recording", 2, False),
     "unknown data format": ("run", ["--config", "{c}", "data.train={r}/data.bin"], {}, "cannot tell the format", 2, False),
     "missing model path": ("run", ["--config", "{c}", "model.name_or_path={r}/no-model"], {}, "model path {r}/no-model not found", 2, False),
     "custom module missing": ("run", ["--config", "{c}", "model.task=custom", "model.custom=no_such_mod_xyz:build", "run.output_dir={r}/fresh"], {}, "cannot import the custom task module", 2, False),
@@ -117,6 +122,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     (r / "mixed-labels.jsonl").write_text('{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n')
     (r / "named-labels.jsonl").write_text('{"text": "a", "label": "neg"}\n{"text": "b", "label": "pos"}\n')
     (r / "empty.csv").write_text("")
+    _bad_media(r)
     (r / "header.csv").write_text("text\n")
     from xtrain.machine.facts import Facts
 
@@ -130,6 +136,26 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     (r / "typed" / "step-2" / "xtrain_state.json").write_text(json.dumps({**state, "step": "two"}))
     (r / "step-3.tmp" / "xtrain_state.json").unlink()
     return job
+
+
+def _bad_media(r: Path) -> None:
+    """An image-to-text CSV whose second image is a decompression bomb (a 100000 x 100000 header,
+    100 bytes on disk), a speech-to-text CSV whose second clip has no samples, a config whose
+    aliases expand nine-fold five times ("billion laughs", 9^5 values from 7 lines)."""
+    import numpy as np
+    import soundfile
+    from PIL import Image
+    from support.media import png_declaring
+
+    Image.new("RGB", (32, 16), "white").save(r / "line.png")
+    (r / "bomb.png").write_bytes(png_declaring(100_000, 100_000))
+    (r / "bomb.csv").write_text("image,text\nline.png,a line\nbomb.png,a bomb\n")
+    soundfile.write(r / "word.wav", np.zeros(1600, dtype="float32"), 16000)
+    soundfile.write(r / "empty.wav", np.zeros(0, dtype="float32"), 16000)
+    (r / "clips.csv").write_text("audio,text\nword.wav,a word\nempty.wav,nothing\n")
+    lol = ", ".join(['"lol"'] * 9)
+    levels = [f"a0: &a0 [{lol}]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 5)]
+    (r / "laughs.yaml").write_text("\n".join(["model:", "  task: seq-cls", *levels, "data:", "  train: *a4"]) + "\n")
 
 
 def fingerprint(folder: Path) -> dict[str, tuple[float, int]]:
@@ -189,8 +215,30 @@ def test_bad_input(case: str, job: Job, monkeypatch: pytest.MonkeyPatch, capsys)
     errors = [ln for ln in err.splitlines() if re.search(r"\berror:", ln)]
     assert len(errors) == 1, err[-3000:]
     assert expected in errors[0], errors[0]
+    # one short line: a user's value is cut (xtrain.errors.shown), however long the input
+    assert len(errors[0].replace(str(job.root), "{r}")) <= 400, errors[0]
     assert fingerprint(out) == before, "the finished run was changed"
     assert not (job.root / "pwned").exists()
+
+
+def doc_rows() -> list[str]:
+    """The table of docs/reliability.md's "Bad input" section, one row a case (long arguments cut)."""
+    from xtrain.errors import shorten
+
+    fill = {"c": "{c}", "r": "{r}", "o": "{o}", "p": "{p}"}
+    rows = []
+    for n, (name, (entry, argv, env, expected, code, sub)) in enumerate(CASES.items(), 1):
+        prog = "python -m xtrain.run" if entry == "run" else "xtrain"
+        words = [f"{k}={v}" for k, v in env.items()] + [prog] + [shorten(a.format(**fill)) for a in argv]
+        label = name + (" (subprocess)" if sub else "")
+        rows.append(f"| {n} | {label} | `{' '.join(words)}` | {code} | {expected.format(**fill)} |")
+    return rows
+
+
+def test_the_docs_show_this_table() -> None:
+    doc = (REPO / "docs" / "reliability.md").read_text(encoding="utf-8")
+    shown = [ln for ln in doc.splitlines() if re.match(r"^\| \d+ \| ", ln)]
+    assert shown == doc_rows(), "regenerate the table: print('\\n'.join(doc_rows()))"
 
 
 def test_the_table_is_large_enough() -> None:

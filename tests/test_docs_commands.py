@@ -19,17 +19,22 @@ from support.docs_commands import (
     Command,
     Policy,
     Session,
+    _words,
     all_blocks,
     all_commands,
+    array_problems,
     bash_problems,
     classify,
     commands_of,
+    install_problems,
     is_bash,
     is_powershell,
+    option_problems,
     powershell_problems,
+    powershell_prose_problems,
+    typed_spans,
 )
 
-DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 
 # The snapshot each platform doc plans for (see the module docstring).
@@ -207,6 +212,87 @@ def test_windows_doc_is_powershell_throughout() -> None:
     for b in all_blocks(DOCS):
         if b.doc == "docs/windows-powershell.md" and b.lang == "console":
             assert not any(ln.startswith("$ ") for ln in b.lines), f"bash prompt at line {b.line}"
+
+
+# -- what a reader copies: options that exist, installs of the right project, PowerShell arrays ----
+# (parsing only: these run in a second and hold for every page, also the commands SKIPPED above)
+POWERSHELL_PROSE = ["docs/windows-powershell.md"]  # pages whose reader types PowerShell
+
+
+@pytest.fixture(scope="module")
+def cli_options() -> dict[str, set[str]]:
+    from support.docs_commands import _cli_options
+
+    return _cli_options()
+
+
+def test_doc_commands_use_options_that_exist(cli_options: dict[str, set[str]]) -> None:
+    """Every `xtrain SUB --option` and `-m xtrain.run --option` of the docs, in code blocks (run,
+    checked or skipped alike) and in the prose, is an option of the real CLI."""
+    problems = [
+        p
+        for c in all_commands(DOCS)
+        for p in option_problems(c.where(), _words(c.text, c.shell), cli_options)
+    ]
+    for path in DOCS:
+        for span in typed_spans(path):
+            problems += option_problems(span.where(), _words(span.text, "bash"), cli_options)
+    assert not problems, "\n".join(problems)
+
+
+def test_docs_install_xtrain_from_the_checkout() -> None:
+    problems = [p for path in DOCS for p in install_problems(path)]
+    assert not problems, "\n".join(problems)
+
+
+def test_xtrain_prints_no_install_line_of_another_project() -> None:
+    """xtrain's own refusals (a tracker or bitsandbytes missing) name the real packages too."""
+    sources = sorted((ROOT / "xtrain").rglob("*.py"))
+    problems = [p for path in sources for p in install_problems(path)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", POWERSHELL_PROSE)
+def test_powershell_prose_quotes_comma_lists(doc: str) -> None:
+    problems = powershell_prose_problems(ROOT / doc)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_static_checks_catch_what_readers_copied() -> None:
+    """Each class of mistake found in the docs (issue 31) is caught, and its fix passes."""
+    options = {"": {"--help"}, "doctor": {"--gpus", "--help"}, "xtrain.run": {"--config", "--help"}}
+    assert option_problems("x", ["xtrain", "doctor", "--gpu", "0"], options) == [
+        "x  <- xtrain doctor has no option --gpu"
+    ]
+    assert option_problems("x", ["xtrain", "doctr"], options) == ["x  <- xtrain has no command 'doctr'"]
+    assert option_problems("x", ["srun", "xtrain", "doctor", "--gpus=0"], options) == []
+    assert option_problems("x", ["accelerate", "launch", "-m", "xtrain.run", "--cfg", "a"], options)
+    assert not option_problems("x", ["python", "-m", "xtrain.run", "--config", "a.yaml"], options)
+    assert array_problems("xtrain doctor --gpus 0,1") and array_problems("xtrain train a.yaml k=[a,b]")
+    for good in ["xtrain doctor --gpus '0,1'", 'xtrain doctor --gpus "0,1"', "xtrain doctor --gpus 0`,1"]:
+        assert not array_problems(good), good
+    bad_installs = [
+        "pip install xtrain",
+        'python -m pip install "xtrain[quantization]"',
+        "`xtrain[mlflow]` installs mlflow-skinny",
+        "huggingface-cli download Qwen/Qwen2-VL-2B-Instruct",
+    ]
+    good_installs = [
+        'pip install -e ".[quantization]"',
+        "pip install -e .",
+        'pip install "bitsandbytes>=0.46.1"',
+        "pip install -e /src/xtrain[mlflow]",
+        "hf download Qwen/Qwen2-VL-2B-Instruct",
+        "[bold]xtrain[/] 2 processes",
+    ]
+    for lines, bad in ((bad_installs, True), (good_installs, False)):
+        for line in lines:
+            path = ROOT / "tests" / "_install_line.md"  # read through the same function as the docs
+            path.write_text(line + "\n", encoding="utf-8")
+            try:
+                assert bool(install_problems(path)) == bad, line
+            finally:
+                path.unlink()
 
 
 # -- help of every command --------------------------------------------------------------------------

@@ -92,7 +92,7 @@ def test_missing_bitsandbytes_is_one_line_with_the_pip_command(monkeypatch) -> N
     monkeypatch.setitem(sys.modules, "bitsandbytes.optim", None)  # import fails as if not installed
     with pytest.raises(XtrainError, match="optim.name=paged_adamw_8bit needs bitsandbytes") as e:
         bnb_optimizer("paged_adamw_8bit", torch.device("cpu"))
-    assert 'pip install "xtrain[quantization]"' in e.value.hint
+    assert 'pip install "bitsandbytes>=0.46.1"' in e.value.hint
 
 
 def _job(tmp_path: Path) -> Path:
@@ -121,7 +121,7 @@ def test_missing_bitsandbytes_is_refused_before_a_process_starts(tmp_path, monke
     assert main(["train", str(config)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "optim.name=adamw_8bit needs bitsandbytes, which is not installed" in lines[0]
-    assert 'pip install "xtrain[quantization]", or use optim.name=adamw' in lines[0]
+    assert 'pip install "bitsandbytes>=0.46.1", or use optim.name=adamw' in lines[0]
     facts = machines_dir / "windows-2x4090.json"
     assert main(["train", str(config), "--dry-run", "--facts", str(facts), "--platform", "windows"]) == 0
 

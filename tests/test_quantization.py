@@ -61,7 +61,7 @@ GOOD = Backend(version="0.50.2", devices=frozenset({"cpu", "cuda"}), gpu_library
     ("device", "backend", "says", "fix"),
     [
         ("mps", GOOD, "does not run on Apple MPS", "model.quantization=null"),
-        ("cuda", Backend(version=None), "needs bitsandbytes, which is not installed", "xtrain[quantization]"),
+        ("cuda", Backend(version=None), "which is not installed", 'install "bitsandbytes>='),
         ("cpu", Backend(version="0.43.0", devices=frozenset({"cpu"})), "needs bitsandbytes >= 0.46.1", "-U"),
         ("xpu", GOOD, "has no xpu backend", "bitsandbytes>="),
         ("cpu", Backend("0.50.2", import_error="libfoo missing"), "does not import: libfoo missing", "-U"),

@@ -59,8 +59,11 @@ def test_bad_report_to_is_one_line(overrides: tuple[str, ...], line: str) -> Non
 @pytest.mark.parametrize(
     ("shell", "command"),
     [
-        ("bash", "/opt/py/bin/python -m pip install 'xtrain[mlflow,trackio]'"),
-        ("powershell", "& 'C:\\Program Files\\py\\python.exe' -m pip install 'xtrain[mlflow,trackio]'"),
+        ("bash", "/opt/py/bin/python -m pip install 'mlflow-skinny>=2.12' 'trackio>=0.2'"),
+        (
+            "powershell",
+            "& 'C:\\Program Files\\py\\python.exe' -m pip install 'mlflow-skinny>=2.12' 'trackio>=0.2'",
+        ),
     ],
 )
 def test_a_tracker_not_installed_names_its_pip_line(monkeypatch, shell: str, command: str) -> None:
@@ -73,6 +76,17 @@ def test_a_tracker_not_installed_names_its_pip_line(monkeypatch, shell: str, com
     assert e.value.hint == f"install with: {command}"
 
 
+def test_tracker_packages_are_the_extras_of_pyproject() -> None:
+    """The install line names the package itself (the public `xtrain` is another project), the
+    same requirement the checkout's extra asks for."""
+    import tomllib
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert {n: [req] for n, req in tracking.PACKAGES.items()} == {n: extras[n] for n in tracking.PACKAGES}
+
+
 def test_xtrain_train_refuses_a_missing_tracker_before_starting(tmp_path: Path) -> None:
     if tracking.installed("trackio"):
         pytest.skip("trackio is installed here")
@@ -81,7 +95,7 @@ def test_xtrain_train_refuses_a_missing_tracker_before_starting(tmp_path: Path) 
     proc = run_xtrain([*cmd, f"run.output_dir={out}"], offline_env(tmp_path, tmp_path / "cache"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert "run.report_to names trackio" in proc.stderr and "-m pip install 'xtrain[trackio]'" in proc.stderr
+    assert "run.report_to names trackio" in proc.stderr and "-m pip install 'trackio>=0.2'" in proc.stderr
     assert not out.exists()  # no process started, nothing written
 
 

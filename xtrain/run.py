@@ -5,10 +5,10 @@
     torchrun --nproc_per_node N -m xtrain.run [--config C] [key=value ...]
 
 Under a launcher (``WORLD_SIZE`` is set) this process is one rank: it trains. Without one,
-``--processes N`` (N > 1) starts N ranks itself with ``torch.multiprocessing`` (spawn) and a
-rendezvous on 127.0.0.1 at a free port: the Windows path, where torchrun and so accelerate
-launch can fail on libuv. ``--platform windows`` (or ``XTRAIN_PLATFORM=windows``) plans for
-Windows on any OS, so CI runs that path too.
+``--processes N`` (N > 1) starts N ranks itself with ``torch.multiprocessing`` (spawn), meeting
+through a file store in a private folder (``xtrain.launch.rendezvous``: no socket): the Windows
+path, where torchrun and so accelerate launch can fail on libuv. ``--platform windows`` (or
+``XTRAIN_PLATFORM=windows``) plans for Windows on any OS, so CI runs that path too.
 
 A mistake a user can make ends as one line on stderr and a non-zero exit (2), Ctrl+C as a saved
 checkpoint and exit 130.
@@ -37,7 +37,7 @@ PLATFORM_ENV = "XTRAIN_PLATFORM"
 SINGLE_LAUNCH_NOTE = (
     "xtrain: accelerate launch started one process (a single-process launch runs no torchrun, whose "
     "rendezvous needs libuv on Windows); xtrain.run starts the {n} workers itself (spawn, "
-    "127.0.0.1 rendezvous without libuv), as `python -m xtrain.run --processes {n}` does\n"
+    "meeting through a file: no socket, no libuv), as `python -m xtrain.run --processes {n}` does\n"
 )
 
 

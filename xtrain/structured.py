@@ -1,12 +1,16 @@
 """The one reader of the structured files xtrain reads: YAML (train configs, ``key=value``
 overrides, accelerate's default config) and JSON (facts snapshots, checkpoint state).
 
-- YAML through PyYAML's ``SafeLoader`` only (plain data: no ``!!python`` tags), with two
+- YAML through PyYAML's ``SafeLoader`` only (plain data: no ``!!python`` tags), with the
   refusals PyYAML does not make: a key written twice in one mapping (PyYAML keeps the last one
-  silently) and nesting deeper than ``MAX_DEPTH`` (PyYAML's composer recurses: a deep file ends
-  in ``RecursionError``).
+  silently), nesting deeper than ``MAX_DEPTH`` (PyYAML's composer recurses: a deep file ends
+  in ``RecursionError``), and aliases that expand to more than ``MAX_NODES`` values or into
+  themselves ("billion laughs": ``b: &b [*a, *a, ...]`` nine times over is a few lines that
+  expand to billions; PyYAML builds shared objects, but whatever walks or prints them expands
+  them). The expansion is measured on the composed node graph, before anything is built.
 - JSON with the same two refusals (``json`` recurses too).
-- Typed fields: ``field_error`` says in one line why a value is not of a dataclass field's type.
+- Typed fields: ``field_error`` says in one line why a value is not of a dataclass field's type
+  (the value cut to ~80 characters: ``errors.shown``).
 
 Every refusal is one ``XtrainError`` line naming the file (``name``: "config file F"), and the
 key and line where known. Imports nothing heavy: config loading imports no torch.
@@ -19,13 +23,20 @@ import types
 import typing
 from typing import Any
 
-from xtrain.errors import XtrainError
+from xtrain.errors import XtrainError, shorten
 
 # Deeper than any real config, snapshot or state (they nest 3-4 levels), far below Python's stack
 MAX_DEPTH = 64
+# Values (scalars, lists, mappings, keys) a YAML document may hold once its aliases are expanded:
+# a real config or accelerate file holds a few hundred.
+MAX_NODES = 10_000
 
 
-class TooDeep(ValueError):
+class StructureError(ValueError):
+    """A document PyYAML or json would read but xtrain refuses (the subclasses say why)."""
+
+
+class TooDeep(StructureError):
     """Nesting beyond MAX_DEPTH (``line``: where it went too deep, 1-based, when known)."""
 
     def __init__(self, line: int | None = None) -> None:
@@ -33,7 +44,23 @@ class TooDeep(ValueError):
         self.line = line
 
 
-class DuplicateKey(ValueError):
+class TooLarge(StructureError):
+    """Aliases that expand to more than MAX_NODES values (``line``: the anchored value's, 1-based)."""
+
+    def __init__(self, line: int | None = None) -> None:
+        super().__init__(f"expands to more than {MAX_NODES} values through its aliases (*name)")
+        self.line = line
+
+
+class SelfAlias(StructureError):
+    """An alias inside the value of its own anchor (``a: &x [*x]``): it expands without end."""
+
+    def __init__(self, line: int | None = None) -> None:
+        super().__init__("has an alias inside its own anchor's value (it expands without end)")
+        self.line = line
+
+
+class DuplicateKey(StructureError):
     """A mapping with the same key twice (``lines``: both places, 1-based, when known)."""
 
     def __init__(self, key: Any, lines: tuple[int, int] | None = None) -> None:
@@ -80,14 +107,65 @@ def _strict_loader() -> type:
 _LOADER: type | None = None
 
 
+def _children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def check_expansion(root: Any) -> None:
+    """Refuse a composed YAML node graph that, with its aliases expanded, holds more than
+    ``MAX_NODES`` nodes, nests deeper than ``MAX_DEPTH`` or reaches itself. An alias is the same
+    node object as its anchor, so each node's expanded size is counted once (memoised) and the
+    walk costs the graph's size, not the expansion's. Iterative: no recursion to exhaust."""
+    done: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, expanded depth)
+    open_: set[int] = set()  # nodes whose children are being counted: meeting one again is a cycle
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, finish = stack.pop()
+        key = id(node)
+        line = node.start_mark.line + 1
+        if finish:
+            kids = [done[id(k)] for k in _children(node)]
+            size = 1 + sum(s for s, _ in kids)
+            depth = 1 + max((d for _, d in kids), default=0)
+            if size > MAX_NODES:
+                raise TooLarge(line)
+            if depth > MAX_DEPTH:
+                raise TooDeep(line)
+            done[key] = (size, depth)
+            open_.discard(key)
+            continue
+        if key in done:
+            continue
+        if key in open_:
+            raise SelfAlias(line)
+        open_.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in open_:
+                raise SelfAlias(child.start_mark.line + 1)
+            if id(child) not in done:
+                stack.append((child, False))
+
+
 def load_yaml(text: str) -> Any:
-    """Plain data from YAML text; raises ``yaml.YAMLError``, ``DuplicateKey`` or ``TooDeep``."""
+    """Plain data from YAML text; raises ``yaml.YAMLError`` or a ``StructureError`` (a key
+    twice, too deep, aliases that expand too far or into themselves) before building anything."""
     global _LOADER
     if _LOADER is None:
         _LOADER = _strict_loader()
     loader = _LOADER(text)
     try:
-        return loader.get_single_data()
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        check_expansion(node)
+        return loader.construct_document(node)
     finally:
         loader.dispose()
 
@@ -107,6 +185,11 @@ def read_yaml(text: str, name: str) -> Any:
         raise XtrainError(
             f"{name} nests deeper than {MAX_DEPTH} levels" + (f" at line {e.line}" if e.line else ""),
             "a config is a few levels deep: check the brackets and indentation",
+        ) from None
+    except (TooLarge, SelfAlias) as e:
+        raise XtrainError(
+            f"{name} {e}" + (f" at line {e.line}" if e.line else ""),
+            "write the values out, or alias whole sections only: a config holds a few hundred values",
         ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -148,7 +231,7 @@ def read_json(text: str, name: str, hint: str | None = None) -> Any:
         return load_json(text)
     except json.JSONDecodeError as e:
         raise XtrainError(f"{name} is not valid JSON (line {e.lineno}: {e.msg})", hint) from None
-    except (DuplicateKey, TooDeep) as e:
+    except StructureError as e:
         raise XtrainError(f"{name} {e}", hint) from None
 
 
@@ -193,5 +276,5 @@ def field_error(value: Any, tp: Any) -> str | None:
 
 
 def _show(value: Any) -> str:
-    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    """A value of a JSON file (JSON's spelling: true, null) in an error line, cut to ~80 characters."""
+    return shorten(json.dumps(value, default=str) if not isinstance(value, str) else repr(value))

@@ -30,6 +30,13 @@ How a doc is read (the convention; keep docs to it):
   launcher's port matches any port: xtrain picks a free one when 29500 is taken.)
 - Other blocks (``text``, ``yaml``, ``json``, none) are not commands.
 
+Static checks (parsing only, every page, prose and skipped commands too): every ``xtrain SUB
+--option`` and ``-m xtrain.run --option`` names a command and an option the CLI has (read off the
+typer app and xtrain.run's parser); a PowerShell line (and, on pages whose reader types PowerShell,
+an inline command of the prose) has no unquoted comma list (``--gpus 0,1`` is an array there: the
+program gets ``0 1``; runs split it the same way); no line installs the public index's ``xtrain``
+(an unrelated project) or uses ``huggingface-cli`` (the hub client ships ``hf``).
+
 Which machine a command describes: a doc about a platform plans for that platform's saved
 snapshot (``DOC_MACHINES``; ``--facts tests/fixtures/machines/NAME.json`` is added to ``xtrain
 doctor`` / ``xtrain configure`` / ``xtrain train`` lines that do not name one, and PowerShell blocks
@@ -58,6 +65,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from support.ps_syntax import unquoted_commas
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINES = ROOT / "tests" / "fixtures" / "machines"
@@ -262,7 +271,9 @@ def classify(cmd: Command, policy: Policy) -> Kind:
 # Running a doc as one session
 # ---------------------------------------------------------------------------------------------
 def ps_split(text: str) -> list[str]:
-    """PowerShell-ish argument splitting: whitespace outside quotes; quotes removed."""
+    """PowerShell-ish argument splitting: whitespace outside quotes; quotes removed. An unquoted
+    comma makes an array, whose items a program gets as separate arguments (``--gpus 0,1`` ->
+    ``--gpus 0 1``), as PowerShell does."""
     out, cur, quote, have = [], "", None, False
     for ch in text:
         if quote:
@@ -272,7 +283,7 @@ def ps_split(text: str) -> list[str]:
                 cur += ch
         elif ch in "'\"":
             quote, have = ch, True
-        elif ch.isspace():
+        elif ch.isspace() or ch == ",":
             if cur or have:
                 out.append(cur)
             cur, have = "", False
@@ -659,6 +670,7 @@ def powershell_problems(block: Block) -> list[str]:
         for pattern, why in PS_FORBIDDEN:
             if re.search(pattern, raw if "`" in pattern else code):
                 problems.append(f"{block.doc}:{n}: {raw.strip()}  <- {why}")
+        problems += [f"{block.doc}:{n}: {raw.strip()}  <- {why}" for why in array_problems(code)]
         for var in re.findall(r"(?<![\w:])\$([A-Za-z_]\w*)\b(?!:)", code):
             if var.upper() not in PS_AUTOMATIC:
                 problems.append(f"{block.doc}:{n}: ${var} is a PowerShell variable: use $env:{var}")
@@ -672,3 +684,163 @@ def bash_problems(block: Block) -> list[str]:
         for pattern, why in BASH_FORBIDDEN
         if re.search(pattern, raw)
     ]
+
+
+def array_problems(code: str) -> list[str]:
+    """A PowerShell line's unquoted comma lists, each said as the mistake it is."""
+    return [
+        f"unquoted {word!r} is an array in PowerShell (a program gets "
+        f"{word.replace(',', ' ')!r}): quote it, {quote_ps(word)}"
+        for word in unquoted_commas(code)
+    ]
+
+
+def quote_ps(word: str) -> str:
+    """``--gpus=0,1`` -> ``--gpus='0,1'``; ``key=[a,b]`` -> ``'key=[a,b]'`` (as xtrain.shell quotes)."""
+    from xtrain.shell import quote
+
+    return quote("powershell", word)
+
+
+# ---------------------------------------------------------------------------------------------
+# Static checks (parsing only): commands and options that exist, install lines that install
+# xtrain's checkout, PowerShell prose that survives being typed
+# ---------------------------------------------------------------------------------------------
+INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+# an inline span that is a command or an option a reader would type
+# (not output quoted in prose: "xtrain 2 processes on cuda, ..." is the start banner)
+TYPED = re.compile(
+    r"^(\.venv[/\\](bin|Scripts)[/\\])?(xtrain\s+(-|[a-z])|(python3?|py|accelerate|torchrun)\s)|^--?[a-z]"
+)
+
+
+@dataclass(frozen=True)
+class Span:
+    doc: str
+    line: int
+    text: str  # an inline code span of the prose (outside fenced blocks)
+
+    def where(self) -> str:
+        return f"{self.doc}:{self.line}: `{self.text}`"
+
+
+def prose_spans(path: Path) -> list[Span]:
+    """The inline code spans of a doc's prose (fenced blocks left out; table cells included)."""
+    rel = path.relative_to(ROOT).as_posix()
+    out, fenced = [], False
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if (not fenced and FENCE.match(line.strip())) or (fenced and line.strip() == "```"):
+            fenced = not fenced
+        elif not fenced:
+            out += [Span(rel, n, m.group(1)) for m in INLINE.finditer(line)]
+    return out
+
+
+def typed_spans(path: Path) -> list[Span]:
+    return [s for s in prose_spans(path) if TYPED.match(s.text)]
+
+
+def powershell_prose_problems(path: Path) -> list[str]:
+    """In a page whose reader types PowerShell, the commands and options of its prose too."""
+    return [f"{s.where()}  <- {why}" for s in typed_spans(path) for why in array_problems(s.text)]
+
+
+def _words(text: str, shell: str) -> list[str]:
+    if shell == "powershell":
+        return ps_split(text)
+    try:
+        return shlex.split(text)
+    except ValueError:  # prose: an apostrophe, a placeholder with a quote in it
+        return text.split()
+
+
+XTRAIN_WORD = re.compile(r"^(\.venv[/\\](bin|Scripts)[/\\])?xtrain(\.exe)?$")
+
+
+def xtrain_calls(words: list[str]) -> list[list[str]]:
+    """The arguments of each ``xtrain ...`` and ``-m xtrain.run ...`` in one command's words (also
+    behind a launcher: ``srun -N1 xtrain doctor``, ``accelerate launch -m xtrain.run``)."""
+    for i, w in enumerate(words):
+        if XTRAIN_WORD.match(w):
+            return [["xtrain", *words[i + 1 :]]]
+        if w == "xtrain.run" and i and words[i - 1] == "-m":
+            return [["xtrain.run", *words[i + 1 :]]]
+    return []
+
+
+def _cli_options() -> dict[str, set[str]]:
+    """``{subcommand: its option names}`` read off the typer app (``""``: the app's own), and
+    ``xtrain.run``'s from its argparse parser; nothing runs."""
+    import argparse
+    from unittest import mock
+
+    import typer.main
+
+    import xtrain.run
+    from xtrain.cli import app
+
+    group = typer.main.get_command(app)
+    out = {"": {o for p in group.params for o in p.opts} | {"--help"}}
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        out[name] = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} | {"--help"}
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", lambda self, argv=None: self):
+        parser = xtrain.run.parse_args([])
+    out["xtrain.run"] = set(parser._option_string_actions)  # type: ignore[attr-defined]
+    return out
+
+
+def option_problems(where: str, words: list[str], options: dict[str, set[str]]) -> list[str]:
+    """What in ``xtrain SUB --option ...`` (or ``-m xtrain.run --option``) the CLI does not have."""
+    problems = []
+    for call in xtrain_calls(words):
+        prog, args = call[0], call[1:]
+        if prog == "xtrain":
+            sub = next((a for a in args if not a.startswith("-")), "")
+            if sub and sub not in options:
+                if sub.isupper() or not re.fullmatch(r"[a-z][a-z-]*", sub):
+                    continue  # a placeholder (`xtrain COMMAND --help`)
+                problems.append(f"{where}  <- xtrain has no command {sub!r}")
+                continue
+            known = options[sub]
+        else:
+            known = options["xtrain.run"]
+        for arg in args:
+            if arg == "--":
+                break  # what follows goes to the program, not to xtrain
+            name = arg.split("=", 1)[0]
+            if re.fullmatch(r"--?[A-Za-z][\w-]*", name) and name not in known:
+                what = f"xtrain {sub}" if prog == "xtrain" and sub else "xtrain" if prog == "xtrain" else prog
+                problems.append(f"{where}  <- {what} has no option {name}")
+    return problems
+
+
+# Lines that install something under xtrain's name: the `xtrain` on the public index is an
+# unrelated project (FIELD_NOTES), and huggingface_hub 2.x ships `hf`, not `huggingface-cli`.
+INSTALLS_ANOTHER_PROJECT = [
+    (
+        re.compile(r"(?<![\w./\\-])xtrain\[(?!/)"),
+        'an extra of the public index\'s `xtrain` (an unrelated project): install the checkout, '
+        'pip install -e ".[extra]", or the package itself (e.g. "bitsandbytes>=0.46.1")',
+    ),
+    (
+        re.compile(r"\bpip3?(\.exe)? install\b[^`\n]*?\s['\"]?xtrain(?![\w./\\\[-])"),
+        "installs the public index's `xtrain`, an unrelated project: pip install -e . from the checkout",
+    ),
+    (re.compile(r"\bhuggingface-cli\b"), "transformers 5's hub client ships `hf` (hf download REPO)"),
+]
+
+
+def install_problems(path: Path) -> list[str]:
+    rel = path.relative_to(ROOT).as_posix()
+    return [
+        f"{rel}:{n}: {_around(line, m.start())}  <- {why}"
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        for pattern, why in INSTALLS_ANOTHER_PROJECT
+        for m in [pattern.search(line)]
+        if m
+    ]
+
+
+def _around(line: str, at: int, width: int = 40) -> str:
+    start, end = max(0, at - width), at + width
+    return ("..." if start else "") + line[start:end].strip() + ("..." if end < len(line) else "")

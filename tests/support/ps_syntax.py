@@ -197,3 +197,46 @@ def check_line(line: str, commands: set[str]) -> list[list[tuple[str, str]]]:
     if line.endswith("`") or line.endswith("\\"):
         raise PsSyntaxError(f"continuation at the end of a fix line: {line}")
     return [check_statement(s, commands) for s in split_statements(line)]
+
+
+def unquoted_commas(line: str) -> list[str]:
+    """The arguments of a PowerShell command line that hold a comma outside quotes (and not
+    escaped with a backtick): PowerShell reads ``--gpus 0,1`` as an array and hands a program
+    ``0 1``, two arguments. Lenient where ``check_line`` is strict (doc lines hold more than
+    xtrain's fix lines): quotes and ``(...)`` / ``{...}`` expressions are skipped, a ``#``
+    comment ends the line. (A ``[`` inside a word is literal: ``key=[a,b]`` is an array too.)"""
+    found, word, depth, i = [], "", 0, 0
+    comma = False
+    while i < len(line):
+        ch = line[i]
+        if ch == "`" and i + 1 < len(line):  # an escaped character is literal
+            word += line[i : i + 2]
+            i += 2
+            continue
+        if ch in SINGLE_QUOTES or ch in DOUBLE_QUOTES:
+            close = SINGLE_QUOTES if ch in SINGLE_QUOTES else DOUBLE_QUOTES
+            j = i + 1
+            while j < len(line) and line[j] not in close:
+                j += 1
+            word += line[i : j + 1]
+            i = j + 1
+            continue
+        if ch in "({":
+            depth += 1
+        elif ch in ")}":
+            depth = max(0, depth - 1)
+        elif depth == 0 and (ch.isspace() or ch == ";" or (ch == "#" and not word)):
+            if comma:
+                found.append(word)
+            if ch == "#":
+                return found
+            word, comma = "", False
+            i += 1
+            continue
+        elif depth == 0 and ch == ",":
+            comma = True
+        word += ch
+        i += 1
+    if comma:
+        found.append(word)
+    return found

@@ -218,7 +218,10 @@ def render_plan(console: Console, plan: Plan) -> None:
         console.print("  environment xtrain sets for its workers:", highlight=False)
         for k, v in sorted(plan.env.items()):
             console.print(Text(f"    {k}={v}"), soft_wrap=True, highlight=False)
-    console.print(f"  rendezvous: {plan.main_address}:{plan.main_port}", highlight=False)
+    if plan.launcher == "spawn" and plan.num_machines == 1:  # xtrain.launch.rendezvous: a FileStore
+        console.print("  rendezvous: a file in a private temporary folder (no socket)", highlight=False)
+    else:
+        console.print(f"  rendezvous: {plan.main_address}:{plan.main_port}", highlight=False)
 
 
 def render_diagnosis(console: Console, facts: Facts, diagnosis: Diagnosis) -> None:

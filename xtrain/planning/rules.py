@@ -262,8 +262,8 @@ def _plan_backend(
         }.get(os_kind if os_kind == "windows" else device, f"gloo on {device}")
     launcher = "spawn" if os_kind == "windows" and not _torchrun_works_on_windows(facts) else "accelerate"
     reasons["launcher"] = (
-        "torch.multiprocessing spawn with a 127.0.0.1 rendezvous: torchrun's stores need libuv, "
-        "which Windows torch lacks"
+        "torch.multiprocessing spawn, meeting through a file in a private folder (no socket): "
+        "torchrun's stores need libuv, which Windows torch lacks"
         if launcher == "spawn"
         else "accelerate launch (torchrun underneath)"
         + ("; this Windows torch's torchrun works without libuv" if os_kind == "windows" else "")

@@ -257,7 +257,6 @@ PEFT_INIT: dict[str, bool | str] = {
 BASE_CHANGING = ("pissa", "olora")
 # The adapter as it started, kept on the model for that conversion (see save_pretrained).
 INITIAL_ADAPTER = "xtrain_initial_adapter"
-QUANTIZATION_EXTRA = 'pip install "xtrain[quantization]"'
 
 
 def check_variants(cfg: Any) -> None:
@@ -312,7 +311,9 @@ def _need_bitsandbytes(what: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise XtrainError(f"{what} needs bitsandbytes, which is not installed", QUANTIZATION_EXTRA)
+        from xtrain.train.quantization import INSTALL
+
+        raise XtrainError(f"{what} needs bitsandbytes, which is not installed", INSTALL)
 
 
 def lora_config_kwargs(

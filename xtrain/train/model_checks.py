@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain.errors import XtrainError
+from xtrain.errors import XtrainError, shown
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
@@ -150,7 +150,7 @@ def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
         close = difflib.get_close_matches(missing[0], leaves, n=1, cutoff=0.6)
         hint = f"did you mean '{close[0]}'? " if close else ""
     raise XtrainError(
-        f"lora.target_modules {missing} not found in the model",
+        f"lora.target_modules {shown(missing)} not found in the model",
         f"{hint}Linear layers it has: {', '.join(leaves[:16])}",
     )
 

@@ -94,15 +94,15 @@ def check_paths(cfg: Any, environ: Any = None) -> None:
 
 
 def check_trackers(trackers: tuple[str, ...], shell: str, executable: str | None = None) -> None:
-    """Refuse a tracker that is not installed, with the line that installs its extra (for the
+    """Refuse a tracker that is not installed, with the line that installs its package (for the
     interpreter that runs xtrain, quoted for ``shell``)."""
     from xtrain.shell import pip_command
-    from xtrain.train.tracking import missing
+    from xtrain.train.tracking import PACKAGES, missing
 
     absent = missing(trackers)
     if absent:
-        names, extras = " and ".join(absent), ",".join(absent)
-        pip = pip_command(shell, executable or sys.executable, ["install", f"xtrain[{extras}]"])
+        names = " and ".join(absent)
+        pip = pip_command(shell, executable or sys.executable, ["install", *(PACKAGES[t] for t in absent)])
         raise XtrainError(
             f"run.report_to names {names}, which {'is' if len(absent) == 1 else 'are'} not installed",
             f"install with: {pip}",

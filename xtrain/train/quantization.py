@@ -27,7 +27,9 @@ from typing import Any
 from xtrain.errors import XtrainError
 from xtrain.machine.quant_support import MIN_BITSANDBYTES  # the one floor (pyproject pins it too)
 
-INSTALL = 'pip install "xtrain[quantization]"'
+# the package itself: the `xtrain` on the public index is an unrelated project (pyproject's
+# `quantization` extra asks for the same, for installs from the checkout: pip install -e ".[quantization]")
+INSTALL = f'pip install "bitsandbytes>={MIN_BITSANDBYTES}"'
 UPGRADE = f'pip install -U "bitsandbytes>={MIN_BITSANDBYTES}"'
 # what the weights become, for the run banner and the docs
 DESCRIPTION = {
@@ -154,6 +156,9 @@ def read_backend() -> Backend:
         version = importlib.metadata.version("bitsandbytes")
     except importlib.metadata.PackageNotFoundError:
         return Backend(version=None)
+    from xtrain.train.quiet import quiet_bitsandbytes
+
+    quiet_bitsandbytes()  # importing it logs a hint about an optional package on some CPUs
     try:
         import bitsandbytes
         from bitsandbytes import cextension

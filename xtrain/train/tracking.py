@@ -28,7 +28,15 @@ from xtrain.errors import XtrainError
 
 PROJECT = "xtrain"  # the experiment (MLflow), project (W&B, trackio) and TensorBoard run name
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
-# the importable module(s) of each tracker; its pip extra has the tracker's name (xtrain[mlflow])
+# what installs each tracker (pyproject's extra of the same name asks for the same). Install lines
+# name these packages, never xtrain with an extra: the `xtrain` on the public index is another project.
+PACKAGES = {
+    "tensorboard": "tensorboard>=2.14",
+    "mlflow": "mlflow-skinny>=2.12",  # the tracking client; `pip install mlflow` adds the UI
+    "wandb": "wandb>=0.17",
+    "trackio": "trackio>=0.2",
+}
+# the importable module(s) of each tracker
 _MODULES = {
     "tensorboard": ("tensorboard", "tensorboardX"),
     "mlflow": ("mlflow",),

@@ -142,7 +142,10 @@ def check_visible_devices(facts: Facts, plan: Plan) -> list[Finding]:
             "\n".join(
                 [
                     unset_env(plan.shell, "CUDA_VISIBLE_DEVICES"),
-                    comment("or keep it and choose GPUs with --gpus, e.g. xtrain train CONFIG --gpus 0,1"),
+                    comment(
+                        "or keep it and choose GPUs with --gpus, e.g. xtrain train CONFIG "
+                        f"--gpus {quote(plan.shell, '0,1')}"  # PowerShell: an unquoted 0,1 is an array
+                    ),
                 ]
             ),
         )

@@ -15,7 +15,8 @@ from xtrain.shell import comment, set_env
 # InterfaceAlias, "Loopback Pseudo-Interface 1" on an English install (loopback adapters are
 # listed, with 127.0.0.1 and ::1). Not run on Windows here, and the alias may differ by
 # language, so the fix asks Windows for the alias of 127.0.0.1 instead of spelling it out. The
-# rendezvous itself is already 127.0.0.1 in xtrain's single-machine plans.
+# rendezvous itself never uses the hostname in xtrain's single-machine plans (a file store for
+# spawn, 127.0.0.1 for accelerate's launcher).
 LOOPBACK_IFNAME = {"linux": "lo", "wsl2": "lo", "macos": "lo0"}
 WINDOWS_LOOPBACK_ALIAS = "(Get-NetIPAddress -IPAddress 127.0.0.1).InterfaceAlias"
 
@@ -80,7 +81,7 @@ def check_hostname(facts: Facts, plan: Plan) -> list[Finding]:
                 "address, and torchelastic publishes the name to its peers"
                 + (
                     " (on one machine, pin gloo to loopback with GLOO_SOCKET_IFNAME; xtrain's "
-                    "rendezvous is already 127.0.0.1)."
+                    "rendezvous never uses the hostname)."
                     if one_machine
                     else "."
                 ),

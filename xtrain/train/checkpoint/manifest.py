@@ -51,7 +51,7 @@ def damage(path: Path) -> str | None:
             return f"{STATE_FILE} is not a JSON object"
     except OSError as e:
         return f"{STATE_FILE} cannot be read ({e.strerror or e})"
-    except (structured.DuplicateKey, structured.TooDeep) as e:
+    except structured.StructureError as e:
         return f"{STATE_FILE} {e}"
     except ValueError:
         return f"{STATE_FILE} is not valid JSON"

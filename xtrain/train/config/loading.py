@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import structured
-from xtrain.errors import XtrainError
+from xtrain.errors import XtrainError, shown
 from xtrain.train.config import foreign
 from xtrain.train.config.schema import TrainConfig, mark_given, sections
 from xtrain.train.config.validate import validate
@@ -102,15 +102,16 @@ def parse_override(text: str) -> tuple[str, Any, str]:
     key, eq, raw = body.partition("=")
     key = key.strip()
     if eq and "." not in key and foreign.answer(key):  # learning_rate=2e-4
-        raise XtrainError(f"override {text[:80]!r} must look like section.key=value", foreign.answer(key))
+        raise XtrainError(f"override {shown(text)} must look like section.key=value", foreign.answer(key))
     if not eq or "." not in key:
         raise XtrainError(
-            f"override {text!r} must look like section.key=value", "e.g. run.max_steps=20 or data.eval=null"
+            f"override {shown(text)} must look like section.key=value",
+            "e.g. run.max_steps=20 or data.eval=null",
         )
     try:
         value = structured.load_yaml(raw) if raw.strip() else None
-    except (structured.DuplicateKey, structured.TooDeep) as e:
-        raise XtrainError(f"override {text[:80]!r}: the value {e}", "e.g. data.eval=null") from None
+    except structured.StructureError as e:
+        raise XtrainError(f"override {shown(text)}: the value {e}", "e.g. data.eval=null") from None
     except yaml.YAMLError:
         value = raw  # not YAML: the text as written
     return key, value, raw.strip()

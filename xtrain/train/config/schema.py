@@ -89,6 +89,9 @@ class DataConfig:
     audio_root: str | None = None
     min_pixels: int | None = None  # vision-language (Qwen2-VL-style processors): image area bounds
     max_pixels: int | None = None  # (fewer pixels: fewer image tokens, less memory); None: the processor's
+    # every task that reads images, and predict: an image file whose header declares more pixels is
+    # refused before it is decoded (a decompression bomb); Pillow's own limit; None: no limit
+    max_image_pixels: int | None = 89_478_485
     prompt_column: str | None = None  # causal-lm prompt/response: loss masked on the prompt
     response_column: str | None = None
     label_column: str = "label"
@@ -142,7 +145,7 @@ class RunConfig:
     mixed_precision: str = "auto"  # auto (from the plan) | no | fp16 | bf16
     tensorboard: bool = True  # the shorthand of report_to: [tensorboard] (report_to: auto reads it)
     # experiment trackers (accelerate's): auto (tensorboard unless run.tensorboard is false), none,
-    # or a list of tensorboard, mlflow, wandb, trackio (each but tensorboard an extra: xtrain[NAME])
+    # or a list of tensorboard, mlflow, wandb, trackio (each but tensorboard installed apart)
     report_to: str | list[str] = "auto"
     save_merged: bool = False  # also write the LoRA-merged full model
     best_metric: str | None = None  # e.g. cer or eval_loss: keep the best model so far in output_dir/best

@@ -10,7 +10,7 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
-from xtrain.errors import XtrainError
+from xtrain.errors import XtrainError, shown
 from xtrain.planning.plan import ATTENTION, PRECISIONS
 from xtrain.train import tasks
 from xtrain.train.config import foreign
@@ -86,6 +86,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "data.max_audio_seconds": _POS_NUM,
     "data.min_pixels": _POS_INT,
     "data.max_pixels": _POS_INT,
+    "data.max_image_pixels": _POS_INT,
     "data.num_workers": _between(0, 1024),
     "optim.lr": _POS_NUM,
     "optim.weight_decay": _NONNEG,
@@ -122,7 +123,8 @@ def closest(name: str, candidates: Iterable[str]) -> str | None:
 
 
 def show(value: Any) -> str:
-    return repr(value) if isinstance(value, str) else str(value)
+    """A config value in an error line: its repr, at most ~80 characters (``errors.shown``)."""
+    return shown(value)
 
 
 def _number(value: Any) -> float | None:
@@ -268,7 +270,7 @@ def resolve_key(section: str, name: str, where: str) -> str:
             raise XtrainError(f"unknown key '{section}.{name}'{where}", foreign.answer(name))
         close = closest(section, all_sections)
         raise XtrainError(
-            f"unknown section {section!r}{where}",
+            f"unknown section {shown(section)}{where}",
             f"did you mean '{close}'?" if close else f"sections: {', '.join(all_sections)}",
         )
     names = section_fields(all_sections[section])
@@ -283,7 +285,7 @@ def resolve_key(section: str, name: str, where: str) -> str:
         if close and "." not in close:
             close = f"{section}.{close}"
         raise XtrainError(
-            f"unknown key {key!r}{where}",
+            f"unknown key {shown(key)}{where}",
             f"did you mean '{close}'?" if close else f"keys of {section}: {', '.join(names)}",
         )
     return f"{section}.{name}"

@@ -23,11 +23,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-from xtrain.errors import RowError, XtrainError
+from xtrain.errors import RowError, XtrainError, shown
 from xtrain.train.tasks.image_data import describe, padded_labels, resolve_path, text_labels, undecoded
 
 _HINT = "fix or remove that row; audio must be files soundfile can read (WAV, FLAC, OGG, MP3)"
 LONG_AUDIO = ("refuse", "cut")
+_EMPTY_HINT = "remove that row, or give it the recording its text belongs to"
+_LONG_HINT = "split long recordings, or set data.long_audio=cut (keeps the start; the text must match it)"
 
 
 class UnreadableAudio(RowError):
@@ -35,6 +37,7 @@ class UnreadableAudio(RowError):
     a DataLoader worker re-raises as ``type(e)(traceback text)``; only the message is kept)."""
 
     HINT = _HINT
+    OTHER_HINTS = (_EMPTY_HINT, _LONG_HINT)
 
 
 def _source(value: Any, base_dir: Path | None) -> Any:
@@ -46,6 +49,12 @@ def _source(value: Any, base_dir: Path | None) -> Any:
     if isinstance(value, dict) and value.get("path"):
         return str(resolve_path(value["path"], base_dir))
     return None
+
+
+def empty_clip(what: str, row: int, source: str) -> UnreadableAudio:
+    """A clip with zero samples: refused, it would teach the model to write its text from silence."""
+    message = f"audio {what} (row {row} of {source}): no samples, an empty recording"
+    return UnreadableAudio(message, _EMPTY_HINT)
 
 
 def to_mono(samples: Any) -> Any:
@@ -87,7 +96,7 @@ def read_audio(
 
             opened = _source(value, base_dir)
             if opened is None:
-                raise UnreadableAudio(f"row {row} of {source} has no audio (value: {value!r:.80})")
+                raise UnreadableAudio(f"row {row} of {source} has no audio (value: {shown(value)})")
             samples, rate = soundfile.read(opened, dtype="float32", always_2d=False)
     except XtrainError:
         raise
@@ -98,13 +107,15 @@ def read_audio(
             raise UnreadableAudio(f"audio {what} (row {row} of {source}) not found") from None
         reason = (str(e).splitlines() or [type(e).__name__])[0][:160]
         raise UnreadableAudio(f"cannot read audio {what} (row {row} of {source}): {reason}") from None
+    if len(samples) == 0:
+        raise empty_clip(what, row, source)
     samples = resample(to_mono(samples), rate, sampling_rate)
     if max_seconds is not None and len(samples) > max_seconds * sampling_rate:
         if long_audio == "refuse":
             raise UnreadableAudio(
                 f"audio {what} (row {row} of {source}) is {len(samples) / sampling_rate:.1f} s, "
                 f"longer than data.max_audio_seconds={max_seconds:g}",
-                "split long recordings, or set data.long_audio=cut (keeps the start; the text must match it)",
+                _LONG_HINT,
             )
         samples = samples[: int(max_seconds * sampling_rate)]
     return samples
@@ -118,12 +129,12 @@ def check_audio_files(
     max_seconds: float | None,
     long_audio: str,
 ) -> list[float] | None:
-    """Path cells are checked before training: the file exists, its header reads, and (with
-    ``long_audio: refuse``) it is not longer than ``max_seconds``. Only headers are read.
+    """Path cells are checked before training: the file exists, its header reads, it has samples,
+    and (with ``long_audio: refuse``) it is not longer than ``max_seconds``. Only headers are read.
     Returns each clip's length in seconds from those headers (``None`` for an ``Audio`` feature
     column, whose cells are checked when each row is read)."""
     feature = ds.features.get(audio_column)
-    if getattr(feature, "dtype", None) != "string":
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):  # CSV/parquet: large_string
         return None
     import soundfile
 
@@ -139,11 +150,13 @@ def check_audio_files(
         except Exception as e:
             reason = (str(e).splitlines() or [type(e).__name__])[0][:160]
             raise UnreadableAudio(f"cannot read audio {path} (row {row} of {source}): {reason}") from None
+        if info.frames == 0:
+            raise empty_clip(str(path), row, source)
         if long_audio == "refuse" and max_seconds is not None and info.duration > max_seconds + 1e-3:
             raise UnreadableAudio(
                 f"audio {path} (row {row} of {source}) is {info.duration:.1f} s, "
                 f"longer than data.max_audio_seconds={max_seconds:g}",
-                "split long recordings, or set data.long_audio=cut (keeps the start; the text must match it)",
+                _LONG_HINT,
             )
         durations.append(float(info.duration))
     return durations

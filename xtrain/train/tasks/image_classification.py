@@ -120,7 +120,8 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     names = id2label or {i: str(i) for i in range(num_labels)}
 
     def rows(ds: Any, folder: Path | None, name: str) -> ImageLabelRows:
-        return ImageLabelRows(ds, (d.image_column, d.label_column), mapping, folder, name)
+        columns = (d.image_column, d.label_column)
+        return ImageLabelRows(ds, columns, mapping, folder, name, max_pixels=d.max_image_pixels)
 
     model = common.load_seeded(
         cfg, TASK, source, **data.head_labels(num_labels, names), ignore_mismatched_sizes=True

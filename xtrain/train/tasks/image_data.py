@@ -11,21 +11,33 @@ workers (Windows, macOS).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
+import re
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from xtrain.errors import RowError, XtrainError
+from xtrain.errors import RowError, XtrainError, shown
 from xtrain.train.collate import IGNORE_INDEX
+from xtrain.train.config.schema import DataConfig
 
 _HINT = "fix or remove that row; images must be files Pillow can open (PNG, JPEG, TIFF, BMP, WebP, ...)"
+# data.max_image_pixels' default (the schema decides it), for readers given no limit (predict)
+MAX_PIXELS = DataConfig.max_image_pixels
+_BOMB_HINT = (
+    "a decompression bomb, or a huge image: remove that row, or raise data.max_image_pixels "
+    "(null: no limit) if the image is real"
+)
 
 
 class UnreadableImage(RowError):
     """A missing or undecodable image: one line with the file and the row (``RowError``)."""
 
     HINT = _HINT
+    OTHER_HINTS = (_BOMB_HINT,)
 
 
 def to_rgb(image: Any) -> Any:
@@ -67,27 +79,56 @@ def resolve_path(path: str, base_dir: Path | None) -> Path:
     return p if p.is_absolute() or base_dir is None else base_dir / p
 
 
-def open_image(value: Any, base_dir: Path | None, row: int, source: str) -> Any:
+@contextlib.contextmanager
+def pixel_limit(max_pixels: int | None) -> Iterator[None]:
+    """Pillow's own decompression-bomb check with ``max_pixels`` as its limit, strict: an image
+    whose header declares more pixels raises ``DecompressionBombError`` before its data is
+    decoded (Pillow itself only warns up to twice its limit, and decodes). Set per call and put
+    back: a DataLoader worker process gets the limit with the rows (pickled), not from a global."""
+    from PIL import Image
+
+    saved = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = saved
+
+
+def open_image(
+    value: Any, base_dir: Path | None, row: int, source: str, max_pixels: int | None = MAX_PIXELS
+) -> Any:
     """The RGB PIL image of one cell of the image column: a path string, an undecoded Image
-    feature cell (``{"bytes", "path"}``) or an already decoded PIL image."""
+    feature cell (``{"bytes", "path"}``) or an already decoded PIL image. A file whose header
+    declares more than ``max_pixels`` pixels (``data.max_image_pixels``) is refused undecoded."""
     from PIL import Image, UnidentifiedImageError
 
     what = describe(value, base_dir)
     try:
-        if isinstance(value, str):
-            image = Image.open(resolve_path(value, base_dir))
-        elif isinstance(value, dict) and value.get("bytes"):
-            image = Image.open(io.BytesIO(value["bytes"]))
-        elif isinstance(value, dict) and value.get("path"):
-            image = Image.open(resolve_path(value["path"], base_dir))
-        elif hasattr(value, "convert"):
-            image = value
-        else:
-            raise UnreadableImage(f"row {row} of {source} has no image (value: {value!r:.80})")
-        image.load()  # decode now: a truncated file fails here, inside this row's error
+        with pixel_limit(max_pixels):
+            if isinstance(value, str):
+                image = Image.open(resolve_path(value, base_dir))
+            elif isinstance(value, dict) and value.get("bytes"):
+                image = Image.open(io.BytesIO(value["bytes"]))
+            elif isinstance(value, dict) and value.get("path"):
+                image = Image.open(resolve_path(value["path"], base_dir))
+            elif hasattr(value, "convert"):
+                image = value
+            else:
+                raise UnreadableImage(f"row {row} of {source} has no image (value: {shown(value)})")
+            image.load()  # decode now: a truncated file fails here, inside this row's error
         return to_rgb(image)
     except XtrainError:
         raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        declared = re.search(r"\((\d+) pixels\)", str(e))
+        raise UnreadableImage(
+            f"cannot read image {what} (row {row} of {source}): it declares "
+            f"{declared.group(1) if declared else 'more'} pixels, above data.max_image_pixels={max_pixels}",
+            _BOMB_HINT,
+        ) from None
     except FileNotFoundError:
         raise UnreadableImage(f"image {what} (row {row} of {source}) not found") from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
@@ -98,7 +139,7 @@ def open_image(value: Any, base_dir: Path | None, row: int, source: str) -> Any:
 def check_image_files(ds: Any, image_column: str, base_dir: Path | None, source: str) -> None:
     """Missing files are found before training starts (a ``stat`` per path, nothing decoded)."""
     feature = ds.features.get(image_column)
-    if getattr(feature, "dtype", None) != "string":
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):  # CSV/parquet: large_string
         return  # an Image feature: bytes are embedded or paths were checked when it was built
     for row, value in enumerate(ds[image_column]):
         if value is None or not str(value).strip():
@@ -111,11 +152,20 @@ class ImageRows:
     """A map-style data set over ``ds`` whose ``[i]`` holds the RGB PIL image of the image
     column, read from disk (or bytes) only then, and what ``target(row)`` makes of the row."""
 
-    def __init__(self, ds: Any, image_column: str, base_dir: Path | None, source: str) -> None:
+    def __init__(
+        self,
+        ds: Any,
+        image_column: str,
+        base_dir: Path | None,
+        source: str,
+        *,
+        max_pixels: int | None = MAX_PIXELS,
+    ) -> None:
         self.ds = undecoded(ds, image_column)
         self.image_column = image_column
         self.base_dir = base_dir
         self.source = source
+        self.max_pixels = max_pixels  # data.max_image_pixels
 
     def __len__(self) -> int:
         return len(self.ds)
@@ -125,7 +175,7 @@ class ImageRows:
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self.ds[int(i)]
-        image = open_image(row[self.image_column], self.base_dir, int(i), self.source)
+        image = open_image(row[self.image_column], self.base_dir, int(i), self.source, self.max_pixels)
         return {"image": image, **self.target(row)}
 
 
@@ -133,9 +183,16 @@ class ImageTextRows(ImageRows):
     """``[i]`` -> ``{"image": RGB PIL image, "text": str}`` (image-to-text)."""
 
     def __init__(
-        self, ds: Any, image_column: str, text_column: str, base_dir: Path | None, source: str
+        self,
+        ds: Any,
+        image_column: str,
+        text_column: str,
+        base_dir: Path | None,
+        source: str,
+        *,
+        max_pixels: int | None = MAX_PIXELS,
     ) -> None:
-        super().__init__(ds, image_column, base_dir, source)
+        super().__init__(ds, image_column, base_dir, source, max_pixels=max_pixels)
         self.text_column = text_column
 
     def target(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -231,8 +288,10 @@ class ImageLabelRows(ImageRows):
         label_to_id: dict[str, int] | None,
         base_dir: Path | None,
         source: str,
+        *,
+        max_pixels: int | None = MAX_PIXELS,
     ) -> None:
-        super().__init__(ds, columns[0], base_dir, source)
+        super().__init__(ds, columns[0], base_dir, source, max_pixels=max_pixels)
         self.label_column = columns[1]
         self.label_to_id = label_to_id
 

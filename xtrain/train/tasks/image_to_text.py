@@ -174,10 +174,12 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     )
     sets = [(train, train_name, "train"), (eval_ds, eval_name, "eval")]
     report = inspect(cfg, tokenizer, data_check.loaded_samples(cfg, sets), [])  # the data check
-    train_rows = ImageTextRows(train, d.image_column, d.text_column, train_dir, train_name)
-    eval_rows = None
-    if eval_ds is not None:
-        eval_rows = ImageTextRows(eval_ds, d.image_column, d.text_column, eval_dir, eval_name)
+
+    def rows(ds: Any, folder: Path | None, name: str) -> ImageTextRows:
+        return ImageTextRows(ds, d.image_column, d.text_column, folder, name, max_pixels=d.max_image_pixels)
+
+    train_rows = rows(train, train_dir, train_name)
+    eval_rows = rows(eval_ds, eval_dir, eval_name) if eval_ds is not None else None
 
     model = common.load_media_model(cfg, TASK, source)
     fix_special_tokens(model, tokenizer)

@@ -26,7 +26,7 @@ from typing import Any
 
 from xtrain.train.collate import IGNORE_INDEX
 from xtrain.train.tasks.chat_data import BadConversation, Encoded
-from xtrain.train.tasks.image_data import open_image
+from xtrain.train.tasks.image_data import MAX_PIXELS, open_image
 
 GEN_PREFIX = "gen_"  # prompt-only copies of the per-token inputs, for generation
 ANSWER_KEY = "answer_labels"  # the last assistant answer's tokens (references for exact match)
@@ -43,7 +43,9 @@ class VisionChatRows:
         base_dir: Path | None,
         source: str,
         with_prompts: bool = False,
+        max_pixels: int | None = MAX_PIXELS,
     ) -> None:
+        self.max_pixels = max_pixels  # data.max_image_pixels
         self.encoded = encoded
         self.images = images
         self.rows = rows  # the row numbers in the data file (rows dropped up front are skipped)
@@ -61,7 +63,9 @@ class VisionChatRows:
             "text": enc.text,
             "input_ids": enc.input_ids,
             "labels": enc.labels,
-            "images": [open_image(ref, self.base_dir, row, self.source) for ref in self.images[i]],
+            "images": [
+                open_image(ref, self.base_dir, row, self.source, self.max_pixels) for ref in self.images[i]
+            ],
             "row": row,
             "source": self.source,
         }

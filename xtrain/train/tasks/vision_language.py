@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
-from xtrain.errors import XtrainError
+from xtrain.errors import XtrainError, shown
 from xtrain.train import lora, models
 from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
 from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
@@ -119,7 +119,7 @@ def lora_targets(model: Any, lora_cfg: Any) -> list[str]:
     if not targets:
         available = ", ".join(sorted(set(in_language.values()))[:16])
         raise XtrainError(
-            f"lora.target_modules {lora_cfg.target_modules} matched no layer of the language model",
+            f"lora.target_modules {shown(lora_cfg.target_modules)} matched no layer of the language model",
             f"Linear layers it has: {available}",
         )
     return targets

@@ -168,4 +168,6 @@ def rows(
             f"no conversation of {name} has an assistant answer within data.max_length={d.max_length}",
             "raise data.max_length",
         )
-    return VisionChatRows(encoded, refs, kept, folder, name, with_prompts=with_prompts)
+    return VisionChatRows(
+        encoded, refs, kept, folder, name, with_prompts=with_prompts, max_pixels=d.max_image_pixels
+    )

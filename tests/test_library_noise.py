@@ -1,0 +1,68 @@
+"""Library noise xtrain silences (xtrain/train/quiet.py), exactly that and nothing more."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import pytest
+
+from xtrain.train import quiet
+
+
+def _kernels_hint(logger: logging.Logger, error: Exception) -> None:
+    # the call bitsandbytes makes (backends/cpu/ops.py) when the optional `kernels` package fails
+    logger.warning(
+        quiet.BNB_KERNELS_HINT + ": %s. Please make sure you already `pip install kernels` and the "
+        "kernels >= 0.11.1",
+        error,
+    )
+
+
+def test_the_bitsandbytes_kernels_hint_is_dropped_and_nothing_else(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger(quiet.BNB_CPU_LOGGER)
+    saved = list(logger.filters)
+    try:
+        quiet.quiet_bitsandbytes()
+        quiet.quiet_bitsandbytes()  # idempotent: one filter
+        assert sum(isinstance(f, quiet._NoKernelsPackageHint) for f in logger.filters) == 1
+        with caplog.at_level(logging.WARNING, logger=quiet.BNB_CPU_LOGGER):
+            _kernels_hint(logger, ModuleNotFoundError("No module named 'kernels'"))
+            _kernels_hint(logger, OSError("quantization-bitsandbytes: 404"))  # installed, but broken
+            logger.warning("another bitsandbytes warning")
+            logging.getLogger("bitsandbytes.cextension").warning(
+                quiet.BNB_KERNELS_HINT + ": %s", ModuleNotFoundError("kernels")
+            )  # another logger
+        shown = [r.getMessage() for r in caplog.records]
+        assert len(shown) == 3, shown
+        assert "404" in shown[0] and shown[1] == "another bitsandbytes warning"
+        assert not any("No module named 'kernels'" in m for m in shown)
+    finally:
+        logger.filters[:] = saved
+
+
+def test_the_filter_matches_the_installed_bitsandbytes() -> None:
+    """The logger name and the message are bitsandbytes' own: read from its source, not imported."""
+    spec = importlib.util.find_spec("bitsandbytes")
+    if spec is None or spec.origin is None:
+        pytest.skip("bitsandbytes is not installed")
+    ops = Path(spec.origin).parent / "backends" / "cpu" / "ops.py"
+    if not ops.is_file():
+        pytest.skip("this bitsandbytes has no CPU backend module")
+    source = ops.read_text(encoding="utf-8")
+    assert "logger = logging.getLogger(__name__)" in source
+    assert quiet.BNB_CPU_LOGGER == "bitsandbytes.backends.cpu.ops"
+    assert f'"{quiet.BNB_KERNELS_HINT}: %s.' in source
+
+
+def test_xtrain_verbose_keeps_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    logger = logging.getLogger(quiet.BNB_CPU_LOGGER)
+    saved = list(logger.filters)
+    try:
+        logger.filters[:] = []
+        monkeypatch.setenv(quiet.VERBOSE_ENV, "1")
+        quiet.quiet_bitsandbytes()
+        assert logger.filters == []
+    finally:
+        logger.filters[:] = saved
