@@ -28,8 +28,18 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
-from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
+from xtrain.train.tasks.contract import (
+    Example,
+    FileRows,
+    Loaded,
+    MainProcessFirst,
+    PredictRequest,
+    Predicts,
+    Quickstart,
+    Task,
+)
 from xtrain.train.tasks.image_to_text import PARTS
+from xtrain.train.tasks.predicting import normalized_error_rates
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
@@ -273,32 +283,46 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
     return model, tokenizer, {"feature_extractor": feature_extractor}
 
 
-def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    """Transcripts of audio files (mono, resampled to the model's rate, cut to its window)."""
-    from xtrain.train.tasks.audio_data import read_audio
-    from xtrain.train.tasks.predicting import (
-        AUDIO_EXTENSIONS,
-        file_rows,
-        generate_batches,
-        media_files,
-        read_input,
-        refuse_prompts,
-    )
+def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
+    """Transcripts of a batch of clips (mono, resampled to the model's rate, cut to its window)."""
+    from xtrain.train.tasks.predicting import generate_texts, read_clips
 
-    refuse_prompts(loaded, TASK, request)
-    files = media_files(request.inputs, AUDIO_EXTENSIONS, "audio files")
     fe = loaded.parts["feature_extractor"]
-    rate, window = int(fe.sampling_rate), max_seconds(None, fe)
-
-    def batch_of(chunk: list[Path]) -> dict[str, Any]:
-        clips = [
-            read_input(f, "audio file", lambda f=f: read_audio(str(f), None, 0, "", rate, window))
-            for f in chunk
-        ]
-        return {"input_features": fe(clips, sampling_rate=rate, return_tensors="pt")["input_features"]}
-
+    rate = int(fe.sampling_rate)
+    clips = read_clips(examples, rate, max_seconds(None, fe))
+    features = fe(clips, sampling_rate=rate, return_tensors="pt")["input_features"]
     new_tokens = cap_new_tokens(loaded.model, request.max_new_tokens)
-    return file_rows(files, generate_batches(loaded, files, batch_of, request, max_new_tokens=new_tokens))
+    return generate_texts(loaded, {"input_features": features}, request, max_new_tokens=new_tokens)
+
+
+def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    """Transcripts of audio files."""
+    from xtrain.train.tasks import predicting as p
+
+    p.refuse_prompts(loaded, TASK, request)
+    examples = p.file_examples(p.media_files(request.inputs, p.AUDIO_EXTENSIONS, "audio files"))
+    return p.file_rows(examples, p.in_batches(answer, loaded, examples, request))
+
+
+def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
+    """A ``--data`` file read as training reads it (an audiofolder through its metadata file):
+    ``data.audio_column`` (every file's header read before the model loads; a clip longer than
+    the model's window is cut to it, as ``xtrain predict`` cuts audio files) and, where the file
+    has it, ``data.text_column``: the reference, scored as training scores it (normalised WER/CER)."""
+    from xtrain.train.tasks.audio_data import audiofolder_metadata, check_audio_files
+    from xtrain.train.tasks.predicting import load_file, media_examples, references
+
+    d = cfg.data
+    meta = audiofolder_metadata(d.eval, "eval")
+    if meta is not None:
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(d, train=str(meta), eval=str(meta)))
+    ds, source, folder = load_file(cfg)
+    ds = _file_name_column(ds, d.audio_column)
+    if d.audio_column not in ds.column_names:
+        _require_columns(ds, d.audio_column, d.text_column, source)  # names the missing column
+    check_audio_files(ds, d.audio_column, folder, source, None, "cut")
+    refs = references(ds, d.text_column, source, "data.text_column")
+    return media_examples(ds, d.audio_column, folder, source, refs, "Audio")
 
 
 def _quickstart_inputs() -> list[str]:
@@ -340,7 +364,17 @@ TASK = Task(
     generation_prompt=lambda cfg: 4,
     resume_keys=("lora.apply_to", "model.freeze_encoder"),
     recognizes=lambda config: _speech_seq2seq(config.get("model_type")),
-    predicts=Predicts(takes="audio files", load=load_for_predict, run=predict),
+    predicts=Predicts(
+        takes="audio files",
+        load=load_for_predict,
+        run=predict,
+        file=FileRows(
+            rows="audio paths (+ their transcript)",
+            read=read_file,
+            answer=answer,
+            score=normalized_error_rates,
+        ),
+    ),
     quickstart=Quickstart(
         job="quickstart-speech-to-text.yaml",
         about="ASR",

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
-from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
+from xtrain.train.tasks import prompt_predict
+from xtrain.train.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
+from xtrain.train.tasks.predicting import exact_match
 from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
 
 if TYPE_CHECKING:
@@ -259,51 +261,6 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
     return model, processor.tokenizer, {"processor": processor}
 
 
-def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    """(image, question, answer) rows for every question about every image.
-
-    The user turn (the image, then the question; ``system`` first when given) is rendered by the
-    chat template saved with the adapter (``chat_data``, as in training, with the generation
-    prompt) and expanded by the processor (``vision_chat.process_text``); the answer is what the
-    model generates after the prompt, up to its end-of-turn token."""
-    import torch
-
-    from xtrain.train.tasks import chat_data
-    from xtrain.train.tasks.image_data import open_image
-    from xtrain.train.tasks.predicting import media_files, read_input, to_model
-    from xtrain.train.tasks.vision_chat import process_text
-
-    if not request.inputs:
-        raise XtrainError(
-            f"{loaded.source} is a vision-language model: it answers a question about an image",
-            "pass image files or folders with --question TEXT",
-        )
-    if not request.prompts or not all(q.strip() for q in request.prompts):
-        raise XtrainError(
-            "a vision-language model answers a question about each image", "add --question TEXT"
-        )
-    files = media_files(request.inputs)
-    processor, tokenizer = loaded.parts["processor"], loaded.tokenizer
-    render = chat_data.renderer(processor, chat_data.require_template(processor, None, loaded.source))
-    rows = []
-    for f in files:  # one at a time: no left-padding subtleties, inputs are few
-        image = read_input(f, "image", lambda f=f: open_image(str(f), None, 0, ""))
-        for question in request.prompts:
-            prompt = render(chat_data.user_turn(question, images=1, system=request.system), True)
-            enc = to_model(dict(process_text(processor, prompt, [image])), loaded.model)
-            with torch.no_grad():
-                ids = loaded.model.generate(
-                    **enc,
-                    max_new_tokens=request.max_new_tokens,
-                    num_beams=request.num_beams,
-                    do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
-            answer = tokenizer.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
-            rows.append({"input": str(f), "prompt": question, "text": answer})
-    return rows
-
-
 TASK = Task(
     name=NAME,
     decodes_media=True,
@@ -347,7 +304,18 @@ TASK = Task(
     generation_prompt=lambda cfg: cfg.data.max_length,
     resume_keys=("lora.projector", "lora.vision_blocks", "model.freeze_vision"),
     recognizes=lambda config: _image_text_to_text(config.get("model_type")),
-    predicts=Predicts(takes="images with --question TEXT", load=load_for_predict, run=predict),
+    predicts=Predicts(
+        takes="images with --question TEXT",
+        load=load_for_predict,
+        run=prompt_predict.vision_predict,
+        file=FileRows(
+            rows="image + text conversations (messages), as the run trained",
+            read=prompt_predict.read_vision_file,
+            answer=prompt_predict.vision_answer,
+            score=exact_match,
+        ),
+        samples=True,
+    ),
     quickstart=Quickstart(
         job="quickstart-vision-language.yaml",
         about="questions about images",
