@@ -46,6 +46,7 @@ def _lines(path: Path) -> list[dict]:
 
 
 def _refused(args: list[str], capsys) -> str:
+    capsys.readouterr()  # what earlier in-process calls printed
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error:"), err
@@ -234,7 +235,7 @@ def test_a_bad_row_is_one_line_with_file_and_row_and_nothing_is_written(chat_mod
 def test_a_conversation_splits_into_its_prompt_and_its_last_answer(turns):
     from xtrain.train.tasks.predicting import split_conversation
 
-    cell = [{"role": "user", "content": "q"}] + [{"role": r, "content": c or "x"} for r, c in turns]
+    cell = [{"role": "user", "content": "q"}] + [{"role": r, "content": "a" + c} for r, c in turns]
     prompt, reference = split_conversation(cell, 0, "f")
     if cell[-1]["role"] == "assistant":
         assert reference == cell[-1]["content"].strip() and prompt.messages == cell[:-1]
@@ -282,6 +283,12 @@ def test_a_csv_of_image_paths_is_read_with_the_runs_columns(tmp_path_factory, tm
     (tmp_path / "gone.csv").write_text(f"picture\n{names[0]}\nmissing.png\n")
     err = _refused(["predict", str(model), "--data", str(tmp_path / "gone.csv"), "-o", "-"], capsys)
     assert "missing.png" in err and "row 1 of" in err and "not found" in err
+    (tmp_path / "notes.png").write_text("not an image")  # there, but found bad only when its batch runs
+    (tmp_path / "bad.csv").write_text(f"picture\n{names[0]}\nnotes.png\n")
+    out = tmp_path / "o.jsonl"
+    err = _refused(["predict", str(model), "--data", str(tmp_path / "bad.csv"), "-o", str(out)], capsys)
+    assert "cannot read image" in err and "notes.png" in err and "row 1 of" in err and "bad.csv" in err
+    assert not out.exists()
 
 
 def test_image_labels_are_named_as_training_named_them(tmp_path_factory, tmp_path):

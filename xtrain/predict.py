@@ -254,12 +254,16 @@ def run_data(folder: Path, trained: RunTask) -> dict[str, Any]:
 def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> TrainConfig:
     """A config holding the run's data settings with ``file`` as its data: what the task's row
     readers take. The chat template is the one saved with the result (training saved the one it
-    used there); nothing is packed or split."""
+    used there); nothing is packed or split; a file whose extension names its format is read as
+    that format (``data.format`` is for the training files' names)."""
     from xtrain.train.config.loading import config_from_dict
     from xtrain.train.config.schema import DataConfig
+    from xtrain.train.data import EXTENSIONS
 
     known = {f.name for f in dataclasses.fields(DataConfig)}  # a record from another xtrain version
     data = {k: v for k, v in settings.items() if k in known}
+    if Path(file).suffix.lower() in EXTENSIONS:  # a CSV to predict after training on JSON lines
+        data["format"] = "auto"
     data.update(
         train=str(file), eval=str(file), eval_fraction=0.0, chat_template=None, packing="off",
         group_by_length=False, num_workers=None,
