@@ -190,7 +190,7 @@ def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     from xtrain.train.tasks.predicting import load_file, media_examples
 
     d = cfg.data
-    ds, source, folder = load_file(cfg)
+    ds, source, folder = load_file(cfg, "image")
     data.require_columns(ds, {"data.image_column": d.image_column}, source)
     check_image_files(ds, d.image_column, folder, source)
     names = record.get("labels") if isinstance(record.get("labels"), list) else []

@@ -138,16 +138,17 @@ def generate_texts(loaded: Any, batch: dict[str, Any], request: Any, **generate:
 # ``xtrain predict --data FILE``: a data file's rows, read by the run's own readers
 
 
-def load_file(cfg: Any) -> tuple[Any, str, Path | None]:
-    """(the rows of the ``--data`` file, its name for messages, the folder its relative media
-    paths are relative to): read by the loader training uses (``cfg.data.eval`` is the file; a
-    saved data set's eval split is the one read)."""
+def load_file(cfg: Any, media: str | None = None) -> tuple[Any, str, Path | None]:
+    """(the rows of the ``--data`` file, its name for messages, the folder its relative
+    ``media`` ("image", "audio") paths are relative to, as training decides it; None without
+    media): read by the loader training uses (``cfg.data.eval`` is the file; a saved data set's
+    eval split is the one read)."""
     from xtrain.train import data
     from xtrain.train.tasks import common
 
     source = cfg.data.eval
     ds = data.load_source(source, cfg.data.format, role="eval", key="--data")
-    return ds, source, common.media_dirs(cfg)[1]
+    return ds, source, common.media_dirs(cfg)[1] if media else None
 
 
 def split_conversation(

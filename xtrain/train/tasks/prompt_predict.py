@@ -218,7 +218,7 @@ def read_vision_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     from xtrain.train.tasks.predicting import last_user_text, load_file, split_conversation
 
     d = cfg.data
-    ds, source, folder = load_file(cfg)
+    ds, source, folder = load_file(cfg, "image")
     ds = undecoded(ds, d.images_column)
     messages = chat_data.messages_column_of(ds, d.messages_column, source)
     extra = ds[d.images_column] if d.images_column in ds.column_names else [None] * len(ds)

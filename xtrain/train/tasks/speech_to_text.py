@@ -316,7 +316,7 @@ def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     meta = audiofolder_metadata(d.eval, "eval")
     if meta is not None:
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(d, train=str(meta), eval=str(meta)))
-    ds, source, folder = load_file(cfg)
+    ds, source, folder = load_file(cfg, "audio")
     ds = _file_name_column(ds, d.audio_column)
     if d.audio_column not in ds.column_names:
         _require_columns(ds, d.audio_column, d.text_column, source)  # names the missing column
