@@ -333,3 +333,36 @@ def test_vision_language_rows_batched_answer_as_one_at_a_time(tmp_path_factory, 
     assert batched[0]["input"] == str(folder / image["image"]) and batched[0]["prompt"] == question["text"]
     assert "exact_match" in batched[0] and "exact_match" not in batched[3]
     assert run(4, temperature=2.0, seed=5) == run(4, temperature=2.0, seed=5)
+
+
+def test_every_vision_format_is_prompted_as_its_native_messages_row(tmp_path_factory):
+    from xtrain.train.tasks import chat_data
+    from xtrain.train.tasks.vision_processor import load_processor
+
+    model = _media_model(tmp_path_factory, "builtin:tiny-qwen2-vl", _record("vision-language"))
+    folder, rows = _builtin_rows("builtin:shapes-vqa", 2)
+    flat = []
+    for r in rows:
+        image, question = r["messages"][0]["content"]
+        answer = r["messages"][1]["content"]
+        flat.append({"image": image["image"], "question": question["text"], "answer": answer})
+    placeholders = []  # LLaMA-Factory's rows
+    for f in flat:
+        question = {"role": "user", "content": "<image>" + f["question"]}
+        turns = [question, {"role": "assistant", "content": f["answer"]}]
+        placeholders.append({"messages": turns, "images": [f["image"]]})
+    questions = [{"image": f["image"], "question": f["question"]} for f in flat]  # no answers: no references
+    processor = load_processor(str(model), False)
+    render = chat_data.renderer(processor, chat_data.require_template(processor, None, str(model)))
+
+    def read(name: str, data: list[dict]) -> list:
+        return lib.read_examples(model, _jsonl(folder / name, data))[1]
+
+    native = read("native.jsonl", rows)
+    variants = (("flat.jsonl", flat), ("placeholders.jsonl", placeholders), ("questions.jsonl", questions))
+    for name, data in variants:
+        examples = read(name, data)
+        assert [render(e.feed[0], True) for e in examples] == [render(e.feed[0], True) for e in native], name
+        assert [e.shown for e in examples] == [e.shown for e in native], name
+        expected = [None, None] if name == "questions.jsonl" else [e.reference for e in native]
+        assert [e.reference for e in examples] == expected, name

@@ -148,11 +148,16 @@ def load_file(cfg: Any, media: str | None = None) -> tuple[Any, str, Path | None
 
     source = cfg.data.eval
     ds = data.load_source(source, cfg.data.format, role="eval", key="--data")
-    return ds, source, common.media_dirs(cfg)[1] if media else None
+    return ds, source, common.media_dirs(cfg, media)[1] if media else None
 
 
 def split_conversation(
-    cell: Any, row: int, source: str, images: Any = None, allow_images: bool = False
+    cell: Any,
+    row: int,
+    source: str,
+    images: Any = None,
+    allow_images: bool = False,
+    images_field: str = "images",
 ) -> tuple[Any, str | None]:
     """One conversation cell -> (its turns before the last assistant answer, checked by
     ``chat_data.parse_conversation`` as training checks them; that answer, the row's reference).
@@ -163,7 +168,7 @@ def split_conversation(
     answered = isinstance(cell, list) and bool(cell) and isinstance(cell[-1], dict)
     answered = answered and cell[-1].get("role") == "assistant"
     probe = cell if answered or not isinstance(cell, list) else [*cell, {"role": "assistant", "content": "-"}]
-    conv = chat_data.parse_conversation(probe, row, source, images, allow_images)
+    conv = chat_data.parse_conversation(probe, row, source, images, allow_images, images_field)
     last = max(i for i, t in enumerate(conv.messages) if t["role"] == "assistant")
     content = conv.messages[last]["content"]
     answer = content if isinstance(content, str) else "".join(p.get("text", "") for p in content)

@@ -119,7 +119,7 @@ def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     if not answered:  # alpaca prompts alone: the readers want an output, here a stand-in dropped below
         ds = ds.add_column("output", ["-"] * len(ds))
     if record.get("chat"):
-        cells = row_formats.conversations(ds, fmt, d.messages_column, source)
+        cells = row_formats.conversations(ds, d, fmt, source)
         out = []
         for i, cell in enumerate(cells):
             prompt, reference = split_conversation(cell, i, source)
@@ -209,27 +209,39 @@ def vision_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, st
 
 
 def read_vision_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
-    """A ``--data`` file's conversations, read as training reads them (``data.messages_column``,
-    images from their parts or ``data.images_column``, paths relative to the file): each row's
-    turns up to its last answer, which is the reference (a row ending in a user turn has none);
+    """A ``--data`` file's rows read by the run's own vision reader (``vision_rows``: messages,
+    sharegpt, ``<image>`` placeholders, flat image/question/answer rows; paths relative to the
+    file or ``data.image_root``): each row's turns up to its last answer, which is the reference
+    (a conversation ending in a user turn, or flat rows without an answer column, have none);
     every image file found before any model loads."""
-    from xtrain.train.tasks import chat_data
+    from xtrain.train.tasks import chat_data, row_formats, vision_rows
     from xtrain.train.tasks.image_data import describe, resolve_path, undecoded
     from xtrain.train.tasks.predicting import last_user_text, load_file, split_conversation
 
     d = cfg.data
     ds, source, folder = load_file(cfg, "image")
-    ds = undecoded(ds, d.images_column)
-    messages = chat_data.messages_column_of(ds, d.messages_column, source)
-    extra = ds[d.images_column] if d.images_column in ds.column_names else [None] * len(ds)
+    columns = list(ds.column_names)
+    _, question, answer = vision_rows.flat_columns(d, columns)
+    chat = d.messages_column in columns or row_formats.SHAREGPT_COLUMN in columns
+    answered = chat or answer in columns
+    if not answered and question in columns:  # flat questions alone: a stand-in answer, dropped below
+        ds = ds.add_column(answer or vision_rows.ANSWER_COLUMNS[0], ["-"] * len(ds))
+        columns = list(ds.column_names)
+    fmt = vision_rows.vision_format(d, columns, source)
+    names = vision_rows.vision_columns(d, fmt, columns, source)
+    ds = undecoded(ds, vision_rows.images_field(d, fmt, columns))
+    cells = {c: ds[c] for c in names}
     out = []
-    for row, (cell, images) in enumerate(zip(messages, extra, strict=True)):
-        prompt, reference = split_conversation(cell, row, source, images, allow_images=True)
+    for row in range(len(ds)):
+        cell = {c: cells[c][row] for c in names}
+        turns, images, field = vision_rows.vision_turns(d, fmt, cell, row, source)
+        prompt, reference = split_conversation(turns, row, source, images, True, field)
         for ref in prompt.images:
             if isinstance(ref, str) and not resolve_path(ref, folder).is_file():
                 where = f"row {row} of {source}"
                 raise chat_data.BadConversation(f"image {resolve_path(ref, folder)} ({where}) not found")
         shown = [describe(ref, folder) for ref in prompt.images]
         item = {"input": shown[0] if len(shown) == 1 else shown, "prompt": last_user_text(prompt.messages)}
-        out.append(Example(row, item, (prompt.messages, prompt.images, folder, source), reference))
+        feed = (prompt.messages, prompt.images, folder, source)
+        out.append(Example(row, item, feed, reference if answered else None))
     return out
