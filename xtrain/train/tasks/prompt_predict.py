@@ -51,9 +51,9 @@ def refuse_system(loaded: Loaded, system: str | None) -> None:
 
 
 def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
-    """Continuations of a batch of prompts (``Example.feed``: a chat run's turns, rendered by its
-    saved template with the generation prompt as training rendered the prompts before its
-    answers; a plain run's text as it is), left-padded into one ``generate`` call that stops
+    """Continuations of a batch of prompts (``Example.feed``: the text the model sees, or a chat
+    run's turns, rendered here by its saved template with the generation prompt as training
+    rendered the prompts before its answers), left-padded into one ``generate`` call that stops
     each row at the template's end-of-turn token or eos."""
     import torch
 
@@ -63,7 +63,7 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
     render, stop = chat_render(loaded) if chat else (None, None)
     rows = []
     for e in examples:
-        text = render(e.feed, True) if render is not None else e.feed
+        text = render(e.feed, True) if render is not None and isinstance(e.feed, list) else e.feed
         # a rendered chat prompt holds its own special tokens, as in training (chat_data.encode)
         enc = tokenizer(text, return_tensors="pt", add_special_tokens=not chat)
         rows.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
@@ -83,20 +83,15 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
 
 
 def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    from xtrain.train.tasks import chat_data
-
+    """Continuations of ``--prompt`` texts, each the text ``chat_prompt`` makes of it."""
     if request.inputs:
         raise XtrainError(
             f"{loaded.source} is a causal-lm model: it continues text, it reads no images or audio",
             "give it text prompts with --prompt TEXT instead of files",
         )
-    chat = bool(loaded.parts.get("chat"))
-    if not chat:
-        refuse_system(loaded, request.system)
-    examples = [
-        Example(i, {"input": p}, chat_data.user_turn(p, system=request.system, text_only=True) if chat else p)
-        for i, p in enumerate(request.prompts)
-    ]
+    examples = []
+    for i, prompt in enumerate(request.prompts):
+        examples.append(Example(i, {"input": prompt}, chat_prompt(loaded, prompt, request.system)[0]))
     outputs = in_batches(text_answer, loaded, examples, request)
     return [{"input": e.shown["input"], "text": o["output"]} for e, o in zip(examples, outputs, strict=True)]
 
