@@ -94,7 +94,9 @@ def predict(
     max_new_tokens: str = typer.Option("128", "--max-new-tokens", help="Longest generated text (tokens)."),
     num_beams: str = typer.Option("1", "--num-beams", help="Beam width (1: greedy)."),
     temperature: str = typer.Option(
-        None, "--temperature", help="Sample at this temperature (0 or unset: greedy); generating tasks."
+        None,
+        "--temperature",
+        help="Sample at this temperature (causal-lm, vision-language; 0 or unset: greedy).",
     ),
     top_p: str = typer.Option(
         None, "--top-p", help="Sample from the fewest tokens holding this share of the probability."
