@@ -122,11 +122,11 @@ def chat_run(tmp_path_factory) -> Path:
 def test_predict_renders_a_chat_prompt_as_training_rendered_it(chat_run, capsys):
     from xtrain import predict
     from xtrain.cli import main
-    from xtrain.train.tasks import causal_lm, chat_data
+    from xtrain.train.tasks import causal_lm, chat_data, prompt_predict
 
     task, loaded = predict.load_predictor(chat_run)
     assert task is causal_lm.TASK and loaded.parts["chat"]
-    text, stop = causal_lm.chat_prompt(loaded, "what is red?", system="one word")
+    text, stop = prompt_predict.chat_prompt(loaded, "what is red?", system="one word")
     tokenizer = build_workload(load_config(EXAMPLE, ["data.eval=null"])).tokenizer
     turns = [
         {"role": "system", "content": "one word"},
@@ -145,7 +145,7 @@ def test_predict_renders_a_chat_prompt_as_training_rendered_it(chat_run, capsys)
 def test_a_plain_text_run_on_a_chat_model_continues_the_raw_prompt(tmp_path, capsys):
     from xtrain import predict
     from xtrain.cli import main
-    from xtrain.train.tasks import causal_lm
+    from xtrain.train.tasks import prompt_predict
 
     model = shutil.copytree(builtin.ensure_builtin_model("builtin:tiny-llama"), tmp_path / "model")
     config = json.loads((model / "tokenizer_config.json").read_text())
@@ -154,7 +154,7 @@ def test_a_plain_text_run_on_a_chat_model_continues_the_raw_prompt(tmp_path, cap
     (model / "xtrain_run.json").write_text(json.dumps({"task": "causal-lm", "chat": False}))
     _, loaded = predict.load_predictor(model)
     assert loaded.tokenizer.chat_template and not loaded.parts["chat"]
-    assert causal_lm.chat_prompt(loaded, "once upon") == ("once upon", None)
+    assert prompt_predict.chat_prompt(loaded, "once upon") == ("once upon", None)
     assert main(["predict", str(model), "-p", "hi", "--system", "be brief"]) == 2
     assert "--system" in capsys.readouterr().err
 

@@ -81,6 +81,16 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         r"^xtrain bench\b",  # a timing run (minutes); the test runs it short
         "tests/test_bench.py::test_bench_json_one_vs_two_processes",
     ),
+    *[  # predict over a data file needs a trained result: the test builds one first
+        (doc, r"^xtrain predict .*--data\b", "tests/test_predict_file.py::" + test)
+        for doc, test in (
+            ("docs/training.md", "test_every_row_is_one_line_with_its_reference_and_exact_match"),
+            ("docs/image-to-text.md", "test_a_csv_of_image_paths_is_read_with_the_runs_columns"),
+            ("docs/image-classification.md", "test_image_labels_are_named_as_training_named_them"),
+            ("docs/speech-to-text.md", "test_a_speech_file_transcribes_as_the_file_inputs_do"),
+            ("docs/vision-language.md", "test_vision_language_rows_batched_answer_as_one_at_a_time"),
+        )
+    ],
     (
         "docs/image-to-text.md",
         r"^xtrain predict\b",  # needs a trained run: the test trains one first

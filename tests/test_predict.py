@@ -53,6 +53,22 @@ def test_predict_refuses_a_seq_cls_run_in_one_line(cls_run, tmp_path, capsys):
     assert "seq-cls" in _refused(["predict", str(old), "-p", "great movie"], capsys)
 
 
+def test_the_run_record_keeps_the_data_settings_a_data_file_is_read_with(cls_run, tmp_path):
+    from xtrain.train import tasks
+
+    record = json.loads((cls_run / "adapter" / "xtrain_run.json").read_text(encoding="utf-8"))
+    assert record["data"]["text_column"] == "text" and record["data"]["label_column"] == "label"
+    found = lib.run_task(cls_run / "adapter")
+    assert lib.run_data(cls_run / "adapter", found) == record["data"]
+    old = shutil.copytree(cls_run, tmp_path / "old")  # a run from before the record kept them
+    del record["data"]
+    (old / "adapter" / "xtrain_run.json").write_text(json.dumps(record), encoding="utf-8")
+    settings = lib.run_data(old / "adapter", lib.run_task(old / "adapter"))
+    assert settings["label_column"] == "label" and settings["train"] == "builtin:sentiment"  # the checkpoint
+    cfg = lib.file_config(tasks.get("seq-cls"), {**settings, "from_a_newer_xtrain": 1}, tmp_path / "f.csv")
+    assert cfg.data.train == cfg.data.eval == str(tmp_path / "f.csv") and cfg.data.label_column == "label"
+
+
 def _write(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data), encoding="utf-8")
@@ -84,7 +100,7 @@ def test_an_existing_output_file_is_refused_before_any_model_loads(tmp_path, cap
     out.write_text("the user's own lines\n", encoding="utf-8")
     missing = str(tmp_path / "no-such-run")  # the output is checked first: no model is looked at
     err = _refused(["predict", missing, "-p", "hi", "--output", str(out)], capsys)
-    assert "already exists" in err and "another file name" in err
+    assert "already exists" in err and "another file name" in err and "--force" in err
     assert out.read_text(encoding="utf-8") == "the user's own lines\n"
 
 

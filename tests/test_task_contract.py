@@ -49,6 +49,8 @@ def test_every_task_has_every_part_of_the_contract(task: Task):
         assert task.peft_task_type in TaskType.__members__
     if task.predicts is not None:
         assert task.predicts.takes and callable(task.predicts.load) and callable(task.predicts.run)
+        reads = task.predicts.file  # predict --data: its rows, one batch's answers, their metric
+        assert reads is None or (reads.rows and all(map(callable, (reads.read, reads.answer, reads.score))))
         assert task.recognizes is not None, "a result saved without a record must still find its task"
     if task.quickstart is not None:
         assert (XTRAIN / "data" / task.quickstart.job).is_file()

@@ -3,6 +3,10 @@ folder. ``xtrain predict`` dispatches on the task the run recorded (``xtrain_run
 the adapter, else the config in its checkpoints, else the head its config names) to that task's
 ``Task.predicts`` (``xtrain.train.tasks``): its loader (the same processors training used) and
 its ``run``. Results of tasks without one (seq-cls, custom) are refused in one line.
+``predict_file`` runs every row of a data file, read by the task's ``Predicts.file`` readers
+(the run's own row readers, with the run's data settings from its record), batched, and scores
+the outputs against the rows' references. Images are read within the run's own
+``data.max_image_pixels`` (``image_limit``), input files and a data file's rows alike.
 
 An adapter folder loads its base model from ``base_model_name_or_path`` (peft's own record) and the
 processor/tokenizer saved next to the adapter. The base of a run trained with
@@ -14,14 +18,20 @@ it trained on. Library code: returns data, prints nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
 from xtrain.train import tasks
-from xtrain.train.tasks.contract import BASE_LOAD, Loaded, PredictRequest, Task
+from xtrain.train.tasks.contract import BASE_LOAD, Example, Loaded, PredictRequest, Task
+from xtrain.train.tasks.predicting import IMAGE_LIMIT, in_batches
+
+if TYPE_CHECKING:
+    from xtrain.train.config.schema import TrainConfig
 
 _OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
 
@@ -61,17 +71,21 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _checkpoint_model(folder: Path) -> dict[str, Any]:
-    """The ``model`` section of the config saved in the newest checkpoint of the run ``folder``
-    is in ({} when there is none)."""
+def _checkpoint_section(folder: Path, section: str) -> dict[str, Any]:
+    """A section (``model``, ``data``) of the config saved in the newest checkpoint of the run
+    ``folder`` is in ({} when there is none)."""
     from xtrain.train.checkpoint.layout import STATE_FILE, list_checkpoints
 
     if folder.name not in _OUTPUT_FOLDERS:
         return {}
     found = list_checkpoints(folder.parent)
     config = _read_json(found[-1][1] / STATE_FILE).get("config") if found else None
-    model = config.get("model") if isinstance(config, dict) else None
-    return model if isinstance(model, dict) else {}
+    part = config.get(section) if isinstance(config, dict) else None
+    return part if isinstance(part, dict) else {}
+
+
+def _checkpoint_model(folder: Path) -> dict[str, Any]:
+    return _checkpoint_section(folder, "model")
 
 
 def _checkpoint_task(folder: Path) -> str | None:
@@ -170,8 +184,20 @@ def load_predictor(path: str | Path) -> tuple[Task, Loaded]:
     if not load:  # a quantized base is on its device already (bitsandbytes' weights do not move)
         model.to(device)
     model.eval()
-    parts = {**trained.record, **parts, "chat": trained.chat}
+    limit = image_limit(run_data(folder, trained))
+    parts = {**trained.record, **parts, "chat": trained.chat, IMAGE_LIMIT: limit}
     return task, Loaded(model=model, tokenizer=tokenizer, source=str(folder), parts=parts)
+
+
+def image_limit(settings: dict[str, Any]) -> int | None:
+    """The run's ``data.max_image_pixels`` (``run_data``): predict refuses the images its training
+    would have refused; Pillow's default (the schema's) for a run that does not say, or says
+    something this version would not accept."""
+    from xtrain.train.tasks.image_data import MAX_PIXELS
+
+    found = settings.get("max_image_pixels", MAX_PIXELS)
+    whole = isinstance(found, int) and not isinstance(found, bool) and found > 0
+    return found if found is None or whole else MAX_PIXELS
 
 
 def base_load(folder: Path, task: Task, trained: RunTask, device: Any) -> dict[str, Any]:
@@ -186,8 +212,127 @@ def base_load(folder: Path, task: Task, trained: RunTask, device: Any) -> dict[s
     return quantization.predict_kwargs(found, device, task.unquantized, whole)
 
 
+def check_request(task: Task, request: PredictRequest) -> None:
+    """Sampling options only for tasks that sample (one line naming those that do)."""
+    assert task.predicts is not None
+    if request.sampling and not task.predicts.samples:
+        known = tasks.all_tasks().values()
+        sampling = [t.name for t in known if t.predicts is not None and t.predicts.samples]
+        raise XtrainError(
+            f"--temperature and --top-p sample generated text; a {task.name} result does not sample",
+            f"leave them out (they are for {', '.join(sampling)} results)",
+        )
+
+
+def _seed(request: PredictRequest) -> None:
+    if request.seed is not None:
+        from transformers import set_seed
+
+        set_seed(request.seed)  # python, numpy and torch (every device): the same draws again
+
+
 def predict(path: str | Path, request: PredictRequest) -> list[dict[str, str]]:
     """Rows (``input``, maybe ``prompt``, ``text``, maybe ``probability``) for the request."""
+    task, _ = predicting_task(model_folder(path))
+    check_request(task, request)
     task, loaded = load_predictor(path)
     assert task.predicts is not None
+    _seed(request)
     return task.predicts.run(loaded, request)
+
+
+# ---------------------------------------------------------------------------------------------
+# predict --data FILE: every row of a data file, in the run's own format
+
+RESULTS_PREFIX = "predictions-"  # the results file's default name: predictions-<data file stem>.jsonl
+
+
+def default_output(path: str | Path, file: str | Path) -> Path:
+    """Where ``--data FILE`` writes without ``--output``: ``predictions-<FILE's stem>.jsonl`` in
+    the run's output_dir (the folder given, or the run holding the adapter/model/best folder given)."""
+    folder = Path(path).expanduser()
+    run = folder.parent if folder.name in _OUTPUT_FOLDERS else folder
+    return run / f"{RESULTS_PREFIX}{Path(file).stem}.jsonl"
+
+
+def run_data(folder: Path, trained: RunTask) -> dict[str, Any]:
+    """The run's data settings (columns, row format, media roots, ...): its record's, else its
+    newest checkpoint's config's; {} (the defaults) when neither says."""
+    found = trained.record.get("data")
+    if not isinstance(found, dict):
+        found = _checkpoint_section(folder, "data")
+    return found if isinstance(found, dict) else {}
+
+
+def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> TrainConfig:
+    """A config holding the run's data settings with ``file`` as its data: what the task's row
+    readers take. The chat template is the one saved with the result (training saved the one it
+    used there); nothing is packed or split; a file whose extension names its format is read as
+    that format (``data.format`` is for the training files' names)."""
+    from xtrain.train.config.loading import config_from_dict
+    from xtrain.train.config.schema import DataConfig
+    from xtrain.train.data import EXTENSIONS
+
+    known = {f.name for f in dataclasses.fields(DataConfig)}  # a record from another xtrain version
+    data = {k: v for k, v in settings.items() if k in known}
+    if Path(file).suffix.lower() in EXTENSIONS:  # a CSV to predict after training on JSON lines
+        data["format"] = "auto"
+    data.update(
+        train=str(file), eval=str(file), eval_fraction=0.0, chat_template=None, packing="off",
+        group_by_length=False, num_workers=None,
+    )  # fmt: skip
+    return config_from_dict({"model": {"task": task.name}, "data": data})
+
+
+@dataclass
+class FileResults:
+    """What ``predict_file`` produced: one results line per row, and the metrics over the rows
+    that have a reference."""
+
+    rows: list[dict[str, Any]]
+    metrics: dict[str, float]
+    scored: int  # rows with a reference
+
+
+def read_examples(path: str | Path, file: str | Path) -> tuple[Task, list[Example]]:
+    """The rows of ``file`` read by the run's own row readers, every row checked: a bad row is
+    one line (file, row, field) before any model loads."""
+    folder = model_folder(path)
+    task, trained = predicting_task(folder)
+    assert task.predicts is not None
+    reads = task.predicts.file
+    if reads is None:
+        raise XtrainError(
+            f"{folder} is a {task.name} result: it reads {task.predicts.takes}, not data files",
+            f"pass {task.predicts.takes} instead of --data",
+        )
+    cfg = file_config(task, run_data(folder, trained), file)
+    return task, reads.read(cfg, {**trained.record, "chat": trained.chat})
+
+
+def predict_file(
+    path: str | Path,
+    file: str | Path,
+    request: PredictRequest,
+    progress: Callable[[int, int], None] | None = None,
+) -> FileResults:
+    """Every row of ``file`` through the result at ``path``, ``request.batch_size`` rows a call;
+    ``progress(done, total)`` after each batch. Each results line: ``row``, the input, ``output``
+    (+ ``probability``), and where the row has one ``reference`` and the task's metric."""
+    task, examples = read_examples(path, file)
+    check_request(task, request)
+    reads = task.predicts.file if task.predicts is not None else None
+    assert reads is not None
+    _, loaded = load_predictor(path)
+    _seed(request)
+    outputs = in_batches(reads.answer, loaded, examples, request, progress)
+    rows, refs, outs = [], [], []
+    for e, o in zip(examples, outputs, strict=True):
+        row = {"row": e.row, **e.shown, **o}
+        if e.reference is not None:
+            row["reference"] = e.reference
+            row.update(reads.score([e.reference], [o["output"]]))
+            refs.append(e.reference)
+            outs.append(o["output"])
+        rows.append(row)
+    return FileResults(rows, reads.score(refs, outs) if refs else {}, len(refs))

@@ -32,3 +32,22 @@ def parse_int(
         span = f"at least {low}" if high is None else f"between {low} and {high}"
         raise XtrainError(f"{flag} must be {span}, got {value}", example or None)
     return value
+
+
+def parse_float(
+    text: str | None, flag: str, low: float | None = None, high: float | None = None, example: str = ""
+) -> float | None:
+    """A number option (``--temperature``), checked here so a bad value is one line."""
+    if text is None:
+        return None
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise XtrainError(f"{flag} needs a number, got {text!r}", example or None) from None
+    if value != value or (low is not None and value < low) or (high is not None and value > high):
+        if low is not None and high is not None:
+            span = f"between {low:g} and {high:g}"
+        else:
+            span = f"at least {low:g}" if low is not None else f"at most {high:g}"
+        raise XtrainError(f"{flag} must be {span}, got {text.strip()}", example or None)
+    return value

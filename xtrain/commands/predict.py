@@ -1,24 +1,67 @@
 """`xtrain predict`: run a trained adapter or model on images, audio, images + a question
-(vision-language) or text prompts."""
+(vision-language) or text prompts, or on every row of a data file (``--data``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from xtrain.commands.options import parse_int
+from xtrain.commands.options import parse_float, parse_int
 from xtrain.errors import XtrainError
 
+if TYPE_CHECKING:
+    from xtrain.train.tasks.contract import PredictRequest
 
-def check_output(output: Path) -> None:
-    """``--output`` names a new file: nothing of the user's is overwritten."""
-    if output.exists():
+STDOUT = Path("-")  # --output -: the results lines on stdout
+
+
+def check_output(output: Path, force: bool = False) -> None:
+    """``--output`` names a new file, or ``force`` replaces it: nothing of the user's is
+    overwritten unasked."""
+    if output.is_dir():
+        raise XtrainError(f"--output {output} is a folder", "give a file name, e.g. --output results.jsonl")
+    if output.exists() and not force:
         raise XtrainError(
             f"--output {output} already exists and would be overwritten",
-            "give another file name, or delete that file first",
+            "give another file name, delete that file first, or pass --force to replace it",
         )
+
+
+def write_results(output: Path, rows: list[dict[str, Any]]) -> None:
+    """JSON lines, written atomically: the file holds every row or is not there (never half)."""
+    from xtrain import atomic
+
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(output, text)
+    except OSError as e:
+        raise XtrainError(f"cannot write {output}: {e.strerror or e}", "choose a writable --output") from None
+
+
+def _request(
+    inputs: list[str] | None, prompt: list[str] | None, system: str | None, options: dict[str, str | None]
+) -> PredictRequest:
+    """The request, every option checked in one line before anything loads."""
+    from xtrain.train.tasks.contract import PredictRequest
+
+    new_tokens = parse_int(
+        options["max_new_tokens"], "--max-new-tokens", 1, example="e.g. --max-new-tokens 64"
+    )
+    beams = parse_int(options["num_beams"], "--num-beams", 1, example="e.g. --num-beams 4")
+    batch = parse_int(options["batch_size"], "--batch-size", 1, example="e.g. --batch-size 16")
+    seed = parse_int(options["seed"], "--seed", 0, example="e.g. --seed 1")
+    temperature = parse_float(options["temperature"], "--temperature", 0.0, example="e.g. --temperature 0.7")
+    top_p = parse_float(options["top_p"], "--top-p", 0.0, 1.0, example="e.g. --top-p 0.9")
+    if top_p == 0.0:
+        raise XtrainError("--top-p must be above 0", "e.g. --top-p 0.9 (1 keeps every token)")
+    assert new_tokens is not None and beams is not None and batch is not None
+    return PredictRequest(
+        list(inputs or []), list(prompt or []), system, new_tokens, beams, temperature, top_p, seed, batch
+    )
 
 
 def predict(
@@ -40,33 +83,111 @@ def predict(
         "--system",
         help="A system turn before the question (vision-language, or a causal-lm chat run; as in training).",
     ),
+    data: Path = typer.Option(
+        None,
+        "--data",
+        "-d",
+        help="A data file in the run's format: every row is predicted and written as JSON lines "
+        "(default: predictions-<file name>.jsonl in the run's output_dir).",
+    ),
+    batch_size: str = typer.Option("8", "--batch-size", "-b", help="Inputs per generate/forward call."),
     max_new_tokens: str = typer.Option("128", "--max-new-tokens", help="Longest generated text (tokens)."),
     num_beams: str = typer.Option("1", "--num-beams", help="Beam width (1: greedy)."),
-    output: Path = typer.Option(None, "--output", "-o", help="Also write the results as JSON lines here."),
+    temperature: str = typer.Option(
+        None,
+        "--temperature",
+        help="Sample at this temperature (causal-lm, vision-language; 0 or unset: greedy).",
+    ),
+    top_p: str = typer.Option(
+        None, "--top-p", help="Sample from the fewest tokens holding this share of the probability."
+    ),
+    seed: str = typer.Option(None, "--seed", help="Seed of the sampling: the same seed, the same samples."),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="Write the results as JSON lines here ('-': stdout, with --data)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
 ) -> None:
     """Run a trained result: images or audio -> text, images + a question -> the answer,
-    prompts -> continuations, images -> a label and its probability."""
-    from xtrain import predict as lib
+    prompts -> continuations, images -> a label and its probability; or every row of a data
+    file (--data) -> JSON lines with the reference and the metric where a row has one."""
     from xtrain.train.quiet import quiet_libraries
-    from xtrain.train.tasks.contract import PredictRequest
 
-    new_tokens = parse_int(max_new_tokens, "--max-new-tokens", 1, example="e.g. --max-new-tokens 64")
-    beams = parse_int(num_beams, "--num-beams", 1, example="e.g. --num-beams 4")
+    options = {
+        "max_new_tokens": max_new_tokens, "num_beams": num_beams, "batch_size": batch_size,
+        "seed": seed, "temperature": temperature, "top_p": top_p,
+    }  # fmt: skip
+    request = _request(inputs, prompt, system, options)
+    if data is not None:
+        _predict_file(model, data, request, output, force)
+        return
+    from xtrain import predict as lib
+
     if not inputs and not prompt:
         raise XtrainError(
             "nothing to predict",
-            "pass image or audio files/folders, --prompt TEXT, or images with --question TEXT",
+            "pass image or audio files/folders, --prompt TEXT, images with --question TEXT, or --data FILE",
         )
     for item in inputs or []:  # before the (slow) model load
         if not Path(item).expanduser().exists():
             raise XtrainError(f"input {item} not found", "pass files or folders of images or audio")
     if output is not None:
-        check_output(output)
+        check_output(output, force)
     quiet_libraries()
-    request = PredictRequest(list(inputs or []), list(prompt or []), system, new_tokens, beams)
     rows = lib.predict(model, request)
     for row in rows:  # plain tab-separated lines (rich would expand the tab): easy to pipe
         typer.echo("\t".join(row.values()))  # input, (question,) text (, probability)
     if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        write_results(output, rows)
+
+
+def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path | None, force: bool) -> None:
+    """``--data FILE``: every row, batched, with a progress bar on stderr; the results file is
+    checked before anything loads and written whole at the end."""
+    from xtrain import predict as lib
+    from xtrain.console import make_console
+    from xtrain.train.quiet import quiet_libraries
+
+    if request.inputs or request.prompts or request.system is not None:
+        raise XtrainError(
+            "--data predicts every row of a file: its rows are the inputs",
+            "leave out the image/audio inputs, --prompt/--question and --system, or leave out --data",
+        )
+    if not data.expanduser().exists():
+        raise XtrainError(f"--data {data} not found", "pass a data file in the format the run trained on")
+    target = output if output is not None else lib.default_output(model, data)
+    if target != STDOUT:
+        check_output(target, force)
+    quiet_libraries()
+    err = make_console(stderr=True)
+    with _progress(err) as advance:  # every row is read and checked before the model loads
+        results = lib.predict_file(model, data, request, progress=advance)
+    if target == STDOUT:
+        for row in results.rows:
+            typer.echo(json.dumps(row, ensure_ascii=False))
+    else:
+        write_results(target, results.rows)
+        make_console().print(f"{len(results.rows)} rows -> {target}", soft_wrap=True)
+    if results.metrics:
+        figures = ", ".join(f"{k} {v:.4g}" for k, v in results.metrics.items())
+        err.print(f"{figures} (over the {results.scored} rows with a reference)", soft_wrap=True)
+
+
+class _progress:
+    """A rich progress bar on the error console while rows are predicted (nothing when it is
+    not a terminal: logs get the summary line only)."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.bar = Progress(
+            TextColumn("predicting"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            console=console, transient=True, disable=not console.is_terminal,
+        )  # fmt: skip
+        self.task = self.bar.add_task("rows", total=None)  # the row count comes with the first batch
+
+    def __enter__(self) -> Any:
+        self.bar.start()
+        return lambda done, total: self.bar.update(self.task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()

@@ -450,7 +450,9 @@ class Recipe:
     def record(self) -> dict[str, str]:
         """The run record saved with the adapter/model (what ``xtrain predict`` reads)."""
         quantized = {"quantization": self.cfg.model.quantization} if self.cfg.model.quantization else {}
-        return run_record(self.cfg.model.task, self.workload.chat, {**self.workload.record, **quantized})
+        # the data settings: ``xtrain predict --data`` reads a file with the run's own columns and format
+        more = {**self.workload.record, **quantized, "data": self.config_dict["data"]}
+        return run_record(self.cfg.model.task, self.workload.chat, more)
 
     def _step_dir(self, step: int) -> Path:
         return checkpoint.checkpoints_dir(self.out) / f"step-{step}"

@@ -5,7 +5,8 @@ assistant turns only: ``chat_data``), or alpaca / sharegpt rows mapped onto thos
 on packs whole examples into rows kept apart by restarting ``position_ids``, concatenate is the
 old concatenation into blocks) and NEFTune (``optim.neftune_alpha``); metric: next-token accuracy
 (and perplexity).
-``xtrain predict`` continues text prompts (a chat run's prompts as user turns)."""
+``xtrain predict`` continues text prompts (a chat run's prompts as user turns) and the prompts of
+a data file's rows (``prompt_predict``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
-from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Task
+from xtrain.train.tasks import prompt_predict
+from xtrain.train.tasks.contract import FileRows, MainProcessFirst, Predicts, Task
+from xtrain.train.tasks.predicting import exact_match
 
 if TYPE_CHECKING:
     from xtrain.train.config.schema import TrainConfig
@@ -93,7 +96,7 @@ def chat_render(cfg: TrainConfig, tokenizer: Any, source: str, fmt: str) -> Any:
     return chat_data.renderer(tokenizer, template, d.chat_template)
 
 
-def _text_columns(cfg: TrainConfig, fmt: str) -> tuple[str | None, str | None, dict[str, str]]:
+def text_columns(cfg: TrainConfig, fmt: str) -> tuple[str | None, str | None, dict[str, str]]:
     """(prompt column, response column, the columns to require) of a non-chat format."""
     d = cfg.data
     if fmt == "alpaca":  # mapped to these two columns first (row_formats.alpaca_as_prompt_response)
@@ -125,7 +128,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         fmt = row_format(cfg, train)
         chat = is_chat(cfg, tokenizer, fmt)
         if not chat:
-            prompt, response, columns = _text_columns(cfg, fmt)
+            prompt, response, columns = text_columns(cfg, fmt)
             kwargs = {
                 "tokenizer": tokenizer,
                 "text_column": d.text_column,
@@ -163,6 +166,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         check_packs_apart(model)  # before LoRA wraps it: the model's own class and config
     workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
     workload.chat, workload.data_report = chat, report
+    workload.record = {"row_format": fmt}  # what predict --data reads a file as (xtrain_run.json)
     if d.packing == "on":  # one padding-free row per micro-batch; eval rows padded as before
         pad = workload.collator
         workload.collator = collate.PackedCollator(pad.pad_token_id, pad.pad_to_multiple_of)
@@ -241,7 +245,7 @@ def _check_text(cfg: TrainConfig, s: Sample, fmt: str, tokenizer: Any) -> tuple[
     from xtrain.train.tasks import data_check, row_formats
 
     d = cfg.data
-    prompt, response, columns = _text_columns(cfg, fmt)
+    prompt, response, columns = text_columns(cfg, fmt)
     ds = row_formats.alpaca_as_prompt_response(s.ds, s.name) if fmt == "alpaca" else s.ds
     data.require_columns(ds, columns, s.name)
     check = s.check(row_format=fmt)
@@ -346,55 +350,6 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
     return model, models.load_tokenizer(str(folder), False), {}
 
 
-def chat_prompt(loaded: Loaded, prompt: str, system: str | None = None) -> tuple[str, int | None]:
-    """(the text the model sees, the end-of-turn token to stop at) for a prompt: a chat run's
-    prompt as a user turn (``system`` first) rendered by its saved template with the generation
-    prompt, as training rendered it (``chat_data``); a plain run's prompt as it is."""
-    from xtrain.train.tasks import chat_data
-
-    if not loaded.parts.get("chat"):
-        if system is not None:
-            raise XtrainError(
-                f"{loaded.source} was not trained on chat conversations: it continues text as it is",
-                "leave out --system",
-            )
-        return prompt, None
-    template = chat_data.require_template(loaded.tokenizer, None, loaded.source)
-    render = chat_data.renderer(loaded.tokenizer, template)
-    text = render(chat_data.user_turn(prompt, system=system, text_only=True), True)
-    return text, chat_data.end_of_turn(render, loaded.tokenizer)
-
-
-def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    import torch
-
-    from xtrain.train.tasks.predicting import to_model
-
-    if request.inputs:
-        raise XtrainError(
-            f"{loaded.source} is a causal-lm model: it continues text, it reads no images or audio",
-            "give it text prompts with --prompt TEXT instead of files",
-        )
-    chat, tokenizer, rows = bool(loaded.parts.get("chat")), loaded.tokenizer, []
-    for prompt in request.prompts:  # one at a time: no left-padding subtleties, prompts are few
-        text, stop = chat_prompt(loaded, prompt, request.system)
-        # a rendered chat prompt holds its own special tokens, as in training (chat_data.encode)
-        enc = tokenizer(text, return_tensors="pt", add_special_tokens=not chat)
-        eos = [t for t in (stop, tokenizer.eos_token_id) if t is not None]
-        with torch.no_grad():
-            ids = loaded.model.generate(
-                **to_model(dict(enc), loaded.model),
-                max_new_tokens=request.max_new_tokens,
-                num_beams=request.num_beams,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=eos or None,
-            )
-        new = ids[0, enc["input_ids"].shape[1] :]
-        rows.append({"input": prompt, "text": tokenizer.decode(new, skip_special_tokens=True).strip()})
-    return rows
-
-
 def _is_causal_lm(config: dict[str, Any]) -> bool:
     return any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or [])
 
@@ -427,6 +382,17 @@ TASK = Task(
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     recognizes=_is_causal_lm,
-    predicts=Predicts(takes="--prompt TEXT", load=load_for_predict, run=predict),
+    predicts=Predicts(
+        takes="--prompt TEXT",
+        load=load_for_predict,
+        run=prompt_predict.text_predict,
+        file=FileRows(
+            rows="prompts: text, prompt/response, messages, alpaca or sharegpt rows, as the run trained",
+            read=prompt_predict.read_text_file,
+            answer=prompt_predict.text_answer,
+            score=exact_match,
+        ),
+        samples=True,
+    ),
     check_data=check_data,
 )

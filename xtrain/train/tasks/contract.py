@@ -51,6 +51,33 @@ class PredictRequest:
     system: str | None = None
     max_new_tokens: int = 128
     num_beams: int = 1
+    # sampling (tasks whose ``Predicts.samples``): None or 0 temperature and no top_p is greedy
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None  # sampling starts from this seed (reproducible); None: fresh randomness
+    batch_size: int = 8  # inputs per ``generate`` / forward call
+
+    @property
+    def sampling(self) -> bool:
+        return bool(self.temperature) or self.top_p is not None
+
+    def decoding(self) -> dict[str, Any]:
+        """``generate``'s decoding keywords: greedy (or beam search), else sampling at
+        ``temperature`` (1.0 when only ``top_p`` is given) within ``top_p``."""
+        if not self.sampling:
+            return {"do_sample": False, "num_beams": self.num_beams}
+        kwargs = {"do_sample": True, "num_beams": self.num_beams, "temperature": self.temperature or 1.0}
+        return {**kwargs, "top_p": self.top_p} if self.top_p is not None else kwargs
+
+
+@dataclass
+class Example:
+    """One row of a ``xtrain predict --data`` file, read by the run's own row readers."""
+
+    row: int  # its index in the file (0-based, as the readers' one-line errors count rows)
+    shown: dict[str, Any]  # the input as its results line shows it: {"input": ..., ("prompt": ...)}
+    feed: Any  # what the task's ``FileRows.answer`` takes: a prompt, a conversation, a media cell
+    reference: str | None = None  # the row's answer, transcript or label, where it has one
 
 
 @dataclass
@@ -70,6 +97,21 @@ BASE_LOAD = "base_load"
 
 
 @dataclass(frozen=True)
+class FileRows:
+    """How ``xtrain predict RUN --data FILE`` runs every row of a data file in the run's format."""
+
+    rows: str  # what its rows hold, for one-line refusals and docs: "image paths (+ their text)"
+    # (the run's config with ``data.train`` = the file, the run's record) -> the file's rows,
+    # read by the run's own row readers and checked before any model loads (a bad row: RowError)
+    read: Callable[[TrainConfig, dict[str, Any]], list[Example]]
+    # (the loaded result, a batch of examples, the request) -> one dict per example:
+    # {"output": ..., ("probability": ...)}
+    answer: Callable[[Loaded, list[Example], PredictRequest], list[dict[str, str]]]
+    # (references, outputs) -> metrics; per row with one pair, over the file with every pair
+    score: Callable[[list[str], list[str]], dict[str, float]]
+
+
+@dataclass(frozen=True)
 class Predicts:
     """How a task's finished result is run by ``xtrain predict``."""
 
@@ -79,6 +121,8 @@ class Predicts:
     load: Callable[[Path, str, dict[str, Any]], tuple[Any, Any, dict[str, Any]]]
     # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "text": ...}
     run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
+    file: FileRows | None = None  # None: ``--data`` is refused for its results
+    samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
 
 
 def _no_check(cfg: TrainConfig) -> None:

@@ -20,7 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
 from xtrain.train import lora, models
-from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
+from xtrain.train.tasks.contract import (
+    Example,
+    FileRows,
+    Loaded,
+    MainProcessFirst,
+    PredictRequest,
+    Predicts,
+    Quickstart,
+    Task,
+)
+from xtrain.train.tasks.predicting import accuracy
 
 if TYPE_CHECKING:
     from xtrain.train.activations import Stack
@@ -194,27 +204,59 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
     return model, None, {"image_processor": image_processor}
 
 
-def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
     """Each image's most probable label and its probability (softmax over the head)."""
     import torch
 
-    from xtrain.train.tasks.image_data import open_image
-    from xtrain.train.tasks.predicting import media_files, read_input, refuse_prompts, to_model
+    from xtrain.train.tasks.predicting import image_limit, open_images, to_model
+
+    id2label = getattr(loaded.model.config, "id2label", None) or {}
+    processor = loaded.parts["image_processor"]
+    pixels = processor(images=open_images(examples, image_limit(loaded)), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        logits = loaded.model(**to_model({"pixel_values": pixels}, loaded.model)).logits.float()
+    probs, ids = logits.softmax(dim=-1).max(dim=-1)
+    return [
+        {"output": str(id2label.get(i, i)), "probability": f"{p:.4f}"}
+        for p, i in zip(probs.tolist(), ids.tolist(), strict=True)
+    ]
+
+
+def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    """Each image's most probable label and its probability."""
+    from xtrain.train.tasks.predicting import (
+        file_examples,
+        file_rows,
+        in_batches,
+        media_files,
+        refuse_prompts,
+    )
 
     refuse_prompts(loaded, TASK, request)
-    files = media_files(request.inputs)
-    id2label = getattr(loaded.model.config, "id2label", None) or {}
-    rows = []
-    for start in range(0, len(files), 16):
-        chunk = files[start : start + 16]
-        images = [read_input(f, "image", lambda f=f: open_image(str(f), None, 0, "")) for f in chunk]
-        pixels = loaded.parts["image_processor"](images=images, return_tensors="pt")["pixel_values"]
-        with torch.no_grad():
-            logits = loaded.model(**to_model({"pixel_values": pixels}, loaded.model)).logits.float()
-        probs, ids = logits.softmax(dim=-1).max(dim=-1)
-        for f, p, i in zip(chunk, probs.tolist(), ids.tolist(), strict=True):
-            rows.append({"input": str(f), "text": str(id2label.get(i, i)), "probability": f"{p:.4f}"})
-    return rows
+    examples = file_examples(media_files(request.inputs))
+    return file_rows(examples, in_batches(answer, loaded, examples, request))
+
+
+def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
+    """A ``--data`` file read as training reads it: ``data.image_column`` (every file found
+    before the model loads) and, where the file has it, ``data.label_column``: the reference, a
+    label name (an integer label of a run whose labels have names is named as training named it)."""
+    from xtrain.train import data
+    from xtrain.train.tasks.image_data import check_image_files
+    from xtrain.train.tasks.predicting import load_file, media_examples
+
+    d = cfg.data
+    ds, source, folder = load_file(cfg, "image")
+    data.require_columns(ds, {"data.image_column": d.image_column}, source)
+    check_image_files(ds, d.image_column, folder, source)
+    names = record.get("labels") if isinstance(record.get("labels"), list) else []
+    refs: list[str | None] = [None] * len(ds)
+    if d.label_column in ds.column_names:
+        for i, value in enumerate(ds[d.label_column]):
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            named = whole and 0 <= value < len(names)
+            refs[i] = None if value is None else str(names[value]) if named else data.label_key(value)
+    return media_examples(ds, d.image_column, folder, source, refs)
 
 
 def _quickstart_inputs() -> list[str]:
@@ -238,7 +280,12 @@ TASK = Task(
     lora_plan=lora_plan,
     resume_keys=("model.num_labels",),
     recognizes=_is_image_classifier,
-    predicts=Predicts(takes="images", load=load_for_predict, run=predict),
+    predicts=Predicts(
+        takes="images",
+        load=load_for_predict,
+        run=predict,
+        file=FileRows(rows="image paths (+ their label)", read=read_file, answer=answer, score=accuracy),
+    ),
     check_data=check_data,
     quickstart=Quickstart(
         job="quickstart-image-classification.yaml",

@@ -22,7 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
 from xtrain.train import lora, models
-from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
+from xtrain.train.tasks.contract import (
+    Example,
+    FileRows,
+    Loaded,
+    MainProcessFirst,
+    PredictRequest,
+    Predicts,
+    Quickstart,
+    Task,
+)
+from xtrain.train.tasks.predicting import error_rates
 
 if TYPE_CHECKING:
     from xtrain.train.activations import Stack
@@ -257,25 +267,43 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
     return model, tokenizer, {"image_processor": image_processor}
 
 
+def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
+    """The text of a batch of images (a data file's rows or input files)."""
+    from xtrain.train.tasks.predicting import generate_texts, image_limit, open_images
+
+    processor = loaded.parts["image_processor"]
+    pixels = processor(images=open_images(examples, image_limit(loaded)), return_tensors="pt")["pixel_values"]
+    return generate_texts(loaded, {"pixel_values": pixels}, request)
+
+
 def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    from xtrain.train.tasks.image_data import open_image
     from xtrain.train.tasks.predicting import (
+        file_examples,
         file_rows,
-        generate_batches,
+        in_batches,
         media_files,
-        read_input,
         refuse_prompts,
     )
 
     refuse_prompts(loaded, TASK, request)
-    files = media_files(request.inputs)
+    examples = file_examples(media_files(request.inputs))
+    return file_rows(examples, in_batches(answer, loaded, examples, request))
 
-    def batch_of(chunk: list[Path]) -> dict[str, Any]:
-        images = [read_input(f, "image", lambda f=f: open_image(str(f), None, 0, "")) for f in chunk]
-        pixels = loaded.parts["image_processor"](images=images, return_tensors="pt")["pixel_values"]
-        return {"pixel_values": pixels}
 
-    return file_rows(files, generate_batches(loaded, files, batch_of, request))
+def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
+    """A ``--data`` file read as training reads it: ``data.image_column`` (paths relative to the
+    file, or an Image feature; every file found before the model loads) and, where the file has
+    it, ``data.text_column``: the reference."""
+    from xtrain.train import data
+    from xtrain.train.tasks.image_data import check_image_files
+    from xtrain.train.tasks.predicting import load_file, media_examples, references
+
+    d = cfg.data
+    ds, source, folder = load_file(cfg, "image")
+    data.require_columns(ds, {"data.image_column": d.image_column}, source)
+    check_image_files(ds, d.image_column, folder, source)
+    refs = references(ds, d.text_column, source, "data.text_column")
+    return media_examples(ds, d.image_column, folder, source, refs)
 
 
 def _quickstart_inputs() -> list[str]:
@@ -310,7 +338,12 @@ TASK = Task(
     generation_prompt=lambda cfg: 1,  # generate starts from the decoder start token
     resume_keys=("lora.apply_to",),
     recognizes=lambda config: config.get("model_type") == "vision-encoder-decoder",
-    predicts=Predicts(takes="images", load=load_for_predict, run=predict),
+    predicts=Predicts(
+        takes="images",
+        load=load_for_predict,
+        run=predict,
+        file=FileRows(rows="image paths (+ their text)", read=read_file, answer=answer, score=error_rates),
+    ),
     check_data=check_data,
     quickstart=Quickstart(
         job="quickstart-image-to-text.yaml",

@@ -13,7 +13,9 @@
   attention projections (q/k/v/out_proj) of that half. ``model.freeze_encoder`` keeps the encoder
   fixed in a full fine-tune (``lora.enabled: false``). Full fine-tune is possible.
 - Data: see ``xtrain.train.tasks.audio_data`` (paths relative to the data file, ``audiofolder`` with
-  metadata, ``Audio`` features; read lazily with soundfile, mono, resampled).
+  metadata, ``Audio`` features; read lazily with soundfile, mono, resampled); checked before the
+  run by ``speech_check`` (the data check).
+- ``xtrain predict``: audio files and the rows of a ``--data`` file -> transcripts (``speech_predict``).
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.train import lora, models
-from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
+from xtrain.train.tasks import speech_check, speech_predict
+from xtrain.train.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
 from xtrain.train.tasks.image_to_text import PARTS
+from xtrain.train.tasks.predicting import normalized_error_rates
 
 if TYPE_CHECKING:
     from xtrain.train.activations import Stack
     from xtrain.train.config.schema import TrainConfig
     from xtrain.train.tasks.audio_data import AudioTextRows
-    from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
 
 NAME = "speech-to-text"
@@ -150,7 +153,7 @@ def max_seconds(cfg_seconds: float | None, feature_extractor: Any) -> float | No
     return float(window) if window else None
 
 
-def _require_columns(ds: Any, audio_column: str, text_column: str, source: str) -> None:
+def require_columns(ds: Any, audio_column: str, text_column: str, source: str) -> None:
     """Both columns exist; the text column holds text (the audio column holds paths or an
     ``Audio`` feature's dicts, so only its presence is checked)."""
     from xtrain.train import data
@@ -163,7 +166,7 @@ def _require_columns(ds: Any, audio_column: str, text_column: str, source: str) 
     data.require_columns(ds, {"data.text_column": text_column}, source)
 
 
-def _file_name_column(ds: Any, audio_column: str) -> Any:
+def file_name_column(ds: Any, audio_column: str) -> Any:
     """An audiofolder's ``file_name`` column serves as the audio column when there is none."""
     if ds is not None and "file_name" in ds.column_names and audio_column not in ds.column_names:
         return ds.rename_column("file_name", audio_column)
@@ -232,11 +235,11 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     d = cfg.data
     with main_process_first():
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
-        train, eval_ds = (_file_name_column(ds, d.audio_column) for ds in (train, eval_ds))
+        train, eval_ds = (file_name_column(ds, d.audio_column) for ds in (train, eval_ds))
         sets = [(train, train_name, "train"), (eval_ds, eval_name, "eval")]
         parts = (feature_extractor, tokenizer, label_start(cfg, source, tokenizer))
         first = data_check.loaded_samples(cfg, sets, media="audio")
-        report = inspect(cfg, parts, first, [])  # the data check
+        report = speech_check.inspect(cfg, parts, first, [])  # the data check
         train_dir, eval_dir = common.media_dirs(cfg, "audio")
         durations: dict[str, list[float] | None] = {}  # seconds per clip, from the headers checked here
         for role, ds, name, folder in (
@@ -244,7 +247,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
             ("eval", eval_ds, eval_name, eval_dir),
         ):
             if ds is not None:
-                _require_columns(ds, d.audio_column, d.text_column, name)
+                require_columns(ds, d.audio_column, d.text_column, name)
                 durations[role] = check_audio_files(ds, d.audio_column, folder, name, seconds, d.long_audio)
 
     def rows(ds: Any, folder: Path | None, name: str, role: str) -> AudioTextRows:
@@ -312,99 +315,6 @@ def label_start(cfg: TrainConfig, source: str, tokenizer: Any) -> int:
     return start
 
 
-def check_data(cfg: TrainConfig, limit: int) -> DataReport:
-    from xtrain.train.tasks import common, data_check
-
-    def parts() -> tuple[Any, Any, int]:
-        source = common.media_source(cfg, contextlib.nullcontext, check_model_type)
-        feature_extractor, tokenizer, _ = load_processors(source, cfg.model.trust_remote_code)
-        return feature_extractor, tokenizer, label_start(cfg, source, tokenizer)
-
-    cfg = with_metadata(cfg)
-    samples, notes = data_check.first_samples(cfg, limit, media="audio")
-    return inspect(cfg, data_check.loaded_or_note(cfg, notes, parts), samples, notes)
-
-
-def inspect(cfg: TrainConfig, parts: Any, samples: list[Sample], notes: list[str]) -> DataReport:
-    """Columns and audio headers as the run checks them (``check_audio_files``), the transcripts
-    as the run's collator labels them (``SpeechTextCollator.labels``: the prefix, every token
-    trained); the example: the first training row."""
-    from xtrain.train import data
-    from xtrain.train.tasks import data_check
-    from xtrain.train.tasks.audio_data import SpeechTextCollator, check_audio_files, clip_seconds
-    from xtrain.train.tasks.data_check import DataReport
-    from xtrain.train.tasks.image_data import describe
-
-    d = cfg.data
-    feature_extractor, tokenizer, start = parts if parts is not None else (None, None, None)
-    seconds = max_seconds(d.max_audio_seconds, feature_extractor) if parts else d.max_audio_seconds
-    report = DataReport(NAME, d.max_length, notes=notes)
-    for s in samples:
-        ds = _file_name_column(s.ds, d.audio_column)
-        _require_columns(ds, d.audio_column, d.text_column, s.name)
-        durations = check_audio_files(ds, d.audio_column, s.folder, s.name, seconds, d.long_audio)
-        cells = [data.undecoded_row(ds, i, d.audio_column)[d.audio_column] for i in range(len(ds))]
-        check = s.check(seconds=durations or [clip_seconds(c, s.folder) for c in cells])
-        report.sources.append(check)
-        if tokenizer is None:
-            continue
-        texts = ["" if t is None else str(t) for t in ds[d.text_column]]
-        whole = SpeechTextCollator(feature_extractor, tokenizer, data_check.NO_CUT, start).labels(texts)
-        check.lengths = [len(ids) for ids in whole]
-        check.truncated = sum(n > d.max_length for n in check.lengths)
-        if s.role == "train" and report.example is None:
-            collator = SpeechTextCollator(feature_extractor, tokenizer, d.max_length, start)
-            labels = collator.labels(texts[:1])[0]
-            audio = f"audio {describe(cells[0], s.folder, 'audio')} ({check.seconds[0]:.1f} s)"
-            report.example = data_check.example_of(s, 0, tokenizer, labels, labels, inputs=[audio])
-            report.example.note = "the decoder writes these tokens (all trained) after its start token"
-    return report
-
-
-# ---------------------------------------------------------------------------------------------
-# Predict: audio files -> transcripts
-
-
-def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-    from transformers import AutoModelForSpeechSeq2Seq
-
-    from xtrain.train.tasks import contract
-
-    feature_extractor, tokenizer, _ = load_processors(str(folder), False)
-    base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
-    model = models.load_pretrained(AutoModelForSpeechSeq2Seq, base, "auto", False, **base_load)
-    fix_special_tokens(model, tokenizer)
-    return model, tokenizer, {"feature_extractor": feature_extractor}
-
-
-def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    """Transcripts of audio files (mono, resampled to the model's rate, cut to its window)."""
-    from xtrain.train.tasks.audio_data import read_audio
-    from xtrain.train.tasks.predicting import (
-        AUDIO_EXTENSIONS,
-        file_rows,
-        generate_batches,
-        media_files,
-        read_input,
-        refuse_prompts,
-    )
-
-    refuse_prompts(loaded, TASK, request)
-    files = media_files(request.inputs, AUDIO_EXTENSIONS, "audio files")
-    fe = loaded.parts["feature_extractor"]
-    rate, window = int(fe.sampling_rate), max_seconds(None, fe)
-
-    def batch_of(chunk: list[Path]) -> dict[str, Any]:
-        clips = [
-            read_input(f, "audio file", lambda f=f: read_audio(str(f), None, 0, "", rate, window))
-            for f in chunk
-        ]
-        return {"input_features": fe(clips, sampling_rate=rate, return_tensors="pt")["input_features"]}
-
-    new_tokens = cap_new_tokens(loaded.model, request.max_new_tokens)
-    return file_rows(files, generate_batches(loaded, files, batch_of, request, max_new_tokens=new_tokens))
-
-
 def _quickstart_inputs() -> list[str]:
     folder = builtin.ensure_builtin_data("builtin:spoken-words")  # already built by the run
     row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
@@ -445,8 +355,18 @@ TASK = Task(
     generation_prompt=lambda cfg: 4,
     resume_keys=("lora.apply_to", "model.freeze_encoder"),
     recognizes=lambda config: _speech_seq2seq(config.get("model_type")),
-    predicts=Predicts(takes="audio files", load=load_for_predict, run=predict),
-    check_data=check_data,
+    predicts=Predicts(
+        takes="audio files",
+        load=speech_predict.load_for_predict,
+        run=speech_predict.predict,
+        file=FileRows(
+            rows="audio paths (+ their transcript)",
+            read=speech_predict.read_file,
+            answer=speech_predict.answer,
+            score=normalized_error_rates,
+        ),
+    ),
+    check_data=speech_check.check_data,
     quickstart=Quickstart(
         job="quickstart-speech-to-text.yaml",
         about="ASR",

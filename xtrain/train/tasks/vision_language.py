@@ -11,7 +11,8 @@ text conversations; evaluated by eval loss and by generating answers (normalised
   the data file (or ``data.image_root``) or from ``data.images_column``; also LLaMA-Factory / LLaVA
   rows (``<image>`` placeholders, sharegpt turns) and flat image + question + answer rows
   (``vision_rows``); the processor's chat template renders them; only the
-  assistant's tokens carry loss (``xtrain.train.tasks.vision_chat``).
+  assistant's tokens carry loss (``xtrain.train.tasks.vision_chat``); checked before the run by
+  ``vision_check`` (the data check).
 - LoRA: the language model's attention and MLP projections (``lora.target_modules: auto``) with
   the vision tower frozen; ``lora.projector`` also trains the projector/merger whole (saved with
   the adapter through peft's ``modules_to_save``), ``lora.vision_blocks`` adds adapters to the
@@ -29,13 +30,14 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.errors import XtrainError, shown
 from xtrain.train import lora, models
-from xtrain.train.tasks.contract import Loaded, MainProcessFirst, PredictRequest, Predicts, Quickstart, Task
+from xtrain.train.tasks import prompt_predict, vision_check
+from xtrain.train.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
+from xtrain.train.tasks.predicting import exact_match
 from xtrain.train.tasks.vision_processor import load_processor, set_pixel_bounds
 
 if TYPE_CHECKING:
     from xtrain.train.activations import Stack
     from xtrain.train.config.schema import TrainConfig
-    from xtrain.train.tasks.data_check import DataReport, Sample
     from xtrain.train.workload import Workload
 
 NAME = "vision-language"
@@ -218,7 +220,8 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
         train_dir, eval_dir = common.media_dirs(cfg, "image")
     sets = [(train, train_name, "train"), (eval_ds, eval_name, "eval")]
-    report = inspect(cfg, (processor, render), data_check.loaded_samples(cfg, sets), [])  # first rows first
+    first = data_check.loaded_samples(cfg, sets)
+    report = vision_check.inspect(cfg, (processor, render), first, [])  # the data check: first rows first
     tokenizer = processor.tokenizer
     train_rows = vision_rows.rows(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
     eval_rows = None
@@ -261,46 +264,6 @@ def processor_and_render(cfg: TrainConfig, main_process_first: MainProcessFirst)
     if d.chat_template is not None:
         processor.chat_template = template  # saved with the adapter: predict renders the same way
     return source, processor, chat_data.renderer(processor, template, d.chat_template)
-
-
-def check_data(cfg: TrainConfig, limit: int) -> DataReport:
-    from xtrain.train.tasks import data_check
-
-    samples, notes = data_check.first_samples(cfg, limit)
-    parts = data_check.loaded_or_note(cfg, notes, lambda: processor_and_render(cfg, contextlib.nullcontext))
-    return inspect(cfg, parts, samples, notes)
-
-
-def inspect(cfg: TrainConfig, parts: Any, samples: list[Sample], notes: list[str]) -> DataReport:
-    """Each sample's conversations checked and rendered as the run does (``vision_rows.rows``), their
-    lengths with each image's tokens (``vision_chat.expanded_lengths``); the example: the first
-    training row through the run's collator, images opened and expanded as the model gets them."""
-    from xtrain.train.tasks import data_check, vision_rows
-    from xtrain.train.tasks.data_check import DataReport
-    from xtrain.train.tasks.vision_chat import VisionChatCollator, expanded_lengths
-
-    d = cfg.data
-    processor, render = parts[-2:] if parts is not None else (None, None)
-    tokenizer = getattr(processor, "tokenizer", None)
-    report = DataReport(NAME, d.max_length, notes=notes)
-    for s in samples:
-        rows = vision_rows.rows(s.ds, cfg, s.name, s.folder, render, tokenizer, with_prompts=False)
-        check = s.check(row_format=vision_rows.vision_format(d, list(s.ds.column_names), s.name))
-        report.sources.append(check)
-        if render is None:
-            continue
-        check.images = [len(refs) for refs in rows.images]
-        check.lengths, counted = expanded_lengths(processor, rows)
-        if not counted:
-            report.notes.append("token counts without the images' tokens (the processor does not tell them)")
-        check.truncated = sum(n > d.max_length for n in check.lengths)
-        check.dropped = len(s.ds) - len(rows)  # every answer past data.max_length: left out
-        if s.role == "train" and report.example is None:
-            batch = VisionChatCollator(processor, d.max_length)([rows[0]])
-            ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
-            inputs = [data_check.image_line(ref, s.folder) for ref in rows.images[0]]
-            report.example = data_check.example_of(s, rows.rows[0], tokenizer, ids, labels, inputs=inputs)
-    return report
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -354,51 +317,6 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
     return model, processor.tokenizer, {"processor": processor}
 
 
-def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    """(image, question, answer) rows for every question about every image.
-
-    The user turn (the image, then the question; ``system`` first when given) is rendered by the
-    chat template saved with the adapter (``chat_data``, as in training, with the generation
-    prompt) and expanded by the processor (``vision_chat.process_text``); the answer is what the
-    model generates after the prompt, up to its end-of-turn token."""
-    import torch
-
-    from xtrain.train.tasks import chat_data
-    from xtrain.train.tasks.image_data import open_image
-    from xtrain.train.tasks.predicting import media_files, read_input, to_model
-    from xtrain.train.tasks.vision_chat import process_text
-
-    if not request.inputs:
-        raise XtrainError(
-            f"{loaded.source} is a vision-language model: it answers a question about an image",
-            "pass image files or folders with --question TEXT",
-        )
-    if not request.prompts or not all(q.strip() for q in request.prompts):
-        raise XtrainError(
-            "a vision-language model answers a question about each image", "add --question TEXT"
-        )
-    files = media_files(request.inputs)
-    processor, tokenizer = loaded.parts["processor"], loaded.tokenizer
-    render = chat_data.renderer(processor, chat_data.require_template(processor, None, loaded.source))
-    rows = []
-    for f in files:  # one at a time: no left-padding subtleties, inputs are few
-        image = read_input(f, "image", lambda f=f: open_image(str(f), None, 0, ""))
-        for question in request.prompts:
-            prompt = render(chat_data.user_turn(question, images=1, system=request.system), True)
-            enc = to_model(dict(process_text(processor, prompt, [image])), loaded.model)
-            with torch.no_grad():
-                ids = loaded.model.generate(
-                    **enc,
-                    max_new_tokens=request.max_new_tokens,
-                    num_beams=request.num_beams,
-                    do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id,
-                )
-            answer = tokenizer.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
-            rows.append({"input": str(f), "prompt": question, "text": answer})
-    return rows
-
-
 TASK = Task(
     name=NAME,
     decodes_media=True,
@@ -443,8 +361,19 @@ TASK = Task(
     generation_prompt=lambda cfg: cfg.data.max_length,
     resume_keys=("lora.projector", "lora.vision_blocks", "model.freeze_vision"),
     recognizes=lambda config: _image_text_to_text(config.get("model_type")),
-    predicts=Predicts(takes="images with --question TEXT", load=load_for_predict, run=predict),
-    check_data=check_data,
+    predicts=Predicts(
+        takes="images with --question TEXT",
+        load=load_for_predict,
+        run=prompt_predict.vision_predict,
+        file=FileRows(
+            rows="image + text conversations (messages), as the run trained",
+            read=prompt_predict.read_vision_file,
+            answer=prompt_predict.vision_answer,
+            score=exact_match,
+        ),
+        samples=True,
+    ),
+    check_data=vision_check.check_data,
     quickstart=Quickstart(
         job="quickstart-vision-language.yaml",
         about="questions about images",
