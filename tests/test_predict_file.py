@@ -303,6 +303,32 @@ def test_image_labels_are_named_as_training_named_them(tmp_path_factory, tmp_pat
     assert results.metrics == {"accuracy": sum(hits) / 3}
 
 
+def test_images_are_read_within_the_runs_max_image_pixels(tmp_path_factory, tmp_path, capsys):
+    """The run's data.max_image_pixels (its record) holds for predict as for its training: a data
+    file's rows and input files alike, for the tasks reading images through ``open_images`` and
+    for vision-language's prompts; a run that does not say gets the default (docsbad's limit)."""
+    from xtrain.train.tasks.image_data import MAX_PIXELS
+
+    assert lib.image_limit({}) == MAX_PIXELS and lib.image_limit({"max_image_pixels": None}) is None
+    assert lib.image_limit({"max_image_pixels": "many"}) == MAX_PIXELS
+    tight = {"max_image_pixels": 16}  # every built-in image is larger
+    record = _record("image-classification", data=tight, labels=["circle", "cross", "square", "triangle"])
+    vit = _media_model(tmp_path_factory, "builtin:tiny-vit", record)
+    folder, rows = _builtin_rows("builtin:color-shapes", 1)
+    image = str(folder / rows[0]["image"])
+    data = _jsonl(tmp_path / "shapes.jsonl", [{"image": image}])
+    for args in (["--data", str(data)], [image]):
+        err = _refused(["predict", str(vit), *args, "-o", "-"], capsys)
+        assert "above data.max_image_pixels=16" in err, err
+    vlm = _media_model(tmp_path_factory, "builtin:tiny-qwen2-vl", _record("vision-language", data=tight))
+    folder, rows = _builtin_rows("builtin:shapes-vqa", 1)
+    data = _jsonl(folder / "one.jsonl", rows)
+    image = str(folder / rows[0]["messages"][0]["content"][0]["image"])
+    for args in (["--data", str(data)], [image, "--question", "what shape?"]):
+        err = _refused(["predict", str(vlm), *args, "-o", "-"], capsys)
+        assert "above data.max_image_pixels=16" in err, err
+
+
 def test_a_speech_file_transcribes_as_the_file_inputs_do(tmp_path_factory, tmp_path):
     model = _media_model(tmp_path_factory, "builtin:tiny-whisper", _record("speech-to-text"))
     folder, rows = _builtin_rows("builtin:spoken-words", 2)

@@ -25,7 +25,8 @@ from xtrain.train.collate import IGNORE_INDEX
 from xtrain.train.config.schema import DataConfig
 
 _HINT = "fix or remove that row; images must be files Pillow can open (PNG, JPEG, TIFF, BMP, WebP, ...)"
-# data.max_image_pixels' default (the schema decides it), for readers given no limit (predict)
+# data.max_image_pixels' default (the schema decides it), for readers given no limit (predict of a
+# run that saved none)
 MAX_PIXELS = DataConfig.max_image_pixels
 _BOMB_HINT = (
     "a decompression bomb, or a huge image: remove that row, or raise data.max_image_pixels "
