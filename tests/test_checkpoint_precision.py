@@ -128,6 +128,7 @@ def test_xtrain_train_and_accelerate_launch_agree(
         EXAMPLE.read_text(encoding="utf-8").replace("builtin:tiny-llama", str(model)), encoding="utf-8"
     )
     facts = Path(__file__).parent / "fixtures" / "machines" / f"{machine}.json"
+    monkeypatch.chdir(EXAMPLE.parent)  # the example's data files (--dry-run reads the data)
     assert main(["train", str(config), "--dry-run", "--facts", str(facts)]) == 0
     out = capsys.readouterr().out
     planned = "bf16" if dtype == "bfloat16" else "fp16"
