@@ -123,7 +123,7 @@ def test_plan_time_sizes_equal_the_built_model(vit, tmp_path):
     classes = f"model.num_labels={len({r['label'] for r in rows})}"  # the plan reads no data
     for extra in ([], ["lora.enabled=false"]):
         cfg = _cfg(vit, _jsonl(tmp_path / "t.jsonl", rows), classes, *extra)
-        assert offline_sizes(cfg) == live_sizes(build_workload(cfg).model)
+        assert offline_sizes(cfg) == live_sizes(build_workload(cfg).model, cfg=cfg)
 
 
 JOB = """\
