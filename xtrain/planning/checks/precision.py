@@ -14,11 +14,11 @@ def check_precision_weights(facts: Facts, plan: Plan) -> list[Finding]:
         return []
     min_cc = min((g.cc for g in facts.gpus if plan.gpu_ids is None or g.index in plan.gpu_ids), default=0.0)
     if min_cc >= 8.0:
-        fix = "set run.mixed_precision=bf16 (or --precision bf16), or leave it at auto"
+        fix = "# run.mixed_precision: bf16 in the config (or auto), or:\nxtrain train CONFIG --precision bf16"
     else:
         fix = (
-            f"these GPUs (compute capability {min_cc:.1f}) have no fast bf16: "
-            "--precision no if the loss turns nan"
+            f"# these GPUs (compute capability {min_cc:.1f}) have no fast bf16; if the loss turns nan:\n"
+            "xtrain train CONFIG --precision no"
         )
     return [
         Finding(
