@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support import warm
 from support.jobs import Job, assert_same_training, make_job, python_run, run_xtrain
 
 pytestmark = pytest.mark.slow
@@ -165,7 +166,6 @@ def test_gather_and_finite_check_against_fully_shard(tmp_path: Path) -> None:
     """``sharded.gathered_state_dict`` gives rank 0 the whole (or only the trainable) weights and
     the others None; ``finite_check_input`` makes both ranks see a NaN in one rank's slice."""
     import os
-    import subprocess
 
     from xtrain.launch.rendezvous import free_port
 
@@ -173,7 +173,7 @@ def test_gather_and_finite_check_against_fully_shard(tmp_path: Path) -> None:
     script.write_text(DIRECT)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+    proc = warm.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
@@ -249,6 +249,10 @@ QLORA = textwrap.dedent(
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     torch.manual_seed(1)
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    # the no-grad loss below must not repack the 4-bit weights for bitsandbytes' CPU inference
+    # kernel (AVX512-BF16 CPUs; no gradient through them afterwards): xtrain's own guard
+    from xtrain.train.quantization import keep_training_layout
+    keep_training_layout(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     model, opt = acc.prepare(model, opt)
     weight = model.base_model.model.model.layers[0].self_attn.q_proj.base_layer.weight
@@ -277,19 +281,18 @@ def test_fsdp2_shards_a_4bit_model_stored_in_the_fsdp_dtype(tmp_path: Path) -> N
     1.15 shards bitsandbytes' packed 4-bit weights (DTensors) and LoRA trains on them as in one
     plain process (docs: "FSDP with 4-bit weights")."""
     import os
-    import subprocess
 
     from xtrain.launch.rendezvous import free_port
 
     script = tmp_path / "qlora.py"
     script.write_text(QLORA)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    one = subprocess.run([sys.executable, str(script), str(tmp_path), "plain"], env=env, capture_output=True,
+    one = warm.run([sys.executable, str(script), str(tmp_path), "plain"], env=env, capture_output=True,
                          text=True, timeout=120)  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                 "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
-    two = subprocess.run([*torchrun, str(script), str(tmp_path), "fsdp"], env=env, capture_output=True,
+    two = warm.run([*torchrun, str(script), str(tmp_path), "fsdp"], env=env, capture_output=True,
                          text=True, timeout=180)  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
     plain = json.loads((tmp_path / "plain.json").read_text())
