@@ -207,10 +207,17 @@ def test_whisper_small_with_64_clips_is_no_longer_half_the_need(tmp_path: Path):
     assert old.estimate_gib < lighter < check.estimate_gib / 2
 
 
-def test_the_train_plan_says_tight_on_the_windows_snapshot(machines_dir, tmp_path, capsys):
+def test_the_train_plan_says_tight_on_the_windows_snapshot(machines_dir, tmp_path, tmp_path_factory, capsys):
+    import shutil
+
+    from support.jobs import session_builtin
+
     from xtrain.cli import main
 
-    (tmp_path / "whisper-small").mkdir()
+    # whisper-small's config beside the built-in whisper's processor files (the dry run's data
+    # check loads the feature extractor and tokenizer; the estimate reads the config)
+    processor = session_builtin(tmp_path_factory, "builtin:tiny-whisper")
+    shutil.copytree(processor, tmp_path / "whisper-small", ignore=shutil.ignore_patterns("*.safetensors"))
     (tmp_path / "whisper-small" / "config.json").write_text(json.dumps(WHISPER_SMALL))
     job = tmp_path / "job.yaml"
     job.write_text(
