@@ -18,6 +18,15 @@ def load_machine(name: str) -> Facts:
     return Facts.load(MACHINES_DIR / f"{name}.json")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_hf_home(tmp_path_factory) -> Path:
+    """The jobs' shared HF_HOME (support/jobs.py ``offline_env``): one for the test session."""
+    from support import jobs
+
+    jobs.SHARED_HF_HOME = tmp_path_factory.mktemp("hf-shared")
+    return jobs.SHARED_HF_HOME
+
+
 @pytest.fixture
 def machine() -> Callable[[str], Facts]:
     """``machine("wsl2-2x4090")`` -> a fresh Facts for that fixture machine."""

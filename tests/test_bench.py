@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import warm
 
 from xtrain.bench.flops import find_peak, flops_per_token, mfu, peak_tflops, scaling
 from xtrain.bench.rates import RunFigures, Window, steady_rates
@@ -168,7 +169,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _xtrain(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "xtrain", *args],
         cwd=REPO,
         env=env,

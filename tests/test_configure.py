@@ -22,6 +22,7 @@ from unittest import mock
 
 import pytest
 import yaml
+from support import warm
 from test_presets import LINUX_2X3090, LINUX_8XA100, LINUX_CPU, WINDOWS_2X4090, cuda_machine
 
 from xtrain.errors import XtrainError
@@ -61,7 +62,7 @@ def env_for(tmp_path: Path) -> dict[str, str]:
 
 
 def xtrain(tmp_path: Path, *args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "xtrain", "configure", *args],
         cwd=tmp_path,
         env=env_for(tmp_path),
@@ -254,7 +255,7 @@ def test_default_config_path_matches_accelerate(tmp_path):
         "    out.append([ca.default_config_file, str(default_config_path())])\n"
         "print(json.dumps(out))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_for(tmp_path))
+    proc = warm.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_for(tmp_path))
     assert proc.returncode == 0, proc.stderr
     pairs = json.loads(proc.stdout)
     assert pairs[0][1] == "/x/hf/accelerate/default_config.yaml"
@@ -462,7 +463,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, name):
 
 def test_cli_import_stays_light():
     code = "import sys, xtrain.cli, xtrain.commands.configure; print(sorted(m for m in ('torch', 'accelerate', 'transformers') if m in sys.modules))"  # noqa: E501
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    proc = warm.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
@@ -474,7 +475,7 @@ def run_tiny(tmp_path: Path, config: Path, out: Path, **popen) -> subprocess.Pop
     script.write_text(TINY_SCRIPT)
     env = env_for(tmp_path)
     env.pop("ACCELERATE_USE_CPU", None)
-    return subprocess.Popen(
+    return warm.popen(
         [
             sys.executable,
             "-m",
@@ -565,7 +566,7 @@ def node_argv(script_text: str, rank: int, nnodes: int, extra: list[str]) -> lis
     payload = node_command(script_text).replace("exec accelerate launch", "printf '%s\\n'", 1)
     env = {"PATH": os.environ["PATH"], "SLURM_NNODES": str(nnodes), "SLURM_NODEID": str(rank)}
     env.update({"MAIN_ADDR": "node001", "MAIN_PORT": "29777"})
-    proc = subprocess.run(
+    proc = warm.run(
         ["bash", "-c", payload, "xtrain-node", *extra], env=env, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
@@ -581,7 +582,7 @@ def test_slurm_script_and_its_launch_line_parse(tmp_path):
     script = tmp_path / "job.sbatch"
     text = script.read_text()
     assert text.startswith("#!/bin/bash\n") and os.access(script, os.X_OK)
-    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    assert warm.run(["bash", "-n", str(script)]).returncode == 0
     assert sbatch_directives(text) == {
         "job-name": "lora",
         "nodes": "2",
@@ -647,7 +648,7 @@ def test_slurm_resources_and_port_follow_the_plan(tmp_path, monkeypatch, capsys)
         for job_id, port in (("4243", 24243), ("14242", 24243)):  # 14242 % 10000 = 4242: taken
             env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": job_id}
             argv = ["bash", "-c", script + '\necho "$MAIN_PORT"']
-            run = subprocess.run(argv, env=env, capture_output=True, text=True)
+            run = warm.run(argv, env=env, capture_output=True, text=True)
             assert run.stdout.split() == [str(port)], run.stderr
 
 
@@ -731,7 +732,7 @@ def test_slurm_script_runs_two_nodes_on_this_host(tmp_path):
     env.update({"SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "node[001-002]"})
     out = tmp_path / "out"
     out.mkdir()
-    run = subprocess.run(
+    run = warm.run(
         ["bash", str(tmp_path / "job.sbatch"), str(out)],
         cwd=tmp_path,
         env=env,

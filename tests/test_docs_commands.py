@@ -8,11 +8,11 @@ skipped or run by another test, which machine a doc plans for) and the tests.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import warm
 from support.docs_commands import (
     ROOT,
     Block,
@@ -319,7 +319,7 @@ def test_help_of_every_command(tmp_path: Path) -> None:
         cmd = Command("-", 0, "bash", f"xtrain {name} --help")
         text = session._xtrain(cmd, [name, "--help"], ok=(0,))
         assert "Usage" in text and name in text
-    res = subprocess.run(
+    res = warm.run(
         [sys.executable, "-m", "xtrain.run", "--help"],
         cwd=session.root,
         env=session.env,

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import warm
 
 from xtrain.machine.facts import GPU, Facts
 
 
 def xtrain(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-m", "xtrain", *args],
         capture_output=True,
         text=True,
@@ -95,7 +96,7 @@ def test_import_cli_does_not_import_heavy_libraries():
         "import sys, xtrain.cli; "
         "print([m for m in ('torch', 'transformers', 'peft', 'datasets', 'accelerate') if m in sys.modules])"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    r = warm.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import codecs
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import MACHINES_DIR
+from support import warm
 
 from xtrain import encoding
 from xtrain.errors import XtrainError
@@ -214,7 +214,7 @@ def test_facts_snapshot_in_ansi_is_refused(tmp_path):
 def test_doctor_reads_a_snapshot_saved_with_powershell_redirect(tmp_path):
     """`xtrain doctor --json > facts.json` in PowerShell 5.1 writes UTF-16: doctor reads it back."""
     src = MACHINES_DIR / "windows-2x4090.json"
-    doc = subprocess.run(
+    doc = warm.run(
         [sys.executable, "-m", "xtrain", "doctor", "--facts", str(src), "--json"],
         capture_output=True,
         text=True,
@@ -224,7 +224,7 @@ def test_doctor_reads_a_snapshot_saved_with_powershell_redirect(tmp_path):
     path = tmp_path / "facts.json"
     path.write_bytes(powershell_bytes(doc, "out-file"))  # what `... --json > facts.json` leaves
     assert Facts.load(path) == Facts.load(src)
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "-m", "xtrain", "doctor", "--facts", str(path), "--json"],
         capture_output=True,
         text=True,
@@ -234,7 +234,7 @@ def test_doctor_reads_a_snapshot_saved_with_powershell_redirect(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["facts"]["hostname"] == "DESKTOP-7Q2K9LM"
     path.write_bytes(powershell_bytes(src.read_text(encoding="utf-8").replace("alex", "Jörg"), "set-content"))
-    done = subprocess.run(
+    done = warm.run(
         [sys.executable, "-m", "xtrain", "doctor", "--facts", str(path)],
         capture_output=True,
         text=True,

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import warm
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
@@ -29,7 +30,7 @@ time.sleep(120)
 
 
 def hold_lock(folder: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
+    proc = warm.popen(
         [sys.executable, "-c", HOLD, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
@@ -77,7 +78,7 @@ def test_second_xtrain_run_exits_with_one_line(tmp_path: Path) -> None:
     holder = hold_lock(out)
     try:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "XTRAIN_CACHE": str(tmp_path / "cache")}
-        proc = subprocess.run(
+        proc = warm.run(
             [sys.executable, "-m", "xtrain.run", f"run.output_dir={out}", "run.max_steps=1"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
@@ -251,7 +252,7 @@ def test_mixed_type_labels_are_refused() -> None:
 CHAIN = """
 import os, subprocess, sys, time
 if sys.argv[1] == "launcher":
-    child = subprocess.Popen([sys.executable, "-c", sys.argv[3], "worker", sys.argv[2], sys.argv[3]],
+    child = warm.popen([sys.executable, "-c", sys.argv[3], "worker", sys.argv[2], sys.argv[3]],
                              env={**os.environ, "XTRAIN_PARENT_PID": str(os.getpid())})
     print(child.pid, flush=True)
     time.sleep(120)
@@ -268,7 +269,7 @@ else:
 def test_a_worker_dies_with_its_launcher(how: str) -> None:
     import psutil
 
-    launcher = subprocess.Popen(
+    launcher = warm.popen(
         [sys.executable, "-c", CHAIN, "launcher", how, CHAIN], cwd=REPO, stdout=subprocess.PIPE, text=True
     )
     worker = None

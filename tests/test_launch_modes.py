@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import warm
 from support.jobs import TWO_PROCESSES, Job, assert_same_training, make_job, run_xtrain, two_process_command
 
 pytestmark = pytest.mark.slow
@@ -160,7 +160,7 @@ def test_processes_conflicting_with_the_launcher(job) -> None:
 
 
 def test_run_help_is_fast_and_plain() -> None:
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "-m", "xtrain.run", "--help"], capture_output=True, text=True, timeout=60,
         env={**os.environ},
     )  # fmt: skip

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import warm
 from support.jobs import REPO, Job, make_job, python_run
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ class Run:
         folder.mkdir(parents=True, exist_ok=True)
         self.out, self.err = folder / "stdout.txt", folder / "stderr.txt"
         with open(self.out, "w") as o, open(self.err, "w") as e:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=o, stderr=e, start_new_session=True)
+            self.proc = warm.popen(cmd, cwd=REPO, env=env, stdout=o, stderr=e, start_new_session=True)
 
     def wait_for(self, marker: Path, timeout: float = START_S) -> None:
         deadline = time.monotonic() + timeout

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import warm
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 def _quickstart(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "120"}
-    proc = subprocess.run(
+    proc = warm.run(
         [sys.executable, "-m", "xtrain", "quickstart", "--output-dir", str(tmp_path / "qs"), *args],
         cwd=tmp_path,
         env=env,

@@ -3,5 +3,6 @@
 - ``jobs``: a tiny training job on disk, offline environments, running ``xtrain.run`` in its own
   process group, comparing two runs' results;
 - ``docs_commands``: reading, classifying and running the commands in docs/ and README.md;
-- ``ps_syntax``: the PowerShell syntax check for the lines xtrain prints.
+- ``ps_syntax``: the PowerShell syntax check for the lines xtrain prints;
+- ``warm``: ``python -m xtrain ...`` subprocesses forked from a warm interpreter (imports done).
 """

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from support import warm
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
@@ -82,15 +84,24 @@ def make_job(root: Path, steps: int = 4, save_every: int = 2, model: str | None 
     return Job(root=root, config=config, env=env)
 
 
+# The HF_HOME of the jobs that need none of their own (set by conftest for the test session):
+# no accelerate default config in it, ever (``offline_env`` checks), and one HF_HOME lets the
+# jobs' commands share a warm interpreter (support/warm.py: imports read HF_HOME).
+SHARED_HF_HOME: Path | None = None
+
+
 def offline_env(root: Path, cache: Path) -> dict[str, str]:
-    """The environment of a job's processes: offline, a private HF_HOME (no accelerate default
-    config, its own datasets cache) and XTRAIN_CACHE, one thread each."""
+    """The environment of a job's processes: offline, an HF_HOME without an accelerate default
+    config (the session's shared one, else a private one under ``root``) and XTRAIN_CACHE, one
+    thread each. A test that writes a default config gives its job an HF_HOME of its own."""
+    hf_home = SHARED_HF_HOME if SHARED_HF_HOME is not None else root / "hf"
+    assert not (hf_home / "accelerate").exists(), f"an accelerate config was written into {hf_home}"
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "HF_HOME": str(root / "hf"),
+        "HF_HOME": str(hf_home),
         "XTRAIN_CACHE": str(cache),
         "OMP_NUM_THREADS": "1",  # same threads per process in every mode: fewer float differences
         "PYTHONWARNINGS": "ignore",
@@ -132,8 +143,9 @@ def train_once(job: Job, name: str = "straight") -> tuple[Path, subprocess.Compl
 
 
 def start_xtrain(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    """Start a command in its own process group (so all its workers can be killed at once)."""
-    return subprocess.Popen(
+    """Start a command in its own process group (so all its workers can be killed at once); an
+    ``xtrain``/``xtrain.run``/launcher command from a warm interpreter (support/warm.py)."""
+    return warm.popen(
         cmd,
         cwd=REPO,
         env=env,
