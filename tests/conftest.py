@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from xtrain.machine.facts import Facts
+from xtrain.machine.facts import Facts  # imports none of the Hugging Face libraries
+
+# No test downloads anything, and the Hugging Face libraries read these once, at import: set
+# before any test imports them, so an in-process lookup of a hub id fails at once instead of
+# retrying an unreachable network (the docs' hub ids took minutes where a test had imported
+# transformers before the docs session set them). Subprocesses inherit them.
+for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    os.environ.setdefault(_name, "1")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several test processes on the cores
+    import torch
+
+    # one compute thread each: two workers' OpenMP threads spinning on two cores slow both down
+    # by far more than the second thread gains
+    torch.set_num_threads(1)
 
 MACHINES_DIR = Path(__file__).parent / "fixtures" / "machines"
 MACHINE_NAMES = sorted(p.stem for p in MACHINES_DIR.glob("*.json"))

@@ -174,7 +174,7 @@ def test_gather_and_finite_check_against_fully_shard(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(script), str(tmp_path)]  # fmt: skip
     proc = warm.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+                    timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
     assert r0["full_equal"] is True
@@ -288,12 +288,12 @@ def test_fsdp2_shards_a_4bit_model_stored_in_the_fsdp_dtype(tmp_path: Path) -> N
     script.write_text(QLORA)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     one = warm.run([sys.executable, str(script), str(tmp_path), "plain"], env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+                   text=True, timeout=120)  # fmt: skip
     assert one.returncode == 0, one.stderr[-3000:]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                 "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
     two = warm.run([*torchrun, str(script), str(tmp_path), "fsdp"], env=env, capture_output=True,
-                         text=True, timeout=180)  # fmt: skip
+                   text=True, timeout=180)  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
     plain = json.loads((tmp_path / "plain.json").read_text())
     sharded = json.loads((tmp_path / "fsdp.json").read_text())

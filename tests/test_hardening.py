@@ -252,7 +252,7 @@ def test_mixed_type_labels_are_refused() -> None:
 CHAIN = """
 import os, subprocess, sys, time
 if sys.argv[1] == "launcher":
-    child = warm.popen([sys.executable, "-c", sys.argv[3], "worker", sys.argv[2], sys.argv[3]],
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[3], "worker", sys.argv[2], sys.argv[3]],
                              env={**os.environ, "XTRAIN_PARENT_PID": str(os.getpid())})
     print(child.pid, flush=True)
     time.sleep(120)
