@@ -206,10 +206,10 @@ def model_size(name: str) -> Any:
 
 # -- task benchmarks: a quickstart job through xtrain's loop and through a hand-written one -------------
 def task_config(job: Path, per_device: int, accum: int, steps: int, log_every: int = 10) -> Any:
-    """A quickstart job (``xtrain/data/quickstart-*.yaml``) as a timing run: ``per_device`` x
+    """A quickstart job (``xtrain/builtin/jobs/quickstart-*.yaml``) as a timing run: ``per_device`` x
     ``accum`` on one process, ``steps`` optimizer steps, no evaluation, no TensorBoard, no
     checkpoints before the end."""
-    from xtrain.train.config import load_config
+    from xtrain.tasks.validation import load_config
 
     cfg = load_config(job, [f"batch.per_device={per_device}", f"batch.global_batch={per_device * accum}"])
     cfg.run.max_steps = steps

@@ -1,7 +1,7 @@
 """Start-up cost of the tokenizer fingerprint (the datasets cache key of the tokenized data),
 which every training start and every resume pays once.
 
-Compares ``xtrain.train.data.tokenizer_fingerprint`` (sha256 of the tokenizer's canonical JSON)
+Compares ``xtrain.data.tokenize.tokenizer_fingerprint`` (sha256 of the tokenizer's canonical JSON)
 with the earlier implementation (``datasets.fingerprint.Hasher`` over the parsed JSON, kept here
 as ``hasher_fingerprint``) on byte-level BPE tokenizers of growing vocabularies, built in-process
 (no download): 1k (xtrain's built-in), 32k (Llama-2-sized) and 128k (Llama-3-sized).
@@ -84,7 +84,7 @@ def timings(repeats: int, sizes: tuple[int, ...] = SIZES) -> dict[str, Any]:
     import transformers  # noqa: F401
 
     from xtrain.builtin import build_tokenizer
-    from xtrain.train.data import tokenizer_fingerprint
+    from xtrain.data.tokenize import tokenizer_fingerprint
 
     hasher_fingerprint(build_tokenizer("llama"))  # imports out of the timings
     tokenizers = {"1k (built-in)": build_tokenizer("llama")}

@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "xtrain" / "data" / "quickstart-speech-to-text.yaml"
+JOB = ROOT / "xtrain" / "builtin" / "jobs" / "quickstart-speech-to-text.yaml"
 
 
 def measure(steps: int = 60, warmup: int = 5) -> dict[str, Any]:
-    from xtrain.train.config.loading import load_config
-    from xtrain.train.sampler import DataOrder, padding_fraction, train_lengths
-    from xtrain.train.tasks import build_workload
+    from xtrain.data.sampler import DataOrder, padding_fraction, train_lengths
+    from xtrain.tasks import build_workload
+    from xtrain.tasks.validation import load_config
 
     torch.set_num_threads(1)
     cfg = load_config(JOB, [])

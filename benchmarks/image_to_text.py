@@ -36,14 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import hand_written_loop, task_config  # noqa: E402
 
+from xtrain.config.schema import TrainConfig  # noqa: E402
 from xtrain.machine.facts import Facts  # noqa: E402
 from xtrain.planning.rules import make_plan  # noqa: E402
-from xtrain.train.config.schema import TrainConfig  # noqa: E402
+from xtrain.tasks.contract import Workload  # noqa: E402
 from xtrain.train.report import NullReporter  # noqa: E402
-from xtrain.train.workload import Workload  # noqa: E402
 
 TASK = "image-to-text"
-JOB = ROOT / "xtrain" / "data" / "quickstart-image-to-text.yaml"
+JOB = ROOT / "xtrain" / "builtin" / "jobs" / "quickstart-image-to-text.yaml"
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def job_config(setup: Setup) -> TrainConfig:
 
 
 def workload(cfg: TrainConfig, timer: Timer) -> Workload:
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
 
     w = build_workload(cfg)
     w.train_dataset = TimedRows(w.train_dataset, timer)

@@ -31,11 +31,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from xtrain.config.schema import TrainConfig  # noqa: E402
 from xtrain.machine.facts import Facts  # noqa: E402
 from xtrain.planning.rules import make_plan  # noqa: E402
-from xtrain.train.config.schema import TrainConfig  # noqa: E402
+from xtrain.tasks.contract import Workload  # noqa: E402
 from xtrain.train.report import NullReporter  # noqa: E402
-from xtrain.train.workload import Workload  # noqa: E402
 
 ARGS: argparse.Namespace
 

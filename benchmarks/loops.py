@@ -144,13 +144,13 @@ def run_plain(a: argparse.Namespace) -> list[float]:
 
 
 def run_xtrain(a: argparse.Namespace) -> list[float]:
+    from xtrain.config.schema import TrainConfig
     from xtrain.machine import probe
     from xtrain.planning import rules
     from xtrain.planning.plan import Overrides
-    from xtrain.train.config.schema import TrainConfig
+    from xtrain.tasks.contract import Workload
     from xtrain.train.loop import train
     from xtrain.train.report import NullReporter
-    from xtrain.train.workload import Workload
 
     times: list[tuple[float, float]] = []
 

@@ -8,7 +8,7 @@ every tensor autograd saves is counted once by its storage (views share one), le
 parameters and buffers (weights saved by autograd are not activations). Saved inside the model's
 modules is the *activation* figure; saved at the top level (the loss's log-softmax) the *loss*
 figure. Both are held against xtrain's estimate for the same batch (``memory.saved_bytes`` on the
-stacks ``model_size.live_sizes`` reads from the model, ``xtrain/train/activations.py``).
+stacks ``live_sizes`` reads from the model, ``xtrain/model/activations.py``).
 
 Exact on the CPU in float32 (the CPU's dropout multiplies by a float mask: the estimate is given
 the CPU's mask size; on CUDA the fused dropout keeps a bool mask, and the estimate counts 1 byte).
@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, bench_env  # noqa: E402
 
-DATA = REPO / "xtrain" / "data"
+DATA = REPO / "xtrain" / "builtin" / "jobs"
 # (task, job, the built-in job's overrides, how it trains: overrides), the batches a case runs
 SHORT = ["data.max_length=64", "generation.max_new_tokens=20"]  # the tiny decoders have 64 positions
 JOBS: dict[str, tuple[str, list[str]]] = {
@@ -76,7 +76,7 @@ MUST_HOLD = ("speech-to-text", "image-to-text", "vision-language")  # within 25 
 
 
 def _config(task: str, training: list[str]) -> Any:
-    from xtrain.train.config import load_config
+    from xtrain.tasks.validation import load_config
 
     job, base = JOBS[task]
     return load_config(DATA / job if job else None, [*base, *training, "data.eval=null"])
@@ -152,9 +152,10 @@ def measure_case(task: str, label: str, training: list[str], settings: list[tupl
     """Every setting of one way of training a built-in: measured and estimated bytes."""
     import torch
 
-    from xtrain.train import memory, model_size
-    from xtrain.train.activations import Precision
-    from xtrain.train.tasks import build_workload
+    from xtrain.model import memory
+    from xtrain.model.activations import Precision
+    from xtrain.tasks import build_workload
+    from xtrain.tasks.sizes import live_sizes
 
     rows = []
     by_pixels: dict[int, Any] = {}
@@ -172,7 +173,7 @@ def measure_case(task: str, label: str, training: list[str], settings: list[tupl
         batch = {k: v.to(device) if hasattr(v, "to") else v for k, v in batch.items()}
         # the estimate for this batch: its decoder tokens as data.max_length
         at = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_length=positions))
-        sizes = model_size.live_sizes(model, (), at)
+        sizes = live_sizes(model, (), at)
         assert sizes is not None and sizes.stacks, f"{task}: no stacks"
         cuda = device == "cuda"
         act = 2 if cuda else 4
@@ -200,7 +201,7 @@ def _cuda_step(model: Any, batch: dict[str, Any], cfg: Any, sizes: Any, per_devi
     and the peak of the whole step (``max_memory_allocated``) against the whole estimate."""
     import torch
 
-    from xtrain.train import memory
+    from xtrain.model import memory
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     torch.cuda.synchronize()

@@ -132,9 +132,9 @@ def _load(variant: str, folder: Path, device: Any) -> Any:
 
 def estimates(variant: str, folder: Path, model: Any, device: Any, size: str) -> dict[str, float]:
     """xtrain's estimate (GiB) before loading (the plan) and of the loaded model (the loop's)."""
-    from xtrain.train import memory
-    from xtrain.train.config import load_config
-    from xtrain.train.model_size import live_sizes, offline_sizes
+    from xtrain.model import memory
+    from xtrain.tasks.sizes import live_sizes, offline_sizes
+    from xtrain.tasks.validation import load_config
 
     *_, per_device, seq = SIZES[size]
     cuda = device.type == "cuda"

@@ -546,7 +546,7 @@ def render(r: dict[str, Any], command: str) -> str:
         w(table(["resumed at step", "first step after"], [[f"{int(k):,}", _s(f[k]) + " s"] for k in keys]))
         w(
             f"\nRatio 10,000 / 10: **{rs['ratio']:.2f}**. The sampler computes the samples of any step "
-            "from (seed, epoch, position) directly (`xtrain/train/sampler.py`), so resuming does not "
+            "from (seed, epoch, position) directly (`xtrain/data/sampler.py`), so resuming does not "
             "iterate over the skipped batches; a loader that skipped by iterating would read "
             "10,000 x global-batch samples before its first step.\n"
         )
@@ -655,7 +655,7 @@ def render(r: dict[str, Any], command: str) -> str:
             "**Tokenizer fingerprint at start-up.** Every start and every resume hashes the "
             "tokenizer to find its tokenized data in the `datasets` cache. It used `datasets`' "
             "`Hasher` over the parsed tokenizer JSON, which grows to seconds with real vocabularies; "
-            "it is now sha256 of the canonical JSON (`xtrain/train/data.py`), the same inputs and "
+            "it is now sha256 of the canonical JSON (`xtrain/data/sources.py`), the same inputs and "
             "the same stability across processes. Byte-level BPE tokenizers built in-process "
             f"(`benchmarks/fingerprint.py`, best of {fp['repeats']} interleaved calls each):\n"
         )
@@ -716,7 +716,7 @@ fp16 LoRA at 0.63-0.70x of the hand-written loop is the open question: the repea
 say whether it is noise (the hand-written row itself moved by 20 % between two runs) or a cost of
 xtrain's fp16 step (the GradScaler's unscale over the adapter parameters, the skip detector, fused
 AdamW, autocast's cache), and the peak memory of each row against the plan's estimate calibrates
-`xtrain/train/memory.py`.
+`xtrain/model/memory.py`.
 """
 
 
@@ -904,7 +904,7 @@ def memory_estimate_section(m: dict[str, Any]) -> str:
         "forward pass under `torch.autograd.graph.saved_tensors_hooks`; every tensor autograd saves is "
         "counted once by its storage, parameters and buffers left out. *Measured*: saved inside the "
         "model's modules; *estimate*: xtrain's activation term for the same batch (`memory.saved_bytes` "
-        "on the stacks the task's `stacks` hook reads, `xtrain/train/activations.py`); *loss*: the "
+        "on the stacks the task's `stacks` hook reads, `xtrain/model/activations.py`); *loss*: the "
         "float32 log-softmax saved at the top level, measured / estimated. The encoder-decoders' batch "
         "is the built-in clips or images with random label tokens of the length shown; the "
         "vision-language batch is the built-in conversations (one 56 x 56 or 112 x 112 image each, "

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from image_to_text import ROOT, Setup, measure_job  # noqa: E402
 
 TASK = "speech-to-text"
-JOB = ROOT / "xtrain" / "data" / "quickstart-speech-to-text.yaml"
+JOB = ROOT / "xtrain" / "builtin" / "jobs" / "quickstart-speech-to-text.yaml"
 
 
 def mean_clip_seconds() -> float:

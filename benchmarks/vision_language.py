@@ -60,7 +60,7 @@ from common import (  # noqa: E402
 )
 
 TASK = "vision-language"
-JOB = REPO / "xtrain" / "data" / "quickstart-vision-language.yaml"
+JOB = REPO / "xtrain" / "builtin" / "jobs" / "quickstart-vision-language.yaml"
 LOOPS = ("plain", "xtrain")
 # per run, in the result
 KEPT = ("samples_per_s", "tokens_per_s", "cpu_samples_per_s", "data_wait_share", "threads")
@@ -122,10 +122,10 @@ def run_plain(a: argparse.Namespace, cpu: list[float], waits: list[float]) -> li
     import torch
     from transformers import get_scheduler, set_seed
 
+    from xtrain.data.sampler import DataOrder, RankBatchSampler
     from xtrain.planning.resolve import run_settings
+    from xtrain.tasks import build_workload
     from xtrain.train.precision import upcast_trainable
-    from xtrain.train.sampler import DataOrder, RankBatchSampler
-    from xtrain.train.tasks import build_workload
 
     cfg = task_config(JOB, a.per_device, a.accum, a.steps, a.log_every)
     plan = _plan(a)
@@ -144,7 +144,7 @@ def run_plain(a: argparse.Namespace, cpu: list[float], waits: list[float]) -> li
     sched = get_scheduler(name, opt, num_warmup_steps=warmup, num_training_steps=a.steps)
     order = DataOrder(len(w.train_dataset), s.global_batch, s.per_device, 1, cfg.run.seed)
     pin = s.pin_memory and device.type == "cuda"
-    from xtrain.train.tasks import get as get_task  # the workers xtrain's loop gives this task
+    from xtrain.tasks import get as get_task
 
     loader = torch.utils.data.DataLoader(
         w.train_dataset, batch_sampler=RankBatchSampler(order, 0, 0, a.steps), collate_fn=w.collator,

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from xtrain import tasks
 from xtrain.errors import XtrainError
+from xtrain.model import attention
 from xtrain.planning.resolve import AttentionFacts, choose_attention, resolve
-from xtrain.train import attention
-from xtrain.train.config.loading import load_config
+from xtrain.tasks.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "lora-causal-lm.yaml"
@@ -104,7 +105,7 @@ def test_model_support_is_read_from_the_class_transformers_builds():
 @pytest.mark.usefixtures("private_caches")
 @pytest.mark.parametrize(("asked", "loaded"), [("eager", "eager"), ("sdpa", "sdpa"), ("auto", "sdpa")])
 def test_the_model_loads_with_it(tmp_path, asked, loaded):
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
 
     data = tmp_path / "t.jsonl"
     data.write_text('{"text": "a short story"}\n{"text": "another one"}\n', encoding="utf-8")
@@ -124,7 +125,7 @@ def test_the_model_loads_with_it(tmp_path, asked, loaded):
 
 @pytest.mark.usefixtures("private_caches")
 def test_flash_attention_in_a_cpu_run_is_refused_before_loading(tmp_path):
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
 
     cfg = load_config(
         None, ["model.name_or_path=builtin:tiny-llama", "model.attn_implementation=flash_attention_2"]
@@ -135,14 +136,15 @@ def test_flash_attention_in_a_cpu_run_is_refused_before_loading(tmp_path):
 
 def test_the_plan_says_which_and_why(machine):
     cfg = load_config(EXAMPLE, [])
+    model_class = tasks.get(cfg.model.task).model_class
     facts = machine("linux-2x3090")  # fp16 on Ampere; the snapshot has no flash-attn
     resolved = resolve(cfg, facts=facts)
-    chosen = attention.for_plan(cfg, resolved)
+    chosen = attention.for_plan(cfg, resolved, model_class)
     assert chosen.name == "sdpa" and "flash-attn package is not installed" in chosen.reason
     with_flash = dataclasses.replace(facts, packages={**facts.packages, "flash-attn": "2.7.4"})
-    chosen = attention.for_plan(cfg, resolve(cfg, facts=with_flash))
+    chosen = attention.for_plan(cfg, resolve(cfg, facts=with_flash), model_class)
     assert chosen.name == "flash_attention_2" and chosen.passed
-    cpu = attention.for_plan(cfg, resolve(cfg, facts=machine("linux-cpu")))
+    cpu = attention.for_plan(cfg, resolve(cfg, facts=machine("linux-cpu")), model_class)
     assert cpu.name == "sdpa or eager" and "this run is on cpu" in cpu.reason
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
+from xtrain.tasks import build_workload
+from xtrain.tasks.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "chat-sft.yaml"
@@ -122,7 +122,8 @@ def chat_run(tmp_path_factory) -> Path:
 def test_predict_renders_a_chat_prompt_as_training_rendered_it(chat_run, capsys):
     from xtrain import predict
     from xtrain.cli import main
-    from xtrain.train.tasks import causal_lm, chat_data, prompt_predict
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks import causal_lm, prompt_predict
 
     task, loaded = predict.load_predictor(chat_run)
     assert task is causal_lm.TASK and loaded.parts["chat"]
@@ -145,7 +146,7 @@ def test_predict_renders_a_chat_prompt_as_training_rendered_it(chat_run, capsys)
 def test_a_plain_text_run_on_a_chat_model_continues_the_raw_prompt(tmp_path, capsys):
     from xtrain import predict
     from xtrain.cli import main
-    from xtrain.train.tasks import prompt_predict
+    from xtrain.tasks import prompt_predict
 
     model = shutil.copytree(builtin.ensure_builtin_model("builtin:tiny-llama"), tmp_path / "model")
     config = json.loads((model / "tokenizer_config.json").read_text())
@@ -172,7 +173,7 @@ def test_an_unsafe_template_is_named_not_a_row(tmp_path):
     assert message.startswith("data.chat_template is unsafe: the sandbox refused it")
     assert "row" not in message and "\n" not in message
     # the same template as the tokenizer's own: named as the tokenizer's
-    from xtrain.train.tasks import chat_data
+    from xtrain.data.rows import chat as chat_data
 
     class Owner:
         chat_template = unsafe

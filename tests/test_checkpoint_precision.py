@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from conftest import load_machine
 
+from xtrain.model.configs import checkpoint_dtype, dtype_in_config
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.resolve import exported_precision, resolve
-from xtrain.train.config import load_config
-from xtrain.train.model_size import checkpoint_dtype, dtype_in_config
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 

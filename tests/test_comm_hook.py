@@ -19,7 +19,7 @@ WORKER = textwrap.dedent(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from xtrain.train import comm_hook
+    from xtrain.train.distributed import comm_hook
 
     def grads(use_hook, bucket_cap_mb):
         torch.manual_seed(0)
@@ -89,6 +89,6 @@ def test_cpu_staged_hook_matches_default_allreduce(tmp_path: Path) -> None:
 def test_register_is_a_no_op_without_ddp() -> None:
     import torch
 
-    from xtrain.train import comm_hook
+    from xtrain.train.distributed import comm_hook
 
     assert comm_hook.register(torch.nn.Linear(2, 2)) is False

@@ -16,7 +16,7 @@ from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.planning.resolve import resolve
 from xtrain.planning.rules import compile_blocker
-from xtrain.train.config.loading import load_config
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
@@ -125,7 +125,7 @@ def test_the_accelerator_compiles_the_prepared_model_only_when_asked(tmp_path: P
     from accelerate.utils import is_compiled_module
 
     from xtrain.planning.context import LaunchContext
-    from xtrain.train import accelerator
+    from xtrain.train.distributed import accelerator
 
     monkeypatch.setattr(accelerator, "COMPILE_BACKEND", "aot_eager")
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")  # an accelerate config's: not obeyed
@@ -145,7 +145,7 @@ def test_the_accelerator_compiles_the_prepared_model_only_when_asked(tmp_path: P
 def test_compile_trains_checkpoints_and_resumes(tmp_path: Path, monkeypatch) -> None:
     """Through accelerate's plugin with the aot_eager backend (dynamo + autograd tracing, no C++
     build: seconds); the slow test below runs inductor itself."""
-    from xtrain.train import accelerator
+    from xtrain.train.distributed import accelerator
 
     compiled: list[str] = []
     real_compile = torch.compile

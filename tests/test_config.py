@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from xtrain.config.loading import config_to_dict
+from xtrain.config.schema import TrainConfig, config_keys
 from xtrain.errors import XtrainError
 from xtrain.planning.batch import gradient_accumulation, scaled_lr
-from xtrain.train.config.loading import config_from_dict, config_to_dict, load_config
-from xtrain.train.config.schema import TrainConfig, config_keys
+from xtrain.tasks.validation import config_from_dict, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -275,17 +276,3 @@ def test_scaled_lr():
     assert scaled_lr(load_config(None, base), 64) == pytest.approx(0.001)
     assert scaled_lr(load_config(None, [*base, "optim.lr_scaling=linear"]), 64) == pytest.approx(0.004)
     assert scaled_lr(load_config(None, [*base, "optim.lr_scaling=sqrt"]), 64) == pytest.approx(0.002)
-
-
-def test_the_config_has_every_field_planning_reads() -> None:
-    """planning reads a train config through ``TrainConfigView`` (it imports nothing from
-    xtrain.train): the dataclasses keep every field it names."""
-    from xtrain.planning import train_config as view
-
-    cfg = TrainConfig()
-    sections = {k: v for k, v in vars(view.TrainConfigView).items() if isinstance(v, property)}
-    assert set(sections) == {"batch", "optim", "run", "model", "data"}
-    for section, prop in sections.items():
-        protocol = getattr(view, prop.fget.__annotations__["return"])
-        fields = [k for k, v in vars(protocol).items() if isinstance(v, property)]
-        assert fields and all(hasattr(getattr(cfg, section), f) for f in fields), (section, fields)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from xtrain.train.cuda_settings import apply_tf32, set_tf32
+from xtrain.train.distributed.cuda_settings import apply_tf32, set_tf32
 
 
 @pytest.fixture

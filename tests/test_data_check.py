@@ -14,8 +14,8 @@ import pytest
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import get as get_task
+from xtrain.tasks import get as get_task
+from xtrain.tasks.validation import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
@@ -149,8 +149,8 @@ def test_a_row_with_an_image_no_turn_uses_is_refused_with_the_row(tmp_path, caps
 
 def test_the_example_is_the_runs_first_training_row(tmp_path):
     """causal-lm chat: the example's text and trained tokens are the run's row 0, token for token."""
-    from xtrain.train.collate import IGNORE_INDEX
-    from xtrain.train.tasks import build_workload
+    from xtrain.data.collate import IGNORE_INDEX
+    from xtrain.tasks import build_workload
 
     rows = [_chat(f"the opposite of {a}?", b) for a, b in [("hot", "cold"), ("up", "down")]]
     cfg = load_config(_chat_job(tmp_path, rows, "  chat_template: '" + TEMPLATE + "'"), [])

@@ -20,13 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from xtrain import builtin
+from xtrain.config.schema import DataConfig
+from xtrain.data.rows import chat as chat_data
+from xtrain.data.rows import formats as row_formats
+from xtrain.data.rows import vision_rows
+from xtrain.data.rows.vision_chat import VisionChatCollator, VisionChatRows
 from xtrain.errors import RowError, XtrainError
-from xtrain.train import models
-from xtrain.train.config.loading import load_config
-from xtrain.train.config.schema import DataConfig
-from xtrain.train.tasks import build_workload, chat_data, common, row_formats, vision_rows
-from xtrain.train.tasks.vision_chat import VisionChatCollator, VisionChatRows
-from xtrain.train.tasks.vision_processor import load_processor
+from xtrain.model import load as models
+from xtrain.tasks import build_workload, common
+from xtrain.tasks.validation import load_config
+from xtrain.tasks.vision_processor import load_processor
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
@@ -241,7 +244,8 @@ def test_vision_row_formats_are_checked_in_the_config(tmp_path):
 
 
 def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
-    from xtrain.train.tasks import causal_lm
+    from xtrain.data.rows.formats import row_format
+    from xtrain.tasks import causal_lm
 
     native_rows = [json.loads(x) for x in (REPO / "examples/data/chat-train.jsonl").read_text().splitlines()]
     speaker = {"system": "instructions", "user": "Customer", "assistant": "agent"}
@@ -264,7 +268,7 @@ def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
                                  f"data.train={path}", "data.eval=null", template, *extra])  # fmt: skip
         source, tokenizer = common.prepare_tokenizer(cfg, contextlib.nullcontext)
         train, _, train_name, _ = common.raw_datasets(cfg)
-        fmt = causal_lm.row_format(cfg, train)
+        fmt = row_format(cfg, train)
         return causal_lm.chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (None, ""))[0]
 
     native = rows(native_rows, "native")

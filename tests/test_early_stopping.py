@@ -13,9 +13,9 @@ import pytest
 from support.jobs import REPO, make_job, offline_env, python_run, run_xtrain
 
 from xtrain.errors import XtrainError
-from xtrain.train.config import load_config
+from xtrain.tasks.validation import load_config
+from xtrain.train.early_stopping import early_stop
 from xtrain.train.report import ListReporter
-from xtrain.train.stops import early_stop
 
 EXAMPLE = REPO / "examples" / "seq-cls.yaml"
 

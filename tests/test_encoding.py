@@ -79,7 +79,7 @@ run:
 
 @pytest.mark.parametrize("how", READABLE)
 def test_config_in_each_encoding_loads(tmp_path, how):
-    from xtrain.train.config.loading import _read_yaml
+    from xtrain.config.loading import _read_yaml
 
     path = tmp_path / "train.yaml"
     path.write_bytes(powershell_bytes(CONFIG, how))
@@ -89,7 +89,7 @@ def test_config_in_each_encoding_loads(tmp_path, how):
 
 
 def test_config_in_ansi_is_refused_in_one_line(tmp_path):
-    from xtrain.train.config.loading import _read_yaml
+    from xtrain.config.loading import _read_yaml
 
     path = tmp_path / "train.yaml"
     path.write_bytes(powershell_bytes(CONFIG, "set-content"))
@@ -99,7 +99,8 @@ def test_config_in_ansi_is_refused_in_one_line(tmp_path):
 
 
 def test_example_config_saved_by_out_file_loads_like_the_original(tmp_path):
-    from xtrain.train.config.loading import config_to_dict, load_config
+    from xtrain.config.loading import config_to_dict
+    from xtrain.tasks.validation import load_config
 
     example = Path(__file__).parent.parent / "examples" / "lora-causal-lm.yaml"
     if not example.exists():
@@ -143,7 +144,7 @@ def xtrain_cache(tmp_path, monkeypatch):
 @pytest.mark.parametrize("kind", ["jsonl", "json", "csv"])
 @pytest.mark.parametrize("how", READABLE)
 def test_data_file_in_each_encoding_loads(tmp_path, xtrain_cache, kind, how):
-    from xtrain.train.data import load_source
+    from xtrain.data.sources import load_source
 
     path = tmp_path / f"train.{kind}"
     path.write_bytes(powershell_bytes(_data_text(kind), how))
@@ -159,7 +160,7 @@ def test_data_file_in_each_encoding_loads(tmp_path, xtrain_cache, kind, how):
 
 @pytest.mark.parametrize("kind", ["jsonl", "csv"])
 def test_data_file_in_ansi_is_refused_in_one_line(tmp_path, xtrain_cache, kind):
-    from xtrain.train.data import load_source
+    from xtrain.data.sources import load_source
 
     path = tmp_path / f"train.{kind}"
     path.write_bytes(powershell_bytes(_data_text(kind), "set-content"))
@@ -170,7 +171,7 @@ def test_data_file_in_ansi_is_refused_in_one_line(tmp_path, xtrain_cache, kind):
 
 
 def test_ansi_byte_deep_in_a_big_file_is_refused_with_its_offset(tmp_path, xtrain_cache, monkeypatch):
-    from xtrain.train.data import load_source
+    from xtrain.data.sources import load_source
 
     monkeypatch.setattr(encoding, "CHUNK_BYTES", 64)
     path = tmp_path / "train.jsonl"

@@ -319,8 +319,8 @@ def test_torch_load_only_with_weights_only() -> None:
 
 
 def test_no_remote_code_unless_asked() -> None:
-    from xtrain.train.config.loading import load_config
-    from xtrain.train.config.schema import TrainConfig
+    from xtrain.config.schema import TrainConfig
+    from xtrain.tasks.validation import load_config
 
     assert TrainConfig().model.trust_remote_code is False
     assert load_config(None).model.trust_remote_code is False

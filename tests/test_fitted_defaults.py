@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from xtrain.config.schema import TrainConfig, given_keys
 from xtrain.errors import XtrainError
-from xtrain.train import model_checks
-from xtrain.train.config import load_config
-from xtrain.train.config.schema import TrainConfig, given_keys
+from xtrain.model.configs import local_config
+from xtrain.tasks import model_checks
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
 ROOT = Path(__file__).resolve().parents[1]
-OCR = (ROOT / "xtrain" / "data" / "quickstart-image-to-text.yaml").read_text(encoding="utf-8")
+OCR = (ROOT / "xtrain" / "builtin" / "jobs" / "quickstart-image-to-text.yaml").read_text(encoding="utf-8")
 LLAMA_JOB = """
 model: {{name_or_path: {model}, task: causal-lm}}
 data: {{train: {data}, prompt_column: prompt, response_column: response}}
@@ -75,7 +76,7 @@ def test_a_small_trocr_without_lengths_trains_instead_of_being_refused(tmp_path:
     """The trial: tiny-trocr's decoder has 64 positions; neither length was written. The worker's
     fit (run.py) comes before the build, whose model check then passes."""
     from xtrain import run
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
 
     job = tmp_path / "ocr.yaml"
     job.write_text(
@@ -83,7 +84,7 @@ def test_a_small_trocr_without_lengths_trains_instead_of_being_refused(tmp_path:
     )
     cfg = load_config(job, ["data.eval=null", f"run.output_dir={tmp_path / 'out'}"])
     with pytest.raises(XtrainError, match="data.max_length=512 is above the decoder's limit of 64"):
-        model_checks.check_lengths(cfg, model_checks_task(cfg), model_checks.local_config(cfg, fetch=True))
+        model_checks.check_lengths(cfg, model_checks_task(cfg), local_config(cfg, fetch=True))
     run._fit_defaults(cfg)
     assert (cfg.data.max_length, cfg.generation.max_new_tokens) == (64, 63)  # 63 + the start token
     assert build_workload(cfg).model is not None  # the run's own check passes
@@ -92,11 +93,11 @@ def test_a_small_trocr_without_lengths_trains_instead_of_being_refused(tmp_path:
     run._fit_defaults(cfg)
     assert cfg.data.max_length == 64
     with pytest.raises(XtrainError, match="generation.max_new_tokens=128 plus a prompt of up to 1 token"):
-        model_checks.check_lengths(cfg, model_checks_task(cfg), model_checks.local_config(cfg))
+        model_checks.check_lengths(cfg, model_checks_task(cfg), local_config(cfg))
 
 
 def model_checks_task(cfg: TrainConfig):
-    from xtrain.train import tasks
+    from xtrain import tasks
 
     return tasks.get(cfg.model.task)
 

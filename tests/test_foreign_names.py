@@ -1,4 +1,4 @@
-"""Names from other trainers (xtrain/train/config/foreign.py): every entry of the one table names a
+"""Names from other trainers (xtrain/config/foreign.py): every entry of the one table names a
 real xtrain key (and a value it takes), and an unknown key from another trainer is answered with it,
 under any section, at the top level and as an override; docs/configuration.md shows the same table."""
 
@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from xtrain.config import foreign
+from xtrain.config.schema import TrainConfig, config_keys, section_fields, sections
+from xtrain.config.values import set_value
 from xtrain.errors import XtrainError
-from xtrain.train.config import foreign, load_config
-from xtrain.train.config.loading import config_from_dict
-from xtrain.train.config.schema import TrainConfig, config_keys, section_fields, sections
-from xtrain.train.config.values import set_value
+from xtrain.tasks.validation import config_from_dict, load_config
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 KEYS = set(config_keys())

@@ -8,7 +8,7 @@ usual and then sets accelerate's state to FSDP with an FSDP2 plugin (its state's
 accelerate's own FSDP2 code: ``prepare`` (``fully_shard`` per decoder layer, the optimizer's
 parameters swapped for the DTensors), ``no_sync``, ``clip_grad_norm_``, ``save_state`` /
 ``load_state`` (torch.distributed.checkpoint folders), and xtrain's gather-then-write of the
-adapter (``xtrain.train.sharded``). The real accelerate FSDP path on CUDA is
+adapter (``xtrain.train.distributed.sharded``). The real accelerate FSDP path on CUDA is
 tests/gpu/test_fsdp_gpu.py."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ DIRECT = textwrap.dedent(
     from accelerate.utils import DistributedType
     from torch.distributed.fsdp import fully_shard
 
-    from xtrain.train import sharded
+    from xtrain.train.distributed import sharded
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -251,7 +251,7 @@ QLORA = textwrap.dedent(
     model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
     # the no-grad loss below must not repack the 4-bit weights for bitsandbytes' CPU inference
     # kernel (AVX512-BF16 CPUs; no gradient through them afterwards): xtrain's own guard
-    from xtrain.train.quantization import keep_training_layout
+    from xtrain.model.quantization import keep_training_layout
     keep_training_layout(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     model, opt = acc.prepare(model, opt)

@@ -19,7 +19,7 @@ import torch
 from support.gradients import assert_same_gradients, jsonl, reference_gradients, xtrain_gradients
 
 from xtrain import builtin
-from xtrain.train.config.loading import load_config
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
@@ -92,7 +92,7 @@ def test_a_4bit_layer_keeps_its_input_gradient_after_an_eval_forward():
     import bitsandbytes.functional as F
     from bitsandbytes.nn import Linear4bit
 
-    from xtrain.train.quantization import keep_training_layout
+    from xtrain.model.quantization import keep_training_layout
 
     torch.manual_seed(0)
     layer = Linear4bit(64, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4").to("cpu")
@@ -264,8 +264,8 @@ def test_an_operator_without_autograd_stops_the_run_in_one_line(data, tmp_path):
     from xtrain.errors import XtrainError
     from xtrain.machine.facts import Facts
     from xtrain.planning.rules import make_plan
+    from xtrain.tasks import build_workload
     from xtrain.train.loop import train
-    from xtrain.train.tasks import build_workload
 
     lib = torch.library.Library("xtrain_gradients_test", "DEF")  # an op with a CPU kernel only
     lib.define("double(Tensor x) -> Tensor")
@@ -289,7 +289,7 @@ def test_an_operator_without_autograd_stops_the_run_in_one_line(data, tmp_path):
 def test_only_the_listed_warnings_become_errors():
     import warnings
 
-    from xtrain.train import quiet
+    from xtrain.runtime import quiet
 
     before = list(warnings.filters)
     with quiet.wrong_results_raise():
@@ -313,7 +313,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import xtrain.train.loop as loop
-import xtrain.train.tasks as tasks
+import xtrain.tasks as tasks
 
 real_accelerator, real_build, models = loop.build_accelerator, tasks.build_workload, []
 
@@ -387,7 +387,7 @@ def test_a_4bit_layer_repacked_before_the_run_is_unpacked_for_training():
     import bitsandbytes.functional as F
     from bitsandbytes.nn import Linear4bit
 
-    from xtrain.train.quantization import keep_training_layout
+    from xtrain.model.quantization import keep_training_layout
 
     torch.manual_seed(0)
     layer = Linear4bit(64, 64, bias=False, compute_dtype=torch.float32, quant_type="nf4").to("cpu")

@@ -10,10 +10,10 @@ import random
 
 import pytest
 
+from xtrain.data.sampler import MEGABATCH_STEPS, DataOrder, RankBatchSampler, padding_fraction, train_lengths
 from xtrain.errors import XtrainError
-from xtrain.train.config.loading import load_config
-from xtrain.train.sampler import MEGABATCH_STEPS, DataOrder, RankBatchSampler, padding_fraction, train_lengths
-from xtrain.train.workload import Workload
+from xtrain.tasks.contract import Workload
+from xtrain.tasks.validation import load_config
 
 N, GLOBAL, PER_DEVICE = 1000, 16, 4
 _RNG = random.Random(0)

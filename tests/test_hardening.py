@@ -16,13 +16,13 @@ from support import warm
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.train import lock as run_lock
+from xtrain.runtime import lock as run_lock
 
 REPO = Path(__file__).resolve().parents[1]
 
 HOLD = """
 import sys, time
-from xtrain.train import lock
+from xtrain.runtime import lock
 held = lock.acquire(sys.argv[1])
 print("held", flush=True)
 time.sleep(120)
@@ -168,7 +168,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_good_one(tmp_path:
 
 
 def test_keep_checkpoints_zero_keeps_all(tmp_path: Path) -> None:
-    from xtrain.train.config.loading import load_config
+    from xtrain.tasks.validation import load_config
 
     cfg = load_config(None, [f"run.output_dir={tmp_path}", "run.keep_checkpoints=0"])
     assert cfg.run.keep_checkpoints == 0
@@ -179,7 +179,7 @@ def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
     """A cache the run writes to (the datasets cache under HF_HOME) that cannot be written: one
     line naming the variable to set, before anything starts. (Read-only folders are simulated
     with a file in the way and with /proc: these tests may run as root.)"""
-    from xtrain.train.config.loading import load_config
+    from xtrain.tasks.validation import load_config
     from xtrain.train.preflight import check_paths
 
     blocker = tmp_path / "a-file"
@@ -195,7 +195,7 @@ def test_preflight_refuses_unwritable_caches(tmp_path: Path) -> None:
 
 
 def test_preflight_refuses_special_filesystems_and_full_disks(tmp_path: Path) -> None:
-    from xtrain.train.config.loading import load_config
+    from xtrain.tasks.validation import load_config
     from xtrain.train.preflight import check_disk, check_paths
 
     if sys.platform.startswith("linux"):
@@ -242,7 +242,7 @@ def test_configure_accepts_ips_and_hostnames() -> None:
 
 
 def test_mixed_type_labels_are_refused() -> None:
-    from xtrain.train.data import label_mapping
+    from xtrain.data.labels import label_mapping
 
     with pytest.raises(XtrainError, match=r"the label column mixes types \(number 1, str 'pos'\)"):
         label_mapping([1, "pos"], [], None, ("train.jsonl", "eval.jsonl"))
@@ -307,7 +307,7 @@ def test_torchrun_agent_store_listens_on_loopback_only() -> None:
 
 
 def test_loopback_transport_keeps_the_users_choice() -> None:
-    from xtrain.train.process_group import loopback_interface, loopback_transport_env
+    from xtrain.runtime.process_group import loopback_interface, loopback_transport_env
 
     if loopback_interface() is None:
         pytest.skip("no loopback interface name here")

@@ -12,8 +12,8 @@ import pytest
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
+from xtrain.tasks import build_workload
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
@@ -106,7 +106,7 @@ def test_bad_input_is_one_line(vit, tmp_path, private_caches):
         build_workload(_cfg(llama, train))
     with pytest.raises(XtrainError, match="data.packing is for task causal-lm, not image-classification"):
         _cfg(vit, train, "data.packing=true")
-    # the model checks (xtrain/train/model_checks.py) name the missing target before peft runs
+    # the model checks (xtrain/tasks/model_checks.py) name the missing target before peft runs
     with pytest.raises(XtrainError, match=r"lora.target_modules \['nope'\] not found in the model"):
         build_workload(_cfg(vit, train, "lora.target_modules=[nope]"))
 
@@ -117,7 +117,7 @@ def test_full_fine_tune_trains_everything(vit, tmp_path):
 
 
 def test_plan_time_sizes_equal_the_built_model(vit, tmp_path):
-    from xtrain.train.model_size import live_sizes, offline_sizes
+    from xtrain.tasks.sizes import live_sizes, offline_sizes
 
     rows = _rows(8)
     classes = f"model.num_labels={len({r['label'] for r in rows})}"  # the plan reads no data

@@ -19,10 +19,10 @@ import torch
 
 from xtrain import builtin
 from xtrain.builtin import image as builtin_image
+from xtrain.data.rows.images import ImageTextCollator, UnreadableImage, to_rgb
 from xtrain.errors import XtrainError
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
-from xtrain.train.tasks.image_data import ImageTextCollator, UnreadableImage, to_rgb
+from xtrain.tasks import build_workload
+from xtrain.tasks.validation import load_config
 
 TEXTS = builtin_image.line_texts(12, seed=3)
 
@@ -312,7 +312,7 @@ def test_vit_gpt2_captioner_gets_its_special_tokens_and_targets(tmp_path):
 
 
 def test_text_metrics_are_jiwer_corpus_rates():
-    from xtrain.train.generation import text_metrics
+    from xtrain.tasks.generation import text_metrics
 
     m = text_metrics(["abcd", "ef"], ["abxd", "ef"])
     assert m["cer"] == pytest.approx(1 / 6) and m["wer"] == pytest.approx(1 / 2)

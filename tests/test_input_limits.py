@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from xtrain import structured
+from xtrain.data.rows.audio import UnreadableAudio, check_audio_files, read_audio
+from xtrain.data.rows.images import MAX_PIXELS, UnreadableImage, open_image
 from xtrain.errors import SHOWN_CHARS, XtrainError, shown
-from xtrain.train.tasks.audio_data import UnreadableAudio, check_audio_files, read_audio
-from xtrain.train.tasks.image_data import MAX_PIXELS, UnreadableImage, open_image
 
 FAST = settings(max_examples=60, deadline=None)
 
@@ -57,7 +57,7 @@ def test_an_image_above_the_pixel_limit_is_refused_undecoded(limit: int | None, 
 def test_a_bomb_given_to_predict_is_one_line(tmp_path: Path) -> None:
     from support.media import png_declaring
 
-    from xtrain.train.tasks.predicting import read_input
+    from xtrain.tasks.predicting import read_input
 
     bomb = tmp_path / "scan.png"
     bomb.write_bytes(png_declaring(100_000, 100_000))  # 100 bytes on disk, 10^10 pixels declared
@@ -192,7 +192,7 @@ def test_a_shown_value_of_an_expanded_bomb_costs_nothing() -> None:
 
 
 def test_a_config_value_in_an_error_is_cut(tmp_path: Path) -> None:
-    from xtrain.train.config.loading import load_config
+    from xtrain.tasks.validation import load_config
 
     big = {"data": {"train": ["a" * 50] * 1000}}
     path = tmp_path / "job.yaml"

@@ -12,10 +12,10 @@ import pytest
 from xtrain.errors import XtrainError
 from xtrain.launch.accelerate_launcher import accelerate_args, accelerate_launch
 from xtrain.launch.env import PLAN_ENV, plan_env
-from xtrain.launch.failures import WorkerFailed
 from xtrain.launch.launcher import launch, runs_here
 from xtrain.launch.rendezvous import free_port
 from xtrain.launch.spawn import spawn
+from xtrain.launch.worker_errors import WorkerFailed
 from xtrain.machine.facts import GPU, Facts
 from xtrain.planning.plan import Overrides, Plan
 from xtrain.planning.rules import make_plan

@@ -176,8 +176,8 @@ def test_saved_adapter_reloads_with_peft_and_reproduces_eval_loss(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from xtrain.train.config.loading import load_config
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
+    from xtrain.tasks.validation import load_config
 
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "XTRAIN_CACHE"):
         monkeypatch.setenv(key, job.env[key])

@@ -1,4 +1,4 @@
-"""Library noise xtrain silences (xtrain/train/quiet.py), exactly that and nothing more."""
+"""Library noise xtrain silences (xtrain/runtime/quiet.py), exactly that and nothing more."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xtrain.train import quiet
+from xtrain.runtime import quiet
 
 
 def _kernels_hint(logger: logging.Logger, error: Exception) -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from xtrain.train.config import load_config
-from xtrain.train.tasks import all_tasks, build_workload
+from xtrain.tasks import all_tasks, build_workload
+from xtrain.tasks.validation import load_config
 
-DATA = Path(__file__).resolve().parents[1] / "xtrain" / "data"
+DATA = Path(__file__).resolve().parents[1] / "xtrain" / "builtin" / "jobs"
 MEDIA = sorted(name for name, t in all_tasks().items() if t.decodes_media)
 
 

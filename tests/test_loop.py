@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from xtrain.config.schema import TrainConfig
+from xtrain.data.sampler import DataOrder, RankBatchSampler
 from xtrain.errors import XtrainError
 from xtrain.machine.facts import Facts
 from xtrain.planning.rules import make_plan
-from xtrain.train.config.schema import TrainConfig
+from xtrain.tasks.contract import Workload
 from xtrain.train.report import ListReporter
-from xtrain.train.sampler import DataOrder, RankBatchSampler
-from xtrain.train.workload import Workload
 
 
 # -- a tiny hand-written workload (no tasks.py involved) -------------------------------------------

@@ -10,13 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from xtrain.train import lora, model_checks, model_size, tasks
-from xtrain.train.config import load_config
-from xtrain.train.config.schema import TrainConfig
+from xtrain import tasks
+from xtrain.config.schema import TrainConfig
+from xtrain.model import lora
+from xtrain.model import size as model_size
+from xtrain.model.configs import read_config_offline
+from xtrain.tasks import model_checks
+from xtrain.tasks.sizes import adapted_layers, offline_sizes
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
-DATA = Path(__file__).resolve().parents[1] / "xtrain" / "data"
+DATA = Path(__file__).resolve().parents[1] / "xtrain" / "builtin" / "jobs"
 LLAMA_LIKE = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
 SMALL = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64,
@@ -47,7 +52,7 @@ def causal_job(folder: Path, targets: str) -> TrainConfig:
 
 def skeleton(cfg: TrainConfig) -> torch.nn.Module:
     """The task's model on the meta device, as the plan builds it."""
-    bare = model_size.meta_model(cfg, tasks.get(cfg.model.task), model_size.read_config_offline(cfg))
+    bare = model_size.meta_model(cfg, tasks.get(cfg.model.task), read_config_offline(cfg))
     assert not isinstance(bare, str), bare
     return bare
 
@@ -67,8 +72,8 @@ def test_all_linear_counts_what_peft_adapts(tmp_path: Path, kind: str) -> None:
     cfg = load_config(
         None, [f"model.name_or_path={folder}", "model.task=causal-lm", "lora.target_modules=all-linear"]
     )
-    bare = model_size.meta_model(cfg, model_size.tasks.get("causal-lm"), model_size.read_config_offline(cfg))
-    adapted, _ = model_size.adapted_layers(bare, cfg)
+    bare = model_size.meta_model(cfg, model_size.tasks.get("causal-lm"), read_config_offline(cfg))
+    adapted, _ = adapted_layers(bare, cfg)
     assert set(adapted) == peft_all_linear(bare, "CAUSAL_LM")
     assert "lm_head" not in adapted and any(q.endswith("mlp.down_proj") for q in adapted)
     assert "checked against" in model_checks.check_offline(cfg)
@@ -78,7 +83,7 @@ def test_all_linear_on_a_classifier_leaves_its_head_to_peft(tmp_path: Path) -> N
     """seq-cls: peft leaves the classifier out of all-linear and trains it whole (modules_to_save)."""
     cfg = load_config(None, ["lora.target_modules=all-linear"])  # builtin:tiny-bert, seq-cls
     bare = skeleton(cfg)
-    adapted, whole = model_size.adapted_layers(bare, cfg)
+    adapted, whole = adapted_layers(bare, cfg)
     assert set(adapted) == peft_all_linear(bare, "SEQ_CLS") and "classifier" in whole
     assert "classifier" not in adapted and any(q.endswith("attention.self.query") for q in adapted)
 
@@ -99,8 +104,8 @@ def test_the_families_target_names_are_found(tmp_path: Path, kind: str, targets:
         None, [f"model.name_or_path={folder}", "model.task=causal-lm", f"lora.target_modules={targets}"]
     )
     assert "LoRA targets checked" in model_checks.check_offline(cfg)
-    bare = model_size.meta_model(cfg, model_size.tasks.get("causal-lm"), model_size.read_config_offline(cfg))
-    adapted, _ = model_size.adapted_layers(bare, cfg)
+    bare = model_size.meta_model(cfg, model_size.tasks.get("causal-lm"), read_config_offline(cfg))
+    adapted, _ = adapted_layers(bare, cfg)
     assert len(adapted) == 2 * len(cfg.lora.target_modules)  # each name in both layers
 
 
@@ -122,18 +127,18 @@ def test_the_families_target_names_are_found(tmp_path: Path, kind: str, targets:
 def test_media_tasks_take_the_family_names_and_all_linear(
     job: str, targets: str, not_adapted: str, listed: bool
 ):
-    from xtrain.train import tasks
+    from xtrain import tasks
 
     cfg = load_config(
         str(DATA / job), ["lora.enabled=true", f"lora.target_modules={targets if listed else 'all-linear'}"]
     )
     assert "LoRA targets checked" in model_checks.check_offline(cfg)
-    bare = model_size.meta_model(cfg, tasks.get(cfg.model.task), model_size.read_config_offline(cfg))
-    adapted, _ = model_size.adapted_layers(bare, cfg)
+    bare = model_size.meta_model(cfg, tasks.get(cfg.model.task), read_config_offline(cfg))
+    adapted, _ = adapted_layers(bare, cfg)
     assert adapted and not [q for q in adapted if q.split(".")[-1] == not_adapted or ".pooler." in q]
     if not listed:  # every Linear of the adapted part(s) but heads and poolers
         assert set(adapted) >= set(
-            model_size.adapted_layers(bare, load_config(str(DATA / job), ["lora.enabled=true"]))[0]
+            adapted_layers(bare, load_config(str(DATA / job), ["lora.enabled=true"]))[0]
         )
 
 
@@ -154,8 +159,8 @@ def test_all_linear_trains_the_builtin_llama(tmp_path: Path) -> None:
     from test_loop import cpu_plan
     from test_lora_variants import llama_config
 
+    from xtrain.model.load import load_model
     from xtrain.train.loop import train
-    from xtrain.train.models import load_model
 
     kept: dict = {}
 
@@ -180,7 +185,7 @@ def test_all_linear_trains_the_builtin_llama(tmp_path: Path) -> None:
     trained = [p for n, p in model.named_parameters() if "lora_B" in n]
     assert trained and all(p.abs().sum() > 0 for p in trained)  # B starts at zero: every adapter moved
     cfg: TrainConfig = llama_config(tmp_path / "plan", target_modules="all-linear")
-    sizes = model_size.offline_sizes(cfg)
+    sizes = offline_sizes(cfg)
     assert not isinstance(sizes, str)
     assert sizes.trainable == sum(p.numel() for p in model.parameters() if p.requires_grad)
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 from test_loop import cpu_plan  # the CPU plan the loop tests train under
 
+from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import TrainConfig
 from xtrain.train.report import ListReporter
 
 pytestmark = pytest.mark.usefixtures("private_caches")
@@ -77,7 +77,7 @@ class LogitsAtEnd(ListReporter):
 
 def train_variant(out: Path, reporter: ListReporter | None = None, kept: dict | None = None, **lora: object):
     """Train through xtrain's loop with its own task builder; ``kept["model"]``: the model."""
-    from xtrain.train import tasks
+    from xtrain import tasks
     from xtrain.train.loop import train
 
     kept = {} if kept is None else kept
@@ -167,7 +167,7 @@ def test_layer_by_layer_decomposition_is_peft_own_init(init: str) -> None:
     on the same device it gives exactly what get_peft_model(init_lora_weights=init) gives."""
     from peft import LoraConfig, get_peft_model
 
-    from xtrain.train import lora
+    from xtrain.model import lora
 
     cfg = TrainConfig()
     cfg.lora.r, cfg.lora.alpha, cfg.lora.init_weights = 4, 8, init
@@ -192,7 +192,7 @@ def test_pissa_adapter_keeps_the_head_trained_whole(tmp_path: Path) -> None:
     from transformers import AutoModelForSequenceClassification
 
     from xtrain import builtin
-    from xtrain.train import lora
+    from xtrain.model import lora
 
     folder = str(builtin.ensure_builtin_model("builtin:tiny-bert"))
     cfg = TrainConfig()
@@ -222,7 +222,8 @@ def test_loftq_on_a_4bit_base_needs_cuda() -> None:
     pytest.importorskip("bitsandbytes")
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from xtrain.train import lora
+    from xtrain.model import lora
+    from xtrain.tasks.validation import check_variants
 
     quant = BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32
@@ -230,7 +231,7 @@ def test_loftq_on_a_4bit_base_needs_cuda() -> None:
     model = AutoModelForCausalLM.from_pretrained(original_base(), quantization_config=quant, device_map="cpu")
     cfg = TrainConfig()
     cfg.lora.r, cfg.lora.init_weights, cfg.model.quantization = 8, "loftq", "4bit"
-    lora.check_variants(cfg)
+    check_variants(cfg)
     with pytest.raises(XtrainError, match="loftq computes on a CUDA GPU"):
         lora.apply_lora(model, cfg.lora, "CAUSAL_LM")
 
@@ -252,7 +253,7 @@ REFUSED = [
 def test_combinations_that_cannot_work_are_refused(
     lora: dict, quantization: str | None, message: str
 ) -> None:
-    from xtrain.train.lora import check_variants
+    from xtrain.tasks.validation import check_variants
 
     cfg = TrainConfig()
     cfg.model.quantization = quantization
@@ -264,7 +265,7 @@ def test_combinations_that_cannot_work_are_refused(
 
 
 def test_combinations_that_work_pass() -> None:
-    from xtrain.train.lora import check_variants
+    from xtrain.tasks.validation import check_variants
 
     for quantization in (None, "4bit", "8bit"):
         cfg = TrainConfig()
@@ -279,7 +280,7 @@ def test_combinations_that_work_pass() -> None:
 def test_olora_on_gpt2_conv1d_is_refused() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from xtrain.train import lora
+    from xtrain.model import lora
 
     model = GPT2LMHeadModel(
         GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)
@@ -333,7 +334,7 @@ def test_dora_on_gpt2_conv1d_saves_and_reloads(tmp_path: Path) -> None:
     from peft import PeftModel
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from xtrain.train import lora
+    from xtrain.model import lora
 
     config = GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, bos_token_id=0, eos_token_id=0)
     torch.manual_seed(0)
@@ -361,7 +362,8 @@ def test_dora_trains_on_a_quantized_base(quantization: str) -> None:
     pytest.importorskip("bitsandbytes")
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    from xtrain.train import lora
+    from xtrain.model import lora
+    from xtrain.tasks.validation import check_variants
 
     if quantization == "4bit":
         quant = BitsAndBytesConfig(
@@ -372,7 +374,7 @@ def test_dora_trains_on_a_quantized_base(quantization: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(original_base(), quantization_config=quant, device_map="cpu")
     cfg = TrainConfig()
     cfg.lora.use_dora, cfg.model.quantization = True, quantization
-    lora.check_variants(cfg)
+    check_variants(cfg)
     model = lora.apply_lora(model, cfg.lora, "CAUSAL_LM")
     ids = torch.arange(3, 19).reshape(2, 8)
     model(input_ids=ids, labels=ids).loss.backward()

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from xtrain.train import memory
-from xtrain.train.config import load_config
+from xtrain.model import memory
+from xtrain.tasks.validation import load_config
 
 RTX_4090_GIB = 24564 / 1024  # what torch reports for a 4090 (the 2x4090 snapshots)
 
@@ -101,8 +101,8 @@ def caches(private_caches, monkeypatch):
 
 def test_offline_sizes_equal_the_built_model_and_the_run_time_check_warns(caches, tmp_path):
     from xtrain.builtin import vision_language as builtin_vl
-    from xtrain.train.model_size import check_live_model, live_sizes, offline_sizes
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
+    from xtrain.tasks.sizes import check_live_model, live_sizes, offline_sizes
 
     root = tmp_path / "vqa"
     (root / "img").mkdir(parents=True)
@@ -154,8 +154,8 @@ def test_offline_sizes_equal_the_built_model_and_the_run_time_check_warns(caches
 def test_offline_counts_are_the_built_models_for_each_task(caches, overrides):
     """LoRA counted without peft on the task's own targets equals peft's model (the heads kept
     whole for seq-cls, adapters in the vision blocks, a full fine-tune without the vision tower)."""
-    from xtrain.train.model_size import live_sizes, offline_sizes
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
+    from xtrain.tasks.sizes import live_sizes, offline_sizes
 
     cfg = load_config(None, [*overrides, "data.eval=null", "data.max_length=32"])
     assert offline_sizes(cfg) == live_sizes(build_workload(cfg).model, cfg=cfg)
@@ -195,7 +195,7 @@ def test_the_recipe_notes_the_warning_on_a_cuda_card_and_says_nothing_on_the_cpu
 def test_offline_sizes_of_a_downloaded_config_need_no_weights(caches, tmp_path):
     from transformers import Qwen2VLConfig
 
-    from xtrain.train.model_size import offline_sizes
+    from xtrain.tasks.sizes import offline_sizes
 
     text = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
@@ -217,7 +217,7 @@ def test_a_flat_hub_config_ties_the_head_from_its_top_level(caches, tmp_path):
     level only (the text config has no such key); the head is counted once."""
     import json
 
-    from xtrain.train.model_size import offline_sizes
+    from xtrain.tasks.sizes import offline_sizes
 
     flat = {
         "architectures": ["Qwen2VLForConditionalGeneration"], "model_type": "qwen2_vl",

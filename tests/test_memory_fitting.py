@@ -1,6 +1,6 @@
 """docs/fitting-big-models.md's table is xtrain's own estimate: the published config.json values of
 Qwen2-VL-2B/7B-Instruct and Qwen2.5-7B/14B-Instruct, sized on the meta device by
-``model_size.offline_sizes`` (as ``xtrain train --dry-run`` does) and estimated by
+``offline_sizes`` (as ``xtrain train --dry-run`` does) and estimated by
 ``memory.check_memory`` for one RTX 4090 under each option. ``python tests/test_memory_fitting.py``
 prints the table; the test checks that the page holds exactly it."""
 
@@ -58,15 +58,16 @@ def table(folder: Path) -> str:
     """The page's table, computed: a row a model, a column an option (GiB a process; over the
     card in bold with "over", above 90 % of it "tight"). Quantized, the vision-language task
     keeps its vision tower and projector as they are (``Task.unquantized``)."""
-    from xtrain.train import memory, model_size
-    from xtrain.train.config import load_config
+    from xtrain.model import memory
+    from xtrain.tasks.sizes import offline_sizes
+    from xtrain.tasks.validation import load_config
 
     rows = []
     for name, task, config in MODELS:
         (folder / name).mkdir(parents=True, exist_ok=True)
         (folder / name / "config.json").write_text(json.dumps(config), encoding="utf-8")
         base = [f"model.name_or_path={(folder / name).as_posix()}", f"model.task={task}"]
-        sizes = model_size.offline_sizes(load_config(None, base))
+        sizes = offline_sizes(load_config(None, base))
         assert not isinstance(sizes, str), sizes
         cells = [name, f"{sizes.params / 1e9:.2f}B"]  # LoRA adapters included
         for _, quantization, checkpointing in OPTIONS:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from xtrain.train import memory
-from xtrain.train.config import load_config
+from xtrain.model import memory
+from xtrain.tasks.validation import load_config
 
 RTX_4090_GIB = 24564 / 1024
 # Qwen2-7B / Qwen2.5-7B and Qwen2.5-14B as published on the Hugging Face hub (config.json)
@@ -119,8 +119,8 @@ def test_a_real_4bit_model_counts_as_the_plan_does(caches):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     from xtrain import builtin
-    from xtrain.train import lora
-    from xtrain.train.model_size import live_sizes, offline_sizes
+    from xtrain.model import lora
+    from xtrain.tasks.sizes import live_sizes, offline_sizes
 
     cfg = load_config(None, ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm",
                              "model.quantization=4bit", "data.train=builtin:tiny-stories"])  # fmt: skip
@@ -155,8 +155,8 @@ def test_xtrains_own_4bit_build_counts_as_the_plan_does(caches, overrides):
     """The task's quantized load (``model.quantization=4bit``: its skip list, peft's preparation,
     LoRA) has the counts the plan gave from the config: the vision tower stays unquantized."""
     pytest.importorskip("bitsandbytes")
-    from xtrain.train.model_size import _unquantized, live_sizes, offline_sizes
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
+    from xtrain.tasks.sizes import _unquantized, live_sizes, offline_sizes
 
     cfg = load_config(None, [*overrides, "model.quantization=4bit", "data.eval=null", "data.max_length=32"])
     planned = offline_sizes(cfg)
@@ -194,7 +194,7 @@ def test_the_plan_counts_8bit_moments_and_the_tensors_too_small_for_them(caches)
     """tiny-llama's default LoRA (r=8 on 64-wide layers: 512-weight matrices) keeps float32
     moments under adamw_8bit; with r=64 the larger matrices get 8-bit ones (the k/v projections'
     lora_B, 32 x 64, stays float32). The estimate drops by the moments saved."""
-    from xtrain.train.model_size import offline_sizes
+    from xtrain.tasks.sizes import offline_sizes
 
     base = ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm"]
     base.append("data.train=builtin:tiny-stories")

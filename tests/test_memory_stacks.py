@@ -1,5 +1,5 @@
 """The memory estimate's activation term from the stacks a step runs (``Task.stacks``,
-``xtrain/train/activations.py``): the encoder's positions of each task read from tiny configs on
+``xtrain/model/activations.py``): the encoder's positions of each task read from tiny configs on
 the meta device (Whisper's audio frames, a ViT's patches, a Qwen2-VL's pixels), what trains in
 each stack, the "tight" warning above 90 % of the card, and the issue's Whisper-small example.
 benchmarks/memory_estimate.py holds the same term against autograd's saved tensors."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from xtrain.train import activations, memory
-from xtrain.train.config import load_config
+from xtrain.model import activations, memory
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 
@@ -28,7 +28,7 @@ def _meta(config: object, auto: str) -> object:
 
 
 def _stacks(task: str, model: object, *overrides: str) -> list[activations.Stack]:
-    from xtrain.train import tasks
+    from xtrain import tasks
 
     return tasks.get(task).stacks(model, load_config(None, [f"model.task={task}", *overrides]))
 
@@ -112,9 +112,8 @@ def test_what_trains_in_each_stack_follows_the_lora_plan_and_the_freezing():
     the encoder's attention, a full fine-tune with ``model.freeze_encoder`` trains the decoder only."""
     from transformers import WhisperConfig
 
-    from xtrain.train import tasks
-    from xtrain.train.model_size import adapted_layers
-    from xtrain.train.stack_sizes import step_stacks, train_only
+    from xtrain import tasks
+    from xtrain.tasks.sizes import adapted_layers, step_stacks, train_only
 
     config = WhisperConfig(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                            decoder_attention_heads=4, max_source_positions=50)  # fmt: skip
@@ -183,7 +182,7 @@ def test_whisper_small_with_64_clips_is_no_longer_half_the_need(tmp_path: Path):
     """The issue's example: Whisper-small, 64 clips a GPU, LoRA as configured by default, on a
     24 GiB card. The encoder's 1500 frames a clip were not counted: the old per-token figure
     (the same sizes without stacks) said it fits; now it does not, by far, and says what to change."""
-    from xtrain.train.model_size import offline_sizes
+    from xtrain.tasks.sizes import offline_sizes
 
     (tmp_path / "whisper-small").mkdir()
     (tmp_path / "whisper-small" / "config.json").write_text(json.dumps(WHISPER_SMALL))

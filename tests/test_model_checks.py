@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (the case tables read best one case per line)
-"""The model-aware checks (xtrain/train/model_checks.py): lengths against the model's positions,
+"""The model-aware checks (xtrain/tasks/model_checks.py): lengths against the model's positions,
 LoRA targets against its module names, label names against model.num_labels, sizes against
 bounds; in a run (``common.finish_model``) and in ``xtrain train --dry-run``, one line each."""
 
@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from xtrain.errors import XtrainError
-from xtrain.train import model_checks
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
+from xtrain.tasks import build_workload, model_checks
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
-DATA = Path(__file__).resolve().parents[1] / "xtrain" / "data"
+DATA = Path(__file__).resolve().parents[1] / "xtrain" / "builtin" / "jobs"
 OCR = str(DATA / "quickstart-image-to-text.yaml")
 ASR = str(DATA / "quickstart-speech-to-text.yaml")
 VQA = str(DATA / "quickstart-vision-language.yaml")
@@ -147,7 +146,7 @@ def test_label_and_text_columns_are_one_line(tmp_path, rows, extra, expected):
 
 
 def test_class_names_and_num_labels_must_agree():
-    from xtrain.train.data import label_mapping
+    from xtrain.data.labels import label_mapping
 
     with pytest.raises(XtrainError, match="names 3 classes but model.num_labels=5"):
         label_mapping([0, 1, 2], [], 5, ("t", "e"), class_names=["a", "b", "c"])

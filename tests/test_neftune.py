@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from xtrain.errors import XtrainError
-from xtrain.train import neftune
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
+from xtrain.model import neftune
+from xtrain.tasks import build_workload
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 

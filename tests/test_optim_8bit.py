@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_loop import cpu_plan  # the CPU plan the loop tests train under
 
+from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import TrainConfig
 from xtrain.train.report import ListReporter
 
 pytestmark = pytest.mark.usefixtures("private_caches")

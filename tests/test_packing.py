@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from xtrain import builtin
+from xtrain.data.collate import IGNORE_INDEX, PackedCollator, PadCollator, batch_tokens
+from xtrain.data.packing import pack_rows
 from xtrain.errors import XtrainError
-from xtrain.train import data as data_mod
-from xtrain.train.collate import IGNORE_INDEX, PackedCollator, PadCollator, batch_tokens
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
+from xtrain.tasks import build_workload
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
@@ -54,7 +54,7 @@ def _examples(lengths: list[int], seed: int = 0, prompt: int = 0) -> list[dict[s
 
 def test_pack_rows_fits_whole_examples_and_restarts_positions() -> None:
     rows = _examples([30, 5, 17, 12, 40, 3, 25, 9])
-    packed = data_mod.pack_rows(rows, 48)
+    packed = pack_rows(rows, 48)
     assert all(len(r["input_ids"]) <= 48 for r in packed)
     assert sum(len(r["input_ids"]) for r in packed) == sum(len(r["input_ids"]) for r in rows)
     assert len(packed) == 3  # first-fit decreasing: 141 tokens in 3 rows of 48 (40+5+3, 30+17, 25+12+9)
@@ -68,11 +68,11 @@ def test_pack_rows_fits_whole_examples_and_restarts_positions() -> None:
             assert r["labels"][a] == IGNORE_INDEX  # not predicted from the previous example
             seen.append(r["input_ids"][a:b])
     assert sorted(map(tuple, seen)) == sorted(tuple(r["input_ids"]) for r in rows)  # each once, whole
-    assert data_mod.pack_rows(rows, 48) == packed  # a pure function: every process, every resume
+    assert pack_rows(rows, 48) == packed  # a pure function: every process, every resume
 
 
 def test_packed_collator_makes_one_padding_free_row() -> None:
-    packed = data_mod.pack_rows(_examples([10, 6, 7]), 16)
+    packed = pack_rows(_examples([10, 6, 7]), 16)
     batch = PackedCollator(0)(packed)
     n = sum(len(r["input_ids"]) for r in packed)
     assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (1, n)
@@ -108,7 +108,7 @@ def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def test_a_packed_batch_gives_each_example_its_unpacked_loss(attn: str) -> None:
     model = _tiny_llama(attn)
     examples = _examples([23, 9, 31, 4, 17, 12], seed=1, prompt=3)  # prompts masked, as prompt/response
-    packed = data_mod.pack_rows(examples, 64)
+    packed = pack_rows(examples, 64)
     assert any(len(r["position_ids"]) > r["position_ids"][-1] + 1 for r in packed)  # rows do hold several
     batch = PackedCollator(0)(packed)
     out = model(**batch)
@@ -135,7 +135,7 @@ def test_without_use_cache_false_transformers_lets_examples_see_each_other(attn:
     without a cache, and a training forward makes one whenever config.use_cache is true."""
     model = _tiny_llama(attn)
     examples = _examples([12, 8], seed=2)
-    batch = PackedCollator(0)(data_mod.pack_rows(examples, 32))
+    batch = PackedCollator(0)(pack_rows(examples, 32))
     second = slice(12, 19)  # the second example's targets (a row keeps its examples in input order)
     apart = _token_losses(model(**batch).logits, batch["labels"])[second]
     leaky = _token_losses(model(**{**batch, "use_cache": True}).logits, batch["labels"])[second]
@@ -250,7 +250,7 @@ def test_concatenate_is_the_old_blocks(tmp_path: Path) -> None:
 
 
 def test_a_model_that_cannot_keep_examples_apart_is_refused() -> None:
-    from xtrain.train.tasks.causal_lm import check_packs_apart
+    from xtrain.tasks.causal_lm import check_packs_apart
 
     class Recurrent(torch.nn.Module):  # a module without transformers' position_ids masks
         config = None

@@ -27,7 +27,7 @@ def cls_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cls")
     env = offline_env(root, tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain")
     out = root / "run"
-    config = REPO / "xtrain" / "data" / "quickstart.yaml"
+    config = REPO / "xtrain" / "builtin" / "jobs" / "quickstart.yaml"
     args = ("--config", str(config), "run.max_steps=1", "data.eval=null", f"run.output_dir={out}")
     proc = run_xtrain(python_run(*args), env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -54,7 +54,7 @@ def test_predict_refuses_a_seq_cls_run_in_one_line(cls_run, tmp_path, capsys):
 
 
 def test_the_run_record_keeps_the_data_settings_a_data_file_is_read_with(cls_run, tmp_path):
-    from xtrain.train import tasks
+    from xtrain import tasks
 
     record = json.loads((cls_run / "adapter" / "xtrain_run.json").read_text(encoding="utf-8"))
     assert record["data"]["text_column"] == "text" and record["data"]["label_column"] == "label"
@@ -123,7 +123,7 @@ def test_inputs_follow_the_model_device_and_dtype():
     class Model:
         device, dtype = torch.device("cpu"), torch.float16
 
-    from xtrain.train.tasks.predicting import to_model
+    from xtrain.tasks.predicting import to_model
 
     batch = to_model({"input_ids": torch.ones(1, 2, dtype=torch.long), "x": torch.ones(1)}, Model())
     assert batch["input_ids"].dtype == torch.long and batch["x"].dtype == torch.float16
@@ -131,8 +131,8 @@ def test_inputs_follow_the_model_device_and_dtype():
 
 @pytest.mark.parametrize("kind", ["image", "audio file"])
 def test_an_unreadable_input_names_the_file_not_a_row(tmp_path, kind):
-    from xtrain.train.tasks.audio_data import read_audio
-    from xtrain.train.tasks.image_data import open_image
+    from xtrain.data.rows.audio import read_audio
+    from xtrain.data.rows.images import open_image
 
     bad = tmp_path / "notes.png"
     bad.write_text("not media", encoding="utf-8")
@@ -140,7 +140,7 @@ def test_an_unreadable_input_names_the_file_not_a_row(tmp_path, kind):
         "image": lambda: open_image(str(bad), None, 0, ""),
         "audio file": lambda: read_audio(str(bad), None, 0, "", 16000),
     }
-    from xtrain.train.tasks.predicting import read_input
+    from xtrain.tasks.predicting import read_input
 
     with pytest.raises(XtrainError) as e:
         read_input(bad, kind, read[kind])

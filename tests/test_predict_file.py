@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from xtrain import predict as lib
 from xtrain.cli import main
-from xtrain.train.tasks.contract import PredictRequest
+from xtrain.tasks.contract import PredictRequest
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "examples" / "data" / "chat-template.jinja"
@@ -182,8 +182,8 @@ CONVERSATION = [
 
 
 def test_a_chat_runs_rows_are_prompted_as_training_rendered_them(chat_model, tmp_path):
-    from xtrain.train import models
-    from xtrain.train.tasks import chat_data
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.model import load as models
 
     data = _jsonl(tmp_path / "chat.jsonl", [{"messages": CONVERSATION}, {"messages": CONVERSATION[:4]}])
     task, examples = lib.read_examples(chat_model, data)
@@ -204,7 +204,7 @@ def test_a_chat_runs_rows_are_prompted_as_training_rendered_them(chat_model, tmp
 
 
 def test_alpaca_prompts_without_outputs_are_read_as_training_writes_them(text_run, tmp_path):
-    from xtrain.train.tasks import row_formats
+    from xtrain.data.rows import formats as row_formats
 
     run = shutil.copytree(text_run, tmp_path / "alpaca-run")
     (run / "adapter" / "xtrain_run.json").write_text(_record("causal-lm", row_format="alpaca"))
@@ -233,7 +233,7 @@ def test_a_bad_row_is_one_line_with_file_and_row_and_nothing_is_written(chat_mod
     )
 )
 def test_a_conversation_splits_into_its_prompt_and_its_last_answer(turns):
-    from xtrain.train.tasks.predicting import split_conversation
+    from xtrain.tasks.predicting import split_conversation
 
     cell = [{"role": "user", "content": "q"}] + [{"role": r, "content": "a" + c} for r, c in turns]
     prompt, reference = split_conversation(cell, 0, "f")
@@ -307,7 +307,7 @@ def test_images_are_read_within_the_runs_max_image_pixels(tmp_path_factory, tmp_
     """The run's data.max_image_pixels (its record) holds for predict as for its training: a data
     file's rows and input files alike, for the tasks reading images through ``open_images`` and
     for vision-language's prompts; a run that does not say gets the default (docsbad's limit)."""
-    from xtrain.train.tasks.image_data import MAX_PIXELS
+    from xtrain.data.rows.images import MAX_PIXELS
 
     assert lib.image_limit({}) == MAX_PIXELS and lib.image_limit({"max_image_pixels": None}) is None
     assert lib.image_limit({"max_image_pixels": "many"}) == MAX_PIXELS
@@ -362,8 +362,8 @@ def test_vision_language_rows_batched_answer_as_one_at_a_time(tmp_path_factory, 
 
 
 def test_every_vision_format_is_prompted_as_its_native_messages_row(tmp_path_factory):
-    from xtrain.train.tasks import chat_data
-    from xtrain.train.tasks.vision_processor import load_processor
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks.vision_processor import load_processor
 
     model = _media_model(tmp_path_factory, "builtin:tiny-qwen2-vl", _record("vision-language"))
     folder, rows = _builtin_rows("builtin:shapes-vqa", 2)

@@ -320,7 +320,7 @@ def test_user_started_torchrun_ctrl_c_stops_the_workers_cleanly(job: Job) -> Non
 def test_sigterm_to_one_process_accelerate_launch_stops_with_a_checkpoint(job: Job) -> None:
     """`accelerate launch` with one process runs it as a plain child and installs no handler:
     SIGTERM to accelerate alone ends accelerate at once (-15) and reaches nobody else. The worker
-    sees its parent gone (xtrain.launch.lifetime), stops as on SIGTERM and saves, instead of
+    sees its parent gone (xtrain.runtime.lifetime), stops as on SIGTERM and saves, instead of
     training on alone (as it did before) or dying without a checkpoint."""
     out = job.root / "acc-one-term"
     env_job = Job(job.root, job.config, {**job.env, "HF_HOME": str(job.root / "hf-none")})  # no config

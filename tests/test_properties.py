@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from xtrain.config.schema import config_keys
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import config_keys
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
@@ -62,7 +62,7 @@ sections = st.dictionaries(
 
 
 def _load(text: str, overrides: list[str] = ()) -> Any:
-    from xtrain.train.config.loading import load_config
+    from xtrain.tasks.validation import load_config
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "job.yaml"
@@ -180,8 +180,8 @@ def _write(folder: Path, data: list[dict[str, Any]], as_csv: bool) -> Path:
 
 
 def _build(task: str, data: list[dict[str, Any]], as_csv: bool) -> Any:
-    from xtrain.train.config.loading import load_config
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
+    from xtrain.tasks.validation import load_config
 
     model = "builtin:tiny-bert" if task == "seq-cls" else "builtin:tiny-llama"
     with tempfile.TemporaryDirectory() as folder:
@@ -222,7 +222,7 @@ def test_a_facts_key_with_a_line_break_is_still_one_line(tmp_path: Path) -> None
 def test_a_config_name_with_a_line_break_is_still_one_line(tmp_path: Path, text: str) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(text, encoding="utf-8")
-    from xtrain.train.config.loading import load_config
+    from xtrain.tasks.validation import load_config
 
     with pytest.raises(XtrainError, match=r"unknown (section|key) '.*\\n") as e:
         load_config(path)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from xtrain.errors import XtrainError
-from xtrain.train import quantization
-from xtrain.train.quantization import Backend, backend_problem, bnb_settings
+from xtrain.model import quantization
+from xtrain.model.quantization import Backend, backend_problem, bnb_settings
 
 pytest.importorskip("bitsandbytes")
 
@@ -274,7 +274,7 @@ def test_save_merged_merges_into_a_fresh_unquantized_base(qstraight):
 
 def test_predict_runs_a_quantized_runs_output(qstraight):
     from xtrain.predict import predict
-    from xtrain.train.tasks.contract import PredictRequest
+    from xtrain.tasks.contract import PredictRequest
 
     rows = predict(qstraight, PredictRequest(inputs=[], prompts=["Once upon a time"], max_new_tokens=4))
     assert len(rows) == 1 and rows[0]["input"] == "Once upon a time" and rows[0]["text"]
@@ -289,7 +289,7 @@ def test_predict_loads_a_quantized_runs_base_in_4bit_as_training_did(qstraight):
     from transformers import AutoModelForCausalLM
 
     from xtrain.predict import load_predictor, predict
-    from xtrain.train.tasks.contract import PredictRequest
+    from xtrain.tasks.contract import PredictRequest
 
     adapter = qstraight / "adapter"
     assert json.loads((adapter / "xtrain_run.json").read_text())["quantization"] == "4bit"
@@ -353,7 +353,7 @@ def test_predict_without_bitsandbytes_loads_16bit_on_the_cpu_and_refuses_on_a_gp
 def _train_here(overrides: list[str], out: Path, reporter=None):
     from xtrain.machine.facts import Facts
     from xtrain.planning.rules import make_plan
-    from xtrain.train.config import load_config
+    from xtrain.tasks.validation import load_config
     from xtrain.train.loop import train
 
     cfg = load_config(None, [*overrides, f"run.output_dir={out}", "run.tensorboard=false", "run.log_every=1"])
@@ -403,7 +403,7 @@ def _vqa_rows(root: Path, n: int) -> tuple[Path, Path]:
 def test_4bit_lora_trains_vision_language_with_the_vision_tower_unquantized(tmp_path, monkeypatch):
     import bitsandbytes as bnb
 
-    from xtrain.train.tasks import common
+    from xtrain.tasks import common
 
     finish_model = common.finish_model
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from xtrain.data.collate import IGNORE_INDEX
+from xtrain.data.rows.formats import detect
 from xtrain.errors import XtrainError
-from xtrain.train.collate import IGNORE_INDEX
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
-from xtrain.train.tasks.row_formats import detect
+from xtrain.tasks import build_workload
+from xtrain.tasks.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "examples" / "data" / "chat-template.jinja"
@@ -159,7 +159,7 @@ def test_a_bad_row_at_the_command_line_is_one_line_exit_2(tmp_path):
 
 
 def test_a_field_of_another_type_is_named():
-    from xtrain.train.tasks.row_formats import BadRow, alpaca_fields
+    from xtrain.data.rows.formats import BadRow, alpaca_fields
 
     with pytest.raises(BadRow, match=r"row 4 of f.jsonl: field 'input' holds int, not text"):
         alpaca_fields({"instruction": "Add.", "input": 5, "output": "x"}, 4, "f.jsonl")

@@ -785,7 +785,7 @@ def test_bf16_weights_on_cards_without_bf16_stay_fp16() -> None:
 
 def test_the_train_config_passes_its_weights_dtype_to_the_plan() -> None:
     from xtrain.planning.resolve import resolve
-    from xtrain.train.config import load_config
+    from xtrain.tasks.validation import load_config
 
     cfg = load_config(None, ["model.dtype=bfloat16"])
     assert resolve(cfg, facts=load_machine("windows-2x4090")).plan.mixed_precision == "bf16"
@@ -798,7 +798,7 @@ def test_resolve_takes_the_process_count_from_the_launch_context(monkeypatch) ->
     from xtrain.machine import probe
     from xtrain.planning.context import LaunchContext
     from xtrain.planning.resolve import resolve
-    from xtrain.train.config import load_config
+    from xtrain.tasks.validation import load_config
 
     gpus = load_machine("linux-2x3090")
     cfg = load_config(None, ["batch.per_device=4", "batch.global_batch=16"])
@@ -825,7 +825,7 @@ def test_resolve_takes_the_process_count_from_the_launch_context(monkeypatch) ->
 def test_the_loop_reads_the_loader_settings_from_resolve() -> None:
     from xtrain.planning.context import LaunchContext
     from xtrain.planning.resolve import resolve
-    from xtrain.train.config import load_config
+    from xtrain.tasks.validation import load_config
 
     plan = make_plan(load_machine("linux-2x3090"))
     ctx = LaunchContext.from_env({"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
@@ -843,8 +843,8 @@ def test_the_loop_reads_the_loader_settings_from_resolve() -> None:
 )  # fmt: skip
 def test_tasks_that_decode_media_get_the_plans_media_workers(task: str, kind: str) -> None:
     from xtrain.planning.resolve import resolve
-    from xtrain.train.config import load_config
-    from xtrain.train.tasks import get
+    from xtrain.tasks import get
+    from xtrain.tasks.validation import load_config
 
     media = get(task).decodes_media
     for machine in ("windows-2x4090", "linux-2x3090", "windows-cpu-torch-with-driver"):

@@ -56,7 +56,7 @@ def test_a_checkpoint_resumes_under_the_launch_that_wrote_it(
 
 
 def test_what_sharded_weights_cannot_do_is_refused_before_training() -> None:
-    from xtrain.train import sharded
+    from xtrain.train.distributed import sharded
 
     fsdp = SimpleNamespace(distributed_type=DistributedType.FSDP)
     with pytest.raises(XtrainError, match="model.quantization=8bit does not work under FSDP"):

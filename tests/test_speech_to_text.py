@@ -19,11 +19,11 @@ import torch
 
 from xtrain import builtin
 from xtrain.builtin import audio as builtin_audio
+from xtrain.data.rows.audio import UnreadableAudio, read_audio, resample
 from xtrain.errors import XtrainError
-from xtrain.train.config.loading import load_config
-from xtrain.train.generation import normalize_text, text_metrics
-from xtrain.train.tasks import build_workload
-from xtrain.train.tasks.audio_data import UnreadableAudio, read_audio, resample
+from xtrain.tasks import build_workload
+from xtrain.tasks.generation import normalize_text, text_metrics
+from xtrain.tasks.validation import load_config
 
 TEXTS = builtin_audio.clip_texts(8, seed=3)
 
@@ -219,7 +219,7 @@ def test_corrupt_embedded_audio_is_one_line_even_from_a_dataloader_worker(whispe
 def test_worker_error_keeps_one_line():
     e = UnreadableAudio(
         "Caught UnreadableAudio in DataLoader worker process 0.\nOriginal Traceback ...\n"
-        "xtrain.train.tasks.audio_data.UnreadableAudio: cannot read audio a.wav (row 3 of t.csv): bad"
+        "xtrain.data.rows.audio.UnreadableAudio: cannot read audio a.wav (row 3 of t.csv): bad"
     )
     assert e.message == "cannot read audio a.wav (row 3 of t.csv): bad"
 
@@ -286,7 +286,7 @@ def test_multilingual_whisper_prefix_tokens(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GenerationConfig, PreTrainedTokenizerFast, WhisperConfig
 
-    from xtrain.train.tasks.speech_to_text import set_prefix
+    from xtrain.tasks.speech_parts import set_prefix
 
     specials = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>",
                 "<|transcribe|>", "<|notimestamps|>"]  # fmt: skip

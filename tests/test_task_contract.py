@@ -1,5 +1,5 @@
 """The task contract (docs/architecture.md#add-a-task): every registered task has every part,
-nothing outside xtrain/train/tasks/ names a task, and a key is refused for a task that does not
+nothing outside xtrain/tasks/ names a task, and a key is refused for a task that does not
 read it."""
 
 from __future__ import annotations
@@ -11,22 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from xtrain import tasks
+from xtrain.config.schema import config_keys
+from xtrain.config.values import CHOICES
 from xtrain.errors import XtrainError
-from xtrain.train import tasks
-from xtrain.train.config.loading import load_config
-from xtrain.train.config.schema import config_keys
-from xtrain.train.config.validate import task_keys
-from xtrain.train.config.values import CHOICES
-from xtrain.train.tasks.contract import EVERY_KEY, Task
+from xtrain.tasks.contract import EVERY_KEY, Task
+from xtrain.tasks.validation import load_config, task_keys
 
 REPO = Path(__file__).resolve().parent.parent
 XTRAIN = REPO / "xtrain"
-TASKS_DIR = XTRAIN / "train" / "tasks"
+TASKS_DIR = XTRAIN / "tasks"
 ALL = list(tasks.all_tasks().values())
 # The only task names written outside the tasks package: the config's default task (schema), and
 # the task of the job that `xtrain bench` writes for itself.
 ALLOWED_LITERALS = {
-    ("xtrain/train/config/schema.py", "seq-cls"),
+    ("xtrain/config/schema.py", "seq-cls"),
     ("xtrain/bench/job.py", "causal-lm"),
 }
 
@@ -53,8 +52,8 @@ def test_every_task_has_every_part_of_the_contract(task: Task):
         assert reads is None or (reads.rows and all(map(callable, (reads.read, reads.answer, reads.score))))
         assert task.recognizes is not None, "a result saved without a record must still find its task"
     if task.quickstart is not None:
-        assert (XTRAIN / "data" / task.quickstart.job).is_file()
-        cfg = load_config(XTRAIN / "data" / task.quickstart.job, [])
+        assert (XTRAIN / "builtin" / "jobs" / task.quickstart.job).is_file()
+        cfg = load_config(XTRAIN / "builtin" / "jobs" / task.quickstart.job, [])
         assert cfg.model.task == task.name, "a task's quickstart job trains that task"
         assert task.quickstart.next_command.startswith("xtrain train examples/")
         assert (REPO / task.quickstart.next_command.split()[-1]).is_file()
@@ -90,15 +89,15 @@ def test_no_task_name_literal_outside_the_tasks_package():
         for literal in _task_literals(p)
     }
     assert found <= ALLOWED_LITERALS, (
-        f"task names outside xtrain/train/tasks/: {sorted(found - ALLOWED_LITERALS)}"
+        f"task names outside xtrain/tasks/: {sorted(found - ALLOWED_LITERALS)}"
     )
     assert len(ALLOWED_LITERALS) <= 3
 
 
 def test_reading_the_registry_imports_no_heavy_library():
     code = (
-        "import sys; from xtrain.train import tasks; tasks.all_tasks();"
-        "from xtrain.train.config.loading import load_config; load_config(None, []);"
+        "import sys; from xtrain import tasks; tasks.all_tasks();"
+        "from xtrain.tasks.validation import load_config; load_config(None, []);"
         "print([m for m in ('torch', 'transformers', 'datasets', 'peft', 'PIL') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -132,7 +131,7 @@ def _other_value(key: str, value):
 
 @pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
 def test_a_key_of_other_tasks_is_refused_naming_it(task: Task):
-    from xtrain.train.config.schema import TrainConfig
+    from xtrain.config.schema import TrainConfig
 
     defaults = TrainConfig()
     refused = 0
@@ -160,6 +159,6 @@ def test_a_custom_task_reads_any_key():
 @pytest.mark.parametrize("task", ALL, ids=lambda t: t.name)
 def test_a_task_that_generates_says_its_prompt(task: Task):
     """generation.max_new_tokens is checked against the model's positions on top of the prompt
-    (xtrain.train.model_checks): a task that reads it must say how long its prompt can be."""
+    (xtrain.tasks.model_checks): a task that reads it must say how long its prompt can be."""
     if "generation.max_new_tokens" in task.keys:
         assert task.generation_prompt is not None

@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from xtrain import builtin
+from xtrain.data.collate import IGNORE_INDEX, PadCollator
+from xtrain.data.labels import label_mapping
+from xtrain.data.tokenize import tokenize_causal_lm, tokenizer_fingerprint
 from xtrain.errors import XtrainError
-from xtrain.train import data as data_mod
-from xtrain.train import lora as lora_mod
-from xtrain.train.collate import IGNORE_INDEX, PadCollator
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
-from xtrain.train.workload import Workload
+from xtrain.model import lora as lora_mod
+from xtrain.tasks import build_workload
+from xtrain.tasks.contract import Workload
+from xtrain.tasks.validation import load_config
 
 STORIES = [r["text"] for r in builtin.story_examples(24, seed=5)]
 REVIEWS = builtin.sentiment_examples(40, seed=5)
@@ -237,23 +238,23 @@ def test_seq_cls_on_a_decoder_model(llama, tmp_path):
 
 
 def test_label_mapping_rules():
-    mapping, n, names = data_mod.label_mapping(["b", "a", "c"], ["a"], None, ("t", "e"))
+    mapping, n, names = label_mapping(["b", "a", "c"], ["a"], None, ("t", "e"))
     assert mapping == {"a": 0, "b": 1, "c": 2} and n == 3 and names == {0: "a", 1: "b", 2: "c"}
-    assert data_mod.label_mapping([0, 1, 1], [1], None, ("t", "e")) == (None, 2, None)
-    assert data_mod.label_mapping([True, False], [], None, ("t", "e"))[0] == {"False": 0, "True": 1}
-    assert data_mod.label_mapping([1, 0], [], None, ("t", "e"), ["neg", "pos", "mixed"]) == (
+    assert label_mapping([0, 1, 1], [1], None, ("t", "e")) == (None, 2, None)
+    assert label_mapping([True, False], [], None, ("t", "e"))[0] == {"False": 0, "True": 1}
+    assert label_mapping([1, 0], [], None, ("t", "e"), ["neg", "pos", "mixed"]) == (
         None,
         3,
         {0: "neg", 1: "pos", 2: "mixed"},
     )
     with pytest.raises(XtrainError, match="label 'neutral' of e is not among the training labels"):
-        data_mod.label_mapping(["pos", "neg"], ["neutral"], None, ("t", "e"))
+        label_mapping(["pos", "neg"], ["neutral"], None, ("t", "e"))
     with pytest.raises(XtrainError, match="does not fit model.num_labels=2"):
-        data_mod.label_mapping([0, 2], [], 2, ("t", "e"))
+        label_mapping([0, 2], [], 2, ("t", "e"))
     with pytest.raises(XtrainError, match="fractional"):
-        data_mod.label_mapping([0.5, 1.0], [], None, ("t", "e"))
+        label_mapping([0.5, 1.0], [], None, ("t", "e"))
     with pytest.raises(XtrainError, match="at least 2 classes"):
-        data_mod.label_mapping(["only"], [], None, ("t", "e"))
+        label_mapping(["only"], [], None, ("t", "e"))
 
 
 # -- the quickstart job ----------------------------------------------------------------------------
@@ -303,7 +304,7 @@ def test_quickstart_workload_learns_with_a_plain_loop():
 
 CUSTOM_MODULE = """
 import torch
-from xtrain.train.workload import Workload
+from xtrain.tasks.contract import Workload
 
 class Collate:
     def __call__(self, rows):
@@ -455,7 +456,7 @@ def test_lora_disabled_trains_every_weight(llama, tmp_path):
 def test_tokenisation_is_cached_between_builds(llama, tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "cache.jsonl", [{"text": t} for t in STORIES])
     calls = []
-    real = data_mod.tokenize_causal_lm
+    real = tokenize_causal_lm
 
     def counting(*args, **kwargs):
         import inspect
@@ -465,7 +466,7 @@ def test_tokenisation_is_cached_between_builds(llama, tmp_path, monkeypatch):
             calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(data_mod, "tokenize_causal_lm", counting)
+    monkeypatch.setattr("xtrain.data.tokenize.tokenize_causal_lm", counting)
     first = build_workload(causal_cfg(llama, path)).train_dataset
     assert calls, "the first build tokenises"
     files = [f["filename"] for f in first.cache_files]
@@ -482,12 +483,12 @@ def test_tokenizer_fingerprint_is_stable(llama):
     from transformers import AutoTokenizer
 
     a = AutoTokenizer.from_pretrained(llama)
-    before = data_mod.tokenizer_fingerprint(a)
+    before = tokenizer_fingerprint(a)
     a(["warm up the tokenizer", "with padding"], padding=True, truncation=True, max_length=4)
     assert (
-        data_mod.tokenizer_fingerprint(a)
+        tokenizer_fingerprint(a)
         == before
-        == data_mod.tokenizer_fingerprint(AutoTokenizer.from_pretrained(llama))
+        == tokenizer_fingerprint(AutoTokenizer.from_pretrained(llama))
     )
 
 

@@ -14,8 +14,8 @@ from support.jobs import REPO, offline_env, run_xtrain
 
 from xtrain.errors import XtrainError
 from xtrain.planning.resolve import trackers
+from xtrain.tasks.validation import load_config
 from xtrain.train import preflight, tracking
-from xtrain.train.config import load_config
 
 EXAMPLE = REPO / "examples" / "seq-cls.yaml"
 

@@ -18,10 +18,8 @@ import pytest
 import torch
 
 from xtrain.builtin import vision_language as builtin_vl
-from xtrain.train.collate import IGNORE_INDEX
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
-from xtrain.train.tasks.vision_chat import (
+from xtrain.data.collate import IGNORE_INDEX
+from xtrain.data.rows.vision_chat import (
     ANSWER_KEY,
     GEN_PREFIX,
     VisionChatCollator,
@@ -29,6 +27,8 @@ from xtrain.train.tasks.vision_chat import (
     carry_labels,
     process_text,
 )
+from xtrain.tasks import build_workload
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
@@ -96,7 +96,8 @@ def processor_calls(collator: VisionChatCollator) -> Iterator[list[int]]:
 
 
 def _quickstart(*overrides: str):
-    job = Path(__file__).resolve().parents[1] / "xtrain" / "data" / "quickstart-vision-language.yaml"
+    jobs = Path(__file__).resolve().parents[1] / "xtrain" / "builtin" / "jobs"
+    job = jobs / "quickstart-vision-language.yaml"
     return build_workload(load_config(job, list(overrides)))
 
 

@@ -17,8 +17,8 @@ import torch
 from xtrain import builtin
 from xtrain.builtin import vision_language as builtin_vl
 from xtrain.errors import XtrainError
-from xtrain.train.config.loading import load_config
-from xtrain.train.tasks import build_workload
+from xtrain.tasks import build_workload
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
@@ -79,7 +79,7 @@ def _unmasked(tokenizer, labels) -> str:
 def test_builtin_model_loads_like_a_checkpoint(qwen):
     from transformers import AutoModelForImageTextToText
 
-    from xtrain.train.tasks.vision_language import load_processor
+    from xtrain.tasks.vision_language import load_processor
 
     model = AutoModelForImageTextToText.from_pretrained(qwen)
     assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
@@ -272,8 +272,8 @@ def test_predict_answers_like_the_eval_and_refuses_bad_input_in_one_line(qwen, t
     from torch.utils.data import DataLoader
 
     from xtrain.cli import main
+    from xtrain.data.rows import chat as chat_data
     from xtrain.train import checkpoint
-    from xtrain.train.tasks import chat_data
 
     _images(tmp_path / "img", 2)
     system = "Answer in one word."
@@ -316,7 +316,7 @@ def test_predict_answers_like_the_eval_and_refuses_bad_input_in_one_line(qwen, t
 
 
 def test_exact_match_is_normalised():
-    from xtrain.train.generation import exact_match
+    from xtrain.tasks.generation import exact_match
 
     assert exact_match(["Red", "a square"], ["red.", "A  Square!"]) == 1.0
     assert exact_match(["red", "blue"], ["red", "green"]) == 0.5
@@ -434,7 +434,7 @@ def test_predict_with_the_trained_run_gives_its_eval_answers(vqa_job, vqa_straig
 
 
 def test_memory_estimate_tells_what_fits_two_24gb_cards():
-    from xtrain.train.memory import estimate_gib, memory_warning
+    from xtrain.model.memory import estimate_gib, memory_warning
 
     qwen7b = {"params": 8_300_000_000, "hidden": 3584, "layers": 28}  # Qwen2-VL-7B
     lora = 40_000_000  # r=16 on every projection of the language model

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 from conftest import load_machine
 
+from xtrain.config.schema import TrainConfig
 from xtrain.launch import accelerate_config as ac
 from xtrain.machine.facts import Facts
 from xtrain.machine.probes import torch_stack
@@ -16,7 +17,6 @@ from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Overrides
 from xtrain.planning.resolve import resolve
 from xtrain.planning.rules import make_plan
-from xtrain.train.config.schema import TrainConfig
 
 
 def test_this_torch_has_no_libuv_free_torchrun() -> None:
@@ -74,7 +74,7 @@ def test_single_launch_starts_one_worker_per_gpu_accelerate_left_visible() -> No
 def test_job_limit_struct_has_the_x64_layout_of_winnt_h() -> None:
     import ctypes
 
-    from xtrain.launch.lifetime import job_limit_struct
+    from xtrain.runtime.lifetime import job_limit_struct
 
     ext = job_limit_struct(ctypes.c_uint32)  # DWORD is 32 bits on Windows (a C long is 8 bytes here)
     basic = ext._fields_[0][1]
@@ -113,7 +113,7 @@ class FakeKernel32:
 def test_kill_on_close_job_holds_this_process(monkeypatch) -> None:
     import ctypes
 
-    from xtrain.launch import lifetime
+    from xtrain.runtime import lifetime
 
     monkeypatch.setattr(lifetime, "_job_handle", None)
     k32 = FakeKernel32()
@@ -132,7 +132,7 @@ def test_kill_on_close_job_holds_this_process(monkeypatch) -> None:
 def test_a_refused_job_is_closed_and_reported(monkeypatch, fail: str) -> None:
     import ctypes
 
-    from xtrain.launch import lifetime
+    from xtrain.runtime import lifetime
 
     monkeypatch.setattr(lifetime, "_job_handle", None)
     k32 = FakeKernel32(fail=fail)

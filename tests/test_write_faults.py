@@ -15,7 +15,7 @@ import torch
 from test_loop import build_tiny, cpu_plan, tiny_config
 
 from xtrain.errors import XtrainError
-from xtrain.train.checkpoint.faults import WriteFailed, disk_fault
+from xtrain.train.checkpoint.write_faults import WriteFailed, disk_fault
 
 # the words of the libraries (safetensors' Rust error, torch.save's stream writer)
 SAFETENSORS_FULL = "Error while serializing: I/O error: No space left on device (os error 28)"

@@ -1,7 +1,7 @@
 """Run a trained result with its task's own predict: an adapter, a full model, or a run's output
 folder. ``xtrain predict`` dispatches on the task the run recorded (``xtrain_run.json`` next to
 the adapter, else the config in its checkpoints, else the head its config names) to that task's
-``Task.predicts`` (``xtrain.train.tasks``): its loader (the same processors training used) and
+``Task.predicts`` (``xtrain.tasks``): its loader (the same processors training used) and
 its ``run``. Results of tasks without one (seq-cls, custom) are refused in one line.
 ``predict_file`` runs every row of a data file, read by the task's ``Predicts.file`` readers
 (the run's own row readers, with the run's data settings from its record), batched, and scores
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain import tasks
 from xtrain.errors import XtrainError
-from xtrain.train import tasks
-from xtrain.train.tasks.contract import BASE_LOAD, Example, Loaded, PredictRequest, Task
-from xtrain.train.tasks.predicting import IMAGE_LIMIT, in_batches
+from xtrain.tasks.contract import BASE_LOAD, Example, Loaded, PredictRequest, Task
+from xtrain.tasks.predicting import IMAGE_LIMIT, in_batches
 
 if TYPE_CHECKING:
-    from xtrain.train.config.schema import TrainConfig
+    from xtrain.config.schema import TrainConfig
 
 _OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
 
@@ -161,7 +161,7 @@ def load_predictor(path: str | Path) -> tuple[Task, Loaded]:
     when there is one, in eval mode."""
     import torch
 
-    from xtrain.train import models
+    from xtrain.model import load as models
 
     folder = model_folder(path)
     task, trained = predicting_task(folder)
@@ -193,7 +193,7 @@ def image_limit(settings: dict[str, Any]) -> int | None:
     """The run's ``data.max_image_pixels`` (``run_data``): predict refuses the images its training
     would have refused; Pillow's default (the schema's) for a run that does not say, or says
     something this version would not accept."""
-    from xtrain.train.tasks.image_data import MAX_PIXELS
+    from xtrain.data.rows.images import MAX_PIXELS
 
     found = settings.get("max_image_pixels", MAX_PIXELS)
     whole = isinstance(found, int) and not isinstance(found, bool) and found > 0
@@ -203,7 +203,7 @@ def image_limit(settings: dict[str, Any]) -> int | None:
 def base_load(folder: Path, task: Task, trained: RunTask, device: Any) -> dict[str, Any]:
     """The ``from_pretrained`` keywords of the adapter's base: a quantized run's base in 4 or 8
     bits on ``device`` as training loaded it ({} for a 16-bit run)."""
-    from xtrain.train import quantization
+    from xtrain.model import quantization
 
     found = trained_quantization(folder, trained)
     if found is None:
@@ -269,9 +269,9 @@ def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> Train
     readers take. The chat template is the one saved with the result (training saved the one it
     used there); nothing is packed or split; a file whose extension names its format is read as
     that format (``data.format`` is for the training files' names)."""
-    from xtrain.train.config.loading import config_from_dict
-    from xtrain.train.config.schema import DataConfig
-    from xtrain.train.data import EXTENSIONS
+    from xtrain.config.schema import DataConfig
+    from xtrain.data.sources import EXTENSIONS
+    from xtrain.tasks.validation import config_from_dict
 
     known = {f.name for f in dataclasses.fields(DataConfig)}  # a record from another xtrain version
     data = {k: v for k, v in settings.items() if k in known}

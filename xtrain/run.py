@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from xtrain.errors import XtrainError
 from xtrain.launch import env as launchenv
-from xtrain.launch import lifetime
-from xtrain.train import stops
+from xtrain.runtime import lifetime
+from xtrain.runtime.report import record_outcome
+from xtrain.runtime.signals import StopAtOnce, StopRequested, exit_code, stop_on_sigterm
+from xtrain.train.failures import remove_killed_writes, stopped_error
 
 if TYPE_CHECKING:
     from xtrain.planning.plan import Plan
@@ -67,14 +69,14 @@ def _is_rank0() -> bool:
 
 def run_worker(cfg: Any, plan: Plan) -> Any:
     """Train as one rank of the launch context (or as the only process)."""
+    from xtrain.runtime.quiet import quiet_libraries
     from xtrain.train.loop import train
-    from xtrain.train.quiet import quiet_libraries
     from xtrain.train.report import RichReporter
 
-    lifetime.watch_parent()  # started by a launcher: end with it (xtrain.launch.lifetime)
+    lifetime.watch_parent()  # started by a launcher: end with it (xtrain.runtime.lifetime)
     quiet_libraries()
     reporter = RichReporter() if _is_rank0() else None
-    with stops.early_stop_signals():  # SIGTERM before the loop: the same one line and code
+    with stop_on_sigterm():  # SIGTERM before the loop: the same one line and code
         return train(cfg, plan, reporter)
 
 
@@ -90,15 +92,15 @@ def spawned_worker(cfg: Any, plan: Plan, error_dir: str) -> None:
         exit_quietly(e.exit_code)
     except KeyboardInterrupt:  # Ctrl+C before the loop took over the signal (or a second one)
         exit_quietly(130)
-    except stops.StopRequested as e:  # the parent says what was (not) saved
-        exit_quietly(stops.exit_code(e.signum))
+    except StopRequested as e:  # the parent says what was (not) saved
+        exit_quietly(exit_code(e.signum))
     lifetime.end_rank(0)  # done: no interpreter teardown (gloo's abort there, see end_rank)
 
 
 def _spawn(cfg: Any, plan: Plan) -> None:
     """Start the plan's ranks here with torch.multiprocessing (spawn)."""
-    from xtrain.launch.failures import WorkerFailed, WorkerStopped
     from xtrain.launch.spawn import spawn
+    from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
 
     with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as error_dir:
         try:
@@ -107,9 +109,9 @@ def _spawn(cfg: Any, plan: Plan) -> None:
             reported = sorted(Path(error_dir).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
             stopped = failed if isinstance(failed, WorkerStopped) else None
             if stopped is not None and stopped.at_once:
-                stops.remove_killed_writes(cfg.run.output_dir)
+                remove_killed_writes(cfg.run.output_dir)
             if stopped is not None and (stopped.at_once or not reported):
-                raise stops.stopped_error(cfg.run.output_dir, stopped.signum, stopped.at_once) from None
+                raise stopped_error(cfg.run.output_dir, stopped.signum, stopped.at_once) from None
             if reported:
                 data = json.loads(reported[0].read_text(encoding="utf-8"))
                 code = stopped.exit_code if stopped is not None else int(data["exit_code"])
@@ -131,14 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from xtrain.planning.context import LaunchContext
         from xtrain.planning.resolve import resolve
-        from xtrain.train.config.loading import load_config
+        from xtrain.tasks.validation import load_config
 
         cfg = load_config(args.config, args.overrides)
         _fit_defaults(cfg)  # lengths the user did not set, from the model's positions
         # the launch mode, in one place: a rank of a launcher, accelerate's one-process launch
         # (xtrain.run starts the workers), --processes N (the same), or this process alone
         ctx = LaunchContext.from_env()
-        from xtrain.train.model_size import checkpoint_dtype
+        from xtrain.model.configs import checkpoint_dtype
 
         resolved = resolve(
             cfg,
@@ -161,23 +163,24 @@ def main(argv: list[str] | None = None) -> int:
             _spawn(cfg, plan)
     except XtrainError as e:
         return _report(e)
-    except (KeyboardInterrupt, stops.StopRequested) as e:  # before the loop, or a second Ctrl+C
-        signum = e.signum if isinstance(e, stops.StopRequested) else signal.SIGINT
+    except (KeyboardInterrupt, StopRequested) as e:  # before the loop, or a second Ctrl+C
+        signum = e.signum if isinstance(e, StopRequested) else signal.SIGINT
         out = cfg.run.output_dir if cfg is not None else None
-        return _report(stops.stopped_error(out, signum, at_once=isinstance(e, stops.StopAtOnce)))
+        return _report(stopped_error(out, signum, at_once=isinstance(e, StopAtOnce)))
     return 0
 
 
 def _fit_defaults(cfg: Any) -> None:
     """``model_checks.fit_defaults`` from the model's config.json (a built-in is built and a hub
     model's config.json fetched here: the run loads the model next anyway); rank 0 says each change."""
-    from xtrain.train import model_checks
-    from xtrain.train.config.schema import given_keys
+    from xtrain.config.schema import given_keys
+    from xtrain.model.configs import local_config
+    from xtrain.tasks import model_checks
 
     lengths = {"data.max_length", "generation.max_new_tokens"}
     if lengths <= (given_keys(cfg) or lengths):
         return  # both given (or a config built in code): nothing to fit, nothing to read
-    for note in model_checks.fit_defaults(cfg, model_checks.local_config(cfg, fetch=True)):
+    for note in model_checks.fit_defaults(cfg, local_config(cfg, fetch=True)):
         if _is_rank0():
             sys.stderr.write(f"note: {note}\n")
 
@@ -202,7 +205,7 @@ def _report(e: XtrainError) -> int:
         prefix = "" if e.exit_code in (130, 143) else "error: "  # a stop is not an error
         sys.stderr.write(f"{prefix}{e.one_line()}\n")
         sys.stderr.flush()
-        stops.record_outcome(e)
+        record_outcome(e)
     return e.exit_code
 
 

@@ -11,7 +11,7 @@ def comm_hook_equality(rank: int, world: int, port: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from xtrain.train import comm_hook
+    from xtrain.train.distributed import comm_hook
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), USE_LIBUV="0")
     dist.init_process_group("gloo", rank=rank, world_size=world)

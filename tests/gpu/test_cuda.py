@@ -66,7 +66,7 @@ def test_fused_adamw_overflow_is_a_skipped_step() -> None:
     skips inside the kernel. xtrain reads the loss scale: skipped, no update, no lr step."""
     from accelerate import Accelerator
 
-    from xtrain.train.accelerator import release
+    from xtrain.train.distributed.accelerator import release
     from xtrain.train.precision import SkipDetector
 
     acc = Accelerator(mixed_precision="fp16")
@@ -100,12 +100,12 @@ def test_fused_adamw_overflow_is_a_skipped_step() -> None:
 def test_tf32_is_on_for_fp32_matmuls(job) -> None:
     r = train(job, "tf32", "run.mixed_precision=no", "run.max_steps=2")
     assert r["run_info"]["device"].startswith("cuda")
+    from xtrain.config.schema import TrainConfig
     from xtrain.machine import probe
     from xtrain.planning import rules
     from xtrain.planning.context import LaunchContext
     from xtrain.planning.resolve import resolve
-    from xtrain.train.accelerator import build_accelerator, release
-    from xtrain.train.config.schema import TrainConfig
+    from xtrain.train.distributed.accelerator import build_accelerator, release
 
     plan = rules.make_plan(probe.collect(quick=True))
     assert plan.tf32 == (torch.cuda.get_device_capability(0) >= (8, 0))

@@ -21,7 +21,7 @@ import torch
 from support.gradients import assert_close_gradients, reference_gradients, xtrain_gradients
 from support.jobs import make_job, session_builtin
 
-from xtrain.train.config.loading import load_config
+from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 

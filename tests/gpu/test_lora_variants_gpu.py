@@ -13,8 +13,8 @@ def test_decomposition_runs_on_the_gpu_and_the_model_stays_put(tmp_path, init: s
     from transformers import AutoModelForCausalLM
 
     from xtrain import builtin
-    from xtrain.train import lora
-    from xtrain.train.config.schema import TrainConfig
+    from xtrain.config.schema import TrainConfig
+    from xtrain.model import lora
 
     folder = str(builtin.ensure_builtin_model("builtin:tiny-llama", tmp_path / "builtin"))
 

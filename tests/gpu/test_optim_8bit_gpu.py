@@ -78,8 +78,9 @@ def test_loftq_fits_the_adapter_to_a_4bit_base(tmp_path) -> None:
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     from xtrain import builtin
-    from xtrain.train import lora
-    from xtrain.train.config.schema import TrainConfig
+    from xtrain.config.schema import TrainConfig
+    from xtrain.model import lora
+    from xtrain.tasks.validation import check_variants
 
     folder = str(builtin.ensure_builtin_model("builtin:tiny-llama", tmp_path / "builtin"))
     quant = BitsAndBytesConfig(
@@ -98,6 +99,6 @@ def test_loftq_fits_the_adapter_to_a_4bit_base(tmp_path) -> None:
     plain = logits(four_bit())
     cfg = TrainConfig()
     cfg.lora.r, cfg.lora.init_weights, cfg.model.quantization = 8, "loftq", "4bit"
-    lora.check_variants(cfg)
+    check_variants(cfg)
     fitted = logits(lora.apply_lora(four_bit(), cfg.lora, "CAUSAL_LM").eval())
     assert (fitted - want).abs().mean() < (plain - want).abs().mean()

@@ -537,7 +537,7 @@ def parse_or_fail(parser, words: list[str], cmd: Command):
 
 def load_train_config(config: str | None, overrides: list[str], cmd: Command) -> None:
     try:
-        from xtrain.train.config.loading import load_config
+        from xtrain.tasks.validation import load_config
     except ImportError:  # the loader is not there yet: the parsers' check is all we can do
         return
     from xtrain.errors import XtrainError

@@ -110,8 +110,8 @@ def xtrain_gradients(cfg: Any, plan: Any = None) -> Capture:
 
     from xtrain.machine.facts import Facts
     from xtrain.planning.rules import make_plan
+    from xtrain.tasks import build_workload
     from xtrain.train.loop import train
-    from xtrain.train.tasks import build_workload
 
     capture = Capture()
 

@@ -56,8 +56,8 @@ def run_training(plan: Any, config_path: Path, output_dir: Path, log_file: Path)
     """``python -m xtrain.run --config C`` on every process of ``plan``, through
     ``xtrain.launch.launcher.launch`` (the path `xtrain train` takes). Returns train_result.json, plus
     ``wall_s`` and the logging windows."""
-    from xtrain.launch.failures import WorkerFailed
     from xtrain.launch.launcher import launch
+    from xtrain.launch.worker_errors import WorkerFailed
 
     start = time.perf_counter()
     try:

@@ -123,7 +123,7 @@ def build_char_tokenizer() -> Any:
         pair=f"{start} $A $B {end}",
         special_tokens=[(start, vocab[start]), (end, vocab[end])],
     )
-    from xtrain.builtin import fast_tokenizer
+    from xtrain.builtin.text import fast_tokenizer
 
     return fast_tokenizer(
         tok,

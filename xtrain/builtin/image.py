@@ -113,7 +113,7 @@ def build_char_tokenizer() -> Any:
     tok.post_processor = processors.TemplateProcessing(
         single="$A </s>", pair="$A $B </s>", special_tokens=[("</s>", vocab["</s>"])]
     )
-    from xtrain.builtin import fast_tokenizer
+    from xtrain.builtin.text import fast_tokenizer
 
     return fast_tokenizer(
         tok,

@@ -129,19 +129,19 @@ def build_shapes_vqa(folder: Path, version: int) -> None:
 
 
 def _corpus() -> list[str]:
-    from xtrain import builtin
+    from xtrain.builtin.text import story_examples
 
     texts = [SYSTEM_PROMPT, "user", "assistant", "system", *SHAPES, *COLOURS] * 20  # whole-word merges
     for kind in QUESTIONS.values():
         for q in kind:
             texts += [q.format(shape=s, colour=c) for s in SHAPES for c in COLOURS]
-    texts += [r["text"] for r in builtin.story_examples(500, 7)]  # some general text
+    texts += [r["text"] for r in story_examples(500, 7)]  # some general text
     return texts
 
 
 def build_tokenizer() -> Any:
     """Byte-level BPE (any text encodes) trained in-process, with Qwen2-VL's special tokens."""
-    from xtrain.builtin import byte_level_bpe, fast_tokenizer
+    from xtrain.builtin.text import byte_level_bpe, fast_tokenizer
 
     tok = byte_level_bpe(_corpus(), 600, SPECIAL_TOKENS)
 

@@ -13,7 +13,7 @@ from xtrain.commands.options import parse_float, parse_int
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
-    from xtrain.train.tasks.contract import PredictRequest
+    from xtrain.tasks.contract import PredictRequest
 
 STDOUT = Path("-")  # --output -: the results lines on stdout
 
@@ -46,7 +46,7 @@ def _request(
     inputs: list[str] | None, prompt: list[str] | None, system: str | None, options: dict[str, str | None]
 ) -> PredictRequest:
     """The request, every option checked in one line before anything loads."""
-    from xtrain.train.tasks.contract import PredictRequest
+    from xtrain.tasks.contract import PredictRequest
 
     new_tokens = parse_int(
         options["max_new_tokens"], "--max-new-tokens", 1, example="e.g. --max-new-tokens 64"
@@ -110,7 +110,7 @@ def predict(
     """Run a trained result: images or audio -> text, images + a question -> the answer,
     prompts -> continuations, images -> a label and its probability; or every row of a data
     file (--data) -> JSON lines with the reference and the metric where a row has one."""
-    from xtrain.train.quiet import quiet_libraries
+    from xtrain.runtime.quiet import quiet_libraries
 
     options = {
         "max_new_tokens": max_new_tokens, "num_beams": num_beams, "batch_size": batch_size,
@@ -145,7 +145,7 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
     checked before anything loads and written whole at the end."""
     from xtrain import predict as lib
     from xtrain.console import make_console
-    from xtrain.train.quiet import quiet_libraries
+    from xtrain.runtime.quiet import quiet_libraries
 
     if request.inputs or request.prompts or request.system is not None:
         raise XtrainError(

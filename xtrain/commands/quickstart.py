@@ -15,23 +15,23 @@ from typing import Any
 import typer
 
 from xtrain.commands.options import parse_int
+from xtrain.config.schema import ModelConfig
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import ModelConfig
 
 DEFAULT_DIR = Path("xtrain-quickstart")
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-DEFAULT_TASK = ModelConfig.task  # the config's default task: the packaged xtrain/data/quickstart.yaml
+JOBS_DIR = Path(__file__).resolve().parent.parent / "builtin" / "jobs"
+DEFAULT_TASK = ModelConfig.task  # the config's default task: the packaged xtrain/builtin/jobs/quickstart.yaml
 
 
 def quickstart_tasks() -> dict[str, Any]:
     """``{task name: its Quickstart}`` of the tasks that have a built-in job (the registry's)."""
-    from xtrain.train import tasks
+    from xtrain import tasks
 
     return {name: t.quickstart for name, t in tasks.all_tasks().items() if t.quickstart is not None}
 
 
 def job_file(quickstart: Any) -> Path:
-    return DATA_DIR / quickstart.job
+    return JOBS_DIR / quickstart.job
 
 
 def next_line(quickstart: Any, run_dir: Path, shell: str) -> str:
@@ -146,7 +146,7 @@ def quickstart(
     from xtrain.console import make_console
     from xtrain.planning.resolve import resolve
     from xtrain.shell import shell_for
-    from xtrain.train.config.loading import load_config
+    from xtrain.tasks.validation import load_config
 
     console = make_console()
     jobs = quickstart_tasks()

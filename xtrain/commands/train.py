@@ -24,18 +24,19 @@ def memory_lines(cfg: Any, resolved: Any) -> list[str]:
     whose config is not on this machine is skipped in a dim line (nothing is downloaded)."""
     from rich.markup import escape
 
-    from xtrain.train import memory
+    from xtrain.model import memory
 
     plan = resolved.plan
     gpus = [(g.index, g.name, g.memory_mib) for g in resolved.facts.gpus]
     gpu = memory.smallest_gpu(gpus, plan.gpu_ids) if plan.device == "cuda" else None
     if gpu is None:
         return []
-    from xtrain.train import model_size, tasks
-    from xtrain.train.quiet import quiet_libraries
+    from xtrain import tasks
+    from xtrain.runtime.quiet import quiet_libraries
+    from xtrain.tasks.sizes import offline_sizes
 
     quiet_libraries()  # building the model's skeleton: no library chatter
-    sizes = model_size.offline_sizes(cfg)
+    sizes = offline_sizes(cfg)
     if isinstance(sizes, str):
         return [f"[dim]memory estimate skipped: {escape(sizes)}[/]"]
     check = memory.check_memory(
@@ -59,11 +60,11 @@ def model_check_lines(cfg: Any, resolved: Any) -> list[str]:
     without CUDA checks the lengths from config.json only: transformers (seconds) is not imported."""
     from rich.markup import escape
 
-    from xtrain.train import model_checks
+    from xtrain.tasks import model_checks
 
     light = resolved.plan.device != "cuda"
     if not light:
-        from xtrain.train.quiet import quiet_libraries
+        from xtrain.runtime.quiet import quiet_libraries
 
         quiet_libraries()  # building the model's skeleton: no library chatter
     return [f"[bold]Model checks:[/] {escape(model_checks.check_offline(cfg, light))}"]
@@ -75,7 +76,7 @@ def fitted_lines(cfg: Any) -> list[str]:
     machine, one line each (rich markup)."""
     from rich.markup import escape
 
-    from xtrain.train import model_checks
+    from xtrain.tasks import model_checks
 
     return [f"[bold]Fitted to the model:[/] {escape(note)}" for note in model_checks.fit_defaults(cfg)]
 
@@ -100,7 +101,7 @@ def loading_lines(cfg: Any, resolved: Any) -> list[str]:
     """The DataLoader workers each process reads its batches with, and why (rich markup)."""
     from rich.markup import escape
 
-    from xtrain.train import tasks
+    from xtrain import tasks
 
     workers, why = resolved.settings.workers_for(tasks.get(cfg.model.task).decodes_media)
     return [f"[bold]Data loading:[/] {workers} worker(s) per process ({escape(why)})"]
@@ -111,9 +112,11 @@ def attention_lines(cfg: Any, resolved: Any) -> list[str]:
     explicit ``model.attn_implementation`` that cannot work stops here, before any process starts."""
     from rich.markup import escape
 
-    from xtrain.train import attention
+    from xtrain import tasks
+    from xtrain.model import attention
 
-    return [f"[bold]Attention:[/] {escape(attention.for_plan(cfg, resolved).summary())}"]
+    chosen = attention.for_plan(cfg, resolved, tasks.get(cfg.model.task).model_class)
+    return [f"[bold]Attention:[/] {escape(chosen.summary())}"]
 
 
 def quantization_lines(cfg: Any, resolved: Any, here: bool) -> list[str]:
@@ -124,7 +127,7 @@ def quantization_lines(cfg: Any, resolved: Any, here: bool) -> list[str]:
         return []
     from rich.markup import escape
 
-    from xtrain.train import quantization
+    from xtrain.model import quantization
 
     if here:
         quantization.check_backend(cfg.model.quantization, resolved.plan.device)
@@ -221,7 +224,7 @@ def train(
     from xtrain.machine.facts import Facts
     from xtrain.planning.checks.comms import windows_gloo_refusal
     from xtrain.planning.resolve import resolve
-    from xtrain.train.config import load_config
+    from xtrain.tasks.validation import load_config
 
     console = make_console()
     overrides = list(overrides or [])  # read (and refused) by load_config
@@ -239,7 +242,7 @@ def train(
     cfg = load_config(str(config), overrides)
     fitted = fitted_lines(cfg)  # lengths the user did not set, fitted to the model (each worker too)
     facts = Facts.load(facts_file) if facts_file is not None else None  # else resolve probes
-    from xtrain.train.model_size import checkpoint_dtype
+    from xtrain.model.configs import checkpoint_dtype
 
     # the plan, checked against the config's global batch before any process starts; the
     # checkpoint's dtype (read here, where it is on this machine) decides model.dtype auto's precision
@@ -266,15 +269,15 @@ def train(
 
     if dry_run:
         notes += model_check_lines(cfg, resolved)  # the checks a worker runs on the loaded model
-        from xtrain.commands import data_report
+        from xtrain.commands import render_data
 
         # the data on this machine, also for another machine's plan (--facts): read as the run reads
         # it, a bad row refused in its one line before anything is printed
-        report = data_report.check(cfg)
+        report = render_data.check(cfg)
         console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
         for line in notes:
             console.print(line, soft_wrap=True)
-        data_report.render(report, console)
+        render_data.render(report, console)
         for title, lines in equivalent_commands(plan, run_argv, shard_flags):
             shell = "PowerShell" if plan.shell == "powershell" else "bash"
             console.print(f"\n# {title} ({shell})", soft_wrap=True, markup=False)
@@ -332,7 +335,7 @@ def launch_training(
     from rich.markup import escape
 
     from xtrain.launch import launcher as launch
-    from xtrain.train import stops
+    from xtrain.train.failures import remove_killed_writes, stopped_error
 
     console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
     for line in notes or []:
@@ -342,9 +345,9 @@ def launch_training(
     except launch.WorkerStopped as e:
         # Ctrl+C / SIGTERM: rank 0 said where the stop checkpoint is, else say what is there
         if e.at_once:
-            stops.remove_killed_writes(output_dir)
+            remove_killed_writes(output_dir)
         if e.outcome is None or e.at_once:
-            sys.stderr.write(stops.stopped_error(output_dir, e.signum, e.at_once).one_line() + "\n")
+            sys.stderr.write(stopped_error(output_dir, e.signum, e.at_once).one_line() + "\n")
         return e.exit_code
     except launch.WorkerFailed as e:
         if e.outcome is not None:  # rank 0 already reported it in one line

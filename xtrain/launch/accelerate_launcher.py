@@ -11,14 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.launch import lifetime
 from xtrain.launch.env import patched_environ, plan_env
-from xtrain.launch.failures import WorkerFailed, WorkerStopped, last_line, quiet_launcher_logs
 from xtrain.launch.rendezvous import loopback_agent_store, pick_port
-from xtrain.launch.stops import LauncherSignals
+from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped, last_line, quiet_launcher_logs
 from xtrain.planning.plan import Plan
-from xtrain.train.process_group import loopback_transport_env
-from xtrain.train.stops import StopRequested
+from xtrain.runtime import lifetime
+from xtrain.runtime.process_group import loopback_transport_env
+from xtrain.runtime.signals import LauncherSignals, StopRequested
 
 
 def accelerate_args(

@@ -35,14 +35,14 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from xtrain.launch import lifetime
 from xtrain.launch.accelerate_launcher import accelerate_launch_raising
 from xtrain.launch.env import patched_environ, plan_env
-from xtrain.launch.failures import WorkerFailed, WorkerStopped
 from xtrain.launch.spawn import run_module, spawn
-from xtrain.launch.stops import LauncherSignals, read_outcome
+from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
 from xtrain.planning.plan import Plan
-from xtrain.train.stops import REPORT_ENV, StopAtOnce
+from xtrain.runtime import lifetime
+from xtrain.runtime.report import REPORT_ENV, read_outcome
+from xtrain.runtime.signals import LauncherSignals, StopAtOnce
 
 
 def launch(

@@ -6,7 +6,7 @@ network. For one machine xtrain uses instead:
 
 - the spawn launcher: a ``FileStore`` in a private temporary folder (``init_method="file://..."``,
   works on Windows too): no socket at all. The launcher puts its URL in ``XTRAIN_RENDEZVOUS``;
-  the workers join it (``xtrain.train.process_group.init_worker_group``) before accelerate would
+  the workers join it (``xtrain.runtime.process_group.init_worker_group``) before accelerate would
   create a process group.
 - accelerate launch (torchrun in this process): torchrun's agent creates the TCPStore server. It
   is handed a socket already bound to 127.0.0.1 (``master_listen_fd``), so it listens on loopback
@@ -14,7 +14,7 @@ network. For one machine xtrain uses instead:
 - gloo's and NCCL's own transports bind to the interface ``GLOO_SOCKET_IFNAME`` /
   ``NCCL_SOCKET_IFNAME`` name (else the address the hostname resolves to): the loopback
   interface for one machine, unless the user set them
-  (``xtrain.train.process_group.loopback_transport_env``).
+  (``xtrain.runtime.process_group.loopback_transport_env``).
 
 Several machines keep the main address (they must reach it). torch is imported inside the
 functions.

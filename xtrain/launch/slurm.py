@@ -9,7 +9,7 @@ loader. The resources asked for (CPUs, memory, GPUs) follow the plan (``cpus_per
 
 Before the time limit (``--signal=B:USR1@N``, to the batch shell only) the script asks every
 process of the training step to stop (``scancel --signal=TERM``): each rank saves a checkpoint at
-its next step and exits (``xtrain.train.stops``), then the script requeues the job, whose next run
+its next step and exits (``xtrain.runtime.signals``), then the script requeues the job, whose next run
 resumes from that checkpoint (``run.resume: auto``). USR1 is not sent to the step itself: torchrun's
 agent (``accelerate launch``) has no handler for it, so it would die at once and take the workers
 with it (``PR_SET_PDEATHSIG``) before they save.
@@ -198,7 +198,7 @@ stop_before_time_limit() {
 trap stop_before_time_limit USR1
 """
 
-# The ranks' own handlers catch SIGTERM (xtrain.train.stops). accelerate's one-process launcher has
+# The ranks' own handlers catch SIGTERM (xtrain.runtime.signals). accelerate's one-process launcher has
 # none: it would die at once and leave its worker alone; ignored here (the disposition survives
 # exec), it waits for the worker and passes on its exit code. torchrun's agent installs its own
 # handler (accelerate offers no --signals_to_handle): it sends SIGTERM on and kills the ranks still

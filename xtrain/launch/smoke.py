@@ -25,9 +25,9 @@ from typing import Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.launch import lifetime
 from xtrain.planning.plan import Plan
-from xtrain.train.process_group import init_worker_group
+from xtrain.runtime import lifetime
+from xtrain.runtime.process_group import init_worker_group
 
 DEFAULT_SIZE_MIB = 16.0
 DEFAULT_ITERS = 10
@@ -97,8 +97,8 @@ def run_smoke(
         result.elapsed_s = time.perf_counter() - start
         return result
 
-    from xtrain.launch.failures import WorkerFailed
     from xtrain.launch.launcher import launch
+    from xtrain.launch.worker_errors import WorkerFailed
 
     result = SmokeResult(
         ok=False,

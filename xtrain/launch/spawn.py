@@ -15,14 +15,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.launch import lifetime
 from xtrain.launch.env import patched_environ, plan_env
-from xtrain.launch.failures import WorkerFailed, WorkerStopped, last_line, quiet_launcher_logs
 from xtrain.launch.rendezvous import file_url, pick_port
-from xtrain.launch.stops import LauncherSignals
+from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped, last_line, quiet_launcher_logs
 from xtrain.planning.plan import Plan
-from xtrain.train.process_group import RENDEZVOUS_ENV, loopback_transport_env
-from xtrain.train.stops import StopAtOnce
+from xtrain.runtime import lifetime
+from xtrain.runtime.process_group import RENDEZVOUS_ENV, loopback_transport_env
+from xtrain.runtime.signals import LauncherSignals, StopAtOnce
 
 
 def _spawn_entry(local_rank: int, fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:

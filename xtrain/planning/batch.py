@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
+from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
-from xtrain.planning.train_config import TrainConfigView
 
 
 def _batch_hint(global_batch: int, per_device: int, world_size: int) -> str:
@@ -23,7 +23,7 @@ def _batch_hint(global_batch: int, per_device: int, world_size: int) -> str:
     return hint
 
 
-def gradient_accumulation(cfg: TrainConfigView, world_size: int) -> int:
+def gradient_accumulation(cfg: TrainConfig, world_size: int) -> int:
     """Micro-batches per optimizer step: global / (per_device x world_size), 1 without a global batch."""
     per_device, global_batch = cfg.batch.per_device, cfg.batch.global_batch
     if global_batch is None:
@@ -39,7 +39,7 @@ def gradient_accumulation(cfg: TrainConfigView, world_size: int) -> int:
     return global_batch // unit
 
 
-def scaled_lr(cfg: TrainConfigView, global_batch: int) -> float:
+def scaled_lr(cfg: TrainConfig, global_batch: int) -> float:
     """``optim.lr`` scaled for ``global_batch`` by ``optim.lr_scaling`` relative to ``base_global_batch``."""
     o = cfg.optim
     if o.lr_scaling == "none" or o.base_global_batch is None:

@@ -11,12 +11,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from xtrain.config.values import PRECISIONS
 from xtrain.errors import XtrainError
 from xtrain.machine.facts import OS_KINDS
 
-PRECISIONS = ("no", "fp16", "bf16")
-# transformers' attn_implementation values that model.attn_implementation may name (besides auto)
-ATTENTION = ("sdpa", "flash_attention_2", "eager")
 Severity = Literal["ok", "warn", "error"]
 SEVERITY_ORDER = {"ok": 0, "warn": 1, "error": 2}
 

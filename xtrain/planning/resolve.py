@@ -27,7 +27,7 @@ training loop call it.
 4. ``choose_attention``: ``model.attn_implementation`` from ``AttentionFacts`` (flash-attn
    installed, the device and its compute capability, the precision, what the model class
    supports). The facts need the model's class, so the train layer gathers them
-   (``xtrain.train.attention``): for the plan before launching and in each worker before loading.
+   (``xtrain.model.attention``): for the plan before launching and in each worker before loading.
 
 Pure functions except the probe (``facts=None``) and the environment ``exported_precision`` reads,
 so every platform's answer is testable from a saved facts snapshot.
@@ -39,6 +39,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
 from xtrain.machine.facts import DEFAULT_PORT, Facts
 from xtrain.planning.batch import gradient_accumulation, scaled_lr
@@ -46,7 +47,6 @@ from xtrain.planning.checks import CHECKS
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Diagnosis, Overrides, Plan
 from xtrain.planning.rules import make_plan
-from xtrain.planning.train_config import TrainConfigView
 
 AUTO = (None, "", "auto")
 
@@ -90,7 +90,7 @@ class Resolved(Diagnosis):
 
 
 def resolve(
-    cfg: TrainConfigView | None = None,
+    cfg: TrainConfig | None = None,
     *,
     processes: int | None = None,
     gpu_ids: list[int] | None = None,
@@ -113,7 +113,7 @@ def resolve(
     config's (bench, doctor, configure). ``plan``: a plan this process already runs (the loop);
     its settings are then for the context's world size. ``facts=None`` probes this machine.
     ``checkpoint_dtype``: the model's own dtype from its config.json where the caller found it
-    (``xtrain.train.model_size.checkpoint_dtype``; None: unknown), for ``model.dtype: auto``."""
+    (``xtrain.model.configs.checkpoint_dtype``; None: unknown), for ``model.dtype: auto``."""
     processes = _processes(processes, context)
     if context is not None and context.launched:
         machines, main_address = context.num_machines, context.main_address
@@ -173,7 +173,7 @@ def _sent_plan(context: LaunchContext | None, processes: int | None) -> Plan | N
     return sent if context.launched or processes == sent.num_processes else None
 
 
-def choose_precision(cfg: TrainConfigView) -> str | None:
+def choose_precision(cfg: TrainConfig) -> str | None:
     """The precision the user chose in the train config (``--precision`` writes
     ``run.mixed_precision``), else None: the rules decide."""
     mp = cfg.run.mixed_precision
@@ -198,7 +198,7 @@ def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:
     return Diagnosis(plan=plan, findings=findings)
 
 
-def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettings:
+def run_settings(cfg: TrainConfig, plan: Plan, world_size: int) -> RunSettings:
     """Step 3: the run's batch arithmetic, learning rate, precision and loaders for ``world_size``
     processes. Raises ``XtrainError`` (one line, with the sizes that work) when the global batch
     does not divide."""
@@ -232,7 +232,7 @@ def run_settings(cfg: TrainConfigView, plan: Plan, world_size: int) -> RunSettin
     )
 
 
-def trackers(cfg: TrainConfigView) -> tuple[str, ...]:
+def trackers(cfg: TrainConfig) -> tuple[str, ...]:
     """The experiment trackers the run reports to: ``run.report_to``, whose ``auto`` is
     TensorBoard unless its shorthand ``run.tensorboard`` is off."""
     asked = cfg.run.report_to

@@ -2,7 +2,7 @@
 
 A task evaluates either forward-only (``Workload.eval_batch`` per-example statistics, reduced by
 ``Workload.reduce_metrics``; the batch's mean loss without one) or by generating
-(``Workload.evaluate``, see ``xtrain.train.generation``).
+(``Workload.evaluate``, see ``xtrain.tasks.generation``).
 
 Evaluation never changes training: the random generators are as they were before it (iterating
 the eval loader draws a DataLoader seed from the default generator, which the train loader's
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xtrain.train.workload import Workload
+from xtrain.tasks.contract import Workload
 
 
 def default_eval_batch(outputs: Any, batch: Any) -> dict[str, torch.Tensor]:

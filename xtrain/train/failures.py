@@ -1,4 +1,5 @@
-"""How a training run fails or stops, as one line each: divergence, out of memory, a stop signal."""
+"""How a training run fails or stops, as one line each: divergence, out of memory, a stop signal
+(with what the output folder then holds: ``stopped_error``), a process group that never formed."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain.errors import XtrainError
-from xtrain.train.stops import exit_code
+from xtrain.runtime.signals import exit_code, signal_name
 
 # Consecutive optimizer steps with a non-finite loss (on any rank) that stop a run. A few in a
 # row happen with fp16 while the scaler finds its scale (those steps are skipped, not applied);
@@ -125,3 +126,34 @@ def rendezvous_error(e: BaseException, rank: int, world: int, address: str) -> X
         "same MASTER_ADDR and MASTER_PORT; for one process, unset RANK, WORLD_SIZE and LOCAL_RANK",
         exit_code=2,
     )
+
+
+def remove_killed_writes(output_dir: str | Path | None) -> None:
+    """After a second Ctrl+C killed every worker (launcher side, the workers are gone): a stop
+    checkpoint cut off mid-write (``step-N.tmp``) is removed, so the folder holds complete
+    checkpoints only. (A resume would remove it too; the folder should not wait for one.)"""
+    if not output_dir:
+        return
+    import shutil
+
+    from xtrain.train.checkpoint.layout import partial_checkpoints
+
+    for path in partial_checkpoints(output_dir):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def stopped_error(output_dir: str | Path | None, signum: int, at_once: bool = False) -> XtrainError:
+    """The one line for a stop that wrote no stop checkpoint: names the newest complete
+    checkpoint (what a resume continues from), or says that there is none."""
+    from xtrain.train.checkpoint.layout import list_checkpoints
+
+    found = list_checkpoints(output_dir) if output_dir else []
+    how = "second Ctrl+C: stopped at once" if at_once else f"stopped on {signal_name(signum)}"
+    if found:
+        step, path = found[-1]
+        where = f"no stop checkpoint was written; the newest complete checkpoint is {path} (step {step})"
+        hint = "run the same command again to resume from it"
+    else:
+        where = "no checkpoint was written"
+        hint = "run the same command again to start over"
+    return XtrainError(f"{how}; {where}", hint, exit_code=exit_code(signum))

@@ -32,13 +32,21 @@ from typing import Any
 
 import torch
 
+from xtrain.config.loading import config_to_dict, flat_config
+from xtrain.config.schema import TrainConfig
+from xtrain.data.collate import batch_tokens
+from xtrain.data.sampler import DataOrder, RankBatchSampler, mix_seed, train_lengths
+from xtrain.model import quantization
+from xtrain.model.sharding import prepare_generation
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings, resolve, trackers
-from xtrain.train import checkpoint, failures, lock, preflight, quantization, quiet, sharded, stops, tracking
-from xtrain.train.accelerator import build_accelerator, release, stage_allreduce_on_cpu
-from xtrain.train.collate import batch_tokens
-from xtrain.train.collective import (
+from xtrain.runtime import lock, quiet
+from xtrain.runtime.signals import StepSignals
+from xtrain.train import checkpoint, failures, preflight, tracking
+from xtrain.train.distributed import sharded
+from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
+from xtrain.train.distributed.collective import (
     BuildFn,
     agree_to_stop,
     build_workload_main_first,
@@ -46,15 +54,13 @@ from xtrain.train.collective import (
     on_main,
     stop_group,
 )
-from xtrain.train.config import TrainConfig, config_to_dict, flat_config
+from xtrain.train.early_stopping import EarlyStop, check_early_stopping, early_stop_at
 from xtrain.train.evaluation import evaluate
 from xtrain.train.failures import NonFiniteLoss, TrainingStopped, out_of_memory_error
 from xtrain.train.optim import build_optimizer, build_scheduler
 from xtrain.train.precision import SkipDetector, frequent_overflow, upcast_trainable
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.result import TrainResult, run_info, run_record
-from xtrain.train.sampler import DataOrder, RankBatchSampler, mix_seed, train_lengths
-from xtrain.train.stops import StepSignals
 from xtrain.train.window import LogWindow, peak_memory
 
 __all__ = ["NonFiniteLoss", "Recipe", "TrainResult", "TrainingStopped", "train"]
@@ -69,8 +75,8 @@ def train(
 ) -> TrainResult:
     """Train as the config says, in this process, as one rank of the launch context.
 
-    ``build`` replaces ``xtrain.train.tasks.build_workload`` (tests, benchmarks). The main
-    process holds the output folder's run lock (``xtrain.train.lock``) from before anything is
+    ``build`` replaces ``xtrain.tasks.build_workload`` (tests, benchmarks). The main
+    process holds the output folder's run lock (``xtrain.runtime.lock``) from before anything is
     read until the run ends: a second run on the same folder stops at once, touching nothing."""
     checkpoint.check_output_dir(cfg.run.output_dir)
     preflight.check_paths(cfg)  # output folder and caches writable: before anything starts
@@ -82,7 +88,7 @@ def train(
 
 
 def _default_build(cfg: TrainConfig, main_process_first: Any) -> Any:
-    from xtrain.train.tasks import build_workload
+    from xtrain.tasks import build_workload
 
     return build_workload(cfg, main_process_first)
 
@@ -130,7 +136,7 @@ class Recipe:
         self.predictions: list[dict[str, str]] = []  # the last eval's samples (generative tasks)
         self.skipped = 0  # optimizer steps dropped for fp16 overflow
         self.last_saved = -1
-        self.early: stops.EarlyStop | None = None  # run.early_stopping_patience ended the run here
+        self.early: EarlyStop | None = None  # run.early_stopping_patience ended the run here
         self.trained = [0.0, 0, 0]  # seconds, samples, tokens over closed windows
         self.windows: list[dict[str, float]] = []  # this session's closed windows (TrainResult)
 
@@ -175,7 +181,7 @@ class Recipe:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.skips = SkipDetector(acc.scaler)  # fp16: was a step skipped? (read one step late)
         self.window = LogWindow(self.device)
-        stops.check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
+        check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
         backend = acc.state.backend if self.world > 1 else None
         values = tracking.params(flat_config(cfg), self.settings, self.world, backend, self.device)
         on_main(acc, lambda: tracking.start(acc, self.settings.trackers, self.out, values), "start trackers")
@@ -204,7 +210,7 @@ class Recipe:
         optimizer = build_optimizer(model, cfg, s.lr, self.device)
         scheduler = build_scheduler(cfg, optimizer, self.total_steps)
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        from xtrain.train.model_size import total_weights
+        from xtrain.model.size import total_weights
 
         self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         saves = self.total_steps // cfg.run.save_every + 1 if cfg.run.save_every else 1
@@ -214,7 +220,7 @@ class Recipe:
             self.rep.note(note)  # (a run that cannot fit stops here, before the first step)
         sharded.fill_deepspeed(acc, s.per_device, cfg.optim.max_grad_norm)
         self.model, self.optimizer, self.scheduler = acc.prepare(model, optimizer, scheduler)
-        sharded.prepare_generation(acc, self.model)  # FSDP2: generate all-gathers like forward
+        prepare_generation(acc, self.model)  # FSDP2: generate all-gathers like forward
         checkpoint.install_model_hooks(acc)
         self.memory = self._check_memory(model)
         self.cpu_staged = stage_allreduce_on_cpu(self.model, self.plan, self.world)
@@ -225,7 +231,7 @@ class Recipe:
         notes it when it does not fit (the run goes on: the estimate is rough)."""
         if self.device.type != "cuda":
             return None
-        from xtrain.train.model_size import check_live_model
+        from xtrain.tasks.sizes import check_live_model
 
         props = torch.cuda.get_device_properties(self.device)
         check = check_live_model(model, self.cfg, self.settings.precision, props.total_memory, props.name)
@@ -237,7 +243,7 @@ class Recipe:
         """The eval loader, the resume position and this rank's train loader from it."""
         from torch.utils.data import DataLoader
 
-        from xtrain.train.tasks import get as get_task
+        from xtrain.tasks import get as get_task
 
         s, w = self.settings, self.workload
         self.pin = s.pin_memory and self.device.type == "cuda"
@@ -365,15 +371,15 @@ class Recipe:
                     raise TrainingStopped(done, path, stop)
                 self.window.reset()
 
-    def _early_stop(self, step: int) -> stops.EarlyStop | None:
+    def _early_stop(self, step: int) -> EarlyStop | None:
         """Whether the evaluations so far end the run at ``step`` (run.early_stopping_patience).
         Every rank decides from the same gathered metrics; the main process's answer is taken."""
         if not self.cfg.run.early_stopping_patience:
             return None  # (no collective either)
-        found = stops.early_stop_at(step, self.eval_history, self.cfg.run)
+        found = early_stop_at(step, self.eval_history, self.cfg.run)
         if not main_decides(self.accelerator, found is not None, self.stop_group):
             return None
-        return found or stops.EarlyStop.followed(step)  # a rank that saw otherwise follows rank 0
+        return found or EarlyStop.followed(step)  # a rank that saw otherwise follows rank 0
 
     def close_window(self, done: int) -> dict[str, float]:
         """The logging window's one host sync: loss, throughput, memory; divergence stops here."""
@@ -403,12 +409,12 @@ class Recipe:
             acc.log(metrics, step=step)
             self.rep.evaluated(step, metrics)
         if samples:  # generative tasks: reference vs prediction, shown and logged as text
-            from xtrain.train.generation import predictions_markdown
+            from xtrain.tasks.generation import predictions_markdown
 
             self.predictions[:] = [asdict(p) for p in samples]
             self.rep.predictions(step, self.predictions)
             tracking.log_text(acc, {"eval/predictions": predictions_markdown(samples)}, step)
-        stops.check_early_stopping(self.cfg.run, True, metrics)
+        check_early_stopping(self.cfg.run, True, metrics)
         best = self.cfg.run.best_metric
         if best and best in metrics and checkpoint.is_new_best(best, metrics[best], self.eval_history[:-1]):
             sharded.save_on_main(

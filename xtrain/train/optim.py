@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
-from xtrain.train.config.schema import TrainConfig
 
 if TYPE_CHECKING:  # torch is imported where it is used: `xtrain train` checks optim.name without it
     import torch
+from xtrain.config.values import BNB_OPTIMIZERS
 
 
 def build_optimizer(
@@ -38,18 +39,13 @@ def build_optimizer(
     return optimizer(groups, lr=lr, betas=betas, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay)
 
 
-# optim.name -> the bitsandbytes class (8-bit block-wise state; paged: state in CUDA unified
-# memory that moves to CPU under memory pressure; on CPU bitsandbytes falls back to unpaged).
-BNB_OPTIMIZERS = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit"}
-
-
 def bnb_optimizer(name: str, device: torch.device) -> type[torch.optim.Optimizer]:
     """The bitsandbytes optimizer class for ``optim.name``, or one line saying why not here."""
     check_backend(name, device.type)
     try:
         import bitsandbytes.optim as bnb_optim
     except ImportError:  # read_backend found it, yet its optimizers do not import
-        from xtrain.train.quantization import Backend
+        from xtrain.model.quantization import Backend
 
         problem = backend_problem(name, device.type, Backend(version=None))
         assert problem is not None
@@ -61,7 +57,7 @@ def backend_problem(name: str, device_type: str, backend: Any) -> XtrainError | 
     """Why ``optim.name`` cannot run on ``device_type`` with ``backend`` (``quantization.Backend``;
     None: it can, or it needs no bitsandbytes). bitsandbytes 0.50 has 8-bit optimizer kernels for
     CUDA, XPU and CPU, none for Apple MPS (backends/mps registers 4-bit ops only)."""
-    from xtrain.train.quantization import bnb_problem
+    from xtrain.model.quantization import bnb_problem
 
     if name not in BNB_OPTIMIZERS:
         return None
@@ -79,7 +75,7 @@ def check_backend(name: str, device_type: str) -> None:
     the model, and the optimizer's build."""
     if name not in BNB_OPTIMIZERS:
         return
-    from xtrain.train.quantization import Backend, read_backend
+    from xtrain.model.quantization import Backend, read_backend
 
     # MPS is refused without importing bitsandbytes
     backend = Backend(version=None) if device_type == "mps" else read_backend()

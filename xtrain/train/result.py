@@ -63,7 +63,7 @@ def run_info(
         # this rank's peak of allocated device memory (the main process writes the result)
         "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "skip_check": "loss scale" if skips.scaler is not None else None,
-        # the estimate of xtrain.train.memory for this rank's card (CUDA only)
+        # the estimate of xtrain.model.memory for this rank's card (CUDA only)
         "memory_estimate_gib": round(memory.estimate_gib, 2) if memory is not None else None,
     }
 

@@ -29,7 +29,7 @@ before it is resumed from: with ``run.resume=auto`` a damaged newest checkpoint 
 - ``faults.py``: the filesystem failing under a write (disk full, permission) as one line.
 - ``resume.py``: ``find_resume``, ``read_state`` (does it fit this config), ``changes``, ``load``.
 - ``outputs.py``: ``save_final``, ``save_best``, ``write_result`` (a sharded model's weights
-  are gathered first: ``xtrain.train.sharded.save_on_main``).
+  are gathered first: ``xtrain.train.distributed.sharded.save_on_main``).
 
 The loop (``train/loop.py``) reaches all of them as ``checkpoint.NAME``: the names below are that
 one interface.

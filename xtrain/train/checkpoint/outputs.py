@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import atomic
-from xtrain.train.lora import save_pretrained
+from xtrain.model.lora import save_pretrained
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -33,7 +33,7 @@ def _write_pretrained(
 ) -> None:
     """``save_pretrained`` of the model (and tokenizer) into ``final.tmp``, plus the ``extra`` text
     files, then ``final.tmp`` replaces ``final``. ``state_dict``: the weights gathered from a
-    sharded model (``xtrain.train.sharded``; peft keeps the adapter's of them)."""
+    sharded model (``xtrain.train.distributed.sharded``; peft keeps the adapter's of them)."""
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -78,7 +78,7 @@ def merged_model(model: Any, adapter: Path) -> Any:
     into: the adapter saved at ``adapter`` goes onto a freshly loaded unquantized base (on the
     CPU), so the merged weights are not rounded to 4 bits. Otherwise ``merge_and_unload`` on the
     trained model itself (it changes the model: the caller does it last)."""
-    from xtrain.train import quantization
+    from xtrain.model import quantization
 
     if not quantization.is_quantized(model):
         return model.merge_and_unload()

@@ -47,7 +47,7 @@ _MUST_MATCH = (
 
 def must_match(config: dict[str, Any]) -> list[tuple[str, str]]:
     """The ``(section, key)`` pairs a resume must keep: the common ones and the task's own."""
-    from xtrain.train import tasks
+    from xtrain import tasks
 
     task = (config.get("model") or {}).get("task")
     own = tasks.all_tasks().get(task) if isinstance(task, str) else None

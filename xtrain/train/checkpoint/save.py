@@ -9,7 +9,6 @@ from typing import Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.train.checkpoint.faults import WriteFailed, disk_fault, resume_hint
 from xtrain.train.checkpoint.layout import (
     STATE_FILE,
     TrainState,
@@ -18,6 +17,7 @@ from xtrain.train.checkpoint.layout import (
     partial_checkpoints,
 )
 from xtrain.train.checkpoint.manifest import write_manifest
+from xtrain.train.checkpoint.write_faults import WriteFailed, disk_fault, resume_hint
 
 
 def remove_partial(output_dir: str | Path) -> list[Path]:

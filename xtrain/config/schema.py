@@ -1,0 +1,214 @@
+"""The training config's schema: one dataclass a YAML section, with the defaults.
+
+Field names here are the contract between the config loader, the task builders and the loop.
+``sections``/``section_fields``/``config_keys`` read the valid ``section.key`` names off the
+dataclasses; what values a key takes is in ``values.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "builtin:tiny-bert"  # local folder, hub id, or builtin:NAME (built offline)
+    task: str = "seq-cls"  # a task of the registry (xtrain.tasks), e.g. causal-lm, custom
+    custom: str | None = None  # "module:function" returning a Workload (the custom task)
+    num_labels: int | None = None  # classification tasks; None: inferred from the data
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (weights' load dtype)
+    gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    # auto | sdpa | flash_attention_2 | eager: transformers' attn_implementation; auto is decided
+    # from the installed packages, the device, the precision and the model (planning.resolve)
+    attn_implementation: str = "auto"
+    freeze_encoder: bool = False  # speech-to-text full fine-tune: train the decoder only
+    freeze_vision: bool = True  # vision-language full fine-tune: keep the vision tower fixed
+    # 4bit (NF4, double quantization) | 8bit (LLM.int8) | None: the base weights loaded through
+    # bitsandbytes for QLoRA (LoRA only; compute in the run's precision, float32 on CPU)
+    quantization: str | None = None
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = True
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    target_modules: str | list[str] = "auto"  # auto: found for common architectures
+    modules_to_save: list[str] | None = None  # None: the task head for seq-cls
+    # image-to-text, speech-to-text: which half of the encoder-decoder model gets adapters
+    # (auto targets or the names above)
+    apply_to: str = "both"  # both | encoder | decoder
+    # vision-language: the adapters go on the language model's attention/MLP layers; these add
+    projector: bool = False  # train the projector/merger (vision -> text) whole, saved with the adapter
+    vision_blocks: bool = False  # also put adapters on the vision tower's blocks
+    # peft's variants: DoRA (weight-decomposed), rsLoRA (alpha / sqrt(r) scaling) and how the
+    # adapters start (peft's init_lora_weights: default | gaussian | pissa | olora | loftq)
+    use_dora: bool = False
+    use_rslora: bool = False
+    init_weights: str = "default"
+
+
+@dataclass
+class DataConfig:
+    train: str | None = (
+        "builtin:sentiment"  # file (json/jsonl/csv/parquet/txt), saved datasets folder, hub id, builtin:NAME
+    )
+    eval: str | None = None
+    eval_fraction: float = 0.0  # split this share off train when no eval set is given
+    format: str = "auto"  # auto (from the extension) | json | csv | parquet | text | arrow
+    # causal-lm: what the rows hold: auto (from the columns) | text | prompt_response | messages |
+    # alpaca | sharegpt (``format`` above is how the file is stored)
+    row_format: str = "auto"
+    text_column: str = "text"
+    # image tasks: image paths (relative to the data file, or data.image_root) or an Image feature
+    image_column: str = "image"
+    # speech-to-text: audio paths (relative to the data file, or data.audio_root) or an Audio feature
+    audio_column: str = "audio"
+    max_audio_seconds: float | None = None  # speech-to-text: None: the model's window (30 s for Whisper)
+    long_audio: str = "refuse"  # speech-to-text, clips over max_audio_seconds: refuse | cut
+    text_pair_column: str | None = None
+    # chat data (causal-lm, vision-language): conversations of {role, content} turns
+    messages_column: str = "messages"
+    images_column: str = "images"  # vision-language: images for image parts that name no file
+    chat_template: str | None = None  # a Jinja file or template text; None: the tokenizer's/processor's
+    # chat turns spelt otherwise (LLaMA-Factory's dataset_info tags): the key of the speaker, the
+    # key of the text, and each role's speaker name; None: the row format's own (messages:
+    # role/content; sharegpt: from/value, human/gpt/system)
+    role_tag: str | None = None
+    content_tag: str | None = None
+    user_tag: str | None = None
+    assistant_tag: str | None = None
+    system_tag: str | None = None
+    # the folder relative image / audio paths are relative to; None: the data file's folder
+    image_root: str | None = None
+    audio_root: str | None = None
+    min_pixels: int | None = None  # vision-language (Qwen2-VL-style processors): image area bounds
+    max_pixels: int | None = None  # (fewer pixels: fewer image tokens, less memory); None: the processor's
+    # every task that reads images, and predict: an image file whose header declares more pixels is
+    # refused before it is decoded (a decompression bomb); Pillow's own limit; None: no limit
+    max_image_pixels: int | None = 89_478_485
+    prompt_column: str | None = None  # causal-lm prompt/response: loss masked on the prompt
+    response_column: str | None = None
+    label_column: str = "label"
+    max_length: int = 512
+    # causal-lm: off | on (whole examples packed into rows of max_length, kept apart: position_ids
+    # restart per example, no attention across them) | concatenate (concatenated and cut into
+    # max_length blocks: examples attend to the ones before them; pre-training-style text only)
+    packing: str = "off"
+    # Each optimizer step's samples of similar length (speech: audio seconds; text: tokens), less
+    # padding; the order stays independent of the process count (xtrain.data.sampler).
+    group_by_length: bool = False
+    num_workers: int | None = None  # DataLoader worker processes per training process; None: the plan's
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"  # adamw (torch) | adamw_8bit | paged_adamw_8bit (bitsandbytes)
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    schedule: str = "cosine"  # cosine | linear | constant
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    max_grad_norm: float | None = 1.0
+    lr_scaling: str = "none"  # none | linear | sqrt (relative to base_global_batch)
+    base_global_batch: int | None = None
+    neftune_alpha: float | None = None  # causal-lm: NEFTune noise on the input embeddings in training
+
+
+@dataclass
+class BatchConfig:
+    per_device: int = 8
+    # None: per_device x processes (accumulation 1). Otherwise accumulation is derived as
+    # global / (per_device x processes), so the effective batch stays fixed when the GPU count changes.
+    global_batch: int | None = None
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "xtrain-output"
+    max_steps: int | None = None  # optimizer steps; wins over epochs
+    epochs: float = 1.0
+    eval_every: int | None = None  # steps; None: at the end only
+    eval_at_start: bool = False  # also evaluate before the first step (the "before" figures)
+    save_every: int | None = None  # steps; None: at the end only
+    keep_checkpoints: int = 2
+    seed: int = 42
+    resume: str = "auto"  # auto | off | path to a checkpoint folder
+    log_every: int = 10  # steps between host syncs for logging
+    mixed_precision: str = "auto"  # auto (from the plan) | no | fp16 | bf16
+    tensorboard: bool = True  # the shorthand of report_to: [tensorboard] (report_to: auto reads it)
+    # experiment trackers (accelerate's): auto (tensorboard unless run.tensorboard is false), none,
+    # or a list of tensorboard, mlflow, wandb, trackio (each but tensorboard installed apart)
+    report_to: str | list[str] = "auto"
+    save_merged: bool = False  # also write the LoRA-merged full model
+    best_metric: str | None = None  # e.g. cer or eval_loss: keep the best model so far in output_dir/best
+    # stop after this many evaluations in a row without best_metric improving by more than the
+    # threshold (None: never); needs best_metric and eval_every
+    early_stopping_patience: int | None = None
+    early_stopping_threshold: float = 0.0
+    # torch.compile the model (after LoRA, through accelerate's TorchDynamoPlugin, inductor);
+    # refused where it cannot work (Windows or a CUDA GPU without Triton: planning.rules)
+    compile: bool = False
+    # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
+    # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
+    collective_timeout_s: int = 1800
+
+
+@dataclass
+class GenerationConfig:
+    """How generative tasks (image-to-text, speech-to-text) decode at evaluation and in ``xtrain predict``."""
+
+    max_new_tokens: int = 128
+    num_beams: int = 1  # 1: greedy
+    sample_predictions: int = 4  # reference vs prediction pairs shown and logged at each eval
+    language: str | None = None  # speech-to-text, multilingual Whisper: e.g. en, de; None: detected
+    speech_task: str = "transcribe"  # speech-to-text, Whisper: transcribe | translate (to English)
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+
+
+def sections() -> dict[str, type]:
+    """``{section name: its dataclass}``, in declaration order."""
+    return {f.name: typing.get_type_hints(TrainConfig)[f.name] for f in dataclasses.fields(TrainConfig)}
+
+
+def section_fields(section_cls: type) -> dict[str, Any]:
+    """``{key: its type}`` of one section's dataclass."""
+    return typing.get_type_hints(section_cls)
+
+
+def config_keys() -> list[str]:
+    """Every valid ``section.key``, in declaration order."""
+    return [f"{s}.{k}" for s, cls in sections().items() for k in section_fields(cls)]
+
+
+# The ``section.key`` names a config was given (its YAML file and overrides), kept on the loaded
+# object by ``loading.load_config``: a default the user never wrote can then be fitted to the model
+# (``model_checks.fit_defaults``) instead of being refused as if the user had chosen it. Not a
+# dataclass field, so it is not a section, not saved with checkpoints and not compared.
+_GIVEN = "_xtrain_given_keys"
+
+
+def mark_given(cfg: TrainConfig, keys: typing.Iterable[str]) -> None:
+    setattr(cfg, _GIVEN, frozenset(keys))
+
+
+def given_keys(cfg: TrainConfig) -> frozenset[str] | None:
+    """The keys ``cfg`` was given; None for a config built in code (every value counts as chosen)."""
+    return getattr(cfg, _GIVEN, None)

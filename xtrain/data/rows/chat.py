@@ -1,0 +1,381 @@
+"""Conversations in the ``messages`` format, rendered by a chat template, loss on the assistant only.
+
+Shared by ``causal-lm`` (text chat, the tokenizer's template) and ``vision-language`` (the
+processor's template, image parts). A row is::
+
+    {"messages": [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": [{"type": "image", "image": "img/0.png"},
+                                     {"type": "text", "text": "what colour is the square?"}]},
+        {"role": "assistant", "content": "red"}]}
+
+``content`` is a string or a list of parts (``{"type": "text", "text": ...}``,
+``{"type": "image", "image": "path relative to the data file"}``; an image part without a path
+takes the next image of the row's ``data.images_column``). In vision chat an ``<image>``
+placeholder inside a string content is such a part (LLaMA-Factory / LLaVA rows:
+``{"role": "user", "content": "<image>What is this?"}`` with ``"images": ["a.png"]``); the row's
+images fill the placeholders and path-less parts in the order they appear, and a row whose image
+list has more or fewer entries than that is refused.
+
+Masking: the template renders the whole conversation once; for every assistant turn it also
+renders the conversation before that turn with the generation prompt (``<|im_start|>assistant\\n``)
+and the conversation through that turn. The characters between the two are the assistant's own
+(its answer and end-of-turn token; trailing whitespace after the end-of-turn token is left out).
+Tokens that start inside those characters keep their ids as labels, every other token gets -100.
+This works with any template whose earlier turns render the same whatever follows (true of
+ChatML/Qwen, Llama 3, Mistral, Gemma, Zephyr templates); one that does not is refused in one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xtrain.data.collate import IGNORE_INDEX
+from xtrain.errors import RowError, XtrainError
+
+ROLES = ("system", "user", "assistant")
+PART_TYPES = ("text", "image")
+_HINT = "fix or remove that row (docs/vision-language.md#data describes the messages format)"
+
+# render(messages, add_generation_prompt) -> text: the tokenizer's or the processor's template
+Render = Callable[[list[dict[str, Any]], bool], str]
+
+IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's and LLaVA's image marker in string turns
+
+
+class BadConversation(RowError):
+    """A malformed row: one line with the row and the file, also when raised in a DataLoader worker
+    (which re-raises as ``type(e)(traceback text)``: only the original message is kept)."""
+
+    HINT = _HINT
+
+
+@dataclass
+class Conversation:
+    """One checked row: messages ready for a template, and its image references in order."""
+
+    messages: list[dict[str, Any]]
+    images: list[Any] = field(default_factory=list)  # path strings, Image feature dicts, PIL images
+
+
+def _text_of(parts: list[dict[str, Any]]) -> str:
+    return "".join(p["text"] for p in parts if p["type"] == "text")
+
+
+def image_parts(text: str) -> list[dict[str, Any]]:
+    """A string turn as content parts: an ``{"type": "image"}`` part for each ``<image>``
+    placeholder, in place, and the text around them (empty pieces left out)."""
+    parts: list[dict[str, Any]] = []
+    for k, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
+        if k:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def _content_parts(content: Any, where: str, k: int, allow_images: bool) -> list[dict[str, Any]]:
+    """One turn's content as checked parts; an image part keeps its path (``image`` or ``path``)
+    or None where the row's image list fills it."""
+    if isinstance(content, str):
+        if allow_images and IMAGE_PLACEHOLDER in content:
+            parts = image_parts(content)
+            return [p if p["type"] == "text" else {"type": "image", "ref": None} for p in parts]
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise BadConversation(f"{where}: turn {k} content must be text or a list of parts")
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in PART_TYPES:
+            raise BadConversation(
+                f"{where}: turn {k} has a content part of type {kind!r} (types: text, image)"
+            )
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise BadConversation(f"{where}: turn {k} has a text part without text")
+            parts.append({"type": "text", "text": part["text"]})
+            continue
+        if not allow_images:
+            raise BadConversation(
+                f"{where}: turn {k} holds an image, and causal-lm chat is text only",
+                "use model.task=vision-language with a vision-language model",
+            )
+        parts.append({"type": "image", "ref": part.get("image") or part.get("path")})
+    return parts
+
+
+def image_list(images: Any) -> list[Any]:
+    """A row's image cell as a list: a list as it is, one path or image as a list of one, none
+    (null, an empty string) as an empty list."""
+    if isinstance(images, (list, tuple)):
+        return list(images)
+    return [] if images is None or images == "" else [images]
+
+
+def parse_conversation(
+    messages: Any,
+    row: int,
+    source: str,
+    images: Any = None,
+    allow_images: bool = True,
+    images_field: str = "images",
+) -> Conversation:
+    """Check one ``messages`` cell and normalise it: roles known, content text or parts, an
+    assistant turn that follows a user turn, and every image of the row's ``images_field``
+    cell (``images``) used by exactly one ``<image>`` placeholder or path-less image part.
+    Text-only chat (``allow_images=False``) gets string contents; vision chat gets lists of parts
+    (what VLM templates iterate over)."""
+    where = f"row {row} of {source}"
+    if not isinstance(messages, list) or not messages:
+        raise BadConversation(f"{where}: messages must be a non-empty list of {{role, content}} turns")
+    out: list[dict[str, Any]] = []
+    refs: list[Any] = []  # None where the row's image list fills the part
+    seen_user = False
+    for k, turn in enumerate(messages):
+        if not isinstance(turn, dict) or "role" not in turn:
+            raise BadConversation(f"{where}: turn {k} is not a {{role, content}} object")
+        role = turn["role"]
+        if role not in ROLES:
+            raise BadConversation(f"{where}: turn {k} has role {role!r} (roles: {', '.join(ROLES)})")
+        if role == "assistant" and not seen_user:
+            raise BadConversation(f"{where}: the assistant speaks in turn {k} before any user turn")
+        seen_user |= role == "user"
+        parts = _content_parts(turn.get("content"), where, k, allow_images)
+        if role == "assistant" and any(p["type"] == "image" for p in parts):
+            raise BadConversation(f"{where}: turn {k}: images go in user or system turns")
+        refs += [p["ref"] for p in parts if p["type"] == "image"]
+        parts = [p if p["type"] == "text" else {"type": "image"} for p in parts]
+        if role == "assistant" and not _text_of(parts).strip():
+            raise BadConversation(f"{where}: turn {k} is an empty assistant answer")
+        out.append({"role": role, "content": _text_of(parts) if not allow_images else parts})
+    if not any(t["role"] == "assistant" for t in out):
+        raise BadConversation(f"{where} has no assistant turn: nothing to learn")
+    return Conversation(out, _fill(refs, image_list(images) if allow_images else [], where, images_field))
+
+
+def _fill(refs: list[Any], listed: list[Any], where: str, field_name: str) -> list[Any]:
+    """The row's listed images in the slots the turns left open (``None``), in order; the two
+    counts must agree (an image nobody places would be silently unused)."""
+    slots = sum(ref is None for ref in refs)
+    if slots != len(listed):
+        raise BadConversation(
+            f"{where}: field '{field_name}' lists {len(listed)} image(s) but the turns place {slots} "
+            f"(one {IMAGE_PLACEHOLDER} placeholder or path-less image part for each)",
+            "give each image of the row its placeholder, or set data.images_column to the column "
+            "that holds the row's images (docs/vision-language.md#data)",
+        )
+    rest = iter(listed)
+    return [next(rest) if ref is None else ref for ref in refs]
+
+
+
+def user_turn(
+    question: str, images: int = 0, system: str | None = None, text_only: bool = False
+) -> list[dict[str, Any]]:
+    """A question (after ``images`` image placeholders) as the normalised messages that
+    ``parse_conversation`` gives the template (vision chat: lists of parts; ``text_only``: causal-lm
+    chat, string contents): what ``xtrain predict`` renders with the generation prompt, the same
+    way training rendered the prompts before its answers."""
+    if text_only:
+        turns = [{"role": "system", "content": system}] if system else []
+        return [*turns, {"role": "user", "content": question}]
+    parts = [{"type": "image"} for _ in range(images)] + [{"type": "text", "text": question}]
+    turns = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
+    return [*turns, {"role": "user", "content": parts}]
+
+
+def end_of_turn(render: Render, tokenizer: Any) -> int | None:
+    """The token that ends an assistant turn in this template (``<|im_end|>``, the eos token, ...):
+    the first token the template puts after an answer (None when it puts nothing there)."""
+    answer = "ok"
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": answer}]
+    before = render(messages[:1], True)
+    after = render(messages, False)[len(before) :].rstrip()
+    if not after.startswith(answer) or len(after) == len(answer):
+        return None
+    ids = tokenizer(after[len(answer) :], add_special_tokens=False)["input_ids"]
+    return int(ids[0]) if ids else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering and masking
+
+
+@dataclass
+class Encoded:
+    """A rendered conversation: its text, token ids, labels (-100 outside assistant answers),
+    and the prompt of its last assistant turn (for generation) with that turn's answer."""
+
+    text: str
+    input_ids: list[int]
+    labels: list[int]
+    prompt: str
+    answer: str
+
+
+def _render(render: Render, messages: list[dict[str, Any]], generation: bool, where: str) -> str:
+    try:
+        return render(messages, generation)
+    except Exception as e:  # the template's own raise_exception, or a missing field
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if type(e).__name__ == "SecurityError":  # jinja2's sandbox: the template, not the row, is at fault
+            origin = getattr(render, "origin", "the chat template")
+            raise XtrainError(
+                f"{origin} is unsafe: the sandbox refused it ({reason})",
+                "use a template that only formats the messages, without Python attributes such as __class__",
+            ) from None
+        raise BadConversation(f"{where}: the chat template refused it: {reason}") from None
+
+
+def assistant_spans(
+    render: Render, messages: list[dict[str, Any]], where: str
+) -> tuple[str, list[tuple[int, int]]]:
+    """(full text, [(start, end) character span of each assistant turn])."""
+    full = _render(render, messages, False, where)
+    spans = []
+    for i, turn in enumerate(messages):
+        if turn["role"] != "assistant":
+            continue
+        before = _render(render, messages[:i], True, where)
+        through = _render(render, messages[: i + 1], False, where).rstrip()
+        if not (through.startswith(before) and full.startswith(through)):
+            raise XtrainError(
+                f"{where}: the chat template renders earlier turns differently as the conversation "
+                "grows, so the assistant's tokens cannot be told apart",
+                "set data.chat_template to a template whose turns render the same whatever follows",
+            )
+        spans.append((len(before), len(through)))
+    return full, spans
+
+
+def _token_starts(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
+    """(ids, the character where each token starts): from the offsets of a fast tokenizer, else by
+    tokenising growing prefixes (slow tokenizers have no offsets)."""
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [s for s, _ in enc["offset_mapping"]]
+    except (NotImplementedError, ValueError, TypeError):
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        starts, k = [], 0
+        for p in range(len(text) + 1):  # token k starts where the prefix first holds k+1 tokens
+            n = len(tokenizer(text[:p], add_special_tokens=False)["input_ids"])
+            while k < min(n, len(ids)):
+                starts.append(max(p - 1, 0))
+                k += 1
+        return ids, starts + [len(text)] * (len(ids) - len(starts))
+
+
+def encode(render: Render, tokenizer: Any, conv: Conversation, where: str) -> Encoded:
+    """Render ``conv`` and label the tokens of its assistant turns (the rest -100)."""
+    text, spans = assistant_spans(render, conv.messages, where)
+    ids, starts = _token_starts(tokenizer, text)
+    labels = [
+        t if any(a <= s < b for a, b in spans) else IGNORE_INDEX for t, s in zip(ids, starts, strict=True)
+    ]
+    if all(x == IGNORE_INDEX for x in labels):
+        raise BadConversation(f"{where}: no token of the assistant's answer survives tokenising")
+    last = max(i for i, t in enumerate(conv.messages) if t["role"] == "assistant")
+    content = conv.messages[last]["content"]
+    answer = content if isinstance(content, str) else _text_of(content)
+    return Encoded(
+        text=text,
+        input_ids=ids,
+        labels=labels,
+        prompt=_render(render, conv.messages[:last], True, where),
+        answer=answer.strip(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Templates
+
+
+def load_template(setting: str | None) -> str | None:
+    """``data.chat_template``: a file holding a Jinja template, or the template text itself."""
+    if setting is None:
+        return None
+    path = Path(setting).expanduser()
+    if "{" not in setting and len(setting) < 1024:
+        if not path.is_file():
+            raise XtrainError(
+                f"data.chat_template file {setting} not found",
+                "give a Jinja template file (e.g. chat_template.jinja) or the template text itself",
+            )
+        from xtrain.encoding import read_text
+
+        return read_text(path, "chat template")
+    return setting
+
+
+def require_template(owner: Any, template: str | None, source: str) -> str:
+    """The template to render with: ``data.chat_template`` if set, else the tokenizer's or processor's."""
+    found = template or getattr(owner, "chat_template", None)
+    if isinstance(found, dict):  # several named templates: the default one
+        found = found.get("default")
+    if not found:
+        raise XtrainError(
+            f"the tokenizer of {source} has no chat template, so `messages` cannot be rendered",
+            "set data.chat_template to a Jinja template file or string (the format the model should learn)",
+        )
+    return found
+
+
+def renderer(owner: Any, template: str, setting: str | None = None) -> Render:
+    """``render(messages, add_generation_prompt)`` through ``owner.apply_chat_template``;
+    ``setting``: ``data.chat_template`` when the template came from it (named in refusals)."""
+    return _Renderer(owner, template, setting)
+
+
+class _Renderer:
+    """Picklable (spawned DataLoader workers): holds the tokenizer/processor and the template text."""
+
+    def __init__(self, owner: Any, template: str, setting: str | None = None) -> None:
+        self.owner = owner
+        self.template = template
+        # where the template came from, for a refusal that names it rather than a data row
+        kind = "processor" if hasattr(owner, "image_processor") else "tokenizer"
+        self.origin = "data.chat_template" if setting is not None else f"the {kind}'s chat template"
+
+    def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self.owner.apply_chat_template(
+            messages,
+            chat_template=self.template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+
+
+def messages_column_of(ds: Any, column: str, source: str) -> list[Any]:
+    if column not in ds.column_names:
+        raise XtrainError(
+            f"column '{column}' not in {source} (columns: {', '.join(ds.column_names)})",
+            "set data.messages_column to the column of conversations",
+        )
+    return list(ds[column])
+
+
+def text_chat_rows(
+    cells: list[Any], render: Render, tokenizer: Any, max_length: int, source: str
+) -> list[dict[str, list[int]]]:
+    """causal-lm chat: every conversation (a ``messages`` cell of row i of ``source``) checked,
+    rendered and labelled, cut to ``max_length``; one whose answers all lie past the cut is
+    dropped (as causal-lm does)."""
+    rows = []
+    for row, cell in enumerate(cells):
+        enc = text_chat_encoded(cell, row, render, tokenizer, source)
+        ids, labels = enc.input_ids[:max_length], enc.labels[:max_length]
+        if all(t == IGNORE_INDEX for t in labels[1:]):  # the model shifts: position 0 never counts
+            continue
+        rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels})
+    return rows
+
+
+def text_chat_encoded(cell: Any, row: int, render: Render, tokenizer: Any, source: str) -> Encoded:
+    """One causal-lm chat row (a ``messages`` cell) checked, rendered and labelled, not yet cut."""
+    conv = parse_conversation(cell, row, source, allow_images=False)
+    return encode(render, tokenizer, conv, f"row {row} of {source}")
+

@@ -1,0 +1,267 @@
+"""Loading training data with ``datasets`` and tokenising it through ``Dataset.map``.
+
+Sources (``data.train`` / ``data.eval``):
+
+- a file: ``.json``/``.jsonl``, ``.csv``/``.tsv``, ``.parquet``, ``.txt``, ``.arrow``
+  (or any extension with ``data.format``), read by ``load_dataset(<builder>, data_files=...)``;
+- a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (``load_from_disk``),
+  or a folder of data files (``load_dataset(folder)``);
+- ``builtin:NAME`` (``xtrain.builtin``: written as jsonl once, then read like any file);
+- a Hugging Face hub id (``load_dataset(id)``; needs the network or a filled cache).
+
+Tokenisation runs through ``Dataset.map`` with a fingerprint made of stable parts (the input
+data's fingerprint, the tokenizer's serialised form, the settings), so a second run, and every
+other process of the same run, loads the cached result instead of tokenising again.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from xtrain import builtin
+from xtrain.errors import XtrainError
+
+EXTENSIONS = {
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".txt": "text",
+    ".text": "text",
+    ".arrow": "arrow",
+}
+EVAL_SPLITS = ("validation", "eval", "valid", "dev", "test")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:300]
+
+
+def _looks_like_hub_id(source: str) -> bool:
+    if source.startswith((".", "/", "~", "\\")) or "\\" in source or re.match(r"^[A-Za-z]:", source):
+        return False
+    if Path(source).suffix.lower() in EXTENSIONS:
+        return False
+    return bool(_HUB_ID.match(source)) and ".." not in source
+
+
+def _pick_split(ds: Any, source: str, role: str) -> Any:
+    """One split of a DatasetDict: "train" for training, validation/eval/test for evaluation."""
+    from datasets import DatasetDict, IterableDatasetDict
+
+    if not isinstance(ds, (DatasetDict, IterableDatasetDict)):
+        return ds
+    names = list(ds.keys())
+    wanted = ("train",) if role == "train" else EVAL_SPLITS
+    for name in wanted:
+        if name in ds:
+            return ds[name]
+    if len(names) == 1:
+        return ds[names[0]]
+    raise XtrainError(
+        f"{source} has splits {', '.join(names)} and none of them is a {role} split",
+        f"expected {' or '.join(wanted)}",
+    )
+
+
+def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = "data.train") -> Any:
+    """A ``datasets.Dataset`` from a file, a folder, ``builtin:NAME`` or a hub id."""
+    import datasets
+
+    if builtin.is_builtin(source):
+        split = "train" if role == "train" else "eval"
+        path = builtin.builtin_data_file(source, split)
+        return _load_file(path, "json", source)
+
+    path = Path(source).expanduser()
+    if path.is_dir():
+        saved = (path / "dataset_dict.json").exists() or (path / "state.json").exists()
+        try:
+            if saved or fmt == "arrow":
+                ds = datasets.load_from_disk(str(path))
+            else:
+                ds = datasets.load_dataset(str(path))
+        except XtrainError:
+            raise
+        except Exception as e:
+            raise XtrainError(f"cannot read data folder {source}: {_first_line(e)}") from None
+        return _pick_split(ds, source, role)
+    if path.is_file():
+        builder = fmt if fmt != "auto" else EXTENSIONS.get(path.suffix.lower())
+        if builder is None:
+            raise XtrainError(
+                f"cannot tell the format of {source} from its extension",
+                f"set data.format (json, csv, parquet, text, arrow); known: {', '.join(EXTENSIONS)}",
+            )
+        return _load_file(path, builder, source)
+    if _looks_like_hub_id(source):
+        try:
+            ds = datasets.load_dataset(source)
+        except Exception as e:
+            raise XtrainError(
+                f"{key} '{source}' is not a local file or folder, and loading it from the Hugging Face "
+                f"hub failed: {_first_line(e)}",
+                "check the path (relative paths are looked up next to the config file, then in the "
+                "current folder), or download the data set first",
+            ) from None
+        return _pick_split(ds, source, role)
+    raise XtrainError(
+        f"data file {source} not found ({key})",
+        "check the path: relative paths are looked up next to the config file, then in the current folder",
+    )
+
+
+def _load_file(path: Path, builder: str, source: str) -> Any:
+    import datasets
+
+    original, path, kwargs = path, *_readable(path, builder, source, whole=True)
+    try:
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+    except Exception as e:
+        raise _read_error(e, original, source, builder) from None
+    if len(ds) == 0:
+        raise XtrainError(f"data file {source} has no rows", "add examples to it")
+    return ds
+
+
+def _stream_file(path: Path, builder: str, source: str, limit: int) -> tuple[Any, int | None]:
+    """``_load_file``'s first ``limit`` rows, streamed by the same builder (``first_rows``)."""
+    import datasets
+
+    original, path, kwargs = path, *_readable(path, builder, source, whole=False)
+    try:
+        stream = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
+        return _first_of_stream(stream, limit, source)
+    except XtrainError:
+        raise
+    except Exception as e:
+        raise _read_error(e, original, source, builder) from None
+
+
+def _readable(path: Path, builder: str, source: str, whole: bool) -> tuple[Path, dict[str, Any]]:
+    """(the path datasets reads: a cached UTF-8 copy of a file with a BOM or in UTF-16, its
+    ``load_dataset`` keywords); an empty file is refused. ``whole``: the UTF-8 check reads it
+    all, else its first piece (the rest is checked when the run reads it)."""
+    from xtrain import encoding
+
+    kwargs: dict[str, Any] = {}
+    if builder == "csv" and path.suffix.lower() == ".tsv":
+        kwargs["delimiter"] = "\t"
+    if builder in ("json", "csv", "text"):
+        # datasets reads text as UTF-8: a BOM or UTF-16 (PowerShell's `>`) gets a cached UTF-8 copy
+        path = encoding.utf8_copy(path, "data file", whole=whole)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = -1
+    if size == 0:
+        raise XtrainError(
+            f"data file {source} is empty", "point data.train/data.eval at a file with examples"
+        )
+    return path, kwargs
+
+
+def _read_error(e: Exception, original: Path, source: str, builder: str) -> XtrainError:
+    from xtrain import encoding
+
+    cause: BaseException | None = e
+    while cause is not None and not isinstance(cause, UnicodeDecodeError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, UnicodeDecodeError) or "codec can't decode" in str(e):
+        # a non-UTF-8 byte past the part utf8_copy checks
+        return encoding.not_utf8(original, "data file")
+    if "corresponds to no data" in str(e):  # a CSV with a header line only
+        return XtrainError(f"data file {source} has no rows", "add examples below the header")
+    return XtrainError(f"cannot read {source} as {builder}: {_first_line(e)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The first rows only (the data check: ``xtrain train --dry-run`` and the start of a run)
+
+
+def first_rows(
+    source: str, fmt: str, limit: int, role: str = "train", key: str = "data.train"
+) -> tuple[Any, int | None] | None:
+    """(a ``Dataset`` of the first ``limit`` rows of ``source``, its row count where that is known
+    without reading it all: a saved data set, or a file that ends within ``limit + 1`` rows), read
+    by the same ``datasets`` builders as ``load_source`` but streamed: a 10 GB file costs its first
+    rows. None for a hub id: nothing is downloaded to check it."""
+    import datasets
+
+    if builtin.is_builtin(source):
+        return _stream_file(builtin.builtin_data_file(source, role), "json", source, limit)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "state.json").exists() or fmt == "arrow":
+            ds = load_source(source, fmt, role, key)  # memory-mapped: nothing read up front
+            return ds.select(range(min(limit, len(ds)))), len(ds)
+        try:
+            stream = _pick_split(datasets.load_dataset(str(path), streaming=True), source, role)
+            return _first_of_stream(stream, limit, source)
+        except XtrainError:
+            raise
+        except Exception as e:
+            raise XtrainError(f"cannot read data folder {source}: {_first_line(e)}") from None
+    if path.is_file():
+        builder = fmt if fmt != "auto" else EXTENSIONS.get(path.suffix.lower())
+        if builder is None:
+            load_source(source, fmt, role, key)  # its one line about the extension
+        return _stream_file(path, str(builder), source, limit)
+    if _looks_like_hub_id(source):
+        return None
+    return load_source(source, fmt, role, key)  # raises: not found
+
+
+def _first_of_stream(stream: Any, limit: int, source: str) -> tuple[Any, int | None]:
+    """(the first ``limit`` rows of an ``IterableDataset`` as a ``Dataset``, the row count when
+    that is all of them). Image and audio columns stay undecoded, as the run reads them."""
+    import itertools
+
+    import datasets
+
+    features = stream.features
+    if features is not None:
+        for name, feature in features.items():
+            if isinstance(feature, (datasets.Image, datasets.Audio)) and feature.decode:
+                stream = stream.cast_column(name, type(feature)(decode=False))
+        features = stream.features
+    rows = list(itertools.islice(stream, limit + 1))
+    if not rows:
+        raise XtrainError(f"data file {source} has no rows", "add examples to it")
+    ds = datasets.Dataset.from_list(rows[:limit], features=features)
+    return ds, (len(rows) if len(rows) <= limit else None)
+
+
+def undecoded_row(ds: Any, i: int, column: str) -> dict[str, Any]:
+    """Row ``i`` with its ``Image``/``Audio`` column as the run reads it: undecoded (a path, or
+    ``{"bytes", "path"}``)."""
+    import datasets
+
+    feature = ds.features.get(column)
+    if isinstance(feature, (datasets.Image, datasets.Audio)) and feature.decode:
+        ds = ds.cast_column(column, type(feature)(decode=False))
+    return ds[i]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fingerprints
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenising functions (top-level: datasets may run them in worker processes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing that keeps examples apart
+
+
+# ---------------------------------------------------------------------------------------------
+# Labels
+
+

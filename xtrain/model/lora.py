@@ -1,0 +1,498 @@
+"""LoRA through peft: ``target_modules: auto`` finds the attention projections of common
+architectures; gradient checkpointing is switched on before the adapter is added."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+_LLAMA_LIKE = ["q_proj", "k_proj", "v_proj", "o_proj"]
+# model_type -> the Linear layers of its attention blocks that LoRA adapts.
+KNOWN_TARGETS: dict[str, list[str]] = {
+    **{
+        t: _LLAMA_LIKE
+        for t in (
+            "llama",
+            "mistral",
+            "mixtral",
+            "qwen2",
+            "qwen2_moe",
+            "qwen3",
+            "qwen3_moe",
+            "gemma",
+            "gemma2",
+            "gemma3",
+            "gemma3_text",
+            "olmo",
+            "olmo2",
+            "granite",
+            "starcoder2",
+            "cohere",
+            "deepseek_v2",
+            "internlm2",
+            "yi",
+            "stablelm",
+            "smollm3",
+            "ministral",
+            "helium",
+            "glm",
+            "exaone",
+        )
+    },  # fmt: skip
+    "phi": ["q_proj", "k_proj", "v_proj", "dense"],
+    "phi3": ["qkv_proj", "o_proj"],
+    "gpt2": ["c_attn"],
+    "gpt_bigcode": ["c_attn"],
+    "gpt_neox": ["query_key_value"],
+    "falcon": ["query_key_value"],
+    "bloom": ["query_key_value"],
+    "gptj": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "gpt_neo": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "opt": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "bart": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "mbart": ["q_proj", "k_proj", "v_proj", "out_proj"],
+    "mpt": ["Wqkv"],
+    "t5": ["q", "k", "v", "o"],
+    "mt5": ["q", "k", "v", "o"],
+    "bert": ["query", "key", "value"],
+    "roberta": ["query", "key", "value"],
+    "xlm-roberta": ["query", "key", "value"],
+    "camembert": ["query", "key", "value"],
+    "electra": ["query", "key", "value"],
+    "modernbert": ["Wqkv", "Wo"],
+    "distilbert": ["q_lin", "k_lin", "v_lin"],
+    "deberta": ["in_proj"],
+    "deberta-v2": ["query_proj", "key_proj", "value_proj"],
+    "albert": ["query", "key", "value"],
+}
+# Heads that are never LoRA targets (they are trained whole through modules_to_save, or frozen).
+HEAD_NAMES = {"lm_head", "classifier", "score", "qa_outputs", "cls", "pooler", "embed_out"}
+# peft's shorthand for every Linear layer but the output head (INCLUDE_LINEAR_LAYERS_SHORTHAND)
+ALL_LINEAR = "all-linear"
+# peft's SEQ_CLS_HEAD_NAMES: the classifier heads all-linear leaves out of a model without output
+# embeddings (peft/utils/constants.py; named here so that counting does not import peft)
+PEFT_SEQ_CLS_HEADS = ("score", "classifier")
+
+
+def _linear_types() -> tuple[type, ...]:
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    return (torch.nn.Linear, Conv1D)
+
+
+def linear_layers(model: Any) -> dict[str, str]:
+    """Qualified name -> leaf name of every Linear-like layer (nn.Linear, GPT-2's Conv1D)."""
+    kinds = _linear_types()
+    return {name: name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, kinds)}
+
+
+def layers_matching(model: Any, pattern: str) -> list[str]:
+    """Qualified names of the Linear-like layers that ``pattern`` matches whole (as peft matches
+    a ``target_modules`` regex)."""
+    import re
+
+    return [q for q in linear_layers(model) if re.fullmatch(pattern, q)]
+
+
+def _head_layers(model: Any) -> set[str]:
+    """Qualified names of the heads: known head names, and the output embeddings whatever their name."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return {
+        name
+        for name, mod in model.named_modules()
+        if (out is not None and mod is out) or any(p in HEAD_NAMES for p in name.split("."))
+    }
+
+
+def is_all_linear(targets: Any) -> bool:
+    """``lora.target_modules: all-linear`` (peft compares it case-insensitively)."""
+    return isinstance(targets, str) and targets.lower() == ALL_LINEAR
+
+
+def all_linear_layers(model: Any, task_type: str | None = None) -> list[str]:
+    """Qualified names of the layers peft's ``all-linear`` adapts (tuners_utils
+    ``_maybe_include_all_linear_layers``): every ``nn.Linear``/``Conv1D`` but the output embeddings
+    (the LM head), and for a ``SEQ_CLS`` model without them its classifier head (``score`` or
+    ``classifier``). What ``apply_lora`` passes on to peft, counted the same way for the plan."""
+    layers = list(linear_layers(model))
+    excluded: set[str] = set()
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is not None:
+        excluded |= {name for name, mod in model.named_modules() if mod is out}
+    elif task_type == "SEQ_CLS":
+        for attr in PEFT_SEQ_CLS_HEADS:
+            head = getattr(model, attr, None)
+            if head is not None:
+                excluded |= {name for name, mod in model.named_modules() if mod is head}
+                break
+    return [q for q in layers if q not in excluded]
+
+
+def body_layers(model: Any) -> dict[str, str]:
+    """Qualified name -> leaf name of the Linear-like layers that are not heads (``_head_layers``:
+    the output embeddings, classifiers, poolers): ``all-linear`` for the tasks that choose their
+    own layers (one half of an encoder-decoder, a language model inside a vision-language one)."""
+    heads = _head_layers(model)
+    return {q: leaf for q, leaf in linear_layers(model).items() if q not in heads}
+
+
+def exact_pattern(names: list[str]) -> str:
+    """A peft ``target_modules`` regex matching exactly these qualified names (none: matches nothing)."""
+    import re
+
+    return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else r"^(?!)$"
+
+
+def find_target_modules(model: Any) -> list[str]:
+    """The LoRA targets for ``target_modules: auto``.
+
+    1. xtrain's table of common architectures (llama/mistral/qwen: q,k,v,o; gpt2: c_attn;
+       bert/roberta: query,key,value; t5: q,k,v,o; ...), keeping the names present in the model;
+    2. peft's own table for other known model types;
+    3. otherwise every Linear layer inside an attention block (a name containing "attn" or
+       "attention"), and failing that every Linear layer, except the heads.
+    """
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TABLE
+
+    layers = linear_layers(model)
+    leaves = set(layers.values())
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    for table in (KNOWN_TARGETS, PEFT_TABLE):
+        names = [n for n in table.get(model_type, []) if n in leaves]
+        if names:
+            return names
+    heads = _head_layers(model)
+    body = {q: leaf for q, leaf in layers.items() if q not in heads}
+    attention = sorted({leaf for q, leaf in body.items() if "attn" in q.lower() or "attention" in q.lower()})
+    if attention:
+        return attention
+    everything = sorted(set(body.values()))
+    if everything:
+        return everything
+    raise XtrainError(
+        f"found no Linear layers for LoRA in this {model_type or 'model'}",
+        "set lora.target_modules to the module names to adapt, or lora.enabled=false",
+    )
+
+
+def enable_gradient_checkpointing(model: Any, with_lora: bool) -> None:
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise XtrainError(
+            f"{type(model).__name__} does not support gradient checkpointing",
+            "set model.gradient_checkpointing=false",
+        )
+    # Non-reentrant checkpointing works with frozen inputs; input grads keep the reentrant
+    # variant (and older models) working when the embeddings are frozen under LoRA.
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if with_lora and hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+    if hasattr(model, "config"):
+        model.config.use_cache = False
+
+
+def apply_lora(model: Any, lora: Any, task_type: str | None) -> Any:
+    """``get_peft_model`` with the config's settings and the task's peft ``task_type`` (peft's
+    ``SEQ_CLS`` trains the head whole: it puts ``classifier``/``score`` in ``modules_to_save``)."""
+    targets: str | list[str] = lora.target_modules
+    if targets == "auto":
+        targets = find_target_modules(model)
+    try:
+        return _peft_model(model, lora, targets, lora.modules_to_save, task_type)
+    except ValueError as e:
+        if "not found" in str(e) or "Target module" in str(e):
+            available = ", ".join(sorted(set(linear_layers(model).values()))[:16])
+            raise XtrainError(
+                f"lora.target_modules {targets} not found in the model",
+                f"Linear layers it has: {available}",
+            ) from None
+        raise
+
+
+def trainable_fp32(peft_model: Any) -> Any:
+    """Trained weights stay in float32 even when the base model was loaded in half precision
+    (mixed precision autocasts the compute; a half-precision trainable weight breaks the scaler)."""
+    import torch
+
+    for p in peft_model.parameters():
+        if p.requires_grad and p.dtype in (torch.float16, torch.bfloat16):
+            p.data = p.data.float()
+    return peft_model
+
+
+def apply_lora_matching(model: Any, lora: Any, pattern: str, where: str) -> Any:
+    """``get_peft_model`` on the Linear layers whose full module name matches ``pattern`` (a
+    regex): how encoder-decoder and multimodal tasks pick their halves. ``where`` names the part
+    in the one-line error when nothing matches."""
+    return adapt(model, lora, pattern, lora.modules_to_save, where)
+
+
+def adapt(model: Any, lora: Any, targets: str | list[str], whole: list[str] | None, where: str) -> Any:
+    """``get_peft_model`` with adapters on ``targets`` (a regex on qualified names, or the
+    qualified names) and the ``whole`` modules trained whole; nothing matched is one line naming
+    ``where`` and the Linear layers the model has."""
+    matched = layers_matching(model, targets) if isinstance(targets, str) else targets
+    if not matched:
+        available = ", ".join(sorted(set(linear_layers(model).values()))[:16])
+        raise XtrainError(
+            f"lora.target_modules {lora.target_modules} matched no layer of the {where}",
+            f"Linear layers it has: {available}",
+        )
+    return _peft_model(model, lora, targets, whole, None)
+
+
+# -- LoRA variants: DoRA, rsLoRA and how the adapters start (peft's init_lora_weights) -------------
+# lora.init_weights -> peft's init_lora_weights. loftq starts from peft's default and is then fitted
+# to the 4-bit base by replace_lora_weights_loftq (see _fit_loftq).
+PEFT_INIT: dict[str, bool | str] = {
+    "default": True,
+    "gaussian": "gaussian",
+    "pissa": "pissa",
+    "olora": "olora",
+    "loftq": True,
+}
+# Inits that move part of each base weight into the adapter (W = W_res + B0 A0): the adapter
+# trained on W_res is converted at save time so that it loads onto the original base.
+BASE_CHANGING = ("pissa", "olora")
+# The adapter as it started, kept on the model for that conversion (see save_pretrained).
+INITIAL_ADAPTER = "xtrain_initial_adapter"
+
+
+def _need_bitsandbytes(what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        from xtrain.model.quantization import INSTALL
+
+        raise XtrainError(f"{what} needs bitsandbytes, which is not installed", INSTALL)
+
+
+def lora_config_kwargs(
+    lora: Any, targets: str | list[str], whole: list[str] | None, task_type: str | None
+) -> dict[str, Any]:
+    """The keyword arguments of peft's ``LoraConfig`` for the config's ``lora`` section: the one
+    place each LoRA setting becomes a peft setting. ``task_type``: a peft ``TaskType`` name."""
+    from peft import TaskType
+
+    return {
+        "task_type": TaskType[task_type] if task_type else None,
+        "r": lora.r,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": targets,
+        "modules_to_save": whole or None,
+        "use_dora": lora.use_dora,
+        "use_rslora": lora.use_rslora,
+        "init_lora_weights": PEFT_INIT[lora.init_weights],
+    }
+
+
+def targeted_layers(model: Any, targets: str | list[str]) -> dict[str, Any]:
+    """Qualified name -> module of the Linear-like layers ``targets`` selects, matched as peft
+    matches: a regex on the whole name, or names equal to or ending in ``.NAME``."""
+    import re
+
+    kinds = _linear_types()
+    found = {}
+    for name, mod in model.named_modules():
+        if not isinstance(mod, kinds):
+            continue
+        if isinstance(targets, str):
+            hit = re.fullmatch(targets, name) is not None
+        else:
+            hit = any(name == t or name.endswith("." + t) for t in targets)
+        if hit:
+            found[name] = mod
+    return found
+
+
+def _check_layers(model: Any, lora: Any, targets: str | list[str]) -> None:
+    """Checks that need the model's layers: peft's OLoRA init ignores ``fan_in_fan_out``, so on
+    GPT-2-style Conv1D layers it builds adapters of the wrong shape (seen with peft 0.21)."""
+    if lora.init_weights != "olora":
+        return
+    from transformers.pytorch_utils import Conv1D
+
+    conv = [n for n, m in targeted_layers(model, targets).items() if isinstance(m, Conv1D)]
+    if conv:
+        raise XtrainError(
+            f"lora.init_weights=olora does not work on Conv1D layers like {conv[0]} (GPT-2 style)",
+            "use lora.init_weights=pissa or default for this model",
+        )
+
+
+def _peft_model(
+    model: Any, lora: Any, targets: str | list[str], whole: list[str] | None, task_type: str | None
+) -> Any:
+    """``get_peft_model`` with the variant settings, trained weights in float32, LoftQ fitted and
+    the starting adapter of PiSSA/OLoRA kept for the conversion at save time."""
+    from peft import LoraConfig, get_peft_model
+
+    _check_layers(model, lora, targets)
+    config = LoraConfig(**lora_config_kwargs(lora, targets, whole, task_type))
+    decompose = lora.init_weights in BASE_CHANGING
+    if decompose:
+        config.init_lora_weights = True  # decomposed below, layer by layer (on a GPU if there is one)
+    peft_model = get_peft_model(model, config)
+    if decompose:
+        decompose_layers(peft_model, lora.init_weights)
+        peft_model.peft_config["default"].init_lora_weights = PEFT_INIT[lora.init_weights]
+    peft_model = trainable_fp32(peft_model)
+    if lora.init_weights == "loftq":
+        _fit_loftq(peft_model)
+    if decompose:
+        keep_initial_adapter(peft_model)
+    return peft_model
+
+
+def decompose_layers(peft_model: Any, init: str) -> None:
+    """PiSSA/OLoRA start: peft's own ``pissa_init`` (full SVD) or ``olora_init`` (QR) on every
+    adapted layer, as ``get_peft_model`` would run them, but with a CUDA GPU each layer is moved
+    there for it and back. The model is still on the CPU here (accelerate places it later), and
+    a full SVD of one 4096x4096 weight took 170 s on 2 CPU cores: a 7B model would take hours.
+    One layer at a time keeps the GPU memory needed to one layer's weights."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    gpu = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    for module in peft_model.modules():
+        if not isinstance(module, LoraLayer) or "default" not in module.lora_A:
+            continue
+        home = module.get_base_layer().weight.device
+        if gpu is not None:
+            module.to(gpu)
+        if init == "pissa":
+            module.pissa_init("default", PEFT_INIT[init])
+        else:
+            module.olora_init("default")
+        if gpu is not None:
+            module.to(home)
+
+
+def _fit_loftq(peft_model: Any) -> None:
+    """LoftQ on a 4-bit base: peft's ``replace_lora_weights_loftq`` reads the unquantized weights
+    from the model's safetensors files and starts A and B where they cancel most of the
+    quantization error. (``init_lora_weights="loftq"`` would instead replace the base weights
+    of an unquantized model by their quantized values: the adapter would not fit the original.)"""
+    from pathlib import Path
+
+    import torch
+    from peft import replace_lora_weights_loftq
+    from peft.tuners.lora import Linear4bit
+
+    quantized = [m for m in peft_model.modules() if isinstance(m, Linear4bit)]
+    if not quantized:
+        raise XtrainError(
+            "lora.init_weights=loftq found no 4-bit layers among the LoRA targets",
+            "load the model with model.quantization=4bit, or use lora.init_weights=default",
+        )
+    device = quantized[0].weight.device
+    if device.type != "cuda":
+        # peft 0.21's _loftq_init_new computes on "cuda" (or XPU) whatever the model's device
+        raise XtrainError(
+            f"lora.init_weights=loftq computes on a CUDA GPU (peft), and the model is on {device.type}",
+            "train on a CUDA GPU, or use lora.init_weights=default",
+        )
+    name = str(getattr(peft_model.get_base_model(), "name_or_path", "") or "")
+    folder = name if name and Path(name).is_dir() else None  # else: the hub cache, offline
+    try:
+        with torch.cuda.device(device):  # peft's "cuda" is the current device: this rank's
+            replace_lora_weights_loftq(peft_model, model_path=folder)
+    except (ValueError, OSError, KeyError) as e:
+        raise XtrainError(
+            f"lora.init_weights=loftq could not read the unquantized weights of {name or 'the model'} ({e})",
+            "point model.name_or_path at a local folder with model.safetensors, "
+            "or use lora.init_weights=default",
+        ) from None
+
+
+def keep_initial_adapter(peft_model: Any) -> None:
+    """Keep a CPU copy of the adapter as it starts (after PiSSA/OLoRA moved part of the base
+    into it). Resume rebuilds the same start: both inits are deterministic (full SVD, QR) on the
+    same device."""
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(peft_model)
+    setattr(peft_model, INITIAL_ADAPTER, {k: v.detach().to("cpu", copy=True) for k, v in state.items()})
+
+
+def save_pretrained(model: Any, folder: str) -> None:
+    """``model.save_pretrained(folder)`` for a peft adapter or a whole model. A PiSSA/OLoRA
+    adapter is converted by peft (``path_initial_model_for_weight_conversion``) to a plain LoRA of
+    rank 2r that loads onto the ORIGINAL base model: delta W = B A - B0 A0. Its
+    adapter_config.json then says ``init_lora_weights: true`` and twice ``r`` and ``lora_alpha``."""
+    initial = getattr(model, INITIAL_ADAPTER, None)
+    if initial is None:
+        model.save_pretrained(folder)
+        return
+    import tempfile
+    from pathlib import Path
+
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file, save_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        start = Path(tmp) / "initial"  # peft writes its adapter_config.json next to the weights
+        start.mkdir()
+        save_file(initial, str(start / "adapter_model.safetensors"))
+        model.save_pretrained(folder, path_initial_model_for_weight_conversion=str(start))
+    # peft's conversion keeps only lora_A/lora_B: put back the weights trained whole
+    # (modules_to_save, e.g. a classifier head), which do not depend on the base.
+    weights = Path(folder) / "adapter_model.safetensors"
+    saved = load_file(str(weights))
+    dropped = {
+        k: v.detach().cpu().contiguous()
+        for k, v in get_peft_model_state_dict(model).items()
+        if k not in saved and "lora_" not in k
+    }
+    if dropped:
+        save_file({**saved, **dropped}, str(weights), metadata={"format": "pt"})
+
+
+def check_variants(cfg: Any) -> None:
+    """Config-only checks of ``lora.use_dora``, ``lora.use_rslora`` and ``lora.init_weights``
+    against ``lora.enabled`` and ``model.quantization``; the first misfit raises (one line).
+
+    Called by ``tasks/validation.py``; checks that need the model (the layer types) are made
+    when the adapters are added (``_check_layers``)."""
+    lora, quant = cfg.lora, cfg.model.quantization
+    init = lora.init_weights
+    if not lora.enabled:
+        for key, on in (
+            ("lora.use_dora", lora.use_dora),
+            ("lora.use_rslora", lora.use_rslora),
+            ("lora.init_weights", init != "default"),
+        ):
+            if on:
+                raise XtrainError(
+                    f"{key} is a LoRA setting and lora.enabled=false",
+                    f"set lora.enabled=true, or leave out {key}",
+                )
+    if init in BASE_CHANGING and lora.use_dora:
+        # peft's conversion to a plain adapter (subtract_mutated_init) keeps lora_A/lora_B only,
+        # and a DoRA magnitude learnt against W_res does not carry over to W.
+        raise XtrainError(
+            f"lora.init_weights={init} with lora.use_dora=true cannot be saved as an adapter "
+            "of the original model",
+            "leave out lora.use_dora, or use lora.init_weights=default",
+        )
+    if init in BASE_CHANGING and quant:
+        raise XtrainError(
+            f"lora.init_weights={init} rewrites the base weights, which a {quant} base cannot hold exactly",
+            "use lora.init_weights=loftq (4bit) or default, or leave out model.quantization",
+        )
+    if init == "loftq":
+        if quant != "4bit":
+            raise XtrainError(
+                "lora.init_weights=loftq fits the adapters to the error of a 4-bit base "
+                "and needs model.quantization=4bit",
+                "set model.quantization=4bit, or use lora.init_weights=default or pissa",
+            )
+        if lora.use_dora:
+            # replace_lora_weights_loftq swaps A and B after DoRA measured its magnitudes from them
+            raise XtrainError(
+                "lora.init_weights=loftq with lora.use_dora=true would start DoRA from stale magnitudes",
+                "leave out lora.use_dora, or use lora.init_weights=default",
+            )
+        _need_bitsandbytes("lora.init_weights=loftq")

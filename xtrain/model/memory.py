@@ -1,0 +1,409 @@
+"""A rough per-GPU memory estimate for LoRA training under DDP, and the warning when it exceeds the
+card: pure functions (no torch, no machine). ``xtrain train`` shows it with the plan (sizes from
+the model's config, ``model_size.offline_sizes``) and the training loop checks it again on CUDA
+with the real counts and the card's memory (``model_size.live_sizes``).
+
+Under DDP every GPU holds the whole model. The estimate adds:
+
+- the frozen weights: parameters x bytes per weight (2 for bf16/fp16, 4 for float32);
+- the trained weights: float32 weights, gradients and AdamW's two moments (16 bytes each); with
+  an 8-bit optimizer (``optim.name`` adamw_8bit, paged_adamw_8bit: bitsandbytes' block-wise
+  ``AdamW8bit``) the moments are two uint8 values and a float32 absmax a block of 256 per moment,
+  ``2 + 2 x 4 / 256 = 2.03`` bytes a weight, 10.03 in all; a tensor of fewer than 4096 weights
+  (bitsandbytes' ``min_8bit_size``) keeps float32 moments, 16 bytes (``ModelSizes.small_trainable``
+  counts them; bitsandbytes 0.50, ``optim/optimizer.py``, ``Optimizer2State.init_state``). A
+  paged optimizer's state can move to CPU memory under pressure: it is counted on the GPU;
+- activations: what autograd keeps for the backward pass in each stack of layers the task runs
+  (``Task.stacks``: an encoder at its own positions, Whisper's 1500 frames or a ViT's patches, a
+  VLM's vision tower and merger, the decoder or language model at ``data.max_length`` tokens),
+  as each stack trains (``xtrain/model/activations.py``: a frozen stack whose input needs no
+  gradient keeps nothing); with gradient checkpointing each layer's input, plus one layer while
+  it is recomputed. A model no task hook reads falls back to a token a layer in 16-bit
+  (Korthikanti et al. 2022): ``34 x hidden`` bytes for a GELU MLP, ``17 x hidden + 8 x
+  intermediate`` for a gated one, at ``batch.per_device x data.max_length`` tokens;
+- the logits of the loss: a token x the vocabulary x 10 bytes (16-bit logits, the float32 copy
+  the loss takes, its log-softmax kept for the backward pass): 1.5 GiB for 1024 tokens of
+  Qwen2's 152k vocabulary;
+- 10 % for the CUDA context, allocator slack and temporary buffers.
+
+Quantized weights (``model.quantization``, bitsandbytes): the Linear layers that 4-bit or 8-bit
+loading replaces (``ModelSizes.quantizable``: the language model's Linear layers, not the output
+head, the modules trained whole or a vision tower) are counted at
+
+- 4-bit NF4 with double quantization: 4 bits a weight, plus its block constants: one 8-bit absmax
+  per block of 64 and one float32 constant per 256 blocks, ``8/64 + 32/(64 x 256) = 0.127`` bits
+  (Dettmers et al. 2023, QLoRA, section 3 "Double Quantization"; bitsandbytes' ``blocksize=64``);
+- 8-bit (LLM.int8): 1 byte a weight plus one float32 scale a row (``SCB``), ``4 / hidden``;
+
+the rest (embeddings, norms, the output head, a vision tower) in float32: peft's
+``prepare_model_for_kbit_training`` casts every 16-bit parameter that is not 4-bit to float32
+(Qwen2.5-7B's untied embeddings and head: 1.09B parameters, 4.1 GiB).
+
+When a run does not fit, the warning computes the same estimate for what the config does not do
+yet (``batch.per_device=1``, ``model.gradient_checkpointing=true``, ``model.quantization=4bit``)
+and names the smallest sets of them that fit, best first: those that keep the weights as they are
+before 4-bit, then fewer changes before more. Each is a list of ``key=value`` overrides a user
+can paste after ``xtrain train CONFIG``.
+
+Above ``TIGHT`` (90 %) of the card the warning says "tight" with the same changes (those that
+leave 10 % free), and on Windows that the card driving the display has less free.
+
+It is meant to tell "fits" from "far too big" before a long download, not to the last gigabyte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+
+from xtrain.model.activations import Precision, Stack, at_length, loss_bytes, step_bytes
+
+GIB = 1024**3
+# above this share of the card a process is "tight": the allocator's fragmentation, a longer batch
+# or another process on the card tips it over
+TIGHT = 0.9
+HALF = ("bfloat16", "float16")
+# bits a weight of NF4 with double quantization: 4, the 8-bit absmax of each block of 64 and the
+# float32 constant of each 256 blocks (QLoRA, section 3)
+NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)
+# bytes of a trained weight: its float32 value and gradient, and AdamW's two moments, float32 or
+# bitsandbytes' 8-bit block-wise ones (a uint8 each, and a float32 absmax a block of 256 each)
+TRAINED_BYTES = 4 + 4
+MOMENT_BYTES = 2 * 4
+MOMENT_BYTES_8BIT = 2 * (1 + 4 / 256)
+# bitsandbytes' min_8bit_size: a tensor of fewer weights keeps float32 moments
+MIN_8BIT_SIZE = 4096
+# bytes of a weight that is not quantized in a quantized run: peft's prepare_model_for_kbit_training
+# casts every fp16/bf16 parameter that is not 4-bit to float32 (peft/utils/other.py, peft 0.21)
+KBIT_REST_BYTES = 4
+
+
+def quantized_bytes(count: int, quantization: str, hidden: int) -> float:
+    """Bytes of ``count`` weights loaded in ``quantization`` (4bit: NF4 with double quantization;
+    8bit: LLM.int8's int8 weights and a float32 scale a row of about ``hidden`` weights)."""
+    if quantization == "4bit":
+        return count * NF4_BITS / 8
+    return count * (1 + 4 / hidden)
+
+
+def trained_bytes(trainable: int, moments_8bit: bool = False, small_trainable: int = 0) -> float:
+    """Bytes of ``trainable`` trained weights with their gradients and AdamW's moments, 8-bit
+    ones (``moments_8bit``) but for the ``small_trainable`` weights in tensors under
+    ``MIN_8BIT_SIZE``, which bitsandbytes keeps in float32."""
+    if not moments_8bit:
+        return trainable * (TRAINED_BYTES + MOMENT_BYTES)
+    small = min(small_trainable, trainable)
+    return trainable * TRAINED_BYTES + small * MOMENT_BYTES + (trainable - small) * MOMENT_BYTES_8BIT
+
+
+def estimate_gib(
+    params: int,
+    trainable: int,
+    weight_bytes: int,
+    tokens_per_device: int,
+    hidden: int,
+    layers: int,
+    gradient_checkpointing: bool,
+    activation_bytes: int = 2,
+    *,
+    intermediate: int | None = None,
+    vocab: int = 0,
+    quantized: int = 0,
+    quantization: str | None = None,
+    moments_8bit: bool = False,
+    small_trainable: int = 0,
+    saved: float | None = None,
+) -> float:
+    """Estimated peak GPU memory in GiB of one training process (see the module docstring).
+    ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
+    ``activation_bytes``: 2 under fp16/bf16 autocast or 16-bit weights, 4 in float32;
+    ``intermediate``: a gated MLP's width (None: a 4 x hidden GELU MLP); ``vocab``: the
+    output vocabulary (0: no logits term); ``quantized``: how many of ``params`` are loaded in
+    ``quantization`` (4bit, 8bit; None: none); ``moments_8bit``: an 8-bit optimizer, with
+    ``small_trainable`` of the trained weights in tensors too small for 8-bit state; ``saved``:
+    the activations' bytes from the task's stacks (``activations.step_bytes``), which then
+    replace the per-token rule and leave ``tokens_per_device`` to the logits."""
+    if quantization is None:
+        weights = params * weight_bytes
+    else:
+        weights = (params - quantized) * weight_bytes + quantized_bytes(quantized, quantization, hidden)
+    trained = trained_bytes(trainable, moments_8bit, small_trainable)
+    layer = 34 * hidden if intermediate is None else 17 * hidden + 8 * intermediate  # bytes, 16-bit
+    if gradient_checkpointing:
+        kept = tokens_per_device * (layers * 2 * hidden + layer)  # layer inputs + one recomputed layer
+    else:
+        kept = tokens_per_device * layers * layer
+    activations = kept * activation_bytes // 2 if saved is None else saved
+    logits = tokens_per_device * vocab * 10
+    return 1.1 * (weights + trained + activations + logits) / GIB
+
+
+def size(gib: float, digits: int) -> str:
+    """``24 GiB``, ``17.9 GiB``; below 1 GiB in MiB (tiny models, test cards)."""
+    return f"{gib:.{digits}f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
+
+
+def memory_warning(
+    estimate: float,
+    gpu_gib: float,
+    name: str = "the GPU",
+    *,
+    half_weights: bool = False,
+    checkpointing: bool = False,
+    per_device: int | None = None,
+    images: bool = True,
+    fits: Sequence[tuple[str, float]] = (),
+    windows: bool = False,
+) -> str | None:
+    """One line when ``estimate`` is above ``TIGHT`` of ``gpu_gib`` (tight) or above all of it
+    (does not fit), naming what lowers it (leaving out what the config already does); else None.
+    ``fits``: (overrides, estimate) of the changes that bring it under ``TIGHT`` of the card, best
+    first (``alternatives``): named first, as overrides to paste. ``windows``: the card that
+    drives the desktop has less free, said in the line."""
+    if estimate <= TIGHT * gpu_gib:
+        return None
+    if estimate <= gpu_gib:
+        head = f"the estimated training memory ({size(estimate, 1)} a process) is {estimate / gpu_gib:.0%}"
+        head += f" of {name} ({size(gpu_gib, 0)}): tight"
+    else:
+        head = f"the estimated training memory ({size(estimate, 1)} a process)"
+        head += f" exceeds {name} ({size(gpu_gib, 0)})"
+    if windows:
+        head += " (on Windows the card that drives the display has less free: the desktop uses some of it)"
+    length = "lower data.max_pixels / data.max_length" if images else "lower data.max_length"
+    if fits:
+        named = ", ".join(f"{overrides} fits (~{size(gib, 1)})" for overrides, gib in fits)
+        others = ([] if half_weights else ["load the weights in bf16/fp16 (model.dtype)"]) + [length]
+        return f"{head}: {named}; or {', or '.join(others)}"
+    fixes = [] if half_weights else ["load the weights in bf16/fp16 (model.dtype)"]
+    fixes += [] if checkpointing else ["set model.gradient_checkpointing=true"]
+    fixes.append(length)
+    if per_device != 1:
+        fixes.append("use batch.per_device=1 with batch.global_batch for accumulation")
+    return f"{head}: " + ", ".join(fixes[:-1]) + (", and " if len(fixes) > 1 else "") + fixes[-1]
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """What the estimate needs from a model: its parameters, the trained ones, its language
+    model's shape (``Shape``), the bytes of a frozen weight as loaded (one not quantized), the
+    frozen Linear weights that 4-bit/8-bit loading replaces (``quantizable``; 0: none, or a
+    full fine-tune, which cannot train quantized weights) and how they are loaded
+    (``quantization``: 4bit, 8bit, None: as ``weight_bytes``); whether the optimizer keeps
+    8-bit moments (``moments_8bit``: ``optim.name`` adamw_8bit, paged_adamw_8bit) and the trained
+    weights in tensors under ``MIN_8BIT_SIZE`` (``small_trainable``), which keep float32 ones."""
+
+    params: int
+    trainable: int
+    shape: Shape
+    weight_bytes: int
+    # not compared: the plan counts it on the config's skeleton, a built 16-bit model by its frozen
+    # Linear layers; the two can differ by layers that are frozen but never quantized
+    quantizable: int = field(default=0, compare=False)
+    quantization: str | None = None
+    moments_8bit: bool = False
+    small_trainable: int = 0
+    # the task's stacks with how each trains (``activations``; empty: the per-token rule), whether
+    # the output head trains (it keeps its input), LoRA's rank (0: none) and whether its dropout is on
+    stacks: tuple[Stack, ...] = ()
+    head_trains: bool = False
+    lora_rank: int = 0
+    lora_dropout: bool = False
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The part whose activations grow with the tokens: width, depth, a gated MLP's width
+    (None: not gated or unknown) and the output vocabulary (0: unknown)."""
+
+    hidden: int
+    layers: int
+    intermediate: int | None = None
+    vocab: int = 0
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """The estimate for one process against the smallest card it runs on."""
+
+    estimate_gib: float
+    gpu_gib: float
+    gpu_name: str
+    warning: str | None  # one line when it does not fit
+
+    def summary(self) -> str:
+        return f"~{size(self.estimate_gib, 1)} a process (estimate; {self.gpu_name}: {size(self.gpu_gib, 0)})"
+
+
+def weight_bytes(dtype: str, checkpoint_dtype: str | None) -> int:
+    """Bytes of a loaded weight: ``model.dtype``, where ``auto`` on a GPU keeps the checkpoint's
+    dtype (``config.dtype``; float32 when the checkpoint does not say)."""
+    name = checkpoint_dtype if dtype == "auto" else dtype
+    return 2 if str(name).removeprefix("torch.") in HALF else 4
+
+
+def activation_bytes(precision: str | None, weight_bytes: int) -> int:
+    """16-bit activations under fp16/bf16 autocast or with 16-bit weights, else float32."""
+    return 2 if precision in ("fp16", "bf16") or weight_bytes == 2 else 4
+
+
+# activation functions of gated MLPs (SwiGLU/GeGLU: Llama, Qwen, Mistral, Gemma)
+GATED_ACTS = ("silu", "swiglu", "gelu_pytorch_tanh", "geglu")
+
+
+def model_shape(config: object) -> Shape | None:
+    """The ``Shape`` of a config: a VLM's ``text_config``, an encoder-decoder's halves (widest,
+    summed depth, the decoder's vocabulary), or the model itself (``hidden_size``/
+    ``num_hidden_layers``, ``d_model``/``*_layers``, GPT-2's ``n_embd``/``n_layer``). None when
+    the config names no width or depth."""
+    text = getattr(config, "text_config", None)
+    if text is not None:
+        return model_shape(text)
+    halves = [getattr(config, k, None) for k in ("encoder", "decoder")]
+    if all(h is not None and not isinstance(h, (int, bool)) for h in halves):
+        enc, dec = (model_shape(h) for h in halves)
+        if enc is None or dec is None:
+            return None
+        return Shape(max(enc.hidden, dec.hidden), enc.layers + dec.layers, None, dec.vocab)
+
+    def first(*names: str) -> int | None:
+        values = [getattr(config, n, None) for n in names]
+        return next((v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0), None)
+
+    hidden = first("hidden_size", "d_model", "n_embd", "dim")
+    layers = first("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    seq2seq = [n for n in (first("encoder_layers"), first("decoder_layers")) if n]
+    if seq2seq:  # Whisper/BART: both stacks (num_hidden_layers is the encoder's); TrOCR's decoder
+        layers = sum(seq2seq)
+    if not hidden or not layers:
+        return None
+    gated = getattr(config, "hidden_act", None) in GATED_ACTS
+    intermediate = first("intermediate_size") if gated else None
+    return Shape(hidden, layers, intermediate, first("vocab_size") or 0)
+
+
+def smallest_gpu(gpus: Sequence[tuple[int, str, int]], ids: Sequence[int] | None) -> tuple[str, float] | None:
+    """(name, GiB) of the smallest of ``gpus`` ((index, name, memory MiB)) that the plan uses
+    (``ids``, None: all); None when none has a known size."""
+    used = [g for g in gpus if (ids is None or g[0] in ids) and g[2] > 0]
+    if not used:
+        return None
+    _, name, mib = min(used, key=lambda g: g[2])
+    return name, mib / 1024
+
+
+def _estimate(
+    sizes: ModelSizes, per_device: int, max_length: int, checkpointing: bool, precision: str | None
+) -> float:
+    shape = sizes.shape
+    # quantized: the rest in float32, as peft's prepare_model_for_kbit_training leaves it
+    rest = max(sizes.weight_bytes, KBIT_REST_BYTES) if sizes.quantization else sizes.weight_bytes
+    act = activation_bytes(precision, sizes.weight_bytes)
+    saved, tokens = None, per_device * max_length
+    if sizes.stacks:  # what autograd keeps of the task's stacks; the logits at the last one's tokens
+        stacks = at_length(sizes.stacks, max_length)
+        last, bytes_of = stacks[-1], Precision(act, 1, sizes.lora_rank, sizes.lora_dropout)
+        layers = step_bytes(stacks, bytes_of, checkpointing)
+        head = last.positions * last.hidden * act if sizes.head_trains else 0  # a trained head's input
+        saved, tokens = per_device * (layers + head), per_device * last.positions
+    return estimate_gib(
+        sizes.params,
+        sizes.trainable,
+        rest,
+        tokens,
+        shape.hidden,
+        shape.layers,
+        checkpointing,
+        act,
+        intermediate=shape.intermediate,
+        vocab=shape.vocab,
+        quantized=sizes.quantizable,
+        quantization=sizes.quantization,
+        moments_8bit=sizes.moments_8bit,
+        small_trainable=sizes.small_trainable,
+        saved=saved,
+    )
+
+
+def saved_bytes(sizes: ModelSizes, checkpointing: bool, precision: Precision) -> tuple[float, float]:
+    """(bytes a sample the stacks keep for the backward pass, a trained output head's input
+    included; bytes a sample the loss keeps: the float32 log-softmax over the vocabulary at the
+    last stack's positions). The benchmark holds these against autograd's saved tensors."""
+    layers = step_bytes(sizes.stacks, precision, checkpointing)
+    last = sizes.stacks[-1]
+    head = loss_bytes(0, last.positions, last.hidden, sizes.head_trains, precision)
+    return layers + head, loss_bytes(sizes.shape.vocab, last.positions, last.hidden, False, precision)
+
+
+def alternatives(
+    sizes: ModelSizes,
+    per_device: int,
+    max_length: int,
+    checkpointing: bool,
+    precision: str | None,
+    gpu_gib: float,
+) -> list[tuple[str, float]]:
+    """The smallest sets of the changes the config does not make yet (a micro-batch of 1,
+    gradient checkpointing, 4-bit weights) whose estimate fits ``gpu_gib``, best first: those
+    that keep the weights before 4-bit, fewer changes before more. Each is (the overrides, its
+    estimate in GiB)."""
+    levers = []  # (override, per_device, checkpointing, quantization)
+    if per_device > 1:
+        levers.append(("batch.per_device=1", 1, checkpointing, sizes.quantization))
+    if not checkpointing:
+        levers.append(("model.gradient_checkpointing=true", per_device, True, sizes.quantization))
+    if sizes.quantization is None and sizes.quantizable:
+        levers.append(("model.quantization=4bit", per_device, checkpointing, "4bit"))
+    sets = [c for n in range(1, len(levers) + 1) for c in combinations(levers, n)]
+    sets.sort(key=lambda c: (any(lever[3] != sizes.quantization for lever in c), len(c)))
+    found: list[tuple[tuple[str, ...], float]] = []
+    for chosen in sets:
+        names = tuple(lever[0] for lever in chosen)
+        if any(set(smaller) <= set(names) for smaller, _ in found):
+            continue  # a subset fits already: this one changes more than needed
+        batch = min(lever[1] for lever in chosen)
+        ckpt = any(lever[2] for lever in chosen)
+        changed = [lever[3] for lever in chosen if lever[3] != sizes.quantization]
+        quantization = changed[0] if changed else sizes.quantization
+        gib = _estimate(replace(sizes, quantization=quantization), batch, max_length, ckpt, precision)
+        if gib <= gpu_gib:
+            found.append((names, gib))
+    return [(" ".join(names), gib) for names, gib in found]
+
+
+def check_memory(
+    sizes: ModelSizes,
+    per_device: int,
+    max_length: int,
+    gradient_checkpointing: bool,
+    precision: str | None,
+    gpu_gib: float,
+    gpu_name: str,
+    images: bool = False,
+    windows: bool = False,
+) -> MemoryCheck:
+    """The estimate for a config's batch and length on a card of ``gpu_gib``, with the warning
+    when it is tight (above ``TIGHT`` of the card) or does not fit (``images``: a vision-language
+    model, whose image tokens ``data.max_pixels`` bounds; ``windows``: the card may drive the
+    desktop), naming the changes that bring it under ``TIGHT`` of the card (``alternatives``)."""
+    gib = _estimate(sizes, per_device, max_length, gradient_checkpointing, precision)
+    budget = TIGHT * gpu_gib
+    fits = (
+        alternatives(sizes, per_device, max_length, gradient_checkpointing, precision, budget)
+        if gib > budget
+        else []
+    )
+    warning = memory_warning(
+        gib,
+        gpu_gib,
+        gpu_name,
+        # a quantized run's float32 rest is peft's doing: model.dtype would not change it
+        half_weights=sizes.weight_bytes == 2 or sizes.quantization is not None,
+        checkpointing=gradient_checkpointing,
+        per_device=per_device,
+        images=images,
+        fits=fits,
+        windows=windows,
+    )
+    return MemoryCheck(gib, gpu_gib, gpu_name, warning)

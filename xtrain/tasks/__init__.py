@@ -1,0 +1,85 @@
+"""Tasks as plug-ins: one module per task, each exporting ``TASK`` (``contract.Task``), and one
+registry line each below. Everything else reads a task's parts through ``get(name)``.
+
+- ``causal-lm``: text, prompt/response, chat conversations, alpaca or sharegpt; next-token accuracy.
+- ``seq-cls``: text (+ pair) and a label; the classifier head trained whole; accuracy.
+- ``image-to-text``: images and their text (TrOCR, ViT-GPT2); CER/WER by generation.
+- ``speech-to-text``: audio and transcripts (Whisper); WER/CER by generation.
+- ``vision-language``: image + text conversations (Qwen2-VL); exact match by generation.
+- ``image-classification``: images and a label (ViT, DeiT, ConvNeXt, Swin); accuracy.
+- ``custom``: ``model.custom: module:function``, called with the config, returns a Workload.
+
+Order matters for reproducibility: data first (inside ``main_process_first`` so one process
+fills the ``datasets`` cache and the others read it), then ``set_seed(run.seed)`` right before
+the model and the adapter are created, so every process and every launch mode starts from the
+same weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import importlib
+from functools import cache
+from typing import TYPE_CHECKING
+
+from xtrain.errors import XtrainError
+from xtrain.tasks.contract import MainProcessFirst, Task
+
+if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
+    from xtrain.tasks.contract import Workload
+
+# The registry: the modules under xtrain.tasks that export a TASK, in the order help lists them.
+REGISTRY = (
+    "causal_lm",
+    "seq_cls",
+    "image_to_text",
+    "speech_to_text",
+    "vision_language",
+    "image_classification",
+    "custom",
+)
+
+
+@cache
+def all_tasks() -> dict[str, Task]:
+    """``{name: Task}`` of every registered task (light imports: no torch)."""
+    found: dict[str, Task] = {}
+    for module in REGISTRY:
+        task = importlib.import_module(f"{__name__}.{module}").TASK
+        found[task.name] = task
+    return found
+
+
+def names() -> tuple[str, ...]:
+    return tuple(all_tasks())
+
+
+def aliases() -> dict[str, str]:
+    """``{other spelling: task name}``: each task's aliases and its name with underscores."""
+    out: dict[str, str] = {}
+    for task in all_tasks().values():
+        for alias in (task.name.replace("-", "_"), *task.aliases):
+            if alias != task.name:
+                out[alias] = task.name
+    return out
+
+
+def get(name: str) -> Task:
+    """The task called ``name`` (one line naming the tasks when it is unknown)."""
+    tasks = all_tasks()
+    if name not in tasks:
+        close = difflib.get_close_matches(name, list(tasks), n=1)
+        raise XtrainError(
+            f"unknown task '{name}' (tasks: {', '.join(tasks)})",
+            f"did you mean '{close[0]}'?" if close else None,
+        )
+    return tasks[name]
+
+
+def build_workload(
+    cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext
+) -> Workload:
+    """The Workload of ``cfg.model.task``."""
+    return get(cfg.model.task).build(cfg, main_process_first)

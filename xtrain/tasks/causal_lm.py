@@ -1,0 +1,385 @@
+"""``causal-lm``: a text column, or prompt/response columns with the loss on the response only,
+or chat conversations (``data.messages_column``, rendered by the chat template, loss on the
+assistant turns only: ``chat_data``), or alpaca / sharegpt rows mapped onto those two
+(``row_formats``; ``data.row_format`` or detected from the columns); optional packing (``data.packing``:
+on packs whole examples into rows kept apart by restarting ``position_ids``, concatenate is the
+old concatenation into blocks) and NEFTune (``optim.neftune_alpha``); metric: next-token accuracy
+(and perplexity).
+``xtrain predict`` continues text prompts (a chat run's prompts as user turns) and the prompts of
+a data file's rows (``prompt_predict``)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xtrain.errors import XtrainError
+from xtrain.tasks import prompt_predict
+from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Task
+from xtrain.tasks.predicting import exact_match
+
+if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
+    from xtrain.tasks.contract import Workload
+    from xtrain.tasks.data_check import Sample
+    from xtrain.tasks.data_report import DataReport
+from xtrain.data.rows.formats import row_format, text_columns
+
+NAME = "causal-lm"
+
+
+def is_chat(cfg: TrainConfig, tokenizer: Any, fmt: str) -> bool:
+    """Conversations rendered by a chat template: messages and sharegpt always; alpaca when there
+    is a template (``data.chat_template`` or the tokenizer's), else it is prompt/response."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows import formats as row_formats
+
+    if fmt in row_formats.CHAT:
+        return True
+    if fmt != "alpaca":
+        return False
+    return bool(chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None))
+
+
+def chat_rows(
+    cfg: TrainConfig,
+    tokenizer: Any,
+    source: str,
+    fmt: str,
+    train: tuple[Any, str],
+    eval_: tuple[Any, str],
+) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None]:
+    """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
+    from xtrain.data.packing import pack_all
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows import formats as row_formats
+    from xtrain.tasks.common import require_nonempty
+
+    d = cfg.data
+    render = chat_render(cfg, tokenizer, source, fmt)
+    out: list[list[dict[str, list[int]]] | None] = []
+    for ds, name in (train, eval_):
+        if ds is None:
+            out.append(None)
+            continue
+        cells = row_formats.conversations(ds, d, fmt, name)
+        rows = chat_data.text_chat_rows(cells, render, tokenizer, d.max_length, name)
+        require_nonempty(rows, name, "training" if ds is train[0] else "eval")
+        if d.packing == "on" and ds is train[0]:  # the training rows only, as for text
+            rows = pack_all(rows, d.max_length)
+        out.append(rows)
+    assert out[0] is not None
+    return out[0], out[1]
+
+
+def chat_render(cfg: TrainConfig, tokenizer: Any, source: str, fmt: str) -> Any:
+    """The chat template's renderer (``data.chat_template`` or the tokenizer's)."""
+    from xtrain.data.rows import chat as chat_data
+
+    d = cfg.data
+    if d.packing == "concatenate":
+        hint = "set data.packing=on (whole conversations packed, kept apart) or off"
+        if fmt == "alpaca":
+            hint += " (alpaca rows are chat conversations when the tokenizer has a chat template)"
+        raise XtrainError("data.packing=concatenate would cut conversations mid-turn", hint)
+    template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
+    if d.chat_template is not None:
+        tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
+    return chat_data.renderer(tokenizer, template, d.chat_template)
+
+
+def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    from xtrain.data.rows import formats as row_formats
+    from xtrain.data.tokenize import require_columns, tokenize_causal_lm
+    from xtrain.tasks import data_check
+    from xtrain.tasks.common import (
+        load_seeded,
+        prepare_tokenizer,
+        raw_datasets,
+        require_nonempty,
+        text_workload,
+        tokenizing,
+    )
+
+    d = cfg.data
+    source, tokenizer = prepare_tokenizer(cfg, main_process_first)
+    with main_process_first():
+        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+        first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+        report = inspect(cfg, tokenizer, source, first, [])  # the data check: its first rows first
+        fmt = row_format(cfg, train)
+        chat = is_chat(cfg, tokenizer, fmt)
+        if not chat:
+            prompt, response, columns = text_columns(cfg, fmt)
+            kwargs = {
+                "tokenizer": tokenizer,
+                "text_column": d.text_column,
+                "prompt_column": prompt,
+                "response_column": response,
+                "max_length": d.max_length,
+            }
+            # packing=on packs the training rows only: eval examples stay whole rows, so eval loss
+            # and accuracy are per example, comparable with an unpacked run
+            eval_packing = "off" if d.packing == "on" else d.packing
+            tokenize = {
+                role: tokenizing(NAME, tokenize_causal_lm, {**kwargs, "packing": packing})
+                for role, packing in (("train", d.packing), ("eval", eval_packing))
+            }
+            sets = []
+            for ds, name, role in ((train, train_name, "train"), (eval_ds, eval_name, "eval")):
+                if ds is not None:
+                    if fmt == "alpaca":
+                        ds = row_formats.alpaca_as_prompt_response(ds, name)
+                    require_columns(ds, columns, name)
+                    ds = tokenize[role](ds, role)
+                    require_nonempty(ds, name, "training" if role == "train" else "eval")
+                sets.append(ds)
+            train, eval_ds = sets
+    if chat:  # rendered in every process: no datasets cache to share (fast: no model involved)
+        train, eval_ds = chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (eval_ds, eval_name))
+
+    model = load_seeded(cfg, TASK, source)
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    from xtrain.data import collate
+    from xtrain.model import neftune
+
+    evaluation = (collate.causal_lm_eval_batch, collate.causal_lm_reduce, "token_accuracy")
+    if d.packing == "on":
+        check_packs_apart(model)  # before LoRA wraps it: the model's own class and config
+    workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
+    workload.chat, workload.data_report = chat, report
+    workload.record = {"row_format": fmt}  # what predict --data reads a file as (xtrain_run.json)
+    if d.packing == "on":  # one padding-free row per micro-batch; eval rows padded as before
+        pad = workload.collator
+        workload.collator = collate.PackedCollator(pad.pad_token_id, pad.pad_to_multiple_of)
+    if cfg.optim.neftune_alpha is not None:  # on the unwrapped model; active in training mode only
+        neftune.attach(workload.model, cfg.optim.neftune_alpha)
+    return workload
+
+
+# ---------------------------------------------------------------------------------------------
+# The data check (``Task.check_data``): the first rows through the functions ``build`` uses
+
+
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    from xtrain.tasks import data_check
+    from xtrain.tasks.common import prepare_tokenizer
+
+    samples, notes = data_check.first_samples(cfg, limit)
+    found = data_check.loaded_or_note(cfg, notes, lambda: prepare_tokenizer(cfg, contextlib.nullcontext))
+    source, tokenizer = found if found is not None else (cfg.model.name_or_path, None)
+    return inspect(cfg, tokenizer, source, samples, notes)
+
+
+def inspect(
+    cfg: TrainConfig, tokenizer: Any, source: str, samples: list[Sample], notes: list[str]
+) -> DataReport:
+    """Each sample's rows in the format the run reads (``row_format``), tokenised as the run
+    tokenises them (chat: ``chat_data``; text: ``tokenize_causal_lm``); without a tokenizer
+    (a hub model not on this machine) the rows' fields only."""
+    from xtrain.data.rows import formats as row_formats
+    from xtrain.tasks.data_report import DataReport
+
+    d = cfg.data
+    report = DataReport(NAME, d.max_length, notes=notes)
+    train = next((s for s in samples if s.role == "train"), None)
+    if train is None:
+        return report
+    fmt = row_format(cfg, train.ds)
+    chat = fmt in row_formats.CHAT if tokenizer is None else is_chat(cfg, tokenizer, fmt)
+    render = chat_render(cfg, tokenizer, source, fmt) if chat and tokenizer is not None else None
+    for s in samples:
+        check = _check_chat(cfg, s, fmt, render, tokenizer) if chat else _check_text(cfg, s, fmt, tokenizer)
+        report.sources.append(check[0])
+        report.example = report.example or check[1]
+    if report.example is not None and d.packing == "on":
+        report.example.note = (
+            f"data.packing=on: whole examples like this one are packed into training rows of up to "
+            f"{d.max_length} tokens (the first token of each carries no loss)"
+        )
+    return report
+
+
+def _check_chat(cfg: TrainConfig, s: Sample, fmt: str, render: Any, tokenizer: Any) -> tuple[Any, Any]:
+    from xtrain.data.collate import IGNORE_INDEX
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows import formats as row_formats
+    from xtrain.tasks import data_check
+
+    d = cfg.data
+    cells = row_formats.conversations(s.ds, d, fmt, s.name)
+    check, example = s.check(row_format=fmt), None
+    for row, cell in enumerate(cells):
+        if render is None:
+            chat_data.parse_conversation(cell, row, s.name, allow_images=False)
+            continue
+        enc = chat_data.text_chat_encoded(cell, row, render, tokenizer, s.name)
+        ids, labels = enc.input_ids[: d.max_length], enc.labels[: d.max_length]
+        check.lengths.append(len(enc.input_ids))
+        check.truncated += len(enc.input_ids) > d.max_length
+        if all(t == IGNORE_INDEX for t in labels[1:]):  # text_chat_rows leaves it out
+            check.dropped += 1
+        elif example is None and s.role == "train":
+            example = data_check.example_of(s, row, tokenizer, ids, labels)
+    return check, example
+
+
+def _check_text(cfg: TrainConfig, s: Sample, fmt: str, tokenizer: Any) -> tuple[Any, Any]:
+    from xtrain.data.rows import formats as row_formats
+    from xtrain.data.tokenize import require_columns, tokenize_causal_lm
+    from xtrain.tasks import data_check
+
+    d = cfg.data
+    prompt, response, columns = text_columns(cfg, fmt)
+    ds = row_formats.alpaca_as_prompt_response(s.ds, s.name) if fmt == "alpaca" else s.ds
+    require_columns(ds, columns, s.name)
+    check = s.check(row_format=fmt)
+    if tokenizer is None:
+        return check, None
+    settings = {"text_column": d.text_column, "prompt_column": prompt, "response_column": response}
+
+    def tokenize(batch: dict[str, list[Any]], max_length: int, packing: str = "off") -> Any:
+        return tokenize_causal_lm(batch, tokenizer, **settings, max_length=max_length, packing=packing)
+
+    whole, cut = tokenize(ds[:], data_check.NO_CUT), tokenize(ds[:], d.max_length)
+    check.lengths = [len(ids) for ids in whole["input_ids"]]
+    check.truncated = sum(n > d.max_length for n in check.lengths)
+    check.dropped = len(ds) - len(cut["input_ids"])
+    example = None
+    if s.role == "train" and d.packing == "concatenate":  # the first block the run trains on
+        run = tokenize(ds[:], d.max_length, d.packing)
+        if run["input_ids"]:
+            example = data_check.example_of(s, 0, tokenizer, run["input_ids"][0], run["labels"][0])
+            example.note = "data.packing=concatenate: the rows joined and cut into blocks; the first block"
+    elif s.role == "train":
+        for row in range(len(ds)):  # the first row with something to learn
+            one = tokenize(ds[row : row + 1], d.max_length)
+            if one["input_ids"]:
+                example = data_check.example_of(s, row, tokenizer, one["input_ids"][0], one["labels"][0])
+                break
+    return check, example
+
+
+def validate(cfg: TrainConfig) -> None:
+    d = cfg.data
+    if (d.prompt_column is None) != (d.response_column is None):
+        raise XtrainError(
+            "data.prompt_column and data.response_column go together",
+            "set both (loss on the response only) or neither (loss on data.text_column)",
+        )
+    if d.prompt_column is not None and d.row_format not in ("auto", "prompt_response"):
+        raise XtrainError(
+            f"data.prompt_column is for prompt/response rows, and data.row_format={d.row_format}",
+            "leave data.prompt_column and data.response_column unset, or set data.row_format=prompt_response",
+        )
+    if d.packing == "concatenate" and d.row_format in ("messages", "sharegpt"):
+        raise XtrainError(
+            f"data.packing=concatenate would cut conversations mid-turn (data.row_format={d.row_format})",
+            "set data.packing=on (whole conversations packed, kept apart) or off",
+        )
+    if d.group_by_length and d.packing != "off":
+        raise XtrainError(
+            "data.group_by_length has nothing to group: packed rows are all filled up to max_length tokens",
+            "set data.group_by_length=false",
+        )
+
+
+# Masks transformers builds from position_ids (masking_utils): a model whose modelling code uses
+# one of these gets packed examples kept apart (checked in tests/test_packing.py for llama).
+PACKED_MASKS = ("create_causal_mask", "create_sliding_window_causal_mask")
+ATTENTION_LAYERS = {"full_attention", "sliding_attention", "chunked_attention"}
+
+
+def check_packs_apart(model: Any) -> None:
+    """``data.packing=on`` keeps examples apart only where the model builds its attention mask
+    from ``position_ids`` (transformers' ``masking_utils``) and every layer is attention: a
+    recurrent layer (Mamba, RWKV, linear attention) carries state from one example into the
+    next. Refused in one line otherwise."""
+    import sys
+
+    module = sys.modules.get(type(model).__module__)
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    text = getattr(config, "text_config", None) or config
+    recurrent = set(getattr(text, "layer_types", None) or ()) - ATTENTION_LAYERS
+    if module is None or not any(hasattr(module, f) for f in PACKED_MASKS):
+        why = f"{name} does not build its attention mask from position_ids"
+    elif recurrent:
+        why = f"{name} has {', '.join(sorted(recurrent))} layers, which carry state across examples"
+    else:
+        return
+    raise XtrainError(
+        f"data.packing=on cannot keep packed examples apart: {why}",
+        "set data.packing=off, or data.packing=concatenate (examples then attend to each other)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Predict: prompts -> continuations
+
+
+def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    from transformers import AutoModelForCausalLM
+
+    from xtrain.model import load as models
+    from xtrain.tasks import contract
+
+    try:
+        base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
+        model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False, **base_load)
+    except ValueError:
+        raise XtrainError(
+            f"{base} is a model without a text generation head",
+            "xtrain predict runs the results of tasks that generate text or classify images",
+        ) from None
+    return model, models.load_tokenizer(str(folder), False), {}
+
+
+def _is_causal_lm(config: dict[str, Any]) -> bool:
+    return any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or [])
+
+
+TASK = Task(
+    name=NAME,
+    about="text, prompt/response, chat conversations, alpaca or sharegpt; metric: next-token accuracy",
+    build=build,
+    aliases=("clm",),
+    keys=frozenset(
+        {
+            "model.quantization",
+            "data.row_format",
+            "data.text_column",
+            "data.prompt_column",
+            "data.response_column",
+            "data.messages_column",
+            "data.role_tag",
+            "data.content_tag",
+            "data.user_tag",
+            "data.assistant_tag",
+            "data.system_tag",
+            "data.chat_template",
+            "data.packing",
+            "data.group_by_length",
+            "optim.neftune_alpha",
+        }
+    ),
+    validate=validate,
+    model_class="AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
+    recognizes=_is_causal_lm,
+    predicts=Predicts(
+        takes="--prompt TEXT",
+        load=load_for_predict,
+        run=prompt_predict.text_predict,
+        file=FileRows(
+            rows="prompts: text, prompt/response, messages, alpaca or sharegpt rows, as the run trained",
+            read=prompt_predict.read_text_file,
+            answer=prompt_predict.text_answer,
+            score=exact_match,
+        ),
+        samples=True,
+    ),
+    check_data=check_data,
+)

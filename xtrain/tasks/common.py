@@ -1,0 +1,256 @@
+"""Steps every built-in task shares: tokenizer and raw data loading, the seeded model load, the
+pad collator, the model's finishing touches (position limit, gradient checkpointing, LoRA or the
+task's full fine-tune), and the one sequence of the media tasks (``media_source``,
+``finish_media_model``, ``generation_eval``). Imported by the tasks' hooks, never at their import."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from xtrain import builtin
+from xtrain.config.schema import TrainConfig
+from xtrain.data import collate
+from xtrain.data.sources import load_source
+from xtrain.data.tokenize import map_fingerprint, require_columns, tokenized, tokenizer_fingerprint
+from xtrain.errors import XtrainError
+from xtrain.model import attention, lora, quantization
+from xtrain.model import load as models
+from xtrain.tasks import model_checks
+from xtrain.tasks.contract import EvalBatchFn, MainProcessFirst, ReduceFn, Task, Workload
+
+
+def prepare_tokenizer(cfg: TrainConfig, main_process_first: MainProcessFirst) -> tuple[str, Any]:
+    with main_process_first():  # a built-in model is written once, by the first process
+        source = models.resolve_model(cfg.model.name_or_path)
+    return source, models.load_tokenizer(source, cfg.model.trust_remote_code)
+
+
+def raw_datasets(cfg: TrainConfig) -> tuple[Any, Any | None, str, str]:
+    """(train, eval or None, train source name, eval source name) as loaded, before tokenising."""
+    d = cfg.data
+    if not d.train:
+        raise XtrainError(
+            "data.train is not set", "set data.train to a file, a folder, a hub id or builtin:NAME"
+        )
+    train = load_source(d.train, d.format, role="train", key="data.train")
+    eval_ds, eval_name = None, d.eval or ""
+    if d.eval:
+        eval_ds = load_source(d.eval, d.format, role="eval", key="data.eval")
+    elif d.eval_fraction > 0:
+        if len(train) < 2:
+            raise XtrainError(f"{d.train} has {len(train)} rows: too few to split off an eval set")
+        split = train.train_test_split(test_size=d.eval_fraction, seed=cfg.run.seed, shuffle=True)
+        train, eval_ds = split["train"], split["test"]
+        eval_name = f"{d.train} (eval_fraction {d.eval_fraction})"
+    if len(train) == 0:
+        raise XtrainError(f"{d.train} has no rows")
+    return train, eval_ds, d.train, eval_name
+
+
+def pad_collator(tokenizer: Any) -> collate.PadCollator:
+    import torch
+
+    # Lengths in multiples of 8 suit GPU tensor cores; on CPU they only add padding.
+    return collate.PadCollator(tokenizer.pad_token_id, 8 if torch.cuda.is_available() else None)
+
+
+def load_seeded(cfg: TrainConfig, task: Task, source: str, **extra: Any) -> Any:
+    """The task's model class ``from_pretrained``, right after ``set_seed(run.seed)``: every
+    process and launch mode starts from the same weights (heads made new included), with the
+    attention implementation ``model.attn_implementation`` decides for this process (in 4 or 8
+    bits on this process's device with ``model.quantization``)."""
+    import transformers
+    from transformers import set_seed
+
+    assert task.model_class is not None, f"{task.name} loads its model itself"
+    set_seed(cfg.run.seed)
+    m = cfg.model
+    chosen = attention.for_load(cfg, getattr(transformers, task.model_class), source)
+    extra = {**chosen.kwargs(), **quantization.load_kwargs(cfg, task.unquantized), **extra}
+    return models.load_model(source, task.model_class, task.name, m.dtype, m.trust_remote_code, **extra)
+
+
+def train_everything(model: Any, cfg: TrainConfig) -> None:
+    """The default full fine-tune: every weight trains."""
+    for p in model.parameters():
+        p.requires_grad_(True)
+
+
+def finish_model(
+    model: Any, cfg: TrainConfig, task: Task, apply_lora: Callable[..., Any] | None = None
+) -> Any:
+    """The model checked against the config (``model_checks``: lengths, LoRA targets), then
+    peft's k-bit preparation of a quantized model, then gradient checkpointing, then LoRA
+    (``apply_lora(model, cfg.lora)``, default: adapters on ``lora.target_modules`` with the
+    task's peft type) or the task's full fine-tune."""
+    model_checks.check_model(model, cfg, task)  # the one place a run checks its model
+    if quantization.is_quantized(model):
+        model = quantization.prepare(model)
+    if cfg.model.gradient_checkpointing:
+        lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
+    if cfg.lora.enabled:
+        if apply_lora is not None:
+            return apply_lora(model, cfg.lora)
+        return lora.apply_lora(model, cfg.lora, task.peft_task_type)
+    (task.full_fine_tune or train_everything)(model, cfg)
+    return model
+
+
+def tokenizing(task: str, tokenize: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[[Any, str], Any]:
+    """``(ds, role) -> ds`` tokenized by ``tokenize(**kwargs)``, cached under a fingerprint of the
+    task, the tokenizer (``kwargs["tokenizer"]``) and every other setting in ``kwargs``."""
+    settings = [
+        task,
+        tokenizer_fingerprint(kwargs["tokenizer"]),
+        {k: v for k, v in kwargs.items() if k != "tokenizer"},
+    ]
+
+    def run(ds: Any, role: str) -> Any:
+        return tokenized(ds, tokenize, kwargs, map_fingerprint(ds, *settings), f"tokenizing {role}")
+
+    return run
+
+
+def text_workload(
+    model: Any,
+    cfg: TrainConfig,
+    task: Task,
+    tokenizer: Any,
+    datasets: tuple[Any, Any],
+    evaluation: tuple[EvalBatchFn, ReduceFn, str],
+) -> Workload:
+    """The workload of a text task: the model finished (checked, LoRA, checkpointing),
+    padded batches, ``datasets`` = (train, eval or None), ``evaluation`` = (per-batch statistics,
+    their reduction, the main metric)."""
+    eval_batch, reduce_metrics, main_metric = evaluation
+    train, eval_ds = datasets
+    return Workload(
+        model=finish_model(model, cfg, task),
+        train_dataset=train,
+        collator=pad_collator(tokenizer),
+        eval_dataset=eval_ds,
+        eval_batch=eval_batch,
+        reduce_metrics=reduce_metrics,
+        tokenizer=tokenizer,
+        main_metric=main_metric,
+    )
+
+
+def set_decoder_tokens(
+    model: Any, tokenizer: Any, start: int | None, pad: int | None, vocab: tuple[str, int | None], **more: Any
+) -> None:
+    """An encoder-decoder model's decoder start and pad ids (and ``more``, e.g. ``eos_token_id``)
+    on its config and generation config. Refused: a start or pad id nobody sets, a tokenizer with
+    more tokens than ``vocab`` = (what holds the vocabulary, its size)."""
+    if start is None or pad is None:
+        raise XtrainError(
+            "cannot tell the decoder's start and pad tokens: the checkpoint and its tokenizer set neither",
+            "set decoder_start_token_id and pad_token_id in the model's config.json",
+        )
+    for target in (model.config, model.generation_config):
+        target.decoder_start_token_id = start
+        target.pad_token_id = pad
+        for key, value in more.items():
+            setattr(target, key, value)
+    holder, size = vocab
+    if size and len(tokenizer) > size:
+        raise XtrainError(
+            f"the tokenizer has {len(tokenizer)} tokens but the {holder} only {size}",
+            "use the tokenizer that came with the checkpoint",
+        )
+
+
+def require_nonempty(ds: Any, name: str, what: str) -> None:
+    if len(ds) == 0:
+        raise XtrainError(
+            f"no {what} examples left in {name} after tokenising", "check the columns and data.max_length"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The media tasks' one sequence: source -> model type -> processors -> data -> seeded model ->
+# checkpointing -> LoRA or freezing -> evaluation by generation.
+
+
+def media_source(
+    cfg: TrainConfig, main_process_first: MainProcessFirst, check: Callable[[str, bool], Any]
+) -> str:
+    """The model folder (a built-in is written once, by the first process), its model type
+    checked by ``check(source, trust_remote_code)`` before anything else is loaded."""
+    with main_process_first():
+        source = models.resolve_model(cfg.model.name_or_path)
+    check(source, cfg.model.trust_remote_code)
+    return source
+
+
+def base_dir(source: str, role: str) -> Path | None:
+    """The folder that relative image paths of ``source`` are relative to."""
+    if builtin.is_builtin(source):
+        return builtin.builtin_data_file(source, "train" if role == "train" else "eval").parent
+    path = Path(source).expanduser()
+    if path.is_file():
+        return path.resolve().parent
+    if path.is_dir():
+        return path.resolve()
+    return None
+
+
+def media_dirs(cfg: TrainConfig, media: str) -> tuple[Any, Any]:
+    """The folders that the train and eval data's relative ``media`` ("image" or "audio") paths
+    are relative to: ``data.image_root`` / ``data.audio_root`` for both when set, else each data
+    file's folder. ``image_data.resolve_path`` joins them; absolute paths stay as they are."""
+    d = cfg.data
+    root = getattr(d, f"{media}_root")
+    if root is not None:
+        folder = Path(root).expanduser()
+        if not folder.is_dir():
+            raise XtrainError(
+                f"data.{media}_root {root} is not a folder",
+                f"set it to the folder the data's relative {media} paths start from, or leave it unset",
+            )
+        return folder.resolve(), folder.resolve()
+    train_dir = base_dir(d.train or "", "train")
+    return train_dir, base_dir(d.eval, "eval") if d.eval else train_dir
+
+
+def image_datasets(
+    cfg: TrainConfig, main_process_first: MainProcessFirst, columns: dict[str, str]
+) -> tuple[tuple[Any, str, Any], tuple[Any, str, Any]]:
+    """(train, its name, its folder), (eval or None, ...): loaded by the first process first,
+    the ``columns`` ({key: column}) present and every image file found before training starts."""
+    from xtrain.data.rows.images import check_image_files
+
+    with main_process_first():
+        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+        train_dir, eval_dir = media_dirs(cfg, "image")
+        for ds, name, folder in ((train, train_name, train_dir), (eval_ds, eval_name, eval_dir)):
+            if ds is not None:
+                require_columns(ds, columns, name)
+                check_image_files(ds, cfg.data.image_column, folder, name)
+    return (train, train_name, train_dir), (eval_ds, eval_name, eval_dir)
+
+
+def load_media_model(cfg: TrainConfig, task: Task, source: str) -> Any:
+    """``task.model_class`` loaded right after ``set_seed(run.seed)`` (quantized with
+    ``model.quantization``, the task's ``unquantized`` modules left as they are)."""
+    import transformers
+    from transformers import set_seed
+
+    set_seed(cfg.run.seed)
+    m = cfg.model
+    assert task.model_class is not None, f"{task.name} loads its model itself"
+    model_class = getattr(transformers, task.model_class)
+    chosen = attention.for_load(cfg, model_class, source)  # model.attn_implementation
+    extra = {**chosen.kwargs(), **quantization.load_kwargs(cfg, task.unquantized)}
+    return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code, **extra)
+
+
+def generation_eval(cfg: TrainConfig, tokenizer: Any, **more: Any) -> Any:
+    """The evaluation by generation (``xtrain.tasks.generation``) with ``generation.*``."""
+    from xtrain.tasks.generation import GenerationEval
+
+    g = cfg.generation
+    settings = {"max_new_tokens": g.max_new_tokens, "num_beams": g.num_beams, **more}
+    return GenerationEval(tokenizer=tokenizer, sample_predictions=g.sample_predictions, **settings)

@@ -1,0 +1,235 @@
+"""The task contract: one ``Task`` object holds everything xtrain knows about a task.
+
+A task is one module under ``xtrain/tasks/`` that exports ``TASK`` and one line in the
+registry (``xtrain.tasks.REGISTRY``). The config reader, the validation, the model loader,
+LoRA, the plan's memory estimate, resume, ``xtrain predict`` and ``xtrain quickstart`` read the
+task's parts from here; none of them keeps a table of tasks or a branch on a task's name.
+
+Task modules stay light at import (no torch, transformers, datasets): the config is read and
+checked before any of those is imported (``xtrain train`` with a broken torch still prints the
+doctor's findings). Heavy imports go inside the hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from xtrain.config.schema import TrainConfig
+    from xtrain.model.activations import Stack
+    from xtrain.tasks.data_report import DataReport
+
+MainProcessFirst = Callable[[], contextlib.AbstractContextManager]
+# ``"*"`` in ``Task.keys``: the task reads any key (custom tasks: the user's builder decides)
+EVERY_KEY = "*"
+
+
+@dataclass(frozen=True)
+class Quickstart:
+    """The task's built-in job for ``xtrain quickstart --task NAME``."""
+
+    job: str  # a YAML file under xtrain/builtin/jobs/
+    about: str  # what it trains, for --task's help: "OCR"
+    next_command: str  # the command to try next, on the user's own data
+    # (metric key, its name, what it means) printed under the before/after table
+    headline: tuple[str, str, str] | None = None
+    # ``xtrain predict RUN ...`` arguments on the first eval input of its built-in data
+    predict_args: Callable[[], list[str]] | None = None
+
+
+@dataclass
+class PredictRequest:
+    """What ``xtrain predict`` was given, beyond the result folder."""
+
+    inputs: list[str]  # files or folders (images, audio)
+    prompts: list[str]  # --prompt / --question
+    system: str | None = None
+    max_new_tokens: int = 128
+    num_beams: int = 1
+    # sampling (tasks whose ``Predicts.samples``): None or 0 temperature and no top_p is greedy
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None  # sampling starts from this seed (reproducible); None: fresh randomness
+    batch_size: int = 8  # inputs per ``generate`` / forward call
+
+    @property
+    def sampling(self) -> bool:
+        return bool(self.temperature) or self.top_p is not None
+
+    def decoding(self) -> dict[str, Any]:
+        """``generate``'s decoding keywords: greedy (or beam search), else sampling at
+        ``temperature`` (1.0 when only ``top_p`` is given) within ``top_p``."""
+        if not self.sampling:
+            return {"do_sample": False, "num_beams": self.num_beams}
+        kwargs = {"do_sample": True, "num_beams": self.num_beams, "temperature": self.temperature or 1.0}
+        return {**kwargs, "top_p": self.top_p} if self.top_p is not None else kwargs
+
+
+@dataclass
+class Example:
+    """One row of a ``xtrain predict --data`` file, read by the run's own row readers."""
+
+    row: int  # its index in the file (0-based, as the readers' one-line errors count rows)
+    shown: dict[str, Any]  # the input as its results line shows it: {"input": ..., ("prompt": ...)}
+    feed: Any  # what the task's ``FileRows.answer`` takes: a prompt, a conversation, a media cell
+    reference: str | None = None  # the row's answer, transcript or label, where it has one
+
+
+@dataclass
+class Loaded:
+    """A finished result loaded for prediction: the model (adapter applied, on its device, in
+    eval mode) and what turns inputs into its batches."""
+
+    model: Any
+    tokenizer: Any
+    source: str  # the folder the result came from
+    parts: dict[str, Any] = field(default_factory=dict)  # processors, chat flag, labels, ...
+
+
+# The record's key under which ``xtrain predict`` passes a task's ``Predicts.load`` the
+# ``from_pretrained`` keywords of the base ({}; a quantized run's BitsAndBytesConfig and device_map)
+BASE_LOAD = "base_load"
+
+
+@dataclass(frozen=True)
+class FileRows:
+    """How ``xtrain predict RUN --data FILE`` runs every row of a data file in the run's format."""
+
+    rows: str  # what its rows hold, for one-line refusals and docs: "image paths (+ their text)"
+    # (the run's config with ``data.train`` = the file, the run's record) -> the file's rows,
+    # read by the run's own row readers and checked before any model loads (a bad row: RowError)
+    read: Callable[[TrainConfig, dict[str, Any]], list[Example]]
+    # (the loaded result, a batch of examples, the request) -> one dict per example:
+    # {"output": ..., ("probability": ...)}
+    answer: Callable[[Loaded, list[Example], PredictRequest], list[dict[str, str]]]
+    # (references, outputs) -> metrics; per row with one pair, over the file with every pair
+    score: Callable[[list[str], list[str]], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Predicts:
+    """How a task's finished result is run by ``xtrain predict``."""
+
+    takes: str  # what it reads, for one-line refusals: "images", "audio files", "--prompt TEXT"
+    # (result folder, its base model, the run's record) -> (the bare base model, tokenizer, parts
+    # for ``run``; the record's items are added to them)
+    load: Callable[[Path, str, dict[str, Any]], tuple[Any, Any, dict[str, Any]]]
+    # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "text": ...}
+    run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
+    file: FileRows | None = None  # None: ``--data`` is refused for its results
+    samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
+
+
+def _no_check(cfg: TrainConfig) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything xtrain knows about one task."""
+
+    name: str
+    about: str  # one line: what it trains, its data and its metric
+    build: Callable[[TrainConfig, MainProcessFirst], Workload]
+    aliases: tuple[str, ...] = ()
+    # The task-specific ``section.key`` names it reads (see ``config.validate.COMMON_KEYS`` for
+    # the rest); a key another task owns, set away from its default, is refused for this one.
+    keys: frozenset[str] = frozenset()
+    validate: Callable[[TrainConfig], None] = _no_check  # its own checks across keys
+    model_class: str | None = None  # the transformers class its model loads with; None: its own
+    peft_task_type: str | None = None  # peft's TaskType name for its adapters (None: no head rule)
+    # Plan-time sizes: (the model built on the meta device, cfg) -> (qualified names of the Linear
+    # layers that get adapters, module names trained whole); the same chooser the build uses.
+    lora_plan: Callable[[Any, TrainConfig], tuple[list[str], list[str]]] | None = None
+    # A full fine-tune's freezing (cfg.lora.enabled false), shared by the build and the plan
+    full_fine_tune: Callable[[Any, TrainConfig], None] | None = None
+    # Module names (at any depth) that ``model.quantization`` leaves in their dtype, e.g. a vision
+    # tower (the output and classifier heads always stay: ``quantization.HEADS``)
+    unquantized: tuple[str, ...] = ()
+    image_tokens: bool = False  # its sequences hold image tokens (the memory estimate)
+    # The stacks of layers a training step runs, in order (the memory estimate's activations):
+    # (the model, on the meta device or loaded, not wrapped by peft; cfg) -> stacks with a
+    # sample's positions each (an encoder's audio frames or image patches, a decoder's tokens).
+    # None: the model's layers at data.max_length positions (``tasks.stacks.text_stacks``)
+    stacks: Callable[[Any, TrainConfig], list[Stack]] | None = None
+    # Where its token sequences (``data.max_length``) meet a position limit: (the model's config)
+    # -> (that part's name for messages, e.g. "decoder"; its positions, None: unknown). None: the
+    # text model's ``max_position_embeddings`` (``xtrain.tasks.model_checks``)
+    positions: Callable[[Any], tuple[str, int | None]] | None = None
+    # Tokens ahead of the first generated one at its evaluation by generation (start tokens, the
+    # prompt), on top of which ``generation.max_new_tokens`` must fit the positions; None: it
+    # does not generate
+    generation_prompt: Callable[[TrainConfig], int] | None = None
+    # its rows decode images or audio when read: the plan's media DataLoader workers serve it
+    decodes_media: bool = False
+    resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
+    # the head of a result saved without xtrain's record: architectures' suffix / peft task type
+    recognizes: Callable[[dict[str, Any]], bool] | None = None
+    predicts: Predicts | None = None  # None: ``xtrain predict`` refuses its results
+    quickstart: Quickstart | None = None
+    # The data check (``xtrain train --dry-run``): (cfg, rows) -> what the first ``rows`` rows of
+    # each data source hold, read by the task's own readers with its tokenizer or processor (never
+    # the model weights); a row the run would refuse raises its line. Its ``build`` runs the same
+    # check on the data it loaded (``Workload.data_report``). None: not checked (custom).
+    check_data: Callable[[TrainConfig, int], DataReport] | None = None
+
+
+Batch = Mapping[str, "torch.Tensor"]
+
+
+# eval_batch(model_outputs, batch) -> per-example tensors, each of shape [batch_size].
+# It must include "loss_sum" and "count" (eval loss = sum(loss_sum) / sum(count)); any other
+# keys are task statistics that ``reduce_metrics`` turns into numbers. The loop gathers these
+# with ``accelerator.gather_for_metrics`` (which drops the duplicated samples of the last batch).
+EvalBatchFn = Callable[[Any, Batch], dict[str, "torch.Tensor"]]
+
+
+# reduce_metrics(gathered per-example tensors over the whole eval set) -> {"accuracy": 0.93, ...}
+ReduceFn = Callable[[dict[str, "torch.Tensor"]], dict[str, float]]
+
+
+@dataclass
+class Prediction:
+    """One sample of a generative eval: what the model should write and what it wrote."""
+
+    reference: str
+    prediction: str
+
+
+# evaluate(accelerator, model, eval_loader) -> (metrics with "eval_loss", sample predictions).
+# Replaces the loop's forward-only evaluation (eval_batch/reduce_metrics) when a task evaluates by
+# generating (image-to-text: CER/WER); it runs on every rank and must gather in data order.
+EvaluateFn = Callable[[Any, Any, Any], tuple[dict[str, float], list[Prediction]]]
+
+
+@dataclass
+class Workload:
+    """Everything the loop needs from a task."""
+
+    model: torch.nn.Module  # already wrapped by peft when LoRA is on; its forward returns .loss
+    train_dataset: Any  # map-style: len() and [i] -> dict of lists/ints (a datasets.Dataset works)
+    collator: Callable[[list[dict[str, Any]]], Batch]  # picklable, top-level (spawned workers)
+    eval_dataset: Any | None = None
+    eval_batch: EvalBatchFn | None = None
+    reduce_metrics: ReduceFn | None = None
+    tokenizer: Any | None = None  # saved next to the adapter when present
+    chat: bool = False  # trained on chat conversations (causal-lm ``messages``): predict renders them
+    # more of what the task's predict needs, saved in the run's record (e.g. a classifier's labels)
+    record: dict[str, Any] = field(default_factory=dict)
+    main_metric: str | None = None  # e.g. "accuracy": shown in banners and closing tables
+    # batch key whose sum counts tokens (tokens/s); a padding-free packed batch (no such key,
+    # position_ids restarting per example) counts every input id (collate.batch_tokens)
+    tokens_key: str | None = "attention_mask"
+    evaluate: EvaluateFn | None = None  # evaluation by generation (xtrain.tasks.generation)
+    # One length per training sample, for data.group_by_length (speech-to-text: audio seconds from
+    # the file headers). None: the token count of an ``input_ids`` column (xtrain.data.sampler).
+    train_lengths: Callable[[], Sequence[float]] | None = None
+    # the task's data check on the first rows it loaded (``tasks.data_check.DataReport``): its
+    # summary is a line of the run's banner
+    data_report: Any | None = None

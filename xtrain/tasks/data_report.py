@@ -1,0 +1,106 @@
+"""The data check's report, plain data: what was read of each source (``SourceCheck``), the
+whole ``DataReport`` and its one-line summary, and one example as the model gets it, in pieces
+with and without loss (``Example``, ``Piece``). Built by ``data_check``; rendered by the CLI
+(``xtrain/commands/render_data.py``)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Consecutive tokens of the example, decoded together: with loss (``trained``) or without."""
+
+    text: str
+    trained: bool
+
+
+@dataclass
+class Example:
+    """One row as the model gets it."""
+
+    source: str
+    row: int
+    pieces: list[Piece] = field(default_factory=list)  # the token sequence (inputs or labels)
+    inputs: list[str] = field(default_factory=list)  # what else it reads: "image /data/0.png (32x32)"
+    label: str | None = None  # a classifier's target: "positive (id 1)"
+    note: str | None = None  # how the run uses it beyond this row (packing)
+    tokens: int = 0
+    trained: int = 0  # tokens with loss
+
+    def where(self) -> str:
+        return f"row {self.row} of {self.source}"
+
+
+@dataclass
+class SourceCheck:
+    """What the check found in the first rows of one data source."""
+
+    role: str  # train | eval
+    source: str
+    checked: int
+    total: int | None = None  # None: more rows than checked (a full count would read it all)
+    row_format: str | None = None
+    lengths: list[int] = field(default_factory=list)  # tokens per checked row, before the cut
+    truncated: int = 0  # rows data.max_length cuts
+    dropped: int = 0  # rows left with nothing to learn after the cut (the run leaves them out)
+    labels: dict[str, int] = field(default_factory=dict)  # label -> rows, among the checked
+    images: list[int] = field(default_factory=list)  # images per checked row
+    seconds: list[float] = field(default_factory=list)  # audio seconds per checked row
+
+    def rows(self) -> str:
+        if self.total is not None and self.total == self.checked:
+            return f"{self.total} row{'s' if self.total != 1 else ''}"
+        of = f"{self.total}" if self.total is not None else "more"
+        return f"first {self.checked} of {of} rows"
+
+    def facts(self, max_length: int) -> list[str]:
+        """Short phrases: lengths and cuts, labels, media."""
+        out = []
+        if self.lengths:
+            low, mid, high = min(self.lengths), int(statistics.median(self.lengths)), max(self.lengths)
+            out.append(f"tokens per row {low}-{high} (median {mid})")
+            cut = f"{self.truncated} longer than data.max_length={max_length}"
+            if self.dropped:
+                cut += f", {self.dropped} with nothing left to learn (the run leaves them out)"
+            out.append(cut)
+        if self.labels:
+            top = sorted(self.labels.items(), key=lambda kv: (-kv[1], kv[0]))
+            shown = ", ".join(f"{k} {v}" for k, v in top[:8]) + (", ..." if len(top) > 8 else "")
+            out.append(f"labels {shown}")
+        if self.images:
+            out.append(f"images per row {_span(self.images)}")
+        if self.seconds:
+            out.append(f"audio {min(self.seconds):.1f}-{max(self.seconds):.1f} s per clip")
+        return out
+
+
+@dataclass
+class DataReport:
+    """The data check's findings (plain data; ``xtrain/commands/data_report.py`` renders it)."""
+
+    task: str
+    max_length: int
+    sources: list[SourceCheck] = field(default_factory=list)
+    example: Example | None = None
+    notes: list[str] = field(default_factory=list)  # what was not checked, and why
+
+    def summary(self) -> str:
+        """One line: each source's rows and format, and the cut (the run's banner)."""
+        parts = []
+        for s in self.sources:
+            fmt = f", {s.row_format}" if s.row_format else ""
+            cut = f", {s.truncated} cut at data.max_length" if s.lengths else ""
+            parts.append(f"{s.role} {s.source} ({s.rows()} checked{fmt}{cut})")
+        return "; ".join(parts) or "not checked"
+
+
+def _span(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}-{high}"

@@ -1,0 +1,244 @@
+"""``xtrain predict`` for the tasks that answer a prompt with a decoder-only model: causal-lm
+(text prompts; a chat run's turns rendered by its saved template) and vision-language (image +
+text turns rendered by the processor's template). Their ``--prompt``/``--question`` inputs and the
+rows of a ``--data`` file become ``Example``s, rendered as training rendered the prompts before
+its answers, left-padded into one ``generate`` call per batch, greedy or sampled
+(``PredictRequest.decoding``). Library code: returns data, prints nothing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from xtrain.errors import XtrainError
+from xtrain.tasks.contract import Example, Loaded, PredictRequest
+from xtrain.tasks.predicting import in_batches
+
+if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
+
+# ---------------------------------------------------------------------------------------------
+# causal-lm: prompts -> continuations
+
+
+def chat_render(loaded: Loaded) -> tuple[Any, int | None]:
+    """(render, the end-of-turn token to stop at) of a chat run: its saved template."""
+    from xtrain.data.rows import chat as chat_data
+
+    template = chat_data.require_template(loaded.tokenizer, None, loaded.source)
+    render = chat_data.renderer(loaded.tokenizer, template)
+    return render, chat_data.end_of_turn(render, loaded.tokenizer)
+
+
+def chat_prompt(loaded: Loaded, prompt: str, system: str | None = None) -> tuple[str, int | None]:
+    """(the text the model sees, the end-of-turn token to stop at) for a prompt: a chat run's
+    prompt as a user turn (``system`` first) rendered by its saved template with the generation
+    prompt, as training rendered it (``chat_data``); a plain run's prompt as it is."""
+    from xtrain.data.rows import chat as chat_data
+
+    if not loaded.parts.get("chat"):
+        refuse_system(loaded, system)
+        return prompt, None
+    render, stop = chat_render(loaded)
+    return render(chat_data.user_turn(prompt, system=system, text_only=True), True), stop
+
+
+def refuse_system(loaded: Loaded, system: str | None) -> None:
+    if system is not None:
+        raise XtrainError(
+            f"{loaded.source} was not trained on chat conversations: it continues text as it is",
+            "leave out --system",
+        )
+
+
+def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
+    """Continuations of a batch of prompts (``Example.feed``: the text the model sees, or a chat
+    run's turns, rendered here by its saved template with the generation prompt as training
+    rendered the prompts before its answers), left-padded into one ``generate`` call that stops
+    each row at the template's end-of-turn token or eos."""
+    import torch
+
+    from xtrain.tasks.predicting import left_pad, pad_id, to_model
+
+    tokenizer, chat = loaded.tokenizer, bool(loaded.parts.get("chat"))
+    render, stop = chat_render(loaded) if chat else (None, None)
+    rows = []
+    for e in examples:
+        text = render(e.feed, True) if render is not None and isinstance(e.feed, list) else e.feed
+        # a rendered chat prompt holds its own special tokens, as in training (chat_data.encode)
+        enc = tokenizer(text, return_tensors="pt", add_special_tokens=not chat)
+        rows.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
+    pad = pad_id(tokenizer)
+    batch = left_pad(rows, pad)
+    eos = [t for t in (stop, tokenizer.eos_token_id) if t is not None]
+    with torch.no_grad():
+        ids = loaded.model.generate(
+            **to_model(batch, loaded.model),
+            max_new_tokens=request.max_new_tokens,
+            pad_token_id=pad,
+            eos_token_id=eos or None,
+            **request.decoding(),
+        )
+    width = batch["input_ids"].shape[1]  # the output repeats the (left-padded) prompt
+    return [{"output": tokenizer.decode(r[width:], skip_special_tokens=True).strip()} for r in ids]
+
+
+def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    """Continuations of ``--prompt`` texts, each the text ``chat_prompt`` makes of it."""
+    if request.inputs:
+        raise XtrainError(
+            f"{loaded.source} is a causal-lm model: it continues text, it reads no images or audio",
+            "give it text prompts with --prompt TEXT instead of files",
+        )
+    examples = []
+    for i, prompt in enumerate(request.prompts):
+        examples.append(Example(i, {"input": prompt}, chat_prompt(loaded, prompt, request.system)[0]))
+    outputs = in_batches(text_answer, loaded, examples, request)
+    return [{"input": e.shown["input"], "text": o["output"]} for e, o in zip(examples, outputs, strict=True)]
+
+
+def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
+    """A ``--data`` file's rows as prompts, in the run's row format (``record["row_format"]``,
+    what training detected; older runs: detected from the file): a chat run's conversations
+    (messages, sharegpt, alpaca with its template) up to their last answer, which is the
+    reference; a plain run's text, prompt (its response the reference) or alpaca prompt (its
+    output the reference). Rows without the answer are prompts without a reference."""
+    from xtrain.data.rows import formats as row_formats
+    from xtrain.data.rows.formats import row_format, text_columns
+    from xtrain.data.tokenize import require_columns
+    from xtrain.tasks.predicting import last_user_text, load_file, references, split_conversation
+
+    d = cfg.data
+    ds, source, _ = load_file(cfg)
+    fmt = d.row_format if d.row_format != "auto" else record.get("row_format") or row_format(cfg, ds)
+    answered = fmt != "alpaca" or "output" in ds.column_names
+    if not answered:  # alpaca prompts alone: the readers want an output, here a stand-in dropped below
+        ds = ds.add_column("output", ["-"] * len(ds))
+    if record.get("chat"):
+        cells = row_formats.conversations(ds, d, fmt, source)
+        out = []
+        for i, cell in enumerate(cells):
+            prompt, reference = split_conversation(cell, i, source)
+            shown = {"input": last_user_text(prompt.messages)}
+            out.append(Example(i, shown, prompt.messages, reference if answered else None))
+        return out
+    prompt_column, response_column, columns = text_columns(cfg, fmt)
+    if fmt == "alpaca":
+        ds = row_formats.alpaca_as_prompt_response(ds, source)
+    prompt_column = prompt_column or d.text_column
+    key = next(iter(columns), "data.text_column")
+    require_columns(ds, {key: prompt_column}, source)
+    refs = references(ds, response_column, source, "data.response_column") if answered else [None] * len(ds)
+    out = []
+    for i, (text, reference) in enumerate(zip(ds[prompt_column], refs, strict=True)):
+        if text is None or not text.strip():
+            raise row_formats.BadRow(f"row {i} of {source}: field '{prompt_column}' is missing or empty")
+        out.append(Example(i, {"input": text.rstrip()}, text, reference))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# vision-language: images and a question -> the answer
+
+
+def vision_answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
+    """Answers for a batch of prompts (``Example.feed``: (the turns before the answer, their
+    image cells, the folder relative paths are in)): each rendered by the chat template saved
+    with the adapter with the generation prompt (as training rendered the prompts before its
+    answers), expanded by the processor with its images (``vision_chat.process_texts``: one call
+    for the batch), left-padded into one ``generate`` call; an answer ends at its end-of-turn
+    token."""
+    import torch
+
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows.images import open_image
+    from xtrain.data.rows.vision_chat import process_texts
+    from xtrain.tasks.predicting import image_limit, left_pad, pad_id, to_model
+
+    processor, tokenizer, limit = loaded.parts["processor"], loaded.tokenizer, image_limit(loaded)
+    render = chat_data.renderer(processor, chat_data.require_template(processor, None, loaded.source))
+    prompts, images = [], []
+    for e in examples:
+        messages, cells, folder, source = e.feed
+        prompts.append(render(messages, True))
+        images.append([open_image(cell, folder, e.row, source, limit) for cell in cells])
+    rows, shared = process_texts(processor, prompts, images)
+    pad = pad_id(tokenizer)
+    batch = {**left_pad(rows, pad), **shared}  # + pixel values and image grids, in row order
+    with torch.no_grad():
+        ids = loaded.model.generate(
+            **to_model(batch, loaded.model),
+            max_new_tokens=request.max_new_tokens,
+            pad_token_id=pad,
+            **request.decoding(),
+        )
+    width = batch["input_ids"].shape[1]  # the output repeats the (left-padded) prompt
+    return [{"output": tokenizer.decode(r[width:], skip_special_tokens=True).strip()} for r in ids]
+
+
+def vision_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    """(image, question, answer) rows for every question about every image: the user turn (the
+    image, then the question; ``system`` first when given) answered as ``vision_answer`` answers a
+    data file's rows, ``request.batch_size`` at a time."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows.images import open_image
+    from xtrain.tasks.predicting import image_limit, media_files, read_input
+
+    if not request.inputs:
+        raise XtrainError(
+            f"{loaded.source} is a vision-language model: it answers a question about an image",
+            "pass image files or folders with --question TEXT",
+        )
+    if not request.prompts or not all(q.strip() for q in request.prompts):
+        raise XtrainError(
+            "a vision-language model answers a question about each image", "add --question TEXT"
+        )
+    examples, limit = [], image_limit(loaded)
+    for f in media_files(request.inputs):
+        image = read_input(f, "image", lambda f=f: open_image(str(f), None, 0, "", limit))
+        for question in request.prompts:
+            turns = chat_data.user_turn(question, images=1, system=request.system)
+            shown = {"input": str(f), "prompt": question}
+            examples.append(Example(len(examples), shown, (turns, [image], None, "")))
+    outputs = in_batches(vision_answer, loaded, examples, request)
+    return [{**e.shown, "text": o["output"]} for e, o in zip(examples, outputs, strict=True)]
+
+
+def read_vision_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
+    """A ``--data`` file's rows read by the run's own vision reader (``vision_rows``: messages,
+    sharegpt, ``<image>`` placeholders, flat image/question/answer rows; paths relative to the
+    file or ``data.image_root``): each row's turns up to its last answer, which is the reference
+    (a conversation ending in a user turn, or flat rows without an answer column, have none);
+    every image file found before any model loads."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows import formats as row_formats
+    from xtrain.data.rows import vision_rows
+    from xtrain.data.rows.images import describe, resolve_path, undecoded
+    from xtrain.tasks.predicting import last_user_text, load_file, split_conversation
+
+    d = cfg.data
+    ds, source, folder = load_file(cfg, "image")
+    columns = list(ds.column_names)
+    _, question, answer = vision_rows.flat_columns(d, columns)
+    chat = d.messages_column in columns or row_formats.SHAREGPT_COLUMN in columns
+    answered = chat or answer in columns
+    if not answered and question in columns:  # flat questions alone: a stand-in answer, dropped below
+        ds = ds.add_column(answer or vision_rows.ANSWER_COLUMNS[0], ["-"] * len(ds))
+        columns = list(ds.column_names)
+    fmt = vision_rows.vision_format(d, columns, source)
+    names = vision_rows.vision_columns(d, fmt, columns, source)
+    ds = undecoded(ds, vision_rows.images_field(d, fmt, columns))
+    cells = {c: ds[c] for c in names}
+    out = []
+    for row in range(len(ds)):
+        cell = {c: cells[c][row] for c in names}
+        turns, images, field = vision_rows.vision_turns(d, fmt, cell, row, source)
+        prompt, reference = split_conversation(turns, row, source, images, True, field)
+        for ref in prompt.images:
+            if isinstance(ref, str) and not resolve_path(ref, folder).is_file():
+                where = f"row {row} of {source}"
+                raise chat_data.BadConversation(f"image {resolve_path(ref, folder)} ({where}) not found")
+        shown = [describe(ref, folder) for ref in prompt.images]
+        item = {"input": shown[0] if len(shown) == 1 else shown, "prompt": last_user_text(prompt.messages)}
+        feed = (prompt.messages, prompt.images, folder, source)
+        out.append(Example(row, item, feed, reference if answered else None))
+    return out

@@ -1,0 +1,137 @@
+"""Build the Accelerator for the launch context from the plan (and tear it down again).
+
+Every choice here comes from ``xtrain.planning.resolve`` (the ``Plan`` and the ``RunSettings``);
+this module only applies it in the order the libraries need (FIELD_NOTES):
+
+- the plan's environment (USE_LIBUV, NCCL_P2P_DISABLE, ...) goes into ``os.environ`` before any
+  process group exists;
+- a backend is passed only when the process really is one of several (a backend in a single,
+  unlaunched process crashes accelerate);
+- ``cpu=True`` when the plan has no accelerator: otherwise two CPU processes silently become
+  two independent trainings;
+- ``split_batches=True`` so that accelerate steps the scheduler once per optimizer step (xtrain
+  feeds every rank its own micro-batches and never lets accelerate re-shard the training data);
+- ``run.compile`` through accelerate's own ``TorchDynamoPlugin``: ``prepare`` compiles the model
+  (after LoRA, around the DDP wrapper) with inductor; the plugin is always passed, so an
+  ``ACCELERATE_DYNAMO_*`` variable from an accelerate config does not compile behind the config.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from xtrain.config.schema import TrainConfig
+from xtrain.planning.context import LaunchContext
+from xtrain.planning.plan import Plan
+from xtrain.planning.resolve import RunSettings
+from xtrain.runtime.process_group import init_worker_group
+from xtrain.train.failures import rendezvous_error
+
+FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
+COMPILE_BACKEND = "inductor"  # torch.compile's default backend (tests use aot_eager: no C++ build)
+
+
+def apply_plan_env(plan: Plan) -> None:
+    """Plan variables into this process's environment; a value the user set wins."""
+    for key, value in plan.env.items():
+        os.environ.setdefault(key, str(value))
+
+
+def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings: RunSettings) -> Any:
+    """The Accelerator for this process. Must run before anything creates a process group."""
+    from datetime import timedelta
+
+    import torch
+    from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    apply_plan_env(plan)
+    _cache_lomo_check()
+    if plan.tf32 and torch.cuda.is_available():
+        from xtrain.train.distributed.cuda_settings import set_tf32
+
+        set_tf32(True)  # the fp32_precision API where torch has it (allow_tf32 is deprecated)
+
+    handlers: list[Any] = [
+        # LoRA: every trainable parameter gets a gradient each step, so no unused-parameter
+        # search; gradients as bucket views save one copy per step.
+        DistributedDataParallelKwargs(find_unused_parameters=False, gradient_as_bucket_view=True),
+    ]
+    try:
+        if ctx.distributed and plan.backend:
+            timeout = timedelta(seconds=cfg.run.collective_timeout_s)
+            handlers.append(InitProcessGroupKwargs(backend=plan.backend, timeout=timeout))
+            # xtrain's spawn launcher sent a socket-free rendezvous: join it (accelerate keeps the group)
+            init_worker_group(plan.backend, ctx.rank, ctx.world_size, cfg.run.collective_timeout_s)
+        return _accelerator(cfg, plan, settings, handlers)
+    except Exception as e:  # the peers never came: one line instead of c10d's traceback
+        address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        failed = rendezvous_error(e, ctx.rank, ctx.world_size, address)
+        if failed is None:
+            raise
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)  # half-made: a later run starts clean
+        raise failed from None
+
+
+def _accelerator(cfg: TrainConfig, plan: Plan, settings: RunSettings, handlers: list[Any]) -> Any:
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, TorchDynamoPlugin
+
+    out = Path(cfg.run.output_dir)
+    return Accelerator(
+        cpu=plan.cpu,
+        mixed_precision=settings.precision,
+        gradient_accumulation_steps=settings.accumulation,
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
+        kwargs_handlers=handlers,
+        # the trackers were checked to be installed (preflight): accelerate would drop a missing one
+        log_with=list(settings.trackers) or None,
+        project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")),
+        step_scheduler_with_optimizer=True,
+        # the whole model compiled (its state dict then has "_orig_mod." names: checkpoints and
+        # outputs unwrap it, keep_torch_compile=False); "no": run.compile is the one switch
+        dynamo_plugin=TorchDynamoPlugin(
+            backend=COMPILE_BACKEND if settings.compile else "no", use_regional_compilation=False
+        ),
+    )
+
+
+def _cache_lomo_check() -> None:
+    """accelerate 1.15's ``AcceleratedOptimizer.step`` asks ``is_lomo_available()`` twice per call,
+    and each answer is an uncached ``importlib`` search of sys.path (~0.3 ms, measured): cache it.
+    Whether a package is installed does not change during a run."""
+    import functools
+
+    from accelerate import optimizer as acc_optimizer
+
+    check = getattr(acc_optimizer, "is_lomo_available", None)
+    if check is not None and not hasattr(check, "cache_info"):
+        acc_optimizer.is_lomo_available = functools.cache(check)
+
+
+def stage_allreduce_on_cpu(model: Any, plan: Plan, world: int) -> bool:
+    """gloo + CUDA on Windows (or ``XTRAIN_FORCE_CPU_STAGED=1``): gradients are all-reduced through
+    CPU copies (``comm_hook``); returns whether the hook is on."""
+    if world < 2 or not (plan.cpu_staged_allreduce or os.environ.get(FORCE_CPU_STAGED_ENV, "") == "1"):
+        return False
+    from xtrain.train.distributed import comm_hook
+
+    return comm_hook.register(getattr(model, "_orig_mod", model))  # run.compile: the DDP inside
+
+
+def release(accelerator: Any) -> None:
+    """End trackers, leave the process group, and reset accelerate's process-wide state so a
+    later ``train()`` in the same process starts clean."""
+    import torch.distributed as dist
+    from accelerate.state import AcceleratorState, GradientState
+
+    try:
+        accelerator.end_training()
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
