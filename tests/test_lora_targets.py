@@ -12,7 +12,7 @@ import torch
 
 from xtrain import tasks
 from xtrain.config.schema import TrainConfig
-from xtrain.model import lora
+from xtrain.model import lora_layers
 from xtrain.model import size as model_size
 from xtrain.model.configs import read_config_offline
 from xtrain.tasks import model_checks
@@ -192,4 +192,5 @@ def test_all_linear_trains_the_builtin_llama(tmp_path: Path) -> None:
 
 def test_all_linear_is_peft_shorthand_in_every_spelling() -> None:
     for spelling in ("all-linear", "ALL-LINEAR", "all", "[all-linear]", "all_linear"):
-        assert load_config(None, [f"lora.target_modules={spelling}"]).lora.target_modules == lora.ALL_LINEAR
+        cfg = load_config(None, [f"lora.target_modules={spelling}"])
+        assert cfg.lora.target_modules == lora_layers.ALL_LINEAR

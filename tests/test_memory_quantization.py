@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from xtrain.model import memory
+from xtrain.model import lora_layers, memory
 from xtrain.tasks.validation import load_config
 
 RTX_4090_GIB = 24564 / 1024
@@ -119,7 +119,6 @@ def test_a_real_4bit_model_counts_as_the_plan_does(caches):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     from xtrain import builtin
-    from xtrain.model import lora
     from xtrain.tasks.sizes import live_sizes, offline_sizes
 
     cfg = load_config(None, ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm",
@@ -130,7 +129,7 @@ def test_a_real_4bit_model_counts_as_the_plan_does(caches):
                              bnb_4bit_compute_dtype=torch.float32)  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=nf4, device_map={"": "cpu"})
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    targets = lora.find_target_modules(model)
+    targets = lora_layers.find_target_modules(model)
     model = get_peft_model(model, LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, target_modules=targets))
     live = live_sizes(model, cfg=cfg)
     assert live.quantization == planned.quantization == "4bit"

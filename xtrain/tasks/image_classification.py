@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
+from xtrain.model import lora_layers
 
 NAME = "image-classification"
 HEAD = "ForImageClassification"  # the architectures of a checkpoint whose head is trained
@@ -87,15 +88,15 @@ def _plan(model: Any, lora_cfg: Any) -> tuple[list[str], list[str]]:
     """(Linear layers that get adapters, modules trained whole): the encoder's attention (or
     ``lora.target_modules``), never the head, which is trained whole."""
     head = heads(model)
-    layers = {q: leaf for q, leaf in lora.linear_layers(model).items() if q.split(".")[0] not in head}
+    layers = {q: leaf for q, leaf in lora_layers.linear_layers(model).items() if q.split(".")[0] not in head}
     names = lora_cfg.target_modules
-    if lora.is_all_linear(names):  # every Linear of the encoder (not its pooler); the head trains whole
-        body = lora.body_layers(model)
+    if lora_layers.is_all_linear(names):  # every Linear of the encoder (not its pooler); the head whole
+        body = lora_layers.body_layers(model)
         return [q for q in layers if q in body], list(lora_cfg.modules_to_save or []) + head
     if isinstance(names, str):
         names = [n for n in ATTENTION if n in layers.values()] if names == "auto" else [names]
         if not names:
-            names = lora.find_target_modules(model)
+            names = lora_layers.find_target_modules(model)
     targets = [q for q, leaf in layers.items() if leaf in names or q in names]
     return targets, list(lora_cfg.modules_to_save or []) + head
 

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
+from xtrain.model import lora_layers
 
 NAME = "image-to-text"
 
@@ -127,17 +128,18 @@ def fix_special_tokens(model: Any, tokenizer: Any) -> None:
 
 def _auto_names(part: Any, table: dict[str, tuple[str, ...]]) -> list[str]:
     model_type = getattr(getattr(part, "config", None), "model_type", None)
-    leaves = set(lora.linear_layers(part).values())
+    leaves = set(lora_layers.linear_layers(part).values())
     names = [n for n in table.get(model_type or "", ()) if n in leaves]
-    return names or lora.find_target_modules(part)
+    return names or lora_layers.find_target_modules(part)
 
 
 def target_pattern(model: Any, lora_cfg: Any) -> str:
     """A peft ``target_modules`` regex (full match on module names) for the chosen halves."""
     explicit = lora_cfg.target_modules
-    if lora.is_all_linear(explicit):  # every Linear of the chosen halves but the heads and the pooler
+    if lora_layers.is_all_linear(explicit):  # every Linear of the chosen halves but the heads and the pooler
         parts = PARTS[lora_cfg.apply_to]
-        return lora.exact_pattern([q for q in lora.body_layers(model) if q.split(".")[0] in parts])
+        body = lora_layers.body_layers(model)
+        return lora_layers.exact_pattern([q for q in body if q.split(".")[0] in parts])
     if isinstance(explicit, str) and explicit != "auto":
         explicit = [explicit]
     alternatives = []
@@ -169,7 +171,8 @@ def decoder_positions(config: Any) -> tuple[str, int | None]:
 
 
 def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
-    return lora.layers_matching(model, target_pattern(model, cfg.lora)), list(cfg.lora.modules_to_save or [])
+    whole = list(cfg.lora.modules_to_save or [])
+    return lora_layers.layers_matching(model, target_pattern(model, cfg.lora)), whole
 
 
 def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:

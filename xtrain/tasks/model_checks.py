@@ -25,6 +25,7 @@ from xtrain.errors import XtrainError, shown
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.tasks.contract import Task
+from xtrain.model import lora_layers
 from xtrain.model.configs import local_config, text_positions
 
 # LoRA target names that transformers 5 renamed in vision encoders (ViT/DeiT: attention.query ->
@@ -109,11 +110,10 @@ def _matches(name: str, qualified: str) -> bool:
 def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
     """Every listed ``lora.target_modules`` name matches a module; ``auto`` and ``all-linear``
     (peft's: every Linear but the output head) find some layers."""
-    from xtrain.model import lora
     from xtrain.tasks.sizes import adapted_layers
 
     names = cfg.lora.target_modules
-    if names == "auto" or lora.is_all_linear(names):
+    if names == "auto" or lora_layers.is_all_linear(names):
         adapted, _ = adapted_layers(model, cfg)
         if not adapted:
             kind = getattr(getattr(model, "config", None), "model_type", None) or "model"
@@ -127,7 +127,7 @@ def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
     missing = [n for n in listed if not any(_matches(n, q) for q in qualified)]
     if not missing:
         return
-    leaves = sorted(set(lora.linear_layers(model).values()))
+    leaves = sorted(set(lora_layers.linear_layers(model).values()))
     renamed = RENAMED.get(missing[0])
     if renamed in leaves:  # a list written for transformers 4 (ViT, DeiT, TrOCR's encoder)
         hint = f"did you mean '{renamed}'? (transformers 5 renamed {missing[0]} to {renamed} in this model) "

@@ -32,7 +32,7 @@ from typing import Any
 
 from xtrain import tasks
 from xtrain.config.schema import TrainConfig
-from xtrain.model import activations, lora, memory
+from xtrain.model import activations, lora_layers, memory
 from xtrain.model.configs import read_config_offline
 from xtrain.model.size import (
     _tied_count,
@@ -110,15 +110,15 @@ def adapted_layers(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     task = tasks.get(cfg.model.task)
     if task.lora_plan is not None:
         return task.lora_plan(model, cfg)
-    layers = lora.linear_layers(model)  # qualified name -> leaf name
+    layers = lora_layers.linear_layers(model)  # qualified name -> leaf name
     whole = list(cfg.lora.modules_to_save or [])
     names = cfg.lora.target_modules
     if task.peft_task_type == "SEQ_CLS":
         whole += ["classifier", "score"]  # peft's SEQ_CLS trains the head whole, whatever else is named
-    if lora.is_all_linear(names):  # peft's own expansion, which apply_lora leaves to peft
-        return lora.all_linear_layers(model, task.peft_task_type), whole
+    if lora_layers.is_all_linear(names):  # peft's own expansion, which apply_lora leaves to peft
+        return lora_layers.all_linear_layers(model, task.peft_task_type), whole
     if isinstance(names, str):  # auto: lora.apply_lora's own choice
-        names = lora.find_target_modules(model) if names == "auto" else [names]
+        names = lora_layers.find_target_modules(model) if names == "auto" else [names]
     return [q for q, leaf in layers.items() if leaf in names or q in names], whole
 
 

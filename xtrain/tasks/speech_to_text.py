@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from xtrain.data.rows.audio import AudioTextRows
     from xtrain.model.activations import Stack
     from xtrain.tasks.contract import Workload
+from xtrain.model import lora_layers
 from xtrain.tasks.speech_parts import (
     NAME,
     cap_new_tokens,
@@ -61,15 +62,15 @@ def target_pattern(model: Any, lora_cfg: Any) -> str:
     """A peft ``target_modules`` regex on module names (``model.encoder.layers.0.self_attn.q_proj``)."""
     explicit = lora_cfg.target_modules
     parts = "|".join(PARTS[lora_cfg.apply_to])
-    if lora.is_all_linear(explicit):  # every Linear of the chosen halves but the output head
+    if lora_layers.is_all_linear(explicit):  # every Linear of the chosen halves but the output head
         inside = re.compile(rf"^(?:.*\.)?(?:{parts})\.")
-        return lora.exact_pattern([q for q in lora.body_layers(model) if inside.match(q)])
+        return lora_layers.exact_pattern([q for q in lora_layers.body_layers(model) if inside.match(q)])
     if isinstance(explicit, str) and explicit != "auto":
         explicit = [explicit]
     names = explicit if isinstance(explicit, list) else list(ATTENTION)
-    leaves = set(lora.linear_layers(model).values())
+    leaves = set(lora_layers.linear_layers(model).values())
     if not isinstance(explicit, list) and not any(n in leaves for n in names):
-        names = lora.find_target_modules(model)
+        names = lora_layers.find_target_modules(model)
     return rf"^(?:.*\.)?(?:{parts})\..*\.(?:{'|'.join(re.escape(n) for n in names)})$"
 
 
@@ -99,7 +100,8 @@ def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
 
 
 def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
-    return lora.layers_matching(model, target_pattern(model, cfg.lora)), list(cfg.lora.modules_to_save or [])
+    whole = list(cfg.lora.modules_to_save or [])
+    return lora_layers.layers_matching(model, target_pattern(model, cfg.lora)), whole
 
 
 def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.tasks.contract import Workload
+from xtrain.model import lora_layers
 from xtrain.tasks.vision_processor import NAME, processor_and_render
 
 LANGUAGE_MODEL = ("language_model", "text_model")  # Qwen2-VL, LLaVA / Idefics3, SmolVLM
@@ -83,13 +84,13 @@ def parts(model: Any) -> tuple[str, str | None, str | None]:
 def lora_targets(model: Any, lora_cfg: Any) -> list[str]:
     """Qualified names of the Linear layers that get adapters."""
     language, vision, projector = parts(model)
-    layers = lora.linear_layers(model)
+    layers = lora_layers.linear_layers(model)
     explicit = lora_cfg.target_modules
     if isinstance(explicit, str) and explicit != "auto":
         explicit = [explicit]
     in_language = {q: leaf for q, leaf in layers.items() if _under(q, language)}
-    if lora.is_all_linear(lora_cfg.target_modules):  # every Linear of the language model, no head
-        body = lora.body_layers(model)
+    if lora_layers.is_all_linear(lora_cfg.target_modules):  # every Linear of the language model, no head
+        body = lora_layers.body_layers(model)
         in_language = {q: leaf for q, leaf in in_language.items() if q in body}
         names = set(in_language.values())
     elif isinstance(explicit, list):
@@ -97,7 +98,7 @@ def lora_targets(model: Any, lora_cfg: Any) -> list[str]:
     else:
         names = {leaf for leaf in in_language.values() if leaf in LANGUAGE_TARGETS}
         if not names:
-            names = set(lora.find_target_modules(_module(model, language)))
+            names = set(lora_layers.find_target_modules(_module(model, language)))
     targets = [q for q, leaf in in_language.items() if leaf in names]
     if lora_cfg.vision_blocks:
         if vision is None:

@@ -1,15 +1,11 @@
-"""The training config: one YAML file plus `key=value` overrides, strictly validated.
+"""The old import path of the training config, kept because user code imports it from here: a
+custom task (``model.custom``) receives a ``TrainConfig``, and scripts call ``load_config``.
 
-- ``schema.py``: the dataclasses (one a YAML section) and the valid ``section.key`` names.
-- ``values.py``: one value's type, choices, spellings and range; unknown keys refused.
-- ``validate.py``: checks that involve more than one field.
-- ``loading.py``: ``load_config`` (YAML, overrides, checks), the dict round-trip for checkpoints.
-- ``xtrain.planning.batch``: accumulation from the global batch, the LR scaling rule (planning
-  decides them; re-exported here).
-
-xtrain's own code imports from those modules. The names below stay importable from
-``xtrain.train.config`` because user code does: a custom task (``model.custom``) receives a
-``TrainConfig`` and scripts call ``load_config``.
+xtrain's own code imports from where each name lives: ``xtrain.config.schema`` (the dataclasses),
+``xtrain.config.values`` (one value's choices and ranges), ``xtrain.config.loading`` (YAML,
+overrides, the dict round-trip), ``xtrain.tasks.validation`` (``load_config``,
+``config_from_dict``: read and checked against the task), ``xtrain.planning.batch``
+(accumulation from the global batch, the LR scaling rule).
 """
 
 from xtrain.config.loading import QUICKSTART_CONFIG, config_to_dict, flat_config, parse_override
