@@ -62,6 +62,7 @@ def stdout_to_stderr() -> Iterator[None]:
 
 
 # Over 80 lines only by its typer options (about 40 of them); the body is about 55.
+# longer: most of its lines are typer's option declarations, one per flag
 def doctor(
     json_out: Annotated[
         bool,

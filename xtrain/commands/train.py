@@ -199,6 +199,7 @@ def equivalent_commands(
     ]
 
 
+# longer: most of its lines are typer's option declarations, one per flag
 def train(
     config: Path = typer.Argument(..., help="YAML train config (see examples/ and docs/configuration.md)."),
     overrides: list[str] = typer.Argument(None, metavar="[KEY=VALUE]...", help="e.g. run.max_steps=100"),

@@ -1,6 +1,8 @@
+# longer: one estimate's pure rules (weights, optimizer state, activations, the warning and its
+# alternatives) read together; each part is a few small functions.
 """A rough per-GPU memory estimate for LoRA training under DDP, and the warning when it exceeds the
 card: pure functions (no torch, no machine). ``xtrain train`` shows it with the plan (sizes from
-the model's config, ``model_size.offline_sizes``) and the training loop checks it again on CUDA
+the model's config, ``tasks.sizes.offline_sizes``) and the training loop checks it again on CUDA
 with the real counts and the card's memory (``model_size.live_sizes``).
 
 Under DDP every GPU holds the whole model. The estimate adds:

@@ -1,3 +1,5 @@
+# longer: the Recipe holds one run, read top to bottom in one file; the next step of issue 33
+# (the loop as a recipe: setup as named builders, one RunState) splits it.
 """The training loop as a recipe: setup, train step, evaluate, checkpoint, each readable alone.
 
     settings     <- config + plan + world size, resolved once        planning/resolve.py
