@@ -257,7 +257,7 @@ if sys.argv[1] == "launcher":
     print(child.pid, flush=True)
     time.sleep(120)
 else:
-    from xtrain.launch import lifetime
+    from xtrain.runtime import lifetime
     if sys.argv[2] == "thread-only":
         lifetime._set_pdeathsig = lambda: False  # the portable fallback alone (macOS, Windows)
     assert lifetime.watch_parent(interval_s=0.2)

@@ -72,7 +72,7 @@ def test_all_linear_counts_what_peft_adapts(tmp_path: Path, kind: str) -> None:
     cfg = load_config(
         None, [f"model.name_or_path={folder}", "model.task=causal-lm", "lora.target_modules=all-linear"]
     )
-    bare = model_size.meta_model(cfg, model_size.tasks.get("causal-lm"), read_config_offline(cfg))
+    bare = model_size.meta_model(cfg, tasks.get("causal-lm"), read_config_offline(cfg))
     adapted, _ = adapted_layers(bare, cfg)
     assert set(adapted) == peft_all_linear(bare, "CAUSAL_LM")
     assert "lm_head" not in adapted and any(q.endswith("mlp.down_proj") for q in adapted)
@@ -104,7 +104,7 @@ def test_the_families_target_names_are_found(tmp_path: Path, kind: str, targets:
         None, [f"model.name_or_path={folder}", "model.task=causal-lm", f"lora.target_modules={targets}"]
     )
     assert "LoRA targets checked" in model_checks.check_offline(cfg)
-    bare = model_size.meta_model(cfg, model_size.tasks.get("causal-lm"), read_config_offline(cfg))
+    bare = model_size.meta_model(cfg, tasks.get("causal-lm"), read_config_offline(cfg))
     adapted, _ = adapted_layers(bare, cfg)
     assert len(adapted) == 2 * len(cfg.lora.target_modules)  # each name in both layers
 

@@ -29,7 +29,7 @@ def test_end_rank_flushes_and_exits_with_the_code_without_atexit() -> None:
     code = textwrap.dedent(
         """
         import atexit, sys
-        from xtrain.launch import lifetime
+        from xtrain.runtime import lifetime
         atexit.register(lambda: print("atexit ran"))
         sys.stdout.write("out without newline")
         sys.stderr.write("err without newline")
