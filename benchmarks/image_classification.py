@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from image_to_text import ROOT, Setup, measure_job, task_main  # noqa: E402
 
 TASK = "image-classification"
-JOB = ROOT / "xtrain" / "data" / "quickstart-image-classification.yaml"
+JOB = ROOT / "xtrain" / "builtin" / "jobs" / "quickstart-image-classification.yaml"
 
 
 def measure(repeats: int = 3, steps: int = 30, warmup: int = 5, log: Any = None) -> dict[str, Any]:
