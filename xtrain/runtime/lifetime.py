@@ -158,6 +158,19 @@ def watch_parent(parent_pid: int | None = None, interval_s: float = WATCH_INTERV
     return True
 
 
+# What a finished rank of a multi-process run holds on to until ``end_rank``'s ``os._exit``.
+_KEPT: list[object] = []
+
+
+def keep_until_exit(obj: object) -> None:
+    """Hold ``obj`` (a finished run: its DDP reducer, accelerate's references, the process group
+    they hold) until this rank ends with ``end_rank``. Freeing it earlier runs gloo's
+    process-group destructor, which deadlocked a finished rank whose peers had gone (seen: rank
+    1 of ``xtrain train --processes 2`` blocked for good in ``~ProcessGroupGloo`` under
+    ``~Reducer`` as the finished recipe was freed, after rank 0 had written every output)."""
+    _KEPT.append(obj)
+
+
 def end_rank(code: int) -> NoReturn:
     """End this rank of a multi-process run with ``code`` once it is done (its outputs written,
     its process group destroyed, its trackers ended), skipping the interpreter's teardown: at

@@ -43,7 +43,7 @@ from xtrain.model.sharding import prepare_generation
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings, resolve, trackers
-from xtrain.runtime import lock, quiet
+from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.train import checkpoint, failures, preflight, tracking
 from xtrain.train.distributed import sharded
@@ -83,10 +83,12 @@ def train(
     checkpoint.check_output_dir(cfg.run.output_dir)
     preflight.check_paths(cfg)  # output folder and caches writable: before anything starts
     preflight.check_trackers(trackers(cfg), plan.shell)  # every tracker named is installed
-    if LaunchContext.from_env().rank != 0:
-        return Recipe(cfg, plan, reporter, build).run()
-    with lock.acquire(cfg.run.output_dir):
-        return Recipe(cfg, plan, reporter, build).run()
+    context = LaunchContext.from_env()
+    with lock.acquire(cfg.run.output_dir) if context.rank == 0 else contextlib.nullcontext():
+        recipe = Recipe(cfg, plan, reporter, build)
+        if context.distributed:  # its process group is never freed before the rank ends
+            lifetime.keep_until_exit(recipe)
+        return recipe.run()
 
 
 def _default_build(cfg: TrainConfig, main_process_first: Any) -> Any:
