@@ -24,6 +24,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several test processes on th
     # by far more than the second thread gains
     torch.set_num_threads(1)
 
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): two test processes for the suite or a folder of it, none
+    for named files or tests (starting the workers costs more than they save there). Two, not one
+    a core: each holds its own warm interpreters (support/warm.py) and the multi-process tests
+    start processes of their own."""
+    named = [a for a in config.args if "::" in a or a.endswith(".py")]
+    return 0 if named else 2
+
+
 MACHINES_DIR = Path(__file__).parent / "fixtures" / "machines"
 MACHINE_NAMES = sorted(p.stem for p in MACHINES_DIR.glob("*.json"))
 
