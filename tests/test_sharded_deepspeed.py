@@ -1,13 +1,19 @@
 """xtrain's loop under accelerate's DeepSpeed ZeRO-2/3 path, on CPU: two real processes over
-gloo, DeepSpeed's own CPU accelerator underneath. Skipped where deepspeed is not installed (it
-is not a dev dependency: `pip install deepspeed` to run these).
+gloo, DeepSpeed's own CPU accelerator underneath. deepspeed is in the `dev` extra on Linux (on
+Windows it installs by compiling); skipped where it is not installed.
 
 As for FSDP (tests/test_fsdp_cpu.py), accelerate 1.15 sets DeepSpeed up only on CUDA; the
 worker builds xtrain's Accelerator as usual, then sets accelerate's state to DEEPSPEED with a
 ``DeepSpeedPlugin`` (a test seam, not a supported mode). From there every call is accelerate's
 and DeepSpeed's own: ``deepspeed.initialize`` in ``prepare``, the engine's backward and step,
 its checkpoint in ``save_state`` / ``load_state``, ZeRO-3's 16-bit consolidation when the
-adapter is saved."""
+adapter is saved. One thing is left out: DeepSpeed's CPU accelerator compiles a shared-memory
+all-reduce (``deepspeed_shm_comm``, about 40 s of one core, once per machine) that only its
+inference all-reduce uses; the worker marks it unbuildable, so the collectives are gloo's.
+
+The gradient check (issue 32: every training path against a plain reference): the whole
+gradients DeepSpeed holds in its partitioned buffers at the first step, read its own way, are
+one plain process's (tests/support/gradients.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from support.jobs import Job, assert_same_training, make_job, python_run, run_xtrain
 
 pytestmark = [
@@ -30,8 +37,12 @@ WORKER = textwrap.dedent(
     """
     import os, runpy, sys
 
+    import deepspeed.ops
+
     import xtrain.train.loop as loop
 
+    # the CPU accelerator's shared-memory all-reduce: a 40 s compile, used by inference only
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     real = loop.build_accelerator
     STAGE = int(os.environ["TEST_ZERO_STAGE"])
 
@@ -50,6 +61,24 @@ WORKER = textwrap.dedent(
         return acc
 
     loop.build_accelerator = deepspeed_accelerator
+    if os.environ.get("TEST_GRADIENTS"):
+        import torch
+        import torch.distributed as dist
+        from deepspeed.runtime.engine import DeepSpeedEngine
+        from deepspeed.utils import safe_get_full_grad
+
+        def first_step(engine, *args, **kwargs):
+            # accelerate calls it after the backward of the last micro-batch (ZeRO's reduce or
+            # reduce-scatter done), before DeepSpeed's own step; safe_get_full_grad gathers each
+            # trained weight's whole gradient from the partitions (a collective: every rank, in order)
+            grads = {n: safe_get_full_grad(p) for n, p in engine.module.named_parameters() if p.requires_grad}
+            grads = {n: None if g is None else g.detach().float().cpu().clone() for n, g in grads.items()}
+            torch.save(grads, os.path.join(os.environ["TEST_GRADIENTS"], f"grads-{dist.get_rank()}.pt"))
+            dist.barrier()
+            sys.stdout.flush()
+            os._exit(0)  # the gradients are all this run is for
+
+        DeepSpeedEngine.step = first_step
     sys.argv = ["xtrain.run", *sys.argv[1:]]
     runpy.run_module("xtrain.run", run_name="__main__")
     """
@@ -70,7 +99,9 @@ def plain(job: Job) -> Path:
     return out
 
 
-def deepspeed_run(job: Job, stage: int, out: Path, *overrides: str) -> None:
+def deepspeed_run(
+    job: Job, stage: int, out: Path, *overrides: str, env: dict[str, str] | None = None
+) -> None:
     from xtrain.launch.rendezvous import free_port
 
     worker = job.root / "deepspeed_worker.py"
@@ -78,7 +109,7 @@ def deepspeed_run(job: Job, stage: int, out: Path, *overrides: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(worker), "--config", str(job.config),
            f"run.output_dir={out}", "batch.per_device=2", *overrides]  # fmt: skip
-    proc = run_xtrain(cmd, {**job.env, "TEST_ZERO_STAGE": str(stage)})
+    proc = run_xtrain(cmd, {**job.env, "TEST_ZERO_STAGE": str(stage), **(env or {})})
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
@@ -98,3 +129,26 @@ def test_lora_under_deepspeed_trains_saves_and_resumes_like_one_process(
     shutil.copytree(out, straight)
     deepspeed_run(job, stage, out, f"run.resume={step2}")
     assert_same_training(straight, out)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_two_zero_ranks_average_to_one_processs_gradient(
+    job: Job, stage: int, tmp_path: Path, private_caches: Path
+) -> None:
+    """Two ZeRO ranks over gloo, one micro-batch of 4 each: the whole gradient DeepSpeed holds
+    for every trained weight at the first step (``safe_get_full_grad`` over its partitions) is
+    one plain process's accumulating both micro-batches of the same global batch, which is the
+    reference's (the model's class, peft and the same weights, no xtrain: support/gradients.py;
+    LoRA dropout on, seeded per sample position, not per rank). No clipping: DeepSpeed clips
+    inside its step, after this reading."""
+    from support.gradients import assert_same_gradients, reference_gradients, xtrain_gradients
+
+    from xtrain.tasks.validation import load_config
+
+    common = ["run.max_steps=1", "optim.max_grad_norm=null", "optim.warmup_steps=0", "batch.per_device=4"]
+    one = xtrain_gradients(load_config(job.config, [*common, f"run.output_dir={tmp_path / 'one'}"]))
+    assert len(one.inputs) == 2  # accumulation 2 in one process, 1 on each of two ranks
+    assert_same_gradients(one.grads, reference_gradients(one))
+    deepspeed_run(job, stage, tmp_path / "zero", *common, env={"TEST_GRADIENTS": str(tmp_path)})
+    for rank in (0, 1):
+        assert_same_gradients(torch.load(tmp_path / f"grads-{rank}.pt"), one.grads, rtol=1e-4)
