@@ -131,23 +131,27 @@ def test_lora_under_deepspeed_trains_saves_and_resumes_like_one_process(
     assert_same_training(straight, out)
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize(
+    ("stage", "per_device"), [(2, 4), (3, 2)], ids=["zero2-one-micro-batch", "zero3-accumulation-2"]
+)
 def test_two_zero_ranks_average_to_one_processs_gradient(
-    job: Job, stage: int, tmp_path: Path, private_caches: Path
+    job: Job, stage: int, per_device: int, tmp_path: Path, private_caches: Path
 ) -> None:
-    """Two ZeRO ranks over gloo, one micro-batch of 4 each: the whole gradient DeepSpeed holds
-    for every trained weight at the first step (``safe_get_full_grad`` over its partitions) is
-    one plain process's accumulating both micro-batches of the same global batch, which is the
-    reference's (the model's class, peft and the same weights, no xtrain: support/gradients.py;
-    LoRA dropout on, seeded per sample position, not per rank). No clipping: DeepSpeed clips
-    inside its step, after this reading."""
+    """Two ZeRO ranks over gloo with the global batch of 8 (ZeRO-2: one micro-batch of 4 each;
+    ZeRO-3: two of 2 each, DeepSpeed's own accumulation): the whole gradient DeepSpeed holds for
+    every trained weight at the first step (``safe_get_full_grad`` over its partitions) is one
+    plain process's accumulating the same micro-batches, which is the reference's (the model's
+    class, peft and the same weights, no xtrain: support/gradients.py; LoRA dropout on, seeded
+    per sample position, not per rank). No clipping: DeepSpeed clips inside its step, after
+    this reading."""
     from support.gradients import assert_same_gradients, reference_gradients, xtrain_gradients
 
     from xtrain.tasks.validation import load_config
 
-    common = ["run.max_steps=1", "optim.max_grad_norm=null", "optim.warmup_steps=0", "batch.per_device=4"]
+    common = ["run.max_steps=1", "optim.max_grad_norm=null", "optim.warmup_steps=0",
+              f"batch.per_device={per_device}"]  # fmt: skip
     one = xtrain_gradients(load_config(job.config, [*common, f"run.output_dir={tmp_path / 'one'}"]))
-    assert len(one.inputs) == 2  # accumulation 2 in one process, 1 on each of two ranks
+    assert len(one.inputs) == 8 // per_device  # one process accumulates what two ranks share
     assert_same_gradients(one.grads, reference_gradients(one))
     deepspeed_run(job, stage, tmp_path / "zero", *common, env={"TEST_GRADIENTS": str(tmp_path)})
     for rank in (0, 1):
