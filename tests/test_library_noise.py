@@ -66,3 +66,35 @@ def test_xtrain_verbose_keeps_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
         assert logger.filters == []
     finally:
         logger.filters[:] = saved
+
+
+def test_deepspeeds_cpu_line_is_dropped_and_nothing_else() -> None:
+    logger = logging.getLogger(quiet.DS_LOGGER)
+    saved, shown = list(logger.filters), []
+    handler = logging.Handler()
+    handler.emit = lambda record: shown.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        quiet.quiet_deepspeed()
+        quiet.quiet_deepspeed()  # idempotent: one filter
+        assert sum(isinstance(f, quiet._NoDeepSpeedCpuHint) for f in logger.filters) == 1
+        logger.warning(quiet.DS_CPU_HINT + ". If you have GPU or other accelerator, we were unable to ...")
+        logger.warning("another DeepSpeed warning")
+        assert shown == ["another DeepSpeed warning"]
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = saved
+
+
+def test_the_deepspeed_filter_matches_the_installed_deepspeed() -> None:
+    """The logger's name and the message are DeepSpeed's own, and its logger factory reuses the
+    logger (so a filter added before the import stays): read from its source, not imported."""
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or spec.origin is None:
+        pytest.skip("deepspeed is not installed")
+    root = Path(spec.origin).parent
+    logging_source = (root / "utils" / "logging.py").read_text(encoding="utf-8")
+    assert "logger_ = logging.getLogger(name)" in logging_source
+    assert f'create_logger(name="{quiet.DS_LOGGER}"' in logging_source
+    detection = (root / "accelerator" / "real_accelerator.py").read_text(encoding="utf-8")
+    assert f'"{quiet.DS_CPU_HINT}.' in detection

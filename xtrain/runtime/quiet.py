@@ -50,10 +50,38 @@ def quiet_bitsandbytes() -> None:
         logger.addFilter(_NoKernelsPackageHint())
 
 
+# deepspeed, wherever it is installed, is imported by accelerate's `unwrap_model` and so by
+# transformers' `save_pretrained` (accelerate/utils/other.py: an isinstance check), in every run
+# that saves, DeepSpeed or not. On a machine without a GPU its import logs, to stdout (DeepSpeed's
+# logger has a stdout handler of its own): "Setting accelerator to CPU. If you have GPU or other
+# accelerator, we were unable to detect it." (deepspeed/accelerator/real_accelerator.py, 0.19).
+# xtrain never runs DeepSpeed without CUDA GPUs (launch/sharding.py refuses it), so there the line
+# only says a package is installed. Only that record is dropped.
+DS_LOGGER = "DeepSpeed"
+DS_CPU_HINT = "Setting accelerator to CPU"
+
+
+class _NoDeepSpeedCpuHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(DS_CPU_HINT)
+
+
+def quiet_deepspeed() -> None:
+    """Drop DeepSpeed's "Setting accelerator to CPU" line: call before deepspeed is imported
+    (the record is logged once, at import; DeepSpeed's logger keeps filters added before).
+    Idempotent; nothing with ``XTRAIN_VERBOSE=1``."""
+    if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
+        return
+    logger = logging.getLogger(DS_LOGGER)
+    if not any(isinstance(f, _NoDeepSpeedCpuHint) for f in logger.filters):
+        logger.addFilter(_NoDeepSpeedCpuHint())
+
+
 def quiet_libraries() -> None:
     if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
         return
     quiet_bitsandbytes()  # first: transformers' and datasets' imports may import peft
+    quiet_deepspeed()
     import datasets
     import transformers
 
