@@ -13,8 +13,8 @@ One place decides all of it:
   (``lora.enable_gradient_checkpointing`` does that once, with input grads, when configured);
 - ``keep_training_layout``: a model being trained keeps its 4-bit weights in the layout training
   computes with, through evaluations (bitsandbytes' CPU inference repack breaks gradients);
-- ``predict_kwargs``: the same load for ``xtrain predict`` of a quantized run's adapter;
-- ``fresh_base``: the unquantized base a merged model is made from (``run.save_merged``).
+- ``predict_kwargs``: the same load for ``xtrain predict`` of a quantized run's adapter (a merged
+  model is made from a fresh unquantized base: ``model/merge.py``).
 """
 
 from __future__ import annotations
@@ -307,21 +307,3 @@ def keep_training_layout(model: Any) -> int:
             weight.data, weight.quant_state = unpack(weight.data, weight.quant_state)
         switched += 1
     return switched
-
-
-def fresh_base(model: Any) -> Any:
-    """The unquantized base of the quantized peft ``model``, loaded anew on the CPU from the
-    adapter's base (its checkpoint dtype where there is a GPU, float32 otherwise): what the
-    adapter is merged into for ``run.save_merged`` (merging into 4-bit weights would round them)."""
-    import copy
-
-    from xtrain.model import load as models
-
-    base = model.get_base_model()
-    source = next(iter(model.peft_config.values())).base_model_name_or_path
-    # the trained model's config (a new head's labels included) without its quantization
-    config = copy.deepcopy(base.config)
-    for key in ("quantization_config", "_pre_quantization_dtype"):
-        if hasattr(config, key):
-            delattr(config, key)
-    return models.load_pretrained(type(base), source, "auto", False, config=config, device_map={"": "cpu"})

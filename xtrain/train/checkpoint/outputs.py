@@ -74,17 +74,15 @@ def save_final(
 
 
 def merged_model(model: Any, adapter: Path) -> Any:
-    """The adapter merged into its base. A 4/8-bit base (``model.quantization``) is not merged
-    into: the adapter saved at ``adapter`` goes onto a freshly loaded unquantized base (on the
-    CPU), so the merged weights are not rounded to 4 bits. Otherwise ``merge_and_unload`` on the
-    trained model itself (it changes the model: the caller does it last)."""
-    from xtrain.model import quantization
+    """The adapter saved at ``adapter`` merged into a freshly loaded base on the CPU, in the
+    checkpoint's dtype (never the 4/8-bit weights a QLoRA run trained on): ``model/merge.py``, the
+    path ``xtrain export --to merged`` takes too, so both give the same weights. ``model`` (the
+    trained peft model) gives the base's class, source and config (a new head's labels)."""
+    from xtrain.model import merge
 
-    if not quantization.is_quantized(model):
-        return model.merge_and_unload()
-    from peft import PeftModel
-
-    return PeftModel.from_pretrained(quantization.fresh_base(model), str(adapter)).merge_and_unload()
+    base = model.get_base_model()
+    source = next(iter(model.peft_config.values())).base_model_name_or_path
+    return merge.merged_from_adapter(adapter, type(base), source, base.config)
 
 
 # the best model by an eval metric (run.best_metric)

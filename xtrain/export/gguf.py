@@ -1,0 +1,195 @@
+"""A merged model written as one GGUF file by xtrain itself, in Python, through the ``gguf``
+package's ``GGUFWriter``, tensor-name maps and numpy quantizers: no llama.cpp checkout to build.
+
+The file is written in one pass with little memory beyond the model: every tensor's name, shape
+and type is planned first (``plan_tensors``, from shapes alone), the header and tensor table are
+written, then each tensor is converted (``families.convert_tensor``), quantized and written in
+turn, one at a time. Types follow llama.cpp's converter: ``f16``/``bf16`` write every matrix in
+that type, ``q8_0`` every matrix whose rows divide into its 32-value blocks (others f16); 1-D
+weights (norms, biases) and rope factors stay float32. The file appears under its name only when
+complete (``NAME.tmp``, then replaced).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xtrain import atomic
+from xtrain.errors import XtrainError
+from xtrain.export import families
+from xtrain.export.vocab import read_vocab, write_vocab
+
+if TYPE_CHECKING:
+    import numpy as np
+
+TYPES = ("f16", "bf16", "q8_0")
+INSTALL = 'pip install "gguf>=0.10"'  # the package itself: `xtrain` on the index is another project
+_BLOCK = 32  # values per Q8_0 block
+
+Progress = Callable[[int, int], None]  # (bytes written, bytes in all)
+
+
+def require_gguf() -> Any:
+    """The ``gguf`` package, or one line saying how to install it."""
+    try:
+        import gguf
+    except ImportError:
+        raise XtrainError("xtrain export --to gguf/ollama needs the gguf package", INSTALL) from None
+    return gguf
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One tensor of the file: its GGUF name, where it comes from, its shape and type."""
+
+    name: str
+    source: str | None  # the model's state_dict key; None: an extra tensor (rope factors)
+    shape: tuple[int, ...]
+    qtype: str  # F32 | F16 | BF16 | Q8_0 (gguf.GGMLQuantizationType member names)
+
+    @property
+    def nbytes(self) -> int:
+        count = math.prod(self.shape)
+        if self.qtype == "Q8_0":
+            return count // _BLOCK * 34  # 32 int8 values + one f16 scale a block
+        return count * (4 if self.qtype == "F32" else 2)
+
+
+def tensor_type(shape: tuple[int, ...], kind: str) -> str:
+    """The GGUF type of a weight of ``shape`` in a ``kind`` (f16 | bf16 | q8_0) file."""
+    if len(shape) < 2:
+        return "F32"
+    if kind == "q8_0":
+        return "Q8_0" if shape[-1] % _BLOCK == 0 else "F16"
+    return kind.upper()
+
+
+def plan_tensors(model: Any, kind: str) -> tuple[list[PlannedTensor], dict[str, np.ndarray]]:
+    """Every tensor the file holds, in order, and the extra arrays (rope factors) by name."""
+    gguf = require_gguf()
+    config = model.config
+    family = families.family_of(config)
+    arch = gguf.MODEL_ARCH[family.arch]
+    names = gguf.get_tensor_name_map(arch, int(config.num_hidden_layers))
+    extra = families.rope_tensors(config, family)
+    planned = [PlannedTensor(name, None, tuple(a.shape), "F32") for name, a in extra.items()]
+    for key, weight in model.state_dict().items():
+        if families.skipped(key, config):
+            continue
+        name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise XtrainError(
+                f"GGUF export cannot place the weight {key} of this {family.name} model",
+                "export it with --to merged (safetensors)",
+            )
+        shape = tuple(weight.shape)
+        planned.append(PlannedTensor(name, key, shape, tensor_type(shape, kind)))
+    return planned, extra
+
+
+def _array(model_state: dict[str, Any], t: PlannedTensor, config: Any, family: families.Family) -> Any:
+    """The tensor's data, converted for llama.cpp and in its file type."""
+    gguf = require_gguf()
+    data = model_state[t.source].detach().float().cpu().numpy()
+    data = families.convert_tensor(t.source or "", data, config, family)
+    qtype = gguf.GGMLQuantizationType[t.qtype]
+    if t.qtype == "F32":
+        return data.astype("float32"), qtype
+    return gguf.quants.quantize(data, qtype), qtype
+
+
+_FILE_TYPES = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
+
+
+def estimate_bytes(model: Any, kind: str) -> int:
+    """The file's size, near enough for the disk check: its tensors (metadata is small)."""
+    planned, _ = plan_tensors(model, kind)
+    return sum(t.nbytes for t in planned)
+
+
+def write_gguf(
+    model: Any,
+    tokenizer: Any,
+    path: Path,
+    kind: str,
+    template: str | None,
+    eot: int | None,
+    name: str,
+    progress: Progress | None = None,
+) -> Path:
+    """``model`` (merged, any dtype) with ``tokenizer`` and the chat ``template`` as one GGUF file
+    at ``path``; ``eot``: the template's end-of-turn token. Returns ``path``."""
+    gguf = require_gguf()
+    config = model.config
+    family = families.family_of(config)
+    planned, extra = plan_tensors(model, kind)
+    vocab = read_vocab(tokenizer, int(config.vocab_size), eot)
+    writer = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[family.arch]])
+    writer.add_type("model")
+    writer.add_name(name)
+    for method, value in families.hyperparameters(config, family):
+        getattr(writer, method)(value)
+    writer.add_file_type(int(gguf.LlamaFileType[_FILE_TYPES[kind]]))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    write_vocab(writer, vocab)
+    if template:
+        writer.add_chat_template(template)
+    for t in planned:  # the tensor table from shapes alone: nothing converted yet
+        byte_shape = gguf.quants.quant_shape_to_byte_shape(t.shape, gguf.GGMLQuantizationType[t.qtype])
+        dtype = {"F32": "float32", "F16": "float16"}.get(t.qtype, "uint8")
+        shape = t.shape if dtype != "uint8" else byte_shape
+        writer.add_tensor_info(t.name, shape, _np_dtype(dtype), t.nbytes, gguf.GGMLQuantizationType[t.qtype])
+    tmp = path.with_name(path.name + ".tmp")
+    total, done = sum(t.nbytes for t in planned), 0
+    state = model.state_dict()
+    try:
+        writer.write_header_to_file(path=tmp)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for t in planned:
+            data = extra[t.name] if t.source is None else _array(state, t, config, family)[0]
+            writer.write_tensor_data(data)
+            done += t.nbytes
+            if progress is not None:
+                progress(done, total)
+        writer.close()
+        atomic.replace(tmp, path)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _np_dtype(name: str) -> Any:
+    import numpy as np
+
+    return np.dtype(name)
+
+
+def free_bytes(folder: Path) -> int:
+    import shutil
+
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def check_disk(folder: Path, need: int) -> None:
+    """Refuse before writing when ``folder``'s disk holds less than ``need`` bytes (+5%)."""
+    free = free_bytes(folder)
+    if free < need * 1.05:
+        raise XtrainError(
+            f"{folder} has {free / 2**30:.1f} GiB free; the export needs about {need / 2**30:.1f} GiB",
+            "free some space or pass --output on a disk with room",
+        )
+
+
+def gguf_name(output: Path, kind: str) -> Path:
+    """The GGUF file of an ``--output`` folder: ``model-<kind>.gguf`` inside it."""
+    return output / f"model-{kind}.gguf"

@@ -1,0 +1,108 @@
+"""The one way a LoRA adapter becomes a merged model: the saved adapter folder applied to a freshly
+loaded base on the CPU, in the checkpoint's own dtype (bf16/fp16 for the checkpoints people bring,
+never the 4-bit or 8-bit weights a QLoRA run trained on: merging into those would round the
+merged weights to 4 bits), then peft's ``merge_and_unload``.
+
+``run.save_merged`` (``train/checkpoint/outputs.py``) and ``xtrain export`` (``xtrain/export``)
+both come here, so the model a run merges at its end and the one ``xtrain export --to merged``
+writes later are the same weights. The adapter is read back from its folder rather than taken
+from the trained model in memory: a PiSSA/OLoRA adapter is saved converted to fit the original
+base (``lora.save_pretrained``), which is the base loaded here.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PretrainedConfig, PreTrainedModel
+
+# the keys of a quantized model's config that a fresh, unquantized load must not see
+_QUANTIZED_KEYS = ("quantization_config", "_pre_quantization_dtype")
+
+
+def base_source(adapter: str | Path) -> str:
+    """The base an adapter folder names (peft's ``base_model_name_or_path``), as a folder or a
+    hub id ``from_pretrained`` takes (a built-in's name resolved to its folder)."""
+    import json
+
+    from xtrain.errors import XtrainError
+    from xtrain.model import load as models
+
+    path = Path(adapter) / "adapter_config.json"
+    try:
+        found = json.loads(path.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError):
+        found = None
+    if not isinstance(found, str) or not found:
+        raise XtrainError(
+            f"{path} does not name its base model (base_model_name_or_path)",
+            "pass the base model with --base",
+        )
+    return models.resolve_model(found)
+
+
+def unquantized(config: PretrainedConfig) -> PretrainedConfig:
+    """A copy of ``config`` without its quantization (a new head's labels and the rest kept) and
+    without the dtype the trained model was loaded in, so that ``dtype="auto"`` reads the
+    checkpoint's weights (a run on a CPU loads bf16 weights as float32)."""
+    config = copy.deepcopy(config)
+    for key in _QUANTIZED_KEYS:
+        if hasattr(config, key):
+            delattr(config, key)
+    config.dtype = None
+    return config
+
+
+def fresh_base(
+    model_class: Any, source: str, config: PretrainedConfig | None = None, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    """The base loaded anew on the CPU in its checkpoint's dtype (``dtype="auto"``: bf16 weights
+    stay bf16; a float32 checkpoint stays float32). ``config``: the trained model's (its
+    quantization taken out), else the checkpoint's own."""
+    from xtrain.model import load as models
+
+    extra: dict[str, Any] = {"device_map": {"": "cpu"}}
+    if config is not None:
+        extra["config"] = unquantized(config)
+    return models.load_pretrained(model_class, source, "auto", trust_remote_code, **_auto_dtype(extra))
+
+
+def _auto_dtype(extra: dict[str, Any]) -> dict[str, Any]:
+    """``load_pretrained`` maps "auto" to float32 without a GPU (the training rule); a merge wants
+    the checkpoint's own dtype everywhere, so the keyword is given here and wins."""
+    from xtrain.model.load import _dtype_kwarg
+
+    return {**extra, _dtype_kwarg(): "auto"}
+
+
+def with_adapter(base: PreTrainedModel, adapter: str | Path) -> PeftModel:
+    """``base`` with the adapter saved at ``adapter`` applied, not merged (base + adapter: what the
+    merged model must compute), in eval mode."""
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(base, str(adapter))
+    model.eval()
+    return model
+
+
+def merge(model: PeftModel) -> PreTrainedModel:
+    """The adapter merged into the base weights and the peft wrapper removed (in place)."""
+    merged = model.merge_and_unload()
+    merged.eval()
+    return merged
+
+
+def merged_from_adapter(
+    adapter: str | Path,
+    model_class: Any,
+    source: str | None = None,
+    config: PretrainedConfig | None = None,
+) -> PreTrainedModel:
+    """The merged model of the adapter saved at ``adapter``: ``fresh_base`` (of ``source``, else the
+    base the adapter names) + the adapter, merged."""
+    base = fresh_base(model_class, source or base_source(adapter), config)
+    return merge(with_adapter(base, adapter))
