@@ -24,6 +24,7 @@ LAYERS = (
     ("tasks",),
     ("train",),
     ("predict", "run"),
+    ("export",),
     ("bench",),
     ("commands",),
     ("cli", "__main__"),

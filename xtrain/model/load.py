@@ -104,7 +104,7 @@ def load_dtype(setting: str) -> Any:
     return getattr(torch, DTYPES[setting])
 
 
-def _dtype_kwarg() -> str:
+def dtype_kwarg() -> str:
     """transformers >= 4.56 calls it ``dtype``; older versions ``torch_dtype``."""
     import transformers
     from packaging.version import Version
@@ -120,7 +120,7 @@ def load_model(
     import transformers
 
     auto = getattr(transformers, model_class)
-    kwargs = {_dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
+    kwargs = {dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
     try:
         return auto.from_pretrained(source, **kwargs)
     except Exception as e:
@@ -163,7 +163,7 @@ def require_model_type(
 def load_pretrained(model_class: Any, source: str, dtype: str, trust_remote_code: bool, **extra: Any) -> Any:
     """``model_class.from_pretrained`` with the config's dtype and remote-code choice (and
     ``extra`` keywords); a failure is one line (the media tasks load through here)."""
-    kwargs = {_dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
+    kwargs = {dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
     try:
         return model_class.from_pretrained(source, **kwargs)
     except Exception as e:

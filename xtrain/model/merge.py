@@ -65,18 +65,17 @@ def fresh_base(
     quantization taken out), else the checkpoint's own."""
     from xtrain.model import load as models
 
-    extra: dict[str, Any] = {"device_map": {"": "cpu"}}
+    # dtype "auto": the checkpoint's own (load_dtype's "auto" means float32 without a GPU: the
+    # training rule, not this one)
+    kwargs: dict[str, Any] = {
+        models.dtype_kwarg(): "auto", "trust_remote_code": trust_remote_code, "device_map": {"": "cpu"},
+    }  # fmt: skip
     if config is not None:
-        extra["config"] = unquantized(config)
-    return models.load_pretrained(model_class, source, "auto", trust_remote_code, **_auto_dtype(extra))
-
-
-def _auto_dtype(extra: dict[str, Any]) -> dict[str, Any]:
-    """``load_pretrained`` maps "auto" to float32 without a GPU (the training rule); a merge wants
-    the checkpoint's own dtype everywhere, so the keyword is given here and wins."""
-    from xtrain.model.load import _dtype_kwarg
-
-    return {**extra, _dtype_kwarg(): "auto"}
+        kwargs["config"] = unquantized(config)
+    try:
+        return model_class.from_pretrained(source, **kwargs)
+    except Exception as e:
+        raise models.load_error("model", source, Path(source).exists(), e) from None
 
 
 def with_adapter(base: PreTrainedModel, adapter: str | Path) -> PeftModel:

@@ -1,0 +1,82 @@
+"""`xtrain export`: a trained run as a model people run: merged safetensors, a GGUF file, or a
+GGUF + Ollama Modelfile (``xtrain/export``). Progress on stderr while it merges and writes; the
+checks, the files with their sizes and the next command at the end."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def export(
+    model: Path = typer.Argument(..., help="A run's output_dir, its adapter/, or a model folder."),
+    to: str = typer.Option(..., "--to", help="merged (safetensors), gguf, or ollama (GGUF + Modelfile)."),
+    output: Path = typer.Option(..., "--output", "-o", help="A new folder to write the export into."),
+    base: str = typer.Option(
+        None, "--base", help="The base model of an adapter folder (default: the base its adapter names)."
+    ),
+    gguf_type: str = typer.Option("q8_0", "--type", help="GGUF weights: f16, bf16 or q8_0 (gguf, ollama)."),
+    name: str = typer.Option(None, "--name", help="The Ollama model name (default: the run folder name)."),
+    system: str = typer.Option(None, "--system", help="A system prompt for the Modelfile (ollama)."),
+) -> None:
+    """Merge the adapter into its base and write it as safetensors, GGUF or an Ollama model, each
+    checked against the trained model before it is handed over."""
+    from xtrain.console import make_console
+    from xtrain.export.pipeline import ExportRequest
+    from xtrain.export.pipeline import export as run_export
+    from xtrain.runtime.quiet import quiet_libraries
+
+    request = ExportRequest(str(model), to, output.expanduser(), base, gguf_type, name, system)
+    quiet_libraries()
+    err = make_console(stderr=True)
+    with _Progress(err) as progress:
+        result = run_export(request, progress)
+    out = make_console()
+    for check in result.checks:
+        out.print(f"[green]ok[/] {check.name}: {check.detail}", soft_wrap=True, markup=True)
+    for note in result.notes:
+        out.print(note, soft_wrap=True, markup=False)
+    for file, size in result.files.items():
+        out.print(f"{_size(size):>10}  {result.output / file}", soft_wrap=True, markup=False)
+    if result.ollama:
+        shell = "powershell" if sys.platform == "win32" else "bash"
+        out.print("next:", soft_wrap=True)
+        out.print(f"  {result.ollama[shell]}", soft_wrap=True, markup=False)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+class _Progress:
+    """The stages as a rich spinner line, and a bar while tensors are written (nothing when the
+    error console is not a terminal: logs get the end lines only)."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
+
+        self.bar = Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+            console=console, transient=True, disable=not console.is_terminal,
+        )  # fmt: skip
+        self.task = self.bar.add_task("export", total=None)
+
+    def __enter__(self) -> _Progress:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def stage(self, text: str) -> None:
+        self.bar.update(self.task, description=text, completed=0, total=None)
+
+    def advance(self, done: int, total: int) -> None:
+        self.bar.update(self.task, completed=done, total=total)

@@ -1,0 +1,156 @@
+"""The checks an export runs before it hands anything over; a failed one stops it with what
+differs (``ParityError``, one line):
+
+- ``merged``: the merged model's logits on a few prompts, rendered as training rendered its
+  conversations, equal base + adapter's within the tolerance of the weights' dtype;
+- ``gguf``: the GGUF file read back (transformers' GGUF loader, a reader written apart from this
+  writer: it undoes the q/k permutation and the norm shift itself) gives the merged model's
+  logits within the tolerance of the file's type;
+- ``template``: the chat template stored in every output (the merged folder's tokenizer, the
+  GGUF's ``tokenizer.chat_template``, Ollama's Go template) renders the same text as training
+  did for the same conversations.
+
+Tolerances are on the largest logit difference relative to the largest logit, measured on the
+built-in models and a 300M Llama (docs/export.md#checks): float32 merges agree to 1e-5, bf16
+weights round each weight to 8 bits of mantissa, q8_0 to 8-bit blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    import torch
+
+    from xtrain.export.templates import Render
+
+# largest |logit difference| / largest |logit|, by the dtype of the compared weights
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 3e-2, "f16": 2e-2, "bf16": 4e-2, "q8_0": 1.2e-1}
+
+
+class ParityError(XtrainError):
+    """An export check failed: nothing was handed over (exit 1: not the user's input)."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint, exit_code=1)
+
+
+@dataclass
+class Check:
+    name: str  # merged | gguf | template
+    detail: str  # what was compared and by how much
+
+
+# conversations of the shapes a chat model is asked: one question, a follow-up, a system prompt
+PROBES = (
+    [{"role": "user", "content": "Hello! Who are you?"}],
+    [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": "And of Italy?"},
+    ],
+)
+SYSTEM_PROBE = [
+    {"role": "system", "content": "You answer in one word."},
+    {"role": "user", "content": "Sky colour?"},
+]
+TEXT_PROBES = ("Once upon a time", "The answer to the question is")
+
+
+def probe_conversations(render: Render) -> list[list[dict[str, str]]]:
+    """The probe conversations this template takes (a system prompt only where it has a turn)."""
+    out = [list(c) for c in PROBES]
+    try:
+        text = render(SYSTEM_PROBE, True)
+    except Exception:  # a template without a system role (Gemma) raises
+        return out
+    if SYSTEM_PROBE[0]["content"] in text:
+        out.append(list(SYSTEM_PROBE))
+    return out
+
+
+def prompt_ids(tokenizer: Any, render: Render | None) -> list[list[int]]:
+    """Token ids of the probe prompts as training made them: a chat run's conversations rendered
+    with the generation prompt and tokenized without adding special tokens (the template holds
+    them, as in ``chat_data.encode``); a plain run's texts with the tokenizer's own specials."""
+    if render is None:
+        return [tokenizer(t, add_special_tokens=True)["input_ids"] for t in TEXT_PROBES]
+    texts = [render(c, True) for c in probe_conversations(render)]
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def logits(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """The model's float32 logits on each prompt (one at a time: no padding to get right)."""
+    import torch
+
+    out = []
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        for ids in prompts:
+            found = model(input_ids=torch.tensor([ids], device=device)).logits[0]
+            out.append(found.float().cpu())
+    return out
+
+
+def difference(expected: list[torch.Tensor], got: list[torch.Tensor]) -> float:
+    """The largest |difference| over every prompt and position, relative to the largest |logit|."""
+    worst = max(float((e - g).abs().max()) for e, g in zip(expected, got, strict=True))
+    scale = max(float(e.abs().max()) for e in expected)
+    return worst / max(scale, 1e-6)
+
+
+def compare(name: str, what: str, expected: list[torch.Tensor], got: list[torch.Tensor], kind: str) -> Check:
+    """``got`` against ``expected`` within ``TOLERANCE[kind]``, or a ``ParityError``."""
+    found, limit = difference(expected, got), TOLERANCE[kind]
+    if found > limit:
+        raise ParityError(
+            f"{what} differ by {found:.2e} of the largest logit (a {kind} export allows {limit:.2g})",
+            "nothing was written; report it with the model's name: the export is wrong for this model",
+        )
+    return Check(name, f"{what}: within {found:.1e} of the largest logit ({kind}, allowed {limit:.2g})")
+
+
+def same_text(name: str, where: str, expected: list[str], got: list[str]) -> Check:
+    """Rendered conversations identical, or a ``ParityError`` naming the first difference."""
+    for e, g in zip(expected, got, strict=True):
+        if e != g:
+            at = next((i for i, (a, b) in enumerate(zip(e, g, strict=False)) if a != b), min(len(e), len(g)))
+            raise ParityError(
+                f"the chat template in {where} renders differently from training at character {at}: "
+                f"{g[at : at + 30]!r} instead of {e[at : at + 30]!r}",
+                "nothing was written; report it with the run's chat template",
+            )
+    return Check(name, f"{where}: {len(expected)} conversations render as in training")
+
+
+def rendered(render: Render, conversations: list[list[dict[str, str]]]) -> list[str]:
+    return [render(c, True) for c in conversations]
+
+
+def gguf_template(path: Any) -> str | None:
+    """The ``tokenizer.chat_template`` a GGUF file holds (read with the gguf package's reader)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+def load_gguf(path: Any) -> Any:
+    """The GGUF file as a transformers model (dequantized to float32), in eval mode."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # its tqdm bars would print under the export's own progress
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+    finally:
+        if was:
+            logging.enable_progress_bar()
+    model.eval()
+    return model

@@ -1,0 +1,324 @@
+"""``export``: the steps of ``xtrain export`` in order, each refusal before anything heavy loads.
+
+1. what is exported (``source.find_source``), the family and the tokenizer for a GGUF (refused
+   in one line before any weight loads), the chat template and, for Ollama, its turns;
+2. the merged model: a fresh base on the CPU + the adapter (``model/merge.py``, the path
+   ``run.save_merged`` takes), base + adapter's logits on the probe prompts first, then merged
+   and compared (a full fine-tune's folder loads as it is);
+3. the disk checked for what will be written; everything is written into ``OUTPUT.tmp`` and
+   renamed to ``OUTPUT`` at the end: a failed check leaves nothing behind, and an existing
+   ``OUTPUT`` is never touched;
+4. merged safetensors (+ the tokenizer/processor files, chat template and run record saved
+   with the result), and/or the GGUF file, read back and compared, and the Modelfile.
+
+Library code: progress goes through the ``Progress`` callbacks; nothing is printed.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+from xtrain.export import parity
+from xtrain.export.parity import Check
+
+TARGETS = ("merged", "gguf", "ollama")
+
+
+@dataclass
+class ExportRequest:
+    path: str
+    to: str  # merged | gguf | ollama
+    output: Path
+    base: str | None = None
+    gguf_type: str = "q8_0"  # f16 | bf16 | q8_0
+    name: str | None = None  # the Ollama model's name
+    system: str | None = None  # the Modelfile's system prompt
+
+
+@dataclass
+class ExportResult:
+    output: Path
+    files: dict[str, int]  # file name -> bytes
+    checks: list[Check]
+    ollama: dict[str, str] | None = None  # shell -> ollama create line
+    notes: list[str] = field(default_factory=list)
+
+
+class Progress:
+    """What the CLI shows: a stage starts, a long one advances (bytes or steps). No-ops here."""
+
+    def stage(self, text: str) -> None:
+        pass
+
+    def advance(self, done: int, total: int) -> None:
+        pass
+
+
+def _check_request(req: ExportRequest) -> None:
+    from xtrain.export.gguf import TYPES
+
+    if req.to not in TARGETS:
+        raise XtrainError(f"--to {req.to}: not an export target", f"use one of {', '.join(TARGETS)}")
+    if req.gguf_type not in TYPES:
+        raise XtrainError(f"--type {req.gguf_type}: not a GGUF type", f"use one of {', '.join(TYPES)}")
+    if req.output.exists() and (not req.output.is_dir() or any(req.output.iterdir())):
+        raise XtrainError(
+            f"{req.output} already exists and is not empty: export writes a new folder",
+            "pass --output with a folder name that does not exist yet",
+        )
+
+
+@dataclass
+class _Plan:
+    """What step 1 found: the source, its tokenizer and template, Ollama's turns."""
+
+    src: Any
+    tokenizer: Any
+    template: str | None
+    render: Any  # the training renderer, None for a plain run
+    turns: Any = None  # ollama.OllamaTurns
+    eot: int | None = None
+
+
+def prepare(req: ExportRequest) -> _Plan:
+    """Step 1: every refusal that needs no weights."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.export import source
+
+    _check_request(req)
+    src = source.find_source(req.path, req.base)
+    tokenizer = source.load_tokenizer(src)
+    template = source.chat_template(src, tokenizer)
+    render = chat_data.renderer(tokenizer, template) if template else None
+    plan = _Plan(src, tokenizer, template, render)
+    if req.to == "merged":
+        return plan
+    from xtrain.export import families, gguf
+    from xtrain.export.vocab import read_vocab
+    from xtrain.model import load as models
+
+    gguf.require_gguf()
+    config = models.load_config(src.load_from(), False)
+    families.family_of(config)
+    families.rope_scaling(config, families.family_of(config))
+    plan.eot = _end_of_turn(render, tokenizer)
+    vocab = read_vocab(tokenizer, int(config.vocab_size), plan.eot)
+    if req.to == "ollama":
+        plan.turns = _ollama_turns(req, plan, vocab.add_bos)
+    return plan
+
+
+def _end_of_turn(render: Any, tokenizer: Any) -> int | None:
+    """The template's end-of-turn token when it is one whole special token (``<|im_end|>``): llama.cpp
+    ends generation there. A template whose turn end is ordinary text gets none (stopping at its
+    first piece, say ``<``, would cut answers short)."""
+    from xtrain.data.rows import chat as chat_data
+
+    if render is None:
+        return None
+    found = chat_data.end_of_turn(render, tokenizer)
+    return (
+        found
+        if found is not None and found in set(tokenizer.all_special_ids) | _added_ids(tokenizer)
+        else None
+    )
+
+
+def _added_ids(tokenizer: Any) -> set[int]:
+    return {
+        i
+        for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
+        if getattr(t, "special", False)
+    }
+
+
+def _ollama_turns(req: ExportRequest, plan: _Plan, add_bos: bool) -> Any:
+    from xtrain.export import ollama, templates
+
+    if plan.render is None:
+        if req.system is not None:
+            raise XtrainError(
+                "--system: this run trained on plain text, not conversations", "leave out --system"
+            )
+        return None
+    found = templates.derive(plan.render)
+    if found is None:
+        raise XtrainError(
+            "the run's chat template cannot be written as an Ollama template (its turns change by position)",
+            "export --to gguf and load it in LM Studio or llama.cpp, which read the template from the file",
+        )
+    if req.system is not None and found.system_prefix is None:
+        raise XtrainError("--system: the run's chat template has no system turn", "leave out --system")
+    return ollama.ollama_turns(found, plan.tokenizer.bos_token, add_bos)
+
+
+def merged_model(plan: _Plan, prompts: list[list[int]], progress: Progress) -> tuple[Any, Any, list[Check]]:
+    """Step 2: (the merged model, its logits on ``prompts``, the merge check)."""
+    from xtrain.model import merge
+
+    src = plan.src
+    if not src.adapter:
+        progress.stage(f"loading {src.folder}")
+        model = merge.fresh_base(src.model_class, str(src.folder))
+        model.eval()
+        return model, parity.logits(model, prompts), []
+    progress.stage(f"loading the base {src.base} on the CPU")
+    base = merge.fresh_base(src.model_class, src.load_from())
+    adapted = merge.with_adapter(base, src.folder)
+    expected = parity.logits(adapted, prompts)
+    progress.stage("merging the adapter")
+    model = merge.merge(adapted)
+    got = parity.logits(model, prompts)
+    kind = str(next(model.parameters()).dtype).removeprefix("torch.")
+    check = parity.compare("merged", "merged vs base + adapter logits", expected, got, kind)
+    return model, got, [check]
+
+
+def _weights_bytes(model: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in model.state_dict().values())
+
+
+def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult:
+    """The whole export; see the module docstring for the order."""
+    from xtrain.export import gguf
+
+    progress = progress or Progress()
+    plan = prepare(req)
+    prompts = parity.prompt_ids(plan.tokenizer, plan.render)
+    model, merged_logits, checks = merged_model(plan, prompts, progress)
+    need = _weights_bytes(model) if req.to == "merged" else gguf.estimate_bytes(model, req.gguf_type)
+    req.output.parent.mkdir(parents=True, exist_ok=True)
+    gguf.check_disk(req.output.parent, need)
+    tmp = req.output.with_name(req.output.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    notes: list[str] = []
+    try:
+        if req.to == "merged":
+            checks += _write_merged(plan, model, tmp, progress)
+            del model
+        else:
+            checks += _write_gguf(req, plan, model, merged_logits, prompts, tmp, progress)
+        lines = _write_modelfile(req, plan, tmp, checks) if req.to == "ollama" else None
+        if req.output.exists():
+            req.output.rmdir()  # empty (checked first)
+        from xtrain import atomic
+
+        atomic.replace(tmp, req.output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    files = {p.name: p.stat().st_size for p in sorted(req.output.iterdir()) if p.is_file()}
+    if plan.src.quantization:
+        notes.append(
+            f"the run trained on a {plan.src.quantization} base; the export merged into its 16-bit weights"
+        )
+    return ExportResult(req.output, files, checks, lines, notes)
+
+
+def _write_merged(plan: _Plan, model: Any, tmp: Path, progress: Progress) -> list[Check]:
+    """Safetensors shards + the files saved with the result, and the template check."""
+    from xtrain.model import load as models
+
+    progress.stage("writing merged safetensors")
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    for path in plan.src.files():
+        shutil.copy2(path, tmp / path.name)
+    if plan.render is None:
+        return []
+    from xtrain.data.rows import chat as chat_data
+
+    saved = models.load_tokenizer(str(tmp), False)
+    again = chat_data.renderer(saved, chat_data.require_template(saved, None, str(tmp)))
+    conversations = parity.probe_conversations(plan.render)
+    expected = parity.rendered(plan.render, conversations)
+    return [
+        parity.same_text("template", "the merged folder", expected, parity.rendered(again, conversations))
+    ]
+
+
+def _write_gguf(
+    req: ExportRequest,
+    plan: _Plan,
+    model: Any,
+    merged_logits: Any,
+    prompts: Any,
+    tmp: Path,
+    progress: Progress,
+) -> list[Check]:
+    """The GGUF file, then read back: logits and template."""
+    from xtrain.export import gguf
+
+    path = gguf.gguf_name(tmp, req.gguf_type)
+    progress.stage(f"writing {path.name}")
+    gguf.write_gguf(
+        model, plan.tokenizer, path, req.gguf_type, plan.template, plan.eot, plan.src.name, progress.advance
+    )
+    del model
+    gc.collect()
+    progress.stage(f"reading {path.name} back")
+    loaded = parity.load_gguf(path)
+    got = parity.logits(loaded, prompts)
+    del loaded
+    gc.collect()
+    checks = [parity.compare("gguf", f"{path.name} vs merged logits", merged_logits, got, req.gguf_type)]
+    if plan.render is not None:
+        from xtrain.data.rows import chat as chat_data
+
+        stored = parity.gguf_template(path) or ""
+        again = chat_data.renderer(plan.tokenizer, stored)
+        conversations = parity.probe_conversations(plan.render)
+        expected = parity.rendered(plan.render, conversations)
+        checks.append(
+            parity.same_text("template", path.name, expected, parity.rendered(again, conversations))
+        )
+    return checks
+
+
+def _write_modelfile(req: ExportRequest, plan: _Plan, tmp: Path, checks: list[Check]) -> dict[str, str]:
+    """The Modelfile next to the GGUF, its template checked against training's rendering."""
+    from xtrain import atomic
+    from xtrain.export import gguf, ollama, source
+
+    template = None
+    stops: list[str] = []
+    if plan.turns is not None:
+        template = ollama.go_template(plan.turns)
+        stops = _stops(plan)
+        checks.append(_ollama_check(plan))
+    modelfile = ollama.Modelfile(
+        gguf.gguf_name(tmp, req.gguf_type).name, template, stops, req.system,
+        ollama.sampling(source.generation_config(plan.src)),
+    )  # fmt: skip
+    atomic.write_text(tmp / ollama.MODELFILE, modelfile.text())
+    name = req.name or ollama.model_name(plan.src.name)
+    return ollama.create_lines(name, str(req.output))
+
+
+def _stops(plan: _Plan) -> list[str]:
+    """Where Ollama stops: the text that ends an assistant turn in the template (``<|im_end|>``,
+    ``<|eot_id|>``), and the eos token."""
+    out = []
+    end = plan.turns.format.assistant[1].strip() if plan.turns is not None else ""
+    eos = plan.tokenizer.eos_token
+    for text in (end, eos):
+        if text and text not in out:
+            out.append(text)
+    return out
+
+
+def _ollama_check(plan: _Plan) -> Check:
+    """Ollama's rendering (bos added by llama.cpp) against training's, for the probes."""
+    conversations = parity.probe_conversations(plan.render)
+    expected = parity.rendered(plan.render, conversations)
+    got = []
+    for c in conversations:
+        system = c[0]["content"] if c and c[0]["role"] == "system" else None
+        turns = [m for m in c if m["role"] != "system"]
+        got.append(plan.turns.bos_text + plan.turns.render(system, turns))
+    return parity.same_text("template", "the Modelfile", expected, got)

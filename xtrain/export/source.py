@@ -1,0 +1,118 @@
+"""What is exported: a run folder, an adapter folder (its base from peft's record, or ``--base``),
+or a full fine-tune's model folder, read with ``xtrain predict``'s own readers (``predict.py``:
+``model_folder``, ``run_task``, ``trained_quantization``): the run's task, whether it trained on
+chat conversations, how it loaded its base. The chat template is the one saved with the adapter
+(training saved the one it rendered with there)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xtrain.errors import XtrainError
+
+# what the adapter/model folder holds besides the weights: copied into a merged export as it is
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json", "README.md")
+
+
+@dataclass
+class Source:
+    folder: Path  # the adapter or model folder
+    adapter: bool
+    base: str | None  # the base an adapter goes onto (a folder or hub id); None for a full model
+    task: str | None
+    chat: bool
+    quantization: str | None  # model.quantization of the run (its base merges from 16 bits anyway)
+    model_class: Any  # the transformers class the model loads with
+    name: str  # the run's folder name, for file and model names
+    record: dict[str, Any] = field(default_factory=dict)
+
+    def load_from(self) -> str:
+        return self.base if self.adapter and self.base else str(self.folder)
+
+    def files(self) -> list[Path]:
+        """The tokenizer/processor files, chat template and run record saved with the result."""
+        skip = set(WEIGHT_FILES)
+        return [
+            p for p in sorted(self.folder.iterdir())
+            if p.is_file() and p.name not in skip and not p.name.startswith("model")
+            and p.suffix not in (".safetensors", ".bin", ".pt")
+        ]  # fmt: skip
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _model_class(task: str | None, folder: Path, adapter: bool) -> Any:
+    """The transformers class: the task's, else a causal LM that peft or the config says it is."""
+    import transformers
+
+    from xtrain import tasks
+
+    if task is not None and task in tasks.all_tasks():
+        return getattr(transformers, tasks.get(task).model_class)
+    peft_type = _read_json(folder / "adapter_config.json").get("task_type")
+    architectures = _read_json(folder / "config.json").get("architectures") or []
+    if peft_type == "CAUSAL_LM" or any(str(a).endswith("ForCausalLM") for a in architectures):
+        return transformers.AutoModelForCausalLM
+    raise XtrainError(
+        f"cannot tell what kind of model {folder} holds (no xtrain_run.json, no task in its config)",
+        "export the output_dir of a run trained by xtrain, or a causal LM adapter",
+    )
+
+
+def find_source(path: str | Path, base: str | None = None) -> Source:
+    """The result at ``path`` (a run's output_dir, its adapter/, or a model folder)."""
+    from xtrain import predict
+    from xtrain.model import load as models
+    from xtrain.model import merge
+
+    folder = predict.model_folder(path)
+    adapter = (folder / "adapter_config.json").is_file()
+    if base is not None and not adapter:
+        raise XtrainError(f"{folder} is a whole model, not an adapter: it has no base", "leave out --base")
+    trained = predict.run_task(folder)
+    source = None
+    if adapter:
+        source = models.resolve_model(base) if base is not None else merge.base_source(folder)
+    run = folder.parent if folder.name in ("adapter", "model", "merged", "best") else folder
+    return Source(
+        folder=folder,
+        adapter=adapter,
+        base=source,
+        task=trained.task,
+        chat=trained.chat,
+        quantization=predict.trained_quantization(folder, trained),
+        model_class=_model_class(trained.task, folder, adapter),
+        name=run.name,
+        record=trained.record,
+    )
+
+
+def load_tokenizer(src: Source) -> Any:
+    """The tokenizer saved with the result (the run's, with the chat template it trained with)."""
+    from xtrain.model import load as models
+
+    return models.load_tokenizer(str(src.folder), False)
+
+
+def chat_template(src: Source, tokenizer: Any) -> str | None:
+    """The template the run rendered its conversations with; None for a plain-text run."""
+    if not src.chat:
+        return None
+    from xtrain.data.rows import chat as chat_data
+
+    return chat_data.require_template(tokenizer, None, str(src.folder))
+
+
+def generation_config(src: Source) -> dict[str, Any]:
+    """The base's (or the model's) ``generation_config.json``, where it is on this machine."""
+    where = Path(src.load_from())
+    return _read_json(where / "generation_config.json") if where.is_dir() else {}
