@@ -15,7 +15,8 @@ temporary folder, never into docs/. Its figures measure nothing.
 
 Sections: loops (xtrain vs hand-written vs HF Trainer), per-step overhead (micro model), 1 vs 2
 processes (and a hand-written DDP taken apart: ddp_parts), start-up, resume cost, packing, each
-task's job against a hand-written loop, 4-bit vs 16-bit. GPU rows are not run here: the page gives
+task's job against a hand-written loop, 4-bit vs 16-bit, export (merge + GGUF, a ~300M model).
+GPU rows are not run here: the page gives
 the commands (benchmarks/gpu.py) for a CUDA machine. The raw results are saved as JSON
 (``--json-out``, default: a file in the temp folder, named in the log); ``--from-json`` renders a
 saved result again.
@@ -86,6 +87,8 @@ def sections(repeats: int) -> dict[str, Section]:
         "quantization": lambda: bench("quantization").measure(repeats=repeats, log=log),
         # exact byte counts, nothing timed: one run
         "memory_estimate": lambda: bench("memory_estimate").measure(log=log),
+        # a ~300M Llama merged and written as GGUF: minutes a run, one run
+        "export": lambda: bench("export").measure(size="base", log=log),
     }
 
 
@@ -119,6 +122,7 @@ def smoke_sections() -> dict[str, Section]:
             repeats=1, steps=3, warmup=1, size="micro", log=log
         ),
         "memory_estimate": lambda: bench("memory_estimate").measure(log=log, smoke=True),
+        "export": lambda: bench("export").measure(size="micro", log=log),
     }
 
 
@@ -129,7 +133,7 @@ SMOKE_REUSED = {"overhead": "loops"}
 # The smoke run's two lanes (about the same time each on 2 cores).
 SMOKE_LANES = (
     ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text", "seq_cls",
-     "memory_estimate"),
+     "memory_estimate", "export"),
     ("loops", "packing", "vision_language", "resume", "image_classification", "quantization", "ddp_parts"),
 )
 
@@ -646,6 +650,8 @@ def render(r: dict[str, Any], command: str) -> str:
         w(vision_language_section(r["vision_language"]))
     if "quantization" in r:
         w(quantization_section(r["quantization"]))
+    if "export" in r:
+        w(bench("export").render(r["export"]))
     if "memory_estimate" in r:
         w(memory_estimate_section(r["memory_estimate"]))
     if "fingerprint" in r:

@@ -34,6 +34,7 @@ LABELS = {
     "seq_cls": "seq-cls:",
     "quantization": "quantization:",
     "memory_estimate": "memory-estimate:",
+    "export": "export:",
 }
 TASKS = {
     "image_to_text": ("image-to-text", "quickstart-image-to-text.yaml", "images/s"),

@@ -67,10 +67,17 @@ SKIPPED: list[tuple[str, str]] = [
     (r"\bmlflow ui ", "starts MLflow's web server (the full mlflow package)"),
     (r"^trackio show\b", "starts trackio's web server"),
     (r"^wandb sync ", "uploads to W&B (network)"),
+    (r"^ollama (create|run) ", "needs Ollama (not installable from the package registries)"),
+    (r"^lms import ", "needs LM Studio"),
 ]
 
 # Doc commands another test already runs, as (doc, regex, the test that runs them).
 COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
+    (
+        "docs/export.md",
+        r"^xtrain export\b",  # needs a trained run: the test builds one first
+        "tests/test_export.py::test_the_cli_exports_and_prints_the_checks_files_and_next_command",
+    ),
     (
         "docs/configure.md",
         r"^xtrain configure\b",

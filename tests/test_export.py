@@ -369,3 +369,16 @@ def test_unsupported_family_is_refused_naming_the_supported_ones(tmp_path, capsy
     code, err = _cli(["export", str(tmp_path / "neox"), "--to", "gguf", "-o", str(tmp_path / "o")], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "Llama, Mistral, Qwen2/2.5, Gemma 2, Phi-3" in err and "gpt_neox" in err
+
+
+def test_the_cli_exports_and_prints_the_checks_files_and_next_command(llama_run, tmp_path, capsys):
+    """What docs/export.md's ``xtrain export`` lines run (its commands are covered here)."""
+    from xtrain.cli import main
+
+    capsys.readouterr()
+    code = main(["export", str(llama_run), "--to", "ollama", "--output", str(tmp_path / "o")])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "ok merged:" in printed and "ok gguf:" in printed and "ok template:" in printed
+    assert "model-q8_0.gguf" in printed and "Modelfile" in printed
+    assert f"ollama create {llama_run.name} -f Modelfile" in printed

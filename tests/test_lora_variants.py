@@ -60,7 +60,7 @@ def logits(model: torch.nn.Module) -> torch.Tensor:
 
 class LogitsAtEnd(ListReporter):
     """Takes the in-memory model's logits after the last step, before the outputs are written
-    (``run.save_merged`` merges the model in place)."""
+    (the merged model is written next: the in-memory model is the reference)."""
 
     def __init__(self, model: dict, steps: int) -> None:
         super().__init__()

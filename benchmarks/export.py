@@ -1,0 +1,148 @@
+"""``xtrain export`` time and peak memory for a model of a few hundred million parameters.
+
+The model: a Llama built from a ``LlamaConfig`` (``--size base``: hidden 1024, 20 layers, vocab
+32000, ~300M parameters; ``micro`` for the smoke run), random weights saved in bf16 with xtrain's
+built-in tokenizer and a ChatML template, and a LoRA adapter (r=16 on every linear layer, random
+non-zero weights) saved as a chat run saves it (``xtrain_run.json``). Each target (``merged``,
+``gguf`` f16, ``gguf`` q8_0, ``ollama`` q8_0) is one ``xtrain export`` in a fresh process, checks
+included (the merge check, the GGUF read back by transformers, the template); the process reports
+its wall time and its peak resident memory (``ru_maxrss``).
+
+    python benchmarks/export.py [--size base] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+REPO = HERE.parent.parent
+# (hidden, layers, intermediate, heads, kv heads, vocab)
+SIZES = {"micro": (64, 2, 176, 4, 2, 1024), "base": (1024, 20, 2816, 16, 8, 32000)}
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+TARGETS = (("merged", "f16"), ("gguf", "f16"), ("gguf", "q8_0"), ("ollama", "q8_0"))
+
+
+def build(folder: Path, size: str) -> tuple[Path, int]:
+    """The base (bf16 safetensors) and a chat run's adapter; returns (run folder, parameters)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from xtrain.builtin.text import build_tokenizer
+
+    hidden, layers, inter, heads, kv, vocab = SIZES[size]
+    tokenizer = build_tokenizer("llama")
+    tokenizer.chat_template = CHATML
+    config = LlamaConfig(
+        hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter, num_attention_heads=heads,
+        num_key_value_heads=kv, vocab_size=vocab, max_position_embeddings=2048, tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, dtype="bfloat16",
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    count = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(folder / "base")
+    tokenizer.save_pretrained(folder / "base")
+    model = LlamaForCausalLM.from_pretrained(folder / "base")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules=targets, init_lora_weights=False)
+    peft = get_peft_model(model, lora)
+    run = folder / "run"
+    peft.save_pretrained(run / "adapter")
+    tokenizer.save_pretrained(run / "adapter")
+    record = {"task": "causal-lm", "chat": True, "data": {}}
+    (run / "adapter" / "xtrain_run.json").write_text(json.dumps(record), encoding="utf-8")
+    return run, count
+
+
+CHILD = """
+import json, resource, sys, time
+t = time.perf_counter()
+from xtrain.cli import main
+code = main(sys.argv[1:])
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+print(json.dumps({"code": code, "seconds": time.perf_counter() - t, "peak_mib": peak / 1024}))
+"""
+
+
+def one(run: Path, to: str, kind: str, out: Path) -> dict[str, Any]:
+    argv = ["export", str(run), "--to", to, "--output", str(out)]
+    argv += ["--type", kind] if to != "merged" else []
+    done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, cwd=REPO)
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "{}"
+    found = json.loads(last) if last.startswith("{") else {}
+    if found.get("code") != 0:
+        raise RuntimeError(f"xtrain export --to {to} failed: {done.stderr[-2000:]}")
+    size = sum(p.stat().st_size for p in out.iterdir())
+    checks = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
+    return {**found, "bytes": size, "checks": checks}
+
+
+def measure(size: str = "base", log: Any = print) -> dict[str, Any]:
+    from xtrain.machine.probe import collect
+
+    folder = Path(tempfile.mkdtemp(prefix="xtrain-export-bench-"))
+    try:
+        t = time.perf_counter()
+        run, count = build(folder, size)
+        took = time.perf_counter() - t
+        log(f"export: built a {count / 1e6:.0f}M-parameter llama + adapter in {took:.0f} s")
+        rows = {}
+        for to, kind in TARGETS:
+            name = f"{to} {kind}" if to != "merged" else "merged"
+            rows[name] = one(run, to, kind, folder / name.replace(" ", "-"))
+            log(f"export: {name}: {rows[name]['seconds']:.1f} s, peak {rows[name]['peak_mib']:.0f} MiB")
+        base_bytes = sum(p.stat().st_size for p in (folder / "base").glob("*.safetensors"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    facts = collect(quick=True)
+    return {
+        "size": size, "parameters": count, "base_bytes": base_bytes, "rows": rows,
+        "cpu": facts.cpu_model if hasattr(facts, "cpu_model") else None,
+        "measured": time.strftime("%Y-%m-%d"),
+    }  # fmt: skip
+
+
+def render(r: dict[str, Any]) -> str:
+    """The performance page's section."""
+    lines = [
+        "## Export",
+        "",
+        f"`xtrain export` of a chat run on a {r['parameters'] / 1e6:.0f}M-parameter Llama (random weights, "
+        f"bf16 on disk: {r['base_bytes'] / 2**20:.0f} MiB; LoRA r=16 on every linear layer), each target "
+        "in a fresh process with its checks (merge vs base + adapter, the GGUF read back by "
+        "transformers, the template); measured "
+        f"{r['measured']} on this CPU machine (`python benchmarks/export.py`).",
+        "",
+        "| target | time (s) | peak RAM (MiB) | output (MiB) |",
+        "|---|---|---|---|",
+    ]
+    for name, row in r["rows"].items():
+        size = row["bytes"] / 2**20
+        lines.append(f"| {name} | {row['seconds']:.1f} | {row['peak_mib']:.0f} | {size:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=sorted(SIZES), default="base")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    result = measure(a.size, log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps(result, indent=1) if a.json else render(result))
+
+
+if __name__ == "__main__":
+    main()
