@@ -143,7 +143,7 @@ def test_merged_equals_base_plus_adapter_and_loads_in_plain_transformers(llama_r
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     result = _export(llama_run, "merged", tmp_path / "merged")
-    assert [c.name for c in result.checks] == ["merged", "template"]
+    assert [c.name for c in result.checks] == ["weights", "merged", "template"]
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
     assert type(merged.model.layers[0].self_attn.q_proj) is torch.nn.Linear  # no peft left
     torch.testing.assert_close(
@@ -153,6 +153,36 @@ def test_merged_equals_base_plus_adapter_and_loads_in_plain_transformers(llama_r
     assert saved.chat_template == CHATML  # the template the run trained with
     assert json.loads((tmp_path / "merged" / "xtrain_run.json").read_text())["chat"] is True
     assert not (tmp_path / "merged.tmp").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_weight_check_passes_peft_merge_and_catches_a_wrong_one(llama_run, dtype):
+    """16-bit logits carry the forward's own rounding (2-3% of the largest logit on a bf16 300M
+    Llama), so the merge is checked weight by weight: peft's merge passes in float32 and bf16; a
+    delta applied twice stops the export."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from xtrain.export.parity import MergeProbe, ParityError
+    from xtrain.model.merge import base_source
+
+    def adapted():
+        base = AutoModelForCausalLM.from_pretrained(base_source(llama_run / "adapter"), dtype=dtype)
+        return PeftModel.from_pretrained(base, str(llama_run / "adapter")).eval()
+
+    model = adapted()
+    probe = MergeProbe(model)
+    assert len(probe.rows) == 2 * len(TARGETS) and probe.skipped == 0  # the tiny llama's 2 layers
+    assert "within" in probe.check(model.merge_and_unload()).detail
+    model = adapted()
+    probe = MergeProbe(model)
+    q = model.base_model.model.model.layers[1].self_attn.q_proj
+    delta = q.get_delta_weight("default")
+    merged = model.merge_and_unload()
+    with torch.no_grad():
+        merged.model.layers[1].self_attn.q_proj.weight += delta  # the delta applied twice
+    with pytest.raises(ParityError, match=r"layers\.1\.self_attn\.q_proj is not base \+ adapter"):
+        probe.check(merged)
 
 
 def test_save_merged_is_the_same_merge(llama_run, tmp_path):
@@ -178,7 +208,7 @@ def test_gguf_reads_back_as_the_merged_model(run, kind, request, tmp_path):
 
     folder = request.getfixturevalue(run)
     result = _export(folder, "gguf", tmp_path / "g", gguf_type=kind)
-    assert [c.name for c in result.checks] == ["merged", "gguf", "template"]
+    assert [c.name for c in result.checks] == ["weights", "merged", "gguf", "template"]
     path = tmp_path / "g" / f"model-{kind}.gguf"
     assert list(result.files) == [path.name]
     assert gguf_template(path) == CHATML
@@ -219,7 +249,7 @@ def test_ollama_modelfile_template_stops_and_create_line(qwen2_run, tmp_path):
     result = _export(
         qwen2_run, "ollama", tmp_path / "o", gguf_type="q8_0", name="my-model", system="Be brief."
     )
-    assert [c.name for c in result.checks] == ["merged", "gguf", "template", "template"]
+    assert [c.name for c in result.checks] == ["weights", "merged", "gguf", "template", "template"]
     text = (tmp_path / "o" / "Modelfile").read_text()
     assert text.splitlines()[0] == "FROM ./model-q8_0.gguf"
     assert (

@@ -171,12 +171,14 @@ def merged_model(plan: _Plan, prompts: list[list[int]], progress: Progress) -> t
     base = merge.fresh_base(src.model_class, src.load_from())
     adapted = merge.with_adapter(base, src.folder)
     expected = parity.logits(adapted, prompts)
+    probe = parity.MergeProbe(adapted)
     progress.stage("merging the adapter")
     model = merge.merge(adapted)
     got = parity.logits(model, prompts)
     kind = str(next(model.parameters()).dtype).removeprefix("torch.")
+    weights = probe.check(model)
     check = parity.compare("merged", "merged vs base + adapter logits", expected, got, kind)
-    return model, got, [check]
+    return model, got, [weights, check]
 
 
 def _weights_bytes(model: Any) -> int:
