@@ -103,8 +103,48 @@ def logits(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
     return out
 
 
+def logits_float32(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """The logits a float32 copy of ``model`` would give, without making that copy: each module's
+    own 16-bit weights are upcast for its forward only and the original tensors put back after
+    (16-bit -> float32 is exact, so this is the float32 model's arithmetic), holding one module's
+    float32 weights at a time instead of twice the model (a 7B bf16 model: 28 GB)."""
+    import torch
+
+    saved: dict[int, list[tuple[Any, torch.Tensor]]] = {}
+
+    def upcast(module: Any, _args: Any) -> None:
+        held = []
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if tensor.is_floating_point() and tensor.dtype != torch.float32:
+                held.append((tensor, tensor.data))
+                tensor.data = tensor.data.float()
+        saved[id(module)] = held
+
+    def restore(module: Any, _args: Any, _out: Any) -> None:
+        for tensor, data in saved.pop(id(module), []):
+            tensor.data = data
+
+    handles = []
+    for module in model.modules():
+        handles.append(module.register_forward_pre_hook(upcast))
+        handles.append(module.register_forward_hook(restore))
+    try:
+        return logits(model, prompts)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for held in saved.values():  # a forward that raised: its weights back as they were
+            for tensor, data in held:
+                tensor.data = data
+
+
 def difference(expected: list[torch.Tensor], got: list[torch.Tensor]) -> float:
-    """The largest |difference| over every prompt and position, relative to the largest |logit|."""
+    """The largest |difference| over every prompt and position, relative to the largest |logit|
+    (infinite where either side is not finite: a NaN must fail the check, not pass it)."""
+    import math
+
+    if not all(bool(t.isfinite().all()) for t in (*expected, *got)):
+        return math.inf
     worst = max(float((e - g).abs().max()) for e, g in zip(expected, got, strict=True))
     scale = max(float(e.abs().max()) for e in expected)
     return worst / max(scale, 1e-6)
@@ -216,15 +256,23 @@ def gguf_template(path: Any) -> str | None:
     return bytes(field.parts[field.data[0]]).decode("utf-8")
 
 
-def load_gguf(path: Any) -> Any:
-    """The GGUF file as a transformers model (dequantized to float32), in eval mode."""
+# the dtype a GGUF file is read back in: its own 16 bits (exact for f16/bf16; a q8_0 block's
+# scale x int8 rounded to float16's 11 bits, 16x finer than q8_0's own step), half what float32
+# would hold; the forward still runs in float32 (``logits_float32``)
+READ_BACK_DTYPE = {"f16": "float16", "bf16": "bfloat16", "q8_0": "float16"}
+
+
+def load_gguf(path: Any, kind: str = "f16") -> Any:
+    """The GGUF file as a transformers model, dequantized to ``READ_BACK_DTYPE[kind]``, in eval mode."""
+    import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     was = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # its tqdm bars would print under the export's own progress
+    dtype = getattr(torch, READ_BACK_DTYPE[kind])
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
     finally:
         if was:
             logging.enable_progress_bar()

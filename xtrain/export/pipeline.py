@@ -192,7 +192,7 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
     progress = progress or Progress()
     plan = prepare(req)
     prompts = parity.prompt_ids(plan.tokenizer, plan.render)
-    model, merged_logits, checks = merged_model(plan, prompts, progress)
+    model, _, checks = merged_model(plan, prompts, progress)
     need = _weights_bytes(model) if req.to == "merged" else gguf.estimate_bytes(model, req.gguf_type)
     req.output.parent.mkdir(parents=True, exist_ok=True)
     gguf.check_disk(req.output.parent, need)
@@ -205,7 +205,10 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
             checks += _write_merged(plan, model, tmp, progress)
             del model
         else:
-            checks += _write_gguf(req, plan, model, merged_logits, prompts, tmp, progress)
+            path, reference = _write_gguf(req, plan, model, prompts, tmp, progress)
+            del model  # the last reference: the file is read back without the merged model held
+            gc.collect()
+            checks += _check_gguf(req, plan, path, reference, prompts, progress)
         lines = _write_modelfile(req, plan, tmp, checks) if req.to == "ollama" else None
         if req.output.exists():
             req.output.rmdir()  # empty (checked first)
@@ -245,15 +248,12 @@ def _write_merged(plan: _Plan, model: Any, tmp: Path, progress: Progress) -> lis
 
 
 def _write_gguf(
-    req: ExportRequest,
-    plan: _Plan,
-    model: Any,
-    merged_logits: Any,
-    prompts: Any,
-    tmp: Path,
-    progress: Progress,
-) -> list[Check]:
-    """The GGUF file, then read back: logits and template."""
+    req: ExportRequest, plan: _Plan, model: Any, prompts: Any, tmp: Path, progress: Progress
+) -> tuple[Path, list[Any]]:
+    """The GGUF file and the reference its read-back is compared with: the merged weights'
+    logits computed in float32, as the reader computes the file's (a bf16 model's own forward on
+    the CPU differs from float32 by ~2% of the largest logit on a 300M Llama: that is bf16
+    arithmetic, not the file), one module upcast at a time (no float32 copy of the model)."""
     from xtrain.export import gguf
 
     path = gguf.gguf_name(tmp, req.gguf_type)
@@ -261,18 +261,20 @@ def _write_gguf(
     gguf.write_gguf(
         model, plan.tokenizer, path, req.gguf_type, plan.template, plan.eot, plan.src.name, progress.advance
     )
-    # the reference: the merged weights computed in float32, as the reader computes the file's
-    # (a bf16 model's own forward on the CPU differs from float32 by ~2% of the largest logit on
-    # a 300M Llama: that is bf16 arithmetic, not the file)
-    merged_logits = parity.logits(model.float(), prompts)
-    del model
-    gc.collect()
+    return path, parity.logits_float32(model, prompts)
+
+
+def _check_gguf(
+    req: ExportRequest, plan: _Plan, path: Path, reference: list[Any], prompts: Any, progress: Progress
+) -> list[Check]:
+    """The GGUF file read back (the merged model already freed: one model in memory at a time),
+    its logits against ``reference``, and its chat template against training's rendering."""
     progress.stage(f"reading {path.name} back")
-    loaded = parity.load_gguf(path)
-    got = parity.logits(loaded, prompts)
+    loaded = parity.load_gguf(path, req.gguf_type)
+    got = parity.logits_float32(loaded, prompts)
     del loaded
     gc.collect()
-    checks = [parity.compare("gguf", f"{path.name} vs merged logits", merged_logits, got, req.gguf_type)]
+    checks = [parity.compare("gguf", f"{path.name} vs merged logits", reference, got, req.gguf_type)]
     if plan.render is not None:
         from xtrain.data.rows import chat as chat_data
 
