@@ -263,18 +263,38 @@ READ_BACK_DTYPE = {"f16": "float16", "bf16": "bfloat16", "q8_0": "float16"}
 
 
 def load_gguf(path: Any, kind: str = "f16") -> Any:
-    """The GGUF file as a transformers model, dequantized to ``READ_BACK_DTYPE[kind]``, in eval mode."""
+    """The GGUF file as a transformers model, dequantized to ``READ_BACK_DTYPE[kind]``, in eval mode.
+
+    transformers' own GGUF reading (its config and tensor conversion: the q/k permutation undone,
+    the norm shifts), holding one copy of the weights: ``from_pretrained(gguf_file=)`` dequantizes
+    every tensor into a dict and then copies it into the model (twice the weights, measured on a
+    300M Llama); here the model is built without its weights (accelerate's ``init_empty_weights``,
+    the rotary buffers computed as usual) and the dict's tensors become its parameters
+    (``assign=True``)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.utils import logging
 
     was = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # its tqdm bars would print under the export's own progress
     dtype = getattr(torch, READ_BACK_DTYPE[kind])
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config)
+        found = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model, torch_dtype=dtype)
+        model.load_state_dict(found.pop("tensors"), strict=False, assign=True)
     finally:
         if was:
             logging.enable_progress_bar()
+    model.tie_weights()
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ParityError(
+            f"{path.name} read back without the weights {', '.join(missing[:3])}",
+            "nothing was written; report it with the model's name: the export is wrong for this model",
+        )
     model.eval()
     return model
