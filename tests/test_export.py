@@ -412,3 +412,47 @@ def test_the_cli_exports_and_prints_the_checks_files_and_next_command(llama_run,
     assert "ok merged:" in printed and "ok gguf:" in printed and "ok template:" in printed
     assert "model-q8_0.gguf" in printed and "Modelfile" in printed
     assert f"ollama create {llama_run.name} -f Modelfile" in printed
+
+
+@pytest.mark.parametrize("to", ["merged", "gguf"])
+def test_too_little_ram_is_refused_before_anything_loads(llama_run, tmp_path, capsys, monkeypatch, to):
+    from xtrain.export import memory, pipeline
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("a weight loaded before the RAM check")
+
+    monkeypatch.setattr(memory, "available_bytes", lambda: 2**20)
+    monkeypatch.setattr(pipeline, "merged_model", no_weights)
+    code, err = _cli(["export", str(llama_run), "--to", to, "-o", str(tmp_path / "o")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "GiB of RAM" in err and "0.0 GiB available" in err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.tmp").exists()
+
+
+def test_the_ram_estimate_is_the_weights_plus_one_tensor_in_float32():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from xtrain.export import memory
+
+    config = LlamaConfig(
+        hidden_size=4096, num_hidden_layers=32, intermediate_size=11008, num_attention_heads=32,
+        num_key_value_heads=32, vocab_size=32000, dtype="bfloat16",
+    )  # fmt: skip
+    sizes = memory.model_sizes(LlamaForCausalLM, config)  # a Llama-2-7B shape, on the meta device
+    assert sizes.parameters == 6_738_415_616 and sizes.weight_bytes == 2 * sizes.parameters
+    assert sizes.largest == 32000 * 4096
+    need = memory.need_bytes(sizes, "gguf")
+    assert sizes.weight_bytes < need < sizes.weight_bytes + 2 * 2**30  # 12.6 GiB of weights + ~2 GiB
+    memory.check_memory(sizes, "gguf", None)  # unknown: no refusal
+    memory.check_memory(sizes, "gguf", need)
+
+
+def test_float32_logits_of_a_16bit_model_without_a_float32_copy(llama_run):
+    from xtrain.export import parity
+
+    model = _base_plus_adapter(llama_run).merge_and_unload().to(torch.bfloat16).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    got = parity.logits_float32(model, [IDS])
+    for k, v in model.state_dict().items():  # the 16-bit weights are back as they were
+        assert v.dtype == torch.bfloat16 and torch.equal(v, before[k]), k
+    assert torch.equal(got[0], parity.logits(model.float(), [IDS])[0])

@@ -1,7 +1,8 @@
 """``export``: the steps of ``xtrain export`` in order, each refusal before anything heavy loads.
 
-1. what is exported (``source.find_source``), the family and the tokenizer for a GGUF (refused
-   in one line before any weight loads), the chat template and, for Ollama, its turns;
+1. what is exported (``source.find_source``), the family and the tokenizer for a GGUF, the RAM
+   the export needs against what the machine has (``memory``; all refused in one line before
+   any weight loads), the chat template and, for Ollama, its turns;
 2. the merged model: a fresh base on the CPU + the adapter (``model/merge.py``, the path
    ``run.save_merged`` takes), base + adapter's logits on the probe prompts first, then merged
    and compared (a full fine-tune's folder loads as it is);
@@ -9,7 +10,8 @@
    renamed to ``OUTPUT`` at the end: a failed check leaves nothing behind, and an existing
    ``OUTPUT`` is never touched;
 4. merged safetensors (+ the tokenizer/processor files, chat template and run record saved
-   with the result), and/or the GGUF file, read back and compared, and the Modelfile.
+   with the result), and/or the GGUF file, read back and compared (the merged model freed
+   first: one model in memory at a time), and the Modelfile.
 
 Library code: progress goes through the ``Progress`` callbacks; nothing is printed.
 """
@@ -96,16 +98,20 @@ def prepare(req: ExportRequest) -> _Plan:
     template = source.chat_template(src, tokenizer)
     render = chat_data.renderer(tokenizer, template) if template else None
     plan = _Plan(src, tokenizer, template, render)
+    from xtrain.export import memory
+    from xtrain.model import load as models
+
+    config = models.load_config(src.load_from(), False)
     if req.to == "merged":
+        memory.check_memory(memory.model_sizes(src.model_class, config), req.to, memory.available_bytes())
         return plan
     from xtrain.export import families, gguf
     from xtrain.export.vocab import read_vocab
-    from xtrain.model import load as models
 
     gguf.require_gguf()
-    config = models.load_config(src.load_from(), False)
     families.family_of(config)
     families.rope_scaling(config, families.family_of(config))
+    memory.check_memory(memory.model_sizes(src.model_class, config), req.to, memory.available_bytes())
     plan.eot = _end_of_turn(render, tokenizer)
     vocab = read_vocab(tokenizer, int(config.vocab_size), plan.eot)
     if req.to == "ollama":
