@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -70,13 +71,29 @@ def build(folder: Path, size: str) -> tuple[Path, int]:
     return run, count
 
 
+# ru_maxrss counts the pages of the memory-mapped GGUF file the reader touched (the kernel drops
+# them under pressure); RssAnon (Linux), sampled every 20 ms, is the memory the process itself
+# allocated: what has to fit in RAM
 CHILD = """
-import json, resource, sys, time
+import json, resource, sys, threading, time
 t = time.perf_counter()
+anon = [None]
+def sample():
+    while True:
+        try:
+            with open("/proc/self/status") as f:
+                kib = next(int(l.split()[1]) for l in f if l.startswith("RssAnon:"))
+        except (OSError, StopIteration):
+            return
+        anon[0] = max(anon[0] or 0, kib)
+        time.sleep(0.02)
+threading.Thread(target=sample, daemon=True).start()
 from xtrain.cli import main
 code = main(sys.argv[1:])
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-print(json.dumps({"code": code, "seconds": time.perf_counter() - t, "peak_mib": peak / 1024}))
+found = {"code": code, "seconds": time.perf_counter() - t, "peak_mib": peak / 1024}
+found["anon_mib"] = anon[0] / 1024 if anon[0] else None
+print(json.dumps(found))
 """
 
 
@@ -110,6 +127,16 @@ def _built(folder: Path, size: str, log: Any) -> tuple[Path, int]:
     return run, count
 
 
+def _import_mib() -> float:
+    """The export process's floor: ru_maxrss after the imports an export makes, before any weight."""
+    code = (
+        "import resource, torch, transformers, peft, accelerate, gguf; from xtrain.cli import main; "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def measure(size: str = "base", log: Any = print, keep: Path | None = None) -> dict[str, Any]:
     from xtrain.machine.probe import collect
 
@@ -123,6 +150,7 @@ def measure(size: str = "base", log: Any = print, keep: Path | None = None) -> d
             name = f"{to} {kind}" if to != "merged" else "merged"
             rows[name] = one(run, to, kind, outputs / name.replace(" ", "-"))
             log(f"export: {name}: {rows[name]['seconds']:.1f} s, peak {rows[name]['peak_mib']:.0f} MiB")
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         base_bytes = sum(p.stat().st_size for p in (folder / "base").glob("*.safetensors"))
     finally:
         shutil.rmtree(outputs if keep else folder, ignore_errors=True)
@@ -130,12 +158,14 @@ def measure(size: str = "base", log: Any = print, keep: Path | None = None) -> d
     return {
         "size": size, "parameters": count, "base_bytes": base_bytes, "rows": rows,
         "cpu": facts.cpu_model if hasattr(facts, "cpu_model") else None,
+        "cpus": os.cpu_count(), "load": load, "import_mib": _import_mib(),
         "measured": time.strftime("%Y-%m-%d"),
     }  # fmt: skip
 
 
 def render(r: dict[str, Any]) -> str:
     """The performance page's section."""
+    load = f", load average {r['load']:.1f} on {r['cpus']} CPUs" if r.get("load") is not None else ""
     lines = [
         "## Export",
         "",
@@ -143,14 +173,22 @@ def render(r: dict[str, Any]) -> str:
         f"bf16 on disk: {r['base_bytes'] / 2**20:.0f} MiB; LoRA r=16 on every linear layer), each target "
         "in a fresh process with its checks (merge vs base + adapter, the GGUF read back by "
         "transformers, the template); measured "
-        f"{r['measured']} on this CPU machine (`python benchmarks/export.py`).",
+        f"{r['measured']} on this CPU machine{load} (`python benchmarks/export.py`).",
+        "Peak RSS is the process's `ru_maxrss`, which also counts the pages of the memory-mapped GGUF "
+        "file that the read-back touched (the kernel can drop them); peak anonymous is the memory the "
+        "process allocated itself (RssAnon, sampled every 20 ms): what has to fit in RAM.",
+    ]
+    if r.get("import_mib"):
+        lines.append(f"The process holds {r['import_mib']:.0f} MiB after its imports, before any weight.")
+    lines += [
         "",
-        "| target | time (s) | peak RAM (MiB) | output (MiB) |",
-        "|---|---|---|---|",
+        "| target | time (s) | peak RSS (MiB) | peak anonymous (MiB) | output (MiB) |",
+        "|---|---|---|---|---|",
     ]
     for name, row in r["rows"].items():
         size = row["bytes"] / 2**20
-        lines.append(f"| {name} | {row['seconds']:.1f} | {row['peak_mib']:.0f} | {size:.0f} |")
+        anon = f"{row['anon_mib']:.0f}" if row.get("anon_mib") else "-"
+        lines.append(f"| {name} | {row['seconds']:.1f} | {row['peak_mib']:.0f} | {anon} | {size:.0f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -237,7 +237,9 @@ def _write_merged(plan: _Plan, model: Any, tmp: Path, progress: Progress) -> lis
     from xtrain.model import load as models
 
     progress.stage("writing merged safetensors")
-    model.save_pretrained(str(tmp), safe_serialization=True)
+    # shards of at most 5 GB: safetensors 0.8 writes from the tensors' memory, but older versions
+    # copy a whole shard to bytes first (transformers' default shard is 50 GB: a 7B model at once)
+    model.save_pretrained(str(tmp), safe_serialization=True, max_shard_size="5GB")
     for path in plan.src.files():
         shutil.copy2(path, tmp / path.name)
     if plan.render is None:
