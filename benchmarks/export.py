@@ -179,7 +179,7 @@ def render(r: dict[str, Any]) -> str:
         "process allocated itself (RssAnon, sampled every 20 ms): what has to fit in RAM.",
     ]
     if r.get("import_mib"):
-        lines.append(f"The process holds {r['import_mib']:.0f} MiB after its imports, before any weight.")
+        lines.append(f"The process holds {r['import_mib']:.0f} MiB once imported, before any weight loads.")
     lines += [
         "",
         "| target | time (s) | peak RSS (MiB) | peak anonymous (MiB) | output (MiB) |",

@@ -47,8 +47,8 @@ def check_memory(sizes: ModelSizes, to: str, available: int | None) -> None:
         f"the export needs about {need / 2**30:.1f} GiB of RAM and this machine has "
         f"{available / 2**30:.1f} GiB available ({sizes.parameters / 1e9:.2f}B parameters, "
         f"{sizes.weight_bytes / 2**30:.1f} GiB of weights)",
-        "close other programs, or export on a machine with more memory (the export runs on the CPU: "
-        "any machine with the files will do)",
+        "close other programs, or export on a machine with more memory: it runs on the CPU, any "
+        "machine with the files will do",
     )
 
 
