@@ -432,6 +432,7 @@ def test_too_little_ram_is_refused_before_anything_loads(llama_run, tmp_path, ca
 def test_the_ram_estimate_is_the_weights_plus_one_tensor_in_float32():
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from xtrain.errors import XtrainError
     from xtrain.export import memory
 
     config = LlamaConfig(
@@ -441,10 +442,12 @@ def test_the_ram_estimate_is_the_weights_plus_one_tensor_in_float32():
     sizes = memory.model_sizes(LlamaForCausalLM, config)  # a Llama-2-7B shape, on the meta device
     assert sizes.parameters == 6_738_415_616 and sizes.weight_bytes == 2 * sizes.parameters
     assert sizes.largest == 32000 * 4096
-    need = memory.need_bytes(sizes, "gguf")
+    need = memory.need_bytes(sizes)
     assert sizes.weight_bytes < need < sizes.weight_bytes + 2 * 2**30  # 12.6 GiB of weights + ~2 GiB
-    memory.check_memory(sizes, "gguf", None)  # unknown: no refusal
-    memory.check_memory(sizes, "gguf", need)
+    memory.check_memory(sizes, None)  # unknown: no refusal
+    memory.check_memory(sizes, need)
+    with pytest.raises(XtrainError, match="needs about 14.5 GiB of RAM"):
+        memory.check_memory(sizes, need - 1)
 
 
 def test_float32_logits_of_a_16bit_model_without_a_float32_copy(llama_run):

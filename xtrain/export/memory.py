@@ -30,18 +30,19 @@ class ModelSizes:
     largest: int  # elements of the largest tensor
 
 
-def need_bytes(sizes: ModelSizes, to: str) -> int:
-    """RAM the export needs on top of what the process already holds: the weights once (a GGUF's
-    read-back is 16-bit, never larger than the merged model's 16 or 32 bits), plus the largest
-    tensor in float32 a few times, plus a margin."""
-    del to  # every target peaks at the same figure: one model + one tensor's conversion
+def need_bytes(sizes: ModelSizes) -> int:
+    """RAM the export needs on top of what the process already holds, the same for every target:
+    the weights once (a GGUF's read-back is 16-bit, never larger than the merged model's 16 or 32
+    bits), plus the largest tensor in float32 a few times, plus a margin."""
     return sizes.weight_bytes + FLOAT32_COPIES * 4 * sizes.largest + MARGIN
 
 
-def check_memory(sizes: ModelSizes, to: str, available: int | None) -> None:
+def check_memory(sizes: ModelSizes | None, available: int | None) -> None:
     """Refuse in one line when ``available`` bytes of RAM cannot hold the export; ``None``: unknown."""
-    need = need_bytes(sizes, to)
-    if available is None or available >= need:
+    if sizes is None or available is None:
+        return
+    need = need_bytes(sizes)
+    if available >= need:
         return
     raise XtrainError(
         f"the export needs about {need / 2**30:.1f} GiB of RAM and this machine has "
@@ -52,15 +53,19 @@ def check_memory(sizes: ModelSizes, to: str, available: int | None) -> None:
     )
 
 
-def model_sizes(model_class: Any, config: Any) -> ModelSizes:
+def model_sizes(model_class: Any, config: Any) -> ModelSizes | None:
     """The parameter count, the weights' bytes in the checkpoint's dtype and the largest tensor,
-    from a model built on the meta device (nothing allocated)."""
+    from a model built on the meta device (nothing allocated); ``None`` where the model cannot be
+    built that way (an estimate that fails must not stop an export that would fit)."""
     import torch
     from accelerate import init_empty_weights
 
     build = getattr(model_class, "from_config", model_class)  # an Auto class, or the model's own
-    with init_empty_weights():
-        model = build(config)
+    try:
+        with init_empty_weights():
+            model = build(config)
+    except Exception:
+        return None
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, torch.float32)

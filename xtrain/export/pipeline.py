@@ -103,7 +103,7 @@ def prepare(req: ExportRequest) -> _Plan:
 
     config = models.load_config(src.load_from(), False)
     if req.to == "merged":
-        memory.check_memory(memory.model_sizes(src.model_class, config), req.to, memory.available_bytes())
+        memory.check_memory(memory.model_sizes(src.model_class, config), memory.available_bytes())
         return plan
     from xtrain.export import families, gguf
     from xtrain.export.vocab import read_vocab
@@ -111,7 +111,7 @@ def prepare(req: ExportRequest) -> _Plan:
     gguf.require_gguf()
     families.family_of(config)
     families.rope_scaling(config, families.family_of(config))
-    memory.check_memory(memory.model_sizes(src.model_class, config), req.to, memory.available_bytes())
+    memory.check_memory(memory.model_sizes(src.model_class, config), memory.available_bytes())
     plan.eot = _end_of_turn(render, tokenizer)
     vocab = read_vocab(tokenizer, int(config.vocab_size), plan.eot)
     if req.to == "ollama":
