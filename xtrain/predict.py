@@ -63,7 +63,8 @@ def model_folder(path: str | Path) -> Path:
     )
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -79,7 +80,7 @@ def _checkpoint_section(folder: Path, section: str) -> dict[str, Any]:
     if folder.name not in _OUTPUT_FOLDERS:
         return {}
     found = list_checkpoints(folder.parent)
-    config = _read_json(found[-1][1] / STATE_FILE).get("config") if found else None
+    config = read_json_object(found[-1][1] / STATE_FILE).get("config") if found else None
     part = config.get(section) if isinstance(config, dict) else None
     return part if isinstance(part, dict) else {}
 
@@ -108,10 +109,10 @@ def trained_quantization(folder: Path, trained: RunTask) -> str | None:
 def _head_task(folder: Path) -> str | None:
     """The task whose head a result's config names (``architectures``, peft's ``task_type``):
     the first task of the registry that ``recognizes`` it."""
-    config = {**_read_json(folder / "config.json"), **_read_json(folder / "adapter_config.json")}
+    config = {**read_json_object(folder / "config.json"), **read_json_object(folder / "adapter_config.json")}
     base = config.get("base_model_name_or_path")
     if isinstance(base, str) and Path(base).is_dir():  # an adapter: its base's architectures
-        config = {**_read_json(Path(base) / "config.json"), **config}
+        config = {**read_json_object(Path(base) / "config.json"), **config}
     for task in tasks.all_tasks().values():
         if task.recognizes is not None and task.recognizes(config):
             return task.name
@@ -123,7 +124,7 @@ def run_task(folder: Path) -> RunTask:
     saved with the adapter), then its checkpoints' config, then the model's head."""
     from xtrain.train.result import RUN_FILE
 
-    record = _read_json(folder / RUN_FILE)
+    record = read_json_object(folder / RUN_FILE)
     if isinstance(record.get("task"), str):
         return RunTask(record["task"], bool(record.get("chat")), record)
     return RunTask(_checkpoint_task(folder) or _head_task(folder))
@@ -208,7 +209,7 @@ def base_load(folder: Path, task: Task, trained: RunTask, device: Any) -> dict[s
     found = trained_quantization(folder, trained)
     if found is None:
         return {}
-    whole = _read_json(folder / "adapter_config.json").get("modules_to_save") or []
+    whole = read_json_object(folder / "adapter_config.json").get("modules_to_save") or []
     return quantization.predict_kwargs(found, device, task.unquantized, whole)
 
 

@@ -6,12 +6,12 @@ chat conversations, how it loaded its base. The chat template is the one saved w
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.predict import read_json_object
 
 # what the adapter/model folder holds besides the weights: copied into a merged export as it is
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json", "README.md")
@@ -42,14 +42,6 @@ class Source:
         ]  # fmt: skip
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _model_class(task: str | None, folder: Path, adapter: bool) -> Any:
     """The transformers class: the task's, else a causal LM that peft or the config says it is."""
     import transformers
@@ -58,8 +50,8 @@ def _model_class(task: str | None, folder: Path, adapter: bool) -> Any:
 
     if task is not None and task in tasks.all_tasks():
         return getattr(transformers, tasks.get(task).model_class)
-    peft_type = _read_json(folder / "adapter_config.json").get("task_type")
-    architectures = _read_json(folder / "config.json").get("architectures") or []
+    peft_type = read_json_object(folder / "adapter_config.json").get("task_type")
+    architectures = read_json_object(folder / "config.json").get("architectures") or []
     if peft_type == "CAUSAL_LM" or any(str(a).endswith("ForCausalLM") for a in architectures):
         return transformers.AutoModelForCausalLM
     raise XtrainError(
@@ -115,4 +107,4 @@ def chat_template(src: Source, tokenizer: Any) -> str | None:
 def generation_config(src: Source) -> dict[str, Any]:
     """The base's (or the model's) ``generation_config.json``, where it is on this machine."""
     where = Path(src.load_from())
-    return _read_json(where / "generation_config.json") if where.is_dir() else {}
+    return read_json_object(where / "generation_config.json") if where.is_dir() else {}
