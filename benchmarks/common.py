@@ -278,3 +278,18 @@ def hand_written_loop(
         if cpu_times is not None:
             cpu_times.append(time.process_time())
     return times
+
+
+def build_alone(cfg: Any, plan: Any = None) -> Any:
+    """A task's workload for ``cfg`` in this process alone (``xtrain.tasks.build_workload`` with
+    the one-process ``Run`` of ``plan``, default: a CPU plan), outside a training run."""
+    import torch
+
+    from xtrain import tasks
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.context import LaunchContext
+    from xtrain.planning.rules import make_plan
+    from xtrain.planning.run import for_process
+
+    plan = plan or make_plan(Facts(torch_version=torch.__version__, gloo_available=True))
+    return tasks.build_workload(for_process(cfg, LaunchContext(), plan=plan))

@@ -28,13 +28,14 @@ JOB = ROOT / "xtrain" / "builtin" / "jobs" / "quickstart-speech-to-text.yaml"
 
 
 def measure(steps: int = 60, warmup: int = 5) -> dict[str, Any]:
+    from common import build_alone
+
     from xtrain.data.sampler import DataOrder, padding_fraction, train_lengths
-    from xtrain.tasks import build_workload
     from xtrain.tasks.validation import load_config
 
     torch.set_num_threads(1)
     cfg = load_config(JOB, [])
-    work = build_workload(cfg)
+    work = build_alone(cfg)
     rows = work.train_dataset
     n, size, per = len(rows), cfg.batch.global_batch, cfg.batch.per_device
     seconds = train_lengths(work)

@@ -97,10 +97,18 @@ def job_config(setup: Setup) -> TrainConfig:
     return task_config(setup.job, setup.per_device, setup.accum, setup.steps)
 
 
-def workload(cfg: TrainConfig, timer: Timer) -> Workload:
+def local_run(cfg: TrainConfig) -> Any:
+    """``cfg``'s Run for this process alone on a CPU plan (the plain loop's model)."""
+    from xtrain.planning.context import LaunchContext
+    from xtrain.planning.run import for_process
+
+    return for_process(cfg, LaunchContext(), plan=make_plan(Facts(torch_version=torch.__version__)))
+
+
+def workload(run: Any, timer: Timer) -> Workload:
     from xtrain.tasks import build_workload
 
-    w = build_workload(cfg)
+    w = build_workload(run)
     w.train_dataset = TimedRows(w.train_dataset, timer)
     w.collator = TimedCollator(w.collator, timer)
     timer.started = time.perf_counter()  # training starts now: the share's denominator
@@ -130,7 +138,7 @@ def run_xtrain(setup: Setup, workers: int = 0) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as out:
         cfg.run.output_dir = out
         plan = make_plan(Facts(torch_version=torch.__version__, gloo_available=True))
-        result = train(cfg, plan, clock, build=lambda c, mpf: workload(c, timer))
+        result = train(cfg, plan, clock, build=lambda run, mpf: workload(run, timer))
     if workers:  # the windows after the first (which waits for the workers to start)
         steady_windows = result.windows[1:] or result.windows
         waited = sum(w["data_seconds"] for w in steady_windows) / sum(w["seconds"] for w in steady_windows)
@@ -144,7 +152,7 @@ def run_plain(setup: Setup) -> tuple[float, float]:
 
     cfg, timer = job_config(setup), Timer()
     torch.manual_seed(0)
-    w = workload(cfg, timer)
+    w = workload(local_run(cfg), timer)
     params = [p for p in w.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr)
     sched = get_scheduler("cosine", opt, num_warmup_steps=2, num_training_steps=setup.steps)

@@ -81,7 +81,7 @@ def make_data() -> RowDataset:
     return RowDataset(torch.randint(0, ARGS.vocab, (n, ARGS.seq), generator=g))
 
 
-def build(cfg: TrainConfig, main_process_first: Any) -> Workload:
+def build(run: Any, main_process_first: Any) -> Workload:
     return Workload(model=make_model(), train_dataset=make_data(), collator=collate)
 
 

@@ -151,10 +151,10 @@ def measure_case(task: str, label: str, training: list[str], settings: list[tupl
                  device: str = "cpu") -> list[dict[str, Any]]:  # fmt: skip
     """Every setting of one way of training a built-in: measured and estimated bytes."""
     import torch
+    from common import build_alone
 
     from xtrain.model import memory
     from xtrain.model.activations import Precision
-    from xtrain.tasks import build_workload
     from xtrain.tasks.sizes import live_sizes
 
     rows = []
@@ -165,7 +165,7 @@ def measure_case(task: str, label: str, training: list[str], settings: list[tupl
         key = size if extra else 0
         if key not in by_pixels:
             torch.manual_seed(0)
-            by_pixels[key] = build_workload(cfg)
+            by_pixels[key] = build_alone(cfg)
         workload = by_pixels[key]
         model = workload.model.to(device)
         model.train()

@@ -51,6 +51,7 @@ from common import (  # noqa: E402
     REPO,
     Spread,
     bench_env,
+    build_alone,
     emit,
     hand_written_loop,
     machine,
@@ -124,7 +125,6 @@ def run_plain(a: argparse.Namespace, cpu: list[float], waits: list[float]) -> li
 
     from xtrain.data.sampler import DataOrder, RankBatchSampler
     from xtrain.planning.resolve import run_settings
-    from xtrain.tasks import build_workload
     from xtrain.train.precision import upcast_trainable
 
     cfg = task_config(JOB, a.per_device, a.accum, a.steps, a.log_every)
@@ -132,7 +132,7 @@ def run_plain(a: argparse.Namespace, cpu: list[float], waits: list[float]) -> li
     s = run_settings(cfg, plan, 1)
     device = torch.device("cuda" if a.device == "cuda" else "cpu")
     set_seed(cfg.run.seed)
-    w = build_workload(cfg)
+    w = build_alone(cfg, plan)
     model = w.model.to(device)
     upcast_trainable(model, s.precision)
     params = [p for p in model.parameters() if p.requires_grad]

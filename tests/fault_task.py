@@ -29,8 +29,9 @@ import torch
 from xtrain.tasks.causal_lm import build as build_causal_lm
 
 
-def build(cfg: Any, main_process_first: Any) -> Any:
-    workload = build_causal_lm(cfg, main_process_first)
+def build(run: Any, main_process_first: Any) -> Any:
+    """The custom-task builder of the Run's shape (its first parameter named ``run``)."""
+    workload = build_causal_lm(run, main_process_first)
     mode = os.environ.get("FAULT", "")
     at = int(os.environ.get("FAULT_AT", "0") or 0)
     mine = int(os.environ.get("RANK", "0") or 0) == int(os.environ.get("FAULT_RANK", "0") or 0)

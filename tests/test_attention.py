@@ -105,7 +105,7 @@ def test_model_support_is_read_from_the_class_transformers_builds():
 @pytest.mark.usefixtures("private_caches")
 @pytest.mark.parametrize(("asked", "loaded"), [("eager", "eager"), ("sdpa", "sdpa"), ("auto", "sdpa")])
 def test_the_model_loads_with_it(tmp_path, asked, loaded):
-    from xtrain.tasks import build_workload
+    from support.workloads import build_workload
 
     data = tmp_path / "t.jsonl"
     data.write_text('{"text": "a short story"}\n{"text": "another one"}\n', encoding="utf-8")
@@ -125,7 +125,7 @@ def test_the_model_loads_with_it(tmp_path, asked, loaded):
 
 @pytest.mark.usefixtures("private_caches")
 def test_flash_attention_in_a_cpu_run_is_refused_before_loading(tmp_path):
-    from xtrain.tasks import build_workload
+    from support.workloads import build_workload
 
     cfg = load_config(
         None, ["model.name_or_path=builtin:tiny-llama", "model.attn_implementation=flash_attention_2"]

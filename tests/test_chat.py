@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.tasks import build_workload
 from xtrain.tasks.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]

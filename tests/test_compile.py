@@ -125,14 +125,14 @@ def test_the_accelerator_compiles_the_prepared_model_only_when_asked(tmp_path: P
     from accelerate.utils import is_compiled_module
 
     from xtrain.planning.context import LaunchContext
+    from xtrain.planning.run import for_process
     from xtrain.train.distributed import accelerator
 
     monkeypatch.setattr(accelerator, "COMPILE_BACKEND", "aot_eager")
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")  # an accelerate config's: not obeyed
     for asked in (False, True):
         cfg = load_config(None, [f"run.compile={str(asked).lower()}", f"run.output_dir={tmp_path}"])
-        settings = resolve(cfg, plan=_plan(), context=LaunchContext.from_env()).settings
-        acc = accelerator.build_accelerator(cfg, _plan(), LaunchContext.from_env(), settings)
+        acc = accelerator.build_accelerator(for_process(cfg, LaunchContext.from_env(), plan=_plan()))
         try:
             model = acc.prepare(torch.nn.Linear(4, 2))
             assert is_compiled_module(model) is asked

@@ -149,8 +149,9 @@ def test_a_row_with_an_image_no_turn_uses_is_refused_with_the_row(tmp_path, caps
 
 def test_the_example_is_the_runs_first_training_row(tmp_path):
     """causal-lm chat: the example's text and trained tokens are the run's row 0, token for token."""
+    from support.workloads import build_workload
+
     from xtrain.data.collate import IGNORE_INDEX
-    from xtrain.tasks import build_workload
 
     rows = [_chat(f"the opposite of {a}?", b) for a, b in [("hot", "cold"), ("up", "down")]]
     cfg = load_config(_chat_job(tmp_path, rows, "  chat_template: '" + TEMPLATE + "'"), [])

@@ -18,6 +18,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.config.schema import DataConfig
@@ -27,7 +28,7 @@ from xtrain.data.rows import vision_rows
 from xtrain.data.rows.vision_chat import VisionChatCollator, VisionChatRows
 from xtrain.errors import RowError, XtrainError
 from xtrain.model import load as models
-from xtrain.tasks import build_workload, common
+from xtrain.tasks import common
 from xtrain.tasks.validation import load_config
 from xtrain.tasks.vision_processor import load_processor
 

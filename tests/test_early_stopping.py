@@ -123,8 +123,8 @@ def test_without_an_eval_set_or_its_metric_the_run_stops_in_one_line(tmp_path: P
 
     from xtrain.train.loop import train
 
-    def no_eval(cfg, main_process_first):
-        workload = build_tiny(cfg, main_process_first)
+    def no_eval(run, main_process_first):
+        workload = build_tiny(run, main_process_first)
         workload.eval_dataset = None
         return workload
 

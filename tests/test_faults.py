@@ -102,8 +102,8 @@ def test_nan_between_log_points_never_reaches_a_save(tmp_path: Path) -> None:
 
     from xtrain.train.loop import NonFiniteLoss, train
 
-    def build_nan_after_first_step(cfg, mpf):
-        workload = build_tiny(cfg, mpf)
+    def build_nan_after_first_step(run, mpf):
+        workload = build_tiny(run, mpf)
         calls = [0]
 
         def after(module, args, kwargs, output):
@@ -133,8 +133,8 @@ def test_overflow_skips_are_counted_not_fatal(tmp_path: Path) -> None:
 
     from xtrain.train import loop
 
-    def build_two_bad_steps(cfg, mpf):
-        workload = build_tiny(cfg, mpf)
+    def build_two_bad_steps(run, mpf):
+        workload = build_tiny(run, mpf)
         calls = [0]
 
         def after(module, args, kwargs, output):

@@ -75,8 +75,9 @@ def test_an_unset_max_length_takes_the_models_positions(tmp_path: Path, capsys) 
 def test_a_small_trocr_without_lengths_trains_instead_of_being_refused(tmp_path: Path) -> None:
     """The trial: tiny-trocr's decoder has 64 positions; neither length was written. The worker's
     fit (run.py) comes before the build, whose model check then passes."""
+    from support.workloads import build_workload
+
     from xtrain import run
-    from xtrain.tasks import build_workload
 
     job = tmp_path / "ocr.yaml"
     job.write_text(

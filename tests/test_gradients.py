@@ -271,8 +271,8 @@ def test_an_operator_without_autograd_stops_the_run_in_one_line(data, tmp_path):
     lib.define("double(Tensor x) -> Tensor")
     lib.impl("double", lambda x: x * 2, "CPU")
 
-    def build(cfg, main_process_first):
-        workload = build_workload(cfg, main_process_first)
+    def build(run, main_process_first):
+        workload = build_workload(run, main_process_first)
         norm = workload.model.get_base_model().model.norm  # above every adapter
         norm.register_forward_hook(lambda module, args, out: torch.ops.xtrain_gradients_test.double(out))
         return workload

@@ -9,10 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.tasks import build_workload
 from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.builtin import image as builtin_image
 from xtrain.data.rows.images import ImageTextCollator, UnreadableImage, to_rgb
 from xtrain.errors import XtrainError
-from xtrain.tasks import build_workload
 from xtrain.tasks.validation import load_config
 
 TEXTS = builtin_image.line_texts(12, seed=3)

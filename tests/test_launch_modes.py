@@ -174,9 +174,9 @@ def test_saved_adapter_reloads_with_peft_and_reproduces_eval_loss(
     tokenizer, and gives the run's final eval loss on the eval set."""
     import torch
     from peft import PeftModel
+    from support.workloads import build_workload
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from xtrain.tasks import build_workload
     from xtrain.tasks.validation import load_config
 
     for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "XTRAIN_CACHE"):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.workloads import build_workload
 
-from xtrain.tasks import all_tasks, build_workload
+from xtrain.tasks import all_tasks
 from xtrain.tasks.validation import load_config
 
 DATA = Path(__file__).resolve().parents[1] / "xtrain" / "builtin" / "jobs"

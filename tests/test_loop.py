@@ -16,6 +16,7 @@ from xtrain.data.sampler import DataOrder, RankBatchSampler
 from xtrain.errors import XtrainError
 from xtrain.machine.facts import Facts
 from xtrain.planning.rules import make_plan
+from xtrain.planning.run import Run
 from xtrain.tasks.contract import Workload
 from xtrain.train.report import ListReporter
 
@@ -60,9 +61,10 @@ def tiny_rows(n: int, seed: int) -> list[dict]:
     return [{"input_ids": [(s + i) % 32 for i in range(12)]} for s in starts]
 
 
-def build_tiny(cfg: TrainConfig, main_process_first) -> Workload:
+def build_tiny(run: Run, main_process_first) -> Workload:
     from peft import LoraConfig, get_peft_model
 
+    cfg = run.cfg
     model = get_peft_model(
         tiny_base_model(),
         LoraConfig(r=4, lora_alpha=8, lora_dropout=cfg.lora.dropout, target_modules=["q_proj", "v_proj"]),

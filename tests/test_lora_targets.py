@@ -164,8 +164,8 @@ def test_all_linear_trains_the_builtin_llama(tmp_path: Path) -> None:
 
     kept: dict = {}
 
-    def build(cfg: TrainConfig, main_process_first):
-        workload = tasks.build_workload(cfg, main_process_first)
+    def build(run, main_process_first):
+        workload = tasks.build_workload(run, main_process_first)
         kept["model"] = workload.model
         return workload
 

@@ -82,8 +82,8 @@ def train_variant(out: Path, reporter: ListReporter | None = None, kept: dict | 
 
     kept = {} if kept is None else kept
 
-    def build(cfg: TrainConfig, main_process_first):
-        workload = tasks.build_workload(cfg, main_process_first)
+    def build(run, main_process_first):
+        workload = tasks.build_workload(run, main_process_first)
         kept["model"] = workload.model
         return workload
 

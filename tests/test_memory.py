@@ -100,8 +100,9 @@ def caches(private_caches, monkeypatch):
 
 
 def test_offline_sizes_equal_the_built_model_and_the_run_time_check_warns(caches, tmp_path):
+    from support.workloads import build_workload
+
     from xtrain.builtin import vision_language as builtin_vl
-    from xtrain.tasks import build_workload
     from xtrain.tasks.sizes import check_live_model, live_sizes, offline_sizes
 
     root = tmp_path / "vqa"
@@ -154,7 +155,8 @@ def test_offline_sizes_equal_the_built_model_and_the_run_time_check_warns(caches
 def test_offline_counts_are_the_built_models_for_each_task(caches, overrides):
     """LoRA counted without peft on the task's own targets equals peft's model (the heads kept
     whole for seq-cls, adapters in the vision blocks, a full fine-tune without the vision tower)."""
-    from xtrain.tasks import build_workload
+    from support.workloads import build_workload
+
     from xtrain.tasks.sizes import live_sizes, offline_sizes
 
     cfg = load_config(None, [*overrides, "data.eval=null", "data.max_length=32"])

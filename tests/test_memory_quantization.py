@@ -154,7 +154,8 @@ def test_xtrains_own_4bit_build_counts_as_the_plan_does(caches, overrides):
     """The task's quantized load (``model.quantization=4bit``: its skip list, peft's preparation,
     LoRA) has the counts the plan gave from the config: the vision tower stays unquantized."""
     pytest.importorskip("bitsandbytes")
-    from xtrain.tasks import build_workload
+    from support.workloads import build_workload
+
     from xtrain.tasks.sizes import _unquantized, live_sizes, offline_sizes
 
     cfg = load_config(None, [*overrides, "model.quantization=4bit", "data.eval=null", "data.max_length=32"])

@@ -9,9 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
+from support.workloads import build_workload
 
 from xtrain.errors import XtrainError
-from xtrain.tasks import build_workload, model_checks
+from xtrain.tasks import model_checks
 from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session

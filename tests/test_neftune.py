@@ -8,10 +8,10 @@ import math
 
 import pytest
 import torch
+from support.workloads import build_workload
 
 from xtrain.errors import XtrainError
 from xtrain.model import neftune
-from xtrain.tasks import build_workload
 from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session

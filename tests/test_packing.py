@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.data.collate import IGNORE_INDEX, PackedCollator, PadCollator, batch_tokens
 from xtrain.data.packing import pack_rows
 from xtrain.errors import XtrainError
-from xtrain.tasks import build_workload
 from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session

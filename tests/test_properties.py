@@ -180,7 +180,8 @@ def _write(folder: Path, data: list[dict[str, Any]], as_csv: bool) -> Path:
 
 
 def _build(task: str, data: list[dict[str, Any]], as_csv: bool) -> Any:
-    from xtrain.tasks import build_workload
+    from support.workloads import build_workload
+
     from xtrain.tasks.validation import load_config
 
     model = "builtin:tiny-bert" if task == "seq-cls" else "builtin:tiny-llama"

@@ -126,23 +126,31 @@ def test_a_cuda_snapshot_is_planned_without_this_machines_bitsandbytes(tmp_path,
 
 
 def test_each_process_loads_onto_its_own_device(monkeypatch):
-    """Before accelerate's state exists (a task built outside the loop): the local rank's GPU,
-    never GPU 0 for every rank; with it, the accelerator's device and precision."""
+    """Each rank's Run places it on its local rank's GPU, never GPU 0 for every rank (a process
+    alone: the current GPU); the 4/8-bit load goes there in the run's precision, stored in FSDP's
+    dtype when accelerate launch shards with FSDP."""
+    from types import SimpleNamespace
 
-    from accelerate.utils import DistributedType
+    from xtrain.planning.context import LaunchContext
+    from xtrain.planning.run import Run, process_device
+    from xtrain.tasks.validation import load_config
 
-    class State:  # what the loop's Accelerator set up: rank 3's GPU, bf16, FSDP
-        device, mixed_precision = torch.device("cuda", 3), "bf16"
-        distributed_type = DistributedType.FSDP
+    gpus, cpu = SimpleNamespace(device="cuda", cpu=False), SimpleNamespace(device="cpu", cpu=True)
+    launch = {"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    rank1 = LaunchContext.from_env(launch)
+    assert process_device(gpus, rank1) == "cuda:1"
+    assert process_device(gpus, LaunchContext()) == "cuda"
+    assert process_device(cpu, rank1) == "cpu"
+    fsdp = LaunchContext.from_env({**launch, "ACCELERATE_USE_FSDP": "true"})
+    assert Run(None, gpus, None, fsdp, "cuda:1").fsdp and not Run(None, gpus, None, rank1, "cuda:1").fsdp
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert quantization.this_process() == (torch.device("cuda", 1), None, False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert quantization.this_process() == (torch.device("cpu"), None, False)
-    monkeypatch.setattr("accelerate.state.is_initialized", lambda: True)
-    monkeypatch.setattr("accelerate.state.AcceleratorState", State)
-    assert quantization.this_process() == (torch.device("cuda", 3), "bf16", True)
+    monkeypatch.setattr(quantization, "check_backend", lambda quantization, device_type: None)
+    cfg = load_config(None, ["model.quantization=4bit"])
+    loaded = quantization.load_kwargs(cfg, "cuda:3", "bf16", fsdp=True)
+    assert loaded["device_map"] == {"": torch.device("cuda", 3)}
+    q = loaded["quantization_config"]
+    assert q.bnb_4bit_compute_dtype == q.bnb_4bit_quant_storage == torch.bfloat16
+    assert quantization.load_kwargs(cfg, "cpu", "no")["device_map"] == {"": "cpu"}
 
 
 def _quantize(config: Path, quantization: str) -> None:

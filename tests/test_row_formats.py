@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+from support.workloads import build_workload
 
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.rows.formats import detect
 from xtrain.errors import XtrainError
-from xtrain.tasks import build_workload
 from xtrain.tasks.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import soundfile
 import torch
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.builtin import audio as builtin_audio
 from xtrain.data.rows.audio import UnreadableAudio, read_audio, resample
 from xtrain.errors import XtrainError
-from xtrain.tasks import build_workload
 from xtrain.tasks.generation import normalize_text, text_metrics
 from xtrain.tasks.validation import load_config
 

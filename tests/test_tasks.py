@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.data.collate import IGNORE_INDEX, PadCollator
@@ -19,7 +20,6 @@ from xtrain.data.labels import label_mapping
 from xtrain.data.tokenize import tokenize_causal_lm, tokenizer_fingerprint
 from xtrain.errors import XtrainError
 from xtrain.model import lora as lora_mod
-from xtrain.tasks import build_workload
 from xtrain.tasks.contract import Workload
 from xtrain.tasks.validation import load_config
 

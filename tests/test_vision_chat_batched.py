@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from support.workloads import build_workload
 
 from xtrain.builtin import vision_language as builtin_vl
 from xtrain.data.collate import IGNORE_INDEX
@@ -27,7 +28,6 @@ from xtrain.data.rows.vision_chat import (
     carry_labels,
     process_text,
 )
-from xtrain.tasks import build_workload
 from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.builtin import vision_language as builtin_vl
 from xtrain.errors import XtrainError
-from xtrain.tasks import build_workload
 from xtrain.tasks.validation import load_config
 
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session

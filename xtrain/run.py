@@ -23,17 +23,20 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from xtrain.errors import XtrainError
-from xtrain.launch import env as launchenv
+from xtrain.planning.context import LaunchContext
+from xtrain.planning.run import Run, for_process
 from xtrain.runtime import lifetime
 from xtrain.runtime.report import record_outcome
 from xtrain.runtime.signals import StopAtOnce, StopRequested, exit_code, stop_on_sigterm
 from xtrain.train.failures import remove_killed_writes, stopped_error
 
 if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
     from xtrain.planning.plan import Plan
+    from xtrain.train.result import TrainResult
 
 PLATFORM_ENV = "XTRAIN_PLATFORM"
 SINGLE_LAUNCH_NOTE = (
@@ -62,31 +65,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)  # the overrides are read (and refused) by load_config, as everywhere
 
 
-def _is_rank0() -> bool:
-    rank = os.environ.get("RANK", "0").strip() or "0"
-    return not rank.isdigit() or int(rank) == 0  # a malformed RANK is reported (by every rank)
-
-
-def run_worker(cfg: Any, plan: Plan) -> Any:
+def run_worker(run: Run) -> TrainResult:
     """Train as one rank of the launch context (or as the only process)."""
     from xtrain.runtime.quiet import quiet_libraries
-    from xtrain.train.loop import train
+    from xtrain.train.loop import train_run
     from xtrain.train.report import RichReporter
 
-    lifetime.watch_parent()  # started by a launcher: end with it (xtrain.runtime.lifetime)
+    lifetime.watch_parent(run.context)  # started by a launcher: end with it (xtrain.runtime.lifetime)
     quiet_libraries()
-    reporter = RichReporter() if _is_rank0() else None
+    reporter = RichReporter() if run.is_main else None
     with stop_on_sigterm():  # SIGTERM before the loop: the same one line and code
-        return train(cfg, plan, reporter)
+        return train_run(run, reporter)
 
 
-def spawned_worker(cfg: Any, plan: Plan, error_dir: str) -> None:
-    """The spawn target (top-level, importable). A user-facing error goes to a file for the
-    parent to print once, instead of once per rank."""
+def spawned_worker(cfg: TrainConfig, plan: Plan, error_dir: str) -> None:
+    """The spawn target (top-level, importable): this rank's ``Run`` (its launch context read
+    once, the parent's plan), trained. A user-facing error goes to a file for the parent to print
+    once, instead of once per rank."""
+    rank = 0
     try:
-        run_worker(cfg, plan)
+        context = LaunchContext.from_env()  # the rank variables the spawn launcher set
+        rank = context.rank
+        run_worker(for_process(cfg, context, plan=plan))
     except XtrainError as e:
-        rank = int(os.environ.get("RANK", "0") or 0)
         data = {"message": e.message, "hint": e.hint, "exit_code": e.exit_code}
         (Path(error_dir) / f"rank-{rank}.json").write_text(json.dumps(data), encoding="utf-8")
         exit_quietly(e.exit_code)
@@ -97,7 +98,7 @@ def spawned_worker(cfg: Any, plan: Plan, error_dir: str) -> None:
     lifetime.end_rank(0)  # done: no interpreter teardown (gloo's abort there, see end_rank)
 
 
-def _spawn(cfg: Any, plan: Plan) -> None:
+def _spawn(cfg: TrainConfig, plan: Plan) -> None:
     """Start the plan's ranks here with torch.multiprocessing (spawn)."""
     from xtrain.launch.spawn import spawn
     from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
@@ -122,57 +123,54 @@ def _spawn(cfg: Any, plan: Plan) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    return _main(argv)[0]
+
+
+def _main(argv: list[str] | None) -> tuple[int, LaunchContext | None]:
+    """(the exit code, the launch context read once: None when it was malformed)."""
     args = parse_args(argv)
     platform = args.platform or os.environ.get(PLATFORM_ENV) or None
-    cfg = None
     try:
-        launchenv.check()  # WORLD_SIZE=abc & co.: one line, not a ValueError deep in torch
+        context = LaunchContext.from_env()  # WORLD_SIZE=abc & co.: one line, not a ValueError in torch
     except XtrainError as e:  # every rank says it: a malformed rank cannot tell who is rank 0
         sys.stderr.write(f"error: {e.one_line()}\n")
-        return e.exit_code
+        return e.exit_code, None
+    cfg = None
     try:
-        from xtrain.planning.context import LaunchContext
-        from xtrain.planning.resolve import resolve
+        from xtrain.model.configs import checkpoint_dtype
         from xtrain.tasks.validation import load_config
 
         cfg = load_config(args.config, args.overrides)
-        _fit_defaults(cfg)  # lengths the user did not set, from the model's positions
+        _fit_defaults(cfg, context)  # lengths the user did not set, from the model's positions
         # the launch mode, in one place: a rank of a launcher, accelerate's one-process launch
         # (xtrain.run starts the workers), --processes N (the same), or this process alone
-        ctx = LaunchContext.from_env()
-        from xtrain.model.configs import checkpoint_dtype
-
-        resolved = resolve(
-            cfg,
-            processes=args.processes,
-            platform=platform,
-            context=ctx,
-            checkpoint_dtype=checkpoint_dtype(cfg),
+        run = for_process(
+            cfg, context, processes=args.processes, platform=platform, checkpoint_dtype=checkpoint_dtype(cfg)
         )
-        plan = resolved.plan
-        _say_precision_findings(resolved.findings)  # planned here (accelerate launch, torchrun): one line
+        _say_precision_findings(run)  # planned here (accelerate launch, torchrun): one line
         from xtrain.train import optim
 
-        optim.check_backend(cfg.optim.name, plan.device)  # a missing bitsandbytes: before the model loads
-        if ctx.launched or plan.world_size == 1:
-            run_worker(cfg, plan)
+        optim.check_backend(cfg.optim.name, run.plan.device)  # a missing bitsandbytes: before the model loads
+        if context.launched or run.plan.world_size == 1:
+            run_worker(run)
         else:
-            if ctx.single_launch:
-                sys.stderr.write(SINGLE_LAUNCH_NOTE.format(n=plan.num_processes))
+            if context.single_launch:
+                sys.stderr.write(SINGLE_LAUNCH_NOTE.format(n=run.plan.num_processes))
                 sys.stderr.flush()
-            _spawn(cfg, plan)
+            _spawn(cfg, run.plan)
     except XtrainError as e:
-        return _report(e)
+        return _report(e, context), context
     except (KeyboardInterrupt, StopRequested) as e:  # before the loop, or a second Ctrl+C
         signum = e.signum if isinstance(e, StopRequested) else signal.SIGINT
         out = cfg.run.output_dir if cfg is not None else None
-        return _report(stopped_error(out, signum, at_once=isinstance(e, StopAtOnce)))
-    return 0
+        return _report(stopped_error(out, signum, at_once=isinstance(e, StopAtOnce)), context), context
+    return 0, context
 
 
-def _fit_defaults(cfg: Any) -> None:
+def _fit_defaults(cfg: TrainConfig, context: LaunchContext | None = None) -> None:
     """``model_checks.fit_defaults`` from the model's config.json (a built-in is built and a hub
-    model's config.json fetched here: the run loads the model next anyway); rank 0 says each change."""
+    model's config.json fetched here: the run loads the model next anyway); rank 0 (of
+    ``context``) says each change."""
     from xtrain.config.schema import given_keys
     from xtrain.model.configs import local_config
     from xtrain.tasks import model_checks
@@ -181,31 +179,31 @@ def _fit_defaults(cfg: Any) -> None:
     if lengths <= (given_keys(cfg) or lengths):
         return  # both given (or a config built in code): nothing to fit, nothing to read
     for note in model_checks.fit_defaults(cfg, local_config(cfg, fetch=True)):
-        if _is_rank0():
+        if context is None or context.is_main:
             sys.stderr.write(f"note: {note}\n")
 
 
-def _say_precision_findings(findings: list[Any]) -> None:
+def _say_precision_findings(run: Run) -> None:
     """A precision that narrows the weights' range (``checks.precision``), said once by rank 0 of a
     plan made here; a plan xtrain's launcher sent has no findings (its command said them)."""
-    if not _is_rank0():
+    if not run.is_main:
         return
-    for f in findings:
+    for f in run.findings:
         if f.code.startswith("precision-"):
             sys.stderr.write(f"warning: {f.message}" + (f"; fix: {f.fix}" if f.fix else "") + "\n")
     sys.stderr.flush()
 
 
-def _report(e: XtrainError) -> int:
+def _report(e: XtrainError, context: LaunchContext) -> int:
     """Rank 0 prints the one line (and tells xtrain's launcher it did); returns the exit code.
     A group that never formed has no rank 0 to speak for the others: each says it."""
     from xtrain.train.failures import NoPeers
 
-    if _is_rank0() or isinstance(e, NoPeers):
+    if context.is_main or isinstance(e, NoPeers):
         prefix = "" if e.exit_code in (130, 143) else "error: "  # a stop is not an error
         sys.stderr.write(f"{prefix}{e.one_line()}\n")
         sys.stderr.flush()
-        record_outcome(e)
+        record_outcome(e, context.rank)
     return e.exit_code
 
 
@@ -218,19 +216,18 @@ def exit_quietly(code: int) -> NoReturn:
     sys.exit(code)
 
 
-def one_rank_of_many() -> bool:
+def one_rank_of_many(context: LaunchContext | None = None) -> bool:
     """Whether this process is one rank of a launch of several (the launcher's WORLD_SIZE, read
-    as everywhere by ``LaunchContext``; a malformed one was reported by ``main``)."""
-    from xtrain.planning.context import LaunchContext
-
+    by ``LaunchContext``: ``context``, else this environment's; a malformed one was reported by
+    ``main``)."""
     try:
-        return LaunchContext.from_env().distributed
-    except ValueError:
+        return (context or LaunchContext.from_env()).distributed
+    except XtrainError:
         return False
 
 
 if __name__ == "__main__":
-    code = main()
-    if one_rank_of_many():  # a rank under a launcher, done: see lifetime.end_rank
+    code, context = _main(None)
+    if one_rank_of_many(context):  # a rank under a launcher, done: see lifetime.end_rank
         lifetime.end_rank(code)
     exit_quietly(code)

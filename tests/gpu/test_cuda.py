@@ -104,13 +104,12 @@ def test_tf32_is_on_for_fp32_matmuls(job) -> None:
     from xtrain.machine import probe
     from xtrain.planning import rules
     from xtrain.planning.context import LaunchContext
-    from xtrain.planning.resolve import resolve
+    from xtrain.planning.run import for_process
     from xtrain.train.distributed.accelerator import build_accelerator, release
 
     plan = rules.make_plan(probe.collect(quick=True))
     assert plan.tf32 == (torch.cuda.get_device_capability(0) >= (8, 0))
-    settings = resolve(TrainConfig(), plan=plan, context=LaunchContext()).settings
-    acc = build_accelerator(TrainConfig(), plan, LaunchContext(), settings)
+    acc = build_accelerator(for_process(TrainConfig(), LaunchContext(), plan=plan))
     try:
         matmul = torch.backends.cuda.matmul
         # never read allow_tf32 after fp32_precision was set: torch raises on mixing the two APIs

@@ -115,8 +115,8 @@ def xtrain_gradients(cfg: Any, plan: Any = None) -> Capture:
 
     capture = Capture()
 
-    def build(cfg: Any, main_process_first: Any) -> Any:
-        workload = build_workload(cfg, main_process_first)
+    def build(run: Any, main_process_first: Any) -> Any:
+        workload = build_workload(run, main_process_first)
         capture.model = workload.model
         capture.initial = float_state(workload.model)
         workload.model.register_forward_pre_hook(partial(_record, capture), with_kwargs=True)

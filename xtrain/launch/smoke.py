@@ -15,7 +15,6 @@ comparable across process counts and with the link's hardware speed.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
+from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.runtime import lifetime
 from xtrain.runtime.process_group import init_worker_group
@@ -218,10 +218,12 @@ def worker(result_dir: str, size_mib: float, iters: int, timeout_s: int) -> None
     import torch
     import torch.distributed as dist
 
-    lifetime.watch_parent()  # a killed launcher takes this worker with it
-    plan = Plan.from_dict(json.loads(os.environ["XTRAIN_PLAN"]))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    context = LaunchContext.from_env()  # the launcher's rank variables and XTRAIN_PLAN
+    lifetime.watch_parent(context)  # a killed launcher takes this worker with it
+    plan = context.sent_plan
+    if plan is None:
+        raise XtrainError("the smoke worker was started without XTRAIN_PLAN", "run `xtrain doctor --smoke`")
+    rank, world, local_rank = context.rank, context.world_size, context.local_rank
     out = RankResult(rank=rank, ok=False)
     try:
         device = _device(plan, local_rank)

@@ -24,17 +24,17 @@ from xtrain.runtime.process_group import RENDEZVOUS_ENV, loopback_transport_env
 from xtrain.runtime.signals import LauncherSignals, StopAtOnce
 
 
-def _spawn_entry(local_rank: int, fn: Callable[..., Any], args: tuple, env: dict[str, str]) -> None:
+def _spawn_entry(
+    local_rank: int, fn: Callable[..., Any], args: tuple, env: dict[str, str], first_rank: int
+) -> None:
     """First code in each spawned child: rank variables, then the user's function.
 
     torch.multiprocessing passes the local index first; ``env`` carries the shared variables
     (they are also in the child's inherited environment; setting them again here makes the child
-    independent of how it was started)."""
+    independent of how it was started); ``first_rank``: this machine's first rank."""
     os.environ.update(env)
-    node_rank = int(env["XTRAIN_NODE_RANK"])
-    nprocs = int(env["LOCAL_WORLD_SIZE"])
     os.environ["LOCAL_RANK"] = str(local_rank)
-    os.environ["RANK"] = str(node_rank * nprocs + local_rank)
+    os.environ["RANK"] = str(first_rank + local_rank)
     lifetime.watch_parent()  # a killed launcher takes this worker with it
     fn(*args)
 
@@ -67,7 +67,6 @@ def spawn(
         "MASTER_PORT": str(pick_port(plan, port)),
         "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(n),
-        "XTRAIN_NODE_RANK": str(plan.machine_rank),
         **lifetime.child_env(),
     }
     lifetime.kill_children_on_exit()  # Windows: a job object ends the workers with this process
@@ -94,7 +93,10 @@ def spawn(
         stack.enter_context(quiet_launcher_logs("torch.multiprocessing"))
         signals = stack.enter_context(LauncherSignals(forward))
         try:
-            mp.start_processes(_spawn_entry, args=(fn, args, env), nprocs=n, join=True, start_method="spawn")
+            first_rank = plan.machine_rank * n
+            mp.start_processes(
+                _spawn_entry, args=(fn, args, env, first_rank), nprocs=n, join=True, start_method="spawn"
+            )
         except StopAtOnce:
             raise WorkerStopped(signal.SIGINT, at_once=True) from None
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:

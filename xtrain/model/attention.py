@@ -5,9 +5,8 @@ the class transformers builds for the model supports.
 - ``for_plan``: before launching (``xtrain train``, also ``--dry-run``): the plan's device,
   precision and GPUs; the model's support read from its config only where it already is, and only
   for a CUDA plan or an explicit choice (transformers takes seconds to import).
-- ``for_load``: in each worker, right before ``from_pretrained``: the device and precision of the
-  Accelerator this process built (the loop builds it before the workload), else torch's device and
-  the config's precision (a task built outside the loop: tests, benchmarks).
+- ``for_load``: in each worker, right before ``from_pretrained``: the device and precision of this
+  process's ``Run`` (``xtrain.planning.run``), passed in by the task's build.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import importlib.metadata
 from typing import Any
 
 from xtrain.config.schema import TrainConfig
-from xtrain.config.values import PRECISIONS
 from xtrain.planning.resolve import Attention, AttentionFacts, choose_attention
 
 FLASH_PACKAGE = "flash-attn"
@@ -67,25 +65,19 @@ def _facts(
     )
 
 
-def for_load(cfg: TrainConfig, model_class: Any, source: str) -> Attention:
-    """The decision for this process, right before ``model_class.from_pretrained(source)``."""
+def for_load(cfg: TrainConfig, model_class: Any, source: str, device: str, precision: str) -> Attention:
+    """The decision for this process, right before ``model_class.from_pretrained(source)``, on
+    ``device`` (``Run.device``: cpu, mps, cuda, cuda:N) in ``precision`` (``Run.precision``)."""
     import torch
-    from accelerate.state import AcceleratorState, is_initialized
 
     from xtrain.model import load as models
 
-    if is_initialized():  # the loop's Accelerator: this process's device and precision
-        state = AcceleratorState()
-        device, precision = state.device, str(state.mixed_precision)
-    else:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        mp = cfg.run.mixed_precision
-        precision = mp if mp in PRECISIONS else "no"
-    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    where = torch.device(device)
+    capability = torch.cuda.get_device_capability(where) if where.type == "cuda" else None
     config = models.load_config(source, cfg.model.trust_remote_code)
     support = model_support(model_class, config, cfg.model.trust_remote_code)
     return choose_attention(
-        cfg.model.attn_implementation, _facts(cfg, device.type, precision, capability, support)
+        cfg.model.attn_implementation, _facts(cfg, where.type, precision, capability, support)
     )
 
 

@@ -94,13 +94,16 @@ def load_tokenizer(source: str, trust_remote_code: bool) -> Any:
     return tokenizer
 
 
-def load_dtype(setting: str) -> Any:
+def load_dtype(setting: str, device_type: str | None = None) -> Any:
     """``model.dtype``: auto keeps the checkpoint's dtype on a GPU and float32 on CPU (half-precision
-    matmuls are slow or missing there); otherwise the named dtype."""
+    matmuls are slow or missing there); otherwise the named dtype. ``device_type``: where the
+    model computes (training: ``Run.device``'s type); None: this machine's GPU if it has one
+    (``xtrain predict``, the merged model's fresh base)."""
     import torch
 
     if setting == "auto":
-        return "auto" if torch.cuda.is_available() else torch.float32
+        on_gpu = torch.cuda.is_available() if device_type is None else device_type == "cuda"
+        return "auto" if on_gpu else torch.float32
     return getattr(torch, DTYPES[setting])
 
 
@@ -113,14 +116,20 @@ def dtype_kwarg() -> str:
 
 
 def load_model(
-    source: str, model_class: str, task: str, dtype: str, trust_remote_code: bool, **extra: Any
+    source: str,
+    model_class: str,
+    task: str,
+    dtype: str,
+    trust_remote_code: bool,
+    device_type: str | None = None,
+    **extra: Any,
 ) -> Any:
-    """``transformers.<model_class>.from_pretrained`` (the task's Auto class); a checkpoint
-    without that head is one line naming the ``task``."""
+    """``transformers.<model_class>.from_pretrained`` (the task's Auto class) in ``dtype`` for
+    ``device_type`` (``load_dtype``); a checkpoint without that head is one line naming the ``task``."""
     import transformers
 
     auto = getattr(transformers, model_class)
-    kwargs = {dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
+    kwargs = {dtype_kwarg(): load_dtype(dtype, device_type), "trust_remote_code": trust_remote_code, **extra}
     try:
         return auto.from_pretrained(source, **kwargs)
     except Exception as e:
@@ -160,10 +169,18 @@ def require_model_type(
     return config
 
 
-def load_pretrained(model_class: Any, source: str, dtype: str, trust_remote_code: bool, **extra: Any) -> Any:
-    """``model_class.from_pretrained`` with the config's dtype and remote-code choice (and
-    ``extra`` keywords); a failure is one line (the media tasks load through here)."""
-    kwargs = {dtype_kwarg(): load_dtype(dtype), "trust_remote_code": trust_remote_code, **extra}
+def load_pretrained(
+    model_class: Any,
+    source: str,
+    dtype: str,
+    trust_remote_code: bool,
+    device_type: str | None = None,
+    **extra: Any,
+) -> Any:
+    """``model_class.from_pretrained`` with the config's dtype for ``device_type`` (``load_dtype``)
+    and remote-code choice (and ``extra`` keywords); a failure is one line (the media tasks load
+    through here)."""
+    kwargs = {dtype_kwarg(): load_dtype(dtype, device_type), "trust_remote_code": trust_remote_code, **extra}
     try:
         return model_class.from_pretrained(source, **kwargs)
     except Exception as e:

@@ -19,7 +19,6 @@ One place decides all of it:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -193,40 +192,32 @@ def check_backend(quantization: str | None, device_type: str) -> None:
         raise problem
 
 
-def this_process() -> tuple[Any, str | None, bool]:
-    """(this process's device, its mixed precision, whether it shards with FSDP): accelerate's
-    state once the loop's Accelerator exists, else the local rank's GPU (or the CPU), None, False."""
-    import torch
-    from accelerate.state import AcceleratorState, is_initialized
-    from accelerate.utils import DistributedType
-
-    if is_initialized():
-        state = AcceleratorState()
-        return state.device, str(state.mixed_precision), state.distributed_type == DistributedType.FSDP
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))), None, False
-    return torch.device("cpu"), None, False
-
-
-def load_kwargs(cfg: Any, unquantized: Sequence[str] = ()) -> dict[str, Any]:
+def load_kwargs(
+    cfg: Any, device: str, precision: str, fsdp: bool = False, unquantized: Sequence[str] = ()
+) -> dict[str, Any]:
     """``from_pretrained`` keywords for ``cfg.model.quantization`` ({} when off): the
-    ``quantization_config`` and this process's device as the whole model's ``device_map``.
+    ``quantization_config`` and this process's ``device`` (``Run.device``: each rank its own
+    GPU, never GPU 0 for every rank) as the whole model's ``device_map``, the 4-bit compute dtype
+    from ``precision`` (``Run.precision``), FSDP's storage dtype when ``fsdp``.
     Kept in their dtype: the heads, ``unquantized`` (a task's vision tower) and
     ``lora.modules_to_save`` (trained whole: a 4-bit layer cannot be)."""
     quantization = cfg.model.quantization
     if quantization is None:
         return {}
+    import torch
     from transformers import BitsAndBytesConfig
 
-    device, precision, fsdp = this_process()
-    check_backend(quantization, device.type)
-    precision = precision or cfg.run.mixed_precision
+    where = torch.device(device)
+    check_backend(quantization, where.type)
     whole = [name.rsplit(".", 1)[-1] for name in cfg.lora.modules_to_save or []]
     skip = skip_patterns([*unquantized, *whole])
-    settings = bnb_settings(quantization, precision, device.type, skip, fsdp=fsdp)
+    settings = bnb_settings(quantization, precision, where.type, skip, fsdp=fsdp)
     # each rank loads its own copy on its own device (accelerate refuses a 4/8-bit model elsewhere)
-    where = "cpu" if device.type == "cpu" else device
-    return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
+    return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": _device_map(where)}}
+
+
+def _device_map(where: Any) -> Any:
+    return "cpu" if where.type == "cpu" else where
 
 
 def predict_kwargs(

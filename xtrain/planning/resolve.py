@@ -29,14 +29,13 @@ training loop call it.
    supports). The facts need the model's class, so the train layer gathers them
    (``xtrain.model.attention``): for the plan before launching and in each worker before loading.
 
-Pure functions except the probe (``facts=None``) and the environment ``exported_precision`` reads,
+Pure functions except the probe (``facts=None``) and the environment ``exported_precision`` reads
+(``xtrain.planning.context``, the one reader of the launch variables),
 so every platform's answer is testable from a saved facts snapshot.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xtrain.config.schema import TrainConfig
@@ -44,7 +43,7 @@ from xtrain.errors import XtrainError
 from xtrain.machine.facts import DEFAULT_PORT, Facts
 from xtrain.planning.batch import gradient_accumulation, scaled_lr
 from xtrain.planning.checks import CHECKS
-from xtrain.planning.context import LaunchContext
+from xtrain.planning.context import LaunchContext, exported_precision
 from xtrain.planning.plan import Diagnosis, Overrides, Plan
 from xtrain.planning.rules import make_plan
 
@@ -122,7 +121,7 @@ def resolve(
         num_processes=processes,
         gpu_ids=gpu_ids,
         mixed_precision=choose_precision(cfg) if cfg is not None and precision is None else precision,
-        launcher_precision=exported_precision() if cfg is not None and precision is None else None,
+        launcher_precision=_launcher_precision(context) if cfg is not None and precision is None else None,
         port=port,
         platform=platform,
         num_machines=machines,
@@ -165,6 +164,11 @@ def _processes(asked: int | None, context: LaunchContext | None) -> int | None:
     return 1  # python -m xtrain.run without a launcher: one process unless --processes N
 
 
+def _launcher_precision(context: LaunchContext | None) -> str | None:
+    """What ``accelerate launch`` exported: the context's, else (a command) this environment's."""
+    return context.exported_precision if context is not None else exported_precision()
+
+
 def _sent_plan(context: LaunchContext | None, processes: int | None) -> Plan | None:
     """The plan xtrain's launcher sent this process, when it is for this launch."""
     sent = context.sent_plan if context is not None else None
@@ -178,16 +182,6 @@ def choose_precision(cfg: TrainConfig) -> str | None:
     ``run.mixed_precision``), else None: the rules decide."""
     mp = cfg.run.mixed_precision
     return None if mp in AUTO else mp
-
-
-def exported_precision(environ: Mapping[str, str] | None = None) -> str | None:
-    """What ``accelerate launch`` exported (ACCELERATE_MIXED_PRECISION: its config's
-    ``mixed_precision`` or ``--mixed_precision``); None when no accelerate launcher started this
-    process. The rules count it as the user's choice only where it differs from the machine's
-    default (what ``xtrain configure`` writes): ``rules._precision``."""
-    env = os.environ if environ is None else environ
-    value = (env.get("ACCELERATE_MIXED_PRECISION") or "").strip().lower()
-    return value or None
 
 
 def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:

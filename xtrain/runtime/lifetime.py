@@ -13,8 +13,9 @@ alone reaches nobody. So each worker watches its launcher with the OS's own mean
   JOB_OBJECT_LIMIT_KILL_ON_JOB_CLOSE: when the launcher ends in any way (console closed, Ctrl+C,
   killed in Task Manager) Windows ends every process it started.
 
-A worker only watches when a launcher started it (``WORLD_SIZE`` set, or ``accelerate launch``'s
-one-process launcher: ``ACCELERATE_USE_CPU`` set and the parent's command line names accelerate;
+A worker only watches when a launcher started it (its ``LaunchContext``: ``WORLD_SIZE`` set, or
+``accelerate launch``'s one-process launcher: ``ACCELERATE_USE_CPU`` set and the parent's command
+line names accelerate;
 there the end is a stop with a checkpoint, see ``watch_parent``) or xtrain did
 (``XTRAIN_PARENT_PID``): a run started by hand under ``nohup`` must outlive its shell.
 """
@@ -28,6 +29,8 @@ import sys
 import threading
 import time
 from typing import Any, NoReturn
+
+from xtrain.planning.context import LaunchContext
 
 PARENT_ENV = "XTRAIN_PARENT_PID"
 STOP_GRACE_S = 120.0  # after a stop is passed on, workers that have not ended by then are killed
@@ -80,23 +83,25 @@ class _WindowsParent:
         return self._k32.WaitForSingleObject(self._handle, 0) == self.WAIT_OBJECT_0
 
 
-def parent_to_watch(environ: Any = None) -> int | None:
-    """The launcher's PID when this process was started by one, else None."""
+def parent_to_watch(context: LaunchContext | None = None, environ: Any = None) -> int | None:
+    """The launcher's PID when this process was started by one, else None: xtrain's launcher
+    names itself (``XTRAIN_PARENT_PID``); another launcher is this process's parent when the
+    launch ``context`` says one started it (None: only xtrain's own launcher is looked for)."""
     env = os.environ if environ is None else environ
     sent = env.get(PARENT_ENV, "")
     if sent.strip().isdigit():
         return int(sent)
-    if "WORLD_SIZE" in env or _under_accelerate_simple_launcher(env):
+    if context is not None and (context.launched or _under_accelerate_simple_launcher(context)):
         return os.getppid()
     return None
 
 
-def _under_accelerate_simple_launcher(env: Any) -> bool:
+def _under_accelerate_simple_launcher(context: LaunchContext | None) -> bool:
     """``accelerate launch`` with one process (its ``simple_launcher``: a 1-process config, or
     xtrain's Windows config, where xtrain.run spawns the workers) sets ``ACCELERATE_USE_CPU`` but
-    no ``WORLD_SIZE``; SIGTERM ends it at once (it installs no handler) and would leave this run
-    going on alone."""
-    if "ACCELERATE_USE_CPU" not in env or "WORLD_SIZE" in env:
+    no ``WORLD_SIZE`` (``LaunchContext.accelerate_simple``); SIGTERM ends it at once (it installs
+    no handler) and would leave this run going on alone."""
+    if context is None or not context.accelerate_simple:
         return False
     import psutil
 
@@ -115,9 +120,14 @@ def _stop_then_die(grace_s: float) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def watch_parent(parent_pid: int | None = None, interval_s: float = WATCH_INTERVAL_S) -> bool:
+def watch_parent(
+    context: LaunchContext | None = None,
+    parent_pid: int | None = None,
+    interval_s: float = WATCH_INTERVAL_S,
+) -> bool:
     """Make this process end when ``parent_pid`` (default: the launcher that started it, see
-    ``parent_to_watch``) ends. Idempotent; returns whether a watch is active.
+    ``parent_to_watch``: xtrain's, or the one the launch ``context`` names) ends. Idempotent;
+    returns whether a watch is active.
 
     Under ``accelerate launch``'s one-process launcher the end is a stop, not a kill: a Ctrl+C
     reaches this process and accelerate alike, and accelerate exits at once (its KeyboardInterrupt)
@@ -125,8 +135,8 @@ def watch_parent(parent_pid: int | None = None, interval_s: float = WATCH_INTERV
     only accelerate. So there the watch thread sends this process SIGTERM (stop at the next step,
     save) and kills it only ``STOP_GRACE_S`` later; no PR_SET_PDEATHSIG."""
     global _watching
-    graceful = parent_pid is None and _under_accelerate_simple_launcher(os.environ)
-    pid = parent_to_watch() if parent_pid is None else parent_pid
+    graceful = parent_pid is None and _under_accelerate_simple_launcher(context)
+    pid = parent_to_watch(context) if parent_pid is None else parent_pid
     if pid is None or pid <= 1:
         return False
     if _watching:

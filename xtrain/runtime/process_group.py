@@ -16,7 +16,7 @@ import socket
 import sys
 from datetime import timedelta
 
-RENDEZVOUS_ENV = "XTRAIN_RENDEZVOUS"
+from xtrain.planning.context import RENDEZVOUS_ENV
 
 
 def loopback_interface() -> str | None:

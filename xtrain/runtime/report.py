@@ -26,10 +26,11 @@ REPORT_ENV = "XTRAIN_REPORT_DIR"
 OUTCOME_FILE = "outcome.json"
 
 
-def record_outcome(error: XtrainError) -> None:
-    """Rank 0 tells xtrain's launcher how it ended (the launcher prints nothing more then)."""
+def record_outcome(error: XtrainError, rank: int) -> None:
+    """Rank 0 tells xtrain's launcher how it ended (the launcher prints nothing more then);
+    ``rank``: this process's (its ``LaunchContext``)."""
     folder = os.environ.get(REPORT_ENV)
-    if not folder or int(os.environ.get("RANK", "0") or 0) != 0:
+    if not folder or rank != 0:
         return
     from xtrain.atomic import write_text
 

@@ -7,7 +7,7 @@ registry line each below. Everything else reads a task's parts through ``get(nam
 - ``speech-to-text``: audio and transcripts (Whisper); WER/CER by generation.
 - ``vision-language``: image + text conversations (Qwen2-VL); exact match by generation.
 - ``image-classification``: images and a label (ViT, DeiT, ConvNeXt, Swin); accuracy.
-- ``custom``: ``model.custom: module:function``, called with the config, returns a Workload.
+- ``custom``: ``model.custom: module:function``, called with the Run (or the config), returns a Workload.
 
 Order matters for reproducibility: data first (inside ``main_process_first`` so one process
 fills the ``datasets`` cache and the others read it), then ``set_seed(run.seed)`` right before
@@ -27,7 +27,7 @@ from xtrain.errors import XtrainError
 from xtrain.tasks.contract import MainProcessFirst, Task
 
 if TYPE_CHECKING:
-    from xtrain.config.schema import TrainConfig
+    from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
 
 # The registry: the modules under xtrain.tasks that export a TASK, in the order help lists them.
@@ -78,8 +78,6 @@ def get(name: str) -> Task:
     return tasks[name]
 
 
-def build_workload(
-    cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext
-) -> Workload:
-    """The Workload of ``cfg.model.task``."""
-    return get(cfg.model.task).build(cfg, main_process_first)
+def build_workload(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    """The Workload of ``run.cfg.model.task`` for this process's ``run``."""
+    return get(run.cfg.model.task).build(run, main_process_first)

@@ -21,6 +21,7 @@ from xtrain.tasks.predicting import exact_match
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
+    from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
@@ -89,7 +90,7 @@ def chat_render(cfg: TrainConfig, tokenizer: Any, source: str, fmt: str) -> Any:
     return chat_data.renderer(tokenizer, template, d.chat_template)
 
 
-def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.data.rows import formats as row_formats
     from xtrain.data.tokenize import require_columns, tokenize_causal_lm
     from xtrain.tasks import data_check
@@ -102,6 +103,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         tokenizing,
     )
 
+    cfg = run.cfg
     d = cfg.data
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     with main_process_first():
@@ -139,7 +141,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     if chat:  # rendered in every process: no datasets cache to share (fast: no model involved)
         train, eval_ds = chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (eval_ds, eval_name))
 
-    model = load_seeded(cfg, TASK, source)
+    model = load_seeded(run, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     from xtrain.data import collate
@@ -148,7 +150,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     evaluation = (collate.causal_lm_eval_batch, collate.causal_lm_reduce, "token_accuracy")
     if d.packing == "on":
         check_packs_apart(model)  # before LoRA wraps it: the model's own class and config
-    workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
+    workload = text_workload(model, run, TASK, tokenizer, (train, eval_ds), evaluation)
     workload.chat, workload.data_report = chat, report
     workload.record = {"row_format": fmt}  # what predict --data reads a file as (xtrain_run.json)
     if d.packing == "on":  # one padding-free row per micro-batch; eval rows padded as before

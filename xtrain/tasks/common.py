@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
 from xtrain.config.schema import TrainConfig
@@ -19,6 +19,9 @@ from xtrain.model import attention, lora, quantization
 from xtrain.model import load as models
 from xtrain.tasks import model_checks
 from xtrain.tasks.contract import EvalBatchFn, MainProcessFirst, ReduceFn, Task, Workload
+
+if TYPE_CHECKING:
+    from xtrain.planning.run import Run
 
 
 def prepare_tokenizer(cfg: TrainConfig, main_process_first: MainProcessFirst) -> tuple[str, Any]:
@@ -49,27 +52,39 @@ def raw_datasets(cfg: TrainConfig) -> tuple[Any, Any | None, str, str]:
     return train, eval_ds, d.train, eval_name
 
 
-def pad_collator(tokenizer: Any) -> collate.PadCollator:
-    import torch
-
-    # Lengths in multiples of 8 suit GPU tensor cores; on CPU they only add padding.
-    return collate.PadCollator(tokenizer.pad_token_id, 8 if torch.cuda.is_available() else None)
+def pad_multiple(device: str) -> int | None:
+    """Lengths in multiples of 8 suit GPU tensor cores; on CPU they only add padding."""
+    return 8 if device.startswith("cuda") else None
 
 
-def load_seeded(cfg: TrainConfig, task: Task, source: str, **extra: Any) -> Any:
+def pad_collator(tokenizer: Any, device: str) -> collate.PadCollator:
+    return collate.PadCollator(tokenizer.pad_token_id, pad_multiple(device))
+
+
+def placement(run: Run, task: Task, model_class: Any, source: str) -> dict[str, Any]:
+    """``from_pretrained`` keywords for this process (``run.device``, ``run.precision``): the
+    attention implementation ``model.attn_implementation`` decides, and with
+    ``model.quantization`` the 4/8-bit config on this process's device."""
+    cfg = run.cfg
+    chosen = attention.for_load(cfg, model_class, source, run.device, run.precision)
+    quantized = quantization.load_kwargs(cfg, run.device, run.precision, run.fsdp, task.unquantized)
+    return {**chosen.kwargs(), **quantized}
+
+
+def load_seeded(run: Run, task: Task, source: str, **extra: Any) -> Any:
     """The task's model class ``from_pretrained``, right after ``set_seed(run.seed)``: every
-    process and launch mode starts from the same weights (heads made new included), with the
-    attention implementation ``model.attn_implementation`` decides for this process (in 4 or 8
-    bits on this process's device with ``model.quantization``)."""
+    process and launch mode starts from the same weights (heads made new included), placed for
+    this process (``placement``)."""
     import transformers
     from transformers import set_seed
 
     assert task.model_class is not None, f"{task.name} loads its model itself"
-    set_seed(cfg.run.seed)
-    m = cfg.model
-    chosen = attention.for_load(cfg, getattr(transformers, task.model_class), source)
-    extra = {**chosen.kwargs(), **quantization.load_kwargs(cfg, task.unquantized), **extra}
-    return models.load_model(source, task.model_class, task.name, m.dtype, m.trust_remote_code, **extra)
+    m = run.cfg.model
+    set_seed(run.cfg.run.seed)
+    extra = {**placement(run, task, getattr(transformers, task.model_class), source), **extra}
+    return models.load_model(
+        source, task.model_class, task.name, m.dtype, m.trust_remote_code, run.device_type, **extra
+    )
 
 
 def train_everything(model: Any, cfg: TrainConfig) -> None:
@@ -115,7 +130,7 @@ def tokenizing(task: str, tokenize: Callable[..., Any], kwargs: dict[str, Any]) 
 
 def text_workload(
     model: Any,
-    cfg: TrainConfig,
+    run: Run,
     task: Task,
     tokenizer: Any,
     datasets: tuple[Any, Any],
@@ -127,9 +142,9 @@ def text_workload(
     eval_batch, reduce_metrics, main_metric = evaluation
     train, eval_ds = datasets
     return Workload(
-        model=finish_model(model, cfg, task),
+        model=finish_model(model, run.cfg, task),
         train_dataset=train,
-        collator=pad_collator(tokenizer),
+        collator=pad_collator(tokenizer, run.device),
         eval_dataset=eval_ds,
         eval_batch=eval_batch,
         reduce_metrics=reduce_metrics,
@@ -232,19 +247,19 @@ def image_datasets(
     return (train, train_name, train_dir), (eval_ds, eval_name, eval_dir)
 
 
-def load_media_model(cfg: TrainConfig, task: Task, source: str) -> Any:
-    """``task.model_class`` loaded right after ``set_seed(run.seed)`` (quantized with
-    ``model.quantization``, the task's ``unquantized`` modules left as they are)."""
+def load_media_model(run: Run, task: Task, source: str) -> Any:
+    """``task.model_class`` loaded right after ``set_seed(run.seed)``, placed for this process
+    (``placement``: quantized with ``model.quantization``, the task's ``unquantized`` modules left
+    as they are)."""
     import transformers
     from transformers import set_seed
 
-    set_seed(cfg.run.seed)
-    m = cfg.model
+    set_seed(run.cfg.run.seed)
+    m = run.cfg.model
     assert task.model_class is not None, f"{task.name} loads its model itself"
     model_class = getattr(transformers, task.model_class)
-    chosen = attention.for_load(cfg, model_class, source)  # model.attn_implementation
-    extra = {**chosen.kwargs(), **quantization.load_kwargs(cfg, task.unquantized)}
-    return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code, **extra)
+    extra = placement(run, task, model_class, source)
+    return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code, run.device_type, **extra)
 
 
 def generation_eval(cfg: TrainConfig, tokenizer: Any, **more: Any) -> Any:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
+    from xtrain.planning.run import Run
     from xtrain.tasks.data_report import DataReport
 
 MainProcessFirst = Callable[[], contextlib.AbstractContextManager]
@@ -136,7 +137,9 @@ class Task:
 
     name: str
     about: str  # one line: what it trains, its data and its metric
-    build: Callable[[TrainConfig, MainProcessFirst], Workload]
+    # (this process's Run: config, plan, settings, device, precision; the main-process-first
+    # context) -> the Workload; the model placed on ``run.device`` in ``run.precision``
+    build: Callable[[Run, MainProcessFirst], Workload]
     aliases: tuple[str, ...] = ()
     # The task-specific ``section.key`` names it reads (see ``config.validate.COMMON_KEYS`` for
     # the rest); a key another task owns, set away from its default, is refused for this one.

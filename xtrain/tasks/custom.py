@@ -1,6 +1,11 @@
-"""``custom``: ``model.custom: module:function``, called with the config, returns a Workload.
+"""``custom``: ``model.custom: module:function``, returns a Workload.
 
-The user's builder is the ``build`` of a Task like every built-in one; it may read any key."""
+The user's builder is the ``build`` of a Task like every built-in one; it may read any key. It
+receives what every task's ``build`` receives, this process's ``Run`` (``run.cfg``,
+``run.device``, ``run.precision``, ...) and ``main_process_first``, when its first parameter is
+named ``run``: ``def build(run, main_process_first)``. A builder written for the config keeps
+working: ``def build(cfg)`` or ``def build(cfg, main_process_first)`` gets ``run.cfg`` (and
+``main_process_first=`` when it names it)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from xtrain.tasks.contract import EVERY_KEY, MainProcessFirst, Task
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
+    from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
 
 
@@ -36,21 +42,32 @@ def load_custom(spec: str) -> Callable[..., Any]:
     return function
 
 
-def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-    """Calls ``function(cfg)`` (and passes ``main_process_first=`` when the function takes it)."""
+def _parameters(function: Callable[..., Any]) -> list[str]:
+    try:
+        return list(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    """Calls the user's ``function(run, main_process_first)`` (its first parameter named ``run``),
+    else ``function(cfg)`` (and passes ``main_process_first=`` when the function takes it)."""
+    cfg = run.cfg
     if not cfg.model.custom:
         raise XtrainError(
             "model.task is custom but model.custom is not set", "set model.custom=module:function"
         )
     function = load_custom(cfg.model.custom)
-    try:
-        takes_mpf = "main_process_first" in inspect.signature(function).parameters
-    except (TypeError, ValueError):
-        takes_mpf = False
+    parameters = _parameters(function)
     from transformers import set_seed
 
     set_seed(cfg.run.seed)  # the custom builder starts from the same RNG state in every process
-    workload = function(cfg, main_process_first=main_process_first) if takes_mpf else function(cfg)
+    if parameters[:1] == ["run"]:
+        workload = function(run, main_process_first)
+    elif "main_process_first" in parameters:
+        workload = function(cfg, main_process_first=main_process_first)
+    else:
+        workload = function(cfg)
     from xtrain.tasks.contract import Workload
 
     if not isinstance(workload, Workload):
@@ -77,7 +94,7 @@ def validate(cfg: TrainConfig) -> None:
 
 TASK = Task(
     name="custom",
-    about="model.custom: module:function, called with the config, returns a Workload",
+    about="model.custom: module:function, called with the Run (or the config), returns a Workload",
     build=build,
     keys=frozenset({EVERY_KEY, "model.custom"}),
     validate=validate,

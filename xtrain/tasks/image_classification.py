@@ -36,6 +36,7 @@ from xtrain.tasks.predicting import accuracy
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
+    from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
@@ -106,7 +107,7 @@ def apply_lora(model: Any, lora_cfg: Any) -> Any:
     return lora.adapt(model, lora_cfg, targets, whole, "image encoder")
 
 
-def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     import transformers
 
     from xtrain.data import collate
@@ -115,6 +116,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     from xtrain.tasks import common, data_check
     from xtrain.tasks.contract import Workload
 
+    cfg = run.cfg
     d, m = cfg.data, cfg.model
     source = common.media_source(cfg, main_process_first, check_model_type)
     auto = transformers.AutoImageProcessor
@@ -138,7 +140,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         return ImageLabelRows(ds, columns, mapping, folder, name, max_pixels=d.max_image_pixels)
 
     model = common.load_seeded(
-        cfg, TASK, source, **head_labels(num_labels, names), ignore_mismatched_sizes=True
+        run, TASK, source, **head_labels(num_labels, names), ignore_mismatched_sizes=True
     )
     workload = Workload(
         model=common.finish_model(model, cfg, TASK, apply_lora),

@@ -38,6 +38,7 @@ from xtrain.tasks.predicting import error_rates
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
+    from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
@@ -175,11 +176,12 @@ def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     return lora_layers.layers_matching(model, target_pattern(model, cfg.lora)), whole
 
 
-def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.data.rows.images import ImageTextCollator, ImageTextRows
     from xtrain.tasks import common, data_check
     from xtrain.tasks.contract import Workload
 
+    cfg = run.cfg
     d = cfg.data
     source = common.media_source(cfg, main_process_first, check_model_type)
     image_processor, tokenizer, saver = load_processors(source, cfg.model.trust_remote_code)
@@ -196,7 +198,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     train_rows = rows(train, train_dir, train_name)
     eval_rows = rows(eval_ds, eval_dir, eval_name) if eval_ds is not None else None
 
-    model = common.load_media_model(cfg, TASK, source)
+    model = common.load_media_model(run, TASK, source)
     fix_special_tokens(model, tokenizer)
     pooler = getattr(model.encoder, "pooler", None)
     if pooler is not None:  # unused by the decoder: frozen, or DDP waits for its gradients

@@ -10,6 +10,7 @@ from xtrain.tasks.contract import MainProcessFirst, Quickstart, Task
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
+    from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
@@ -18,7 +19,7 @@ NAME = "seq-cls"
 HEAD = "ForSequenceClassification"  # the architectures of a checkpoint whose head is trained
 
 
-def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.data import collate
     from xtrain.data.labels import head_labels, labels_of
     from xtrain.data.tokenize import require_columns, tokenize_seq_cls
@@ -32,6 +33,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         tokenizing,
     )
 
+    cfg = run.cfg
     d = cfg.data
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     columns = {
@@ -63,11 +65,11 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
         if eval_ds is not None:
             eval_ds = tokenize(eval_ds, "eval")
 
-    model = load_seeded(cfg, TASK, source, **head_labels(num_labels, id2label))
+    model = load_seeded(run, TASK, source, **head_labels(num_labels, id2label))
     # Decoder models classify from the last non-pad token: they must know the pad id.
     model.config.pad_token_id = tokenizer.pad_token_id
     evaluation = (collate.seq_cls_eval_batch, collate.seq_cls_reduce, "accuracy")
-    workload = text_workload(model, cfg, TASK, tokenizer, (train, eval_ds), evaluation)
+    workload = text_workload(model, run, TASK, tokenizer, (train, eval_ds), evaluation)
     workload.data_report = report
     return workload
 

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.data.rows.audio import AudioTextRows
     from xtrain.model.activations import Stack
+    from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
 from xtrain.model import lora_layers
 from xtrain.tasks.speech_parts import (
@@ -136,11 +137,12 @@ def validate(cfg: TrainConfig) -> None:
         )
 
 
-def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.data.rows.audio import AudioTextRows, SpeechTextCollator, check_audio_files
     from xtrain.tasks import common, data_check
     from xtrain.tasks.contract import Workload
 
+    cfg = run.cfg
     m = cfg.model
     source = common.media_source(cfg, main_process_first, check_model_type)
     feature_extractor, tokenizer, saver = load_processors(source, m.trust_remote_code)
@@ -173,7 +175,7 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     train_rows = rows(train, train_dir, train_name, "train")
     eval_rows = rows(eval_ds, eval_dir, eval_name, "eval") if eval_ds is not None else None
 
-    model = common.load_media_model(cfg, TASK, source)
+    model = common.load_media_model(run, TASK, source)
     start = fix_special_tokens(model, tokenizer)
     g = cfg.generation
     generate_kwargs = set_prefix(tokenizer, model, g.language, g.speech_task)

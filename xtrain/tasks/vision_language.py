@@ -39,6 +39,7 @@ from xtrain.tasks.vision_processor import load_processor
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
+    from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
 from xtrain.model import lora_layers
 from xtrain.tasks.vision_processor import NAME, processor_and_render
@@ -196,14 +197,14 @@ def fix_generation(model: Any, tokenizer: Any) -> None:
 # Data
 
 
-def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-    import torch
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
 
     from xtrain.data.rows import vision_rows
     from xtrain.data.rows.vision_chat import ANSWER_KEY, GEN_PREFIX, VisionChatCollator
     from xtrain.tasks import common, data_check
     from xtrain.tasks.contract import Workload
 
+    cfg = run.cfg
     d = cfg.data
     source, processor, render = processor_and_render(cfg, main_process_first)
     with main_process_first():
@@ -218,12 +219,12 @@ def build(cfg: TrainConfig, main_process_first: MainProcessFirst = contextlib.nu
     if eval_ds is not None:
         eval_rows = vision_rows.rows(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, with_prompts=True)
 
-    model = common.load_media_model(cfg, TASK, source)
+    model = common.load_media_model(run, TASK, source)
     fix_generation(model, tokenizer)
     return Workload(
         model=common.finish_model(model, cfg, TASK, apply_lora),
         train_dataset=train_rows,
-        collator=VisionChatCollator(processor, d.max_length, 8 if torch.cuda.is_available() else None),
+        collator=VisionChatCollator(processor, d.max_length, common.pad_multiple(run.device)),
         eval_dataset=eval_rows,
         tokenizer=processor,
         main_metric="exact_match",

@@ -30,7 +30,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,7 +42,7 @@ from xtrain.model import quantization
 from xtrain.model.sharding import prepare_generation
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
-from xtrain.planning.resolve import RunSettings, resolve, trackers
+from xtrain.planning.run import Run, for_process
 from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.train import checkpoint, failures, preflight, tracking
@@ -65,6 +65,9 @@ from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.result import TrainResult, run_info, run_record
 from xtrain.train.window import LogWindow, peak_memory
 
+if TYPE_CHECKING:
+    from xtrain.tasks.contract import MainProcessFirst, Workload
+
 __all__ = ["NonFiniteLoss", "Recipe", "TrainResult", "TrainingStopped", "train"]
 
 
@@ -75,26 +78,34 @@ def train(
     *,
     build: BuildFn | None = None,
 ) -> TrainResult:
-    """Train as the config says, in this process, as one rank of the launch context.
+    """Train as the config says, in this process, as one rank of the launch context: this
+    process's ``Run`` built here (``planning.run.for_process`` with ``plan``), then ``train_run``.
+    The library's entry (tests, benchmarks, notebooks); ``python -m xtrain.run`` builds its Run
+    itself and calls ``train_run``."""
+    return train_run(for_process(cfg, LaunchContext.from_env(), plan=plan), reporter, build=build)
+
+
+def train_run(run: Run, reporter: Reporter | None = None, *, build: BuildFn | None = None) -> TrainResult:
+    """Train ``run`` in this process.
 
     ``build`` replaces ``xtrain.tasks.build_workload`` (tests, benchmarks). The main
     process holds the output folder's run lock (``xtrain.runtime.lock``) from before anything is
     read until the run ends: a second run on the same folder stops at once, touching nothing."""
+    cfg = run.cfg
     checkpoint.check_output_dir(cfg.run.output_dir)
     preflight.check_paths(cfg)  # output folder and caches writable: before anything starts
-    preflight.check_trackers(trackers(cfg), plan.shell)  # every tracker named is installed
-    context = LaunchContext.from_env()
-    with lock.acquire(cfg.run.output_dir) if context.rank == 0 else contextlib.nullcontext():
-        recipe = Recipe(cfg, plan, reporter, build)
-        if context.distributed:  # its process group is never freed before the rank ends
+    preflight.check_trackers(run.settings.trackers, run.plan.shell)  # every tracker named is installed
+    with lock.acquire(cfg.run.output_dir) if run.is_main else contextlib.nullcontext():
+        recipe = Recipe(run, reporter, build)
+        if run.context.distributed:  # its process group is never freed before the rank ends
             lifetime.keep_until_exit(recipe)
-        return recipe.run()
+        return recipe.train()
 
 
-def _default_build(cfg: TrainConfig, main_process_first: Any) -> Any:
+def _default_build(run: Run, main_process_first: MainProcessFirst) -> Workload:
     from xtrain.tasks import build_workload
 
-    return build_workload(cfg, main_process_first)
+    return build_workload(run, main_process_first)
 
 
 def _reseed(value: int, device: torch.device) -> None:
@@ -116,14 +127,10 @@ class Recipe:
     optimizer step with ``close_window()``, ``evaluate()`` and ``save()`` at their intervals,
     then ``finish()``. State lives on the instance; nothing here prints (``Reporter`` does)."""
 
-    def __init__(
-        self, cfg: TrainConfig, plan: Plan, reporter: Reporter | None = None, build: BuildFn | None = None
-    ) -> None:
-        self.cfg, self.plan, self.build = cfg, plan, build or _default_build
-        self.ctx = LaunchContext.from_env()
-        settings = resolve(cfg, plan=plan, context=self.ctx).settings  # for the launcher's world size
-        assert settings is not None
-        self.settings: RunSettings = settings
+    def __init__(self, run: Run, reporter: Reporter | None = None, build: BuildFn | None = None) -> None:
+        cfg = run.cfg
+        self.run, self.build = run, build or _default_build
+        self.cfg, self.plan, self.ctx, self.settings = cfg, run.plan, run.context, run.settings
         self.config_dict = config_to_dict(cfg)
         self.out = Path(cfg.run.output_dir)
         # Everything a user can get wrong about resuming is checked before anything starts.
@@ -145,9 +152,10 @@ class Recipe:
         self.windows: list[dict[str, float]] = []  # this session's closed windows (TrainResult)
 
     # -- the whole run --------------------------------------------------------------------------------
-    def run(self) -> TrainResult:
+    def train(self) -> TrainResult:
+        """The whole run: ``setup``, ``fit``, ``finish``, the Accelerator released after."""
         s = self.settings
-        self.accelerator = build_accelerator(self.cfg, self.plan, self.ctx, s)
+        self.accelerator = build_accelerator(self.run)
         try:
             with quiet.wrong_results_raise():  # a library warning that means wrong numbers stops the run
                 self.setup()
@@ -195,7 +203,7 @@ class Recipe:
         """Workload, data order, optimizer, schedule; all prepared by accelerate."""
         cfg, s, acc = self.cfg, self.settings, self.accelerator
         with sharded.whole_model_loading(acc):  # ZeRO-3: no zero.Init collective in a main-first build
-            self.workload = build_workload_main_first(acc, cfg, self.build)
+            self.workload = build_workload_main_first(acc, self.run, self.build)
         # data.group_by_length: one length per sample (a task without lengths: one line, before any step)
         lengths = train_lengths(self.workload) if cfg.data.group_by_length else None
         self.order = DataOrder(

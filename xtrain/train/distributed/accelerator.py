@@ -20,14 +20,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.config.schema import TrainConfig
-from xtrain.planning.context import LaunchContext
+from xtrain.errors import XtrainError
 from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings
+from xtrain.planning.run import Run
 from xtrain.runtime.process_group import init_worker_group
 from xtrain.train.failures import rendezvous_error
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
 COMPILE_BACKEND = "inductor"  # torch.compile's default backend (tests use aot_eager: no C++ build)
@@ -39,13 +43,15 @@ def apply_plan_env(plan: Plan) -> None:
         os.environ.setdefault(key, str(value))
 
 
-def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings: RunSettings) -> Any:
-    """The Accelerator for this process. Must run before anything creates a process group."""
+def build_accelerator(run: Run) -> Accelerator:
+    """The Accelerator for this process's ``run``. Must run before anything creates a process
+    group. Its device is the one the run placed the model on (``Run.device``): checked."""
     from datetime import timedelta
 
     import torch
     from accelerate.utils import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
+    cfg, plan, ctx = run.cfg, run.plan, run.context
     apply_plan_env(plan)
     _cache_lomo_check()
     if plan.tf32 and torch.cuda.is_available():
@@ -64,16 +70,25 @@ def build_accelerator(cfg: TrainConfig, plan: Plan, ctx: LaunchContext, settings
             handlers.append(InitProcessGroupKwargs(backend=plan.backend, timeout=timeout))
             # xtrain's spawn launcher sent a socket-free rendezvous: join it (accelerate keeps the group)
             init_worker_group(plan.backend, ctx.rank, ctx.world_size, cfg.run.collective_timeout_s)
-        return _accelerator(cfg, plan, settings, handlers)
+        accelerator = _accelerator(cfg, plan, run.settings, handlers)
     except Exception as e:  # the peers never came: one line instead of c10d's traceback
-        address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-        failed = rendezvous_error(e, ctx.rank, ctx.world_size, address)
+        failed = rendezvous_error(e, ctx.rank, ctx.world_size, ctx.main_endpoint)
         if failed is None:
             raise
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state(reset_partial_state=True)  # half-made: a later run starts clean
         raise failed from None
+    placed, planned = accelerator.device, torch.device(run.device)
+    indexed = None not in (placed.index, planned.index)  # MULTI_CPU places ranks on "cpu:0"
+    if placed.type != planned.type or (indexed and placed.index != planned.index):
+        release(accelerator)
+        raise XtrainError(
+            f"accelerate placed this process on {placed}, but its model loads on {planned} "
+            f"(local rank {ctx.local_rank} of {ctx.local_world_size})",
+            "start at most one process per GPU that CUDA_VISIBLE_DEVICES leaves visible",
+        )
+    return accelerator
 
 
 def _accelerator(cfg: TrainConfig, plan: Plan, settings: RunSettings, handlers: list[Any]) -> Any:

@@ -10,19 +10,19 @@ from typing import Any, TypeVar
 
 import torch
 
-from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
-from xtrain.tasks.contract import Workload
+from xtrain.planning.run import Run
+from xtrain.tasks.contract import MainProcessFirst, Workload
 
-BuildFn = Callable[[TrainConfig, Callable[[], Any]], Workload]
+BuildFn = Callable[[Run, MainProcessFirst], Workload]  # a task's build (or a test's stand-in)
 T = TypeVar("T")
 
 
-def build_workload_main_first(accelerator: Any, cfg: TrainConfig, build: BuildFn) -> Workload:
+def build_workload_main_first(accelerator: Any, run: Run, build: BuildFn) -> Workload:
     """The main process builds first (it fills the datasets cache), the others follow. When the
     main process fails, the others raise the same error instead of waiting forever."""
-    workload = on_main(accelerator, lambda: build(cfg, contextlib.nullcontext), "build the workload")
-    return workload if workload is not None else build(cfg, contextlib.nullcontext)
+    workload = on_main(accelerator, lambda: build(run, contextlib.nullcontext), "build the workload")
+    return workload if workload is not None else build(run, contextlib.nullcontext)
 
 
 def on_main(accelerator: Any, fn: Callable[[], T], what: str) -> T | None:
