@@ -14,7 +14,8 @@ import pytest
 from xtrain import tasks
 from xtrain.errors import XtrainError
 from xtrain.model import attention
-from xtrain.planning.resolve import AttentionFacts, choose_attention, resolve
+from xtrain.planning.resolve import AttentionFacts, choose_attention
+from xtrain.planning.run import for_launch
 from xtrain.tasks.validation import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,13 +139,12 @@ def test_the_plan_says_which_and_why(machine):
     cfg = load_config(EXAMPLE, [])
     model_class = tasks.get(cfg.model.task).model_class
     facts = machine("linux-2x3090")  # fp16 on Ampere; the snapshot has no flash-attn
-    resolved = resolve(cfg, facts=facts)
-    chosen = attention.for_plan(cfg, resolved, model_class)
+    chosen = attention.for_plan(for_launch(cfg, facts=facts), model_class)
     assert chosen.name == "sdpa" and "flash-attn package is not installed" in chosen.reason
     with_flash = dataclasses.replace(facts, packages={**facts.packages, "flash-attn": "2.7.4"})
-    chosen = attention.for_plan(cfg, resolve(cfg, facts=with_flash), model_class)
+    chosen = attention.for_plan(for_launch(cfg, facts=with_flash), model_class)
     assert chosen.name == "flash_attention_2" and chosen.passed
-    cpu = attention.for_plan(cfg, resolve(cfg, facts=machine("linux-cpu")), model_class)
+    cpu = attention.for_plan(for_launch(cfg, facts=machine("linux-cpu")), model_class)
     assert cpu.name == "sdpa or eager" and "this run is on cpu" in cpu.reason
 
 

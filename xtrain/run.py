@@ -32,6 +32,7 @@ from xtrain.runtime import lifetime
 from xtrain.runtime.report import record_outcome
 from xtrain.runtime.signals import StopAtOnce, StopRequested, exit_code, stop_on_sigterm
 from xtrain.train.failures import remove_killed_writes, stopped_error
+from xtrain.train.preflight import Note, run_checks
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
@@ -86,7 +87,9 @@ def spawned_worker(cfg: TrainConfig, plan: Plan, error_dir: str) -> None:
     try:
         context = LaunchContext.from_env()  # the rank variables the spawn launcher set
         rank = context.rank
-        run_worker(for_process(cfg, context, plan=plan))
+        run = for_process(cfg, context, plan=plan)
+        _say(run_checks(run), run)  # this rank's preflight checks, before its model loads
+        run_worker(run)
     except XtrainError as e:
         data = {"message": e.message, "hint": e.hint, "exit_code": e.exit_code}
         (Path(error_dir) / f"rank-{rank}.json").write_text(json.dumps(data), encoding="utf-8")
@@ -147,10 +150,9 @@ def _main(argv: list[str] | None) -> tuple[int, LaunchContext | None]:
         run = for_process(
             cfg, context, processes=args.processes, platform=platform, checkpoint_dtype=checkpoint_dtype(cfg)
         )
-        _say_precision_findings(run)  # planned here (accelerate launch, torchrun): one line
-        from xtrain.train import optim
-
-        optim.check_backend(cfg.optim.name, run.plan.device)  # a missing bitsandbytes: before the model loads
+        # the preflight checks (a missing bitsandbytes, an unwritable output folder, ...) before the
+        # model loads; a precision warning of a plan made here (accelerate launch, torchrun): one line
+        _say(run_checks(run), run)
         if context.launched or run.plan.world_size == 1:
             run_worker(run)
         else:
@@ -183,14 +185,13 @@ def _fit_defaults(cfg: TrainConfig, context: LaunchContext | None = None) -> Non
             sys.stderr.write(f"note: {note}\n")
 
 
-def _say_precision_findings(run: Run) -> None:
-    """A precision that narrows the weights' range (``checks.precision``), said once by rank 0 of a
-    plan made here; a plan xtrain's launcher sent has no findings (its command said them)."""
+def _say(notes: list[Note], run: Run) -> None:
+    """The preflight checks' warnings, said once, by rank 0 (their other lines are the launcher's)."""
     if not run.is_main:
         return
-    for f in run.findings:
-        if f.code.startswith("precision-"):
-            sys.stderr.write(f"warning: {f.message}" + (f"; fix: {f.fix}" if f.fix else "") + "\n")
+    for note in notes:
+        if note.level in ("warning", "error"):
+            sys.stderr.write(f"{note.level}: {note.text}\n")
     sys.stderr.flush()
 
 

@@ -10,25 +10,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from xtrain.config.schema import TrainConfig
     from xtrain.tasks.data_report import DataReport, Example
 
 TRAINED_STYLE = "bold green underline"
 MARKS = ("[[", "]]")  # around the trained tokens where there is no styling
-
-
-def check(cfg: TrainConfig) -> DataReport | str:
-    """The task's data check on the first rows (a bad row raises its one line); a string when the
-    task has no check (custom tasks build their own data)."""
-    from xtrain import tasks
-    from xtrain.runtime.quiet import quiet_libraries
-    from xtrain.tasks.data_check import ROWS
-
-    task = tasks.get(cfg.model.task)
-    if task.check_data is None:
-        return f"skipped: task {task.name} reads its own data"
-    quiet_libraries()  # tokenizer and builder chatter
-    return task.check_data(cfg, ROWS)
 
 
 def render(report: DataReport | str, console: Console) -> None:

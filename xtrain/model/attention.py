@@ -17,6 +17,7 @@ from typing import Any
 
 from xtrain.config.schema import TrainConfig
 from xtrain.planning.resolve import Attention, AttentionFacts, choose_attention
+from xtrain.planning.run import Run
 
 FLASH_PACKAGE = "flash-attn"
 
@@ -81,10 +82,10 @@ def for_load(cfg: TrainConfig, model_class: Any, source: str, device: str, preci
     )
 
 
-def for_plan(cfg: TrainConfig, resolved: Any, model_class: str | None) -> Attention:
-    """The decision for ``resolved``'s plan (the smallest compute capability of its GPUs);
+def for_plan(run: Run, model_class: str | None) -> Attention:
+    """The decision for the ``run``'s plan (the smallest compute capability of its GPUs);
     ``model_class``: the task's transformers class (``Task.model_class``), None for its own."""
-    plan, facts = resolved.plan, resolved.facts
+    cfg, plan, facts = run.cfg, run.plan, run.facts
     support: tuple[Any, ...] = ("the model", None, None)
     asked = cfg.model.attn_implementation
     if plan.device == "cuda" or asked == "sdpa":
@@ -96,7 +97,7 @@ def for_plan(cfg: TrainConfig, resolved: Any, model_class: str | None) -> Attent
     ]
     capabilities = [tuple(g.capability) for g in gpus if g.capability]
     capability = min(capabilities) if capabilities and plan.device == "cuda" else None
-    found = _facts(cfg, plan.device, resolved.settings.precision, capability, support)
+    found = _facts(cfg, plan.device, run.precision, capability, support)
     if facts is not None and FLASH_PACKAGE in facts.packages:  # a snapshot that recorded it
         found = dataclasses.replace(found, flash_attn=facts.packages[FLASH_PACKAGE])
     return choose_attention(asked, found)

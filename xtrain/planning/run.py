@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xtrain.config.schema import TrainConfig
+from xtrain.machine.facts import Facts
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Finding, Plan
-from xtrain.planning.resolve import RunSettings, resolve
+from xtrain.planning.resolve import Resolved, RunSettings, resolve
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class Run:
     context: LaunchContext
     device: str  # cpu | mps | cuda (the current GPU, one process) | cuda:N (rank of a launch)
     findings: list[Finding] = field(default_factory=list)  # a plan made here (none for a sent one)
+    facts: Facts | None = None  # the machine's facts the plan was made from (None: a plan given)
 
     @property
     def precision(self) -> str:
@@ -86,6 +88,33 @@ def for_process(
         plan=plan,
         checkpoint_dtype=checkpoint_dtype,
     )
+    return _run(cfg, resolved, context)
+
+
+def for_launch(
+    cfg: TrainConfig,
+    *,
+    processes: int | None = None,
+    gpu_ids: list[int] | None = None,
+    platform: str | None = None,
+    facts: Facts | None = None,
+    checkpoint_dtype: str | None = None,
+) -> Run:
+    """The ``Run`` of a command that starts the processes itself (``xtrain train``): planned for
+    this machine (probed here, or the ``facts`` of a ``--facts`` snapshot), the settings for the
+    plan's world size; this process computes nothing (its device is the plan's)."""
+    resolved = resolve(
+        cfg,
+        processes=processes,
+        gpu_ids=gpu_ids,
+        platform=platform,
+        facts=facts,
+        checkpoint_dtype=checkpoint_dtype,
+    )
+    return _run(cfg, resolved, LaunchContext())
+
+
+def _run(cfg: TrainConfig, resolved: Resolved, context: LaunchContext) -> Run:
     assert resolved.settings is not None  # resolve always settles a train config
     return Run(
         cfg=cfg,
@@ -94,4 +123,5 @@ def for_process(
         context=context,
         device=process_device(resolved.plan, context),
         findings=resolved.findings,
+        facts=resolved.facts,
     )

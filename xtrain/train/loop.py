@@ -80,22 +80,21 @@ def train(
 ) -> TrainResult:
     """Train as the config says, in this process, as one rank of the launch context: this
     process's ``Run`` built here (``planning.run.for_process`` with ``plan``), then ``train_run``.
-    The library's entry (tests, benchmarks, notebooks); ``python -m xtrain.run`` builds its Run
-    itself and calls ``train_run``."""
-    return train_run(for_process(cfg, LaunchContext.from_env(), plan=plan), reporter, build=build)
+    The library's entry (tests, benchmarks, notebooks): the preflight checks run here (their
+    refusals raise; ``python -m xtrain.run`` builds its Run, runs them and prints their warnings,
+    then calls ``train_run``)."""
+    run = for_process(cfg, LaunchContext.from_env(), plan=plan)
+    preflight.run_checks(run)
+    return train_run(run, reporter, build=build)
 
 
 def train_run(run: Run, reporter: Reporter | None = None, *, build: BuildFn | None = None) -> TrainResult:
-    """Train ``run`` in this process.
+    """Train ``run`` in this process, its preflight checks passed (``preflight.run_checks``).
 
     ``build`` replaces ``xtrain.tasks.build_workload`` (tests, benchmarks). The main
     process holds the output folder's run lock (``xtrain.runtime.lock``) from before anything is
     read until the run ends: a second run on the same folder stops at once, touching nothing."""
-    cfg = run.cfg
-    checkpoint.check_output_dir(cfg.run.output_dir)
-    preflight.check_paths(cfg)  # output folder and caches writable: before anything starts
-    preflight.check_trackers(run.settings.trackers, run.plan.shell)  # every tracker named is installed
-    with lock.acquire(cfg.run.output_dir) if run.is_main else contextlib.nullcontext():
+    with lock.acquire(run.cfg.run.output_dir) if run.is_main else contextlib.nullcontext():
         recipe = Recipe(run, reporter, build)
         if run.context.distributed:  # its process group is never freed before the rank ends
             lifetime.keep_until_exit(recipe)
