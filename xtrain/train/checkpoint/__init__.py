@@ -27,7 +27,8 @@ before it is resumed from: with ``run.resume=auto`` a damaged newest checkpoint 
 - ``save.py``: ``save``, ``rotate``, ``remove_partial``, the model hooks (trainable weights only),
   ``write_on_main`` (a main-process write that every rank sees fail the same way).
 - ``faults.py``: the filesystem failing under a write (disk full, permission) as one line.
-- ``resume.py``: ``find_resume``, ``read_state`` (does it fit this config), ``changes``, ``load``.
+- ``resume.py``: ``resume_point`` (``find_resume``, ``read_state``: does it fit this config),
+  ``changes``, ``load``.
 - ``outputs.py``: ``save_final``, ``save_best``, ``write_result`` (a sharded model's weights
   are gathered first: ``xtrain.train.distributed.sharded.save_on_main``).
 
@@ -46,20 +47,20 @@ from xtrain.train.checkpoint.layout import (
     partial_checkpoints,
 )
 from xtrain.train.checkpoint.outputs import BEST, is_new_best, save_best, save_final, write_result
-from xtrain.train.checkpoint.resume import changes, find_resume, find_resume_checked, load, read_state
+from xtrain.train.checkpoint.resume import ResumePoint, changes, find_resume, load, read_state, resume_point
 from xtrain.train.checkpoint.save import install_model_hooks, remove_partial, rotate, save, write_on_main
 
 __all__ = [
     "BEST",
     "CHECKPOINTS",
     "MANIFEST_FILE",
+    "ResumePoint",
     "STATE_FILE",
     "TrainState",
     "changes",
     "check_output_dir",
     "checkpoints_dir",
     "find_resume",
-    "find_resume_checked",
     "install_model_hooks",
     "is_new_best",
     "list_checkpoints",
@@ -67,6 +68,7 @@ __all__ = [
     "partial_checkpoints",
     "read_state",
     "remove_partial",
+    "resume_point",
     "rotate",
     "save",
     "save_best",

@@ -4,6 +4,7 @@ and loading it."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,22 @@ _OWN_NOTE = {
 }
 
 
-def find_resume_checked(output_dir: str | Path, resume: str | None) -> tuple[Path | None, list[str]]:
-    """``find_resume`` plus a note for each damaged checkpoint that ``resume=auto`` skipped."""
-    notes: list[str] = []
-    return find_resume(output_dir, resume, notes), notes
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a run starts: the checkpoint to resume from (None: a new run), its xtrain state
+    (checked against this run's config) and a note for each damaged checkpoint skipped for it."""
+
+    path: Path | None
+    saved: TrainState | None
+    damaged: list[str]
+
+
+def resume_point(output_dir: str | Path, resume: str | None, config: dict[str, Any]) -> ResumePoint:
+    """Everything a user can get wrong about resuming, checked before anything starts
+    (``find_resume``, ``read_state``); nothing is loaded or written."""
+    damaged: list[str] = []  # a note for each damaged checkpoint that resume=auto skipped
+    path = find_resume(output_dir, resume, damaged)
+    return ResumePoint(path, read_state(path, config) if path is not None else None, damaged)
 
 
 def find_resume(output_dir: str | Path, resume: str | None, notes: list[str] | None = None) -> Path | None:
