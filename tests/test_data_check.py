@@ -11,6 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
+from support.workloads import local_run
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
@@ -140,7 +141,7 @@ def test_a_row_with_an_image_no_turn_uses_is_refused_with_the_row(tmp_path, caps
     # the run refuses it too, before the model loads
     cfg = load_config(tmp_path / "vqa.yaml", [])
     with pytest.raises(XtrainError, match="row 1 of .* lists 1 image.s. but the turns place 0"):
-        get_task(cfg.model.task).build(cfg, contextlib.nullcontext)
+        get_task(cfg.model.task).build(local_run(cfg), contextlib.nullcontext)
 
 
 # ---------------------------------------------------------------------------------------------

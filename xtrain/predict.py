@@ -26,9 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import tasks
+from xtrain.config.schema import DataConfig
+from xtrain.data.sources import EXTENSIONS
 from xtrain.errors import XtrainError
+from xtrain.model import load as models
+from xtrain.model import quantization
 from xtrain.tasks.contract import BASE_LOAD, Example, Loaded, PredictRequest, Task
 from xtrain.tasks.predicting import IMAGE_LIMIT, in_batches
+from xtrain.tasks.validation import config_from_dict
+from xtrain.train.checkpoint.layout import STATE_FILE, list_checkpoints
+from xtrain.train.result import RUN_FILE
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
@@ -75,8 +82,6 @@ def read_json_object(path: Path) -> dict[str, Any]:
 def _checkpoint_section(folder: Path, section: str) -> dict[str, Any]:
     """A section (``model``, ``data``) of the config saved in the newest checkpoint of the run
     ``folder`` is in ({} when there is none)."""
-    from xtrain.train.checkpoint.layout import STATE_FILE, list_checkpoints
-
     if folder.name not in _OUTPUT_FOLDERS:
         return {}
     found = list_checkpoints(folder.parent)
@@ -122,8 +127,6 @@ def _head_task(folder: Path) -> str | None:
 def run_task(folder: Path) -> RunTask:
     """What the result in ``folder`` was trained for: the run's own record first (``RUN_FILE``,
     saved with the adapter), then its checkpoints' config, then the model's head."""
-    from xtrain.train.result import RUN_FILE
-
     record = read_json_object(folder / RUN_FILE)
     if isinstance(record.get("task"), str):
         return RunTask(record["task"], bool(record.get("chat")), record)
@@ -162,7 +165,6 @@ def load_predictor(path: str | Path) -> tuple[Task, Loaded]:
     when there is one, in eval mode."""
     import torch
 
-    from xtrain.model import load as models
 
     folder = model_folder(path)
     task, trained = predicting_task(folder)
@@ -204,8 +206,6 @@ def image_limit(settings: dict[str, Any]) -> int | None:
 def base_load(folder: Path, task: Task, trained: RunTask, device: Any) -> dict[str, Any]:
     """The ``from_pretrained`` keywords of the adapter's base: a quantized run's base in 4 or 8
     bits on ``device`` as training loaded it ({} for a 16-bit run)."""
-    from xtrain.model import quantization
-
     found = trained_quantization(folder, trained)
     if found is None:
         return {}
@@ -270,10 +270,6 @@ def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> Train
     readers take. The chat template is the one saved with the result (training saved the one it
     used there); nothing is packed or split; a file whose extension names its format is read as
     that format (``data.format`` is for the training files' names)."""
-    from xtrain.config.schema import DataConfig
-    from xtrain.data.sources import EXTENSIONS
-    from xtrain.tasks.validation import config_from_dict
-
     known = {f.name for f in dataclasses.fields(DataConfig)}  # a record from another xtrain version
     data = {k: v for k, v in settings.items() if k in known}
     if Path(file).suffix.lower() in EXTENSIONS:  # a CSV to predict after training on JSON lines

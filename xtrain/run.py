@@ -25,14 +25,21 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from xtrain.config.schema import given_keys
 from xtrain.errors import XtrainError
+from xtrain.launch.spawn import spawn
+from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
+from xtrain.model.configs import local_config
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.run import Run, for_process
 from xtrain.runtime import lifetime
+from xtrain.runtime.quiet import quiet_libraries
 from xtrain.runtime.report import record_outcome
 from xtrain.runtime.signals import StopAtOnce, StopRequested, exit_code, stop_on_sigterm
-from xtrain.train.failures import remove_killed_writes, stopped_error
+from xtrain.tasks import model_checks
+from xtrain.train.failures import NoPeers, remove_killed_writes, stopped_error
 from xtrain.train.preflight import Note, run_checks
+from xtrain.train.report import RichReporter
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
@@ -68,9 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run_worker(run: Run) -> TrainResult:
     """Train as one rank of the launch context (or as the only process)."""
-    from xtrain.runtime.quiet import quiet_libraries
     from xtrain.train.loop import train_run
-    from xtrain.train.report import RichReporter
 
     lifetime.watch_parent(run.context)  # started by a launcher: end with it (xtrain.runtime.lifetime)
     quiet_libraries()
@@ -103,9 +108,6 @@ def spawned_worker(cfg: TrainConfig, plan: Plan, error_dir: str) -> None:
 
 def _spawn(cfg: TrainConfig, plan: Plan) -> None:
     """Start the plan's ranks here with torch.multiprocessing (spawn)."""
-    from xtrain.launch.spawn import spawn
-    from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
-
     with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as error_dir:
         try:
             spawn(spawned_worker, (cfg, plan, error_dir), plan)
@@ -173,10 +175,6 @@ def _fit_defaults(cfg: TrainConfig, context: LaunchContext | None = None) -> Non
     """``model_checks.fit_defaults`` from the model's config.json (a built-in is built and a hub
     model's config.json fetched here: the run loads the model next anyway); rank 0 (of
     ``context``) says each change."""
-    from xtrain.config.schema import given_keys
-    from xtrain.model.configs import local_config
-    from xtrain.tasks import model_checks
-
     lengths = {"data.max_length", "generation.max_new_tokens"}
     if lengths <= (given_keys(cfg) or lengths):
         return  # both given (or a config built in code): nothing to fit, nothing to read
@@ -198,8 +196,6 @@ def _say(notes: list[Note], run: Run) -> None:
 def _report(e: XtrainError, context: LaunchContext) -> int:
     """Rank 0 prints the one line (and tells xtrain's launcher it did); returns the exit code.
     A group that never formed has no rank 0 to speak for the others: each says it."""
-    from xtrain.train.failures import NoPeers
-
     if context.is_main or isinstance(e, NoPeers):
         prefix = "" if e.exit_code in (130, 143) else "error: "  # a stop is not an error
         sys.stderr.write(f"{prefix}{e.one_line()}\n")

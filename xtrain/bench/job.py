@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain.bench.sizes import LORA_TARGETS, ModelSize
+from xtrain.builtin import build_tokenizer, story_examples
 
 
 def write_model(size: ModelSize, folder: Path) -> int:
@@ -17,7 +18,6 @@ def write_model(size: ModelSize, folder: Path) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from xtrain.builtin import build_tokenizer
 
     tokenizer = build_tokenizer("llama")
     vocab = max(size.vocab, len(tokenizer))
@@ -44,8 +44,6 @@ def write_model(size: ModelSize, folder: Path) -> int:
 
 def write_stories(path: Path, blocks: int, seq_len: int) -> None:
     """Enough built-in tiny stories (~60 tokens each) to pack into ``blocks`` blocks of ``seq_len``."""
-    from xtrain.builtin import story_examples
-
     n = max(64, math.ceil(blocks * seq_len / 50))
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for row in story_examples(n, seed=11):

@@ -21,6 +21,10 @@ from xtrain.bench.rates import figures, read_windows
 from xtrain.bench.result import BenchResult, load_average, machine_info
 from xtrain.bench.sizes import SIZES, ModelSize, pick_size
 from xtrain.errors import XtrainError
+from xtrain.launch.launcher import launch
+from xtrain.launch.smoke import run_smoke
+from xtrain.launch.worker_errors import WorkerFailed
+from xtrain.planning.resolve import resolve
 
 
 @contextlib.contextmanager
@@ -56,9 +60,6 @@ def run_training(plan: Any, config_path: Path, output_dir: Path, log_file: Path)
     """``python -m xtrain.run --config C`` on every process of ``plan``, through
     ``xtrain.launch.launcher.launch`` (the path `xtrain train` takes). Returns train_result.json, plus
     ``wall_s`` and the logging windows."""
-    from xtrain.launch.launcher import launch
-    from xtrain.launch.worker_errors import WorkerFailed
-
     start = time.perf_counter()
     try:
         with output_to(log_file):
@@ -95,8 +96,6 @@ DEFAULT_STEPS = {"tiny": 30, "small": 40, "base": 40}
 
 
 def plan_for(facts: Any, processes: int | None, precision: str | None, platform: str | None) -> Any:
-    from xtrain.planning.resolve import resolve
-
     return resolve(facts=facts, processes=processes, precision=precision, platform=platform).plan
 
 
@@ -219,8 +218,6 @@ def _measure(
             result.runs[0].samples_per_s, result.runs[-1].samples_per_s, n
         )
         if options.smoke:
-            from xtrain.launch.smoke import run_smoke
-
             tell(f"timing an all-reduce over {n} processes ({plan_n.backend})")
             with output_to(root / "smoke.log"):
                 smoke = run_smoke(plan_n)

@@ -22,6 +22,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from xtrain.builtin.text import fast_tokenizer
+
 MODELS = ("tiny-whisper",)
 DATASETS = ("spoken-words",)
 
@@ -123,8 +125,6 @@ def build_char_tokenizer() -> Any:
         pair=f"{start} $A $B {end}",
         special_tokens=[(start, vocab[start]), (end, vocab[end])],
     )
-    from xtrain.builtin.text import fast_tokenizer
-
     return fast_tokenizer(
         tok,
         64,

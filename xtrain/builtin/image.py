@@ -18,6 +18,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from xtrain.builtin.text import fast_tokenizer
+
 MODELS = ("tiny-trocr",)
 DATASETS = ("ocr-lines",)
 
@@ -113,8 +115,6 @@ def build_char_tokenizer() -> Any:
     tok.post_processor = processors.TemplateProcessing(
         single="$A </s>", pair="$A $B </s>", special_tokens=[("</s>", vocab["</s>"])]
     )
-    from xtrain.builtin.text import fast_tokenizer
-
     return fast_tokenizer(
         tok,
         64,

@@ -23,6 +23,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from xtrain.builtin.text import byte_level_bpe, fast_tokenizer, story_examples
+
 IMAGE_SIZE = 56  # pixels a side: 4x4 patches of 14, merged 2x2 into 4 image tokens
 PATCH, MERGE, TEMPORAL = 14, 2, 2
 TRAIN_ROWS, EVAL_ROWS = 2000, 200
@@ -129,8 +131,6 @@ def build_shapes_vqa(folder: Path, version: int) -> None:
 
 
 def _corpus() -> list[str]:
-    from xtrain.builtin.text import story_examples
-
     texts = [SYSTEM_PROMPT, "user", "assistant", "system", *SHAPES, *COLOURS] * 20  # whole-word merges
     for kind in QUESTIONS.values():
         for q in kind:
@@ -141,8 +141,6 @@ def _corpus() -> list[str]:
 
 def build_tokenizer() -> Any:
     """Byte-level BPE (any text encodes) trained in-process, with Qwen2-VL's special tokens."""
-    from xtrain.builtin.text import byte_level_bpe, fast_tokenizer
-
     tok = byte_level_bpe(_corpus(), 600, SPECIAL_TOKENS)
 
     return fast_tokenizer(

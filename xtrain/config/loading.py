@@ -20,6 +20,7 @@ from xtrain import structured
 from xtrain.config import foreign
 from xtrain.config.schema import TrainConfig, mark_given, sections
 from xtrain.config.values import closest, resolve_key, set_value, show
+from xtrain.encoding import read_text
 from xtrain.errors import XtrainError, shown
 
 QUICKSTART_CONFIG = Path(__file__).resolve().parents[1] / "builtin" / "jobs" / "quickstart.yaml"
@@ -35,8 +36,6 @@ _INPUT_PATHS = (
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    from xtrain.encoding import read_text
-
     if path.exists() and not path.is_dir() and not path.is_file():  # /dev/null, a pipe, a device
         raise XtrainError(
             f"config path {path} is not a regular file", "give a YAML file, e.g. examples/*.yaml"

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from xtrain import builtin
+from xtrain import builtin, encoding
 from xtrain.errors import XtrainError
 
 EXTENSIONS = {
@@ -148,8 +148,6 @@ def _readable(path: Path, builder: str, source: str, whole: bool) -> tuple[Path,
     """(the path datasets reads: a cached UTF-8 copy of a file with a BOM or in UTF-16, its
     ``load_dataset`` keywords); an empty file is refused. ``whole``: the UTF-8 check reads it
     all, else its first piece (the rest is checked when the run reads it)."""
-    from xtrain import encoding
-
     kwargs: dict[str, Any] = {}
     if builder == "csv" and path.suffix.lower() == ".tsv":
         kwargs["delimiter"] = "\t"
@@ -168,8 +166,6 @@ def _readable(path: Path, builder: str, source: str, whole: bool) -> tuple[Path,
 
 
 def _read_error(e: Exception, original: Path, source: str, builder: str) -> XtrainError:
-    from xtrain import encoding
-
     cause: BaseException | None = e
     while cause is not None and not isinstance(cause, UnicodeDecodeError):
         cause = cause.__cause__ or cause.__context__

@@ -44,6 +44,7 @@ from typing import Any
 from xtrain import atomic
 from xtrain.errors import XtrainError
 from xtrain.launch.env import visible_entries
+from xtrain.machine.probes.accelerate_config import accelerate_config_path
 from xtrain.planning.plan import Plan
 from xtrain.shell import quote, set_env
 
@@ -235,8 +236,6 @@ def header_for(plan: Plan) -> str:
 # ---------------------------------------------------------------------------------------------
 def default_config_path() -> Path:
     """accelerate's default config file (``accelerate_config_path`` of ``xtrain.machine.probes``)."""
-    from xtrain.machine.probes.accelerate_config import accelerate_config_path
-
     return accelerate_config_path()
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
+from xtrain.launch.launcher import launch
+from xtrain.launch.worker_errors import WorkerFailed
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.runtime import lifetime
@@ -97,8 +99,6 @@ def run_smoke(
         result.elapsed_s = time.perf_counter() - start
         return result
 
-    from xtrain.launch.launcher import launch
-    from xtrain.launch.worker_errors import WorkerFailed
 
     result = SmokeResult(
         ok=False,

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from xtrain import structured
+from xtrain.encoding import read_text
 from xtrain.errors import XtrainError
 
 SCHEMA_VERSION = 1
@@ -226,8 +228,6 @@ class Facts:
 
     @classmethod
     def load(cls, path: str | Path) -> Facts:
-        from xtrain.encoding import read_text
-
         p = Path(path)
         try:
             # a snapshot saved with PowerShell's `>` is UTF-16; ANSI bytes get a one-line refusal
@@ -237,8 +237,6 @@ class Facts:
                 f"cannot read facts file {p}: {e.strerror or e}",
                 "check the path, or save one with `xtrain doctor --save FILE`",
             ) from None
-        from xtrain import structured
-
         # no key twice, no nesting past any snapshot (json recurses: RecursionError otherwise)
         fresh = "save a fresh one with `xtrain doctor --save FILE`"
         data = structured.read_json(text, f"facts file {p}", fresh)

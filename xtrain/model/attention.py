@@ -16,6 +16,8 @@ import importlib.metadata
 from typing import Any
 
 from xtrain.config.schema import TrainConfig
+from xtrain.model import load as models
+from xtrain.model.configs import read_config_offline
 from xtrain.planning.resolve import Attention, AttentionFacts, choose_attention
 from xtrain.planning.run import Run
 
@@ -71,7 +73,6 @@ def for_load(cfg: TrainConfig, model_class: Any, source: str, device: str, preci
     ``device`` (``Run.device``: cpu, mps, cuda, cuda:N) in ``precision`` (``Run.precision``)."""
     import torch
 
-    from xtrain.model import load as models
 
     where = torch.device(device)
     capability = torch.cuda.get_device_capability(where) if where.type == "cuda" else None
@@ -107,7 +108,6 @@ def _offline_support(cfg: TrainConfig, model_class: str | None, unknown: tuple[A
     """The model's support from its config where it already is (never a download)."""
     import transformers
 
-    from xtrain.model.configs import read_config_offline
 
     if model_class is None:
         return unknown

@@ -7,16 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from xtrain import builtin
+from xtrain import builtin, structured
 from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
+from xtrain.model import load as models
 
 
 def read_config_offline(cfg: TrainConfig) -> Any | str:
     """The model's ``AutoConfig`` from a local folder, a built-in or the hub cache; else why not."""
     from transformers import AutoConfig
 
-    from xtrain.model import load as models
 
     name = cfg.model.name_or_path
     if cfg.model.trust_remote_code:
@@ -83,8 +83,6 @@ def config_path(name: str, fetch: bool = False) -> Path | None:
     already built, the Hugging Face cache of a hub id; else None. Never a download or a build,
     unless ``fetch`` (a training worker, which loads the model next anyway): then a built-in is
     built and a hub id's config.json (only that file) is downloaded."""
-    from xtrain import builtin
-
     if builtin.is_builtin(name):
         path = builtin.cache_root() / builtin.strip_prefix(name) / "config.json"
         if fetch and not path.is_file():
@@ -96,8 +94,6 @@ def config_path(name: str, fetch: bool = False) -> Path | None:
     folder = Path(name).expanduser()
     if folder.is_dir():
         return folder / "config.json" if (folder / "config.json").is_file() else None
-    from xtrain.model import load as models
-
     if not models.looks_like_hub_id(name):
         return None
     try:  # the cache; the hub only with fetch (offline mode: fails at once)
@@ -114,8 +110,6 @@ def config_path(name: str, fetch: bool = False) -> Path | None:
 def config_json(name: str, fetch: bool = False) -> dict[str, Any] | None:
     """The model's ``config.json`` as plain data, read without transformers where it is on this
     machine (``config_path``); None when it is not (or is not a JSON mapping)."""
-    from xtrain import structured
-
     path = config_path(name, fetch)
     if path is None:
         return None

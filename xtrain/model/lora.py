@@ -7,6 +7,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.model.lora_layers import _linear_types, find_target_modules, layers_matching, linear_layers
+from xtrain.model.quantization import INSTALL
 
 
 def enable_gradient_checkpointing(model: Any, with_lora: bool) -> None:
@@ -95,8 +96,6 @@ def _need_bitsandbytes(what: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec("bitsandbytes") is None:
-        from xtrain.model.quantization import INSTALL
-
         raise XtrainError(f"{what} needs bitsandbytes, which is not installed", INSTALL)
 
 

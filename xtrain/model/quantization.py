@@ -25,6 +25,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.machine.quant_support import MIN_BITSANDBYTES  # the one floor (pyproject pins it too)
+from xtrain.runtime.quiet import quiet_bitsandbytes
 
 # the package itself: the `xtrain` on the public index is an unrelated project (pyproject's
 # `quantization` extra asks for the same, for installs from the checkout: pip install -e ".[quantization]")
@@ -155,8 +156,6 @@ def read_backend() -> Backend:
         version = importlib.metadata.version("bitsandbytes")
     except importlib.metadata.PackageNotFoundError:
         return Backend(version=None)
-    from xtrain.runtime.quiet import quiet_bitsandbytes
-
     quiet_bitsandbytes()  # importing it logs a hint about an optional package on some CPUs
     try:
         import bitsandbytes

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from xtrain.config.schema import TrainConfig
+from xtrain.config.values import BNB_OPTIMIZERS
 from xtrain.model import memory
+from xtrain.model.quantization import skip_patterns
 
 
 def moments_8bit(cfg: TrainConfig) -> bool:
     """Whether ``optim.name`` keeps AdamW's moments in 8 bits (bitsandbytes)."""
-    from xtrain.config.values import BNB_OPTIMIZERS
-
     return cfg.optim.name in BNB_OPTIMIZERS
 
 
@@ -39,7 +39,6 @@ def quantizable_count(
     import torch
     from transformers.quantizers.quantizers_utils import should_convert_module
 
-    from xtrain.model.quantization import skip_patterns
 
     patterns = skip_patterns(unquantized)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
+from xtrain.machine import probe
 from xtrain.machine.facts import DEFAULT_PORT, Facts
 from xtrain.planning.batch import gradient_accumulation, scaled_lr
 from xtrain.planning.checks import CHECKS
@@ -137,8 +138,6 @@ def resolve(
         settings = run_settings(cfg, held, world) if cfg is not None else None
         return Resolved(plan=held, findings=[], settings=settings)
     if facts is None:
-        from xtrain.machine import probe
-
         facts = probe.collect(quick=not full_probe, port=port if port is not None else DEFAULT_PORT)
     diagnosis = diagnose(facts, overrides)
     world = context.world_size if context is not None and context.launched else diagnosis.plan.world_size

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from xtrain.atomic import write_text
 from xtrain.errors import XtrainError
 
 REPORT_ENV = "XTRAIN_REPORT_DIR"
@@ -32,8 +33,6 @@ def record_outcome(error: XtrainError, rank: int) -> None:
     folder = os.environ.get(REPORT_ENV)
     if not folder or rank != 0:
         return
-    from xtrain.atomic import write_text
-
     data = {"message": error.message, "hint": error.hint, "exit_code": error.exit_code}
     with contextlib.suppress(OSError):  # the launcher then says it itself
         write_text(Path(folder) / OUTCOME_FILE, json.dumps(data))

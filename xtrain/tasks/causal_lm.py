@@ -14,9 +14,14 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain.data.rows import formats as row_formats
+from xtrain.data.rows.formats import row_format, text_columns
 from xtrain.errors import XtrainError
-from xtrain.tasks import prompt_predict
+from xtrain.model import load as models
+from xtrain.model import neftune
+from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Task
+from xtrain.tasks.data_report import DataReport
 from xtrain.tasks.predicting import exact_match
 
 if TYPE_CHECKING:
@@ -24,8 +29,6 @@ if TYPE_CHECKING:
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
-    from xtrain.tasks.data_report import DataReport
-from xtrain.data.rows.formats import row_format, text_columns
 
 NAME = "causal-lm"
 
@@ -34,7 +37,6 @@ def is_chat(cfg: TrainConfig, tokenizer: Any, fmt: str) -> bool:
     """Conversations rendered by a chat template: messages and sharegpt always; alpaca when there
     is a template (``data.chat_template`` or the tokenizer's), else it is prompt/response."""
     from xtrain.data.rows import chat as chat_data
-    from xtrain.data.rows import formats as row_formats
 
     if fmt in row_formats.CHAT:
         return True
@@ -54,7 +56,6 @@ def chat_rows(
     """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
     from xtrain.data.packing import pack_all
     from xtrain.data.rows import chat as chat_data
-    from xtrain.data.rows import formats as row_formats
     from xtrain.tasks.common import require_nonempty
 
     d = cfg.data
@@ -91,7 +92,6 @@ def chat_render(cfg: TrainConfig, tokenizer: Any, source: str, fmt: str) -> Any:
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-    from xtrain.data.rows import formats as row_formats
     from xtrain.data.tokenize import require_columns, tokenize_causal_lm
     from xtrain.tasks import data_check
     from xtrain.tasks.common import (
@@ -145,7 +145,6 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     if getattr(model.config, "pad_token_id", None) is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     from xtrain.data import collate
-    from xtrain.model import neftune
 
     evaluation = (collate.causal_lm_eval_batch, collate.causal_lm_reduce, "token_accuracy")
     if d.packing == "on":
@@ -181,9 +180,6 @@ def inspect(
     """Each sample's rows in the format the run reads (``row_format``), tokenised as the run
     tokenises them (chat: ``chat_data``; text: ``tokenize_causal_lm``); without a tokenizer
     (a hub model not on this machine) the rows' fields only."""
-    from xtrain.data.rows import formats as row_formats
-    from xtrain.tasks.data_report import DataReport
-
     d = cfg.data
     report = DataReport(NAME, d.max_length, notes=notes)
     train = next((s for s in samples if s.role == "train"), None)
@@ -207,7 +203,6 @@ def inspect(
 def _check_chat(cfg: TrainConfig, s: Sample, fmt: str, render: Any, tokenizer: Any) -> tuple[Any, Any]:
     from xtrain.data.collate import IGNORE_INDEX
     from xtrain.data.rows import chat as chat_data
-    from xtrain.data.rows import formats as row_formats
     from xtrain.tasks import data_check
 
     d = cfg.data
@@ -229,7 +224,6 @@ def _check_chat(cfg: TrainConfig, s: Sample, fmt: str, render: Any, tokenizer: A
 
 
 def _check_text(cfg: TrainConfig, s: Sample, fmt: str, tokenizer: Any) -> tuple[Any, Any]:
-    from xtrain.data.rows import formats as row_formats
     from xtrain.data.tokenize import require_columns, tokenize_causal_lm
     from xtrain.tasks import data_check
 
@@ -325,8 +319,6 @@ def check_packs_apart(model: Any) -> None:
 def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
-    from xtrain.model import load as models
-    from xtrain.tasks import contract
 
     try:
         base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits

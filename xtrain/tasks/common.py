@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.config.schema import TrainConfig
 from xtrain.data import collate
+from xtrain.data.rows.images import check_image_files
 from xtrain.data.sources import load_source
 from xtrain.data.tokenize import map_fingerprint, require_columns, tokenized, tokenizer_fingerprint
 from xtrain.errors import XtrainError
@@ -19,6 +20,7 @@ from xtrain.model import attention, lora, quantization
 from xtrain.model import load as models
 from xtrain.tasks import model_checks
 from xtrain.tasks.contract import EvalBatchFn, MainProcessFirst, ReduceFn, Task, Workload
+from xtrain.tasks.generation import GenerationEval
 
 if TYPE_CHECKING:
     from xtrain.planning.run import Run
@@ -235,8 +237,6 @@ def image_datasets(
 ) -> tuple[tuple[Any, str, Any], tuple[Any, str, Any]]:
     """(train, its name, its folder), (eval or None, ...): loaded by the first process first,
     the ``columns`` ({key: column}) present and every image file found before training starts."""
-    from xtrain.data.rows.images import check_image_files
-
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         train_dir, eval_dir = media_dirs(cfg, "image")
@@ -264,8 +264,6 @@ def load_media_model(run: Run, task: Task, source: str) -> Any:
 
 def generation_eval(cfg: TrainConfig, tokenizer: Any, **more: Any) -> Any:
     """The evaluation by generation (``xtrain.tasks.generation``) with ``generation.*``."""
-    from xtrain.tasks.generation import GenerationEval
-
     g = cfg.generation
     settings = {"max_new_tokens": g.max_new_tokens, "num_beams": g.num_beams, **more}
     return GenerationEval(tokenizer=tokenizer, sample_predictions=g.sample_predictions, **settings)

@@ -16,12 +16,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
-from xtrain.tasks.contract import EVERY_KEY, MainProcessFirst, Task
+from xtrain.tasks.contract import EVERY_KEY, MainProcessFirst, Task, Workload
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.planning.run import Run
-    from xtrain.tasks.contract import Workload
 
 
 def load_custom(spec: str) -> Callable[..., Any]:
@@ -68,8 +67,6 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         workload = function(cfg, main_process_first=main_process_first)
     else:
         workload = function(cfg)
-    from xtrain.tasks.contract import Workload
-
     if not isinstance(workload, Workload):
         raise XtrainError(
             f"{cfg.model.custom} returned {type(workload).__name__}, not an xtrain Workload",

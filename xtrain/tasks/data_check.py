@@ -24,12 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from xtrain import builtin
+from xtrain.data.collate import IGNORE_INDEX
+from xtrain.data.labels import label_key, label_values, labels_of
+from xtrain.data.rows.images import describe, image_size
+from xtrain.data.sources import first_rows
 from xtrain.errors import XtrainError
+from xtrain.model.configs import read_config_offline
+from xtrain.tasks.common import media_dirs
+from xtrain.tasks.data_report import Example, Piece, SourceCheck
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
-from xtrain.data.rows.images import image_size
-from xtrain.tasks.data_report import Example, Piece, SourceCheck
 
 T = TypeVar("T")
 ROWS = 100  # rows of each data source the check reads: about a second on any data
@@ -63,9 +69,6 @@ def first_samples(cfg: TrainConfig, limit: int, media: str = "image") -> tuple[l
     """The first ``limit`` rows of ``data.train`` and ``data.eval`` (``first_rows``), and
     notes on what is not read here (a hub data set, an eval split made at load time). ``media``:
     what the rows' paths name ("image" or "audio": ``common.media_dirs``)."""
-    from xtrain.data.sources import first_rows
-    from xtrain.tasks.common import media_dirs
-
     d = cfg.data
     if not d.train:
         raise XtrainError(
@@ -93,8 +96,6 @@ def loaded_samples(
     cfg: TrainConfig, sets: list[tuple[Any, str, str]], limit: int = ROWS, media: str = "image"
 ) -> list[Sample]:
     """The first ``limit`` rows of data sets the run loaded: [(data set or None, name, role)]."""
-    from xtrain.tasks.common import media_dirs
-
     folders = dict(zip(("train", "eval"), media_dirs(cfg, media), strict=True))
     return [
         Sample(ds.select(range(min(limit, len(ds)))), name, role, len(ds), folders[role])
@@ -107,8 +108,6 @@ def loaded_or_note(cfg: TrainConfig, notes: list[str], load: Callable[[], T]) ->
     """``load()`` (the tokenizer or processor); where it fails for a hub model (not on this
     machine, no network), None and a note: the rows are then checked without tokenising them.
     A local or built-in model that fails to load is the run's own error."""
-    from xtrain import builtin
-
     try:
         return load()
     except XtrainError as e:
@@ -127,8 +126,6 @@ def pieces(tokenizer: Any, ids: list[int], labels: list[int] | None = None) -> l
     """Token ids as text pieces: each run of tokens with loss (a label other than -100) or without
     decoded together, special tokens shown; a token repeated ``REPEAT`` times or more (an image
     placeholder expanded into its patches) is written once with its count: ``<|image_pad|>*64``."""
-    from xtrain.data.collate import IGNORE_INDEX
-
     flags = [False] * len(ids) if labels is None else [t != IGNORE_INDEX for t in labels[: len(ids)]]
     out: list[Piece] = []
     start = 0
@@ -165,8 +162,6 @@ def example_of(
     sample: Sample, row: int, tokenizer: Any, ids: list[int], labels: list[int] | None, **more: Any
 ) -> Example:
     """Row ``row`` of ``sample`` as the model gets it: ``ids`` with their ``labels``."""
-    from xtrain.data.collate import IGNORE_INDEX
-
     trained = 0 if labels is None else sum(1 for t in labels[: len(ids)] if t != IGNORE_INDEX)
     shown = pieces(tokenizer, ids, labels)
     return Example(sample.name, row, shown, tokens=len(ids), trained=trained, **more)
@@ -174,8 +169,6 @@ def example_of(
 
 def label_counts(ds: Any, column: str) -> dict[str, int]:
     """Rows per label of ``column`` (label names of a ``ClassLabel`` column)."""
-    from xtrain.data.labels import label_key
-
     feature = ds.features.get(column)
     names = list(feature.names) if hasattr(feature, "names") else None
     values = [names[v] if names is not None and isinstance(v, int) else label_key(v) for v in ds[column]]
@@ -186,8 +179,6 @@ def check_labels(cfg: TrainConfig, samples: list[Sample], column: str) -> Any:
     """The run's label mapping (``labels_of``) when the samples are the whole data; on the
     first rows only, each value is checked to be one label (a count of classes needs every row).
     Returns the mapping's (label -> id or None, num_labels, id -> name) or None."""
-    from xtrain.data.labels import label_values, labels_of
-
     train = next((s for s in samples if s.role == "train"), None)
     if train is None:
         return None
@@ -214,8 +205,6 @@ def labels_against_model(
     size (image-classification) instead of refusing to load it (seq-cls). ``complete``: ``labels``
     are every label of the data (else the first rows'). Returns notes; refuses what would fail at
     load or train the head's classes under other names."""
-    from xtrain.model.configs import read_config_offline
-
     config = read_config_offline(cfg)
     if isinstance(config, str) or not any(str(a).endswith(head) for a in config.architectures or []):
         return []
@@ -274,8 +263,6 @@ class Classes:
 
     def text(self, value: Any) -> str:
         """A label value as the example shows it: ``positive (id 1)``, ``2``, ``circle (id 0)``."""
-        from xtrain.data.labels import label_key
-
         key = label_key(value)
         if self.mapping is not None:
             return f"{key} (id {self.mapping[key]})" if key in self.mapping else key
@@ -288,8 +275,6 @@ def classes(
 ) -> Classes:
     """The labels of ``column`` checked (``check_labels``, or ``found``: the run's own
     ``labels_of``) and held against the model's classes (``labels_against_model``)."""
-    from xtrain.data.labels import label_key, label_values
-
     found = found or check_labels(cfg, samples, column)
     if found is not None:
         mapping, n, id2label = found
@@ -309,8 +294,6 @@ def classes(
 
 def image_line(ref: Any, folder: Path | None) -> str:
     """``image /data/img/0.png (640x480)``: an image cell and its size, for the example."""
-    from xtrain.data.rows.images import describe
-
     try:
         height, width = image_size(ref, folder)
     except Exception:  # the run says it in its own line when it reads the row

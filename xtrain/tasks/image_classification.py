@@ -19,8 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
+from xtrain.data.labels import head_labels, label_key, labels_of
+from xtrain.data.sources import undecoded_row
 from xtrain.model import load as models
-from xtrain.model import lora
+from xtrain.model import lora, lora_layers
+from xtrain.tasks import stacks as st
 from xtrain.tasks.contract import (
     Example,
     FileRows,
@@ -30,17 +33,28 @@ from xtrain.tasks.contract import (
     Predicts,
     Quickstart,
     Task,
+    Workload,
 )
-from xtrain.tasks.predicting import accuracy
+from xtrain.tasks.predicting import (
+    accuracy,
+    file_examples,
+    file_rows,
+    image_limit,
+    in_batches,
+    load_file,
+    media_examples,
+    media_files,
+    open_images,
+    refuse_prompts,
+    to_model,
+)
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
-    from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
-from xtrain.model import lora_layers
 
 NAME = "image-classification"
 HEAD = "ForImageClassification"  # the architectures of a checkpoint whose head is trained
@@ -71,8 +85,6 @@ def heads(model: Any) -> list[str]:
 def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     """A ViT-style encoder runs every patch and its class token ((224 / 16)^2 + 1 = 197); models
     without fixed patches (ConvNeXt, Swin's stages) get the default estimate."""
-    from xtrain.tasks import stacks as st
-
     config = model.config
     fixed = hasattr(config, "patch_size") and hasattr(config, "image_size")
     if not fixed or st.layer_count(model, "") == 0:
@@ -111,10 +123,8 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     import transformers
 
     from xtrain.data import collate
-    from xtrain.data.labels import head_labels, labels_of
     from xtrain.data.rows.images import ImageLabelCollator, ImageLabelRows
     from xtrain.tasks import common, data_check
-    from xtrain.tasks.contract import Workload
 
     cfg = run.cfg
     d, m = cfg.data, cfg.model
@@ -170,7 +180,6 @@ def inspect(cfg: TrainConfig, samples: list[Sample], notes: list[str], found: An
     """Columns and image files as ``common.image_datasets`` checks them, the labels (``found``:
     the run's mapping) against the checkpoint's classes; the example: the first training row."""
     from xtrain.data.rows.images import check_image_files
-    from xtrain.data.sources import undecoded_row
     from xtrain.data.tokenize import require_columns
     from xtrain.tasks import data_check
     from xtrain.tasks.data_report import DataReport, Example
@@ -198,7 +207,6 @@ def inspect(cfg: TrainConfig, samples: list[Sample], notes: list[str], found: An
 def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     import transformers
 
-    from xtrain.data.labels import head_labels
 
     labels = record.get("labels")
     if not isinstance(labels, list) or not labels:  # a full model folder names its own labels
@@ -215,7 +223,6 @@ def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> 
     """Each image's most probable label and its probability (softmax over the head)."""
     import torch
 
-    from xtrain.tasks.predicting import image_limit, open_images, to_model
 
     id2label = getattr(loaded.model.config, "id2label", None) or {}
     processor = loaded.parts["image_processor"]
@@ -231,8 +238,6 @@ def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> 
 
 def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
     """Each image's most probable label and its probability."""
-    from xtrain.tasks.predicting import file_examples, file_rows, in_batches, media_files, refuse_prompts
-
     refuse_prompts(loaded, TASK, request)
     examples = file_examples(media_files(request.inputs))
     return file_rows(examples, in_batches(answer, loaded, examples, request))
@@ -242,10 +247,8 @@ def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     """A ``--data`` file read as training reads it: ``data.image_column`` (every file found
     before the model loads) and, where the file has it, ``data.label_column``: the reference, a
     label name (an integer label of a run whose labels have names is named as training named it)."""
-    from xtrain.data.labels import label_key
     from xtrain.data.rows.images import check_image_files
     from xtrain.data.tokenize import require_columns
-    from xtrain.tasks.predicting import load_file, media_examples
 
     d = cfg.data
     ds, source, folder = load_file(cfg, "image")

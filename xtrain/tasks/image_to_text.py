@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
+from xtrain.data.sources import undecoded_row
 from xtrain.model import load as models
-from xtrain.model import lora
+from xtrain.model import lora, lora_layers
+from xtrain.tasks import contract
+from xtrain.tasks import stacks as st
 from xtrain.tasks.contract import (
     Example,
     FileRows,
@@ -32,17 +35,29 @@ from xtrain.tasks.contract import (
     Predicts,
     Quickstart,
     Task,
+    Workload,
 )
-from xtrain.tasks.predicting import error_rates
+from xtrain.tasks.data_report import DataReport
+from xtrain.tasks.predicting import (
+    error_rates,
+    file_examples,
+    file_rows,
+    generate_texts,
+    image_limit,
+    in_batches,
+    load_file,
+    media_examples,
+    media_files,
+    open_images,
+    references,
+    refuse_prompts,
+)
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
-    from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
-    from xtrain.tasks.data_report import DataReport
-from xtrain.model import lora_layers
 
 NAME = "image-to-text"
 
@@ -68,8 +83,6 @@ PARTS = {"both": ("encoder", "decoder"), "encoder": ("encoder",), "decoder": ("d
 def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     """The image encoder runs all its patches (TrOCR-base: (384 / 16)^2 + 1 = 577), the decoder the
     text's tokens, reading every patch in each layer's cross-attention."""
-    from xtrain.tasks import stacks as st
-
     enc, dec = model.config.encoder, model.config.decoder
     positions = st.patches(enc)
     encoder = st.from_config("encoder", model, "encoder", enc, positions, cfg, stem=st.patch_stem(enc))
@@ -179,7 +192,6 @@ def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.data.rows.images import ImageTextCollator, ImageTextRows
     from xtrain.tasks import common, data_check
-    from xtrain.tasks.contract import Workload
 
     cfg = run.cfg
     d = cfg.data
@@ -231,10 +243,8 @@ def inspect(cfg: TrainConfig, tokenizer: Any, samples: list[Sample], notes: list
     """Columns and image files as ``common.image_datasets`` checks them, the texts as the run's
     collator labels them (``ImageTextCollator.labels``: every token trained)."""
     from xtrain.data.rows.images import ImageTextCollator, check_image_files
-    from xtrain.data.sources import undecoded_row
     from xtrain.data.tokenize import require_columns
     from xtrain.tasks import data_check
-    from xtrain.tasks.data_report import DataReport
 
     d = cfg.data
     report = DataReport(NAME, d.max_length, notes=notes)
@@ -266,7 +276,6 @@ def inspect(cfg: TrainConfig, tokenizer: Any, samples: list[Sample], notes: list
 def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     from transformers import VisionEncoderDecoderModel
 
-    from xtrain.tasks import contract
 
     image_processor, tokenizer, _ = load_processors(str(folder), False)
     base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
@@ -277,16 +286,12 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
 
 def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
     """The text of a batch of images (a data file's rows or input files)."""
-    from xtrain.tasks.predicting import generate_texts, image_limit, open_images
-
     processor = loaded.parts["image_processor"]
     pixels = processor(images=open_images(examples, image_limit(loaded)), return_tensors="pt")["pixel_values"]
     return generate_texts(loaded, {"pixel_values": pixels}, request)
 
 
 def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    from xtrain.tasks.predicting import file_examples, file_rows, in_batches, media_files, refuse_prompts
-
     refuse_prompts(loaded, TASK, request)
     examples = file_examples(media_files(request.inputs))
     return file_rows(examples, in_batches(answer, loaded, examples, request))
@@ -298,7 +303,6 @@ def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     it, ``data.text_column``: the reference."""
     from xtrain.data.rows.images import check_image_files
     from xtrain.data.tokenize import require_columns
-    from xtrain.tasks.predicting import load_file, media_examples, references
 
     d = cfg.data
     ds, source, folder = load_file(cfg, "image")

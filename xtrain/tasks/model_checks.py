@@ -20,13 +20,17 @@ import difflib
 import re
 from typing import TYPE_CHECKING, Any
 
+from xtrain import tasks
+from xtrain.config.schema import given_keys
 from xtrain.errors import XtrainError, shown
+from xtrain.model import lora_layers
+from xtrain.model import size as model_size
+from xtrain.model.configs import local_config, read_config_offline, text_positions
+from xtrain.tasks.sizes import adapted_layers
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.tasks.contract import Task
-from xtrain.model import lora_layers
-from xtrain.model.configs import local_config, text_positions
 
 # LoRA target names that transformers 5 renamed in vision encoders (ViT/DeiT: attention.query ->
 # q_proj, ...): lists written for transformers 4, such as LLaMA-Factory's or older tutorials'
@@ -65,9 +69,6 @@ def fit_defaults(cfg: TrainConfig, config: Any | None = None) -> list[str]:
     ``cfg`` in place and returns one note per change. Values the user gave are left as they are:
     ``check_lengths`` refuses them when they cannot work. A config built in code (no record of
     what was given) is left alone."""
-    from xtrain import tasks
-    from xtrain.config.schema import given_keys
-
     given = given_keys(cfg)
     task = tasks.get(cfg.model.task)
     if given is None or task.model_class is None:
@@ -110,8 +111,6 @@ def _matches(name: str, qualified: str) -> bool:
 def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
     """Every listed ``lora.target_modules`` name matches a module; ``auto`` and ``all-linear``
     (peft's: every Linear but the output head) find some layers."""
-    from xtrain.tasks.sizes import adapted_layers
-
     names = cfg.lora.target_modules
     if names == "auto" or lora_layers.is_all_linear(names):
         adapted, _ = adapted_layers(model, cfg)
@@ -152,8 +151,6 @@ def check_offline(cfg: TrainConfig, light: bool = False) -> str:
     its skeleton built on the meta device (shapes only, no weights, no download). ``light``: the
     lengths only, from ``config.json`` without importing transformers (a plan without CUDA stays
     fast). Raises the run's own line; returns what was checked, or why nothing was."""
-    from xtrain import tasks
-
     task = tasks.get(cfg.model.task)
     if task.model_class is None:
         return f"skipped: task {cfg.model.task} builds its own model"
@@ -163,9 +160,6 @@ def check_offline(cfg: TrainConfig, light: bool = False) -> str:
             return f"skipped: the config of {cfg.model.name_or_path} is not on this machine yet"
         check_lengths(cfg, task, found)
         return f"lengths checked against {cfg.model.name_or_path} (LoRA targets: when the run loads it)"
-    from xtrain.model import size as model_size
-    from xtrain.model.configs import read_config_offline
-
     config = read_config_offline(cfg)
     if isinstance(config, str):
         return f"skipped: {config}"

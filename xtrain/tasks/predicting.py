@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xtrain.data.sources import load_source
 from xtrain.errors import XtrainError
+from xtrain.tasks.contract import Example
 
 # the key of ``Loaded.parts`` that holds the run's ``data.max_image_pixels`` (``image_limit``)
 IMAGE_LIMIT = "max_image_pixels"
@@ -81,8 +83,6 @@ def refuse_prompts(loaded: Any, task: Any, request: Any) -> None:
 def file_examples(files: list[Path]) -> list[Any]:
     """Input files as ``Example``s whose feed is the file itself (``open_images``/``read_clips``
     read it, a bad one named as the input it is)."""
-    from xtrain.tasks.contract import Example
-
     return [Example(i, {"input": str(f)}, f) for i, f in enumerate(files)]
 
 
@@ -156,7 +156,6 @@ def load_file(cfg: Any, media: str | None = None) -> tuple[Any, str, Path | None
     ``media`` ("image", "audio") paths are relative to, as training decides it; None without
     media): read by the loader training uses (``cfg.data.eval`` is the file; a saved data set's
     eval split is the one read)."""
-    from xtrain.data.sources import load_source
     from xtrain.tasks import common
 
     source = cfg.data.eval
@@ -218,7 +217,6 @@ def media_examples(
     """One ``Example`` per row of a media column (``feature``: a datasets Image or Audio column is
     switched to undecoded cells): shown as its path (or "embedded ... bytes"), fed as its cell."""
     from xtrain.data.rows.images import describe, undecoded
-    from xtrain.tasks.contract import Example
 
     ds = undecoded(ds, column, feature)
     what = "image" if feature == "Image" else "audio"

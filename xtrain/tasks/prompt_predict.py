@@ -9,9 +9,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from xtrain.data.rows import formats as row_formats
+from xtrain.data.rows.formats import row_format, text_columns
 from xtrain.errors import XtrainError
 from xtrain.tasks.contract import Example, Loaded, PredictRequest
-from xtrain.tasks.predicting import in_batches
+from xtrain.tasks.predicting import (
+    image_limit,
+    in_batches,
+    last_user_text,
+    left_pad,
+    load_file,
+    media_files,
+    pad_id,
+    read_input,
+    references,
+    split_conversation,
+    to_model,
+)
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
@@ -57,7 +71,6 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
     each row at the template's end-of-turn token or eos."""
     import torch
 
-    from xtrain.tasks.predicting import left_pad, pad_id, to_model
 
     tokenizer, chat = loaded.tokenizer, bool(loaded.parts.get("chat"))
     render, stop = chat_render(loaded) if chat else (None, None)
@@ -102,10 +115,7 @@ def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     (messages, sharegpt, alpaca with its template) up to their last answer, which is the
     reference; a plain run's text, prompt (its response the reference) or alpaca prompt (its
     output the reference). Rows without the answer are prompts without a reference."""
-    from xtrain.data.rows import formats as row_formats
-    from xtrain.data.rows.formats import row_format, text_columns
     from xtrain.data.tokenize import require_columns
-    from xtrain.tasks.predicting import last_user_text, load_file, references, split_conversation
 
     d = cfg.data
     ds, source, _ = load_file(cfg)
@@ -152,7 +162,6 @@ def vision_answer(loaded: Loaded, examples: list[Example], request: PredictReque
     from xtrain.data.rows import chat as chat_data
     from xtrain.data.rows.images import open_image
     from xtrain.data.rows.vision_chat import process_texts
-    from xtrain.tasks.predicting import image_limit, left_pad, pad_id, to_model
 
     processor, tokenizer, limit = loaded.parts["processor"], loaded.tokenizer, image_limit(loaded)
     render = chat_data.renderer(processor, chat_data.require_template(processor, None, loaded.source))
@@ -181,7 +190,6 @@ def vision_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, st
     data file's rows, ``request.batch_size`` at a time."""
     from xtrain.data.rows import chat as chat_data
     from xtrain.data.rows.images import open_image
-    from xtrain.tasks.predicting import image_limit, media_files, read_input
 
     if not request.inputs:
         raise XtrainError(
@@ -210,10 +218,8 @@ def read_vision_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     (a conversation ending in a user turn, or flat rows without an answer column, have none);
     every image file found before any model loads."""
     from xtrain.data.rows import chat as chat_data
-    from xtrain.data.rows import formats as row_formats
     from xtrain.data.rows import vision_rows
     from xtrain.data.rows.images import describe, resolve_path, undecoded
-    from xtrain.tasks.predicting import last_user_text, load_file, split_conversation
 
     d = cfg.data
     ds, source, folder = load_file(cfg, "image")

@@ -6,14 +6,15 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from xtrain.data.labels import head_labels, labels_of
 from xtrain.tasks.contract import MainProcessFirst, Quickstart, Task
+from xtrain.tasks.data_report import DataReport
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
-    from xtrain.tasks.data_report import DataReport
 
 NAME = "seq-cls"
 HEAD = "ForSequenceClassification"  # the architectures of a checkpoint whose head is trained
@@ -21,7 +22,6 @@ HEAD = "ForSequenceClassification"  # the architectures of a checkpoint whose he
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.data import collate
-    from xtrain.data.labels import head_labels, labels_of
     from xtrain.data.tokenize import require_columns, tokenize_seq_cls
     from xtrain.tasks import data_check
     from xtrain.tasks.common import (
@@ -90,7 +90,6 @@ def inspect(
     the run tokenises them (``tokenize_seq_cls``); the example: the first training row."""
     from xtrain.data.tokenize import require_columns, tokenize_seq_cls
     from xtrain.tasks import data_check
-    from xtrain.tasks.data_report import DataReport
 
     d = cfg.data
     columns = {

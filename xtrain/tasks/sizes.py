@@ -42,6 +42,7 @@ from xtrain.model.size import (
     small_count,
     weight_count,
 )
+from xtrain.tasks import stacks as task_stacks
 
 
 def train_only(model: Any, whole: list[str]) -> None:
@@ -65,7 +66,6 @@ def step_stacks(model: Any, cfg: TrainConfig, adapted: list[str]) -> tuple[activ
     when the task's hook cannot read the model (the per-token rule estimates it)."""
     import torch
 
-    from xtrain.tasks import stacks as task_stacks
 
     task = tasks.get(cfg.model.task)
     try:

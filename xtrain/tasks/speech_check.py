@@ -8,15 +8,18 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from xtrain.data.sources import undecoded_row
+from xtrain.tasks import speech_parts as speech
+from xtrain.tasks.data_report import DataReport
+from xtrain.tasks.speech_parts import NAME, file_name_column, max_seconds, require_columns
+
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.tasks.data_check import Sample
-    from xtrain.tasks.data_report import DataReport
 
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     from xtrain.tasks import common, data_check
-    from xtrain.tasks import speech_parts as speech
 
     def parts() -> tuple[Any, Any, int]:
         source = common.media_source(cfg, contextlib.nullcontext, speech.check_model_type)
@@ -34,10 +37,7 @@ def inspect(cfg: TrainConfig, parts: Any, samples: list[Sample], notes: list[str
     trained); the example: the first training row."""
     from xtrain.data.rows.audio import SpeechTextCollator, check_audio_files, clip_seconds
     from xtrain.data.rows.images import describe
-    from xtrain.data.sources import undecoded_row
     from xtrain.tasks import data_check
-    from xtrain.tasks.data_report import DataReport
-    from xtrain.tasks.speech_parts import NAME, file_name_column, max_seconds, require_columns
 
     d = cfg.data
     feature_extractor, tokenizer, start = parts if parts is not None else (None, None, None)

@@ -8,7 +8,21 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain import tasks
+from xtrain.model import load as models
+from xtrain.tasks import contract
+from xtrain.tasks import predicting as p
 from xtrain.tasks.contract import Example, Loaded, PredictRequest
+from xtrain.tasks.predicting import generate_texts, load_file, media_examples, read_clips, references
+from xtrain.tasks.speech_parts import (
+    NAME,
+    cap_new_tokens,
+    file_name_column,
+    fix_special_tokens,
+    load_processors,
+    max_seconds,
+    require_columns,
+)
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
@@ -17,9 +31,6 @@ if TYPE_CHECKING:
 def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     from transformers import AutoModelForSpeechSeq2Seq
 
-    from xtrain.model import load as models
-    from xtrain.tasks import contract
-    from xtrain.tasks.speech_parts import fix_special_tokens, load_processors
 
     feature_extractor, tokenizer, _ = load_processors(str(folder), False)
     base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
@@ -30,9 +41,6 @@ def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[A
 
 def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
     """Transcripts of a batch of clips (mono, resampled to the model's rate, cut to its window)."""
-    from xtrain.tasks.predicting import generate_texts, read_clips
-    from xtrain.tasks.speech_parts import cap_new_tokens, max_seconds
-
     fe = loaded.parts["feature_extractor"]
     rate = int(fe.sampling_rate)
     clips = read_clips(examples, rate, max_seconds(None, fe))
@@ -43,10 +51,6 @@ def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> 
 
 def predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
     """Transcripts of audio files."""
-    from xtrain import tasks
-    from xtrain.tasks import predicting as p
-    from xtrain.tasks.speech_parts import NAME
-
     p.refuse_prompts(loaded, tasks.get(NAME), request)
     examples = p.file_examples(p.media_files(request.inputs, p.AUDIO_EXTENSIONS, "audio files"))
     return p.file_rows(examples, p.in_batches(answer, loaded, examples, request))
@@ -58,8 +62,6 @@ def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     the model's window is cut to it, as ``xtrain predict`` cuts audio files) and, where the file
     has it, ``data.text_column``: the reference, scored as training scores it (normalised WER/CER)."""
     from xtrain.data.rows.audio import audiofolder_metadata, check_audio_files
-    from xtrain.tasks.predicting import load_file, media_examples, references
-    from xtrain.tasks.speech_parts import file_name_column, require_columns
 
     d = cfg.data
     meta = audiofolder_metadata(d.eval, "eval")

@@ -28,19 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.model import lora
+from xtrain.model import lora, lora_layers
 from xtrain.tasks import speech_check, speech_predict
-from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
+from xtrain.tasks import stacks as st
+from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task, Workload
 from xtrain.tasks.image_to_text import PARTS
 from xtrain.tasks.predicting import normalized_error_rates
-
-if TYPE_CHECKING:
-    from xtrain.config.schema import TrainConfig
-    from xtrain.data.rows.audio import AudioTextRows
-    from xtrain.model.activations import Stack
-    from xtrain.planning.run import Run
-    from xtrain.tasks.contract import Workload
-from xtrain.model import lora_layers
 from xtrain.tasks.speech_parts import (
     NAME,
     cap_new_tokens,
@@ -55,6 +48,12 @@ from xtrain.tasks.speech_parts import (
     speech_seq2seq,
     with_metadata,
 )
+
+if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
+    from xtrain.data.rows.audio import AudioTextRows
+    from xtrain.model.activations import Stack
+    from xtrain.planning.run import Run
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # Whisper, Speech2Text, SeamlessM4T-style
 
@@ -109,8 +108,6 @@ def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     """The encoder always runs its whole window (Whisper pads every clip to 30 s: 3000 mel frames,
     halved by its conv stem to ``max_source_positions`` = 1500), the decoder the transcript's
     tokens, reading the encoder's positions in every layer's cross-attention."""
-    from xtrain.tasks import stacks as st
-
     c = model.config
     frames = st.first(c, "max_source_positions") or cfg.data.max_length
     width = st.first(c, "d_model", "hidden_size") or 0
@@ -140,7 +137,6 @@ def validate(cfg: TrainConfig) -> None:
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.data.rows.audio import AudioTextRows, SpeechTextCollator, check_audio_files
     from xtrain.tasks import common, data_check
-    from xtrain.tasks.contract import Workload
 
     cfg = run.cfg
     m = cfg.model

@@ -9,15 +9,16 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from xtrain.tasks.data_report import DataReport
+from xtrain.tasks.vision_processor import NAME, processor_and_render
+
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.tasks.data_check import Sample
-    from xtrain.tasks.data_report import DataReport
 
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     from xtrain.tasks import data_check
-    from xtrain.tasks.vision_processor import processor_and_render
 
     samples, notes = data_check.first_samples(cfg, limit)
     parts = data_check.loaded_or_note(cfg, notes, lambda: processor_and_render(cfg, contextlib.nullcontext))
@@ -31,8 +32,6 @@ def inspect(cfg: TrainConfig, parts: Any, samples: list[Sample], notes: list[str
     from xtrain.data.rows import vision_rows
     from xtrain.data.rows.vision_chat import VisionChatCollator, expanded_lengths
     from xtrain.tasks import data_check
-    from xtrain.tasks.data_report import DataReport
-    from xtrain.tasks.vision_processor import NAME
 
     d = cfg.data
     processor, render = parts[-2:] if parts is not None else (None, None)

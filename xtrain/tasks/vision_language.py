@@ -30,19 +30,17 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.errors import XtrainError, shown
 from xtrain.model import load as models
-from xtrain.model import lora
-from xtrain.tasks import prompt_predict, vision_check
-from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
+from xtrain.model import lora, lora_layers
+from xtrain.tasks import contract, prompt_predict, vision_check
+from xtrain.tasks import stacks as st
+from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task, Workload
 from xtrain.tasks.predicting import exact_match
-from xtrain.tasks.vision_processor import load_processor
+from xtrain.tasks.vision_processor import NAME, load_processor, max_pixels, processor_and_render
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
-    from xtrain.tasks.contract import Workload
-from xtrain.model import lora_layers
-from xtrain.tasks.vision_processor import NAME, processor_and_render
 
 LANGUAGE_MODEL = ("language_model", "text_model")  # Qwen2-VL, LLaVA / Idefics3, SmolVLM
 VISION_TOWER = ("visual", "vision_tower", "vision_model")
@@ -154,9 +152,6 @@ def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     LLaVA's CLIP: (image / patch)^2 + 1), its merger the merged patches, and the language model
     ``data.max_length`` positions, image tokens included (the collator cuts there). One image a
     sample."""
-    from xtrain.tasks import stacks as st
-    from xtrain.tasks.vision_processor import max_pixels
-
     language, vision, projector = parts(model)
     config = model.config
     text = config.get_text_config() if hasattr(config, "get_text_config") else config.text_config
@@ -198,11 +193,9 @@ def fix_generation(model: Any, tokenizer: Any) -> None:
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-
     from xtrain.data.rows import vision_rows
     from xtrain.data.rows.vision_chat import ANSWER_KEY, GEN_PREFIX, VisionChatCollator
     from xtrain.tasks import common, data_check
-    from xtrain.tasks.contract import Workload
 
     cfg = run.cfg
     d = cfg.data
@@ -284,7 +277,6 @@ def _quickstart_inputs() -> list[str]:
 def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     from transformers import AutoModelForImageTextToText
 
-    from xtrain.tasks import contract
 
     processor = load_processor(str(folder), False)  # saved with the adapter
     base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits

@@ -9,12 +9,13 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
+from xtrain.tasks.contract import MainProcessFirst
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
-from xtrain.tasks.contract import MainProcessFirst
 
 _IMAGE_ONLY: dict[type, type] = {}
 
@@ -100,8 +101,6 @@ def max_pixels(cfg: TrainConfig) -> int | None:
     """The largest image area the processor makes: ``data.max_pixels``, else the checkpoint's
     image processor's (``max_pixels`` or ``size.longest_edge``) where it is on this machine (a
     built-in, a folder, the hub cache: nothing is downloaded); None when unknown."""
-    from xtrain import builtin
-
     if cfg.data.max_pixels:
         return cfg.data.max_pixels
     name = cfg.model.name_or_path

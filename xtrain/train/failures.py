@@ -8,6 +8,8 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.runtime.signals import exit_code, signal_name
+from xtrain.train.checkpoint import list_checkpoints
+from xtrain.train.checkpoint.layout import partial_checkpoints
 
 # Consecutive optimizer steps with a non-finite loss (on any rank) that stop a run. A few in a
 # row happen with fp16 while the scaler finds its scale (those steps are skipped, not applied);
@@ -34,8 +36,6 @@ class NonFiniteLoss(XtrainError):
 
 def last_good(output_dir: Path) -> Path | None:
     """The newest complete checkpoint: what a diverged run names (and resumes from)."""
-    from xtrain.train.checkpoint import list_checkpoints
-
     found = list_checkpoints(output_dir)
     return found[-1][1] if found else None
 
@@ -136,7 +136,6 @@ def remove_killed_writes(output_dir: str | Path | None) -> None:
         return
     import shutil
 
-    from xtrain.train.checkpoint.layout import partial_checkpoints
 
     for path in partial_checkpoints(output_dir):
         shutil.rmtree(path, ignore_errors=True)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from xtrain.config.schema import TrainConfig
+from xtrain.config.values import BNB_OPTIMIZERS
 from xtrain.errors import XtrainError
+from xtrain.model.quantization import bnb_problem
 
 if TYPE_CHECKING:  # torch is imported where it is used: `xtrain train` checks optim.name without it
     import torch
-from xtrain.config.values import BNB_OPTIMIZERS
 
 
 def build_optimizer(
@@ -57,8 +58,6 @@ def backend_problem(name: str, device_type: str, backend: Any) -> XtrainError | 
     """Why ``optim.name`` cannot run on ``device_type`` with ``backend`` (``quantization.Backend``;
     None: it can, or it needs no bitsandbytes). bitsandbytes 0.50 has 8-bit optimizer kernels for
     CUDA, XPU and CPU, none for Apple MPS (backends/mps registers 4-bit ops only)."""
-    from xtrain.model.quantization import bnb_problem
-
     if name not in BNB_OPTIMIZERS:
         return None
     if device_type == "mps":

@@ -36,8 +36,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain import tasks
+from xtrain.builtin import cache_root
 from xtrain.errors import XtrainError
+from xtrain.launch import sharding
+from xtrain.machine.facts import Facts
+from xtrain.model import attention, memory, quantization
+from xtrain.planning.checks.comms import windows_gloo_refusal
+from xtrain.planning.checks.fixes import pip_line
 from xtrain.planning.run import Run
+from xtrain.runtime.quiet import quiet_libraries
+from xtrain.shell import pip_command
+from xtrain.tasks import model_checks
+from xtrain.tasks.sizes import offline_sizes
+from xtrain.train import optim
+from xtrain.train.checkpoint.layout import check_output_dir
+from xtrain.train.tracking import PACKAGES, missing
 
 if TYPE_CHECKING:
     from xtrain.launch.sharding import Kind
@@ -100,8 +114,6 @@ def check_paths(cfg: Any, environ: Any = None) -> None:
     caches = [("HF_DATASETS_CACHE or HF_HOME", _hf_datasets_cache(env))]
     names = (str(cfg.model.name_or_path), str(cfg.data.train or ""), str(cfg.data.eval or ""))
     if any(n.startswith("builtin:") for n in names):
-        from xtrain.builtin import cache_root
-
         caches.append(("XTRAIN_CACHE", cache_root().parent))
     for var, folder in caches:
         why = _writable(folder)
@@ -115,9 +127,6 @@ def check_paths(cfg: Any, environ: Any = None) -> None:
 def check_trackers(trackers: tuple[str, ...], shell: str, executable: str | None = None) -> None:
     """Refuse a tracker that is not installed, with the line that installs its package (for the
     interpreter that runs xtrain, quoted for ``shell``)."""
-    from xtrain.shell import pip_command
-    from xtrain.train.tracking import PACKAGES, missing
-
     absent = missing(trackers)
     if absent:
         names = " and ".join(absent)
@@ -216,8 +225,6 @@ def _loading(run: Run, where: Where) -> list[Note]:
     """The DataLoader workers each process reads its batches with, and why."""
     if not where.launcher:
         return []
-    from xtrain import tasks
-
     workers, why = run.settings.workers_for(tasks.get(run.cfg.model.task).decodes_media)
     return [Note("Data loading", f"{workers} worker(s) per process ({why})")]
 
@@ -227,9 +234,6 @@ def _attention(run: Run, where: Where) -> list[Note]:
     ``model.attn_implementation`` that cannot work stops here (a worker decides at load)."""
     if not where.launcher:
         return []
-    from xtrain import tasks
-    from xtrain.model import attention
-
     chosen = attention.for_plan(run, tasks.get(run.cfg.model.task).model_class)
     return [Note("Attention", chosen.summary())]
 
@@ -239,8 +243,6 @@ def _windows_gloo(run: Run, where: Where) -> list[Note]:
     process starts; a dry run shows it as an error line."""
     if not where.launcher or run.facts is None:
         return []
-    from xtrain.planning.checks.comms import windows_gloo_refusal
-
     refusal = windows_gloo_refusal(run.facts, run.plan)
     if refusal is None:
         return []
@@ -253,10 +255,6 @@ def _sharding(run: Run, where: Where) -> list[Note]:
     """FSDP/DeepSpeed where they cannot run (``launch.sharding``), refused before any process starts."""
     if not where.launcher or where.sharding is None:
         return []
-    from xtrain.launch import sharding
-    from xtrain.machine.facts import Facts
-    from xtrain.planning.checks.fixes import pip_line
-
     pip = pip_line(run.facts or Facts(), run.plan, ["install", "deepspeed"])
     sharding.check(where.sharding, run.plan, where.sharding_from_options, pip, where.here)
     return []
@@ -267,8 +265,6 @@ def _optimizer(run: Run, where: Where) -> list[Note]:
     before any process starts and in the worker before its model loads (the machine that
     refuses is this one: not for a ``--facts`` snapshot's plan)."""
     if where.here:
-        from xtrain.train import optim  # no torch import unless the optimizer is bitsandbytes'
-
         optim.check_backend(run.cfg.optim.name, run.plan.device)
     return []
 
@@ -279,8 +275,6 @@ def _quantization(run: Run, where: Where) -> list[Note]:
     quantization_name = run.cfg.model.quantization
     if quantization_name is None:
         return []
-    from xtrain.model import quantization
-
     if where.here:
         quantization.check_backend(quantization_name, run.plan.device)
     return [Note("Weights", quantization.describe(quantization_name) or "")] if where.launcher else []
@@ -293,17 +287,11 @@ def _memory(run: Run, where: Where) -> list[Note]:
     built model instead (``Recipe``)."""
     if not where.launcher or run.facts is None:
         return []
-    from xtrain.model import memory
-
     plan, cfg = run.plan, run.cfg
     gpus = [(g.index, g.name, g.memory_mib) for g in run.facts.gpus]
     gpu = memory.smallest_gpu(gpus, plan.gpu_ids) if plan.device == "cuda" else None
     if gpu is None:
         return []
-    from xtrain import tasks
-    from xtrain.runtime.quiet import quiet_libraries
-    from xtrain.tasks.sizes import offline_sizes
-
     quiet_libraries()  # building the model's skeleton: no library chatter
     sizes = offline_sizes(cfg)
     if isinstance(sizes, str):
@@ -322,12 +310,8 @@ def _model(run: Run, where: Where) -> list[Note]:
     line. A plan without CUDA checks the lengths from config.json only (no transformers import)."""
     if not where.dry_run:
         return []
-    from xtrain.tasks import model_checks
-
     light = run.plan.device != "cuda"
     if not light:
-        from xtrain.runtime.quiet import quiet_libraries
-
         quiet_libraries()  # building the model's skeleton: no library chatter
     return [Note("Model checks", model_checks.check_offline(run.cfg, light))]
 
@@ -338,8 +322,6 @@ def _data(run: Run, where: Where) -> list[Note]:
     the rows it loaded in its build (``Workload.data_report``)."""
     if not where.dry_run:
         return []
-    from xtrain import tasks
-    from xtrain.runtime.quiet import quiet_libraries
     from xtrain.tasks.data_check import ROWS
 
     task = tasks.get(run.cfg.model.task)
@@ -353,8 +335,6 @@ def _output(run: Run, where: Where) -> list[Note]:
     """``run.output_dir`` a folder (or not there yet) on a writable disk, the caches writable
     (``check_paths``): in the training process, before anything is written."""
     if not where.launcher:
-        from xtrain.train.checkpoint.layout import check_output_dir
-
         check_output_dir(run.cfg.run.output_dir)
         check_paths(run.cfg)
     return []

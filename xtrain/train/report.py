@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from xtrain.console import make_console
+
 
 @dataclass
 class StartInfo:
@@ -152,8 +154,6 @@ class RichReporter:
     log points, at most every ``plain_every_s`` seconds (and at the last step)."""
 
     def __init__(self, console: Any = None, plain_every_s: float = 10.0) -> None:
-        from xtrain.console import make_console
-
         self.console = console or make_console(stderr=True)
         self._progress: Any = None
         self._task: Any = None

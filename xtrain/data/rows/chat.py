@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain.data.collate import IGNORE_INDEX
+from xtrain.encoding import read_text
 from xtrain.errors import RowError, XtrainError
 
 ROLES = ("system", "user", "assistant")
@@ -305,8 +306,6 @@ def load_template(setting: str | None) -> str | None:
                 f"data.chat_template file {setting} not found",
                 "give a Jinja template file (e.g. chat_template.jinja) or the template text itself",
             )
-        from xtrain.encoding import read_text
-
         return read_text(path, "chat template")
     return setting
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from xtrain.config.schema import DataConfig
 from xtrain.data.collate import IGNORE_INDEX
+from xtrain.data.labels import label_key
 from xtrain.errors import RowError, XtrainError, shown
 
 _HINT = "fix or remove that row; images must be files Pillow can open (PNG, JPEG, TIFF, BMP, WebP, ...)"
@@ -266,7 +267,6 @@ class ImageTextCollator:
         return text_labels(self.tokenizer, texts, self.max_length)
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-
         if not features:
             raise ValueError("empty batch")
         images = [f["image"] for f in features]
@@ -297,8 +297,6 @@ class ImageLabelRows(ImageRows):
         self.label_to_id = label_to_id
 
     def target(self, row: dict[str, Any]) -> dict[str, Any]:
-        from xtrain.data.labels import label_key
-
         label = row[self.label_column]
         return {"label": self.label_to_id[label_key(label)] if self.label_to_id is not None else int(label)}
 

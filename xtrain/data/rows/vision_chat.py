@@ -26,7 +26,7 @@ from typing import Any
 
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.rows.chat import BadConversation, Encoded
-from xtrain.data.rows.images import MAX_PIXELS, open_image
+from xtrain.data.rows.images import MAX_PIXELS, image_size, open_image
 
 GEN_PREFIX = "gen_"  # prompt-only copies of the per-token inputs, for generation
 ANSWER_KEY = "answer_labels"  # the last assistant answer's tokens (references for exact match)
@@ -272,8 +272,6 @@ def expanded_lengths(processor: Any, rows: VisionChatRows) -> tuple[list[int], b
     images' sizes (their headers: nothing decoded) through the processor's own count of image
     tokens per size (``_get_num_multimodal_tokens``, what serving engines call); (the template's
     counts, one token per image, False) where the processor does not tell."""
-    from xtrain.data.rows.images import image_size
-
     plain = [len(enc.input_ids) for enc in rows.encoded]
     count = getattr(processor, "_get_num_multimodal_tokens", None)
     if count is None:

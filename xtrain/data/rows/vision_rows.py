@@ -20,14 +20,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain.data.rows import chat as chat_data
 from xtrain.data.rows import formats as row_formats
 from xtrain.data.rows.chat import IMAGE_PLACEHOLDER
+from xtrain.data.rows.images import resolve_path, undecoded
+from xtrain.data.rows.vision_chat import VisionChatRows
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
     from xtrain.config.schema import DataConfig, TrainConfig
-    from xtrain.data.rows import chat as chat_data
-    from xtrain.data.rows.vision_chat import VisionChatRows
 
 # prompt_response: an image, a question and an answer column
 VISION_FORMATS = ("auto", "messages", "sharegpt", "prompt_response")
@@ -97,8 +98,6 @@ def vision_conversation(d: DataConfig, fmt: str, row: dict[str, Any], index: int
     """Row ``index`` of ``source`` read as ``fmt`` (``vision_format`` of its columns): the
     checked ``chat_data.Conversation`` (its images in placeholder order), or a ``RowError``
     naming the file, the row and the field."""
-    from xtrain.data.rows import chat as chat_data
-
     messages, images, field = vision_turns(d, fmt, row, index, source)
     return chat_data.parse_conversation(messages, index, source, images, images_field=field)
 
@@ -140,10 +139,6 @@ def rows(
     """The task's rows of ``ds``: every row read in its format (``vision_conversation``),
     checked and rendered (one line naming the first bad row), its images found. ``render`` None
     (the data check without a processor): checked, not rendered (no rows)."""
-    from xtrain.data.rows import chat as chat_data
-    from xtrain.data.rows.images import resolve_path, undecoded
-    from xtrain.data.rows.vision_chat import VisionChatRows
-
     d = cfg.data
     fmt = vision_format(d, list(ds.column_names), name)
     names = vision_columns(d, fmt, list(ds.column_names), name)

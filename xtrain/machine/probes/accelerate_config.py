@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from xtrain import structured
+from xtrain.errors import XtrainError
 from xtrain.machine.facts import Facts
 from xtrain.machine.probes import why
 
@@ -32,9 +34,6 @@ def probe_accelerate_config(facts: Facts) -> dict[str, Any]:
     found: dict[str, Any] = {"accelerate_config_path": str(path)}
     if not path.is_file():
         return found
-    from xtrain import structured
-    from xtrain.errors import XtrainError
-
     try:
         # the one YAML reader: a broken, duplicated or absurdly nested file is a finding, not a crash
         data = structured.read_yaml(path.read_text(encoding="utf-8"), str(path))

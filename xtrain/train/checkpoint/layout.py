@@ -9,6 +9,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from xtrain import structured
 from xtrain.errors import XtrainError
 
 CHECKPOINTS = "checkpoints"
@@ -47,8 +48,6 @@ class TrainState:
     def from_file(cls, path: Path) -> TrainState:
         """The state file, typed field by field: a wrong type is a ``ValueError`` naming the file
         and the field (a hand-edited or foreign file), never a ``TypeError`` later in the loop."""
-        from xtrain import structured
-
         try:
             return cls.from_dict(structured.load_json(path.read_text(encoding="utf-8")))
         except ValueError as e:  # JSON syntax, a key twice, nesting, a field's type
@@ -56,8 +55,6 @@ class TrainState:
 
     @classmethod
     def from_dict(cls, data: Any) -> TrainState:
-        from xtrain import structured
-
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         hints = get_type_hints(cls)

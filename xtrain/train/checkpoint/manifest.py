@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from xtrain import atomic
+from xtrain import atomic, structured
 from xtrain.train.checkpoint.layout import MANIFEST_FILE, STATE_FILE
 
 HASH_LIMIT = 64 * 2**20  # files up to this size are hashed too (LoRA checkpoints: all of them)
@@ -43,8 +43,6 @@ def damage(path: Path) -> str | None:
     """Why checkpoint ``path`` cannot be resumed from (None: intact). Checks that the state file
     parses and, when a manifest was written (every checkpoint since manifests exist), that each
     file it lists is there with its size and hash."""
-    from xtrain import structured
-
     try:
         state = structured.load_json((path / STATE_FILE).read_text(encoding="utf-8"))
         if not isinstance(state, dict):

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from xtrain import tasks
 from xtrain.errors import XtrainError
 from xtrain.train.checkpoint.layout import (
     STATE_FILE,
@@ -48,8 +49,6 @@ _MUST_MATCH = (
 
 def must_match(config: dict[str, Any]) -> list[tuple[str, str]]:
     """The ``(section, key)`` pairs a resume must keep: the common ones and the task's own."""
-    from xtrain import tasks
-
     task = (config.get("model") or {}).get("task")
     own = tasks.all_tasks().get(task) if isinstance(task, str) else None
     extra = [tuple(k.split(".", 1)) for k in own.resume_keys] if own is not None else []

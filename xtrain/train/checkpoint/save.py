@@ -80,8 +80,6 @@ def write_on_main(accelerator: Any, what: str, output_dir: str | Path, write: An
     the filesystem failing under it is one line (``faults.WriteFailed``, the unfinished
     ``NAME.tmp`` outputs removed, the checkpoints as they were); a user's ``XtrainError`` keeps
     its line; anything else raises as it is on the main process, one line on the others."""
-    from xtrain.errors import XtrainError
-
     result: Any = None
     error: BaseException | None = None
     if accelerator.is_main_process:

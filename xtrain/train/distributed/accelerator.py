@@ -28,6 +28,7 @@ from xtrain.planning.plan import Plan
 from xtrain.planning.resolve import RunSettings
 from xtrain.planning.run import Run
 from xtrain.runtime.process_group import init_worker_group
+from xtrain.train.distributed.cuda_settings import set_tf32
 from xtrain.train.failures import rendezvous_error
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ def build_accelerator(run: Run) -> Accelerator:
     apply_plan_env(plan)
     _cache_lomo_check()
     if plan.tf32 and torch.cuda.is_available():
-        from xtrain.train.distributed.cuda_settings import set_tf32
-
         set_tf32(True)  # the fp32_precision API where torch has it (allow_tf32 is deprecated)
 
     handlers: list[Any] = [

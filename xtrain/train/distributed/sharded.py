@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from xtrain.errors import XtrainError
 from xtrain.model.sharding import sharding
+from xtrain.train.checkpoint.save import write_on_main
 
 T = TypeVar("T")
 
@@ -131,8 +132,6 @@ def save_on_main(
     partial write removed). Under sharding the state dict is gathered first on all ranks and
     ``write`` must save it (``save_pretrained(state_dict=...)``); without sharding it is None and
     nothing is gathered."""
-    from xtrain.train.checkpoint.save import write_on_main
-
     state = gathered_state_dict(accelerator, model, trainable_only) if sharding(accelerator) else None
     unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
     what, output_dir = where
