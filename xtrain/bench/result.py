@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import platform as _platform
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.bench.rates import RunFigures
+
+if TYPE_CHECKING:
+    from xtrain.machine.facts import Facts
 
 
 @dataclass
@@ -36,7 +39,7 @@ class BenchResult:
         return asdict(self)
 
 
-def machine_info(facts: Any) -> dict[str, Any]:
+def machine_info(facts: Facts) -> dict[str, Any]:
     """Machine and versions, for the record."""
     import torch
 

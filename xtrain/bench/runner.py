@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.bench.flops import find_peak, flops_per_token, mfu, peak_tflops, scaling
 from xtrain.bench.job import job_config, prepare_job, write_config
@@ -25,6 +25,10 @@ from xtrain.launch.launcher import launch
 from xtrain.launch.smoke import run_smoke
 from xtrain.launch.worker_errors import WorkerFailed
 from xtrain.planning.resolve import resolve
+
+if TYPE_CHECKING:
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.plan import Plan
 
 
 @contextlib.contextmanager
@@ -56,7 +60,7 @@ def _tail(path: Path, lines: int = 15) -> str:
     return "\n".join(text.replace("\r", "\n").splitlines()[-lines:])
 
 
-def run_training(plan: Any, config_path: Path, output_dir: Path, log_file: Path) -> dict[str, Any]:
+def run_training(plan: Plan, config_path: Path, output_dir: Path, log_file: Path) -> dict[str, Any]:
     """``python -m xtrain.run --config C`` on every process of ``plan``, through
     ``xtrain.launch.launcher.launch`` (the path `xtrain train` takes). Returns train_result.json, plus
     ``wall_s`` and the logging windows."""
@@ -95,12 +99,12 @@ class BenchOptions:
 DEFAULT_STEPS = {"tiny": 30, "small": 40, "base": 40}
 
 
-def plan_for(facts: Any, processes: int | None, precision: str | None, platform: str | None) -> Any:
+def plan_for(facts: Facts, processes: int | None, precision: str | None, platform: str | None) -> Any:
     return resolve(facts=facts, processes=processes, precision=precision, platform=platform).plan
 
 
 def run_bench(
-    facts: Any, options: BenchOptions, progress: Callable[[str], None] | None = None
+    facts: Facts, options: BenchOptions, progress: Callable[[str], None] | None = None
 ) -> BenchResult:
     """Measure one process, then every planned process, and the all-reduce bandwidth."""
     tell = progress or (lambda message: None)

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from xtrain.commands.options import parse_int
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SIZE_CHOICES = ("auto", "tiny", "small", "base")
 
@@ -90,7 +93,7 @@ def _rate(value: float | None, unit: str = "") -> str:
     return f"{value:,.1f}{unit}" if value < 100 else f"{value:,.0f}{unit}"
 
 
-def render(console: Any, result: Any) -> None:
+def render(console: Console, result: Any) -> None:
     from rich.table import Table
 
     m = result.model

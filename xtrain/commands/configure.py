@@ -12,12 +12,17 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from xtrain.commands.options import parse_gpus
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from xtrain.planning.plan import Plan
 
 PRECISION_HELP = "no | fp16 | bf16 (default: what the rules pick for the GPUs)"
 
@@ -132,7 +137,7 @@ def _slurm_facts(opts: ConfigureOptions, notes: list[str]) -> tuple[Any, int]:
     return facts, gpus_per_node
 
 
-def _write_or_show(console: Any, files: list[tuple[Path, str, str]], dry_run: bool, force: bool) -> None:
+def _write_or_show(console: Console, files: list[tuple[Path, str, str]], dry_run: bool, force: bool) -> None:
     """Each (path, text, what it is): printed with ``--dry-run``, else written (the old file kept
     as a backup) and, for the accelerate config (the first), loaded back with accelerate's loader."""
     from xtrain.launch import accelerate_config as ac
@@ -152,7 +157,7 @@ def _write_or_show(console: Any, files: list[tuple[Path, str, str]], dry_run: bo
             console.print(f"[dim]The old file is kept as {result.backup_path}[/]", soft_wrap=True)
 
 
-def _print_findings(console: Any, findings: list[Any]) -> None:
+def _print_findings(console: Console, findings: list[Any]) -> None:
     """The doctor findings that still matter once the config is rewritten, with their fixes."""
     from rich.markup import escape
 
@@ -303,7 +308,9 @@ def _files(
     return files, config
 
 
-def _print_next(console: Any, opts: ConfigureOptions, plan: Any, files: list[tuple[Path, str, str]]) -> None:
+def _print_next(
+    console: Console, opts: ConfigureOptions, plan: Plan, files: list[tuple[Path, str, str]]
+) -> None:
     """The commands to run next: sbatch for ``--slurm``, else accelerate launch / xtrain train."""
     from xtrain.launch import accelerate_config as ac
 

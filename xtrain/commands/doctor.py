@@ -13,12 +13,16 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from xtrain.commands.options import parse_gpus, parse_int
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.plan import Plan
 
 
 def check_save_path(path: Path, force: bool) -> None:
@@ -152,7 +156,7 @@ def doctor(
         raise typer.Exit(code=1)
 
 
-def _smoke(plan: Any, out: Any, json_out: bool) -> Any:
+def _smoke(plan: Plan, out: Any, json_out: bool) -> Any:
     """``--smoke``: start the planned processes for real; the result is shown unless ``--json``."""
     from xtrain.launch.smoke import run_smoke
 
@@ -172,7 +176,7 @@ def _smoke(plan: Any, out: Any, json_out: bool) -> Any:
     return result
 
 
-def _print_json(facts: Any, diagnosis: Any, smoke_result: Any) -> None:
+def _print_json(facts: Facts, diagnosis: Any, smoke_result: Any) -> None:
     """``--json``: one object {facts, plan, findings, smoke?} on stdout."""
     doc: dict[str, Any] = {
         "facts": facts.to_dict(),

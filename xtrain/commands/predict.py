@@ -13,6 +13,8 @@ from xtrain.commands.options import parse_float, parse_int
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from xtrain.tasks.contract import PredictRequest
 
 STDOUT = Path("-")  # --output -: the results lines on stdout
@@ -176,7 +178,7 @@ class _progress:
     """A rich progress bar on the error console while rows are predicted (nothing when it is
     not a terminal: logs get the summary line only)."""
 
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: Console) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.bar = Progress(

@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from xtrain.commands.options import parse_int
 from xtrain.config.schema import ModelConfig
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_DIR = Path("xtrain-quickstart")
 JOBS_DIR = Path(__file__).resolve().parent.parent / "builtin" / "jobs"
@@ -98,7 +101,7 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
 
 
 def _print_result(
-    console: Any, cfg: Any, headline: tuple[str, str, str] | None, result: dict[str, Any], seconds: float
+    console: Console, cfg: Any, headline: tuple[str, str, str] | None, result: dict[str, Any], seconds: float
 ) -> None:
     """The before/after metrics, the headline, sample predictions and where the run went."""
     from rich.table import Table

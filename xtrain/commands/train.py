@@ -8,7 +8,7 @@ path of `xtrain.run` (Windows, where torchrun trips on libuv). The exit code is 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -16,7 +16,10 @@ from xtrain.commands.options import parse_gpus, parse_int
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from xtrain.config.schema import TrainConfig
+    from xtrain.planning.plan import Plan
     from xtrain.train.preflight import Note
 
 RUN_MODULE = "xtrain.run"
@@ -50,7 +53,7 @@ def note_lines(notes: list[Note]) -> list[str]:
 
 
 def equivalent_commands(
-    plan: Any, run_argv: list[str], sharding: list[str] | None = None
+    plan: Plan, run_argv: list[str], sharding: list[str] | None = None
 ) -> list[tuple[str, list[str]]]:
     """What `xtrain train` does, as commands the user could type: [(title, lines)], the
     command xtrain itself uses first. ``sharding``: FSDP/DeepSpeed switches (accelerate only)."""
@@ -182,9 +185,9 @@ def train(
 
 
 def launch_training(
-    plan: Any,
+    plan: Plan,
     run_argv: list[str],
-    console: Any,
+    console: Console,
     output_dir: str | None = None,
     notes: list[str] | None = None,
     sharding: list[str] | None = None,

@@ -3,9 +3,12 @@ against the eval set and the model's head (``head_labels``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 def label_key(value: Any) -> str:
@@ -113,7 +116,7 @@ def labels_of(
     )
 
 
-def label_values(ds: Any, column: str, source: str) -> list[Any]:
+def label_values(ds: Dataset, column: str, source: str) -> list[Any]:
     """The distinct labels of a column. A JSON column that mixes numbers and names is typed Json
     by datasets (arrow has no ``unique`` for it): read row by row, lists and objects refused."""
     feature = ds.features.get(column)

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin, encoding
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 EXTENSIONS = {
     ".json": "json",
@@ -234,7 +237,7 @@ def _first_of_stream(stream: Any, limit: int, source: str) -> tuple[Any, int | N
     return ds, (len(rows) if len(rows) <= limit else None)
 
 
-def undecoded_row(ds: Any, i: int, column: str) -> dict[str, Any]:
+def undecoded_row(ds: Dataset, i: int, column: str) -> dict[str, Any]:
     """Row ``i`` with its ``Image``/``Audio`` column as the run reads it: undecoded (a path, or
     ``{"bytes", "path"}``)."""
     import datasets

@@ -7,12 +7,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.labels import label_key, value_kind
 from xtrain.data.packing import MAP_BATCH, pack_rows
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 # Bump when the tokenising functions below change what they produce (invalidates the cache).
 TOKENIZE_VERSION = 2
@@ -23,7 +26,7 @@ TOKENIZE_VERSION = 2
 NOT_TEXT_COLUMNS = ("data.label_column", "data.image_column", "data.audio_column")
 
 
-def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> None:
+def require_columns(ds: Dataset, columns: dict[str, str | None], source: str) -> None:
     """Each configured column (``{"data.text_column": "text", ...}``) must exist in ``ds``."""
     have = list(ds.column_names)
     for key, col in columns.items():
@@ -41,7 +44,7 @@ def require_columns(ds: Any, columns: dict[str, str | None], source: str) -> Non
                 )
 
 
-def _not_text(ds: Any, col: str) -> str | None:
+def _not_text(ds: Dataset, col: str) -> str | None:
     """What a column holds when it is not text (``int64 values``, ``lists``, ``a list in row 3``);
     None for text. datasets types a JSON column that mixes kinds (``"a"`` and ``["a"]``) as Json."""
     features = getattr(ds, "features", None) or {}
@@ -76,13 +79,13 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
-def map_fingerprint(ds: Any, *parts: Any) -> str:
+def map_fingerprint(ds: Dataset, *parts: Any) -> str:
     from datasets.fingerprint import Hasher
 
     return Hasher.hash([getattr(ds, "_fingerprint", None), TOKENIZE_VERSION, *parts])
 
 
-def tokenized(ds: Any, function: Any, fn_kwargs: dict[str, Any], fingerprint: str, desc: str) -> Any:
+def tokenized(ds: Dataset, function: Any, fn_kwargs: dict[str, Any], fingerprint: str, desc: str) -> Any:
     """``ds.map(function, batched=True)`` replacing all columns, cached under ``fingerprint``."""
     return ds.map(
         function,

@@ -3,14 +3,19 @@ architectures; gradient checkpointing is switched on before the adapter is added
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
 from xtrain.model.lora_layers import _linear_types, find_target_modules, layers_matching, linear_layers
 from xtrain.model.quantization import INSTALL
 
+if TYPE_CHECKING:
+    from torch.nn import Module
 
-def enable_gradient_checkpointing(model: Any, with_lora: bool) -> None:
+    from xtrain.config.schema import TrainConfig
+
+
+def enable_gradient_checkpointing(model: Module, with_lora: bool) -> None:
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise XtrainError(
             f"{type(model).__name__} does not support gradient checkpointing",
@@ -25,7 +30,7 @@ def enable_gradient_checkpointing(model: Any, with_lora: bool) -> None:
         model.config.use_cache = False
 
 
-def apply_lora(model: Any, lora: Any, task_type: str | None) -> Any:
+def apply_lora(model: Module, lora: Any, task_type: str | None) -> Any:
     """``get_peft_model`` with the config's settings and the task's peft ``task_type`` (peft's
     ``SEQ_CLS`` trains the head whole: it puts ``classifier``/``score`` in ``modules_to_save``)."""
     targets: str | list[str] = lora.target_modules
@@ -54,14 +59,14 @@ def trainable_fp32(peft_model: Any) -> Any:
     return peft_model
 
 
-def apply_lora_matching(model: Any, lora: Any, pattern: str, where: str) -> Any:
+def apply_lora_matching(model: Module, lora: Any, pattern: str, where: str) -> Any:
     """``get_peft_model`` on the Linear layers whose full module name matches ``pattern`` (a
     regex): how encoder-decoder and multimodal tasks pick their halves. ``where`` names the part
     in the one-line error when nothing matches."""
     return adapt(model, lora, pattern, lora.modules_to_save, where)
 
 
-def adapt(model: Any, lora: Any, targets: str | list[str], whole: list[str] | None, where: str) -> Any:
+def adapt(model: Module, lora: Any, targets: str | list[str], whole: list[str] | None, where: str) -> Any:
     """``get_peft_model`` with adapters on ``targets`` (a regex on qualified names, or the
     qualified names) and the ``whole`` modules trained whole; nothing matched is one line naming
     ``where`` and the Linear layers the model has."""
@@ -119,7 +124,7 @@ def lora_config_kwargs(
     }
 
 
-def targeted_layers(model: Any, targets: str | list[str]) -> dict[str, Any]:
+def targeted_layers(model: Module, targets: str | list[str]) -> dict[str, Any]:
     """Qualified name -> module of the Linear-like layers ``targets`` selects, matched as peft
     matches: a regex on the whole name, or names equal to or ending in ``.NAME``."""
     import re
@@ -138,7 +143,7 @@ def targeted_layers(model: Any, targets: str | list[str]) -> dict[str, Any]:
     return found
 
 
-def _check_layers(model: Any, lora: Any, targets: str | list[str]) -> None:
+def _check_layers(model: Module, lora: Any, targets: str | list[str]) -> None:
     """Checks that need the model's layers: peft's OLoRA init ignores ``fan_in_fan_out``, so on
     GPT-2-style Conv1D layers it builds adapters of the wrong shape (seen with peft 0.21)."""
     if lora.init_weights != "olora":
@@ -154,7 +159,7 @@ def _check_layers(model: Any, lora: Any, targets: str | list[str]) -> None:
 
 
 def _peft_model(
-    model: Any, lora: Any, targets: str | list[str], whole: list[str] | None, task_type: str | None
+    model: Module, lora: Any, targets: str | list[str], whole: list[str] | None, task_type: str | None
 ) -> Any:
     """``get_peft_model`` with the variant settings, trained weights in float32, LoftQ fitted and
     the starting adapter of PiSSA/OLoRA kept for the conversion at save time."""
@@ -248,7 +253,7 @@ def keep_initial_adapter(peft_model: Any) -> None:
     setattr(peft_model, INITIAL_ADAPTER, {k: v.detach().to("cpu", copy=True) for k, v in state.items()})
 
 
-def save_pretrained(model: Any, folder: str) -> None:
+def save_pretrained(model: Module, folder: str) -> None:
     """``model.save_pretrained(folder)`` for a peft adapter or a whole model. A PiSSA/OLoRA
     adapter is converted by peft (``path_initial_model_for_weight_conversion``) to a plain LoRA of
     rank 2r that loads onto the ORIGINAL base model: delta W = B A - B0 A0. Its
@@ -281,7 +286,7 @@ def save_pretrained(model: Any, folder: str) -> None:
         save_file({**saved, **dropped}, str(weights), metadata={"format": "pt"})
 
 
-def check_variants(cfg: Any) -> None:
+def check_variants(cfg: TrainConfig) -> None:
     """Config-only checks of ``lora.use_dora``, ``lora.use_rslora`` and ``lora.init_weights``
     against ``lora.enabled`` and ``model.quantization``; the first misfit raises (one line).
 

@@ -5,9 +5,12 @@ reading of a model's modules: it runs on a meta-device model for the plan's exac
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 _LLAMA_LIKE = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -92,13 +95,13 @@ def _linear_types() -> tuple[type, ...]:
     return (torch.nn.Linear, Conv1D)
 
 
-def linear_layers(model: Any) -> dict[str, str]:
+def linear_layers(model: Module) -> dict[str, str]:
     """Qualified name -> leaf name of every Linear-like layer (nn.Linear, GPT-2's Conv1D)."""
     kinds = _linear_types()
     return {name: name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, kinds)}
 
 
-def layers_matching(model: Any, pattern: str) -> list[str]:
+def layers_matching(model: Module, pattern: str) -> list[str]:
     """Qualified names of the Linear-like layers that ``pattern`` matches whole (as peft matches
     a ``target_modules`` regex)."""
     import re
@@ -106,7 +109,7 @@ def layers_matching(model: Any, pattern: str) -> list[str]:
     return [q for q in linear_layers(model) if re.fullmatch(pattern, q)]
 
 
-def _head_layers(model: Any) -> set[str]:
+def _head_layers(model: Module) -> set[str]:
     """Qualified names of the heads: known head names, and the output embeddings whatever their name."""
     out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return {
@@ -121,7 +124,7 @@ def is_all_linear(targets: Any) -> bool:
     return isinstance(targets, str) and targets.lower() == ALL_LINEAR
 
 
-def all_linear_layers(model: Any, task_type: str | None = None) -> list[str]:
+def all_linear_layers(model: Module, task_type: str | None = None) -> list[str]:
     """Qualified names of the layers peft's ``all-linear`` adapts (tuners_utils
     ``_maybe_include_all_linear_layers``): every ``nn.Linear``/``Conv1D`` but the output embeddings
     (the LM head), and for a ``SEQ_CLS`` model without them its classifier head (``score`` or
@@ -140,7 +143,7 @@ def all_linear_layers(model: Any, task_type: str | None = None) -> list[str]:
     return [q for q in layers if q not in excluded]
 
 
-def body_layers(model: Any) -> dict[str, str]:
+def body_layers(model: Module) -> dict[str, str]:
     """Qualified name -> leaf name of the Linear-like layers that are not heads (``_head_layers``:
     the output embeddings, classifiers, poolers): ``all-linear`` for the tasks that choose their
     own layers (one half of an encoder-decoder, a language model inside a vision-language one)."""
@@ -155,7 +158,7 @@ def exact_pattern(names: list[str]) -> str:
     return "^(?:" + "|".join(re.escape(n) for n in names) + ")$" if names else r"^(?!)$"
 
 
-def find_target_modules(model: Any) -> list[str]:
+def find_target_modules(model: Module) -> list[str]:
     """The LoRA targets for ``target_modules: auto``.
 
     1. xtrain's table of common architectures (llama/mistral/qwen: q,k,v,o; gpt2: c_attn;

@@ -11,9 +11,12 @@ so evaluation and ``xtrain predict`` see the embeddings as they are.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 
 class NEFTuneHook:
@@ -32,7 +35,7 @@ class NEFTuneHook:
         return output + torch.empty_like(output).uniform_(-scale, scale)
 
 
-def attach(model: Any, alpha: float) -> Any:
+def attach(model: Module, alpha: float) -> Any:
     """Register NEFTune on ``model``'s input embeddings; returns the hook's handle."""
     get = getattr(model, "get_input_embeddings", None)
     embeddings = get() if callable(get) else None

@@ -21,11 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
 from xtrain.machine.quant_support import MIN_BITSANDBYTES  # the one floor (pyproject pins it too)
 from xtrain.runtime.quiet import quiet_bitsandbytes
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+    from xtrain.config.schema import TrainConfig
 
 # the package itself: the `xtrain` on the public index is an unrelated project (pyproject's
 # `quantization` extra asks for the same, for installs from the checkout: pip install -e ".[quantization]")
@@ -192,7 +197,7 @@ def check_backend(quantization: str | None, device_type: str) -> None:
 
 
 def load_kwargs(
-    cfg: Any, device: str, precision: str, fsdp: bool = False, unquantized: Sequence[str] = ()
+    cfg: TrainConfig, device: str, precision: str, fsdp: bool = False, unquantized: Sequence[str] = ()
 ) -> dict[str, Any]:
     """``from_pretrained`` keywords for ``cfg.model.quantization`` ({} when off): the
     ``quantization_config`` and this process's ``device`` (``Run.device``: each rank its own
@@ -249,12 +254,12 @@ def predict_kwargs(
     return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
 
 
-def is_quantized(model: Any) -> bool:
+def is_quantized(model: Module) -> bool:
     """A model (or a peft model around one) whose weights bitsandbytes loaded in 4 or 8 bits."""
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
 
-def prepare(model: Any) -> Any:
+def prepare(model: Module) -> Any:
     """peft's k-bit preparation: the base frozen, its non-quantized half-precision weights (norms,
     embeddings, head) in float32. Gradient checkpointing and input grads are left to
     ``lora.enable_gradient_checkpointing`` (switched on once, only when configured)."""
@@ -263,7 +268,7 @@ def prepare(model: Any) -> Any:
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
-def keep_training_layout(model: Any) -> int:
+def keep_training_layout(model: Module) -> int:
     """Keep every bitsandbytes ``Linear4bit`` of ``model`` in its training layout for the whole
     run; returns how many layers were switched (0: no 4-bit layer, nothing imported).
 

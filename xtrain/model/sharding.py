@@ -5,12 +5,16 @@ FSDP2 treats ``generate`` as a forward method (``prepare_generation``). The savi
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.nn import Module
 
 Sharding = Literal["fsdp", "zero3"]
 
 
-def sharding(accelerator: Any) -> Sharding | None:
+def sharding(accelerator: Accelerator) -> Sharding | None:
     """How the weights are split across ranks: "fsdp" (FSDP2), "zero3" (DeepSpeed ZeRO-3), or
     None (whole on every rank: one process, DDP, DeepSpeed ZeRO-1/2)."""
     from accelerate.utils import DistributedType
@@ -23,7 +27,7 @@ def sharding(accelerator: Any) -> Sharding | None:
     return None
 
 
-def prepare_generation(accelerator: Any, model: Any) -> None:
+def prepare_generation(accelerator: Accelerator, model: Module) -> None:
     """FSDP2: ``generate`` runs the root module's all-gather like ``forward`` does."""
     if sharding(accelerator) != "fsdp":
         return
@@ -34,6 +38,6 @@ def prepare_generation(accelerator: Any, model: Any) -> None:
         register_fsdp_forward_method(inner, "generate")
 
 
-def generate_kwargs(accelerator: Any) -> dict[str, Any]:
+def generate_kwargs(accelerator: Accelerator) -> dict[str, Any]:
     """Every rank keeps stepping ``generate`` until all are done: each step is a collective."""
     return {"synced_gpus": True} if sharding(accelerator) and accelerator.num_processes > 1 else {}

@@ -6,12 +6,15 @@ for a task's model."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.config.schema import TrainConfig
 from xtrain.config.values import BNB_OPTIMIZERS
 from xtrain.model import memory
 from xtrain.model.quantization import skip_patterns
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 
 def moments_8bit(cfg: TrainConfig) -> bool:
@@ -29,7 +32,7 @@ _KEPT = ("original_module", "modules_to_save")
 
 
 def quantizable_count(
-    model: Any, unquantized: tuple[str, ...] = (), kept_whole: list[str] | None = None
+    model: Module, unquantized: tuple[str, ...] = (), kept_whole: list[str] | None = None
 ) -> int:
     """Weights of the Linear layers that 4-bit/8-bit loading replaces: those transformers
     converts under the task's skip list (``quantization.skip_patterns``: the heads and
@@ -69,13 +72,13 @@ def weight_count(weight: Any) -> int:
     return weight.numel()
 
 
-def total_weights(model: Any) -> int:
+def total_weights(model: Module) -> int:
     """The weights of ``model``, a 4-bit one counted unpacked (the run banner's and
     ``train_result.json``'s ``total_params``: the same count as the unquantized model's)."""
     return sum(weight_count(p) for p in model.parameters())
 
 
-def loaded_quantization(model: Any) -> str | None:
+def loaded_quantization(model: Module) -> str | None:
     """How a built model's weights were loaded: 4bit (bitsandbytes ``Params4bit``), 8bit
     (``Int8Params``), None; told by class name, so bitsandbytes is not imported."""
     kinds = {type(p).__name__ for p in model.parameters()}
@@ -97,7 +100,7 @@ def meta_model(cfg: TrainConfig, task: Any, config: Any) -> Any | str:
         return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {reason}"
 
 
-def _tied_count(model: Any, config: Any) -> int:
+def _tied_count(model: Module, config: Any) -> int:
     """Parameters that loading ties to another (an output head sharing the input embedding:
     ``tie_word_embeddings``); a model built from its config on the meta device keeps them apart."""
     keys = getattr(model, "_tied_weights_keys", None)

@@ -25,6 +25,8 @@ from xtrain.tasks.data_report import DataReport
 from xtrain.tasks.predicting import exact_match
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+
     from xtrain.config.schema import TrainConfig
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
@@ -288,7 +290,7 @@ PACKED_MASKS = ("create_causal_mask", "create_sliding_window_causal_mask")
 ATTENTION_LAYERS = {"full_attention", "sliding_attention", "chunked_attention"}
 
 
-def check_packs_apart(model: Any) -> None:
+def check_packs_apart(model: Module) -> None:
     """``data.packing=on`` keeps examples apart only where the model builds its attention mask
     from ``position_ids`` (transformers' ``masking_utils``) and every layer is attention: a
     recurrent layer (Mamba, RWKV, linear attention) carries state from one example into the

@@ -23,6 +23,9 @@ from xtrain.tasks.contract import EvalBatchFn, MainProcessFirst, ReduceFn, Task,
 from xtrain.tasks.generation import GenerationEval
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+    from torch.nn import Module
+
     from xtrain.planning.run import Run
 
 
@@ -89,14 +92,14 @@ def load_seeded(run: Run, task: Task, source: str, **extra: Any) -> Any:
     )
 
 
-def train_everything(model: Any, cfg: TrainConfig) -> None:
+def train_everything(model: Module, cfg: TrainConfig) -> None:
     """The default full fine-tune: every weight trains."""
     for p in model.parameters():
         p.requires_grad_(True)
 
 
 def finish_model(
-    model: Any, cfg: TrainConfig, task: Task, apply_lora: Callable[..., Any] | None = None
+    model: Module, cfg: TrainConfig, task: Task, apply_lora: Callable[..., Any] | None = None
 ) -> Any:
     """The model checked against the config (``model_checks``: lengths, LoRA targets), then
     peft's k-bit preparation of a quantized model, then gradient checkpointing, then LoRA
@@ -124,14 +127,14 @@ def tokenizing(task: str, tokenize: Callable[..., Any], kwargs: dict[str, Any]) 
         {k: v for k, v in kwargs.items() if k != "tokenizer"},
     ]
 
-    def run(ds: Any, role: str) -> Any:
+    def run(ds: Dataset, role: str) -> Any:
         return tokenized(ds, tokenize, kwargs, map_fingerprint(ds, *settings), f"tokenizing {role}")
 
     return run
 
 
 def text_workload(
-    model: Any,
+    model: Module,
     run: Run,
     task: Task,
     tokenizer: Any,
@@ -156,7 +159,12 @@ def text_workload(
 
 
 def set_decoder_tokens(
-    model: Any, tokenizer: Any, start: int | None, pad: int | None, vocab: tuple[str, int | None], **more: Any
+    model: Module,
+    tokenizer: Any,
+    start: int | None,
+    pad: int | None,
+    vocab: tuple[str, int | None],
+    **more: Any,
 ) -> None:
     """An encoder-decoder model's decoder start and pad ids (and ``more``, e.g. ``eos_token_id``)
     on its config and generation config. Refused: a start or pad id nobody sets, a tokenizer with
@@ -179,7 +187,7 @@ def set_decoder_tokens(
         )
 
 
-def require_nonempty(ds: Any, name: str, what: str) -> None:
+def require_nonempty(ds: Dataset, name: str, what: str) -> None:
     if len(ds) == 0:
         raise XtrainError(
             f"no {what} examples left in {name} after tokenising", "check the columns and data.max_length"

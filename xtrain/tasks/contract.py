@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from torch.nn import Module
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
@@ -87,7 +88,7 @@ class Loaded:
     """A finished result loaded for prediction: the model (adapter applied, on its device, in
     eval mode) and what turns inputs into its batches."""
 
-    model: Any
+    model: Module
     tokenizer: Any
     source: str  # the folder the result came from
     parts: dict[str, Any] = field(default_factory=dict)  # processors, chat flag, labels, ...

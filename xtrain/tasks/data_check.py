@@ -35,6 +35,8 @@ from xtrain.tasks.common import media_dirs
 from xtrain.tasks.data_report import Example, Piece, SourceCheck
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+
     from xtrain.config.schema import TrainConfig
 
 T = TypeVar("T")
@@ -51,7 +53,7 @@ REPEAT = 4  # a token repeated this often in a row (expanded image placeholders)
 class Sample:
     """The first rows of one data source, as the run reads them."""
 
-    ds: Any  # a datasets.Dataset of those rows
+    ds: Dataset  # a datasets.Dataset of those rows
     name: str  # the source, as messages name it
     role: str  # train | eval
     total: int | None  # its row count, None where unknown
@@ -167,7 +169,7 @@ def example_of(
     return Example(sample.name, row, shown, tokens=len(ids), trained=trained, **more)
 
 
-def label_counts(ds: Any, column: str) -> dict[str, int]:
+def label_counts(ds: Dataset, column: str) -> dict[str, int]:
     """Rows per label of ``column`` (label names of a ``ClassLabel`` column)."""
     feature = ds.features.get(column)
     names = list(feature.names) if hasattr(feature, "names") else None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +30,10 @@ import torch.nn.functional as F
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.model.sharding import generate_kwargs
 from xtrain.tasks.contract import Prediction
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.nn import Module
 
 
 def normalize_text(text: str) -> str:
@@ -100,7 +104,7 @@ class GenerationEval:
         return whole, {**prompt, **shared}
 
     def __call__(
-        self, accelerator: Any, model: Any, loader: Any
+        self, accelerator: Accelerator, model: Module, loader: Any
     ) -> tuple[dict[str, float], list[Prediction]]:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         generator = accelerator.unwrap_model(model, keep_torch_compile=False)

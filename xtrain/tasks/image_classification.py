@@ -50,6 +50,9 @@ from xtrain.tasks.predicting import (
 )
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+    from torch.nn import Module
+
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
@@ -77,12 +80,12 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
     )
 
 
-def heads(model: Any) -> list[str]:
+def heads(model: Module) -> list[str]:
     """The classifier head(s): top-level modules of the model named like one (trained whole)."""
     return [name for name, _ in model.named_children() if name in HEADS]
 
 
-def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     """A ViT-style encoder runs every patch and its class token ((224 / 16)^2 + 1 = 197); models
     without fixed patches (ConvNeXt, Swin's stages) get the default estimate."""
     config = model.config
@@ -93,11 +96,11 @@ def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     return [st.from_config("encoder", model, prefix, config, positions, cfg, stem=st.patch_stem(config))]
 
 
-def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+def lora_plan(model: Module, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     return _plan(model, cfg.lora)
 
 
-def _plan(model: Any, lora_cfg: Any) -> tuple[list[str], list[str]]:
+def _plan(model: Module, lora_cfg: Any) -> tuple[list[str], list[str]]:
     """(Linear layers that get adapters, modules trained whole): the encoder's attention (or
     ``lora.target_modules``), never the head, which is trained whole."""
     head = heads(model)
@@ -114,7 +117,7 @@ def _plan(model: Any, lora_cfg: Any) -> tuple[list[str], list[str]]:
     return targets, list(lora_cfg.modules_to_save or []) + head
 
 
-def apply_lora(model: Any, lora_cfg: Any) -> Any:
+def apply_lora(model: Module, lora_cfg: Any) -> Any:
     targets, whole = _plan(model, lora_cfg)
     return lora.adapt(model, lora_cfg, targets, whole, "image encoder")
 
@@ -145,7 +148,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     report = inspect(cfg, data_check.loaded_samples(cfg, sets), [], found)  # the data check
     names = id2label or {i: str(i) for i in range(num_labels)}
 
-    def rows(ds: Any, folder: Path | None, name: str) -> ImageLabelRows:
+    def rows(ds: Dataset, folder: Path | None, name: str) -> ImageLabelRows:
         columns = (d.image_column, d.label_column)
         return ImageLabelRows(ds, columns, mapping, folder, name, max_pixels=d.max_image_pixels)
 

@@ -54,6 +54,9 @@ from xtrain.tasks.predicting import (
 )
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+    from torch.nn import Module
+
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
@@ -80,7 +83,7 @@ DECODER_TARGETS: dict[str, tuple[str, ...]] = {
 PARTS = {"both": ("encoder", "decoder"), "encoder": ("encoder",), "decoder": ("decoder",)}
 
 
-def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     """The image encoder runs all its patches (TrOCR-base: (384 / 16)^2 + 1 = 577), the decoder the
     text's tokens, reading every patch in each layer's cross-attention."""
     enc, dec = model.config.encoder, model.config.decoder
@@ -113,7 +116,7 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def fix_special_tokens(model: Any, tokenizer: Any) -> None:
+def fix_special_tokens(model: Module, tokenizer: Any) -> None:
     """Decoder start, pad and eos ids on the model config and the generation config, taken from
     the checkpoint where set, else from the tokenizer (TrOCR and GPT-2 checkpoints often lack them)."""
     config, decoder, gen = model.config, model.config.decoder, model.generation_config
@@ -147,7 +150,7 @@ def _auto_names(part: Any, table: dict[str, tuple[str, ...]]) -> list[str]:
     return names or lora_layers.find_target_modules(part)
 
 
-def target_pattern(model: Any, lora_cfg: Any) -> str:
+def target_pattern(model: Module, lora_cfg: Any) -> str:
     """A peft ``target_modules`` regex (full match on module names) for the chosen halves."""
     explicit = lora_cfg.target_modules
     if lora_layers.is_all_linear(explicit):  # every Linear of the chosen halves but the heads and the pooler
@@ -168,12 +171,12 @@ def target_pattern(model: Any, lora_cfg: Any) -> str:
     return "^(?:" + "|".join(alternatives) + ")$"
 
 
-def apply_lora(model: Any, lora_cfg: Any) -> Any:
+def apply_lora(model: Module, lora_cfg: Any) -> Any:
     where = lora_cfg.apply_to if lora_cfg.apply_to != "both" else "encoder or decoder"
     return lora.apply_lora_matching(model, lora_cfg, target_pattern(model, lora_cfg), where)
 
 
-def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
+def full_fine_tune(model: Module, cfg: TrainConfig) -> None:
     """Everything trains but the encoder's pooler, which the decoder never reads."""
     for name, p in model.named_parameters():
         p.requires_grad_(not name.startswith("encoder.pooler."))
@@ -184,7 +187,7 @@ def decoder_positions(config: Any) -> tuple[str, int | None]:
     return "decoder", getattr(getattr(config, "decoder", None), "max_position_embeddings", None)
 
 
-def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+def lora_plan(model: Module, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     whole = list(cfg.lora.modules_to_save or [])
     return lora_layers.layers_matching(model, target_pattern(model, cfg.lora)), whole
 
@@ -204,7 +207,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     sets = [(train, train_name, "train"), (eval_ds, eval_name, "eval")]
     report = inspect(cfg, tokenizer, data_check.loaded_samples(cfg, sets), [])  # the data check
 
-    def rows(ds: Any, folder: Path | None, name: str) -> ImageTextRows:
+    def rows(ds: Dataset, folder: Path | None, name: str) -> ImageTextRows:
         return ImageTextRows(ds, d.image_column, d.text_column, folder, name, max_pixels=d.max_image_pixels)
 
     train_rows = rows(train, train_dir, train_name)

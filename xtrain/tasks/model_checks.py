@@ -29,6 +29,8 @@ from xtrain.model.configs import local_config, read_config_offline, text_positio
 from xtrain.tasks.sizes import adapted_layers
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+
     from xtrain.config.schema import TrainConfig
     from xtrain.tasks.contract import Task
 
@@ -108,7 +110,7 @@ def _matches(name: str, qualified: str) -> bool:
         return False
 
 
-def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
+def check_targets(cfg: TrainConfig, task: Task, model: Module) -> None:
     """Every listed ``lora.target_modules`` name matches a module; ``auto`` and ``all-linear``
     (peft's: every Linear but the output head) find some layers."""
     names = cfg.lora.target_modules
@@ -139,7 +141,7 @@ def check_targets(cfg: TrainConfig, task: Task, model: Any) -> None:
     )
 
 
-def check_model(model: Any, cfg: TrainConfig, task: Task) -> None:
+def check_model(model: Module, cfg: TrainConfig, task: Task) -> None:
     """The run's check: the loaded model (before LoRA) against the config."""
     check_lengths(cfg, task, model.config)
     if cfg.lora.enabled:

@@ -8,11 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.data.sources import load_source
 from xtrain.errors import XtrainError
 from xtrain.tasks.contract import Example
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from torch.nn import Module
+
+    from xtrain.config.schema import TrainConfig
 
 # the key of ``Loaded.parts`` that holds the run's ``data.max_image_pixels`` (``image_limit``)
 IMAGE_LIMIT = "max_image_pixels"
@@ -51,7 +57,7 @@ def read_input(path: Path, what: str, read: Callable[[], Any]) -> Any:
         ) from None
 
 
-def to_model(batch: dict[str, Any], model: Any) -> dict[str, Any]:
+def to_model(batch: dict[str, Any], model: Module) -> dict[str, Any]:
     """Tensors onto the model's device; floating ones (pixels, audio features) in its dtype."""
     import torch
 
@@ -151,7 +157,7 @@ def generate_texts(loaded: Any, batch: dict[str, Any], request: Any, **generate:
 # ``xtrain predict --data FILE``: a data file's rows, read by the run's own readers
 
 
-def load_file(cfg: Any, media: str | None = None) -> tuple[Any, str, Path | None]:
+def load_file(cfg: TrainConfig, media: str | None = None) -> tuple[Any, str, Path | None]:
     """(the rows of the ``--data`` file, its name for messages, the folder its relative
     ``media`` ("image", "audio") paths are relative to, as training decides it; None without
     media): read by the loader training uses (``cfg.data.eval`` is the file; a saved data set's
@@ -201,7 +207,7 @@ def last_user_text(messages: list[dict[str, Any]]) -> str:
 class MediaCell:
     """The image or audio cell of row ``row`` of a data file, read only when its batch runs."""
 
-    ds: Any
+    ds: Dataset
     column: str
     row: int
     folder: Path | None
@@ -212,7 +218,7 @@ class MediaCell:
 
 
 def media_examples(
-    ds: Any, column: str, folder: Path | None, source: str, refs: list[str | None], feature: str = "Image"
+    ds: Dataset, column: str, folder: Path | None, source: str, refs: list[str | None], feature: str = "Image"
 ) -> list[Any]:
     """One ``Example`` per row of a media column (``feature``: a datasets Image or Audio column is
     switched to undecoded cells): shown as its path (or "embedded ... bytes"), fed as its cell."""
@@ -227,7 +233,7 @@ def media_examples(
     return [Example(i, {"input": shown[i]}, cells[i], refs[i]) for i in range(len(ds))]
 
 
-def references(ds: Any, column: str | None, source: str, key: str) -> list[str | None]:
+def references(ds: Dataset, column: str | None, source: str, key: str) -> list[str | None]:
     """The optional reference column (``key`` names it in the refusal when it holds no text):
     its values as text, None for rows without one; all None when the file has no such column."""
     from xtrain.data.tokenize import require_columns

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import tasks
 from xtrain.config.schema import TrainConfig
@@ -44,8 +44,11 @@ from xtrain.model.size import (
 )
 from xtrain.tasks import stacks as task_stacks
 
+if TYPE_CHECKING:
+    from torch.nn import Module
 
-def train_only(model: Any, whole: list[str]) -> None:
+
+def train_only(model: Module, whole: list[str]) -> None:
     """Freeze ``model`` (on the meta device) but the modules kept whole (by name or its last parts,
     as peft matches them): what trains besides the adapters."""
     keep = {id(p) for q, m in model.named_modules() if any(q == k or q.endswith("." + k) for k in whole)
@@ -58,7 +61,7 @@ def _under(name: str, prefix: str) -> bool:
     return not prefix or name == prefix or name.startswith(prefix + ".")
 
 
-def step_stacks(model: Any, cfg: TrainConfig, adapted: list[str]) -> tuple[activations.Stack, ...]:
+def step_stacks(model: Module, cfg: TrainConfig, adapted: list[str]) -> tuple[activations.Stack, ...]:
     """The task's stacks of ``model`` (``Task.stacks``, not wrapped by peft) with how each trains:
     ``lora`` with its adapters a layer on each site (``adapted``: the Linear layers that carry
     adapters), ``full`` when its own Linear weights train (a module nested in it that is a stack
@@ -91,7 +94,7 @@ def step_stacks(model: Any, cfg: TrainConfig, adapted: list[str]) -> tuple[activ
     return tuple(out)
 
 
-def lora_fields(cfg: TrainConfig, model: Any, stacks: tuple[activations.Stack, ...]) -> dict[str, Any]:
+def lora_fields(cfg: TrainConfig, model: Module, stacks: tuple[activations.Stack, ...]) -> dict[str, Any]:
     """The ``ModelSizes`` fields of the activation term: the stacks, whether the output head
     trains, LoRA's rank and dropout."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -104,7 +107,7 @@ def lora_fields(cfg: TrainConfig, model: Any, stacks: tuple[activations.Stack, .
     }
 
 
-def adapted_layers(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+def adapted_layers(model: Module, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     """(the Linear layers that get adapters, the modules trained whole) as the task's builder picks
     them, with the task's own chooser (``Task.lora_plan``); peft itself is not imported (seconds)."""
     task = tasks.get(cfg.model.task)
@@ -122,7 +125,7 @@ def adapted_layers(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     return [q for q, leaf in layers.items() if leaf in names or q in names], whole
 
 
-def _trained_tensors(model: Any, cfg: TrainConfig) -> tuple[int, list[int]]:
+def _trained_tensors(model: Module, cfg: TrainConfig) -> tuple[int, list[int]]:
     """(parameters LoRA adds, the sizes of the tensors that train) for ``cfg.lora``: ``r x in``
     and ``out x r`` for each adapted layer, and a trained copy of each module kept whole (peft's
     ``modules_to_save``); a full fine-tune's trained parameters."""
@@ -196,7 +199,7 @@ def _unquantized(cfg: TrainConfig) -> tuple[str, ...]:
 
 
 def live_sizes(
-    model: Any, unquantized: tuple[str, ...] = (), cfg: TrainConfig | None = None
+    model: Module, unquantized: tuple[str, ...] = (), cfg: TrainConfig | None = None
 ) -> memory.ModelSizes | None:
     """The sizes of a built model: counts (a 4-bit weight by its unpacked shape), the bytes of
     its frozen weights that are not quantized, as loaded, and the quantized ones; the trained
@@ -237,7 +240,7 @@ def live_sizes(
 
 
 def check_live_model(
-    model: Any, cfg: TrainConfig, precision: str, total_bytes: int, gpu_name: str
+    model: Module, cfg: TrainConfig, precision: str, total_bytes: int, gpu_name: str
 ) -> memory.MemoryCheck | None:
     """The training loop's check on its CUDA device (``total_bytes``: the card's memory)."""
     sizes = live_sizes(model, _unquantized(cfg), cfg)

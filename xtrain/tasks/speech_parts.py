@@ -11,6 +11,9 @@ from xtrain.model import load as models
 
 if TYPE_CHECKING:
     pass
+    from datasets import Dataset
+    from torch.nn import Module
+
     from xtrain.config.schema import TrainConfig
 import dataclasses
 
@@ -22,7 +25,7 @@ def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any
     return models.load_processors(source, trust_remote_code, "feature_extractor")
 
 
-def cap_new_tokens(model: Any, max_new_tokens: int) -> int:
+def cap_new_tokens(model: Module, max_new_tokens: int) -> int:
     """``max_new_tokens`` within the decoder's positions: Whisper's ``generate`` refuses a prompt
     (up to 4 tokens: start, language, task, no-timestamps) + new tokens beyond
     ``max_target_positions`` (448) instead of stopping there."""
@@ -38,7 +41,7 @@ def max_seconds(cfg_seconds: float | None, feature_extractor: Any) -> float | No
     return float(window) if window else None
 
 
-def require_columns(ds: Any, audio_column: str, text_column: str, source: str) -> None:
+def require_columns(ds: Dataset, audio_column: str, text_column: str, source: str) -> None:
     """Both columns exist; the text column holds text (the audio column holds paths or an
     ``Audio`` feature's dicts, so only its presence is checked)."""
     from xtrain.data.tokenize import require_columns
@@ -51,14 +54,14 @@ def require_columns(ds: Any, audio_column: str, text_column: str, source: str) -
     require_columns(ds, {"data.text_column": text_column}, source)
 
 
-def file_name_column(ds: Any, audio_column: str) -> Any:
+def file_name_column(ds: Dataset, audio_column: str) -> Any:
     """An audiofolder's ``file_name`` column serves as the audio column when there is none."""
     if ds is not None and "file_name" in ds.column_names and audio_column not in ds.column_names:
         return ds.rename_column("file_name", audio_column)
     return ds
 
 
-def fix_special_tokens(model: Any, tokenizer: Any) -> int:
+def fix_special_tokens(model: Module, tokenizer: Any) -> int:
     """The decoder start and pad ids on the config and generation config; returns the start id."""
     config, gen = model.config, model.generation_config
     start = getattr(config, "decoder_start_token_id", None)
@@ -92,7 +95,7 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
     )
 
 
-def set_prefix(tokenizer: Any, model: Any, language: str | None, task: str) -> dict[str, Any]:
+def set_prefix(tokenizer: Any, model: Module, language: str | None, task: str) -> dict[str, Any]:
     """Whisper's language/task prefix on the tokenizer (labels) and the ``generate`` arguments
     that write the same prefix; ``{}`` for models without one."""
     gen = model.generation_config

@@ -50,6 +50,9 @@ from xtrain.tasks.speech_parts import (
 )
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+    from torch.nn import Module
+
     from xtrain.config.schema import TrainConfig
     from xtrain.data.rows.audio import AudioTextRows
     from xtrain.model.activations import Stack
@@ -58,7 +61,7 @@ if TYPE_CHECKING:
 ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # Whisper, Speech2Text, SeamlessM4T-style
 
 
-def target_pattern(model: Any, lora_cfg: Any) -> str:
+def target_pattern(model: Module, lora_cfg: Any) -> str:
     """A peft ``target_modules`` regex on module names (``model.encoder.layers.0.self_attn.q_proj``)."""
     explicit = lora_cfg.target_modules
     parts = "|".join(PARTS[lora_cfg.apply_to])
@@ -74,7 +77,7 @@ def target_pattern(model: Any, lora_cfg: Any) -> str:
     return rf"^(?:.*\.)?(?:{parts})\..*\.(?:{'|'.join(re.escape(n) for n in names)})$"
 
 
-def apply_lora(model: Any, lora_cfg: Any) -> Any:
+def apply_lora(model: Module, lora_cfg: Any) -> Any:
     where = lora_cfg.apply_to if lora_cfg.apply_to != "both" else "encoder or decoder"
     return lora.apply_lora_matching(model, lora_cfg, target_pattern(model, lora_cfg), where)
 
@@ -87,7 +90,7 @@ def decoder_positions(config: Any) -> tuple[str, int | None]:
     )
 
 
-def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
+def full_fine_tune(model: Module, cfg: TrainConfig) -> None:
     """Everything trains, but the encoder with ``model.freeze_encoder``; Whisper's sinusoidal
     encoder positions are fixed by design, trained or not."""
     encoder = model.get_encoder()
@@ -99,12 +102,12 @@ def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
         positions.requires_grad_(False)
 
 
-def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+def lora_plan(model: Module, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     whole = list(cfg.lora.modules_to_save or [])
     return lora_layers.layers_matching(model, target_pattern(model, cfg.lora)), whole
 
 
-def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     """The encoder always runs its whole window (Whisper pads every clip to 30 s: 3000 mel frames,
     halved by its conv stem to ``max_source_positions`` = 1500), the decoder the transcript's
     tokens, reading the encoder's positions in every layer's cross-attention."""
@@ -163,7 +166,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
                 require_columns(ds, d.audio_column, d.text_column, name)
                 durations[role] = check_audio_files(ds, d.audio_column, folder, name, seconds, d.long_audio)
 
-    def rows(ds: Any, folder: Path | None, name: str, role: str) -> AudioTextRows:
+    def rows(ds: Dataset, folder: Path | None, name: str, role: str) -> AudioTextRows:
         return AudioTextRows(
             ds, d.audio_column, d.text_column, folder, name, rate, seconds, d.long_audio, durations.get(role)
         )

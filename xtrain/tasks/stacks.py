@@ -11,6 +11,8 @@ from xtrain.model.activations import Stack
 from xtrain.model.memory import GATED_ACTS
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+
     from xtrain.config.schema import TrainConfig
 
 LAYER_LISTS = ("layers", "layer", "blocks", "h")
@@ -26,12 +28,12 @@ def first(config: Any, *names: str) -> int | None:
     return None
 
 
-def name_of(model: Any, module: Any) -> str:
+def name_of(model: Module, module: Any) -> str:
     """``module``'s qualified name inside ``model`` ("" for the model itself)."""
     return next((n for n, m in model.named_modules() if m is module), "")
 
 
-def layer_count(model: Any, prefix: str) -> int:
+def layer_count(model: Module, prefix: str) -> int:
     """The length of the first list of layers under ``prefix`` (``layers``, ``layer``, ``blocks``,
     GPT-2's ``h``); 0 when there is none."""
     import torch
@@ -43,7 +45,7 @@ def layer_count(model: Any, prefix: str) -> int:
     return 0
 
 
-def eager(model: Any, prefix: str, cfg: TrainConfig) -> bool:
+def eager(model: Module, prefix: str, cfg: TrainConfig) -> bool:
     """Whether the stack's attention is eager: ``model.attn_implementation: eager``, or a module
     whose class has no sdpa/flash kernel (TrOCR's decoder) and was built with eager."""
     if cfg.model.attn_implementation == "eager":
@@ -59,7 +61,7 @@ def dropout_on(config: Any) -> bool:
 
 
 def from_config(
-    part: str, model: Any, prefix: str, config: Any, positions: int, cfg: TrainConfig, **extra: Any
+    part: str, model: Module, prefix: str, config: Any, positions: int, cfg: TrainConfig, **extra: Any
 ) -> Stack:
     """A stack of ``positions`` a sample with the widths of a (text or vision) ``config``
     (``extra``: fields it gets wrong, e.g. a vision tower's width)."""
@@ -83,14 +85,14 @@ def from_config(
     return Stack(part, positions, **{**values, **extra})
 
 
-def text_stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+def text_stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     """The default: the model's text layers at ``data.max_length`` positions (causal-lm, seq-cls)."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     prefix = layers_owner(model)
     return [from_config("model", model, prefix, config, cfg.data.max_length, cfg, embeds=True, text=True)]
 
 
-def layers_owner(model: Any) -> str:
+def layers_owner(model: Module) -> str:
     """The module that holds the model's list of layers (``model``, ``transformer``, ``bert.encoder``)."""
     import torch
 

@@ -38,6 +38,8 @@ from xtrain.tasks.predicting import exact_match
 from xtrain.tasks.vision_processor import NAME, load_processor, max_pixels, processor_and_render
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
@@ -53,7 +55,7 @@ LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 # Model
 
 
-def find_part(model: Any, names: tuple[str, ...], within: str | None = None) -> str | None:
+def find_part(model: Module, names: tuple[str, ...], within: str | None = None) -> str | None:
     """The qualified name of the outermost module whose own name is one of ``names``."""
     found = [
         q
@@ -67,7 +69,7 @@ def _under(name: str, prefix: str | None) -> bool:
     return prefix is not None and (name == prefix or name.startswith(prefix + "."))
 
 
-def parts(model: Any) -> tuple[str, str | None, str | None]:
+def parts(model: Module) -> tuple[str, str | None, str | None]:
     """(language model, vision tower, projector) module names."""
     language = find_part(model, LANGUAGE_MODEL)
     if language is None:
@@ -80,7 +82,7 @@ def parts(model: Any) -> tuple[str, str | None, str | None]:
     return language, vision, projector
 
 
-def lora_targets(model: Any, lora_cfg: Any) -> list[str]:
+def lora_targets(model: Module, lora_cfg: Any) -> list[str]:
     """Qualified names of the Linear layers that get adapters."""
     language, vision, projector = parts(model)
     layers = lora_layers.linear_layers(model)
@@ -115,11 +117,11 @@ def lora_targets(model: Any, lora_cfg: Any) -> list[str]:
     return targets
 
 
-def _module(model: Any, name: str) -> Any:
+def _module(model: Module, name: str) -> Any:
     return model.get_submodule(name)
 
 
-def apply_lora(model: Any, lora_cfg: Any) -> Any:
+def apply_lora(model: Module, lora_cfg: Any) -> Any:
     save = list(lora_cfg.modules_to_save or [])
     if lora_cfg.projector:
         projector = parts(model)[2]
@@ -132,7 +134,7 @@ def apply_lora(model: Any, lora_cfg: Any) -> Any:
     return lora.adapt(model, lora_cfg, lora_targets(model, lora_cfg), save, "language model")
 
 
-def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
+def full_fine_tune(model: Module, cfg: TrainConfig) -> None:
     """Everything trains, but the vision tower (not its projector) with ``model.freeze_vision``."""
     _, vision, projector = parts(model)
     for name, p in model.named_parameters():
@@ -140,13 +142,13 @@ def full_fine_tune(model: Any, cfg: TrainConfig) -> None:
         p.requires_grad_(not frozen)
 
 
-def lora_plan(model: Any, cfg: TrainConfig) -> tuple[list[str], list[str]]:
+def lora_plan(model: Module, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     whole = list(cfg.lora.modules_to_save or [])
     projector = parts(model)[2] if cfg.lora.projector else None
     return lora_targets(model, cfg.lora), whole + ([projector] if projector else [])
 
 
-def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
+def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     """The vision tower runs an image's patches (Qwen2-VL: ``data.max_pixels``, else the
     processor's, in patches of 14 x 14, at most 2 x 2 a text position; fixed-size towers such as
     LLaVA's CLIP: (image / patch)^2 + 1), its merger the merged patches, and the language model
@@ -180,7 +182,7 @@ def stacks(model: Any, cfg: TrainConfig) -> list[Stack]:
     return [*found, lm]
 
 
-def fix_generation(model: Any, tokenizer: Any) -> None:
+def fix_generation(model: Module, tokenizer: Any) -> None:
     gen = model.generation_config
     if gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from xtrain.tasks.contract import Workload
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.nn import Module
 
 
 def default_eval_batch(outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
@@ -38,7 +42,7 @@ def rng_kept(device: torch.device) -> Iterator[None]:
 
 
 def evaluate(
-    accelerator: Any, model: Any, loader: Any, workload: Workload, samples: list[Any] | None = None
+    accelerator: Accelerator, model: Module, loader: Any, workload: Workload, samples: list[Any] | None = None
 ) -> dict[str, float]:
     """Eval loss (and the task's metrics) over the whole eval set, gathered from all ranks.
     A task that evaluates by generation (``workload.evaluate``) runs that instead; its sample
@@ -48,7 +52,7 @@ def evaluate(
 
 
 def _evaluate(
-    accelerator: Any, model: Any, loader: Any, workload: Workload, samples: list[Any] | None
+    accelerator: Accelerator, model: Module, loader: Any, workload: Workload, samples: list[Any] | None
 ) -> dict[str, float]:
     if workload.evaluate is not None:
         metrics, predictions = workload.evaluate(accelerator, model, loader)

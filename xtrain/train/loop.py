@@ -72,6 +72,8 @@ from xtrain.train.state import Due, RunState
 from xtrain.train.window import LogWindow, peak_memory
 
 if TYPE_CHECKING:
+    from torch.nn import Module
+
     from xtrain.model.memory import MemoryCheck
     from xtrain.tasks.contract import MainProcessFirst, Workload
 
@@ -141,7 +143,7 @@ class Recipe:
     total_steps: int
     trainable: int  # trainable weights
     total_params: int  # every weight (a 4-bit one unpacked)
-    model: Any  # prepared by accelerate (DDP, FSDP or DeepSpeed wrapped)
+    model: Module  # prepared by accelerate (DDP, FSDP or DeepSpeed wrapped)
     optimizer: Any  # accelerate's AcceleratedOptimizer
     scheduler: Any  # accelerate's AcceleratedScheduler
     memory: MemoryCheck | None  # CUDA: the estimate for this card
@@ -264,7 +266,7 @@ class Recipe:
         ):
             self.rep.note(note)
 
-    def _prepare(self, model: Any, optimizer: Any, scheduler: Any) -> tuple[Any, Any, Any]:
+    def _prepare(self, model: Module, optimizer: Any, scheduler: Any) -> tuple[Any, Any, Any]:
         """accelerate wraps the three (DDP, FSDP, DeepSpeed); generation and the checkpoint's
         model hooks follow the wrapped model."""
         acc = self.accelerator
@@ -274,7 +276,7 @@ class Recipe:
         checkpoint.install_model_hooks(acc)
         return prepared
 
-    def _check_memory(self, model: Any) -> MemoryCheck | None:
+    def _check_memory(self, model: Module) -> MemoryCheck | None:
         """CUDA: the memory estimate with the real counts against this card; the main process
         notes it when it does not fit (the run goes on: the estimate is rough)."""
         if self.device.type != "cuda":
@@ -542,7 +544,7 @@ class Recipe:
         result = self._result(final, final_metrics, outputs)
         acc.wait_for_everyone()
 
-        def write(model: Any, saved: dict[str, Any] | None) -> None:
+        def write(model: Module, saved: dict[str, Any] | None) -> None:
             tokenizer, merged = self.workload.tokenizer, self.cfg.run.save_merged
             outputs.update(checkpoint.save_final(model, tokenizer, out, merged, self.record, saved))
             # a re-run of a finished run trains nothing: its train_result.json (throughput, ...) stays

@@ -54,6 +54,7 @@ from xtrain.train.checkpoint.layout import check_output_dir
 from xtrain.train.tracking import PACKAGES, missing
 
 if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
     from xtrain.launch.sharding import Kind
     from xtrain.tasks.data_report import DataReport
 
@@ -97,7 +98,7 @@ def _hf_datasets_cache(env: Any) -> Path:
     return Path(home).expanduser() / "datasets"
 
 
-def check_paths(cfg: Any, environ: Any = None) -> None:
+def check_paths(cfg: TrainConfig, environ: Any = None) -> None:
     """Raise XtrainError (one line) when the output folder or a cache the run needs cannot be
     written. Writes nothing that stays (a probe file is created and removed)."""
     env = os.environ if environ is None else environ

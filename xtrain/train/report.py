@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from xtrain.console import make_console
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from xtrain.planning.resolve import RunSettings
 
 
 @dataclass
@@ -38,7 +43,7 @@ class StartInfo:
     data_checked: str | None = None  # the task's data check on its first rows (DataReport.summary)
 
     @classmethod
-    def of(cls, settings: Any, **found: Any) -> StartInfo:
+    def of(cls, settings: RunSettings, **found: Any) -> StartInfo:
         """The banner of a run with these ``RunSettings``; ``found``: what setup found."""
         s = settings
         return cls(precision=s.precision, per_device=s.per_device, accumulation=s.accumulation,
@@ -153,7 +158,7 @@ class RichReporter:
     not a terminal (a log file, a pipe) there is no live bar: a plain progress line is printed at
     log points, at most every ``plain_every_s`` seconds (and at the last step)."""
 
-    def __init__(self, console: Any = None, plain_every_s: float = 10.0) -> None:
+    def __init__(self, console: Console | None = None, plain_every_s: float = 10.0) -> None:
         self.console = console or make_console(stderr=True)
         self._progress: Any = None
         self._task: Any = None

@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from xtrain.model.memory import MemoryCheck
+    from xtrain.planning.plan import Plan
+    from xtrain.planning.resolve import RunSettings
+    from xtrain.train.precision import SkipDetector
 
 # Saved next to the adapter (or full model): what the run trained, read by ``xtrain predict``.
 RUN_FILE = "xtrain_run.json"
@@ -45,7 +53,12 @@ class TrainResult:
 
 
 def run_info(
-    accelerator: Any, plan: Any, settings: Any, cpu_staged: bool, skips: Any, memory: Any = None
+    accelerator: Accelerator,
+    plan: Plan,
+    settings: RunSettings,
+    cpu_staged: bool,
+    skips: SkipDetector,
+    memory: MemoryCheck | None = None,
 ) -> dict[str, Any]:
     """How the run ran (``TrainResult.run_info``): device, backend, precision, hooks, memory
     (``memory``: the loop's ``MemoryCheck`` on CUDA, else None)."""

@@ -22,9 +22,14 @@ import importlib.util
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from xtrain.planning.resolve import RunSettings
 
 PROJECT = "xtrain"  # the experiment (MLflow), project (W&B, trackio) and TensorBoard run name
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -67,7 +72,9 @@ def missing(trackers: Iterable[str]) -> list[str]:
     return [t for t in trackers if not installed(t)]
 
 
-def params(config: dict[str, Any], settings: Any, world: int, backend: str | None, device: Any) -> dict:
+def params(
+    config: dict[str, Any], settings: RunSettings, world: int, backend: str | None, device: Any
+) -> dict:
     """The run's parameters as the trackers record them: the flat config and the plan it ran
     with (scalars only: TensorBoard's hparams and MLflow's params take nothing else)."""
     plan = {
@@ -83,7 +90,9 @@ def params(config: dict[str, Any], settings: Any, world: int, backend: str | Non
     return {**config, **{f"plan.{k}": v for k, v in plan.items()}}
 
 
-def start(accelerator: Any, trackers: tuple[str, ...], output_dir: Path, values: dict[str, Any]) -> None:
+def start(
+    accelerator: Accelerator, trackers: tuple[str, ...], output_dir: Path, values: dict[str, Any]
+) -> None:
     """Start the trackers with the run's parameters (main process; a no-op elsewhere).
     A tracker that cannot start (no W&B login, an unreachable MLflow server) ends the run in
     one line before the first step."""
@@ -123,7 +132,7 @@ def _mlflow_store(out: Path) -> None:
     mlflow.set_tracking_uri(uri)  # every run sets its own: an earlier in-process run's is not kept
 
 
-def log_text(accelerator: Any, values: dict[str, str], step: int) -> None:
+def log_text(accelerator: Accelerator, values: dict[str, str], step: int) -> None:
     """Text (sample predictions) to the trackers that show it (main process only)."""
     for tracker in accelerator.trackers if accelerator.is_main_process else []:
         if tracker.name in _TEXT:

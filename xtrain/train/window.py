@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 
 @dataclass
@@ -38,7 +41,7 @@ class WindowStats:
                 "tokens": self.tokens, "data_seconds": self.data_seconds, "time": time.time()}  # fmt: skip
 
 
-def peak_memory(accelerator: Any, device: torch.device) -> dict[str, float]:
+def peak_memory(accelerator: Accelerator, device: torch.device) -> dict[str, float]:
     """Every rank's peak of allocated device memory in MiB (CUDA: one gather; else nothing)."""
     if device.type != "cuda":
         return {}
@@ -85,7 +88,7 @@ class LogWindow:
         self.streak.add_(1).mul_(self.step_bad)  # +1, or back to 0 after a finite step
         self.step_bad.zero_()
 
-    def close(self, accelerator: Any, micro_batches_per_step: int, global_batch: int) -> WindowStats:
+    def close(self, accelerator: Accelerator, micro_batches_per_step: int, global_batch: int) -> WindowStats:
         """The window's one host sync: every rank's sums, gathered."""
         stats = accelerator.gather(
             torch.stack([self.loss, self.tokens.to(self.loss.dtype), self.streak.float()])

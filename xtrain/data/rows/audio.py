@@ -21,10 +21,13 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.data.rows.images import describe, padded_labels, resolve_path, text_labels, undecoded
 from xtrain.errors import RowError, XtrainError, shown
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 _HINT = "fix or remove that row; audio must be files soundfile can read (WAV, FLAC, OGG, MP3)"
 LONG_AUDIO = ("refuse", "cut")
@@ -122,7 +125,7 @@ def read_audio(
 
 
 def check_audio_files(
-    ds: Any,
+    ds: Dataset,
     audio_column: str,
     base_dir: Path | None,
     source: str,
@@ -206,7 +209,7 @@ class AudioTextRows:
 
     def __init__(
         self,
-        ds: Any,
+        ds: Dataset,
         audio_column: str,
         text_column: str,
         base_dir: Path | None,

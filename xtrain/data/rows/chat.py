@@ -31,11 +31,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.encoding import read_text
 from xtrain.errors import RowError, XtrainError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
@@ -348,7 +351,7 @@ class _Renderer:
         )
 
 
-def messages_column_of(ds: Any, column: str, source: str) -> list[Any]:
+def messages_column_of(ds: Dataset, column: str, source: str) -> list[Any]:
     if column not in ds.column_names:
         raise XtrainError(
             f"column '{column}' not in {source} (columns: {', '.join(ds.column_names)})",

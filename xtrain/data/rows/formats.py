@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 from xtrain.errors import RowError, XtrainError
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+
     from xtrain.config.schema import DataConfig, TrainConfig
 
 CHAT = ("messages", "sharegpt")  # always conversations; alpaca becomes one with a chat template
@@ -73,7 +75,7 @@ def detect(
     return "text"
 
 
-def require(ds: Any, columns: tuple[str, ...], source: str, row_format: str) -> None:
+def require(ds: Dataset, columns: tuple[str, ...], source: str, row_format: str) -> None:
     """The columns a format needs, in one line naming what is there."""
     missing = [c for c in columns if c not in ds.column_names]
     if missing:
@@ -126,7 +128,7 @@ def alpaca_prompt_response(
     return {"prompt": prompts, "response": responses}
 
 
-def alpaca_as_prompt_response(ds: Any, source: str) -> Any:
+def alpaca_as_prompt_response(ds: Dataset, source: str) -> Any:
     """An alpaca dataset as ``prompt``/``response`` columns, cached under a fingerprint of the
     data and this mapping (every process of the run reads the first one's result)."""
     from datasets.fingerprint import Hasher
@@ -270,7 +272,7 @@ def text_chat_turns(d: DataConfig, fmt: str, row: dict[str, Any], index: int, so
     return chat_turns(d, fmt, row, index, source)
 
 
-def conversations(ds: Any, d: DataConfig, fmt: str, source: str) -> list[Any]:
+def conversations(ds: Dataset, d: DataConfig, fmt: str, source: str) -> list[Any]:
     """The ``messages`` cells of a chat-shaped dataset for text chat (``text_chat_turns``): as
     they are (``messages``), or mapped from sharegpt (or re-spelt messages) or alpaca rows."""
     if fmt == "alpaca":

@@ -18,12 +18,15 @@ import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.config.schema import DataConfig
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.labels import label_key
 from xtrain.errors import RowError, XtrainError, shown
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 _HINT = "fix or remove that row; images must be files Pillow can open (PNG, JPEG, TIFF, BMP, WebP, ...)"
 # data.max_image_pixels' default (the schema decides it), for readers given no limit (predict of a
@@ -138,7 +141,7 @@ def open_image(
         raise UnreadableImage(f"cannot read image {what} (row {row} of {source}): {reason}") from None
 
 
-def check_image_files(ds: Any, image_column: str, base_dir: Path | None, source: str) -> None:
+def check_image_files(ds: Dataset, image_column: str, base_dir: Path | None, source: str) -> None:
     """Missing files are found before training starts (a ``stat`` per path, nothing decoded)."""
     feature = ds.features.get(image_column)
     if getattr(feature, "dtype", None) not in ("string", "large_string"):  # CSV/parquet: large_string
@@ -156,7 +159,7 @@ class ImageRows:
 
     def __init__(
         self,
-        ds: Any,
+        ds: Dataset,
         image_column: str,
         base_dir: Path | None,
         source: str,
@@ -186,7 +189,7 @@ class ImageTextRows(ImageRows):
 
     def __init__(
         self,
-        ds: Any,
+        ds: Dataset,
         image_column: str,
         text_column: str,
         base_dir: Path | None,
@@ -202,7 +205,7 @@ class ImageTextRows(ImageRows):
         return {"text": "" if text is None else str(text)}
 
 
-def undecoded(ds: Any, column: str, feature: str = "Image") -> Any:
+def undecoded(ds: Dataset, column: str, feature: str = "Image") -> Any:
     """A datasets ``Image`` (or ``Audio``) feature column, or a list of them (a conversation's
     images), switched to undecoded cells (a metadata change: no data is rewritten)."""
     import datasets
@@ -284,7 +287,7 @@ class ImageLabelRows(ImageRows):
 
     def __init__(
         self,
-        ds: Any,
+        ds: Dataset,
         columns: tuple[str, str],
         label_to_id: dict[str, int] | None,
         base_dir: Path | None,

@@ -28,6 +28,8 @@ from xtrain.data.rows.vision_chat import VisionChatRows
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from datasets import Dataset
+
     from xtrain.config.schema import DataConfig, TrainConfig
 
 # prompt_response: an image, a question and an answer column
@@ -128,7 +130,7 @@ def vision_turns(
 
 
 def rows(
-    ds: Any,
+    ds: Dataset,
     cfg: TrainConfig,
     name: str,
     folder: Path | None,

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import atomic
 from xtrain.model.lora import save_pretrained
+
+if TYPE_CHECKING:
+    from torch.nn import Module
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -25,7 +28,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 def _write_pretrained(
-    model: Any,
+    model: Module,
     tokenizer: Any,
     final: Path,
     extra: dict[str, str] | None = None,
@@ -49,7 +52,7 @@ def _write_pretrained(
 
 
 def save_final(
-    model: Any,
+    model: Module,
     tokenizer: Any,
     output_dir: str | Path,
     save_merged: bool,
@@ -73,7 +76,7 @@ def save_final(
     return paths
 
 
-def merged_model(model: Any, adapter: Path) -> Any:
+def merged_model(model: Module, adapter: Path) -> Any:
     """The adapter saved at ``adapter`` merged into a freshly loaded base on the CPU, in the
     checkpoint's dtype (never the 4/8-bit weights a QLoRA run trained on): ``model/merge.py``, the
     path ``xtrain export --to merged`` takes too, so both give the same weights. ``model`` (the
@@ -104,7 +107,7 @@ def is_new_best(metric: str, value: float, history: list[dict[str, float]]) -> b
 
 
 def save_best(
-    model: Any,
+    model: Module,
     tokenizer: Any,
     output_dir: str | Path,
     step: int,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import tasks
 from xtrain.errors import XtrainError
@@ -19,6 +19,9 @@ from xtrain.train.checkpoint.layout import (
     written_by,
 )
 from xtrain.train.checkpoint.manifest import damage
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 # The one rule for config changes on resume. Values that live in what the checkpoint restores
 # (the shape and scale of the trained weights, the optimizer's hyper-parameters, which
@@ -209,7 +212,7 @@ def _normal(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def load(accelerator: Any, path: Path) -> None:
+def load(accelerator: Accelerator, path: Path) -> None:
     """Restore model, optimizer, scheduler, scaler and RNG from ``path`` (all ranks).
 
     A rank that did not exist when the checkpoint was written has no RNG file there: accelerate

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
@@ -18,6 +18,9 @@ from xtrain.train.checkpoint.layout import (
 )
 from xtrain.train.checkpoint.manifest import write_manifest
 from xtrain.train.checkpoint.write_faults import WriteFailed, disk_fault, resume_hint
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
 
 def remove_partial(output_dir: str | Path) -> list[Path]:
@@ -36,7 +39,7 @@ def remove_partial(output_dir: str | Path) -> list[Path]:
     return gone
 
 
-def save(accelerator: Any, output_dir: str | Path, state: TrainState, keep: int) -> Path:
+def save(accelerator: Accelerator, output_dir: str | Path, state: TrainState, keep: int) -> Path:
     """Write ``checkpoints/step-N`` on all ranks together: save_state into ``step-N.tmp``, then
     (main process) the xtrain state file, the rename, and the rotation. The filesystem failing
     on any rank (disk full, permission lost) stops every rank with the same one line
@@ -74,7 +77,7 @@ def save(accelerator: Any, output_dir: str | Path, state: TrainState, keep: int)
     return final
 
 
-def write_on_main(accelerator: Any, what: str, output_dir: str | Path, write: Any) -> Any:
+def write_on_main(accelerator: Accelerator, what: str, output_dir: str | Path, write: Any) -> Any:
     """``write()`` on the main process (its result; None elsewhere), every rank waiting for it.
     Any failure stops every rank (no rank waits for the others until the collective timeout):
     the filesystem failing under it is one line (``faults.WriteFailed``, the unfinished
@@ -120,7 +123,7 @@ def _attempt(write: Any) -> str | None:
     return None
 
 
-def _agree(accelerator: Any, fault: Any) -> Any:
+def _agree(accelerator: Accelerator, fault: Any) -> Any:
     """Any rank's fault, on every rank (one all-gather; also the barrier between the phases)."""
     if accelerator.num_processes == 1:
         return fault
@@ -141,7 +144,7 @@ def rotate(output_dir: str | Path, keep: int) -> list[Path]:
     return old
 
 
-def install_model_hooks(accelerator: Any) -> None:
+def install_model_hooks(accelerator: Accelerator) -> None:
     """Make checkpoints hold the trainable weights only, under the unwrapped model's names.
 
     accelerate's own save_state writes the whole model under the wrapper's names ("module." with

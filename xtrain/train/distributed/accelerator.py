@@ -33,6 +33,7 @@ from xtrain.train.failures import rendezvous_error
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+    from torch.nn import Module
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
 COMPILE_BACKEND = "inductor"  # torch.compile's default backend (tests use aot_eager: no C++ build)
@@ -126,7 +127,7 @@ def _cache_lomo_check() -> None:
         acc_optimizer.is_lomo_available = functools.cache(check)
 
 
-def stage_allreduce_on_cpu(model: Any, plan: Plan, world: int) -> bool:
+def stage_allreduce_on_cpu(model: Module, plan: Plan, world: int) -> bool:
     """gloo + CUDA on Windows (or ``XTRAIN_FORCE_CPU_STAGED=1``): gradients are all-reduced through
     CPU copies (``comm_hook``); returns whether the hook is on."""
     if world < 2 or not (plan.cpu_staged_allreduce or os.environ.get(FORCE_CPU_STAGED_ENV, "") == "1"):
@@ -136,7 +137,7 @@ def stage_allreduce_on_cpu(model: Any, plan: Plan, world: int) -> bool:
     return comm_hook.register(getattr(model, "_orig_mod", model))  # run.compile: the DDP inside
 
 
-def release(accelerator: Any) -> None:
+def release(accelerator: Accelerator) -> None:
     """End trackers, leave the process group, and reset accelerate's process-wide state so a
     later ``train()`` in the same process starts clean."""
     import torch.distributed as dist

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -14,18 +14,21 @@ from xtrain.errors import XtrainError
 from xtrain.planning.run import Run
 from xtrain.tasks.contract import MainProcessFirst, Workload
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
 BuildFn = Callable[[Run, MainProcessFirst], Workload]  # a task's build (or a test's stand-in)
 T = TypeVar("T")
 
 
-def build_workload_main_first(accelerator: Any, run: Run, build: BuildFn) -> Workload:
+def build_workload_main_first(accelerator: Accelerator, run: Run, build: BuildFn) -> Workload:
     """The main process builds first (it fills the datasets cache), the others follow. When the
     main process fails, the others raise the same error instead of waiting forever."""
     workload = on_main(accelerator, lambda: build(run, contextlib.nullcontext), "build the workload")
     return workload if workload is not None else build(run, contextlib.nullcontext)
 
 
-def on_main(accelerator: Any, fn: Callable[[], T], what: str) -> T | None:
+def on_main(accelerator: Accelerator, fn: Callable[[], T], what: str) -> T | None:
     """``fn()`` on the main process (its result; None elsewhere) while the others wait. When it
     fails, every rank raises the same error (a user's ``XtrainError`` keeps its line) instead of
     the others waiting at the next collective until the timeout."""
@@ -62,7 +65,7 @@ def stop_group(world: int, backend: str | None) -> Any:
     return dist.new_group(backend="gloo")
 
 
-def agree_to_stop(accelerator: Any, signum: int | None, group: Any) -> int | None:
+def agree_to_stop(accelerator: Accelerator, signum: int | None, group: Any) -> int | None:
     """All ranks stop together: the highest signal number any rank got (CPU all-reduce, no
     device sync)."""
     if accelerator.num_processes == 1:
@@ -75,7 +78,7 @@ def agree_to_stop(accelerator: Any, signum: int | None, group: Any) -> int | Non
     return value or None
 
 
-def main_decides(accelerator: Any, decision: bool, group: Any) -> bool:
+def main_decides(accelerator: Accelerator, decision: bool, group: Any) -> bool:
     """The main process's yes or no on every rank (a CPU broadcast in the stop group, no device
     sync): where each rank decides from the same data, this makes sure they act the same."""
     if accelerator.num_processes == 1:

@@ -17,16 +17,22 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from xtrain.errors import XtrainError
 from xtrain.model.sharding import sharding
 from xtrain.train.checkpoint.save import write_on_main
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.nn import Module
+
 T = TypeVar("T")
 
 
-def check_outputs(accelerator: Any, save_merged: bool, lora: bool, init_weights: str = "default") -> None:
+def check_outputs(
+    accelerator: Accelerator, save_merged: bool, lora: bool, init_weights: str = "default"
+) -> None:
     """Refuse, before any step, what cannot be written from sharded weights."""
     kind = sharding(accelerator)
     if kind is not None and lora and init_weights in ("pissa", "olora"):
@@ -45,7 +51,7 @@ def check_outputs(accelerator: Any, save_merged: bool, lora: bool, init_weights:
 
 
 @contextlib.contextmanager
-def whole_model_loading(accelerator: Any) -> Iterator[None]:
+def whole_model_loading(accelerator: Accelerator) -> Iterator[None]:
     """Under ZeRO-3 the model loads whole in each process; DeepSpeed partitions it at ``prepare``.
 
     accelerate 1.15 registers its ZeRO-3 config with transformers whenever the plugin is selected
@@ -67,7 +73,7 @@ def whole_model_loading(accelerator: Any) -> Iterator[None]:
         accelerator.state.deepspeed_plugin.set_deepspeed_weakref()
 
 
-def check_quantization(accelerator: Any, quantization: str | None) -> None:
+def check_quantization(accelerator: Accelerator, quantization: str | None) -> None:
     """8-bit weights under FSDP: bitsandbytes' ``Int8Params`` become plain DTensors when FSDP2
     shards them and lose their quantization state (seen here: ``'Parameter' object has no
     attribute 'CB'`` at the first forward). 4-bit works when stored in FSDP's dtype
@@ -80,7 +86,7 @@ def check_quantization(accelerator: Any, quantization: str | None) -> None:
         )
 
 
-def fill_deepspeed(accelerator: Any, per_device: int, max_grad_norm: float | None) -> None:
+def fill_deepspeed(accelerator: Accelerator, per_device: int, max_grad_norm: float | None) -> None:
     """DeepSpeed reads the micro-batch and the clipping from its own config; xtrain prepares no
     training DataLoader (each rank reads its own share), so accelerate cannot infer the batch.
     Values left "auto" get xtrain's (optim.max_grad_norm 0: no clipping); numbers the user's
@@ -97,7 +103,9 @@ def fill_deepspeed(accelerator: Any, per_device: int, max_grad_norm: float | Non
             config[key] = value
 
 
-def gathered_state_dict(accelerator: Any, model: Any, trainable_only: bool) -> dict[str, Any] | None:
+def gathered_state_dict(
+    accelerator: Accelerator, model: Module, trainable_only: bool
+) -> dict[str, Any] | None:
     """The whole state dict on the main process, None on the others. A collective under
     sharding: every rank must call it. ``trainable_only``: the weights that train (a LoRA
     adapter), so the frozen base is never gathered (FSDP2; ZeRO-3 gathers all, then filters)."""
@@ -120,8 +128,8 @@ def gathered_state_dict(accelerator: Any, model: Any, trainable_only: bool) -> d
 
 
 def save_on_main(
-    accelerator: Any,
-    model: Any,
+    accelerator: Accelerator,
+    model: Module,
     write: Callable[[Any, dict[str, Any] | None], T],
     where: tuple[str, Any],
     trainable_only: bool,
@@ -138,7 +146,7 @@ def save_on_main(
     return write_on_main(accelerator, what, output_dir, lambda: write(unwrapped, state))
 
 
-def finite_check_input(accelerator: Any, params: list[Any]) -> list[Any]:
+def finite_check_input(accelerator: Accelerator, params: list[Any]) -> list[Any]:
     """What ``failures.check_finite`` should look at so that every rank decides the same.
 
     Whole weights (no sharding) are the same on every rank: the parameters themselves. Sharded,
