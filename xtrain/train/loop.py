@@ -205,6 +205,8 @@ class Recipe:
 
     # -- setup: one named builder per part, in the order they need each other -------------------------
     def setup(self) -> None:
+        """The run's parts, one line each, in the order they need each other (the checks that
+        need the Accelerator or the built model among them)."""
         from accelerate.utils import set_seed
 
         cfg, acc = self.cfg, self.accelerator
@@ -216,6 +218,8 @@ class Recipe:
         self.order = self._data_order()
         self.total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * self.order.steps_per_epoch))
         model = self._trainable_model()
+        self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         optimizer = build_optimizer(model, cfg, self.settings.lr, self.device)
         scheduler = build_scheduler(cfg, optimizer, self.total_steps)
         self._check_disk()  # a run whose outputs cannot fit stops here, before the first step
@@ -223,6 +227,8 @@ class Recipe:
         self.memory = self._check_memory(model)
         self.cpu_staged = stage_allreduce_on_cpu(self.model, self.run.plan, self.world)
         self.stop_group = stop_group(self.world, self.run.plan.backend)
+        self.pin = self.settings.pin_memory and self.device.type == "cuda"
+        self.workers = self.settings.workers_for(tasks.get(cfg.model.task).decodes_media)  # (count, why)
         loading = self._loading()
         self.eval_loader = self._eval_loader(loading)
         self.start_step = self._resume()  # after prepare: accelerate loads into the prepared parts
@@ -250,12 +256,10 @@ class Recipe:
 
     def _trainable_model(self) -> Any:
         """The task's model as training needs it: 4-bit weights kept in their training layout
-        through evaluations, trainable weights in fp32 under autocast; its weights counted."""
+        through evaluations, trainable weights in fp32 under autocast."""
         model = self.workload.model
         quantization.keep_training_layout(model)
         upcast_trainable(model, self.run.precision)  # fp32 master weights under autocast
-        self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         return model
 
     def _check_disk(self) -> None:
@@ -288,11 +292,8 @@ class Recipe:
         return check
 
     def _loading(self) -> dict[str, Any]:
-        """The DataLoader settings of both loaders: workers (the task's media decoding picks the
-        count), pinned memory on CUDA."""
-        s = self.settings
-        self.pin = s.pin_memory and self.device.type == "cuda"
-        self.workers = s.workers_for(tasks.get(self.cfg.model.task).decodes_media)  # (count, why)
+        """The DataLoader settings of both loaders: ``workers`` (the task's media decoding picked
+        the count), ``pin`` (CUDA)."""
         loading: dict[str, Any] = {"collate_fn": self.workload.collator, "num_workers": self.workers[0]}
         loading["pin_memory"] = self.pin
         if self.workers[0]:  # started once per run: a spawned worker (Windows, macOS) costs an import
