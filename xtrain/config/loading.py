@@ -73,7 +73,8 @@ def _apply_mapping(cfg: TrainConfig, data: dict[str, Any], where: str) -> list[s
                 # `training: {learning_rate: ...}`: no section of that name; a key says what was meant
                 for name in values:
                     if foreign.answer(str(name)):
-                        raise XtrainError(f"unknown key '{section}.{name}'{where}", foreign.answer(str(name)))
+                        key = f"{section}.{name}"  # quoted as repr: a name with a line break stays one line
+                        raise XtrainError(f"unknown key {key!r}{where}", foreign.answer(str(name)))
             resolve_key(section, "", where)  # raises: unknown section, with the closest name
         if values is None:  # an empty section (`lora:` with nothing under it)
             continue

@@ -72,6 +72,7 @@ from xtrain.train.state import Due, RunState
 from xtrain.train.window import LogWindow, peak_memory
 
 if TYPE_CHECKING:
+    from accelerate import Accelerator
     from torch.nn import Module
 
     from xtrain.model.memory import MemoryCheck
@@ -136,6 +137,7 @@ class Recipe:
     eval, save, stop); ``finish()`` writes the outputs. ``state`` is the history a checkpoint
     saves. Nothing here prints (``Reporter`` does)."""
 
+    accelerator: Accelerator  # built by train(), released at its end
     # built by setup(), in this order
     rep: Reporter
     workload: Workload
