@@ -281,7 +281,7 @@ def load_gguf(path: Any, kind: str = "f16") -> Any:
     logging.disable_progress_bar()  # its tqdm bars would print under the export's own progress
     dtype = getattr(torch, READ_BACK_DTYPE[kind])
     try:
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
         with init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config)
         found = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model, torch_dtype=dtype)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import atomic
+from xtrain.errors import XtrainError
 from xtrain.model.lora import save_pretrained
 
 if TYPE_CHECKING:
@@ -80,11 +81,23 @@ def merged_model(model: Module, adapter: Path) -> Any:
     """The adapter saved at ``adapter`` merged into a freshly loaded base on the CPU, in the
     checkpoint's dtype (never the 4/8-bit weights a QLoRA run trained on): ``model/merge.py``, the
     path ``xtrain export --to merged`` takes too, so both give the same weights. ``model`` (the
-    trained peft model) gives the base's class, source and config (a new head's labels)."""
-    from xtrain.model import merge
+    trained peft model) gives the base's class, source and config (a new head's labels).
+
+    A model a custom builder made in the process (no checkpoint its adapter names) has no base to
+    load again: an unquantized one is merged as it trained (``merge_and_unload``, in place: the
+    caller does it last); a quantized one is refused."""
+    from xtrain.model import merge, quantization
 
     base = model.get_base_model()
     source = next(iter(model.peft_config.values())).base_model_name_or_path
+    if not source:
+        if quantization.is_quantized(model):
+            raise XtrainError(
+                "run.save_merged: the 4/8-bit model was built in the process and names no base "
+                "checkpoint to merge into (merging into 4-bit weights would round them)",
+                "set run.save_merged=false and merge later with xtrain export --base BASE",
+            )
+        return model.merge_and_unload()
     return merge.merged_from_adapter(adapter, type(base), source, base.config)
 
 
