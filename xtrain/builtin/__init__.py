@@ -10,6 +10,8 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:tiny-bert``: a 2-layer BERT encoder for sequence classification (hidden 64, 4 heads).
 - ``builtin:sentiment``: synthetic labelled sentences (``text``, ``label`` = positive/negative).
 - ``builtin:tiny-stories``: synthetic short stories (``text``) for causal LM.
+- ``builtin:preference-pairs``: ``{prompt, chosen, rejected}`` pairs, a friendly answer style
+  preferred over a curt one, for preference tuning (``xtrain.builtin.preference``).
 - ``builtin:tiny-trocr`` / ``builtin:ocr-lines``: a tiny OCR model and rendered text lines for
   image-to-text (``xtrain.builtin.image``).
 - ``builtin:tiny-whisper`` / ``builtin:spoken-words``: a tiny Whisper model and synthetic
@@ -35,6 +37,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from xtrain.builtin.preference import preference_examples
 from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples
 from xtrain.errors import XtrainError
 
@@ -44,7 +47,15 @@ VERSION = 3
 MARKER = "xtrain_builtin.json"
 
 MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr", "tiny-whisper", "tiny-qwen2-vl", "tiny-vit")
-DATASETS = ("sentiment", "tiny-stories", "ocr-lines", "spoken-words", "shapes-vqa", "color-shapes")
+DATASETS = (
+    "sentiment",
+    "tiny-stories",
+    "preference-pairs",
+    "ocr-lines",
+    "spoken-words",
+    "shapes-vqa",
+    "color-shapes",
+)
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
 AUDIO_ASSETS = ("tiny-whisper", "spoken-words")  # built by xtrain.builtin.audio
@@ -127,6 +138,7 @@ def _build_atomically(final: Path, build: Callable[[Path], None], name: str) -> 
 _DATA_SPECS: dict[str, tuple[Callable[[int, int], list[dict[str, str]]], int, int]] = {
     "sentiment": (sentiment_examples, 4000, 500),
     "tiny-stories": (story_examples, 2000, 200),
+    "preference-pairs": (preference_examples, 400, 100),
 }
 
 

@@ -173,6 +173,22 @@ class GenerationConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    """Preference tuning (the preference task): which loss and its numbers (docs/preference.md)."""
+
+    loss: str = "dpo"  # dpo | ipo | orpo | simpo | kto
+    beta: float = 0.1  # DPO/IPO/KTO: how far from the reference; SimPO: the reward scale
+    orpo_lambda: float = 0.1  # ORPO: weight of the odds-ratio term next to the SFT loss
+    gamma: float = 0.5  # SimPO: the target reward margin
+    label_smoothing: float = 0.0  # DPO/SimPO: the chance a pair's preference is flipped (cDPO)
+    desirable_weight: float = 1.0  # KTO: weight of desirable rows
+    undesirable_weight: float = 1.0  # KTO: weight of undesirable rows
+    # the reference's log-probabilities computed once before training and stored under
+    # run.output_dir (one forward per step instead of two); off: computed live every step
+    precompute_reference: bool = False
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -181,6 +197,7 @@ class TrainConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     run: RunConfig = field(default_factory=RunConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
 
 
 def sections() -> dict[str, type]:

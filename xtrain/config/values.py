@@ -40,6 +40,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.schedule": ("cosine", "linear", "constant"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "run.mixed_precision": ("auto", *PRECISIONS),
+    "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference_losses.LOSSES
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 # fmt: off
@@ -118,6 +119,12 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "run.early_stopping_patience": _POS_INT,
     "run.early_stopping_threshold": _NONNEG,
     "generation.max_new_tokens": _between(1, 1 << 22),
+    "preference.beta": _POS_NUM,
+    "preference.orpo_lambda": _POS_NUM,
+    "preference.gamma": _NONNEG,
+    "preference.label_smoothing": (lambda v: 0 <= v < 0.5, "a number in [0, 0.5)"),
+    "preference.desirable_weight": _POS_NUM,
+    "preference.undesirable_weight": _POS_NUM,
     "generation.num_beams": _between(1, 256),
     "generation.sample_predictions": _between(0, 10_000),
 }

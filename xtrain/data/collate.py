@@ -90,6 +90,42 @@ class PackedCollator:
         return f"PackedCollator(pad_token_id={self.pad.pad_token_id})"
 
 
+class PreferenceCollator:
+    """B preference rows -> one batch of 2B sequences, padded together (one forward over both):
+    the B sequences of the first part (``chosen``, or KTO's ``completion``), then the B of the
+    second (``rejected``, or KTO's mismatched ``kl`` completion), in row order. Each row's numbers
+    (KTO's ``desirable``, the precomputed reference log-probs ``ref_first``/``ref_second``) become
+    [B] tensors."""
+
+    def __init__(
+        self,
+        pad_token_id: int,
+        pad_to_multiple_of: int | None = None,
+        parts: tuple[str, str] = ("chosen", "rejected"),
+    ) -> None:
+        self.pad = PadCollator(pad_token_id, pad_to_multiple_of)
+        self.parts = parts
+
+    def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        sequences = []
+        for p in self.parts:
+            for f in features:
+                ids = f[f"{p}_input_ids"]
+                labels = f[f"{p}_labels"]
+                sequences.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)})
+        batch = self.pad(sequences)
+        sequence_keys = {f"{p}_{k}" for p in self.parts for k in ("input_ids", "labels")}
+        for key in features[0]:
+            if key not in sequence_keys:
+                values = [f[key] for f in features]
+                dtype = torch.float32 if isinstance(values[0], float) else torch.long
+                batch[key] = torch.as_tensor(values, dtype=dtype)
+        return batch
+
+    def __repr__(self) -> str:
+        return f"PreferenceCollator({self.pad!r}, parts={self.parts})"
+
+
 def batch_tokens(batch: dict[str, Any], key: str | None) -> torch.Tensor | None:
     """What counts a micro-batch's tokens (tokens/s): its ``key`` (a mask, summed), or for a
     padding-free packed batch (no mask; ``position_ids`` restart per example) one per input id."""

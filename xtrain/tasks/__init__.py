@@ -2,6 +2,8 @@
 registry line each below. Everything else reads a task's parts through ``get(name)``.
 
 - ``causal-lm``: text, prompt/response, chat conversations, alpaca or sharegpt; next-token accuracy.
+- ``preference``: preference pairs or KTO's labelled completions on a causal LM (DPO, IPO, ORPO,
+  SimPO, KTO); reward accuracy.
 - ``seq-cls``: text (+ pair) and a label; the classifier head trained whole; accuracy.
 - ``image-to-text``: images and their text (TrOCR, ViT-GPT2); CER/WER by generation.
 - ``speech-to-text``: audio and transcripts (Whisper); WER/CER by generation.
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 # The registry: the modules under xtrain.tasks that export a TASK, in the order help lists them.
 REGISTRY = (
     "causal_lm",
+    "preference",
     "seq_cls",
     "image_to_text",
     "speech_to_text",

@@ -212,6 +212,20 @@ class Prediction:
 EvaluateFn = Callable[[Any, Any, Any], tuple[dict[str, float], list[Prediction]]]
 
 
+# forward(model, batch) -> what has ``.loss`` (the micro-batch's loss to back-propagate) and may
+# carry ``.metrics``: {name: scalar tensor} of the micro-batch, averaged by the loop's logging
+# window without a host sync and logged with its loss. A task whose loss is not the model's own
+# (preference tuning: log-probabilities of two answers, a reference model) computes it here; the
+# loop and the evaluation call it in place of ``model(**batch)``. ``model`` is as the loop holds it
+# (wrapped by DDP/FSDP), so its forward is the one the gradients are synchronised for.
+ForwardFn = Callable[[Any, Batch], Any]
+
+
+# notes(eval history so far) -> warning lines for the run's own channel (the banner's notes), e.g.
+# "reward accuracy stays at chance"; called after each evaluation.
+NotesFn = Callable[[list[dict[str, float]]], list[str]]
+
+
 @dataclass
 class Workload:
     """Everything the loop needs from a task."""
@@ -237,3 +251,5 @@ class Workload:
     # the task's data check on the first rows it loaded (``tasks.data_check.DataReport``): its
     # summary is a line of the run's banner
     data_report: Any | None = None
+    forward: ForwardFn | None = None  # None: ``model(**batch)``, whose ``.loss`` is the loss
+    notes: NotesFn | None = None  # warnings the task reads off its eval metrics

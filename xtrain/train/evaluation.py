@@ -64,7 +64,7 @@ def _evaluate(
     model.eval()
     with torch.no_grad():
         for batch in loader:
-            stats = eval_batch(model(**batch), batch)
+            stats = eval_batch(workload.forward(model, batch) if workload.forward else model(**batch), batch)
             stats = accelerator.gather_for_metrics({k: v.detach() for k, v in stats.items()})
             for k, v in stats.items():
                 parts.setdefault(k, []).append(v)

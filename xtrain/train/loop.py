@@ -363,6 +363,7 @@ class Recipe:
         acc, model, device, window = self.accelerator, self.model, self.device, self.window
         accumulation, tokens_key = self.settings.accumulation, self.workload.tokens_key
         rank = acc.process_index
+        forward = self.workload.forward
         for micro in range(accumulation):
             batch = _to_device(window.next_batch(batches), device, self.pin)
             _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(rank, micro)), device)
@@ -371,9 +372,11 @@ class Recipe:
             # steps its engine only on the last micro-batch; the optimizer wrappers read it too
             acc.sync_gradients = last
             with contextlib.nullcontext() if last else acc.no_sync(model):  # DDP/FSDP: sync on the last only
-                loss = model(**batch).loss
+                out = forward(model, batch) if forward else model(**batch)  # the task's loss, or the model's
+                loss = out.loss
                 acc.backward(loss)  # divides by the accumulation (and scales the loss for fp16)
-            window.add(loss, batch_tokens(batch, tokens_key))  # packed rows: no mask, every id a token
+            # packed rows: no mask, every id a token; a task's own per-micro-batch metrics (Workload.forward)
+            window.add(loss, batch_tokens(batch, tokens_key), getattr(out, "metrics", None))
         self.optimizer_step()
         window.end_step()
 
@@ -481,6 +484,8 @@ class Recipe:
             history.append({"step": step, **metrics})
             acc.log(metrics, step=step)
             self.rep.evaluated(step, metrics)
+            for line in self.workload.notes(self.eval_history) if self.workload.notes else []:
+                self.rep.note(line)  # the task's warnings on its metrics (reward accuracy at chance)
         if samples:  # generative tasks: reference vs prediction, shown and logged as text
             self.predictions[:] = [asdict(p) for p in samples]
             self.rep.predictions(step, self.predictions)

@@ -8,7 +8,7 @@ Per micro-batch the loop only adds device tensors (no host sync). When a window 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,12 +28,13 @@ class WindowStats:
     worst_streak: int  # the longest run of consecutive non-finite steps on any rank, up to now
     steps: int = 0  # optimizer steps in the window
     data_seconds: float = 0.0  # this rank's time waiting for its next batch (host clock)
+    task: dict[str, float] = field(default_factory=dict)  # the task's own metrics, mean per micro-batch
 
     def metrics(self, lr: float) -> dict[str, float]:
-        """What the window logs: the loss, the learning rate and the throughput."""
+        """What the window logs: the loss, the learning rate, the throughput (and the task's own)."""
         seconds = self.seconds if self.seconds > 0 else float("inf")
         return {"loss": self.loss, "lr": lr, "samples_per_s": self.samples / seconds,
-                "tokens_per_s": self.tokens / seconds}  # fmt: skip
+                "tokens_per_s": self.tokens / seconds, **self.task}  # fmt: skip
 
     def record(self, step: int) -> dict[str, float]:
         """The window as ``TrainResult.windows`` keeps it (``time``: when it closed)."""
@@ -56,6 +57,7 @@ class LogWindow:
         # consecutive steps whose loss was NaN/inf on this rank (kept across windows)
         self.streak = torch.zeros((), device=device, dtype=torch.long)
         self.step_bad = torch.zeros((), device=device, dtype=torch.bool)
+        self.task: dict[str, torch.Tensor] = {}  # a task's metrics (Workload.forward), summed
         self.steps = 0
         self.started = 0.0
         self.data_seconds = 0.0
@@ -64,6 +66,8 @@ class LogWindow:
     def reset(self) -> None:
         self.loss.zero_()
         self.tokens.zero_()
+        for value in self.task.values():
+            value.zero_()
         self.steps = 0
         self.data_seconds = 0.0
         self.started = time.perf_counter()
@@ -75,8 +79,13 @@ class LogWindow:
         self.data_seconds += time.perf_counter() - t
         return batch
 
-    def add(self, loss: torch.Tensor, tokens: torch.Tensor | None) -> None:
-        """One micro-batch's loss (and token count), device-side."""
+    def add(
+        self, loss: torch.Tensor, tokens: torch.Tensor | None, task: dict[str, torch.Tensor] | None = None
+    ) -> None:
+        """One micro-batch's loss (and token count, and the task's metrics), device-side."""
+        for name, value in (task or {}).items():
+            total = self.task.setdefault(name, torch.zeros((), device=self.loss.device))
+            total += value.detach().float()
         loss = loss.detach()
         self.loss += loss.float()
         self.step_bad |= ~torch.isfinite(loss)
@@ -90,10 +99,15 @@ class LogWindow:
 
     def close(self, accelerator: Accelerator, micro_batches_per_step: int, global_batch: int) -> WindowStats:
         """The window's one host sync: every rank's sums, gathered."""
+        names = sorted(self.task)  # every rank has the same (the task's forward returns the same keys)
+        extra = [self.task[n] for n in names]
+        width = 3 + len(names)
         stats = accelerator.gather(
-            torch.stack([self.loss, self.tokens.to(self.loss.dtype), self.streak.float()])
-        ).reshape(-1, 3)
+            torch.stack([self.loss, self.tokens.to(self.loss.dtype), self.streak.float(), *extra])
+        ).reshape(-1, width)
         sums = stats[:, :2].sum(0)
+        micro_batches = max(1, self.steps * micro_batches_per_step)
+        task = {n: float(v) / micro_batches for n, v in zip(names, stats[:, 3:].sum(0).tolist(), strict=True)}
         return WindowStats(
             loss=float(sums[0]) / (self.steps * micro_batches_per_step),
             tokens=int(sums[1]),
@@ -102,4 +116,5 @@ class LogWindow:
             worst_streak=int(stats[:, 2].max()),
             steps=self.steps,
             data_seconds=self.data_seconds,
+            task=task,
         )

@@ -273,9 +273,13 @@ def _token_starts(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
         return ids, starts + [len(text)] * (len(ids) - len(starts))
 
 
-def encode(render: Render, tokenizer: Any, conv: Conversation, where: str) -> Encoded:
-    """Render ``conv`` and label the tokens of its assistant turns (the rest -100)."""
+def encode(
+    render: Render, tokenizer: Any, conv: Conversation, where: str, last_only: bool = False
+) -> Encoded:
+    """Render ``conv`` and label the tokens of its assistant turns (the rest -100); ``last_only``:
+    of its last assistant turn only (a preference answer after a conversation that is its prompt)."""
     text, spans = assistant_spans(render, conv.messages, where)
+    spans = spans[-1:] if last_only else spans
     ids, starts = _token_starts(tokenizer, text)
     labels = [
         t if any(a <= s < b for a, b in spans) else IGNORE_INDEX for t, s in zip(ids, starts, strict=True)

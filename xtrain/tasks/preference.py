@@ -1,0 +1,233 @@
+"""``preference``: preference tuning of a causal LM (DPO, IPO, ORPO, SimPO, KTO), ``preference.*``.
+
+Data: pairs ``{prompt, chosen, rejected}`` (strings, turns, whole conversations sharing their
+prefix, LLaMA-Factory's alpaca and sharegpt shapes) or KTO's ``{prompt, completion, label}``
+(``xtrain.data.rows.preference``), rendered as SFT renders them (the chat template when there is
+one), the prompt masked, one batch of chosen + rejected (``collate.PreferenceCollator``). The loss
+is the task's ``Workload.forward`` (``preference_reference``: the policy's log-probs, the
+reference's: precomputed, a frozen copy, or the adapters off). Metrics: reward accuracy, rewards
+of chosen and rejected, their margin, the policy's log-probs and the gap to the reference, in the
+logging window and at eval. The result is a causal LM: ``xtrain predict`` continues prompts as
+causal-lm does."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from xtrain.errors import XtrainError
+from xtrain.tasks import prompt_predict
+from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task
+
+if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
+    from xtrain.data.rows.preference import Encoder, PreferenceRow
+    from xtrain.planning.run import Run
+    from xtrain.tasks.contract import Workload
+
+NAME = "preference"
+METRIC = "rewards/accuracy"
+CHANCE = 0.03  # reward accuracy within this of 0.5 after training is "at chance"
+
+
+def settings_of(cfg: TrainConfig) -> Any:
+    from xtrain.tasks.preference_losses import LossSettings
+
+    p = cfg.preference
+    return LossSettings(
+        p.loss, p.beta, p.orpo_lambda, p.gamma, p.label_smoothing, p.desirable_weight, p.undesirable_weight
+    )
+
+
+def encoder_of(cfg: TrainConfig, tokenizer: Any, source: str) -> Encoder:
+    """Answers rendered as SFT renders them: the chat template (``data.chat_template`` or the
+    tokenizer's) when there is one, else prompt and answer as plain text."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows.preference import Encoder
+    from xtrain.tasks.causal_lm import chat_render
+
+    template = chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None)
+    render = chat_render(cfg, tokenizer, source, "messages") if template else None
+    return Encoder(tokenizer, cfg.data.max_length, render)
+
+
+def as_unpaired(rows: list[PreferenceRow]) -> list[PreferenceRow]:
+    """Pairs as KTO rows (TRL's conversion): the chosen answer desirable, the rejected not."""
+    from xtrain.data.rows.preference import PreferenceRow
+
+    out = []
+    for r in rows:
+        out += [
+            PreferenceRow(r.prompt, r.chosen, None, True),
+            PreferenceRow(r.prompt, r.rejected or "", None, False),
+        ]
+    return out
+
+
+def encoded(ds: Any, name: str, encoder: Encoder, loss: str) -> list[dict[str, Any]]:
+    """A data set's rows read, checked and encoded for ``loss`` (pairs become KTO rows for kto)."""
+    from xtrain.data.rows import preference as rows_
+    from xtrain.tasks.preference_losses import UNPAIRED
+
+    rows = rows_.read_rows(ds, name)
+    if not rows:
+        raise XtrainError(f"{name} has no rows")
+    if loss in UNPAIRED:
+        return rows_.unpaired_rows(rows if rows_.is_unpaired(rows) else as_unpaired(rows), encoder, name)
+    if rows_.is_unpaired(rows):
+        raise XtrainError(
+            f"{name} holds unpaired {{prompt, completion, label}} rows; preference.loss={loss} needs pairs",
+            "set preference.loss=kto, or give {prompt, chosen, rejected} rows",
+        )
+    return rows_.paired_rows(rows, encoder, name)
+
+
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    import copy
+
+    from xtrain.data.collate import PreferenceCollator
+    from xtrain.data.rows.preference import PAIRED_PARTS, UNPAIRED_PARTS
+    from xtrain.tasks import preference_losses as pl
+    from xtrain.tasks import preference_reference as ref
+    from xtrain.tasks.common import finish_model, load_seeded, pad_multiple, prepare_tokenizer, raw_datasets
+    from xtrain.tasks.contract import Workload
+
+    cfg = run.cfg
+    settings = settings_of(cfg)
+    source, tokenizer = prepare_tokenizer(cfg, main_process_first)
+    with main_process_first():
+        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+    encoder = encoder_of(cfg, tokenizer, source)
+    splits = {"train": encoded(train, train_name, encoder, settings.loss)}
+    if eval_ds is not None:
+        splits["eval"] = encoded(eval_ds, eval_name, encoder, settings.loss)
+
+    model = load_seeded(run, TASK, source)
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    frozen = None
+    if pl.needs_reference(settings.loss) and not cfg.lora.enabled:  # a full fine-tune: a frozen copy
+        frozen = copy.deepcopy(model).requires_grad_(False).eval()
+        ref.no_dropout(frozen)
+    model = finish_model(model, cfg, TASK)
+    ref.no_dropout(model)
+    forward = ref.PreferenceForward(settings, frozen, ref.autocast_for(run))
+    parts = UNPAIRED_PARTS if settings.loss in pl.UNPAIRED else PAIRED_PARTS
+    collator = PreferenceCollator(tokenizer.pad_token_id, pad_multiple(run.device), parts)
+    if cfg.preference.precompute_reference and pl.needs_reference(settings.loss):
+        ref.attach_precomputed(run, forward, model, splits, collator, main_process_first)
+        forward.reference = None  # nothing live: the batches carry the reference
+        del frozen
+    return Workload(
+        model=model,
+        train_dataset=splits["train"],
+        collator=collator,
+        eval_dataset=splits.get("eval"),
+        eval_batch=ref.eval_stats,
+        reduce_metrics=pl.reduce,
+        tokenizer=tokenizer,
+        chat=encoder.render is not None,
+        main_metric=METRIC,
+        forward=forward,
+        notes=notes,
+    )
+
+
+def notes(history: list[dict[str, float]]) -> list[str]:
+    """The warnings of a broken run, read off the evaluations (``Workload.notes``): reward
+    accuracy still at chance after training, or both rewards fallen since the previous
+    evaluation without the margin growing (the policy pushing both answers down)."""
+    last = history[-1]
+    if not last.get("step") or METRIC not in last:
+        return []
+    out = []
+    step, accuracy = int(last["step"]), last[METRIC]
+    if abs(accuracy - 0.5) <= CHANCE:
+        out.append(
+            f"preference: reward accuracy {accuracy:.2f} at step {step} is chance: the policy does not "
+            "yet tell chosen from rejected (check that chosen and rejected are not swapped, raise "
+            "optim.lr or preference.beta; docs/preference.md#a-broken-run)"
+        )
+    prev = history[-2] if len(history) > 1 else None
+    if prev is not None and "rewards/chosen" in prev:
+        fell = (
+            last["rewards/chosen"] < prev["rewards/chosen"]
+            and last["rewards/rejected"] < prev["rewards/rejected"]
+        )
+        if fell and last["rewards/margin"] <= prev["rewards/margin"]:
+            out.append(
+                f"preference: both rewards fell from step {int(prev['step'])} to {step} (chosen "
+                f"{last['rewards/chosen']:+.3f}, rejected {last['rewards/rejected']:+.3f}) and the margin "
+                "did not grow: the policy is pushing both answers down (docs/preference.md#a-broken-run)"
+            )
+    return out
+
+
+def validate(cfg: TrainConfig) -> None:
+    p = cfg.preference
+    if p.precompute_reference and p.loss in ("orpo", "simpo"):
+        raise XtrainError(
+            f"preference.precompute_reference: preference.loss={p.loss} uses no reference model",
+            "leave preference.precompute_reference unset for orpo and simpo",
+        )
+    if p.label_smoothing and p.loss not in ("dpo", "simpo"):
+        raise XtrainError(
+            f"preference.label_smoothing is for the dpo and simpo losses, not {p.loss}",
+            "leave preference.label_smoothing unset",
+        )
+
+
+def _never(config: dict[str, Any]) -> bool:
+    return False  # a result saved without a record is a causal LM: causal-lm reads it
+
+
+def _quickstart_prompt() -> list[str]:
+    from xtrain.builtin.preference import QUICKSTART_PROMPT
+
+    return ["--prompt", QUICKSTART_PROMPT]
+
+
+def _load(folder: Any, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    from xtrain.tasks.causal_lm import load_for_predict
+
+    return load_for_predict(folder, base, record)
+
+
+TASK = Task(
+    name=NAME,
+    about="preference pairs (or KTO's labelled completions) on a causal LM: DPO, IPO, ORPO, SimPO, KTO; "
+    "metric: reward accuracy",
+    build=build,
+    aliases=("dpo", "pref"),
+    keys=frozenset(
+        {
+            "model.quantization",
+            "data.chat_template",
+            "preference.loss",
+            "preference.beta",
+            "preference.orpo_lambda",
+            "preference.gamma",
+            "preference.label_smoothing",
+            "preference.desirable_weight",
+            "preference.undesirable_weight",
+            "preference.precompute_reference",
+        }
+    ),
+    validate=validate,
+    model_class="AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
+    resume_keys=("preference.loss",),
+    recognizes=_never,
+    predicts=Predicts(takes="--prompt TEXT", load=_load, run=prompt_predict.text_predict, samples=True),
+    quickstart=Quickstart(
+        job="quickstart-preference.yaml",
+        about="DPO: a polite answer style preferred over a curt one",
+        next_command="xtrain train examples/preference-dpo.yaml",
+        headline=(
+            METRIC,
+            "reward accuracy",
+            "share of pairs whose chosen answer the policy ranks higher; 0.5 is chance",
+        ),
+        predict_args=_quickstart_prompt,
+    ),
+)

@@ -1,0 +1,192 @@
+"""The preference task's forward (``Workload.forward``) and its reference model.
+
+One forward of the policy over the micro-batch's 2B sequences (chosen then rejected, or KTO's
+completions then their KL mismatches) gives each sequence's summed answer log-probability; the
+reference's come from, in this order:
+
+- the batch itself (``ref_first``/``ref_second``): ``preference.precompute_reference``, computed
+  once before training (``attach_precomputed``) and stored under ``run.output_dir`` named by the
+  data's fingerprint, so a resumed run or one with another process count reads the same numbers;
+- a frozen copy of the model (a full fine-tune: the weights that train cannot be the reference);
+- the policy itself with its LoRA adapters switched off (peft's ``disable_adapter``), under
+  ``no_grad``: no second copy in memory (LLaMA-Factory's and TRL's way).
+
+ORPO and SimPO read no reference. Dropout is off in the whole model (``no_dropout``, TRL's
+default): the reference is then the same function whether computed now or before training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from xtrain.tasks import preference_losses as pl
+
+if TYPE_CHECKING:
+    from xtrain.planning.run import Run
+    from xtrain.tasks.contract import MainProcessFirst
+
+REFERENCE_DIR = "preference-reference"  # under run.output_dir
+Autocast = Callable[[], contextlib.AbstractContextManager]
+
+
+@dataclass
+class PreferenceOutput:
+    """What the loop reads off a preference forward: the loss to back-propagate, the micro-batch's
+    metrics for the logging window, and the per-example statistics the evaluation gathers."""
+
+    loss: torch.Tensor
+    stats: dict[str, torch.Tensor]
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def autocast_for(run: Run) -> Autocast:
+    """The autocast the loop's Accelerator runs the policy under, for the reference computed
+    outside it (a frozen copy, the precomputed pass): the same precision on both sides."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
+    if dtype is None:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=run.device_type, dtype=dtype)
+
+
+def no_dropout(model: torch.nn.Module) -> None:
+    """Every dropout of the model (LoRA's included) off, and attention dropout read off modules."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+
+
+def _unwrapped(model: Any) -> Any:
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model)
+
+
+class PreferenceForward:
+    """``Workload.forward`` of the preference task: policy log-probs, the reference's, the loss."""
+
+    def __init__(
+        self,
+        settings: pl.LossSettings,
+        reference: torch.nn.Module | None = None,
+        autocast: Autocast | None = None,
+    ) -> None:
+        self.settings = settings
+        self.reference = reference  # a frozen copy (full fine-tune); None: adapters off, or none needed
+        self.autocast = autocast or contextlib.nullcontext
+
+    def reference_logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The reference's summed log-probs of the batch's sequences, without gradients."""
+        with torch.no_grad():
+            if self.reference is not None:
+                with self.autocast():
+                    logits = self.reference(
+                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                    ).logits
+            else:
+                inner = _unwrapped(model)
+                with inner.disable_adapter():  # the base weights alone: LoRA's reference
+                    logits = inner(
+                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
+                    ).logits
+            return pl.sequence_logps(logits, batch["labels"])[0]
+
+    def __call__(self, model: Any, batch: dict[str, torch.Tensor]) -> PreferenceOutput:
+        s = self.settings
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        logps, counts = pl.sequence_logps(out.logits, batch["labels"])
+        ref = None
+        if pl.needs_reference(s.loss):
+            if "ref_first" in batch:
+                ref = torch.cat([batch["ref_first"], batch["ref_second"]]).to(logps.device)
+            else:
+                ref = self.reference_logps(model, batch)
+        if s.loss in pl.UNPAIRED:
+            assert ref is not None
+            stats = pl.kto_loss(s, logps, ref, batch["desirable"])
+        else:
+            stats = pl.paired_loss(s, logps, counts, ref)
+        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
+
+
+def eval_stats(outputs: PreferenceOutput, batch: Any) -> dict[str, torch.Tensor]:
+    """``Workload.eval_batch``: the forward's per-example statistics, as they are."""
+    return outputs.stats
+
+
+# ---------------------------------------------------------------------------------------------
+# preference.precompute_reference: once before training, stored with the data's fingerprint
+
+
+def fingerprint(run: Run, splits: dict[str, list[dict[str, Any]]]) -> str:
+    """What the reference log-probs depend on: the base model, how it is loaded and computes,
+    and every sequence of the data (token ids and labels). Not the process count."""
+    m = run.cfg.model
+    h = hashlib.sha256()
+    h.update(json.dumps([m.name_or_path, m.dtype, m.quantization, run.precision, sorted(splits)]).encode())
+    for name in sorted(splits):
+        for row in splits[name]:
+            h.update(json.dumps([v for k, v in sorted(row.items()) if not k.startswith("ref_")]).encode())
+    return h.hexdigest()[:24]
+
+
+def _compute(
+    forward: PreferenceForward, model: Any, rows: list[dict[str, Any]], collator: Any, device: str, batch: int
+) -> torch.Tensor:
+    values = []
+    was_training = model.training
+    model.train()  # dropout is off; a 4-bit layer keeps its training layout (no eval-mode repacking)
+    for start in range(0, len(rows), batch):
+        features = rows[start : start + batch]
+        b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(features).items()}
+        with forward.autocast():
+            logps = forward.reference_logps(model, b).float().cpu()
+        n = len(features)
+        values.append(torch.stack([logps[:n], logps[n:]], dim=1))
+    model.train(was_training)
+    return torch.cat(values)
+
+
+def attach_precomputed(
+    run: Run,
+    forward: PreferenceForward,
+    model: Any,
+    splits: dict[str, list[dict[str, Any]]],
+    collator: Any,
+    main_process_first: MainProcessFirst,
+) -> Path:
+    """Each row of ``splits`` gets ``ref_first``/``ref_second``: read from the stored file of
+    this data's fingerprint, else computed by the first process and stored (atomically), then
+    read by the others. Returns the file."""
+    from xtrain.atomic import write_bytes
+
+    path = Path(run.cfg.run.output_dir).expanduser() / REFERENCE_DIR / f"{fingerprint(run, splits)}.pt"
+    with main_process_first():
+        if path.is_file():
+            stored = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            per_device = run.settings.per_device
+            stored = {
+                name: _compute(forward, model, rows, collator, run.device, per_device)
+                for name, rows in splits.items()
+            }
+            if run.is_main:
+                import io
+
+                buffer = io.BytesIO()
+                torch.save(stored, buffer)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_bytes(path, buffer.getvalue())
+    for name, rows in splits.items():
+        for row, (first, second) in zip(rows, stored[name].tolist(), strict=True):
+            row["ref_first"], row["ref_second"] = float(first), float(second)
+    return path
