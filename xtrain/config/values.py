@@ -122,7 +122,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "preference.beta": _POS_NUM,
     "preference.orpo_lambda": _POS_NUM,
     "preference.gamma": _NONNEG,
-    "preference.label_smoothing": (lambda v: 0 <= v < 0.5, "a number in [0, 0.5)"),
+    "preference.label_smoothing": _NONNEG,  # below 0.5: the preference task's validate
     "preference.desirable_weight": _POS_NUM,
     "preference.undesirable_weight": _POS_NUM,
     "generation.num_beams": _between(1, 256),

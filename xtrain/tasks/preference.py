@@ -170,6 +170,11 @@ def validate(cfg: TrainConfig) -> None:
             f"preference.precompute_reference: preference.loss={p.loss} uses no reference model",
             "leave preference.precompute_reference unset for orpo and simpo",
         )
+    if p.label_smoothing >= 0.5:
+        raise XtrainError(
+            f"preference.label_smoothing={p.label_smoothing}: from 0.5 on, rejected counts as preferred",
+            "use a number below 0.5 (the share of pairs thought mislabelled, e.g. 0.1)",
+        )
     if p.label_smoothing and p.loss not in ("dpo", "simpo"):
         raise XtrainError(
             f"preference.label_smoothing is for the dpo and simpo losses, not {p.loss}",
@@ -198,7 +203,7 @@ TASK = Task(
     about="preference pairs (or KTO's labelled completions) on a causal LM: DPO, IPO, ORPO, SimPO, KTO; "
     "metric: reward accuracy",
     build=build,
-    aliases=("dpo", "pref"),
+    aliases=("preference-tuning",),
     keys=frozenset(
         {
             "model.quantization",
