@@ -110,7 +110,10 @@ def read_row(row: dict[str, Any], index: int, source: str) -> PreferenceRow:
     else:
         found = _shared_prefix(row, where)
         prompt = found.prompt
-    chosen, rejected = _answer(row, "chosen", where), _answer(row, "rejected", where)
+    if "prompt" in row or "instruction" in row or "conversations" in row:
+        chosen, rejected = _answer(row, "chosen", where), _answer(row, "rejected", where)
+    else:
+        chosen, rejected = found.chosen, found.rejected or ""
     if chosen.strip() == rejected.strip():
         raise BadPreferenceRow(f"{where}: 'chosen' and 'rejected' are the same answer: nothing to prefer")
     return PreferenceRow(prompt, chosen, rejected)

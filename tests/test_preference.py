@@ -1,0 +1,254 @@
+"""preference: the task added as modules and one registry line. Rows in every shape read, the
+prompt masked and never cut, bad rows one line with the row; each loss raises the reward accuracy
+of the built-in job (DPO from log 2 and chance); precomputed and live references give the same
+loss; 4-bit DPO trains; the adapter loads in plain peft; 1 vs 2 processes and kill + resume."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from support.workloads import build_workload
+
+from xtrain import builtin
+from xtrain.data.collate import IGNORE_INDEX
+from xtrain.data.rows import preference as rows_
+from xtrain.errors import XtrainError
+from xtrain.tasks.validation import load_config
+
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
+
+
+def _jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _pairs(n: int, seed: int = 5) -> list[dict]:
+    return builtin.preference_examples(n, seed)
+
+
+def _cfg(root: Path, train: list[dict], *extra: str, eval_: list[dict] | None = None):
+    overrides = [
+        "model.name_or_path=builtin:tiny-llama",
+        "model.task=preference",
+        f"data.train={_jsonl(root / 'train.jsonl', train)}",
+        f"data.eval={_jsonl(root / 'eval.jsonl', eval_) if eval_ else 'null'}",
+        "data.max_length=48",
+        f"run.output_dir={root / 'out'}",
+        "run.report_to=none",
+        *extra,
+    ]
+    return load_config(None, overrides)
+
+
+# -- the data -------------------------------------------------------------------------------------------
+def test_every_row_shape_reads_as_one_prompt_and_two_answers():
+    turns = [{"role": "user", "content": "hi?"}]
+    shapes = [
+        {"prompt": "hi?", "chosen": "hello.", "rejected": "go."},
+        {"prompt": turns, "chosen": [{"role": "assistant", "content": "hello."}],
+         "rejected": [{"role": "assistant", "content": "go."}]},
+        {"chosen": [*turns, {"role": "assistant", "content": "hello."}],
+         "rejected": [*turns, {"role": "assistant", "content": "go."}]},
+        {"instruction": "hi?", "chosen": "hello.", "rejected": "go."},
+        {"conversations": [{"from": "human", "value": "hi?"}], "chosen": {"from": "gpt", "value": "hello."},
+         "rejected": {"from": "gpt", "value": "go."}},
+    ]  # fmt: skip
+    for i, shape in enumerate(shapes):
+        row = rows_.read_row(shape, i, "x.jsonl")
+        prompt = row.prompt if isinstance(row.prompt, str) else row.prompt[-1]["content"]
+        assert (prompt, row.chosen, row.rejected, row.desirable) == ("hi?", "hello.", "go.", None), shape
+    kto = rows_.read_row({"prompt": "hi?", "completion": "hello.", "label": False}, 0, "x")
+    assert (kto.chosen, kto.rejected, kto.desirable) == ("hello.", None, False)
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"prompt": "p", "rejected": "r"}, "row 1 of x.jsonl: field 'chosen' is missing or empty"),
+        ({"prompt": "p", "chosen": "same", "rejected": "same "}, "row 1 of x.jsonl: 'chosen' and 'rej"),
+        ({"prompt": "p", "completion": "c", "label": "yes"}, "row 1 of x.jsonl: field 'label' is 'yes'"),
+    ],
+)  # fmt: skip
+def test_bad_rows_are_one_line_with_the_row(row, message):
+    with pytest.raises(XtrainError) as e:
+        rows_.read_rows([{"prompt": "p", "chosen": "c", "rejected": "r"}, row], "x.jsonl")
+    assert (
+        e.value.one_line().startswith(message) and e.value.exit_code == 2 and "\n" not in e.value.one_line()
+    )
+
+
+def test_the_prompt_is_masked_kept_whole_and_a_too_long_prompt_refused(tmp_path):
+    from xtrain.model import load as models
+
+    tokenizer = models.load_tokenizer(str(builtin.ensure_builtin_model("builtin:tiny-llama")), False)
+    encoder = rows_.Encoder(tokenizer, max_length=12)
+    row = rows_.PreferenceRow("tom went to the park", "tom played with the dog all day long", "no")
+    (pair,) = rows_.paired_rows([row], encoder, "x.jsonl")
+    prompt = len(tokenizer("tom went to the park")["input_ids"])
+    for part in ("chosen", "rejected"):
+        ids, labels = pair[f"{part}_input_ids"], pair[f"{part}_labels"]
+        assert ids[:prompt] == pair["chosen_input_ids"][:prompt], "both answers follow the same prompt"
+        assert labels[:prompt] == [IGNORE_INDEX] * prompt and IGNORE_INDEX not in labels[prompt:]
+    assert len(pair["chosen_input_ids"]) == 12, "the answer is cut, after the whole prompt"
+    with pytest.raises(XtrainError, match=r"row 0 of x.jsonl: the prompt is \d+ tokens, data.max_length 4"):
+        rows_.paired_rows([row], rows_.Encoder(tokenizer, max_length=4), "x.jsonl")
+    # the same through the task's build: refused before the model loads, naming the row
+    long = {"prompt": "word " * 80, "chosen": "a", "rejected": "b"}
+    with pytest.raises(XtrainError, match="row 2 of .*train.jsonl: the prompt is"):
+        build_workload(_cfg(tmp_path, [*_pairs(2), long]))
+
+
+def test_chat_rows_render_by_the_template_and_label_the_last_answer_only(tmp_path):
+    template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    conv = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "and?"},
+    ]
+    rows = [{"prompt": conv, "chosen": "fine thanks", "rejected": "meh"}] * 2
+    workload = build_workload(_cfg(tmp_path, rows, f"data.chat_template={template}", "data.max_length=64"))
+    tok, row = workload.tokenizer, workload.train_dataset[0]
+    trained = [t for t in row["chosen_labels"] if t != IGNORE_INDEX]
+    assert tok.decode(trained) == "fine thanks</s>" and workload.chat
+    assert tok.decode(row["chosen_input_ids"]).startswith("<|user|>hi</s><|assistant|>yo</s>")
+
+
+def test_a_batch_is_chosen_then_rejected_in_one_forward(tmp_path):
+    workload = build_workload(_cfg(tmp_path, _pairs(6), "batch.per_device=3", "batch.global_batch=3"))
+    rows = [workload.train_dataset[i] for i in range(3)]
+    batch = workload.collator(rows)
+    assert batch["input_ids"].shape[0] == 6
+    for i, row in enumerate(rows):
+        n, m = len(row["chosen_input_ids"]), len(row["rejected_input_ids"])
+        assert batch["input_ids"][i, :n].tolist() == row["chosen_input_ids"]
+        assert batch["input_ids"][3 + i, :m].tolist() == row["rejected_input_ids"]
+    out = workload.forward(workload.model, batch)
+    assert out.loss.item() == pytest.approx(math.log(2), abs=1e-6), "policy = reference: log 2"
+    assert out.metrics["rewards/accuracy"].item() == 0.5
+
+
+def test_kto_reads_pairs_as_labelled_completions_and_unpaired_rows_need_kto(tmp_path):
+    workload = build_workload(_cfg(tmp_path, _pairs(3), "preference.loss=kto"))
+    assert [r["desirable"] for r in workload.train_dataset] == [1, 0, 1, 0, 1, 0]
+    kto = [
+        {"prompt": "p", "completion": "c", "label": True},
+        {"prompt": "q", "completion": "d", "label": False},
+    ]
+    with pytest.raises(XtrainError, match="unpaired .* preference.loss=dpo needs pairs"):
+        build_workload(_cfg(tmp_path, kto))
+    with pytest.raises(
+        XtrainError, match="preference.precompute_reference: preference.loss=orpo uses no reference"
+    ):
+        _cfg(tmp_path, kto, "preference.loss=orpo", "preference.precompute_reference=true")
+
+
+def test_precomputed_and_live_reference_give_the_same_loss(tmp_path):
+    """The stored reference (built once, named by the data's fingerprint, read again by a second
+    build) against the adapters switched off, with the policy moved away from the reference."""
+    pairs = _pairs(8)
+    live = build_workload(_cfg(tmp_path, pairs, "batch.per_device=4"))
+    stored = build_workload(
+        _cfg(tmp_path, pairs, "batch.per_device=4", "preference.precompute_reference=true")
+    )
+    files = list((tmp_path / "out" / "preference-reference").glob("*.pt"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+    again = build_workload(
+        _cfg(tmp_path, pairs, "batch.per_device=2", "preference.precompute_reference=true")
+    )
+    assert files[0].stat().st_mtime_ns == stamp, "read back, not computed again"
+    assert again.train_dataset[0]["ref_first"] == stored.train_dataset[0]["ref_first"]
+    torch.manual_seed(0)
+    for workload in (live, stored):
+        with torch.no_grad():
+            for name, p in workload.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn_like(p, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    batch = live.collator([live.train_dataset[i] for i in range(4)])
+    with_ref = stored.collator([stored.train_dataset[i] for i in range(4)])
+    a, b = live.forward(live.model, batch), stored.forward(stored.model, with_ref)
+    assert a.loss.item() != pytest.approx(math.log(2), abs=1e-3), "the policy moved"
+    assert b.loss.item() == pytest.approx(a.loss.item(), rel=1e-5)
+    assert torch.allclose(a.stats["reward_chosen"], b.stats["reward_chosen"], atol=1e-5)
+
+
+def test_a_full_fine_tune_keeps_a_frozen_reference(tmp_path):
+    workload = build_workload(_cfg(tmp_path, _pairs(4), "lora.enabled=false", "batch.per_device=2"))
+    reference = workload.forward.reference
+    assert reference is not None and not any(p.requires_grad for p in reference.parameters())
+    assert all(p.requires_grad for p in workload.model.parameters())
+
+
+# -- training: each loss learns the built-in preference ----------------------------------------------
+def _train(tmp_path: Path, *extra: str):
+    from support.workloads import this_machine
+
+    from xtrain.train.loop import train
+
+    cfg = _cfg(
+        tmp_path, _pairs(48), "batch.per_device=8", "batch.global_batch=8", "optim.lr=1e-2",
+        "optim.warmup_steps=0", "run.max_steps=8", "run.eval_at_start=true", "run.log_every=4",
+        *extra, eval_=_pairs(32, seed=9),
+    )  # fmt: skip
+    return train(cfg, this_machine())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["dpo", "ipo", "orpo", "simpo", "kto"])
+def test_each_loss_raises_the_reward_accuracy(tmp_path, loss):
+    extra = {"ipo": ["preference.beta=0.5"], "simpo": ["preference.beta=2.0"]}.get(loss, [])
+    result = _train(tmp_path, f"preference.loss={loss}", *extra)
+    before, after = result.eval_history[0], result.eval_metrics
+    if loss in ("dpo", "ipo", "kto"):  # the policy is its own reference at step 0
+        assert before["rewards/accuracy"] == 0.5
+    if loss == "dpo":
+        assert before["eval_loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert (
+        after["rewards/accuracy"] >= 0.9 > before["rewards/accuracy"] + 0.2
+        or after["rewards/accuracy"] == 1.0
+    )
+    assert after["rewards/margin"] > before["rewards/margin"]
+    window = result.windows and json.loads((tmp_path / "out" / "train_result.json").read_text())
+    assert window
+
+
+@pytest.mark.slow
+def test_4bit_dpo_trains_and_the_adapter_loads_in_plain_peft(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    result = _train(tmp_path, "model.quantization=4bit")
+    assert (
+        result.eval_metrics["rewards/accuracy"] >= 0.9 and result.eval_history[0]["rewards/accuracy"] == 0.5
+    )
+    adapter = Path(result.outputs["adapter"])
+    base = AutoModelForCausalLM.from_pretrained(str(builtin.ensure_builtin_model("builtin:tiny-llama")))
+    model = PeftModel.from_pretrained(base, str(adapter)).eval()
+    ids = torch.tensor([[1, 5, 9]])
+    assert model(input_ids=ids).logits.shape[:2] == (1, 3)
+    record = json.loads((adapter / "xtrain_run.json").read_text())
+    assert record["task"] == "preference"
+
+
+def test_notes_warn_at_chance_and_when_both_rewards_fall():
+    from xtrain.tasks.preference import notes
+
+    base = {"rewards/chosen": 0.1, "rewards/rejected": -0.1, "rewards/margin": 0.2}
+    assert notes([{"step": 0, "rewards/accuracy": 0.5, **base}]) == []
+    (line,) = notes([{"step": 0, **base}, {"step": 50, "rewards/accuracy": 0.51, **base}])
+    assert "reward accuracy 0.51 at step 50 is chance" in line
+    fell = {"rewards/chosen": -0.3, "rewards/rejected": -0.4, "rewards/margin": 0.1}
+    (line,) = notes(
+        [{"step": 10, "rewards/accuracy": 0.8, **base}, {"step": 20, "rewards/accuracy": 0.8, **fell}]
+    )
+    assert "both rewards fell from step 10 to 20" in line
