@@ -228,6 +228,56 @@ def test_vision_language_adapters_and_projector(data, tmp_path):
     assert any("merger" in n for n in capture.grads), "the projector trains whole"
 
 
+# -- preference: DPO's loss by hand from the model's logits -----------------------------------------
+def test_dpo_gradients_equal_the_loss_by_hand_from_the_logits(data, tmp_path):
+    """The preference task's forward (policy log-probs, the reference with the adapters off, the
+    DPO loss) against the formula written out over a plain peft model's logits, with the adapters
+    moved off zero first so the policy and its reference differ."""
+    import torch.nn.functional as F
+    from support.gradients import reference_model
+
+    beta, batches = 0.5, []
+    train = jsonl(data / "pref" / "train.jsonl", builtin.preference_examples(8, 3))
+    cfg = _cfg(tmp_path / "dpo", "model.name_or_path=builtin:tiny-llama", "model.task=preference",
+               f"data.train={train}", "data.eval=null", "data.max_length=48", "batch.per_device=2",
+               "batch.global_batch=4",
+               f"preference.beta={beta}", "lora.dropout=0.0")  # fmt: skip
+
+    def record(workload):
+        forward = workload.forward
+        with torch.no_grad():
+            for name, p in workload.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+
+        def recorded(model, batch):
+            batches.append({k: v.detach().clone() for k, v in batch.items()})
+            return forward(model, batch)
+
+        workload.forward = recorded
+
+    capture = xtrain_gradients(cfg, on_workload=record)
+    assert len(batches) == 2 and capture.evaluated == 2  # one reference forward (no grad) per micro-batch
+
+    def logps(logits, labels):
+        target = labels[:, 1:]
+        logp = logits[:, :-1].log_softmax(-1).gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return (logp * (target != -100)).sum(-1)
+
+    ref = reference_model(capture).train()
+    for batch in batches:
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        policy = logps(ref(**inputs).logits, batch["labels"])
+        with torch.no_grad(), ref.disable_adapter():
+            reference = logps(ref(**inputs).logits, batch["labels"])
+        b = len(policy) // 2
+        z = (policy[:b] - policy[b:]) - (reference[:b] - reference[b:])
+        assert float(z.abs().max()) > 1e-3, "the policy differs from its reference"
+        (-F.logsigmoid(beta * z).mean() / len(batches)).backward()
+    want = {n: p.grad.detach().float().cpu() for n, p in ref.named_parameters() if p.grad is not None}
+    assert_same_gradients(capture.grads, want)
+
+
 # -- evaluation never changes training -----------------------------------------------------------------
 @pytest.mark.parametrize("quantization", [None, "4bit"])
 def test_evaluations_leave_the_trained_adapter_bitwise_the_same(data, tmp_path, quantization):

@@ -103,9 +103,10 @@ def _at_step(capture: Capture, optimizer: Any, args: Any, kwargs: Any) -> None:
     raise FirstStep
 
 
-def xtrain_gradients(cfg: Any, plan: Any = None) -> Capture:
+def xtrain_gradients(cfg: Any, plan: Any = None, on_workload: Callable[[Any], None] | None = None) -> Capture:
     """Run xtrain's loop on ``cfg`` up to its first optimizer step (in this process) and return
-    what it computed there."""
+    what it computed there; ``on_workload(workload)`` sees the built workload first (a test
+    that records the batches its ``Workload.forward`` gets, or moves weights)."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     from xtrain.machine.facts import Facts
@@ -117,6 +118,8 @@ def xtrain_gradients(cfg: Any, plan: Any = None) -> Capture:
 
     def build(run: Any, main_process_first: Any) -> Any:
         workload = build_workload(run, main_process_first)
+        if on_workload is not None:
+            on_workload(workload)
         capture.model = workload.model
         capture.initial = float_state(workload.model)
         workload.model.register_forward_pre_hook(partial(_record, capture), with_kwargs=True)
