@@ -124,6 +124,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",
     ),
     (
+        "docs/preference.md",
+        r"^xtrain predict runs/preference-dpo\b",  # needs a trained run: the test trains one first
+        "tests/test_preference.py::test_predict_continues_a_prompt_with_the_trained_run",
+    ),
+    (
         "docs/training.md",
         r"^xtrain predict xtrain-output/chat-sft\b",  # needs a trained chat run: the test trains one
         "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",

@@ -336,3 +336,15 @@ def test_kill_and_resume_is_exact(pref_job, pref_straight):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((out / "train_result.json").read_text())["resumed_from"]
     assert_same_training(pref_straight, out, exact=True)
+
+
+@pytest.mark.slow
+def test_predict_continues_a_prompt_with_the_trained_run(pref_job, pref_straight):
+    from xtrain.cli import main
+
+    out = pref_job.root / "predicted.jsonl"
+    prompt = "question: where did tom play with the cat?\nanswer: "
+    args = ["predict", str(pref_straight), "--prompt", prompt, "--max-new-tokens", "6", "-o", str(out)]
+    assert main(args) == 0
+    (row,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert row["input"] == prompt and row["text"]
