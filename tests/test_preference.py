@@ -104,6 +104,17 @@ def test_the_prompt_is_masked_kept_whole_and_a_too_long_prompt_refused(tmp_path)
         build_workload(_cfg(tmp_path, [*_pairs(2), long]))
 
 
+def test_the_data_check_reads_the_rows_as_the_run_does(tmp_path):
+    from xtrain.tasks.preference import TASK
+
+    report = TASK.check_data(_cfg(tmp_path, _pairs(5)), 100)
+    (train,) = report.sources
+    assert train.row_format == "pairs" and len(train.lengths) == 5 and report.example is not None
+    bad = [*_pairs(3), {"prompt": "p", "chosen": "c"}]
+    with pytest.raises(XtrainError, match="row 3 of .*train.jsonl: field 'rejected' is missing or empty"):
+        TASK.check_data(_cfg(tmp_path, bad), 100)
+
+
 def test_chat_rows_render_by_the_template_and_label_the_last_answer_only(tmp_path):
     template = (
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
@@ -343,7 +354,7 @@ def test_predict_continues_a_prompt_with_the_trained_run(pref_job, pref_straight
     from xtrain.cli import main
 
     out = pref_job.root / "predicted.jsonl"
-    prompt = "question: where did tom play with the cat?\nanswer: "
+    prompt = "question: where did tom play with the cat? answer: "
     args = ["predict", str(pref_straight), "--prompt", prompt, "--max-new-tokens", "6", "-o", str(out)]
     assert main(args) == 0
     (row,) = [json.loads(x) for x in out.read_text().splitlines()]

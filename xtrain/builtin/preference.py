@@ -13,7 +13,7 @@ import random
 from xtrain.builtin.text import _ANIMALS, _NAMES, _PLACES, _THINGS
 
 # the prompt ``xtrain predict`` is shown after the quickstart (one of the eval split's shape)
-QUICKSTART_PROMPT = "question: where did tom play with the cat?\nanswer: "
+QUICKSTART_PROMPT = "question: where did tom play with the cat? answer: "
 
 
 def preference_examples(n: int, seed: int) -> list[dict[str, str]]:
@@ -28,11 +28,11 @@ def preference_examples(n: int, seed: int) -> list[dict[str, str]]:
             rng.choice(_THINGS),
         )
         if rng.random() < 0.5:
-            prompt = f"question: where did {name} play with the {animal}?\nanswer: "
+            prompt = f"question: where did {name} play with the {animal}? answer: "
             chosen = f"{name} played with the {animal} in the {place}, and they were very happy."
             rejected = f"{place}. no idea."
         else:
-            prompt = f"question: what did {name} find in the {place}?\nanswer: "
+            prompt = f"question: what did {name} find in the {place}? answer: "
             chosen = f"{name} found a {thing} in the {place}, and it was a lovely day."
             rejected = f"a {thing}. whatever."
         out.append({"prompt": prompt, "chosen": chosen, "rejected": rejected})

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from xtrain.data.rows.preference import Encoder, PreferenceRow
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
+    from xtrain.tasks.data_report import DataReport
 
 NAME = "preference"
 METRIC = "rewards/accuracy"
@@ -133,6 +134,40 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     )
 
 
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    """The data check (``xtrain train --dry-run``): the first rows read and encoded as ``build``
+    reads them (a bad row raises its line), their longest answer's tokens before the cut, and
+    the first pair's chosen answer as the model gets it (without a tokenizer: the rows only)."""
+    from xtrain.data.rows import preference as rows_
+    from xtrain.tasks import data_check
+    from xtrain.tasks.common import prepare_tokenizer
+    from xtrain.tasks.data_report import DataReport
+
+    samples, found_notes = data_check.first_samples(cfg, limit)
+    load = lambda: prepare_tokenizer(cfg, contextlib.nullcontext)  # noqa: E731
+    found = data_check.loaded_or_note(cfg, found_notes, load)
+    report = DataReport(NAME, cfg.data.max_length, notes=found_notes)
+    for s in samples:
+        rows = rows_.read_rows(s.ds, s.name)
+        shape = "unpaired (KTO)" if rows_.is_unpaired(rows) else "pairs"
+        check = s.check(row_format=shape)
+        report.sources.append(check)
+        if found is None:
+            continue
+        encoder = encoder_of(cfg, found[1], found[0])
+        encoded(s.ds, s.name, encoder, cfg.preference.loss)  # the run's refusals, row by row
+        for i, row in enumerate(rows):
+            answers = [a for a in (row.chosen, row.rejected) if a is not None]
+            longest = max(len(encoder.encode(row.prompt, a, f"row {i} of {s.name}")[0]) for a in answers)
+            check.lengths.append(longest)
+            check.truncated += longest > cfg.data.max_length
+        if report.example is None and s.role == "train" and rows:
+            ids, labels = encoder.answer(rows[0].prompt, rows[0].chosen, f"row 0 of {s.name}")
+            report.example = data_check.example_of(s, 0, found[1], ids, labels)
+            report.example.note = "its chosen answer; the rejected one follows the same prompt tokens"
+    return report
+
+
 def notes(history: list[dict[str, float]]) -> list[str]:
     """The warnings of a broken run, read off the evaluations (``Workload.notes``): reward
     accuracy still at chance after training, or both rewards fallen since the previous
@@ -235,4 +270,5 @@ TASK = Task(
         ),
         predict_args=_quickstart_prompt,
     ),
+    check_data=check_data,
 )
