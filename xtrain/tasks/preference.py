@@ -217,6 +217,18 @@ def validate(cfg: TrainConfig) -> None:
         )
 
 
+def stacks(model: Any, cfg: TrainConfig) -> list[Any]:
+    """The memory estimate's stacks: a sample is a pair, two sequences of up to ``data.max_length``
+    through the model's text layers (twice the positions of one: an upper bound for eager
+    attention's scores, which grow with each sequence's square). The reference's forward keeps
+    no activations (no gradients)."""
+    from dataclasses import replace
+
+    from xtrain.tasks.stacks import text_stacks
+
+    return [replace(s, positions=2 * s.positions) for s in text_stacks(model, cfg)]
+
+
 def _never(config: dict[str, Any]) -> bool:
     return False  # a result saved without a record is a causal LM: causal-lm reads it
 
@@ -256,6 +268,7 @@ TASK = Task(
     validate=validate,
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
+    stacks=stacks,
     resume_keys=("preference.loss",),
     recognizes=_never,
     predicts=Predicts(takes="--prompt TEXT", load=_load, run=prompt_predict.text_predict, samples=True),
