@@ -484,7 +484,7 @@ class Recipe:
             history.append({"step": step, **metrics})
             acc.log(metrics, step=step)
             self.rep.evaluated(step, metrics)
-            for line in self.workload.notes(self.eval_history) if self.workload.notes else []:
+            for line in self.workload.notes(history) if self.workload.notes else []:
                 self.rep.note(line)  # the task's warnings on its metrics (reward accuracy at chance)
         if samples:  # generative tasks: reference vs prediction, shown and logged as text
             self.predictions[:] = [asdict(p) for p in samples]
