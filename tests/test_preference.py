@@ -223,6 +223,8 @@ def test_each_loss_raises_the_reward_accuracy(tmp_path, loss):
         assert before["rewards/accuracy"] == 0.5
     if loss == "dpo":
         assert before["eval_loss"] == pytest.approx(math.log(2), abs=1e-6)
+        # each evaluation answers the first eval prompts: the chosen answer next to the policy's
+        assert len(result.predictions) == 3 and all(p["reference"] for p in result.predictions)
     assert after["rewards/accuracy"] >= 0.9 and after["rewards/accuracy"] > before["rewards/accuracy"]
     assert after["rewards/margin"] > before["rewards/margin"]
 

@@ -7,6 +7,8 @@ exercises exactly what a user's own model and data go through.
 Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 
 - ``builtin:tiny-llama``: a 2-layer llama-style causal LM (hidden 64, 4 heads).
+- ``builtin:tiny-llama-sft``: the tiny llama after a short SFT on the built-in preference prompts,
+  answering in either of their two styles (the preference quickstart's model).
 - ``builtin:tiny-bert``: a 2-layer BERT encoder for sequence classification (hidden 64, 4 heads).
 - ``builtin:sentiment``: synthetic labelled sentences (``text``, ``label`` = positive/negative).
 - ``builtin:tiny-stories``: synthetic short stories (``text``) for causal LM.
@@ -46,7 +48,15 @@ PREFIX = "builtin:"
 VERSION = 3
 MARKER = "xtrain_builtin.json"
 
-MODELS = ("tiny-llama", "tiny-bert", "tiny-trocr", "tiny-whisper", "tiny-qwen2-vl", "tiny-vit")
+MODELS = (
+    "tiny-llama",
+    "tiny-llama-sft",
+    "tiny-bert",
+    "tiny-trocr",
+    "tiny-whisper",
+    "tiny-qwen2-vl",
+    "tiny-vit",
+)
 DATASETS = (
     "sentiment",
     "tiny-stories",
@@ -260,4 +270,9 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
         from xtrain.builtin import image_classes as builtin_classes
 
         return _build_atomically(final, builtin_classes.build_tiny_vit, PREFIX + short)
+    if short == "tiny-llama-sft":  # the tiny llama after a short SFT (xtrain.builtin.preference)
+        from xtrain.builtin.preference import build_tiny_llama_sft
+
+        base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
+        return _build_atomically(final, lambda tmp: build_tiny_llama_sft(base, tmp), PREFIX + short)
     return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)

@@ -92,6 +92,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     from xtrain.tasks import preference_reference as ref
     from xtrain.tasks.common import finish_model, load_seeded, pad_multiple, prepare_tokenizer, raw_datasets
     from xtrain.tasks.contract import Workload
+    from xtrain.tasks.preference_eval import PreferenceEval
 
     cfg = run.cfg
     settings = settings_of(cfg)
@@ -131,6 +132,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         main_metric=METRIC,
         forward=forward,
         notes=notes,
+        evaluate=PreferenceEval(forward, splits["eval"], tokenizer, parts[0]) if "eval" in splits else None,
     )
 
 
