@@ -6,13 +6,20 @@ prints the last ones)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.tasks import preference_losses as pl
 from xtrain.tasks.contract import Prediction
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import PreTrainedTokenizerBase
+
+    from xtrain.tasks.preference_reference import PreferenceForward
 
 SAMPLES = 3  # eval prompts answered at each evaluation
 NEW_TOKENS = 24  # longest generated answer (tokens)
@@ -22,7 +29,11 @@ class PreferenceEval:
     """``evaluate(accelerator, model, eval_loader) -> (metrics with eval_loss, predictions)``."""
 
     def __init__(
-        self, forward: Any, rows: list[dict[str, Any]], tokenizer: Any, part: str = "chosen"
+        self,
+        forward: PreferenceForward,
+        rows: list[dict[str, Any]],
+        tokenizer: PreTrainedTokenizerBase,
+        part: str = "chosen",
     ) -> None:
         self.forward, self.tokenizer = forward, tokenizer
         self.samples = [self._prompt_and_answer(r, part) for r in rows[:SAMPLES]]
@@ -34,7 +45,7 @@ class PreferenceEval:
         return ids[:first], [t for t in labels[first:] if t != IGNORE_INDEX]
 
     def __call__(
-        self, accelerator: Any, model: Any, loader: Any
+        self, accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader
     ) -> tuple[dict[str, float], list[Prediction]]:
         parts: dict[str, list[torch.Tensor]] = {}
         model.eval()
@@ -50,7 +61,7 @@ class PreferenceEval:
         metrics = {"eval_loss": float(stats["loss_sum"].sum() / stats["count"].sum().clamp(min=1))}
         return {**metrics, **pl.reduce(stats)}, predictions
 
-    def _generate(self, model: Any, device: Any) -> list[Prediction]:
+    def _generate(self, model: torch.nn.Module, device: torch.device) -> list[Prediction]:
         from accelerate.utils import extract_model_from_parallel
 
         inner = extract_model_from_parallel(model)

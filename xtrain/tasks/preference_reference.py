@@ -30,6 +30,9 @@ import torch
 from xtrain.tasks import preference_losses as pl
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from xtrain.data.collate import PreferenceCollator
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import MainProcessFirst
 
@@ -65,7 +68,7 @@ def no_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
-def _unwrapped(model: Any) -> Any:
+def _unwrapped(model: torch.nn.Module) -> Any:
     from accelerate.utils import extract_model_from_parallel
 
     return extract_model_from_parallel(model)
@@ -84,7 +87,7 @@ class PreferenceForward:
         self.reference = reference  # a frozen copy (full fine-tune); None: adapters off, or none needed
         self.autocast = autocast or contextlib.nullcontext
 
-    def reference_logps(self, model: Any, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def reference_logps(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The reference's summed log-probs of the batch's sequences, without gradients."""
         with torch.no_grad():
             if self.reference is not None:
@@ -100,7 +103,7 @@ class PreferenceForward:
                     ).logits
             return pl.sequence_logps(logits, batch["labels"])[0]
 
-    def __call__(self, model: Any, batch: dict[str, torch.Tensor]) -> PreferenceOutput:
+    def __call__(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> PreferenceOutput:
         s = self.settings
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         logps, counts = pl.sequence_logps(out.logits, batch["labels"])
@@ -118,7 +121,7 @@ class PreferenceForward:
         return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
 
 
-def eval_stats(outputs: PreferenceOutput, batch: Any) -> dict[str, torch.Tensor]:
+def eval_stats(outputs: PreferenceOutput, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``Workload.eval_batch``: the forward's per-example statistics, as they are."""
     return outputs.stats
 
@@ -140,7 +143,12 @@ def fingerprint(run: Run, splits: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def _compute(
-    forward: PreferenceForward, model: Any, rows: list[dict[str, Any]], collator: Any, device: str, batch: int
+    forward: PreferenceForward,
+    model: torch.nn.Module,
+    rows: list[dict[str, Any]],
+    collator: PreferenceCollator,
+    device: str,
+    batch: int,
 ) -> torch.Tensor:
     values = []
     was_training = model.training
@@ -159,9 +167,9 @@ def _compute(
 def attach_precomputed(
     run: Run,
     forward: PreferenceForward,
-    model: Any,
+    model: torch.nn.Module,
     splits: dict[str, list[dict[str, Any]]],
-    collator: Any,
+    collator: PreferenceCollator,
     main_process_first: MainProcessFirst,
 ) -> Path:
     """Each row of ``splits`` gets ``ref_first``/``ref_second``: read from the stored file of
