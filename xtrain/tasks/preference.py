@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from xtrain.data.rows.preference import Encoder, PreferenceRow
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
+    from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
 
 NAME = "preference"
@@ -88,6 +89,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 
     from xtrain.data.collate import PreferenceCollator
     from xtrain.data.rows.preference import PAIRED_PARTS, UNPAIRED_PARTS
+    from xtrain.tasks import data_check
     from xtrain.tasks import preference_losses as pl
     from xtrain.tasks import preference_reference as ref
     from xtrain.tasks.common import finish_model, load_seeded, pad_multiple, prepare_tokenizer, raw_datasets
@@ -99,6 +101,8 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+    first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+    report = inspect(cfg, (source, tokenizer), first, [])  # the data check: its first rows first
     encoder = encoder_of(cfg, tokenizer, source)
     splits = {"train": encoded(train, train_name, encoder, settings.loss)}
     if eval_ds is not None:
@@ -133,6 +137,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         forward=forward,
         notes=notes,
         evaluate=PreferenceEval(forward, splits["eval"], tokenizer, parts[0]) if "eval" in splits else None,
+        data_report=report,
     )
 
 
@@ -140,15 +145,24 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     """The data check (``xtrain train --dry-run``): the first rows read and encoded as ``build``
     reads them (a bad row raises its line), their longest answer's tokens before the cut, and
     the first pair's chosen answer as the model gets it (without a tokenizer: the rows only)."""
-    from xtrain.data.rows import preference as rows_
     from xtrain.tasks import data_check
     from xtrain.tasks.common import prepare_tokenizer
-    from xtrain.tasks.data_report import DataReport
 
     samples, found_notes = data_check.first_samples(cfg, limit)
     load = lambda: prepare_tokenizer(cfg, contextlib.nullcontext)  # noqa: E731
-    found = data_check.loaded_or_note(cfg, found_notes, load)
-    report = DataReport(NAME, cfg.data.max_length, notes=found_notes)
+    return inspect(cfg, data_check.loaded_or_note(cfg, found_notes, load), samples, found_notes)
+
+
+def inspect(
+    cfg: TrainConfig, found: tuple[str, Any] | None, samples: list[Sample], notes: list[str]
+) -> DataReport:
+    """``check_data``'s report of ``samples`` with ``found`` = (source, tokenizer), or None: the
+    rows' shapes only. ``build`` runs it on the first rows it loaded (``Workload.data_report``)."""
+    from xtrain.data.rows import preference as rows_
+    from xtrain.tasks import data_check
+    from xtrain.tasks.data_report import DataReport
+
+    report = DataReport(NAME, cfg.data.max_length, notes=notes)
     for s in samples:
         rows = rows_.read_rows(s.ds, s.name)
         shape = "unpaired (KTO)" if rows_.is_unpaired(rows) else "pairs"
