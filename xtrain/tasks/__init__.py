@@ -8,6 +8,8 @@ registry line each below. Everything else reads a task's parts through ``get(nam
 - ``image-to-text``: images and their text (TrOCR, ViT-GPT2); CER/WER by generation.
 - ``speech-to-text``: audio and transcripts (Whisper); WER/CER by generation.
 - ``vision-language``: image + text conversations (Qwen2-VL); exact match by generation.
+- ``vision-preference``: preference pairs with images on a vision-language model (DPO, IPO, ORPO,
+  SimPO); reward accuracy.
 - ``image-classification``: images and a label (ViT, DeiT, ConvNeXt, Swin); accuracy.
 - ``custom``: ``model.custom: module:function``, called with the Run (or the config), returns a Workload.
 
@@ -40,6 +42,7 @@ REGISTRY = (
     "image_to_text",
     "speech_to_text",
     "vision_language",
+    "vision_preference",
     "image_classification",
     "custom",
 )

@@ -68,6 +68,14 @@ def no_dropout(model: torch.nn.Module) -> None:
             module.attention_dropout = 0.0
 
 
+# batch keys that are not the model's inputs (the rest: input ids, mask, a VLM's pixel values)
+NOT_INPUTS = ("labels", "ref_first", "ref_second", "desirable")
+
+
+def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k not in NOT_INPUTS}
+
+
 def _unwrapped(model: torch.nn.Module) -> Any:
     from accelerate.utils import extract_model_from_parallel
 
@@ -90,22 +98,19 @@ class PreferenceForward:
     def reference_logps(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The reference's summed log-probs of the batch's sequences, without gradients."""
         with torch.no_grad():
+            inputs = model_inputs(batch)
             if self.reference is not None:
                 with self.autocast():
-                    logits = self.reference(
-                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-                    ).logits
+                    logits = self.reference(**inputs).logits
             else:
                 inner = _unwrapped(model)
                 with inner.disable_adapter():  # the base weights alone: LoRA's reference
-                    logits = inner(
-                        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False
-                    ).logits
+                    logits = inner(**inputs, use_cache=False).logits
             return pl.sequence_logps(logits, batch["labels"])[0]
 
     def __call__(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> PreferenceOutput:
         s = self.settings
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        out = model(**model_inputs(batch), use_cache=False)
         logps, counts = pl.sequence_logps(out.logits, batch["labels"])
         ref = None
         if pl.needs_reference(s.loss):

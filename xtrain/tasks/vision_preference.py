@@ -1,0 +1,103 @@
+"""``vision-preference``: DPO (and IPO, ORPO, SimPO) on a vision-language model (Qwen2-VL-style
+``AutoModelForImageTextToText``), on preference pairs whose prompts hold images
+(``xtrain.data.rows.vision_preference``). The model, its processor, LoRA on the language model
+and the freezing are vision-language's (``tasks/vision_language.py``); the loss, the reference
+(the adapters off, or a frozen copy), the metrics and the warnings are the preference task's
+(``tasks/preference.py``, ``preference_reference.py``). Evaluation is forward-only (the reward
+metrics); the result is a vision-language model that ``xtrain predict`` runs as vision-language's."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from xtrain.errors import XtrainError
+from xtrain.tasks import preference, vision_language
+from xtrain.tasks.contract import MainProcessFirst, Task
+
+if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
+    from xtrain.planning.run import Run
+    from xtrain.tasks.contract import Workload
+
+NAME = "vision-preference"
+
+
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    import copy
+
+    from xtrain.data.rows.vision_preference import VisionPreferenceCollator, vision_pairs
+    from xtrain.tasks import common
+    from xtrain.tasks import preference_losses as pl
+    from xtrain.tasks import preference_reference as ref
+    from xtrain.tasks.contract import Workload
+
+    cfg = run.cfg
+    d = cfg.data
+    settings = preference.settings_of(cfg)
+    source, processor, render = vision_language.processor_and_render(cfg, main_process_first)
+    with main_process_first():
+        train, eval_ds, train_name, eval_name = common.raw_datasets(cfg)
+        train_dir, eval_dir = common.media_dirs(cfg, "image")
+    tokenizer = processor.tokenizer
+
+    def pairs(ds: object, name: str, folder: object) -> object:
+        return vision_pairs(ds, d.images_column, name, folder, render, tokenizer, d.max_image_pixels)
+
+    train_rows = pairs(train, train_name, train_dir)
+    eval_rows = pairs(eval_ds, eval_name, eval_dir) if eval_ds is not None else None
+    model = common.load_media_model(run, TASK, source)
+    vision_language.fix_generation(model, tokenizer)
+    frozen = None
+    if pl.needs_reference(settings.loss) and not cfg.lora.enabled:  # a full fine-tune: a frozen copy
+        frozen = copy.deepcopy(model).requires_grad_(False).eval()
+        ref.no_dropout(frozen)
+    model = common.finish_model(model, cfg, TASK, vision_language.apply_lora)
+    ref.no_dropout(model)
+    return Workload(
+        model=model,
+        train_dataset=train_rows,
+        collator=VisionPreferenceCollator(processor, d.max_length, common.pad_multiple(run.device)),
+        eval_dataset=eval_rows,
+        eval_batch=ref.eval_stats,
+        reduce_metrics=pl.reduce,
+        tokenizer=processor,
+        main_metric=preference.METRIC,
+        forward=ref.PreferenceForward(settings, frozen, ref.autocast_for(run)),
+        notes=preference.notes,
+    )
+
+
+def validate(cfg: TrainConfig) -> None:
+    preference.validate(cfg)
+    vision_language.validate(cfg)
+    p = cfg.preference
+    if p.loss == "kto" or p.precompute_reference:
+        what = "preference.loss=kto" if p.loss == "kto" else "preference.precompute_reference"
+        raise XtrainError(
+            f"{what} is not available for vision-preference (pairs with images, references computed live)",
+            "use preference.loss dpo, ipo, orpo or simpo, with the reference computed live",
+        )
+
+
+VL = vision_language.TASK
+TASK = Task(
+    name=NAME,
+    decodes_media=True,
+    about="preference pairs with images on a vision-language model (Qwen2-VL): DPO, IPO, ORPO, SimPO; "
+    "metric: reward accuracy",
+    build=build,
+    # vision-language's data and model keys (its generation keys aside: it does not generate)
+    keys=frozenset(k for k in VL.keys if not k.startswith("generation."))
+    | (preference.TASK.keys - {"data.chat_template"}),
+    validate=validate,
+    model_class=VL.model_class,
+    lora_plan=VL.lora_plan,
+    full_fine_tune=VL.full_fine_tune,
+    unquantized=VL.unquantized,
+    image_tokens=True,
+    stacks=VL.stacks,
+    resume_keys=(*VL.resume_keys, "preference.loss"),
+    recognizes=lambda config: False,  # a result without a record is vision-language's
+    predicts=VL.predicts,
+)
