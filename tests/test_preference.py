@@ -142,6 +142,9 @@ def test_a_batch_is_chosen_then_rejected_in_one_forward(tmp_path):
         n, m = len(row["chosen_input_ids"]), len(row["rejected_input_ids"])
         assert batch["input_ids"][i, :n].tolist() == row["chosen_input_ids"]
         assert batch["input_ids"][3 + i, :m].tolist() == row["rejected_input_ids"]
+    import pickle  # spawned DataLoader workers (Windows, macOS) get the rows and the collator pickled
+
+    assert torch.equal(pickle.loads(pickle.dumps(workload.collator))(rows)["input_ids"], batch["input_ids"])
     out = workload.forward(workload.model, batch)
     assert out.loss.item() == pytest.approx(math.log(2), abs=1e-6), "policy = reference: log 2"
     assert out.metrics["rewards/accuracy"].item() == 0.5

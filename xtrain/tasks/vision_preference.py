@@ -16,7 +16,10 @@ from xtrain.tasks import preference, vision_language
 from xtrain.tasks.contract import MainProcessFirst, Task
 
 if TYPE_CHECKING:
+    import torch
+
     from xtrain.config.schema import TrainConfig
+    from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
 
@@ -68,6 +71,15 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     )
 
 
+def stacks(model: torch.nn.Module, cfg: TrainConfig) -> list[Stack]:
+    """vision-language's stacks for a pair: both conversations, each with its images, run through
+    the vision tower and the language model (twice the positions of one conversation)."""
+    from dataclasses import replace
+
+    assert VL.stacks is not None
+    return [replace(s, positions=2 * s.positions) for s in VL.stacks(model, cfg)]
+
+
 def validate(cfg: TrainConfig) -> None:
     preference.validate(cfg)
     vision_language.validate(cfg)
@@ -96,7 +108,7 @@ TASK = Task(
     full_fine_tune=VL.full_fine_tune,
     unquantized=VL.unquantized,
     image_tokens=True,
-    stacks=VL.stacks,
+    stacks=stacks,
     resume_keys=(*VL.resume_keys, "preference.loss"),
     recognizes=lambda config: False,  # a result without a record is vision-language's
     predicts=VL.predicts,
