@@ -28,7 +28,8 @@ STEPS, PER_DEVICE, ACCUMULATION, LR, BETA, MAX_LENGTH = 30, 8, 2, 5e-3, 0.1, 64
 
 
 def xtrain_side(out: str) -> None:
-    """This process: xtrain's loop on the quickstart-shaped job, stamps at every optimizer step."""
+    """This process: xtrain's loop on the quickstart-shaped job (on the random tiny llama, as TRL's
+    side), stamps at every optimizer step."""
     import torch
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -41,7 +42,8 @@ def xtrain_side(out: str) -> None:
     register_optimizer_step_pre_hook(lambda *_: stamps.append((time.perf_counter(), time.process_time())))
     job = HERE.parent / "xtrain" / "builtin" / "jobs" / "quickstart-preference.yaml"
     cfg = load_config(job, [
-        f"run.output_dir={out}", f"run.max_steps={STEPS}", "run.eval_every=null", "run.eval_at_start=false",
+        "model.name_or_path=builtin:tiny-llama", f"run.output_dir={out}", f"run.max_steps={STEPS}",
+        "run.eval_every=null", "run.eval_at_start=false",
         "run.log_every=10", "run.report_to=none", f"batch.per_device={PER_DEVICE}",
         f"batch.global_batch={PER_DEVICE * ACCUMULATION}", f"optim.lr={LR}", "optim.schedule=cosine",
         "optim.warmup_steps=5", f"preference.beta={BETA}", f"data.max_length={MAX_LENGTH}",
