@@ -199,7 +199,7 @@ def test_pixel_bounds_set_the_image_tokens(qwen, tmp_path):
     assert big.collator([big.train_dataset[0]])["image_grid_thw"].tolist() == [[1, 8, 8]]
     with pytest.raises(XtrainError, match="data.min_pixels=900 is above data.max_pixels=800"):
         _cfg(qwen, data, "data.min_pixels=900", "data.max_pixels=800")
-    with pytest.raises(XtrainError, match="data.max_pixels is for task vision-language"):
+    with pytest.raises(XtrainError, match="data.max_pixels is for tasks? vision-language"):
         load_config(None, ["data.max_pixels=1000"])
     # the data check of the build's first rows runs the collator on row 0: refused before the model loads
     with pytest.raises(XtrainError, match=r"row 0 of .*cutting it would cut an image"):
@@ -230,7 +230,7 @@ def test_lora_on_the_language_model_with_projector_and_vision_options(qwen, tmp_
     full = _trainable(build_workload(_cfg(qwen, data, "lora.enabled=false")).model)
     assert any(n.startswith("model.visual.merger.") for n in full)
     assert not any(n.startswith("model.visual.blocks.") for n in full)
-    with pytest.raises(XtrainError, match="lora.projector is for task vision-language"):
+    with pytest.raises(XtrainError, match="lora.projector is for tasks? vision-language"):
         load_config(None, ["lora.projector=true"])
 
 

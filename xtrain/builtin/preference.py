@@ -51,10 +51,10 @@ def build_tiny_llama_sft(base: Path, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
     with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
         torch.manual_seed(4321)
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, trust_remote_code=False)
         rng = random.Random(4321)
         rows = preference_examples(400, 1000 + 7)
         texts = [(r["prompt"], rng.choice((r["chosen"], r["rejected"]))) for r in rows]
