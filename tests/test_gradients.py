@@ -61,10 +61,15 @@ def _causal(data: Path, out: Path, *extra: str):
     )
 
 
-def _check(cfg, rtol: float = 1e-4, adjust=None, micro_batches: int | None = None, evaluated: bool = False):
+def _check(cfg, rtol: float = 1e-4, adjust=None, micro_batches: int | None = None, evaluated: bool = False,
+           chunked: bool = True):  # fmt: skip
+    """xtrain's gradients at its first step against the plain reference's; ``chunked``: the run's
+    loss was the chunked one (model.chunked_loss auto: the tasks whose loss is over a vocabulary),
+    so the reference's plain ``.loss`` checks it too."""
     capture = xtrain_gradients(cfg)
     if micro_batches is not None:
         assert len(capture.inputs) == micro_batches
+    assert capture.widths and all((w == 0) == chunked for w in capture.widths), capture.widths
     assert bool(capture.evaluated) == evaluated, f"evaluation forwards before the step: {capture.evaluated}"
     want = reference_gradients(capture, adjust, cfg.optim.max_grad_norm)
     assert_same_gradients(capture.grads, want, rtol)
@@ -157,6 +162,40 @@ def test_neftune_noise_is_the_papers(data, tmp_path):
     _check(_causal(data, tmp_path / "neftune", f"optim.neftune_alpha={alpha}"), adjust=noisy)
 
 
+# -- the memory levers: the chunked loss's heads and chat, the plain loss, activation offloading ------
+# (every causal-lm, image-to-text, speech-to-text and vision-language check above runs the chunked
+# loss: model.chunked_loss is auto; ``_check`` asserts that no logits were made)
+@pytest.mark.parametrize(
+    "head",
+    ["lora.modules_to_save=lm_head",  # trained whole (peft's modules_to_save), LoRA dropout elsewhere
+     "lora.target_modules=q_proj,v_proj,lm_head lora.dropout=0.0"],  # a LoRA-adapted head
+)  # fmt: skip
+def test_the_chunked_loss_trains_a_whole_or_adapted_head(data, tmp_path, head):
+    capture = _check(_causal(data, tmp_path / "head", *head.split()), micro_batches=2)
+    assert any("lm_head" in n for n in capture.grads)
+
+
+def test_the_chunked_loss_on_chat_with_masked_prompts(tmp_path):
+    examples = Path(__file__).resolve().parents[1] / "examples" / "data"
+    cfg = _cfg(tmp_path, "model.name_or_path=builtin:tiny-llama", "model.task=causal-lm",
+               f"data.train={examples / 'chat-train.jsonl'}", "data.eval=null",
+               f"data.chat_template={examples / 'chat-template.jinja'}", "data.max_length=96",
+               "batch.per_device=2", "batch.global_batch=4", "lora.dropout=0.1")  # fmt: skip
+    capture = _check(cfg, micro_batches=2)
+    labels = capture.inputs[0][0]["labels"]
+    assert bool((labels == -100).any()) and bool((labels != -100).any())  # prompts masked, answers not
+
+
+def test_the_plain_loss_when_turned_off(data, tmp_path):
+    _check(_causal(data, tmp_path / "plain", "model.chunked_loss=off"), chunked=False)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_activation_offload_with_and_without_checkpointing(data, tmp_path, checkpointing):
+    checkpoints = f"model.gradient_checkpointing={str(checkpointing).lower()}"
+    _check(_causal(data, tmp_path / "offload", "model.activation_offload=true", checkpoints), micro_batches=2)
+
+
 # -- each task's loss ----------------------------------------------------------------------------------
 def _task(out: Path, name: str, model: str, train: Path, *extra: str):
     return _cfg(out, f"model.name_or_path={model}", f"model.task={name}", f"data.train={train}",
@@ -166,7 +205,8 @@ def _task(out: Path, name: str, model: str, train: Path, *extra: str):
 
 def test_seq_cls_trains_adapters_and_its_head_whole(data, tmp_path):
     train = jsonl(data / "sentiment" / "train.jsonl", builtin.sentiment_examples(8, seed=5))
-    capture = _check(_task(tmp_path / "cls", "seq-cls", "builtin:tiny-bert", train, "lora.dropout=0.1"))
+    capture = _check(_task(tmp_path / "cls", "seq-cls", "builtin:tiny-bert", train, "lora.dropout=0.1"),
+                     chunked=False)  # fmt: skip
     assert any("modules_to_save" in n for n in capture.grads), "the head trains whole"
 
 
@@ -178,7 +218,8 @@ def test_image_classification_trains_adapters_and_its_head_whole(data, tmp_path)
         image_classes.draw_shape(label, rng).save(data / f"shape-{i}.png")
         rows.append({"image": str(data / f"shape-{i}.png"), "label": label})
     train = jsonl(data / "shapes" / "train.jsonl", rows)
-    capture = _check(_task(tmp_path / "vit", "image-classification", "builtin:tiny-vit", train))
+    cfg = _task(tmp_path / "vit", "image-classification", "builtin:tiny-vit", train)
+    capture = _check(cfg, chunked=False)
     assert any("modules_to_save" in n for n in capture.grads)
 
 

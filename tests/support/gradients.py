@@ -43,6 +43,9 @@ class Capture:
     inputs: list[tuple[dict[str, Any], RngStates]] = field(default_factory=list)
     grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
     evaluated: int = 0  # forwards seen in eval mode or without gradients (evaluations)
+    # each training forward's logits width: 0 under the chunked loss (no logits made), else the
+    # vocabulary or the classes; -1: no logits
+    widths: list[int] = field(default_factory=list)
 
 
 def _dequantized(model: Any) -> dict[str, torch.Tensor]:
@@ -91,6 +94,12 @@ def _record(capture: Capture, module: Any, args: tuple, kwargs: dict[str, Any]) 
     capture.inputs.append((inputs, _rng_states(device)))
 
 
+def _width(capture: Capture, module: Any, args: tuple, output: Any) -> None:
+    if module.training and torch.is_grad_enabled():
+        logits = getattr(output, "logits", None)
+        capture.widths.append(int(logits.shape[-1]) if logits is not None else -1)
+
+
 def _at_step(capture: Capture, optimizer: Any, args: Any, kwargs: Any) -> None:
     def grad(p: torch.Tensor) -> torch.Tensor | None:
         g = p.grad
@@ -123,6 +132,7 @@ def xtrain_gradients(cfg: Any, plan: Any = None, on_workload: Callable[[Any], No
         capture.model = workload.model
         capture.initial = float_state(workload.model)
         workload.model.register_forward_pre_hook(partial(_record, capture), with_kwargs=True)
+        workload.model.register_forward_hook(partial(_width, capture))  # (before the loop's own hooks)
         return workload
 
     handle = register_optimizer_step_pre_hook(partial(_at_step, capture))

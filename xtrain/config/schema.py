@@ -30,6 +30,12 @@ class ModelConfig:
     # 4bit (NF4, double quantization) | 8bit (LLM.int8) | None: the base weights loaded through
     # bitsandbytes for QLoRA (LoRA only; compute in the run's precision, float32 on CPU)
     quantization: str | None = None
+    # auto | on | off: the loss over the trained tokens only, the output head in chunks whose logits
+    # are never all kept (xtrain/model/chunked_loss.py); auto: on wherever it reproduces the
+    # model's own loss (causal-lm, vision-language, image-to-text, speech-to-text)
+    chunked_loss: str = "auto"
+    # what autograd saves for the backward pass moved to host memory (xtrain/model/offload.py)
+    activation_offload: bool = False
 
 
 @dataclass

@@ -28,6 +28,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("auto", "float32", "bfloat16", "float16"),
     "model.attn_implementation": ("auto", *ATTENTION),
     "model.quantization": ("4bit", "8bit"),  # or null
+    "model.chunked_loss": ("auto", "on", "off"),
     "lora.apply_to": ("both", "encoder", "decoder"),
     "lora.init_weights": ("default", "gaussian", "pissa", "olora", "loftq"),
     "optim.name": ("adamw", "adamw_8bit", "paged_adamw_8bit"),
@@ -57,6 +58,7 @@ ALIASES: dict[str, dict[Any, str | None]] = {
     # the registry is known (xtrain.tasks.validation.check_task); a key with spellings here
     "model.task": {},
     "run.report_to": {False: "none"},
+    "model.chunked_loss": {True: "on", False: "off", "true": "on", "false": "off", "yes": "on", "no": "off"},
     "model.quantization": {False: None, "off": None, "no": None, "nf4": "4bit", "int4": "4bit",
                            "4-bit": "4bit", "int8": "8bit", "8-bit": "8bit"},
     "lora.init_weights": {True: "default", "true": "default", "lora": "default"},

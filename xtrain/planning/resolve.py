@@ -71,6 +71,34 @@ class RunSettings:
     pin_memory: bool = False  # the plan's
     trackers: tuple[str, ...] = ()  # run.report_to (auto: tensorboard unless run.tensorboard is false)
     compile: bool = False  # run.compile: torch.compile through accelerate (checked against the plan)
+    # model.chunked_loss as far as the plan decides it (auto | on | off; ``loss_for`` with the
+    # task and the model decides the rest) and why, and model.activation_offload (checked)
+    chunked_loss: str = "off"
+    loss_why: str = ""
+    activation_offload: bool = False
+
+    def loss_for(self, token_loss: str | None, refusal: str | None = None) -> tuple[bool, str]:
+        """(whether the chunked loss runs, why) for a task whose loss is ``token_loss``
+        (``Task.token_loss``; None: not a cross-entropy over a vocabulary) on a model for which
+        ``refusal`` says why the chunked loss would not be its own loss (None: it would be).
+        ``on`` where it cannot run raises one line."""
+        asked = self.chunked_loss
+        if asked == "off":
+            return False, self.loss_why or "model.chunked_loss=off"
+        if token_loss is None:
+            if asked == "on":
+                raise XtrainError(
+                    "model.chunked_loss=on: this task's loss is not a cross-entropy over a vocabulary",
+                    "leave model.chunked_loss at auto (or off)",
+                )
+            return False, "the task's loss is not a cross-entropy over a vocabulary"
+        if refusal is not None:
+            if asked == "on":
+                raise XtrainError(f"model.chunked_loss=on: {refusal}", "set model.chunked_loss=auto or off")
+            return False, f"model.chunked_loss=auto: {refusal}"
+        if asked == "on":
+            return True, "model.chunked_loss=on"
+        return True, "model.chunked_loss=auto: the task's loss is a cross-entropy over the vocabulary"
 
     def workers_for(self, decodes_media: bool) -> tuple[int, str]:
         """(DataLoader workers, why) for a task whose rows decode images or audio, or not
@@ -208,6 +236,7 @@ def run_settings(cfg: TrainConfig, plan: Plan, world_size: int) -> RunSettings:
     if cfg.run.compile and plan.compile_blocker:
         pip = "pip install triton-windows" if plan.os_kind == "windows" else "pip install triton"
         raise XtrainError(f"run.compile=true: {plan.compile_blocker}", f"{pip}, or set run.compile=false")
+    chunked, loss_why = chunked_loss_setting(cfg)
     return RunSettings(
         world_size=world_size,
         per_device=cfg.batch.per_device,
@@ -222,7 +251,47 @@ def run_settings(cfg: TrainConfig, plan: Plan, world_size: int) -> RunSettings:
         pin_memory=plan.pin_memory,
         trackers=trackers(cfg),
         compile=cfg.run.compile,
+        chunked_loss=chunked,
+        loss_why=loss_why,
+        activation_offload=offload_setting(cfg, plan),
     )
+
+
+def chunked_loss_setting(cfg: TrainConfig) -> tuple[str, str]:
+    """``model.chunked_loss`` as the plan decides it: (auto | on | off, why when off). Its
+    module hooks and per-chunk gradients are not traced by torch.compile: off under
+    ``run.compile`` (``on`` refused there)."""
+    asked = cfg.model.chunked_loss
+    if asked == "off":
+        return "off", "model.chunked_loss=off"
+    if cfg.run.compile:
+        if asked == "on":
+            raise XtrainError(
+                "model.chunked_loss=on does not run under run.compile (torch.compile does not trace it)",
+                "set model.chunked_loss=auto or off, or run.compile=false",
+            )
+        return "off", "model.chunked_loss=auto: off under run.compile"
+    return asked, ""
+
+
+def offload_setting(cfg: TrainConfig, plan: Plan) -> bool:
+    """``model.activation_offload``, refused in one line where it cannot work: under
+    torch.compile (saved-tensor hooks are not traced) and on Apple's GPU (its memory is the host's:
+    there is nowhere else to move them)."""
+    if not cfg.model.activation_offload:
+        return False
+    if cfg.run.compile:
+        raise XtrainError(
+            "model.activation_offload does not run under run.compile (torch.compile does not trace "
+            "saved-tensor hooks)",
+            "set model.activation_offload=false or run.compile=false",
+        )
+    if plan.device == "mps":
+        raise XtrainError(
+            "model.activation_offload moves activations to host memory, and Apple's GPU already uses it",
+            "set model.activation_offload=false",
+        )
+    return True
 
 
 def trackers(cfg: TrainConfig) -> tuple[str, ...]:

@@ -344,6 +344,7 @@ TASK = Task(
     aliases=("clm",),
     keys=frozenset(
         {
+            "model.chunked_loss",
             "model.quantization",
             "data.row_format",
             "data.text_column",
@@ -362,6 +363,7 @@ TASK = Task(
         }
     ),
     validate=validate,
+    token_loss="next-token",
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     recognizes=_is_causal_lm,

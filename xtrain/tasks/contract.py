@@ -172,6 +172,12 @@ class Task:
     generation_prompt: Callable[[TrainConfig], int] | None = None
     # its rows decode images or audio when read: the plan's media DataLoader workers serve it
     decodes_media: bool = False
+    # Its training loss is the model's cross-entropy over the vocabulary at its output head
+    # (``model.get_output_embeddings()``): ``next-token`` (a causal LM, labels shifted by one) or
+    # ``decoder`` (an encoder-decoder, labels at the decoder's positions, its inputs made from them).
+    # The chunked loss can run it (``model.chunked_loss``, xtrain/model/chunked_loss.py). None: not
+    # such a loss (classifiers, custom tasks)
+    token_loss: str | None = None
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
     # the head of a result saved without xtrain's record: architectures' suffix / peft task type
     recognizes: Callable[[dict[str, Any]], bool] | None = None

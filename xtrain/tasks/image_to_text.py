@@ -329,6 +329,7 @@ TASK = Task(
     aliases=("ocr",),
     keys=frozenset(
         {
+            "model.chunked_loss",
             "data.image_column",
             "data.image_root",
             "data.text_column",
@@ -339,6 +340,7 @@ TASK = Task(
             "generation.sample_predictions",
         }
     ),
+    token_loss="decoder",
     model_class="VisionEncoderDecoderModel",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,

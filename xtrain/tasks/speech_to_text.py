@@ -214,6 +214,7 @@ TASK = Task(
     aliases=("asr",),
     keys=frozenset(
         {
+            "model.chunked_loss",
             "data.audio_column",
             "data.audio_root",
             "data.text_column",
@@ -231,6 +232,7 @@ TASK = Task(
         }
     ),
     validate=validate,
+    token_loss="decoder",
     model_class="AutoModelForSpeechSeq2Seq",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,

@@ -50,6 +50,11 @@ def validate(cfg: TrainConfig) -> None:
     check_task(cfg)
     task = tasks.get(cfg.model.task)
     check_task_keys(cfg)
+    if cfg.model.chunked_loss == "on" and task.token_loss is None:  # custom: it reads every key
+        raise XtrainError(
+            f"model.chunked_loss=on: task {task.name}'s loss is not a cross-entropy over a vocabulary",
+            "leave model.chunked_loss at auto (or off)",
+        )
     task.validate(cfg)
     check_tags(cfg.data)  # data.role_tag & co.: only for conversations, each role its own tag
     check_quantization(cfg)

@@ -295,6 +295,7 @@ TASK = Task(
     aliases=("vlm", "image-text-to-text"),
     keys=frozenset(
         {
+            "model.chunked_loss",
             "model.quantization",
             "data.row_format",
             "data.messages_column",
@@ -321,6 +322,7 @@ TASK = Task(
         }
     ),
     validate=validate,
+    token_loss="next-token",
     model_class="AutoModelForImageTextToText",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,

@@ -50,7 +50,7 @@ from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
-from xtrain.train import checkpoint, failures, preflight, tracking
+from xtrain.train import checkpoint, failures, levers, preflight, tracking
 from xtrain.train.distributed import sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.distributed.collective import (
@@ -159,6 +159,7 @@ class Recipe:
     params: list[torch.nn.Parameter]  # the trainable parameters (gradient clipping)
     skips: SkipDetector
     window: LogWindow
+    levers: levers.Levers  # the chunked loss and activation offloading attached to the model
 
     def __init__(self, run: Run, reporter: Reporter | None = None, build: BuildFn | None = None) -> None:
         cfg = run.cfg
@@ -220,6 +221,8 @@ class Recipe:
         self.order = self._data_order()
         self.total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * self.order.steps_per_epoch))
         model = self._trainable_model()
+        # the chunked loss and activation offloading: hooks in the model's training forward
+        self.levers = levers.attach(model, cfg, self.settings, acc.distributed_type)
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         optimizer = build_optimizer(model, cfg, self.settings.lr, self.device)
@@ -352,7 +355,7 @@ class Recipe:
             total_steps=self.total_steps, start_step=self.start_step, trainable_params=self.trainable,
             total_params=self.total_params, output_dir=str(self.out), cpu_staged_allreduce=self.cpu_staged,
             resumed_from=str(self.resume.path) if self.resume.path else None,
-            loader_workers=self.workers[0], loader_why=self.workers[1],
+            loader_workers=self.workers[0], loader_why=self.workers[1], levers=self.levers.lines,
             data_checked=report.summary() if (report := self.workload.data_report) is not None else None,
         )  # fmt: skip
 
@@ -588,5 +591,6 @@ class Recipe:
             predictions=self.predictions,
             windows=windows,
             stopped_early=self.early.to_dict() if self.early is not None else None,
-            run_info=run_info(self.accelerator, self.run.plan, s, self.cpu_staged, self.skips, self.memory),
+            run_info=run_info(self.accelerator, self.run.plan, s, self.cpu_staged, self.skips, self.memory)
+            | self.levers.record(),
         )

@@ -41,6 +41,7 @@ class StartInfo:
     loader_workers: int = 0
     loader_why: str = ""
     data_checked: str | None = None  # the task's data check on its first rows (DataReport.summary)
+    levers: tuple[str, ...] = ()  # the loss and activation offloading, a line each (train/levers.py)
 
     @classmethod
     def of(cls, settings: RunSettings, **found: Any) -> StartInfo:
@@ -185,6 +186,8 @@ class RichReporter:
             c.print(f"  data checked: {_esc(info.data_checked)}")
         if info.loader_workers:
             c.print(f"  data: {info.loader_workers} loader worker(s) per process ({_esc(info.loader_why)})")
+        for line in info.levers:
+            c.print(f"  {_esc(line)}")
         share = 100 * info.trainable_params / max(1, info.total_params)
         c.print(
             f"  trainable parameters {info.trainable_params:,} of {info.total_params:,} ({share:.2f}%), "
@@ -263,9 +266,12 @@ class RichReporter:
         tokens = f", {_fmt(result.tokens_per_s)} tokens/s" if result.tokens_per_s else ""  # none for images
         wait = result.data_wait
         waited = f"; waiting for data {wait:.0%} of the time" if wait is not None else ""
+        peak = (getattr(result, "run_info", None) or {}).get("peak_mem_mib")
+        peaked = f"; peak GPU memory {peak / 1024:.2f} GiB" if peak else ""  # CUDA: this rank's allocated
         c.print(
             f"[bold green]done[/] step {result.final_step}: {_fmt(result.samples_per_s)} samples/s{tokens}"
             + waited
+            + peaked
         )
         early = getattr(result, "stopped_early", None)
         if early:

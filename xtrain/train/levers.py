@@ -1,0 +1,65 @@
+"""The memory levers a run's settings chose, put into the model's training forward: the chunked
+loss (``model.chunked_loss``, xtrain/model/chunked_loss.py) and activation offloading
+(``model.activation_offload``, xtrain/model/offload.py). Both are module hooks on the model the
+task built, before accelerate wraps it: the loop's ``model(**batch).loss`` is the same call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from xtrain.config.schema import TrainConfig
+from xtrain.errors import XtrainError
+from xtrain.planning.resolve import RunSettings
+
+
+@dataclass(frozen=True)
+class Levers:
+    """What runs: the chunked loss, activation offloading; the banner's lines, one a lever."""
+
+    chunked_loss: bool = False
+    activation_offload: bool = False
+    lines: tuple[str, ...] = field(default=(), compare=False)
+
+    def record(self) -> dict[str, bool]:
+        """For ``train_result.json``'s ``run_info``."""
+        return {"chunked_loss": self.chunked_loss, "activation_offload": self.activation_offload}
+
+
+def attach(model: Any, cfg: TrainConfig, settings: RunSettings, distributed_type: str) -> Levers:
+    """Attach what ``settings`` chose to ``model`` (the task's, not yet prepared).
+    ``distributed_type``: accelerate's (DeepSpeed partitions the head's weights in its own hooks:
+    neither lever runs under it)."""
+    from xtrain import tasks
+    from xtrain.model import chunked_loss, offload
+
+    deepspeed = "DEEPSPEED" in str(distributed_type).upper()
+    task = tasks.get(cfg.model.task)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    mapping = chunked_loss.logit_map(getattr(model, "config", None)) if head is not None else None
+    refusal = None
+    if head is None:
+        refusal = "the model has no output head transformers knows (get_output_embeddings)"
+    elif isinstance(mapping, str):
+        refusal = f"{type(model).__name__}: {mapping}"
+    elif deepspeed:
+        refusal = "DeepSpeed gathers the head's weights in hooks of its own"
+    chunked, why = settings.loss_for(task.token_loss, refusal)
+    if chunked:
+        assert isinstance(mapping, chunked_loss.LogitMap) and task.token_loss is not None
+        vocab = int(getattr(head, "out_features", 0) or head.weight.shape[0])
+        rows = chunked_loss.chunk_rows(vocab)
+        chunked_loss.ChunkedLoss(model, task.token_loss, mapping, rows).attach()
+        lines = [f"loss: chunked cross-entropy over the trained tokens, {rows} positions of {vocab:,} "
+                 f"logits a chunk ({why})"]  # fmt: skip
+    else:
+        lines = [f"loss: the model's own, logits at every position ({why})"]
+    if settings.activation_offload:
+        if deepspeed:
+            raise XtrainError(
+                "model.activation_offload does not run under DeepSpeed (it offloads in its own way)",
+                "set model.activation_offload=false, or use DeepSpeed's offload settings",
+            )
+        offload.ActivationOffload(model, pin=settings.pin_memory).attach()
+        lines.append("activations: saved for the backward pass in host memory (model.activation_offload)")
+    return Levers(chunked, settings.activation_offload, tuple(lines))
