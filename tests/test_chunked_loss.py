@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from xtrain.model import chunked_loss
 from xtrain.model.chunked_loss import ChunkedLoss, LogitMap, chunked_cross_entropy, logit_map
+from xtrain.model.memory import MIN_CHUNK_ROWS
 
 VOCAB = 97
 
@@ -142,7 +143,7 @@ def test_model_configs_it_cannot_reproduce_are_named():
 def test_the_chunks_follow_the_vocabulary():
     assert chunked_loss.chunk_rows(152_064) == 220  # 128 MiB of float32 logits a chunk
     assert chunked_loss.chunk_rows(32_000) == 1048
-    assert chunked_loss.chunk_rows(10**9) == chunked_loss.MIN_ROWS
+    assert chunked_loss.chunk_rows(10**9) == MIN_CHUNK_ROWS
 
 
 @settings(max_examples=40, deadline=None)

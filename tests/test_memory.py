@@ -169,6 +169,7 @@ def test_the_recipe_notes_the_warning_on_a_cuda_card_and_says_nothing_on_the_cpu
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from xtrain.train.levers import Levers
     from xtrain.train.loop import Recipe
     from xtrain.train.report import ListReporter
 
@@ -182,9 +183,8 @@ def test_the_recipe_notes_the_warning_on_a_cuda_card_and_says_nothing_on_the_cpu
     for card, warns in (("tiny", True), ("big", False)):
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, c=cards[card]: c)
         rep = ListReporter()
-        recipe = SimpleNamespace(
-            device=torch.device("cuda", 0), cfg=cfg, settings=SimpleNamespace(precision="bf16"), rep=rep
-        )
+        recipe = SimpleNamespace(device=torch.device("cuda", 0), cfg=cfg, settings=SimpleNamespace(
+            precision="bf16"), rep=rep, levers=Levers())  # fmt: skip
         check = Recipe._check_memory(recipe, model)
         assert check is not None and check.estimate_gib > 0
         notes = [m for kind, m in rep.events if kind == "note"]
@@ -258,9 +258,12 @@ def test_plan_on_two_4090s_shows_the_estimate_and_a_tiny_gpu_warns(caches, machi
     out = _plan(tmp_path, machines_dir / "wsl2-2x4090.json", capsys)
     lines = out.splitlines()
     assert lines[0].startswith("Plan: 2 processes, on cuda [0, 1]")
-    # under the plan: the precision and why, the loaders, the attention kernels, then the estimate
-    assert [line.split(":")[0] for line in lines[1:5]] == ["Precision", "Data loading", "Attention", "Memory"]
-    assert lines[4].startswith("Memory: ~") and "(estimate; NVIDIA GeForce RTX 4090: 24 GiB)" in lines[4]
+    # under the plan: the precision and why, the loaders, the attention kernels, the loss, the estimate
+    heads = ["Precision", "Data loading", "Attention", "Loss", "Memory"]
+    assert [line.split(":")[0] for line in lines[1:6]] == heads
+    assert lines[4] == ("Loss: chunked cross-entropy over the trained tokens (model.chunked_loss=auto: the "
+                        "task's loss is a cross-entropy over the vocabulary)")  # fmt: skip
+    assert lines[5].startswith("Memory: ~") and "(estimate; NVIDIA GeForce RTX 4090: 24 GiB)" in lines[5]
     assert "warning" not in out
     small = json.loads((machines_dir / "wsl2-2x4090.json").read_text())
     for gpu in small["gpus"]:
@@ -300,3 +303,38 @@ def test_a_plan_without_cuda_builds_no_model_skeleton(machines_dir):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert r.stdout.strip() == "0 ['transformers', 'datasets']"
+
+
+# -- the memory levers: the chunked loss, activation offloading ----------------------------------------
+def test_the_levers_in_the_estimate_and_in_the_warnings_order_of_cost():
+    """Qwen2.5-7B-shaped LoRA, 2048 tokens, fp16 on a 24 GiB card: the chunked loss leaves one
+    chunk of logits, offloading moves the activations to host memory (held against its RAM), and
+    the warning offers the levers cheapest first."""
+    shape = memory.Shape(3584, 28, 18944, 152064)
+    sizes = memory.ModelSizes(7_625_709_056, 10_092_544, shape, 2, quantizable=6_525_288_448)
+    plain = memory.check_memory(sizes, 1, 2048, False, "fp16", RTX_4090_GIB, "RTX 4090")
+    chunked = memory.check_memory(sizes, 1, 2048, False, "fp16", RTX_4090_GIB, "RTX 4090",
+                                  levers=memory.MemoryLevers(chunked=True))  # fmt: skip
+    logits = 2048 * 152064 * 10 - memory.chunked_logits_bytes(2048, 152064, 3584, 2)
+    assert plain.estimate_gib - chunked.estimate_gib == pytest.approx(1.1 * logits / memory.GIB)
+    assert memory.chunk_rows(152064) == 220 and memory.chunked_logits_bytes(100, 152064, 3584, 2) < (
+        memory.chunked_logits_bytes(2048, 152064, 3584, 2)
+    )
+    ram = memory.MemoryLevers(chunkable=True, host_gib=64.0, processes=2)
+    fits = [names for names, _ in memory.alternatives(sizes, 4, 2048, False, "fp16", RTX_4090_GIB, ram)]
+    order = ["model.chunked_loss=auto", "model.gradient_checkpointing=true", "model.activation_offload=true",
+             "model.quantization=4bit", "batch.per_device=1"]  # fmt: skip
+    for names in fits:  # each set in the order of cost
+        ranks = [order.index(n) for n in names.split()]
+        assert ranks == sorted(ranks)
+    ranked = [max(order.index(n) for n in names.split()) for names in fits]
+    assert ranked == sorted(ranked) and fits  # the sets whose costliest change is cheapest first
+    moved = memory.MemoryLevers(chunked=True, offload=True, host_gib=64.0)
+    offloaded = memory.check_memory(sizes, 1, 2048, False, "fp16", RTX_4090_GIB, "RTX 4090", levers=moved)
+    assert offloaded.estimate_gib < chunked.estimate_gib and offloaded.host_gib > 0
+    assert offloaded.warning is None and "in host memory" in offloaded.summary()
+    small = memory.MemoryLevers(chunked=True, offload=True, host_gib=offloaded.host_gib, processes=2)
+    short = memory.check_memory(sizes, 1, 2048, False, "fp16", RTX_4090_GIB, "RTX 4090", levers=small)
+    assert short.warning and "activations in host memory (2 process(es))" in short.warning
+    no_ram = memory.MemoryLevers(chunkable=True)  # the machine's RAM unknown: offloading is not offered
+    assert all("offload" not in n for n, _ in memory.alternatives(sizes, 4, 2048, False, "fp16", 24, no_ram))

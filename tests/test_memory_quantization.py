@@ -52,10 +52,11 @@ def test_the_warning_names_the_smallest_changes_that_fit_best_first():
     # 4 x 2048 tokens without checkpointing: no single change fits, two pairs do
     fits = memory.alternatives(sizes, 4, 2048, False, "fp16", RTX_4090_GIB)
     names = [overrides for overrides, _ in fits]
-    # the weights as they are first, fewer changes first; nothing that only adds to a set that fits
+    # in the order of cost (checkpointing before 4-bit before a smaller micro-batch), fewer changes
+    # first; nothing that only adds to a set that fits
     assert names == [
-        "batch.per_device=1 model.gradient_checkpointing=true",
-        "batch.per_device=1 model.quantization=4bit",
+        "model.gradient_checkpointing=true batch.per_device=1",
+        "model.quantization=4bit batch.per_device=1",
     ]
     single = memory.alternatives(sizes, 8, 1024, False, "fp16", RTX_4090_GIB)
     assert [n for n, _ in single] == ["batch.per_device=1"]  # fits alone: no pair with it is named
@@ -100,14 +101,18 @@ def _plan(tmp_path: Path, machines_dir: Path, capsys, size: str, *overrides: str
 
 def test_on_two_4090s_14b_needs_4bit_and_7b_fits_in_16bit(caches, tmp_path, machines_dir, capsys):
     out = _plan(tmp_path, machines_dir, capsys, "14b")
-    # 16-bit weights with checkpointing: over the card; the warning says what fits, pasteable
-    assert "Memory: ~32.8 GiB a process (estimate; NVIDIA GeForce RTX 4090: 24 GiB)" in out
-    assert "warning: the estimated training memory (32.8 GiB a process) exceeds" in out
-    assert "model.quantization=4bit fits (~16.0 GiB)" in out
+    # 16-bit weights with checkpointing (the chunked loss by default): over the card; the warning
+    # says what fits, pasteable
+    assert "Memory: ~31.6 GiB a process (estimate; NVIDIA GeForce RTX 4090: 24 GiB)" in out
+    assert "warning: the estimated training memory (31.6 GiB a process) exceeds" in out
+    assert "model.quantization=4bit fits (~14.8 GiB)" in out
     out = _plan(tmp_path, machines_dir, capsys, "14b", "model.quantization=4bit")
-    assert "Memory: ~16.0 GiB a process" in out and "warning" not in out
+    assert "Memory: ~14.8 GiB a process" in out and "warning" not in out
     out = _plan(tmp_path, machines_dir, capsys, "7b")
-    assert "Memory: ~17.7 GiB a process" in out and "warning" not in out
+    assert "Memory: ~16.5 GiB a process" in out and "warning" not in out
+    # the plain loss: 1024 tokens x 152,064 logits x 10 bytes more, less one chunk
+    out = _plan(tmp_path, machines_dir, capsys, "7b", "model.chunked_loss=off")
+    assert "Memory: ~17.7 GiB a process" in out and "Loss: the model's own, every position" in out
 
 
 def test_a_real_4bit_model_counts_as_the_plan_does(caches):

@@ -46,17 +46,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from xtrain.model.memory import CHUNK_ENTRIES, chunk_rows
+
 IGNORE_INDEX = -100
-# logits entries a chunk (rows x vocabulary): 2^25 = 128 MiB in float32. Qwen2's 152,064-entry
-# vocabulary: 220 positions a chunk; a 32k vocabulary: 1024
-CHUNK_ENTRIES = 2**25
-MIN_ROWS = 16
 HOWS = ("eager", "checkpoint")
-
-
-def chunk_rows(vocab: int, entries: int = CHUNK_ENTRIES) -> int:
-    """Positions a chunk for a head of ``vocab`` outputs."""
-    return max(MIN_ROWS, entries // max(vocab, 1))
+__all__ = ["CHUNK_ENTRIES", "ChunkedLoss", "LogitMap", "chunk_rows", "chunked_cross_entropy", "logit_map"]
 
 
 @dataclass(frozen=True)

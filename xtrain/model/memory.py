@@ -62,6 +62,13 @@ from itertools import combinations
 from xtrain.model.activations import Precision, Stack, at_length, loss_bytes, step_bytes
 
 GIB = 1024**3
+# The chunked loss's chunks: logits entries a chunk (rows x vocabulary), 2^25 = 128 MiB in float32:
+# 220 positions of Qwen2's 152,064-entry vocabulary, 1048 of a 32k one (xtrain/model/chunked_loss.py)
+CHUNK_ENTRIES = 2**25
+MIN_CHUNK_ROWS = 16
+# activation offloading: the device keeps the activations of about this many layers (the one
+# computing and the one whose copy to the host is in flight)
+OFFLOAD_LAYERS = 2
 # above this share of the card a process is "tight": the allocator's fragmentation, a longer batch
 # or another process on the card tips it over
 TIGHT = 0.9
@@ -116,6 +123,8 @@ def estimate_gib(
     moments_8bit: bool = False,
     small_trainable: int = 0,
     saved: float | None = None,
+    logits_bytes: float | None = None,
+    offload: bool = False,
 ) -> float:
     """Estimated peak GPU memory in GiB of one training process (see the module docstring).
     ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
@@ -125,20 +134,49 @@ def estimate_gib(
     ``quantization`` (4bit, 8bit; None: none); ``moments_8bit``: an 8-bit optimizer, with
     ``small_trainable`` of the trained weights in tensors too small for 8-bit state; ``saved``:
     the activations' bytes from the task's stacks (``activations.step_bytes``), which then
-    replace the per-token rule and leave ``tokens_per_device`` to the logits."""
+    replace the per-token rule and leave ``tokens_per_device`` to the logits; ``logits_bytes``:
+    the loss's term when it is not the plain one (the chunked loss: ``chunked_logits_bytes``);
+    ``offload``: the activations live in host memory, the device keeps ``OFFLOAD_LAYERS`` layers'
+    worth (the one computing, the one whose copy is in flight)."""
     if quantization is None:
         weights = params * weight_bytes
     else:
         weights = (params - quantized) * weight_bytes + quantized_bytes(quantized, quantization, hidden)
     trained = trained_bytes(trainable, moments_8bit, small_trainable)
-    layer = 34 * hidden if intermediate is None else 17 * hidden + 8 * intermediate  # bytes, 16-bit
-    if gradient_checkpointing:
-        kept = tokens_per_device * (layers * 2 * hidden + layer)  # layer inputs + one recomputed layer
-    else:
-        kept = tokens_per_device * layers * layer
-    activations = kept * activation_bytes // 2 if saved is None else saved
-    logits = tokens_per_device * vocab * 10
+    activations = activation_term(tokens_per_device, hidden, layers, gradient_checkpointing,
+                                  activation_bytes, intermediate, saved)  # fmt: skip
+    if offload:
+        activations *= min(1.0, OFFLOAD_LAYERS / max(layers, 1))
+    logits = tokens_per_device * vocab * 10 if logits_bytes is None else logits_bytes
     return 1.1 * (weights + trained + activations + logits) / GIB
+
+
+def activation_term(
+    tokens: int, hidden: int, layers: int, checkpointing: bool, act: int, intermediate: int | None,
+    saved: float | None,
+) -> float:
+    """The activations' bytes: ``saved`` (the task's stacks) where known, else the per-token rule
+    (Korthikanti et al. 2022; with checkpointing each layer's input and one recomputed layer)."""
+    if saved is not None:
+        return saved
+    layer = 34 * hidden if intermediate is None else 17 * hidden + 8 * intermediate  # bytes, 16-bit
+    # with checkpointing: the layer inputs + one recomputed layer
+    kept = tokens * (layers * 2 * hidden + layer) if checkpointing else tokens * layers * layer
+    return kept * act // 2
+
+
+def chunk_rows(vocab: int, entries: int = CHUNK_ENTRIES) -> int:
+    """Positions a chunk of the chunked loss for a head of ``vocab`` outputs."""
+    return max(MIN_CHUNK_ROWS, entries // max(vocab, 1))
+
+
+def chunked_logits_bytes(tokens: int, vocab: int, hidden: int, act: int) -> float:
+    """The chunked loss's peak (xtrain/model/chunked_loss.py): one chunk's logits at the plain
+    loss's 10 bytes an entry (``estimate_gib``: 16-bit logits, their float32 copy, its gradient),
+    and the gathered hidden states of every trained token with their float32 gradient (all
+    ``tokens`` counted as trained: the estimate does not know the labels)."""
+    rows = min(tokens, chunk_rows(vocab))
+    return rows * vocab * 10 + tokens * hidden * (act + 4)
 
 
 def size(gib: float, digits: int) -> str:
@@ -233,9 +271,12 @@ class MemoryCheck:
     gpu_gib: float
     gpu_name: str
     warning: str | None  # one line when it does not fit
+    host_gib: float = 0.0  # activations a process keeps in host memory (model.activation_offload)
 
     def summary(self) -> str:
-        return f"~{size(self.estimate_gib, 1)} a process (estimate; {self.gpu_name}: {size(self.gpu_gib, 0)})"
+        host = f"; ~{size(self.host_gib, 1)} of activations in host memory" if self.host_gib else ""
+        return (f"~{size(self.estimate_gib, 1)} a process (estimate; {self.gpu_name}: "
+                f"{size(self.gpu_gib, 0)}){host}")  # fmt: skip
 
 
 def weight_bytes(dtype: str, checkpoint_dtype: str | None) -> int:
@@ -295,9 +336,29 @@ def smallest_gpu(gpus: Sequence[tuple[int, str, int]], ids: Sequence[int] | None
     return name, mib / 1024
 
 
+@dataclass(frozen=True)
+class MemoryLevers:
+    """The levers without Triton, as a run has them and as the warning may offer them: the chunked
+    loss (``chunked``; ``chunkable``: the task's loss could run chunked and the config turned it
+    off), activation offloading (``offload``; offered where ``host_gib``, the machine's RAM, is
+    known) and the processes that share that RAM."""
+
+    chunked: bool = False
+    chunkable: bool = False
+    offload: bool = False
+    host_gib: float | None = None
+    processes: int = 1
+
+
 def _estimate(
-    sizes: ModelSizes, per_device: int, max_length: int, checkpointing: bool, precision: str | None
-) -> float:
+    sizes: ModelSizes,
+    per_device: int,
+    max_length: int,
+    checkpointing: bool,
+    precision: str | None,
+    levers: MemoryLevers = MemoryLevers(),
+) -> tuple[float, float]:
+    """(GiB on the device, GiB of activations a process keeps in host memory: 0 without offload)."""
     shape = sizes.shape
     # quantized: the rest in float32, as peft's prepare_model_for_kbit_training leaves it
     rest = max(sizes.weight_bytes, KBIT_REST_BYTES) if sizes.quantization else sizes.weight_bytes
@@ -309,23 +370,18 @@ def _estimate(
         layers = step_bytes(stacks, bytes_of, checkpointing)
         head = last.positions * last.hidden * act if sizes.head_trains else 0  # a trained head's input
         saved, tokens = per_device * (layers + head), per_device * last.positions
-    return estimate_gib(
-        sizes.params,
-        sizes.trainable,
-        rest,
-        tokens,
-        shape.hidden,
-        shape.layers,
-        checkpointing,
-        act,
-        intermediate=shape.intermediate,
-        vocab=shape.vocab,
-        quantized=sizes.quantizable,
-        quantization=sizes.quantization,
-        moments_8bit=sizes.moments_8bit,
-        small_trainable=sizes.small_trainable,
-        saved=saved,
-    )
+    logits = chunked_logits_bytes(tokens, shape.vocab, shape.hidden, act) if levers.chunked else None
+    args = (sizes.params, sizes.trainable, rest, tokens, shape.hidden, shape.layers, checkpointing, act)
+    more = {
+        "intermediate": shape.intermediate, "vocab": shape.vocab, "quantized": sizes.quantizable,
+        "quantization": sizes.quantization, "moments_8bit": sizes.moments_8bit,
+        "small_trainable": sizes.small_trainable, "saved": saved, "logits_bytes": logits,
+    }  # fmt: skip
+    device = estimate_gib(*args, **more, offload=levers.offload)
+    if not levers.offload:
+        return device, 0.0
+    host = activation_term(tokens, shape.hidden, shape.layers, checkpointing, act, shape.intermediate, saved)
+    return device, host / GIB
 
 
 def saved_bytes(sizes: ModelSizes, checkpointing: bool, precision: Precision) -> tuple[float, float]:
@@ -338,6 +394,42 @@ def saved_bytes(sizes: ModelSizes, checkpointing: bool, precision: Precision) ->
     return layers + head, loss_bytes(sizes.shape.vocab, last.positions, last.hidden, False, precision)
 
 
+@dataclass(frozen=True)
+class _Lever:
+    """One change the warning may offer: its override, its place in the order of cost, and the run
+    it makes (None: as the config has it)."""
+
+    override: str
+    cost: int
+    per_device: int | None = None
+    checkpointing: bool | None = None
+    quantization: str | None = None
+    chunked: bool | None = None
+    offload: bool | None = None
+
+
+def _levers(sizes: ModelSizes, per_device: int, checkpointing: bool, levers: MemoryLevers) -> list[_Lever]:
+    """The changes a config does not make yet, in the order of their cost: the chunked loss (none
+    in time), gradient checkpointing (~30% more compute), activation offloading (copies to host
+    memory and back), 4-bit weights (other weights), a micro-batch of 1 (slower steps)."""
+    found = []
+    if levers.chunkable and not levers.chunked:
+        found.append(_Lever("model.chunked_loss=auto", 0, chunked=True))
+    if not checkpointing:
+        found.append(_Lever("model.gradient_checkpointing=true", 1, checkpointing=True))
+    if not levers.offload and levers.host_gib is not None:
+        found.append(_Lever("model.activation_offload=true", 2, offload=True))
+    if sizes.quantization is None and sizes.quantizable:
+        found.append(_Lever("model.quantization=4bit", 3, quantization="4bit"))
+    if per_device > 1:
+        found.append(_Lever("batch.per_device=1", 4, per_device=1))
+    return found
+
+
+def _fits_host(host_gib: float, levers: MemoryLevers) -> bool:
+    return levers.host_gib is None or host_gib * levers.processes <= TIGHT * levers.host_gib
+
+
 def alternatives(
     sizes: ModelSizes,
     per_device: int,
@@ -345,31 +437,29 @@ def alternatives(
     checkpointing: bool,
     precision: str | None,
     gpu_gib: float,
+    levers: MemoryLevers = MemoryLevers(),
 ) -> list[tuple[str, float]]:
-    """The smallest sets of the changes the config does not make yet (a micro-batch of 1,
-    gradient checkpointing, 4-bit weights) whose estimate fits ``gpu_gib``, best first: those
-    that keep the weights before 4-bit, fewer changes before more. Each is (the overrides, its
-    estimate in GiB)."""
-    levers = []  # (override, per_device, checkpointing, quantization)
-    if per_device > 1:
-        levers.append(("batch.per_device=1", 1, checkpointing, sizes.quantization))
-    if not checkpointing:
-        levers.append(("model.gradient_checkpointing=true", per_device, True, sizes.quantization))
-    if sizes.quantization is None and sizes.quantizable:
-        levers.append(("model.quantization=4bit", per_device, checkpointing, "4bit"))
-    sets = [c for n in range(1, len(levers) + 1) for c in combinations(levers, n)]
-    sets.sort(key=lambda c: (any(lever[3] != sizes.quantization for lever in c), len(c)))
+    """The smallest sets of the changes the config does not make yet (``_levers``: the chunked
+    loss, gradient checkpointing, activation offloading within the machine's RAM, 4-bit weights,
+    a micro-batch of 1) whose estimate fits ``gpu_gib``, best first: the cheapest most costly
+    change first, then fewer changes, then the cheaper ones. Each is (the overrides, its estimate
+    in GiB)."""
+    offered = _levers(sizes, per_device, checkpointing, levers)
+    sets = [c for n in range(1, len(offered) + 1) for c in combinations(offered, n)]
+    sets.sort(key=lambda c: (max(lever.cost for lever in c), len(c), sum(lever.cost for lever in c)))
     found: list[tuple[tuple[str, ...], float]] = []
     for chosen in sets:
-        names = tuple(lever[0] for lever in chosen)
+        names = tuple(lever.override for lever in chosen)
         if any(set(smaller) <= set(names) for smaller, _ in found):
             continue  # a subset fits already: this one changes more than needed
-        batch = min(lever[1] for lever in chosen)
-        ckpt = any(lever[2] for lever in chosen)
-        changed = [lever[3] for lever in chosen if lever[3] != sizes.quantization]
-        quantization = changed[0] if changed else sizes.quantization
-        gib = _estimate(replace(sizes, quantization=quantization), batch, max_length, ckpt, precision)
-        if gib <= gpu_gib:
+        batch = min([per_device] + [lever.per_device for lever in chosen if lever.per_device])
+        ckpt = checkpointing or any(lever.checkpointing for lever in chosen)
+        quantized = next((lever.quantization for lever in chosen if lever.quantization), sizes.quantization)
+        run = replace(levers, chunked=levers.chunked or any(lever.chunked for lever in chosen),
+                      offload=levers.offload or any(lever.offload for lever in chosen))  # fmt: skip
+        sized = replace(sizes, quantization=quantized)
+        gib, host = _estimate(sized, batch, max_length, ckpt, precision, run)
+        if gib <= gpu_gib and _fits_host(host, run):
             found.append((names, gib))
     return [(" ".join(names), gib) for names, gib in found]
 
@@ -384,15 +474,18 @@ def check_memory(
     gpu_name: str,
     images: bool = False,
     windows: bool = False,
+    levers: MemoryLevers = MemoryLevers(),
 ) -> MemoryCheck:
     """The estimate for a config's batch and length on a card of ``gpu_gib``, with the warning
     when it is tight (above ``TIGHT`` of the card) or does not fit (``images``: a vision-language
     model, whose image tokens ``data.max_pixels`` bounds; ``windows``: the card may drive the
-    desktop), naming the changes that bring it under ``TIGHT`` of the card (``alternatives``)."""
-    gib = _estimate(sizes, per_device, max_length, gradient_checkpointing, precision)
+    desktop), naming the changes that bring it under ``TIGHT`` of the card (``alternatives``);
+    ``levers``: the chunked loss and activation offloading as the run has them (offloaded
+    activations held against the machine's RAM, ``levers.host_gib``, shared by its processes)."""
+    gib, host = _estimate(sizes, per_device, max_length, gradient_checkpointing, precision, levers)
     budget = TIGHT * gpu_gib
     fits = (
-        alternatives(sizes, per_device, max_length, gradient_checkpointing, precision, budget)
+        alternatives(sizes, per_device, max_length, gradient_checkpointing, precision, budget, levers)
         if gib > budget
         else []
     )
@@ -408,4 +501,12 @@ def check_memory(
         fits=fits,
         windows=windows,
     )
-    return MemoryCheck(gib, gpu_gib, gpu_name, warning)
+    if levers.offload and not _fits_host(host, levers):
+        assert levers.host_gib is not None
+        ram = (
+            f"model.activation_offload keeps ~{size(host * levers.processes, 1)} of activations in host "
+            f"memory ({levers.processes} process(es)), more than {TIGHT:.0%} of this machine's "
+            f"{size(levers.host_gib, 0)}"
+        )
+        warning = f"{warning}; and {ram}" if warning else ram
+    return MemoryCheck(gib, gpu_gib, gpu_name, warning, host)

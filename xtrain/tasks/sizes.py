@@ -240,9 +240,15 @@ def live_sizes(
 
 
 def check_live_model(
-    model: Module, cfg: TrainConfig, precision: str, total_bytes: int, gpu_name: str
+    model: Module,
+    cfg: TrainConfig,
+    precision: str,
+    total_bytes: int,
+    gpu_name: str,
+    levers: memory.MemoryLevers = memory.MemoryLevers(),
 ) -> memory.MemoryCheck | None:
-    """The training loop's check on its CUDA device (``total_bytes``: the card's memory)."""
+    """The training loop's check on its CUDA device (``total_bytes``: the card's memory;
+    ``levers``: the chunked loss and activation offloading as the run has them)."""
     sizes = live_sizes(model, _unquantized(cfg), cfg)
     if sizes is None:
         return None
@@ -259,4 +265,5 @@ def check_live_model(
         gpu_name,
         images=tasks.get(cfg.model.task).image_tokens,
         windows=sys.platform == "win32",
+        levers=levers,
     )

@@ -41,6 +41,7 @@ from xtrain.config.schema import TrainConfig
 from xtrain.data.collate import batch_tokens
 from xtrain.data.sampler import DataOrder, RankBatchSampler, mix_seed, train_lengths
 from xtrain.model import quantization
+from xtrain.model.memory import MemoryLevers
 from xtrain.model.sharding import prepare_generation
 from xtrain.model.size import total_weights
 from xtrain.planning.context import LaunchContext
@@ -291,7 +292,10 @@ class Recipe:
         if self.device.type != "cuda":
             return None
         props = torch.cuda.get_device_properties(self.device)
-        check = check_live_model(model, self.cfg, self.settings.precision, props.total_memory, props.name)
+        running = MemoryLevers(chunked=self.levers.chunked_loss, offload=self.levers.activation_offload)
+        check = check_live_model(
+            model, self.cfg, self.settings.precision, props.total_memory, props.name, running
+        )
         if check is not None and check.warning:
             self.rep.note(check.warning)
         return check

@@ -239,6 +239,23 @@ def _attention(run: Run, where: Where) -> list[Note]:
     return [Note("Attention", chosen.summary())]
 
 
+def _loss(run: Run, where: Where) -> list[Note]:
+    """Which loss the workers train with and why (``model.chunked_loss``), and whether their
+    activations go to host memory (``model.activation_offload``); ``model.chunked_loss=on`` for a
+    task without a vocabulary stops here. Each worker checks its model's head (``train/levers.py``:
+    a config whose loss the chunked loss does not reproduce runs the plain loss under auto)."""
+    if not where.launcher:
+        return []
+    settings = run.settings
+    chunked, why = settings.loss_for(tasks.get(run.cfg.model.task).token_loss)
+    loss = "chunked cross-entropy over the trained tokens" if chunked else "the model's own, every position"
+    notes = [Note("Loss", f"{loss} ({why})")]
+    if settings.activation_offload:
+        moved = "saved for the backward pass in host memory (model.activation_offload)"
+        notes.append(Note("Activations", moved))
+    return notes
+
+
 def _windows_gloo(run: Run, where: Where) -> list[Note]:
     """A Windows torch whose gloo cannot form a group (``checks.comms``): refused before any
     process starts; a dry run shows it as an error line."""
@@ -297,9 +314,17 @@ def _memory(run: Run, where: Where) -> list[Note]:
     sizes = offline_sizes(cfg)
     if isinstance(sizes, str):
         return [Note("", f"memory estimate skipped: {sizes}", "dim")]
+    task, settings, facts = tasks.get(cfg.model.task), run.settings, run.facts
+    levers = memory.MemoryLevers(  # the chunked loss and offloading as the run has them, and can offer
+        chunked=settings.loss_for(task.token_loss)[0],
+        chunkable=task.token_loss is not None and settings.chunked_loss == "off" and not cfg.run.compile,
+        offload=settings.activation_offload,
+        host_gib=facts.memory_mib / 1024 if facts.memory_mib and not cfg.run.compile else None,
+        processes=plan.num_processes,
+    )
     check = memory.check_memory(
         sizes, cfg.batch.per_device, cfg.data.max_length, cfg.model.gradient_checkpointing, run.precision,
-        gpu[1], gpu[0], images=tasks.get(cfg.model.task).image_tokens, windows=run.facts.os_kind == "windows",
+        gpu[1], gpu[0], images=task.image_tokens, windows=facts.os_kind == "windows", levers=levers,
     )  # fmt: skip
     notes = [Note("Memory", check.summary())]
     return notes + ([Note("warning", check.warning, "warning")] if check.warning else [])
@@ -372,6 +397,7 @@ CHECKS: tuple[Check, ...] = (
     _precision,
     _loading,
     _attention,
+    _loss,
     _windows_gloo,
     _optimizer,
     _quantization,
