@@ -1,0 +1,460 @@
+"""The memory levers without Triton: the chunked loss and activation offloading, measured.
+
+A Qwen2-shaped causal LM with Qwen2's 152,064-entry vocabulary and a small body (2 layers of width
+128, untied head), LoRA r=16 on q/k/v/o (the head frozen, as xtrain's default LoRA leaves it), one
+sequence of 2048 tokens whose first half is a prompt (labels -100). Variants, each put into the
+model's training forward the way a run does (``xtrain/model/chunked_loss.py``'s ``ChunkedLoss``,
+``xtrain/model/offload.py``'s ``ActivationOffload``):
+
+- ``plain``: the model's own loss (logits at every position, their float32 copy in the loss);
+- ``chunked``: the chunked cross-entropy over the trained tokens (``how="eager"``, the default);
+- ``chunked-checkpoint``: the same with ``torch.utils.checkpoint`` per chunk (``how="checkpoint"``);
+- ``chunked+offload``: the chunked loss and activation offloading.
+
+Measured, per variant:
+
+- *saved*: the bytes autograd keeps for the backward pass at the end of the forward, counted
+  exactly through ``torch.autograd.graph.saved_tensors_hooks`` (each storage once, parameters and
+  buffers left out; a tensor saved and freed inside the forward, as the chunked loss's per-chunk
+  graphs are, is not counted); under offloading, what stays on the device and what went to the
+  host (offloading's own hooks are the innermost, so they are counted there);
+- *peak*: the peak of the allocator's allocated bytes over one training step (forward, backward,
+  AdamW step) above what was allocated before it. On the CPU: the CPU allocator's ``Total
+  Allocated`` as PyTorch's profiler records it at every allocation (``profile_memory=True``): the
+  allocator's own count, exact, unlike the process's RSS (glibc keeps freed memory) or tracemalloc
+  (which does not see PyTorch's allocations). On CUDA: ``torch.cuda.max_memory_allocated``. The
+  *loss peak* is the same for the loss alone (head + cross-entropy, forward and backward) on the
+  body's output;
+- *step time*: median wall time of a training step (not profiled), variants interleaved.
+
+On the CPU offloading copies within host memory: its *peak* there is not a saving (its *saved on
+the device* is what a GPU keeps). ``--device cuda`` runs the same in bf16 autocast on a GPU.
+
+It also prints the plan's estimate (``xtrain/model/memory.py``, as ``xtrain train --dry-run``
+shows it) for a Qwen2.5-7B-shaped LoRA at 2048 tokens on the windows-2x4090 snapshot with and
+without the levers, and the longest sequence each fits on its 24 GB card without a warning.
+
+    .venv/bin/python benchmarks/chunked_loss.py            # CPU, one compute thread, a few minutes
+    .venv/bin/python benchmarks/chunked_loss.py --json
+    python benchmarks/chunked_loss.py --device cuda        # on a CUDA machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO  # noqa: E402
+
+SHAPE = dict(vocab_size=152_064, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
+VARIANTS = ("plain", "chunked", "chunked-checkpoint", "chunked+offload")
+QWEN25_7B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu",
+                 max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                 torch_dtype="bfloat16", vocab_size=152064, tie_word_embeddings=False, hidden_size=3584,
+                 intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                 num_key_value_heads=4)  # fmt: skip
+# (label, overrides) of the estimate: without the levers, then adding them in the order of cost
+ESTIMATES = (
+    ("plain loss", ["model.chunked_loss=off"]),
+    ("chunked loss", []),
+    ("chunked loss + checkpointing", ["model.gradient_checkpointing=true"]),
+    ("chunked loss + checkpointing + offloading",
+     ["model.gradient_checkpointing=true", "model.activation_offload=true"]),
+)  # fmt: skip
+
+
+class Saved:
+    """What autograd keeps for the backward pass: each saved tensor boxed, counted by storage
+    while its box lives (the graph holds it), parameters and buffers left out."""
+
+    class Box:
+        __slots__ = ("__weakref__", "value")
+
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
+    def __init__(self, model: Any) -> None:
+        self.weights = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+        self.boxes: list[tuple[weakref.ref, int, int, str]] = []
+
+    def pack(self, t: Any, where: str = "device") -> Any:
+        import torch
+
+        box = Saved.Box(t)
+        inner = t.host if not isinstance(t, torch.Tensor) else t  # offloading's host copy
+        storage = inner.untyped_storage()
+        if storage.data_ptr() not in self.weights:
+            self.boxes.append((weakref.ref(box), storage.data_ptr(), storage.nbytes(), where))
+        return box
+
+    def unpack(self, box: Any) -> Any:
+        return box.value
+
+    def kept(self) -> dict[str, int]:
+        seen: dict[tuple[int, str], int] = {}
+        for ref, ptr, nbytes, where in self.boxes:
+            if ref() is not None:
+                seen[(ptr, where)] = nbytes
+        return {w: sum(n for (_, where), n in seen.items() if where == w) for w in ("device", "host")}
+
+    def wrap(self, offload: Any) -> None:
+        """Count inside offloading's hooks (the innermost hooks are the ones that run)."""
+        pack, unpack = offload._pack, offload._unpack
+
+        def counted(t: Any) -> Any:
+            packed = pack(t)
+            return self.pack(packed, "device" if packed is t else "host")
+
+        offload._pack = counted
+        offload._unpack = lambda box: unpack(box.value)
+
+
+def build(device: str) -> Any:
+    """The model (``SHAPE``) with LoRA r=16 on the attention projections."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**SHAPE, max_position_embeddings=4096)).to(device)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets)
+    return get_peft_model(model, lora)
+
+
+def batch_of(seq: int, device: str) -> dict[str, Any]:
+    """One sequence of ``seq`` random tokens, its first half a prompt (labels -100)."""
+    import torch
+
+    ids = torch.randint(0, SHAPE["vocab_size"], (1, seq), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, : seq // 2] = -100  # the prompt
+    mask = torch.ones_like(ids)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
+
+
+class Variant:
+    """One variant's hooks on the model (``on``/``off``)."""
+
+    def __init__(self, model: Any, name: str, pin: bool = False) -> None:
+        from xtrain.model.chunked_loss import ChunkedLoss, LogitMap, chunk_rows
+        from xtrain.model.offload import ActivationOffload
+
+        self.name = name
+        self.loss = None
+        if name != "plain":
+            how = "checkpoint" if name == "chunked-checkpoint" else "eager"
+            self.loss = ChunkedLoss(model, "next-token", LogitMap(), chunk_rows(SHAPE["vocab_size"]), how)
+        self.offload = ActivationOffload(model, pin=pin) if name.endswith("offload") else None
+
+    def on(self) -> None:
+        for lever in (self.loss, self.offload):
+            if lever is not None:
+                lever.attach()
+
+    def off(self) -> None:
+        for lever in (self.loss, self.offload):
+            if lever is not None:
+                lever.detach()
+
+
+def allocated_peak(fn: Any, device: str) -> int:
+    """Peak allocated bytes above the start while ``fn`` runs (see the module docstring)."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
+    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"]
+    # the count starts at the profiler's start: what was allocated before is not in it
+    return max(totals, default=0)
+
+
+def measure(repeats: int = 3, seq: int = 2048, device: str = "cpu", log: Any = None,
+            smoke: bool = False) -> dict[str, Any]:  # fmt: skip
+    """For benchmarks/run_all.py: every variant's saved bytes, peaks and step times, the loss's own
+    peak, and the plan's estimate for a Qwen2.5-7B-shaped LoRA (``smoke``: a 256-token sequence,
+    one repeat)."""
+    import torch
+
+    from xtrain.model.chunked_loss import chunk_rows, chunked_cross_entropy
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if device == "cpu":
+        torch.set_num_threads(1)
+    seq, repeats = (256, 1) if smoke else (seq, repeats)
+    model = build(device)
+    batch = batch_of(seq, device)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    pin = device == "cuda"  # pinned host memory: the copies run beside the compute
+    variants = {name: Variant(model, name, pin) for name in VARIANTS}
+
+    def step() -> float:
+        with autocast:
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss)
+
+    rows: dict[str, dict[str, Any]] = {}
+    for name, v in variants.items():
+        v.on()
+        counter = Saved(model)
+        if v.offload is not None:
+            counter.wrap(v.offload)
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack), autocast:
+            loss = model(**batch).loss
+        saved = counter.kept()
+        loss.backward()
+        optimizer.zero_grad(set_to_none=True)
+        del loss
+        if v.offload is not None:  # back to offloading's own hooks
+            v.off()
+            v = variants[name] = Variant(model, name, pin)
+            v.on()
+        step()  # warm: AdamW's state exists before the measured step, as in a run's later steps
+        peak = allocated_peak(step, device)
+        rows[name] = {"saved": saved, "peak": peak, "times": [], "loss": step()}
+        v.off()
+        if log:
+            log(f"chunked-loss: {name}: saved {saved['device'] / 2**20:.1f} MiB on the device "
+                f"({saved['host'] / 2**20:.1f} MiB host), step peak {peak / 2**20:.1f} MiB")  # fmt: skip
+    for _ in range(repeats):  # step times, interleaved
+        for name, v in variants.items():
+            v.on()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            step()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            rows[name]["times"].append(time.perf_counter() - t0)
+            v.off()
+    for r in rows.values():
+        r["step_s"] = statistics.median(r["times"])
+    plain = rows["plain"]
+    for r in rows.values():
+        r["peak_vs_plain"] = r["peak"] / plain["peak"]
+        r["time_vs_plain"] = r["step_s"] / plain["step_s"]
+    rows_per_chunk = chunk_rows(SHAPE["vocab_size"])
+    hidden = torch.randn(1, seq, SHAPE["hidden_size"], device=device, requires_grad=True)
+    head = model.get_output_embeddings()
+    labels = batch["labels"]
+    base = model.get_base_model()
+
+    def plain_loss() -> None:
+        with autocast:
+            logits = head(hidden)
+        base.loss_function(logits, labels, SHAPE["vocab_size"]).backward()
+
+    def chunked(how: str) -> Any:
+        def run() -> None:
+            with autocast:
+                loss = chunked_cross_entropy(head, hidden, labels, shift=True, rows=rows_per_chunk, how=how)
+            loss.backward()
+
+        return run
+
+    losses = {"plain": plain_loss, "chunked": chunked("eager"), "chunked-checkpoint": chunked("checkpoint")}
+    loss_peak = {}
+    for name, fn in losses.items():
+        fn()  # warm
+        hidden.grad = None
+        loss_peak[name] = allocated_peak(fn, device)
+        hidden.grad = None
+    estimate = plan_estimate(log, smoke) if device == "cpu" else None
+    return {
+        "task": "causal-lm", "job": f"Qwen2-vocabulary model ({SHAPE['vocab_size']:,}), {seq} tokens",
+        "device": device, "seq": seq, "trained": seq // 2, "rows_per_chunk": rows_per_chunk,
+        "shape": SHAPE, "repeats": repeats, "variants": rows, "loss_peak": loss_peak,
+        "estimate": estimate, "torch": torch.__version__,
+    }  # fmt: skip
+
+
+def plan_estimate(log: Any = None, smoke: bool = False) -> dict[str, Any]:
+    """The plan's Memory line for a Qwen2.5-7B-shaped LoRA at 2048 tokens on the windows-2x4090
+    snapshot (``xtrain train --dry-run``, in-process, the config.json only), with and without the
+    levers; and the longest ``data.max_length`` (a multiple of 256) each fits without a warning
+    (``smoke``: the 2048-token line only)."""
+    import contextlib
+    import io
+    import re
+
+    from xtrain.cli import main
+
+    facts = REPO / "tests" / "fixtures" / "machines" / "windows-2x4090.json"
+    found: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        model = Path(folder) / "qwen2.5-7b"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(QWEN25_7B), encoding="utf-8")
+        job = Path(folder) / "job.yaml"
+        job.write_text(f"model:\n  name_or_path: {model.as_posix()}\n  task: causal-lm\n"
+                       "data:\n  train: builtin:tiny-stories\nbatch:\n  per_device: 1\n")  # fmt: skip
+
+        def plan(overrides: list[str], length: int) -> tuple[float, str | None, str]:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                code = main(["train", str(job), *overrides, f"data.max_length={length}", "--dry-run",
+                             "--facts", str(facts)])  # fmt: skip
+            text = " ".join(out.getvalue().split())
+            line = re.search(r"Memory: (~[^)]*\)[^w]*?)(?: warning:| Model checks| Data:|$)", text)
+            gib = re.search(r"Memory: ~([\d.]+) (GiB|MiB)", text)
+            assert code == 0 and line and gib, text[-2000:]
+            warned = re.search(r"warning: (.*?)(?: Model checks| Data:| #|$)", text)
+            value = float(gib.group(1)) / (1024 if gib.group(2) == "MiB" else 1)
+            return value, warned.group(1) if warned else None, line.group(1).strip()
+
+        for label, overrides in ESTIMATES:
+            gib, warning, line = plan(overrides, 2048)
+            lo, hi = 256, 32768  # the longest multiple of 256 without a warning (bisection)
+            if smoke:
+                longest = None
+            elif plan(overrides, lo)[1] is not None:
+                longest = 0
+            else:
+                while hi - lo > 256:  # the config's 32,768 positions at most
+                    mid = (lo + hi) // 2 // 256 * 256
+                    lo, hi = (mid, hi) if plan(overrides, mid)[1] is None else (lo, mid)
+                longest = lo
+            found[label] = {"overrides": overrides, "gib": gib, "line": line, "warning": warning,
+                            "longest": longest}  # fmt: skip
+            if log:
+                log(f"chunked-loss: estimate, {label}: {line}; longest without a warning {longest}")
+    return found
+
+
+SEVEN_B = (  # (label, chunked loss, gradient checkpointing, offloading)
+    ("plain loss", False, False, False),
+    ("chunked loss", True, False, False),
+    ("chunked loss + checkpointing", True, True, False),
+    ("chunked loss + checkpointing + offloading", True, True, True),
+)
+
+
+def measure_7b(seq: int = 2048, log: Any = None) -> dict[str, Any]:
+    """CUDA: a Qwen2.5-7B-shaped model (random bf16 weights) with xtrain's default LoRA, one
+    bf16-autocast step at ``seq`` tokens (half a masked prompt) a row of ``SEVEN_B``:
+    ``max_memory_allocated`` against the estimate xtrain makes of the live model
+    (``tasks.sizes.live_sizes``, ``memory.check_memory`` with the same levers)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from xtrain.model import memory
+    from xtrain.model.chunked_loss import ChunkedLoss, LogitMap, chunk_rows
+    from xtrain.model.offload import ActivationOffload
+    from xtrain.tasks.sizes import live_sizes
+    from xtrain.tasks.validation import load_config
+
+    cfg = load_config(None, ["model.name_or_path=Qwen/Qwen2.5-7B", "model.task=causal-lm",
+                             "data.train=rows.jsonl", f"data.max_length={seq}"])  # fmt: skip
+    keys = {k: v for k, v in QWEN25_7B.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(Qwen2Config(**keys))
+    torch.set_default_dtype(torch.float32)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]  # xtrain's default for causal-lm
+    lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                      target_modules=targets)  # fmt: skip
+    model = get_peft_model(model, lora)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()  # float32 master weights under autocast, as xtrain's loop keeps them
+    sizes = live_sizes(model, (), cfg)
+    assert sizes is not None
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    batch = batch_of(seq, "cuda")
+    card = torch.cuda.get_device_properties(0)
+    rows = {}
+    for label, chunked, ckpt, offloaded in SEVEN_B:
+        if ckpt and not model.is_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.enable_input_require_grads()
+        rows_a_chunk = chunk_rows(QWEN25_7B["vocab_size"])
+        levers = [ChunkedLoss(model, "next-token", LogitMap(), rows_a_chunk)] if chunked else []
+        levers += [ActivationOffload(model, pin=True)] if offloaded else []
+        for lever in levers:
+            lever.attach()
+        times = []
+        for _ in range(3):  # the first allocates AdamW's state
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(**batch).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        for lever in levers:
+            lever.detach()
+        run = memory.MemoryLevers(chunked=chunked, offload=offloaded)
+        check = memory.check_memory(sizes, 1, seq, ckpt, "bf16", card.total_memory / memory.GIB, card.name,
+                                    levers=run)  # fmt: skip
+        rows[label] = {"peak_gib": torch.cuda.max_memory_allocated() / memory.GIB,
+                       "estimate_gib": check.estimate_gib, "host_gib": check.host_gib,
+                       "step_s": statistics.median(times[1:]), "loss": float(loss)}  # fmt: skip
+        if log:
+            r = rows[label]
+            log(f"chunked-loss 7b: {label}: peak {r['peak_gib']:.2f} GiB, estimate "
+                f"{r['estimate_gib']:.2f} GiB, step {r['step_s']:.3f} s")  # fmt: skip
+        del loss
+    return {"seq": seq, "gpu": card.name, "rows": rows, "torch": torch.__version__}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="a 256-token sequence, one repeat")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--size", default="small", choices=("small", "7b"),
+                   help="7b: a Qwen2.5-7B-shaped model on CUDA, peak against the estimate")  # fmt: skip
+    a = p.parse_args()
+    if a.size == "7b":
+        print(json.dumps(measure_7b(log=lambda line: print(line, file=sys.stderr)), indent=1))
+        return
+    r = measure(a.repeats, device=a.device, log=lambda line: print(line, file=sys.stderr), smoke=a.smoke)
+    if a.json:
+        print(json.dumps(r, indent=1))
+        return
+    mib = 2**20
+    for name, v in r["variants"].items():
+        saved = v["saved"]
+        print(f"{name:20} on the device {saved['device'] / mib:8.1f} MiB (host {saved['host'] / mib:7.1f})"
+              f"  step peak {v['peak'] / mib:8.1f} MiB ({v['peak_vs_plain']:.2f}x)  step {v['step_s']:.2f} s"
+              f" ({v['time_vs_plain']:.2f}x)")  # fmt: skip
+    print("loss alone, peak MiB:", {k: round(v / mib, 1) for k, v in r["loss_peak"].items()})
+    for label, e in (r["estimate"] or {}).items():
+        print(f"{label:45} {e['line']}  longest without a warning: {e['longest']}")
+
+
+if __name__ == "__main__":
+    main()
