@@ -336,6 +336,8 @@ def plan_estimate(log: Any = None, smoke: bool = False) -> dict[str, Any]:
                 longest = None
             elif plan(overrides, lo)[1] is not None:
                 longest = 0
+            elif plan(overrides, hi)[1] is None:
+                longest = hi
             else:
                 while hi - lo > 256:  # the config's 32,768 positions at most
                     mid = (lo + hi) // 2 // 256 * 256

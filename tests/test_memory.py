@@ -333,6 +333,16 @@ def test_the_levers_in_the_estimate_and_in_the_warnings_order_of_cost():
     offloaded = memory.check_memory(sizes, 1, 2048, False, "fp16", RTX_4090_GIB, "RTX 4090", levers=moved)
     assert offloaded.estimate_gib < chunked.estimate_gib and offloaded.host_gib > 0
     assert offloaded.warning is None and "in host memory" in offloaded.summary()
+    # with checkpointing only the checkpoints move: the layer recomputed in the backward stays
+    ckpt = memory.check_memory(sizes, 1, 2048, True, "fp16", RTX_4090_GIB, "RTX 4090",
+                               levers=memory.MemoryLevers(chunked=True))  # fmt: skip
+    ckpt_moved = memory.check_memory(sizes, 1, 2048, True, "fp16", RTX_4090_GIB, "RTX 4090", levers=moved)
+    inputs = 2048 * 28 * 2 * 3584  # each layer's input, 16-bit
+    recomputed = 2048 * (17 * 3584 + 8 * 18944)
+    assert memory.activation_term(2048, 3584, 28, True, 2, 18944, None) == inputs + recomputed
+    moved_bytes = inputs * (1 - memory.OFFLOAD_LAYERS / 28)
+    assert ckpt.estimate_gib - ckpt_moved.estimate_gib == pytest.approx(1.1 * moved_bytes / memory.GIB)
+    assert ckpt_moved.host_gib == pytest.approx(inputs / memory.GIB)
     small = memory.MemoryLevers(chunked=True, offload=True, host_gib=offloaded.host_gib, processes=2)
     short = memory.check_memory(sizes, 1, 2048, False, "fp16", RTX_4090_GIB, "RTX 4090", levers=small)
     assert short.warning and "activations in host memory (2 process(es))" in short.warning

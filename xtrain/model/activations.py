@@ -222,6 +222,12 @@ def step_bytes(stacks: Sequence[Stack], p: Precision, checkpointing: bool = Fals
     """Bytes a sample all stacks keep for the backward pass, in the order a step runs them. With
     gradient checkpointing each layer that passes a gradient keeps its input, and the largest
     layer's activations exist again while it is recomputed."""
+    return sum(step_parts(stacks, p, checkpointing))
+
+
+def step_parts(stacks: Sequence[Stack], p: Precision, checkpointing: bool = False) -> tuple[float, float]:
+    """``step_bytes`` in two parts: (what autograd saves during the forward, the largest layer
+    recomputed in the backward: 0 without checkpointing). Activation offloading moves the first."""
     total, before = 0.0, False
     recompute = 0.0
     for stack in stacks:
@@ -236,7 +242,7 @@ def step_bytes(stacks: Sequence[Stack], p: Precision, checkpointing: bool = Fals
             )
         total += kept
         before = after
-    return total + recompute
+    return total, recompute
 
 
 def loss_bytes(vocab: int, positions: int, hidden: int, head_trains: bool, p: Precision) -> float:
@@ -252,3 +258,55 @@ def with_training(stack: Stack, trains: str, adapters: dict[str, int]) -> Stack:
 def at_length(stacks: Sequence[Stack], max_length: int) -> tuple[Stack, ...]:
     """``stacks`` with their text stacks at ``max_length`` tokens a sample."""
     return tuple(replace(s, positions=max_length) if s.text else s for s in stacks)
+
+
+# -- the memory levers' terms (xtrain/model/memory.py's estimate) ------------------------------------
+# The chunked loss's chunks: logits entries a chunk (rows x vocabulary), 2^25 = 128 MiB in float32:
+# 220 positions of Qwen2's 152,064-entry vocabulary, 1048 of a 32k one (xtrain/model/chunked_loss.py)
+CHUNK_ENTRIES = 2**25
+MIN_CHUNK_ROWS = 16
+# activation offloading: the device keeps the activations of about this many layers (the one
+# computing and the one whose copy to the host is in flight)
+OFFLOAD_LAYERS = 2
+
+
+def activation_term(
+    tokens: int, hidden: int, layers: int, checkpointing: bool, act: int, intermediate: int | None,
+    saved: float | None,
+) -> float:
+    """The activations' bytes: ``saved`` (the task's stacks) where known, else the per-token rule
+    (Korthikanti et al. 2022; with checkpointing each layer's input and one recomputed layer)."""
+    if saved is not None:
+        return saved
+    layer = 34 * hidden if intermediate is None else 17 * hidden + 8 * intermediate  # bytes, 16-bit
+    # with checkpointing: the layer inputs + one recomputed layer
+    kept = tokens * (layers * 2 * hidden + layer) if checkpointing else tokens * layers * layer
+    return kept * act // 2
+
+
+def recompute_term(
+    tokens: int, hidden: int, checkpointing: bool, act: int, intermediate: int | None,
+    recompute: float | None,
+) -> float:
+    """Of ``activation_term``, the layer recomputed in the backward under checkpointing (created in
+    the backward: activation offloading does not move it); ``recompute`` where the stacks give it."""
+    if not checkpointing:
+        return 0.0
+    if recompute is not None:
+        return recompute
+    layer = 34 * hidden if intermediate is None else 17 * hidden + 8 * intermediate  # bytes, 16-bit
+    return tokens * layer * act // 2
+
+
+def chunk_rows(vocab: int, entries: int = CHUNK_ENTRIES) -> int:
+    """Positions a chunk of the chunked loss for a head of ``vocab`` outputs."""
+    return max(MIN_CHUNK_ROWS, entries // max(vocab, 1))
+
+
+def chunked_logits_bytes(tokens: int, vocab: int, hidden: int, act: int) -> float:
+    """The chunked loss's peak (xtrain/model/chunked_loss.py): one chunk's logits at the plain
+    loss's 10 bytes an entry (``estimate_gib``: 16-bit logits, their float32 copy, its gradient),
+    and the gathered hidden states of every trained token with their float32 gradient (all
+    ``tokens`` counted as trained: the estimate does not know the labels)."""
+    rows = min(tokens, chunk_rows(vocab))
+    return rows * vocab * 10 + tokens * hidden * (act + 4)

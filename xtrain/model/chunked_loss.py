@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from xtrain.model.memory import CHUNK_ENTRIES, chunk_rows
+from xtrain.model.activations import CHUNK_ENTRIES, chunk_rows
 
 IGNORE_INDEX = -100
 HOWS = ("eager", "checkpoint")

@@ -59,16 +59,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
-from xtrain.model.activations import Precision, Stack, at_length, loss_bytes, step_bytes
+from xtrain.model.activations import (
+    CHUNK_ENTRIES,
+    MIN_CHUNK_ROWS,
+    OFFLOAD_LAYERS,
+    Precision,
+    Stack,
+    activation_term,
+    at_length,
+    chunk_rows,
+    chunked_logits_bytes,
+    loss_bytes,
+    recompute_term,
+    step_bytes,
+    step_parts,
+)
 
 GIB = 1024**3
-# The chunked loss's chunks: logits entries a chunk (rows x vocabulary), 2^25 = 128 MiB in float32:
-# 220 positions of Qwen2's 152,064-entry vocabulary, 1048 of a 32k one (xtrain/model/chunked_loss.py)
-CHUNK_ENTRIES = 2**25
-MIN_CHUNK_ROWS = 16
-# activation offloading: the device keeps the activations of about this many layers (the one
-# computing and the one whose copy to the host is in flight)
-OFFLOAD_LAYERS = 2
+# the levers' terms live beside the activations' (xtrain/model/activations.py); named here too
+__all__ = ["CHUNK_ENTRIES", "MIN_CHUNK_ROWS", "OFFLOAD_LAYERS", "chunk_rows", "chunked_logits_bytes"]
 # above this share of the card a process is "tight": the allocator's fragmentation, a longer batch
 # or another process on the card tips it over
 TIGHT = 0.9
@@ -125,6 +134,7 @@ def estimate_gib(
     saved: float | None = None,
     logits_bytes: float | None = None,
     offload: bool = False,
+    recompute: float | None = None,
 ) -> float:
     """Estimated peak GPU memory in GiB of one training process (see the module docstring).
     ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
@@ -136,8 +146,10 @@ def estimate_gib(
     the activations' bytes from the task's stacks (``activations.step_bytes``), which then
     replace the per-token rule and leave ``tokens_per_device`` to the logits; ``logits_bytes``:
     the loss's term when it is not the plain one (the chunked loss: ``chunked_logits_bytes``);
-    ``offload``: the activations live in host memory, the device keeps ``OFFLOAD_LAYERS`` layers'
-    worth (the one computing, the one whose copy is in flight)."""
+    ``offload``: what autograd saves lives in host memory, the device keeps ``OFFLOAD_LAYERS``
+    layers' worth of it (the one computing, the one whose copy is in flight) and, with
+    checkpointing, the layer recomputed in the backward (``recompute``: its bytes where ``saved``
+    gives the activations; else the per-token rule's)."""
     if quantization is None:
         weights = params * weight_bytes
     else:
@@ -146,37 +158,11 @@ def estimate_gib(
     activations = activation_term(tokens_per_device, hidden, layers, gradient_checkpointing,
                                   activation_bytes, intermediate, saved)  # fmt: skip
     if offload:
-        activations *= min(1.0, OFFLOAD_LAYERS / max(layers, 1))
+        again = recompute_term(tokens_per_device, hidden, gradient_checkpointing, activation_bytes,
+                               intermediate, recompute)  # fmt: skip
+        activations = again + (activations - again) * min(1.0, OFFLOAD_LAYERS / max(layers, 1))
     logits = tokens_per_device * vocab * 10 if logits_bytes is None else logits_bytes
     return 1.1 * (weights + trained + activations + logits) / GIB
-
-
-def activation_term(
-    tokens: int, hidden: int, layers: int, checkpointing: bool, act: int, intermediate: int | None,
-    saved: float | None,
-) -> float:
-    """The activations' bytes: ``saved`` (the task's stacks) where known, else the per-token rule
-    (Korthikanti et al. 2022; with checkpointing each layer's input and one recomputed layer)."""
-    if saved is not None:
-        return saved
-    layer = 34 * hidden if intermediate is None else 17 * hidden + 8 * intermediate  # bytes, 16-bit
-    # with checkpointing: the layer inputs + one recomputed layer
-    kept = tokens * (layers * 2 * hidden + layer) if checkpointing else tokens * layers * layer
-    return kept * act // 2
-
-
-def chunk_rows(vocab: int, entries: int = CHUNK_ENTRIES) -> int:
-    """Positions a chunk of the chunked loss for a head of ``vocab`` outputs."""
-    return max(MIN_CHUNK_ROWS, entries // max(vocab, 1))
-
-
-def chunked_logits_bytes(tokens: int, vocab: int, hidden: int, act: int) -> float:
-    """The chunked loss's peak (xtrain/model/chunked_loss.py): one chunk's logits at the plain
-    loss's 10 bytes an entry (``estimate_gib``: 16-bit logits, their float32 copy, its gradient),
-    and the gathered hidden states of every trained token with their float32 gradient (all
-    ``tokens`` counted as trained: the estimate does not know the labels)."""
-    rows = min(tokens, chunk_rows(vocab))
-    return rows * vocab * 10 + tokens * hidden * (act + 4)
 
 
 def size(gib: float, digits: int) -> str:
@@ -363,13 +349,14 @@ def _estimate(
     # quantized: the rest in float32, as peft's prepare_model_for_kbit_training leaves it
     rest = max(sizes.weight_bytes, KBIT_REST_BYTES) if sizes.quantization else sizes.weight_bytes
     act = activation_bytes(precision, sizes.weight_bytes)
-    saved, tokens = None, per_device * max_length
+    saved, tokens, recompute = None, per_device * max_length, None
     if sizes.stacks:  # what autograd keeps of the task's stacks; the logits at the last one's tokens
         stacks = at_length(sizes.stacks, max_length)
         last, bytes_of = stacks[-1], Precision(act, 1, sizes.lora_rank, sizes.lora_dropout)
-        layers = step_bytes(stacks, bytes_of, checkpointing)
+        kept, again = step_parts(stacks, bytes_of, checkpointing)
         head = last.positions * last.hidden * act if sizes.head_trains else 0  # a trained head's input
-        saved, tokens = per_device * (layers + head), per_device * last.positions
+        saved, tokens = per_device * (kept + again + head), per_device * last.positions
+        recompute = per_device * again
     logits = chunked_logits_bytes(tokens, shape.vocab, shape.hidden, act) if levers.chunked else None
     args = (sizes.params, sizes.trainable, rest, tokens, shape.hidden, shape.layers, checkpointing, act)
     more = {
@@ -377,10 +364,11 @@ def _estimate(
         "quantization": sizes.quantization, "moments_8bit": sizes.moments_8bit,
         "small_trainable": sizes.small_trainable, "saved": saved, "logits_bytes": logits,
     }  # fmt: skip
-    device = estimate_gib(*args, **more, offload=levers.offload)
+    device = estimate_gib(*args, **more, offload=levers.offload, recompute=recompute)
     if not levers.offload:
         return device, 0.0
     host = activation_term(tokens, shape.hidden, shape.layers, checkpointing, act, shape.intermediate, saved)
+    host -= recompute_term(tokens, shape.hidden, checkpointing, act, shape.intermediate, recompute)
     return device, host / GIB
 
 
