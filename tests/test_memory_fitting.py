@@ -57,11 +57,13 @@ OPTIONS = [
 def table(folder: Path) -> str:
     """The page's table, computed: a row a model, a column an option (GiB a process; over the
     card in bold with "over", above 90 % of it "tight"). Quantized, the vision-language task
-    keeps its vision tower and projector as they are (``Task.unquantized``)."""
+    keeps its vision tower and projector as they are (``Task.unquantized``). The loss is the
+    default's (``model.chunked_loss=auto``: the chunked loss for these tasks)."""
     from xtrain.model import memory
     from xtrain.tasks.sizes import offline_sizes
     from xtrain.tasks.validation import load_config
 
+    chunked = memory.MemoryLevers(chunked=True)
     rows = []
     for name, task, config in MODELS:
         (folder / name).mkdir(parents=True, exist_ok=True)
@@ -72,7 +74,8 @@ def table(folder: Path) -> str:
         cells = [name, f"{sizes.params / 1e9:.2f}B"]  # LoRA adapters included
         for _, quantization, checkpointing in OPTIONS:
             gib = memory.check_memory(replace(sizes, quantization=quantization), PER_DEVICE, MAX_LENGTH,
-                                      checkpointing, PRECISION, CARD_GIB, CARD).estimate_gib  # fmt: skip
+                                      checkpointing, PRECISION, CARD_GIB, CARD,
+                                      levers=chunked).estimate_gib  # fmt: skip
             tight = gib > memory.TIGHT * CARD_GIB  # the plan says "tight" above 90 % of the card
             cell = f"{gib:.1f} tight" if tight else f"{gib:.1f}"
             cells.append(f"**{gib:.1f}** over" if gib > CARD_GIB else cell)
