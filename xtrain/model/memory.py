@@ -25,7 +25,9 @@ Under DDP every GPU holds the whole model. The estimate adds:
   intermediate`` for a gated one, at ``batch.per_device x data.max_length`` tokens;
 - the logits of the loss: a token x the vocabulary x 10 bytes (16-bit logits, the float32 copy
   the loss takes, its log-softmax kept for the backward pass): 1.5 GiB for 1024 tokens of
-  Qwen2's 152k vocabulary;
+  Qwen2's 152k vocabulary. Under the chunked loss (``model.chunked_loss``) one chunk of them
+  (``chunk_rows`` positions, 128 MiB of float32 entries) and the gathered hidden states of the
+  trained tokens (``chunked_logits_bytes``);
 - 10 % for the CUDA context, allocator slack and temporary buffers.
 
 Quantized weights (``model.quantization``, bitsandbytes): the Linear layers that 4-bit or 8-bit
@@ -41,11 +43,16 @@ the rest (embeddings, norms, the output head, a vision tower) in float32: peft's
 ``prepare_model_for_kbit_training`` casts every 16-bit parameter that is not 4-bit to float32
 (Qwen2.5-7B's untied embeddings and head: 1.09B parameters, 4.1 GiB).
 
+Activation offloading (``model.activation_offload``) leaves ``OFFLOAD_LAYERS`` layers' worth of
+what autograd saves on the device (and, with checkpointing, the layer recomputed in the backward)
+and counts the rest in host memory, held against the machine's RAM shared by its processes.
+
 When a run does not fit, the warning computes the same estimate for what the config does not do
-yet (``batch.per_device=1``, ``model.gradient_checkpointing=true``, ``model.quantization=4bit``)
-and names the smallest sets of them that fit, best first: those that keep the weights as they are
-before 4-bit, then fewer changes before more. Each is a list of ``key=value`` overrides a user
-can paste after ``xtrain train CONFIG``.
+yet and names the smallest sets of those changes that fit, in the order of their cost (``_levers``:
+the chunked loss, gradient checkpointing, activation offloading within the machine's RAM, 4-bit
+weights, ``batch.per_device=1``): the sets whose costliest change is cheapest first, then fewer
+changes before more. Each is a list of ``key=value`` overrides a user can paste after ``xtrain
+train CONFIG``.
 
 Above ``TIGHT`` (90 %) of the card the warning says "tight" with the same changes (those that
 leave 10 % free), and on Windows that the card driving the display has less free.
