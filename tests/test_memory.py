@@ -242,7 +242,7 @@ def test_a_flat_hub_config_ties_the_head_from_its_top_level(caches, tmp_path):
 # The train plan (xtrain train --dry-run --facts SNAPSHOT)
 
 
-def _plan(tmp_path: Path, facts: Path, capsys: pytest.CaptureFixture[str]) -> str:
+def _plan(tmp_path: Path, facts: Path, capsys: pytest.CaptureFixture[str], *overrides: str) -> str:
     from xtrain.cli import main
 
     config = tmp_path / "vlm.yaml"
@@ -250,7 +250,7 @@ def _plan(tmp_path: Path, facts: Path, capsys: pytest.CaptureFixture[str]) -> st
         "model:\n  name_or_path: builtin:tiny-qwen2-vl\n  task: vision-language\n"
         "data:\n  train: builtin:shapes-vqa\n  max_length: 64\nbatch:\n  per_device: 4\n"
     )
-    assert main(["train", str(config), "--dry-run", "--facts", str(facts)]) == 0
+    assert main(["train", str(config), *overrides, "--dry-run", "--facts", str(facts)]) == 0
     return capsys.readouterr().out
 
 
@@ -275,6 +275,13 @@ def test_plan_on_two_4090s_shows_the_estimate_and_a_tiny_gpu_warns(caches, machi
     )
     # no CUDA in the plan (a CPU machine): no estimate, and transformers is not needed for it
     assert "Memory:" not in _plan(tmp_path, machines_dir / "linux-cpu.json", capsys)
+    # the levers as the config sets them: the plain loss, offloaded activations in host memory
+    out = _plan(tmp_path, machines_dir / "wsl2-2x4090.json", capsys, "model.chunked_loss=off",
+                "model.activation_offload=true")  # fmt: skip
+    lines = out.splitlines()
+    assert lines[4] == "Loss: the model's own, every position (model.chunked_loss=off)"
+    assert lines[5] == "Activations: saved for the backward pass in host memory (model.activation_offload)"
+    assert lines[6].startswith("Memory: ~") and lines[6].endswith("of activations in host memory")
 
 
 def test_facts_need_a_dry_run(tmp_path, machines_dir, capsys):

@@ -132,9 +132,11 @@ def train(
     from xtrain.launch import sharding
     from xtrain.machine.facts import Facts
     from xtrain.planning.run import for_launch
+    from xtrain.runtime.quiet import quiet_deepspeed
     from xtrain.tasks.validation import load_config
     from xtrain.train.preflight import Where, run_checks
 
+    quiet_deepspeed()  # the plan's model skeleton may import deepspeed (its CPU line on stdout)
     console = make_console()
     overrides = list(overrides or [])  # read (and refused) by load_config
     if precision is not None:  # the same as the override run.mixed_precision=..., checked the same way
