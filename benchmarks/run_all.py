@@ -722,6 +722,8 @@ python -m pytest -q tests/gpu                                           # the CU
 python benchmarks/gpu.py --steps 30 --json > gpu.json                   # LoRA/full x fp16/bf16 x compile
 python benchmarks/loops.py --size base --precision fp16 --repeats 5     # fp16 LoRA vs hand-written, repeated
 python benchmarks/loops.py --size base --precision bf16 --repeats 5     # the same in bf16, for comparison
+python benchmarks/chunked_loss.py --device cuda --json > levers.json     # the memory levers' peaks
+python benchmarks/chunked_loss.py --device cuda --size 7b                # Qwen2.5-7B-shaped peak vs estimate
 ```
 
 fp16 LoRA at 0.63-0.70x of the hand-written loop is the open question: the repeated `loops.py` runs
