@@ -67,7 +67,7 @@ def test_offloading_moves_the_activations_to_the_host_and_keeps_the_gradients(pi
     finally:
         offload.detach()
     assert offload.moved > 64 * 2**20  # the layers' activations went to the host
-    assert moved_kept < kept - offload.moved // 2  # and left the device
+    assert moved_kept < kept / 2  # and left the device (``moved`` counts a storage once a view)
     assert moved_loss == loss
     assert grads.keys() == moved_grads.keys() and grads
     for name, g in grads.items():  # the same tensors come back: the same gradients, bit for bit
