@@ -77,7 +77,7 @@ def run_info(
         "peak_mem_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "skip_check": "loss scale" if skips.scaler is not None else None,
         # the estimate of xtrain.model.memory for this rank's card (CUDA only)
-        "memory_estimate_gib": round(memory.estimate_gib, 2) if memory is not None else None,
+        "memory_estimate_gib": round(memory.estimate_gib, 4) if memory is not None else None,
     }
 
 
