@@ -170,15 +170,9 @@ def shapes_straight(shapes_job):
 
 @pytest.mark.slow
 def test_one_and_two_processes_give_the_same_accuracy(shapes_job, shapes_straight):
-    from support.jobs import assert_same_training, python_run, run_xtrain
+    from support.jobs import assert_same_training, one_and_two_processes
 
-    out = shapes_job.root / "two"
-    args = ("--processes", "2", "--config", str(shapes_job.config), f"run.output_dir={out}")
-    proc = run_xtrain(python_run(*args), shapes_job.env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one = json.loads((shapes_straight / "train_result.json").read_text())
-    two = json.loads((out / "train_result.json").read_text())
-    assert (two["world_size"], two["accumulation"], one["accumulation"]) == (2, 1, 2)
+    out, one, two = one_and_two_processes(shapes_job, shapes_straight)
     assert [h["accuracy"] for h in one["eval_history"]] == [h["accuracy"] for h in two["eval_history"]]
     assert_same_training(shapes_straight, out)
 

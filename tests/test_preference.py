@@ -325,15 +325,9 @@ def pref_straight(pref_job):
 
 @pytest.mark.slow
 def test_one_and_two_processes_train_the_same_dpo(pref_job, pref_straight):
-    from support.jobs import assert_same_training, python_run, run_xtrain
+    from support.jobs import assert_same_training, one_and_two_processes
 
-    out = pref_job.root / "two"
-    args = ("--processes", "2", "--config", str(pref_job.config), f"run.output_dir={out}")
-    proc = run_xtrain(python_run(*args), pref_job.env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one = json.loads((pref_straight / "train_result.json").read_text())
-    two = json.loads((out / "train_result.json").read_text())
-    assert (two["world_size"], two["accumulation"], one["accumulation"]) == (2, 1, 2)
+    out, one, two = one_and_two_processes(pref_job, pref_straight)
     for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
         assert b["rewards/accuracy"] == a["rewards/accuracy"]
         assert b["rewards/margin"] == pytest.approx(a["rewards/margin"], rel=1e-4, abs=1e-6)

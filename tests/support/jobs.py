@@ -134,12 +134,22 @@ def task_job(root: Path, template: str, model: Path, rows: list[dict], n_train: 
     return Job(root=root, config=config, env=offline_env(root, cache))
 
 
-def train_once(job: Job, name: str = "straight") -> tuple[Path, subprocess.CompletedProcess]:
-    """``python -m xtrain.run`` on ``job`` into ``job.root / name``; it must succeed."""
+def train_once(job: Job, name: str = "straight", *extra: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """``python -m xtrain.run [extra]`` on ``job`` into ``job.root / name``; it must succeed."""
     out = job.root / name
-    proc = run_xtrain(python_run("--config", str(job.config), f"run.output_dir={out}"), job.env)
+    proc = run_xtrain(python_run(*extra, "--config", str(job.config), f"run.output_dir={out}"), job.env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
+
+
+def one_and_two_processes(job: Job, straight: Path) -> tuple[Path, dict, dict]:
+    """``job`` again on 2 processes (into ``two``): (its folder, the one-process run's result, the
+    two-process run's), both runs' global batch checked to be the same (2 x 1 against 1 x 2)."""
+    out, _ = train_once(job, "two", "--processes", "2")
+    one = json.loads((straight / "train_result.json").read_text())
+    two = json.loads((out / "train_result.json").read_text())
+    assert (two["world_size"], two["accumulation"], one["accumulation"]) == (2, 1, 2)
+    return out, one, two
 
 
 def start_xtrain(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
