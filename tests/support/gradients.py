@@ -11,7 +11,8 @@ states the loop seeded for its dropout).
 The reference knows nothing of xtrain: the model's class built from its config (no quantization),
 peft's ``get_peft_model`` with the same adapter config, every weight as xtrain's model held it
 when built (4-bit and 8-bit weights dequantized with bitsandbytes' own functions), the recorded
-inputs through it in training mode, the model's own ``.loss`` over the accumulation, backward.
+inputs through it in training mode with the LoRA dropout masks xtrain's run drew, the model's own
+``.loss`` over the accumulation, backward.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class Capture:
     # each training forward's logits width: 0 under the chunked loss (no logits made), else the
     # vocabulary or the classes; -1: no logits
     widths: list[int] = field(default_factory=list)
+    # each LoRA dropout's masks, one a training forward, in order (``ReplayedDropout``)
+    masks: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    in_forward: bool = False  # inside a training forward (not a checkpoint's recompute in backward)
 
 
 def _dequantized(model: Any) -> dict[str, torch.Tensor]:
@@ -92,9 +96,11 @@ def _record(capture: Capture, module: Any, args: tuple, kwargs: dict[str, Any]) 
     device = next(v.device for v in kwargs.values() if torch.is_tensor(v))
     inputs = {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in kwargs.items()}
     capture.inputs.append((inputs, _rng_states(device)))
+    capture.in_forward = True
 
 
 def _width(capture: Capture, module: Any, args: tuple, output: Any) -> None:
+    capture.in_forward = False
     if module.training and torch.is_grad_enabled():
         logits = getattr(output, "logits", None)
         capture.widths.append(int(logits.shape[-1]) if logits is not None else -1)
@@ -110,6 +116,30 @@ def _at_step(capture: Capture, optimizer: Any, args: Any, kwargs: Any) -> None:
 
     capture.grads = {n: grad(p) for n, p in capture.model.named_parameters() if p.requires_grad}
     raise FirstStep
+
+
+def _mask(capture: Capture, name: str, module: Any, args: tuple, output: torch.Tensor) -> None:
+    """A LoRA dropout's mask in a training forward (where its output is not zero; an input that
+    is zero gives zero either way)."""
+    if capture.in_forward and module.training and torch.is_grad_enabled():
+        capture.masks.setdefault(name, []).append((output != 0).detach().clone())
+
+
+class ReplayedDropout(torch.nn.Module):
+    """The reference's LoRA dropout: the masks xtrain's run drew, in order, so the reference does
+    not depend on how the device draws them. On CUDA a mask depends on the input's dtype (the
+    dropout kernel's vector width), and peft's bitsandbytes LoRA layers drop out the input in the
+    autocast dtype (a bf16 attention output) where the reference sees float32. The wrapped dropout
+    still runs, so the generator moves as in xtrain's run for whatever draws next."""
+
+    def __init__(self, dropout: torch.nn.Dropout, masks: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.masks = list(masks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.dropout(x)  # (the generator's draws)
+        return x * (self.masks.pop(0).to(x.dtype) * (1.0 / (1.0 - self.dropout.p)))
 
 
 def xtrain_gradients(cfg: Any, plan: Any = None, on_workload: Callable[[Any], None] | None = None) -> Capture:
@@ -133,6 +163,9 @@ def xtrain_gradients(cfg: Any, plan: Any = None, on_workload: Callable[[Any], No
         capture.initial = float_state(workload.model)
         workload.model.register_forward_pre_hook(partial(_record, capture), with_kwargs=True)
         workload.model.register_forward_hook(partial(_width, capture))  # (before the loop's own hooks)
+        for name, module in workload.model.named_modules():
+            if ".lora_dropout." in name and isinstance(module, torch.nn.Dropout):
+                module.register_forward_hook(partial(_mask, capture, name))
         return workload
 
     handle = register_optimizer_step_pre_hook(partial(_at_step, capture))
@@ -169,6 +202,10 @@ def reference_model(capture: Capture, device: torch.device | str = "cpu") -> Any
     with torch.no_grad():
         for name, t in tensors.items():
             t.copy_(capture.initial[name])
+    for name, masks in capture.masks.items():
+        parent, key = name.rsplit(".", 1)
+        holder = ref.get_submodule(parent)
+        holder[key] = ReplayedDropout(holder[key], masks)
     trained = {id(p) for name, p in ref.named_parameters(remove_duplicate=False) if name in capture.grads}
     for p in ref.parameters():
         p.requires_grad_(id(p) in trained)  # (a tied weight trains under any of its names)
