@@ -17,25 +17,21 @@ checkpoint and exit 130.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from xtrain.config.schema import given_keys
 from xtrain.errors import XtrainError
-from xtrain.launch.spawn import spawn
+from xtrain.launch.launcher import spawn_module
 from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
 from xtrain.model.configs import local_config
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.run import Run, for_process
-from xtrain.runtime import lifetime
+from xtrain.runtime import lifetime, report
 from xtrain.runtime.quiet import quiet_libraries
-from xtrain.runtime.report import record_outcome
-from xtrain.runtime.signals import StopAtOnce, StopRequested, exit_code, stop_on_sigterm
+from xtrain.runtime.signals import StopAtOnce, StopRequested, stop_on_sigterm
 from xtrain.tasks import model_checks
 from xtrain.train.failures import NoPeers, remove_killed_writes, stopped_error
 from xtrain.train.preflight import Note, run_checks
@@ -43,9 +39,9 @@ from xtrain.train.report import RichReporter
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
-    from xtrain.planning.plan import Plan
     from xtrain.train.result import TrainResult
 
+MODULE = "xtrain.run"  # what each spawned rank runs: this module, as a rank of the launch
 PLATFORM_ENV = "XTRAIN_PLATFORM"
 SINGLE_LAUNCH_NOTE = (
     "xtrain: accelerate launch started one process (a single-process launch runs no torchrun, whose "
@@ -84,47 +80,34 @@ def run_worker(run: Run) -> TrainResult:
         return train_run(run, reporter)
 
 
-def spawned_worker(cfg: TrainConfig, plan: Plan, error_dir: str) -> None:
-    """The spawn target (top-level, importable): this rank's ``Run`` (its launch context read
-    once, the parent's plan), trained. A user-facing error goes to a file for the parent to print
-    once, instead of once per rank."""
-    rank = 0
+def _spawn(args: argparse.Namespace, run: Run, fitted: list[str]) -> int:
+    """Start the plan's ranks here (spawn), each running this module as a rank of the launch, as
+    ``xtrain train``'s spawn launcher does (one worker entry: ``launch.spawn.run_module``; one
+    report channel: ``runtime.report``). ``fitted``: the lengths fitted here, handed to the ranks
+    as overrides (said once, here). Returns the exit code when a rank said how it ended."""
+    argv = [*(["--config", args.config] if args.config else []), *args.overrides, *fitted]
+    if args.platform:
+        argv = ["--platform", args.platform, *argv]
+    out = run.cfg.run.output_dir
     try:
-        context = LaunchContext.from_env()  # the rank variables the spawn launcher set
-        rank = context.rank
-        run = for_process(cfg, context, plan=plan)
-        _say(run_checks(run), run)  # this rank's preflight checks, before its model loads
-        run_worker(run)
-    except XtrainError as e:
-        data = {"message": e.message, "hint": e.hint, "exit_code": e.exit_code}
-        (Path(error_dir) / f"rank-{rank}.json").write_text(json.dumps(data), encoding="utf-8")
-        exit_quietly(e.exit_code)
-    except KeyboardInterrupt:  # Ctrl+C before the loop took over the signal (or a second one)
-        exit_quietly(130)
-    except StopRequested as e:  # the parent says what was (not) saved
-        exit_quietly(exit_code(e.signum))
-    lifetime.end_rank(0)  # done: no interpreter teardown (gloo's abort there, see end_rank)
-
-
-def _spawn(cfg: TrainConfig, plan: Plan) -> None:
-    """Start the plan's ranks here with torch.multiprocessing (spawn)."""
-    with tempfile.TemporaryDirectory(prefix="xtrain-errors-") as error_dir:
-        try:
-            spawn(spawned_worker, (cfg, plan, error_dir), plan)
-        except WorkerFailed as failed:
-            reported = sorted(Path(error_dir).glob("rank-*.json"), key=lambda p: int(p.stem.split("-")[1]))
-            stopped = failed if isinstance(failed, WorkerStopped) else None
-            if stopped is not None and stopped.at_once:
-                remove_killed_writes(cfg.run.output_dir)
-            if stopped is not None and (stopped.at_once or not reported):
-                raise stopped_error(cfg.run.output_dir, stopped.signum, stopped.at_once) from None
-            if reported:
-                data = json.loads(reported[0].read_text(encoding="utf-8"))
-                code = stopped.exit_code if stopped is not None else int(data["exit_code"])
-                raise XtrainError(data["message"], data["hint"], exit_code=code) from None
-            if failed.details:
-                sys.stderr.write(failed.details.rstrip() + "\n")
-            raise
+        spawn_module(MODULE, argv, run.plan)
+    except WorkerStopped as stopped:  # a rank said where the stop checkpoint is, else say it here
+        if stopped.at_once:
+            remove_killed_writes(out)
+        if stopped.at_once or not stopped.reports:
+            raise stopped_error(out, stopped.signum, stopped.at_once) from None
+        if stopped.said is not None:
+            return stopped.exit_code
+        raise stopped.reports[0].error(stopped.exit_code) from None
+    except WorkerFailed as failed:
+        if (said := failed.said) is not None:
+            return said.exit_code
+        if failed.reports:  # a rank that does not speak for the run: said once, here
+            raise failed.reports[0].error() from None
+        if failed.details:
+            sys.stderr.write(failed.details.rstrip() + "\n")
+        raise
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +129,7 @@ def _main(argv: list[str] | None) -> tuple[int, LaunchContext | None]:
         from xtrain.tasks.validation import load_config
 
         cfg = load_config(args.config, args.overrides)
-        _fit_defaults(cfg, context)  # lengths the user did not set, from the model's positions
+        fitted = _fit_defaults(cfg, context)  # lengths the user did not set, from the model's positions
         # the launch mode, in one place: a rank of a launcher, accelerate's one-process launch
         # (xtrain.run starts the workers), --processes N (the same), or this process alone
         run = for_process(
@@ -161,26 +144,33 @@ def _main(argv: list[str] | None) -> tuple[int, LaunchContext | None]:
             if context.single_launch:
                 sys.stderr.write(SINGLE_LAUNCH_NOTE.format(n=run.plan.num_processes))
                 sys.stderr.flush()
-            _spawn(cfg, run.plan)
+            return _spawn(args, run, fitted), context
     except XtrainError as e:
         return _report(e, context), context
     except (KeyboardInterrupt, StopRequested) as e:  # before the loop, or a second Ctrl+C
         signum = e.signum if isinstance(e, StopRequested) else signal.SIGINT
+        at_once = isinstance(e, StopAtOnce)
+        if at_once and context.launched and report.launcher_listens():
+            return 130, context  # xtrain's launcher says it, once the killed ranks' writes are gone
         out = cfg.run.output_dir if cfg is not None else None
-        return _report(stopped_error(out, signum, at_once=isinstance(e, StopAtOnce)), context), context
+        return _report(stopped_error(out, signum, at_once=at_once), context), context
     return 0, context
 
 
-def _fit_defaults(cfg: TrainConfig, context: LaunchContext | None = None) -> None:
+def _fit_defaults(cfg: TrainConfig, context: LaunchContext | None = None) -> list[str]:
     """``model_checks.fit_defaults`` from the model's config.json (a built-in is built and a hub
     model's config.json fetched here: the run loads the model next anyway); rank 0 (of
-    ``context``) says each change."""
+    ``context``) says each change. Returns the changes as ``key=value`` overrides."""
     lengths = {"data.max_length", "generation.max_new_tokens"}
     if lengths <= (given_keys(cfg) or lengths):
-        return  # both given (or a config built in code): nothing to fit, nothing to read
+        return []  # both given (or a config built in code): nothing to fit, nothing to read
+    before = (cfg.data.max_length, cfg.generation.max_new_tokens)
     for note in model_checks.fit_defaults(cfg, local_config(cfg, fetch=True)):
         if context is None or context.is_main:
             sys.stderr.write(f"note: {note}\n")
+    after = (cfg.data.max_length, cfg.generation.max_new_tokens)
+    keys = ("data.max_length", "generation.max_new_tokens")
+    return [f"{key}={new}" for key, old, new in zip(keys, before, after, strict=True) if new != old]
 
 
 def _say(notes: list[Note], run: Run) -> None:
@@ -194,13 +184,15 @@ def _say(notes: list[Note], run: Run) -> None:
 
 
 def _report(e: XtrainError, context: LaunchContext) -> int:
-    """Rank 0 prints the one line (and tells xtrain's launcher it did); returns the exit code.
-    A group that never formed has no rank 0 to speak for the others: each says it."""
-    if context.is_main or isinstance(e, NoPeers):
+    """Rank 0 prints the one line; every rank tells xtrain's launcher how it ended and whether it
+    said so (``runtime.report``); returns the exit code. A group that never formed has no rank 0
+    to speak for the others: each says it."""
+    printed = context.is_main or isinstance(e, NoPeers)
+    if printed:
         prefix = "" if e.exit_code in (130, 143) else "error: "  # a stop is not an error
         sys.stderr.write(f"{prefix}{e.one_line()}\n")
         sys.stderr.flush()
-        record_outcome(e, context.rank)
+    report.record(e, context.rank, printed)
     return e.exit_code
 
 

@@ -212,12 +212,12 @@ def launch_training(
         # Ctrl+C / SIGTERM: rank 0 said where the stop checkpoint is, else say what is there
         if e.at_once:
             remove_killed_writes(output_dir)
-        if e.outcome is None or e.at_once:
+        if e.said is None or e.at_once:
             sys.stderr.write(stopped_error(output_dir, e.signum, e.at_once).one_line() + "\n")
         return e.exit_code
     except launch.WorkerFailed as e:
-        if e.outcome is not None:  # rank 0 already reported it in one line
-            return int(e.outcome.get("exit_code") or e.worker_exit_code or 1)
+        if (said := e.said) is not None:  # a rank already said it in one line
+            return int(said.exit_code or e.worker_exit_code or 1)
         if e.worker_exit_code not in (2, 3, 130):
             console.print(f"[bold red]error:[/] {escape(e.one_line())}", soft_wrap=True)
         return e.worker_exit_code if e.worker_exit_code > 0 else 1

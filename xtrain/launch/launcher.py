@@ -20,7 +20,7 @@ MASTER_ADDR, MASTER_PORT, RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, the pl
 JSON, so workers do not probe the machine again). A failed worker becomes ``WorkerFailed``
 (an ``XtrainError`` naming the rank); the other ranks are stopped, nothing hangs.
 
-``spawn.py`` and ``accelerate_launcher.py`` hold the two launchers, ``failures.py`` what comes
+``spawn.py`` and ``accelerate_launcher.py`` hold the two launchers, ``worker_errors.py`` what comes
 back from them, ``env.py`` the environment and ``rendezvous.py`` the port; this module chooses.
 torch and accelerate are imported inside the functions: ``xtrain.cli`` stays light.
 """
@@ -33,15 +33,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from xtrain.launch.accelerate_launcher import accelerate_launch_raising
 from xtrain.launch.env import patched_environ, plan_env
 from xtrain.launch.spawn import run_module, spawn
 from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
 from xtrain.planning.plan import Plan
-from xtrain.runtime import lifetime
-from xtrain.runtime.report import REPORT_ENV, read_outcome
+from xtrain.runtime import lifetime, report
 from xtrain.runtime.signals import LauncherSignals, StopAtOnce
 
 
@@ -67,15 +66,30 @@ def launch(
     ``sharding`` (FSDP/DeepSpeed switches, ``launch.sharding``): always accelerate's launcher,
     also for one process: only it sets up the plugin's environment for the worker.
     """
-    argv = list(argv)
+    with _reports():
+        _launch(module, list(argv), plan, port, config_file, tuple(sharding))
+
+
+def spawn_module(module: str, argv: Sequence[str], plan: Plan) -> None:
+    """``python -m module *argv`` on the plan's processes on this machine, started by the spawn
+    launcher whatever the plan's (``python -m xtrain.run --processes N``): the same worker
+    entry (``spawn.run_module``) and report channel as ``launch``'s spawn path."""
+    with _reports():
+        spawn(run_module, (module, list(argv)), plan)
+
+
+@contextlib.contextmanager
+def _reports() -> Iterator[None]:
+    """The workers' report folder (``xtrain.runtime.report``) for the block; a ``WorkerFailed``
+    leaving it carries what the ranks reported."""
     with (
-        tempfile.TemporaryDirectory(prefix="xtrain-report-") as report,
-        patched_environ({REPORT_ENV: report}),
+        tempfile.TemporaryDirectory(prefix="xtrain-report-") as folder,
+        patched_environ({report.REPORT_ENV: folder}),
     ):
         try:
-            _launch(module, argv, plan, port, config_file, tuple(sharding))
+            yield
         except WorkerFailed as e:
-            e.outcome = read_outcome(report)  # rank 0's one line, when it said it already
+            e.reports = report.read(folder)  # who said what already
             raise
 
 
@@ -110,8 +124,8 @@ def runs_here(plan: Plan) -> bool:
 
 def _here(module: str, argv: list[str], plan: Plan) -> None:
     """``module.main(argv) -> exit code`` in this process with the plan's variables (minus
-    CUDA_VISIBLE_DEVICES, see ``runs_here``). The module reports its own outcome (one line,
-    ``record_outcome``); a non-zero exit becomes ``WorkerFailed`` for ``launch`` to read it."""
+    CUDA_VISIBLE_DEVICES, see ``runs_here``). The module reports its own ending (one line,
+    ``runtime.report.record``); a non-zero exit becomes ``WorkerFailed`` for ``launch`` to read it."""
     import importlib
 
     env = plan_env(plan)

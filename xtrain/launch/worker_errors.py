@@ -5,37 +5,40 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.runtime.report import Report, said
 from xtrain.runtime.signals import exit_code, signal_name
 
 
 class WorkerFailed(XtrainError):
     """A worker process failed. ``rank`` is its global rank, ``exit_code`` what it exited with,
     ``details`` the worker's traceback when one came back (the one-line message keeps only its
-    last line)."""
+    last line), ``reports`` what the ranks reported (``xtrain.runtime.report``), lowest rank first."""
 
     def __init__(self, rank: int | None, exit_code: int, message: str, details: str = "") -> None:
         super().__init__(message, None, exit_code=exit_code if exit_code > 0 else 1)
         self.rank = rank
         self.worker_exit_code = exit_code
         self.details = details
-        self.outcome: dict[str, Any] | None = None  # rank 0's report (xtrain.runtime.signals), when made
+        self.reports: list[Report] = []  # filled in by the launcher that named the report folder
+
+    @property
+    def said(self) -> Report | None:
+        """The report a rank printed itself (the launcher then repeats nothing), if any."""
+        return said(self.reports)
 
 
 class WorkerStopped(WorkerFailed):
     """The launcher got SIGINT/SIGTERM and passed it on: the workers stopped (and saved, when
-    the loop was running). ``outcome`` is rank 0's own report when it made one (it then printed
-    its one line already); ``at_once``: a second Ctrl+C killed them without saving."""
+    the loop was running); ``at_once``: a second Ctrl+C killed them without saving."""
 
-    def __init__(self, signum: int, at_once: bool = False, outcome: dict[str, Any] | None = None) -> None:
+    def __init__(self, signum: int, at_once: bool = False) -> None:
         code = exit_code(signum)
         super().__init__(None, code, f"stopped on {signal_name(signum)}")
         self.exit_code = code
         self.signum = signum
         self.at_once = at_once
-        self.outcome = outcome
 
 
 def last_line(text: str) -> str:
