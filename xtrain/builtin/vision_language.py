@@ -21,9 +21,12 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.builtin.text import byte_level_bpe, fast_tokenizer, story_examples
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 IMAGE_SIZE = 56  # pixels a side: 4x4 patches of 14, merged 2x2 into 4 image tokens
 PATCH, MERGE, TEMPORAL = 14, 2, 2
@@ -151,7 +154,7 @@ def build_tokenizer() -> Any:
     )
 
 
-def save_processor(tokenizer: Any, folder: Path) -> None:
+def save_processor(tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     """The files of a ``Qwen2VLProcessor`` as a hub checkpoint has them: the image processor's
     ``preprocessor_config.json``, the tokenizer with ``chat_template.jinja``, and
     ``processor_config.json`` naming the processor class. (Written piece by piece: building a

@@ -16,6 +16,7 @@ from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
 # Bump when the tokenising functions below change what they produce (invalidates the cache).
 TOKENIZE_VERSION = 2
@@ -62,7 +63,7 @@ def _not_text(ds: Dataset, col: str) -> str | None:
     return None
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """A hash of everything in the tokenizer that changes its output (stable across processes).
     sha256 of canonical JSON: datasets' Hasher over the parsed JSON took seconds for 100k+
     vocabularies, at every start and resume (benchmarks/fingerprint.py)."""
@@ -105,7 +106,7 @@ def _has_target(labels: Sequence[int]) -> bool:
 
 def tokenize_causal_lm(
     batch: dict[str, list[Any]],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_column: str,
     prompt_column: str | None,
     response_column: str | None,
@@ -164,7 +165,7 @@ def columns(rows: Sequence[dict[str, list[int]]]) -> dict[str, list[list[int]]]:
 
 def tokenize_seq_cls(
     batch: dict[str, list[Any]],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     text_column: str,
     text_pair_column: str | None,
     label_column: str,

@@ -24,9 +24,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PretrainedConfig
 
 
 @dataclass(frozen=True)
@@ -41,12 +45,12 @@ class Family:
     extra: Callable[[Any], list[tuple[str, Any]]] = field(default=lambda config: [])
 
 
-def _get(config: Any, name: str, default: Any = None) -> Any:
+def _get(config: PretrainedConfig, name: str, default: Any = None) -> Any:
     value = getattr(config, name, default)
     return default if value is None else value
 
 
-def rope(config: Any) -> dict[str, Any]:
+def rope(config: PretrainedConfig) -> dict[str, Any]:
     """The config's rope settings as one dict (transformers 5 ``rope_parameters``; older configs
     ``rope_scaling`` + ``rope_theta``)."""
     found = dict(_get(config, "rope_parameters", None) or _get(config, "rope_scaling", None) or {})
@@ -56,11 +60,11 @@ def rope(config: Any) -> dict[str, Any]:
     return found
 
 
-def head_dim(config: Any) -> int:
+def head_dim(config: PretrainedConfig) -> int:
     return int(_get(config, "head_dim", 0) or config.hidden_size // config.num_attention_heads)
 
 
-def _gemma2(config: Any) -> list[tuple[str, Any]]:
+def _gemma2(config: PretrainedConfig) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = [
         ("add_key_length", head_dim(config)),
         ("add_value_length", head_dim(config)),
@@ -74,7 +78,7 @@ def _gemma2(config: Any) -> list[tuple[str, Any]]:
     return out
 
 
-def _phi3(config: Any) -> list[tuple[str, Any]]:
+def _phi3(config: PretrainedConfig) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = [("add_sliding_window", int(_get(config, "sliding_window", 0)))]
     original = _get(config, "original_max_position_embeddings")
     if original is not None:
@@ -95,7 +99,7 @@ def supported() -> str:
     return ", ".join(f.name for f in FAMILIES)
 
 
-def family_of(config: Any) -> Family:
+def family_of(config: PretrainedConfig) -> Family:
     """The family of a model config; any other is refused in one line naming the supported ones."""
     model_type = _get(config, "model_type", "")
     for family in FAMILIES:
@@ -109,7 +113,7 @@ def family_of(config: Any) -> Family:
     )
 
 
-def hyperparameters(config: Any, family: Family) -> list[tuple[str, Any]]:
+def hyperparameters(config: PretrainedConfig, family: Family) -> list[tuple[str, Any]]:
     """The ``GGUFWriter.add_*`` calls (method name, value) of the model's hyperparameters."""
     heads = int(config.num_attention_heads)
     kv = int(_get(config, "num_key_value_heads", heads))
@@ -137,7 +141,7 @@ def hyperparameters(config: Any, family: Family) -> list[tuple[str, Any]]:
 _ROPE_TENSORS = {"llama3": ("LLAMA",), "longrope": ("PHI3",), "su": ("PHI3",)}
 
 
-def rope_scaling(config: Any, family: Family) -> list[tuple[str, Any]]:
+def rope_scaling(config: PretrainedConfig, family: Family) -> list[tuple[str, Any]]:
     """The rope scaling keys; a scaling this export cannot write is refused in one line."""
     found = rope(config)
     kind = found["rope_type"]
@@ -162,7 +166,7 @@ def rope_scaling(config: Any, family: Family) -> list[tuple[str, Any]]:
     )
 
 
-def rope_tensors(config: Any, family: Family) -> dict[str, Any]:
+def rope_tensors(config: PretrainedConfig, family: Family) -> dict[str, Any]:
     """Extra float32 tensors (GGUF name -> numpy array) that carry the rope scaling."""
     import numpy as np
 
@@ -185,14 +189,14 @@ def rope_tensors(config: Any, family: Family) -> dict[str, Any]:
     return {}
 
 
-def permute_rotary(weight: Any, heads: int) -> Any:
+def permute_rotary(weight: Tensor, heads: int) -> Tensor:
     """transformers' rotary layout (each head's first half, then its second) -> llama.cpp's
     interleaved pairs, for the rows of a q or k projection (weight or bias) of ``heads`` heads."""
     shape = weight.shape
     return weight.reshape(heads, 2, shape[0] // heads // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
 
 
-def convert_tensor(name: str, weight: Any, config: Any, family: Family) -> Any:
+def convert_tensor(name: str, weight: Tensor, config: PretrainedConfig, family: Family) -> Tensor:
     """One transformers weight (a float32 numpy array) as llama.cpp expects it."""
     if family.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
         return permute_rotary(weight, int(config.num_attention_heads))
@@ -204,7 +208,7 @@ def convert_tensor(name: str, weight: Any, config: Any, family: Family) -> Any:
     return weight
 
 
-def skipped(name: str, config: Any) -> bool:
+def skipped(name: str, config: PretrainedConfig) -> bool:
     """Weights a GGUF does not hold: a head tied to the embeddings, rotary caches."""
     if name == "lm_head.weight" and bool(_get(config, "tie_word_embeddings", False)):
         return True

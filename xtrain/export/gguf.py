@@ -25,6 +25,8 @@ from xtrain.export.vocab import read_vocab, write_vocab
 
 if TYPE_CHECKING:
     import numpy as np
+    from torch.nn import Module
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 TYPES = ("f16", "bf16", "q8_0")
 INSTALL = 'pip install "gguf>=0.10"'  # the package itself: `xtrain` on the index is another project
@@ -68,7 +70,7 @@ def tensor_type(shape: tuple[int, ...], kind: str) -> str:
     return kind.upper()
 
 
-def plan_tensors(model: Any, kind: str) -> tuple[list[PlannedTensor], dict[str, np.ndarray]]:
+def plan_tensors(model: Module, kind: str) -> tuple[list[PlannedTensor], dict[str, np.ndarray]]:
     """Every tensor the file holds, in order, and the extra arrays (rope factors) by name."""
     gguf = require_gguf()
     config = model.config
@@ -91,7 +93,9 @@ def plan_tensors(model: Any, kind: str) -> tuple[list[PlannedTensor], dict[str, 
     return planned, extra
 
 
-def _array(model_state: dict[str, Any], t: PlannedTensor, config: Any, family: families.Family) -> Any:
+def _array(
+    model_state: dict[str, Any], t: PlannedTensor, config: PretrainedConfig, family: families.Family
+) -> Any:
     """The tensor's data, converted for llama.cpp and in its file type."""
     gguf = require_gguf()
     data = model_state[t.source].detach().float().cpu().numpy()
@@ -105,15 +109,15 @@ def _array(model_state: dict[str, Any], t: PlannedTensor, config: Any, family: f
 _FILE_TYPES = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
 
 
-def estimate_bytes(model: Any, kind: str) -> int:
+def estimate_bytes(model: Module, kind: str) -> int:
     """The file's size, near enough for the disk check: its tensors (metadata is small)."""
     planned, _ = plan_tensors(model, kind)
     return sum(t.nbytes for t in planned)
 
 
 def write_gguf(
-    model: Any,
-    tokenizer: Any,
+    model: Module,
+    tokenizer: PreTrainedTokenizerBase,
     path: Path,
     kind: str,
     template: str | None,

@@ -13,9 +13,13 @@ embedding or the head) at worst, and the probes' activations and logits are smal
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
 
 FLOAT32_COPIES = 3  # of the largest tensor at once (dequantized, copied, converted: measured 300M Llama)
 MARGIN = 512 * 2**20  # the probes' activations and logits, the adapter, the tokenizer
@@ -53,7 +57,7 @@ def check_memory(sizes: ModelSizes | None, available: int | None) -> None:
     )
 
 
-def model_sizes(model_class: Any, config: Any) -> ModelSizes | None:
+def model_sizes(model_class: type[PreTrainedModel], config: PretrainedConfig) -> ModelSizes | None:
     """The parameter count, the weights' bytes in the checkpoint's dtype and the largest tensor,
     from a model built on the meta device (nothing allocated); ``None`` where the model cannot be
     built that way (an estimate that fails must not stop an export that would fit)."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.export.templates import TurnFormat
+from xtrain.shell import join_commands, quote
 
 MODELFILE = "Modelfile"
 
@@ -141,8 +142,6 @@ def sampling(generation_config: dict[str, Any] | None) -> dict[str, float | int]
 
 def create_lines(name: str, folder: str) -> dict[str, str]:
     """``ollama create`` for PowerShell and bash, run from the export folder."""
-    from xtrain.shell import join_commands, quote
-
     return {
         shell: join_commands(
             [f"cd {quote(shell, folder)}", f"ollama create {quote(shell, name)} -f {MODELFILE}"]

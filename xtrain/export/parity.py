@@ -29,7 +29,11 @@ from typing import TYPE_CHECKING, Any
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
+    from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.export.templates import Render
 
@@ -80,7 +84,7 @@ def probe_conversations(render: Render) -> list[list[dict[str, str]]]:
     return out
 
 
-def prompt_ids(tokenizer: Any, render: Render | None) -> list[list[int]]:
+def prompt_ids(tokenizer: PreTrainedTokenizerBase, render: Render | None) -> list[list[int]]:
     """Token ids of the probe prompts as training made them: a chat run's conversations rendered
     with the generation prompt and tokenized without adding special tokens (the template holds
     them, as in ``chat_data.encode``); a plain run's texts with the tokenizer's own specials."""
@@ -90,7 +94,7 @@ def prompt_ids(tokenizer: Any, render: Render | None) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
 
-def logits(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
+def logits(model: Module, prompts: list[list[int]]) -> list[torch.Tensor]:
     """The model's float32 logits on each prompt (one at a time: no padding to get right)."""
     import torch
 
@@ -103,7 +107,7 @@ def logits(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
     return out
 
 
-def logits_float32(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
+def logits_float32(model: Module, prompts: list[list[int]]) -> list[torch.Tensor]:
     """The logits a float32 copy of ``model`` would give, without making that copy: each module's
     own 16-bit weights are upcast for its forward only and the original tensors put back after
     (16-bit -> float32 is exact, so this is the float32 model's arithmetic), holding one module's
@@ -112,7 +116,7 @@ def logits_float32(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
 
     saved: dict[int, list[tuple[Any, torch.Tensor]]] = {}
 
-    def upcast(module: Any, _args: Any) -> None:
+    def upcast(module: Module, _args: Any) -> None:
         held = []
         for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
             if tensor.is_floating_point() and tensor.dtype != torch.float32:
@@ -120,7 +124,7 @@ def logits_float32(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
                 tensor.data = tensor.data.float()
         saved[id(module)] = held
 
-    def restore(module: Any, _args: Any, _out: Any) -> None:
+    def restore(module: Module, _args: Any, _out: Any) -> None:
         for tensor, data in saved.pop(id(module), []):
             tensor.data = data
 
@@ -171,7 +175,7 @@ class MergeProbe:
 
     PREFIX = "base_model.model."
 
-    def __init__(self, adapted: Any) -> None:
+    def __init__(self, adapted: Module) -> None:
         from peft.tuners.lora import LoraLayer
 
         self.rows: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
@@ -186,7 +190,7 @@ class MergeProbe:
                 self.rows[name.removeprefix(self.PREFIX)] = found
 
     @staticmethod
-    def _expected(module: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    def _expected(module: Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         import torch
 
         adapters = [a for a in module.active_adapters if a in module.lora_A]
@@ -206,7 +210,7 @@ class MergeProbe:
             allowed = eps * (base.abs() + 2 * delta.abs()) + torch.finfo(torch.float32).tiny
         return rows, base + delta, allowed
 
-    def check(self, merged: Any) -> Check:
+    def check(self, merged: Module) -> Check:
         """The merged model's sampled rows against the expected ones, or a ``ParityError``."""
         worst, where = 0.0, ""
         for name, (rows, expected, allowed) in self.rows.items():
@@ -246,7 +250,7 @@ def rendered(render: Render, conversations: list[list[dict[str, str]]]) -> list[
     return [render(c, True) for c in conversations]
 
 
-def gguf_template(path: Any) -> str | None:
+def gguf_template(path: str | Path) -> str | None:
     """The ``tokenizer.chat_template`` a GGUF file holds (read with the gguf package's reader)."""
     from gguf import GGUFReader
 
@@ -262,7 +266,7 @@ def gguf_template(path: Any) -> str | None:
 READ_BACK_DTYPE = {"f16": "float16", "bf16": "bfloat16", "q8_0": "float16"}
 
 
-def load_gguf(path: Any, kind: str = "f16") -> Any:
+def load_gguf(path: str | Path, kind: str = "f16") -> Any:
     """The GGUF file as a transformers model, dequantized to ``READ_BACK_DTYPE[kind]``, in eval mode.
 
     transformers' own GGUF reading (its config and tensor conversion: the q/k permutation undone,

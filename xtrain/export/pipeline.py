@@ -22,11 +22,21 @@ import gc
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from xtrain import atomic
+from xtrain.data.rows import chat as chat_data
 from xtrain.errors import XtrainError
-from xtrain.export import parity
+from xtrain.export import families, gguf, memory, ollama, parity, source, templates
+from xtrain.export.gguf import TYPES
 from xtrain.export.parity import Check
+from xtrain.export.vocab import read_vocab
+from xtrain.model import load as models
+from xtrain.model import merge
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 TARGETS = ("merged", "gguf", "ollama")
 
@@ -62,7 +72,6 @@ class Progress:
 
 
 def _check_request(req: ExportRequest) -> None:
-    from xtrain.export.gguf import TYPES
 
     if req.to not in TARGETS:
         raise XtrainError(f"--to {req.to}: not an export target", f"use one of {', '.join(TARGETS)}")
@@ -79,18 +88,16 @@ def _check_request(req: ExportRequest) -> None:
 class _Plan:
     """What step 1 found: the source, its tokenizer and template, Ollama's turns."""
 
-    src: Any
-    tokenizer: Any
+    src: source.Source
+    tokenizer: PreTrainedTokenizerBase
     template: str | None
-    render: Any  # the training renderer, None for a plain run
-    turns: Any = None  # ollama.OllamaTurns
+    render: chat_data.Render | None  # the training renderer, None for a plain run
+    turns: ollama.OllamaTurns | None = None
     eot: int | None = None
 
 
 def prepare(req: ExportRequest) -> _Plan:
     """Step 1: every refusal that needs no weights."""
-    from xtrain.data.rows import chat as chat_data
-    from xtrain.export import source
 
     _check_request(req)
     src = source.find_source(req.path, req.base)
@@ -98,15 +105,11 @@ def prepare(req: ExportRequest) -> _Plan:
     template = source.chat_template(src, tokenizer)
     render = chat_data.renderer(tokenizer, template) if template else None
     plan = _Plan(src, tokenizer, template, render)
-    from xtrain.export import memory
-    from xtrain.model import load as models
 
     config = models.load_config(src.load_from(), False)
     if req.to == "merged":
         memory.check_memory(memory.model_sizes(src.model_class, config), memory.available_bytes())
         return plan
-    from xtrain.export import families, gguf
-    from xtrain.export.vocab import read_vocab
 
     gguf.require_gguf()
     families.family_of(config)
@@ -119,12 +122,10 @@ def prepare(req: ExportRequest) -> _Plan:
     return plan
 
 
-def _end_of_turn(render: Any, tokenizer: Any) -> int | None:
+def _end_of_turn(render: chat_data.Render, tokenizer: PreTrainedTokenizerBase) -> int | None:
     """The template's end-of-turn token when it is one whole special token (``<|im_end|>``): llama.cpp
     ends generation there. A template whose turn end is ordinary text gets none (stopping at its
     first piece, say ``<``, would cut answers short)."""
-    from xtrain.data.rows import chat as chat_data
-
     if render is None:
         return None
     found = chat_data.end_of_turn(render, tokenizer)
@@ -135,7 +136,7 @@ def _end_of_turn(render: Any, tokenizer: Any) -> int | None:
     )
 
 
-def _added_ids(tokenizer: Any) -> set[int]:
+def _added_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
     return {
         i
         for i, t in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items()
@@ -143,8 +144,7 @@ def _added_ids(tokenizer: Any) -> set[int]:
     }
 
 
-def _ollama_turns(req: ExportRequest, plan: _Plan, add_bos: bool) -> Any:
-    from xtrain.export import ollama, templates
+def _ollama_turns(req: ExportRequest, plan: _Plan, add_bos: bool) -> ollama.OllamaTurns | None:
 
     if plan.render is None:
         if req.system is not None:
@@ -163,10 +163,10 @@ def _ollama_turns(req: ExportRequest, plan: _Plan, add_bos: bool) -> Any:
     return ollama.ollama_turns(found, plan.tokenizer.bos_token, add_bos)
 
 
-def merged_model(plan: _Plan, prompts: list[list[int]], progress: Progress) -> tuple[Any, Any, list[Check]]:
+def merged_model(
+    plan: _Plan, prompts: list[list[int]], progress: Progress
+) -> tuple[PreTrainedModel, list[Tensor], list[Check]]:
     """Step 2: (the merged model, its logits on ``prompts``, the merge check)."""
-    from xtrain.model import merge
-
     src = plan.src
     if not src.adapter:
         progress.stage(f"loading {src.folder}")
@@ -187,14 +187,12 @@ def merged_model(plan: _Plan, prompts: list[list[int]], progress: Progress) -> t
     return model, got, [weights, check]
 
 
-def _weights_bytes(model: Any) -> int:
+def _weights_bytes(model: PreTrainedModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.state_dict().values())
 
 
 def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult:
     """The whole export; see the module docstring for the order."""
-    from xtrain.export import gguf
-
     progress = progress or Progress()
     plan = prepare(req)
     prompts = parity.prompt_ids(plan.tokenizer, plan.render)
@@ -218,7 +216,6 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
         lines = _write_modelfile(req, plan, tmp, checks) if req.to == "ollama" else None
         if req.output.exists():
             req.output.rmdir()  # empty (checked first)
-        from xtrain import atomic
 
         atomic.replace(tmp, req.output)
     except BaseException:
@@ -232,10 +229,8 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
     return ExportResult(req.output, files, checks, lines, notes)
 
 
-def _write_merged(plan: _Plan, model: Any, tmp: Path, progress: Progress) -> list[Check]:
+def _write_merged(plan: _Plan, model: PreTrainedModel, tmp: Path, progress: Progress) -> list[Check]:
     """Safetensors shards + the files saved with the result, and the template check."""
-    from xtrain.model import load as models
-
     progress.stage("writing merged safetensors")
     # shards of at most 5 GB: safetensors 0.8 writes from the tensors' memory, but older versions
     # copy a whole shard to bytes first (transformers' default shard is 50 GB: a 7B model at once)
@@ -244,7 +239,6 @@ def _write_merged(plan: _Plan, model: Any, tmp: Path, progress: Progress) -> lis
         shutil.copy2(path, tmp / path.name)
     if plan.render is None:
         return []
-    from xtrain.data.rows import chat as chat_data
 
     saved = models.load_tokenizer(str(tmp), False)
     again = chat_data.renderer(saved, chat_data.require_template(saved, None, str(tmp)))
@@ -256,14 +250,17 @@ def _write_merged(plan: _Plan, model: Any, tmp: Path, progress: Progress) -> lis
 
 
 def _write_gguf(
-    req: ExportRequest, plan: _Plan, model: Any, prompts: Any, tmp: Path, progress: Progress
+    req: ExportRequest,
+    plan: _Plan,
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    tmp: Path,
+    progress: Progress,
 ) -> tuple[Path, list[Any]]:
     """The GGUF file and the reference its read-back is compared with: the merged weights'
     logits computed in float32, as the reader computes the file's (a bf16 model's own forward on
     the CPU differs from float32 by ~2% of the largest logit on a 300M Llama: that is bf16
     arithmetic, not the file), one module upcast at a time (no float32 copy of the model)."""
-    from xtrain.export import gguf
-
     path = gguf.gguf_name(tmp, req.gguf_type)
     progress.stage(f"writing {path.name}")
     gguf.write_gguf(
@@ -273,7 +270,12 @@ def _write_gguf(
 
 
 def _check_gguf(
-    req: ExportRequest, plan: _Plan, path: Path, reference: list[Any], prompts: Any, progress: Progress
+    req: ExportRequest,
+    plan: _Plan,
+    path: Path,
+    reference: list[Tensor],
+    prompts: list[list[int]],
+    progress: Progress,
 ) -> list[Check]:
     """The GGUF file read back (the merged model already freed: one model in memory at a time),
     its logits against ``reference``, and its chat template against training's rendering."""
@@ -284,8 +286,6 @@ def _check_gguf(
     gc.collect()
     checks = [parity.compare("gguf", f"{path.name} vs merged logits", reference, got, req.gguf_type)]
     if plan.render is not None:
-        from xtrain.data.rows import chat as chat_data
-
         stored = parity.gguf_template(path) or ""
         again = chat_data.renderer(plan.tokenizer, stored)
         conversations = parity.probe_conversations(plan.render)
@@ -298,9 +298,6 @@ def _check_gguf(
 
 def _write_modelfile(req: ExportRequest, plan: _Plan, tmp: Path, checks: list[Check]) -> dict[str, str]:
     """The Modelfile next to the GGUF, its template checked against training's rendering."""
-    from xtrain import atomic
-    from xtrain.export import gguf, ollama, source
-
     template = None
     stops: list[str] = []
     if plan.turns is not None:

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from xtrain import predict, tasks
+from xtrain.data.rows import chat as chat_data
 from xtrain.errors import XtrainError
+from xtrain.model import load as models
+from xtrain.model import merge
 from xtrain.predict import read_json_object
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # what the adapter/model folder holds besides the weights: copied into a merged export as it is
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json", "README.md")
@@ -25,7 +32,7 @@ class Source:
     task: str | None
     chat: bool
     quantization: str | None  # model.quantization of the run (its base merges from 16 bits anyway)
-    model_class: Any  # the transformers class the model loads with
+    model_class: type[PreTrainedModel]  # the transformers class the model loads with
     name: str  # the run's folder name, for file and model names
     record: dict[str, Any] = field(default_factory=dict)
 
@@ -42,11 +49,9 @@ class Source:
         ]  # fmt: skip
 
 
-def _model_class(task: str | None, folder: Path, adapter: bool) -> Any:
+def _model_class(task: str | None, folder: Path, adapter: bool) -> type[PreTrainedModel]:
     """The transformers class: the task's, else a causal LM that peft or the config says it is."""
     import transformers
-
-    from xtrain import tasks
 
     if task is not None and task in tasks.all_tasks():
         return getattr(transformers, tasks.get(task).model_class)
@@ -62,10 +67,6 @@ def _model_class(task: str | None, folder: Path, adapter: bool) -> Any:
 
 def find_source(path: str | Path, base: str | None = None) -> Source:
     """The result at ``path`` (a run's output_dir, its adapter/, or a model folder)."""
-    from xtrain import predict
-    from xtrain.model import load as models
-    from xtrain.model import merge
-
     folder = predict.model_folder(path)
     adapter = (folder / "adapter_config.json").is_file()
     if base is not None and not adapter:
@@ -88,18 +89,15 @@ def find_source(path: str | Path, base: str | None = None) -> Source:
     )
 
 
-def load_tokenizer(src: Source) -> Any:
+def load_tokenizer(src: Source) -> PreTrainedTokenizerBase:
     """The tokenizer saved with the result (the run's, with the chat template it trained with)."""
-    from xtrain.model import load as models
-
     return models.load_tokenizer(str(src.folder), False)
 
 
-def chat_template(src: Source, tokenizer: Any) -> str | None:
+def chat_template(src: Source, tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The template the run rendered its conversations with; None for a plain-text run."""
     if not src.chat:
         return None
-    from xtrain.data.rows import chat as chat_data
 
     return chat_data.require_template(tokenizer, None, str(src.folder))
 

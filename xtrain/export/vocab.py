@@ -19,9 +19,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # llama.cpp's names for the byte-level pre-tokenizers it knows, keyed by the split regex
 # (convert_hf_to_gguf.py get_vocab_base_pre; llama-vocab.cpp): GPT-2's regex is ByteLevel's own
@@ -81,11 +84,11 @@ def _merges(model: dict[str, Any]) -> list[str]:
     return [m if isinstance(m, str) else " ".join(m) for m in merges]
 
 
-def _added(tokenizer: Any) -> dict[int, Any]:
+def _added(tokenizer: PreTrainedTokenizerBase) -> dict[int, Any]:
     return dict(getattr(tokenizer, "added_tokens_decoder", {}) or {})
 
 
-def _special_ids(tokenizer: Any, eot: int | None) -> dict[str, int]:
+def _special_ids(tokenizer: PreTrainedTokenizerBase, eot: int | None) -> dict[str, int]:
     out = {}
     for kind in ("bos", "eos", "unk", "pad"):
         found = getattr(tokenizer, f"{kind}_token_id", None)
@@ -96,14 +99,14 @@ def _special_ids(tokenizer: Any, eot: int | None) -> dict[str, int]:
     return out
 
 
-def _adds(tokenizer: Any) -> tuple[bool, bool]:
+def _adds(tokenizer: PreTrainedTokenizerBase) -> tuple[bool, bool]:
     """Whether the tokenizer adds bos / eos around a plain text (its post-processor)."""
     ids = tokenizer("a", add_special_tokens=True)["input_ids"]
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     return bool(ids and bos is not None and ids[0] == bos), bool(ids and eos is not None and ids[-1] == eos)
 
 
-def read_vocab(tokenizer: Any, vocab_size: int, eot: int | None = None) -> Vocab:
+def read_vocab(tokenizer: PreTrainedTokenizerBase, vocab_size: int, eot: int | None = None) -> Vocab:
     """The GGUF vocabulary of a fast transformers tokenizer, padded to the model's ``vocab_size``
     (embedding rows past the tokenizer's own are unused pieces, as llama.cpp's converter writes)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -191,7 +194,7 @@ class ProcessorFiles:
     """Saves an input processor (image processor or feature extractor) and a tokenizer side by side
     (what ``save_final`` writes next to the adapter), for checkpoints without a processor class."""
 
-    def __init__(self, inputs: Any, tokenizer: Any) -> None:
+    def __init__(self, inputs: Any, tokenizer: PreTrainedTokenizerBase) -> None:
         self.inputs = inputs
         self.tokenizer = tokenizer
 

@@ -26,6 +26,7 @@ from xtrain.tasks.predicting import exact_match
 
 if TYPE_CHECKING:
     from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
     from xtrain.planning.run import Run
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 NAME = "causal-lm"
 
 
-def is_chat(cfg: TrainConfig, tokenizer: Any, fmt: str) -> bool:
+def is_chat(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, fmt: str) -> bool:
     """Conversations rendered by a chat template: messages and sharegpt always; alpaca when there
     is a template (``data.chat_template`` or the tokenizer's), else it is prompt/response."""
     from xtrain.data.rows import chat as chat_data
@@ -49,7 +50,7 @@ def is_chat(cfg: TrainConfig, tokenizer: Any, fmt: str) -> bool:
 
 def chat_rows(
     cfg: TrainConfig,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     source: str,
     fmt: str,
     train: tuple[Any, str],
@@ -77,7 +78,7 @@ def chat_rows(
     return out[0], out[1]
 
 
-def chat_render(cfg: TrainConfig, tokenizer: Any, source: str, fmt: str) -> Any:
+def chat_render(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str, fmt: str) -> Any:
     """The chat template's renderer (``data.chat_template`` or the tokenizer's)."""
     from xtrain.data.rows import chat as chat_data
 
@@ -177,7 +178,7 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
 
 
 def inspect(
-    cfg: TrainConfig, tokenizer: Any, source: str, samples: list[Sample], notes: list[str]
+    cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str, samples: list[Sample], notes: list[str]
 ) -> DataReport:
     """Each sample's rows in the format the run reads (``row_format``), tokenised as the run
     tokenises them (chat: ``chat_data``; text: ``tokenize_causal_lm``); without a tokenizer
@@ -202,7 +203,9 @@ def inspect(
     return report
 
 
-def _check_chat(cfg: TrainConfig, s: Sample, fmt: str, render: Any, tokenizer: Any) -> tuple[Any, Any]:
+def _check_chat(
+    cfg: TrainConfig, s: Sample, fmt: str, render: Any, tokenizer: PreTrainedTokenizerBase
+) -> tuple[Any, Any]:
     from xtrain.data.collate import IGNORE_INDEX
     from xtrain.data.rows import chat as chat_data
     from xtrain.tasks import data_check
@@ -225,7 +228,7 @@ def _check_chat(cfg: TrainConfig, s: Sample, fmt: str, render: Any, tokenizer: A
     return check, example
 
 
-def _check_text(cfg: TrainConfig, s: Sample, fmt: str, tokenizer: Any) -> tuple[Any, Any]:
+def _check_text(cfg: TrainConfig, s: Sample, fmt: str, tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any]:
     from xtrain.data.tokenize import require_columns, tokenize_causal_lm
     from xtrain.tasks import data_check
 

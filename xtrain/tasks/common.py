@@ -25,6 +25,7 @@ from xtrain.tasks.generation import GenerationEval
 if TYPE_CHECKING:
     from datasets import Dataset
     from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.planning.run import Run
 
@@ -62,7 +63,7 @@ def pad_multiple(device: str) -> int | None:
     return 8 if device.startswith("cuda") else None
 
 
-def pad_collator(tokenizer: Any, device: str) -> collate.PadCollator:
+def pad_collator(tokenizer: PreTrainedTokenizerBase, device: str) -> collate.PadCollator:
     return collate.PadCollator(tokenizer.pad_token_id, pad_multiple(device))
 
 
@@ -137,7 +138,7 @@ def text_workload(
     model: Module,
     run: Run,
     task: Task,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     datasets: tuple[Any, Any],
     evaluation: tuple[EvalBatchFn, ReduceFn, str],
 ) -> Workload:
@@ -160,7 +161,7 @@ def text_workload(
 
 def set_decoder_tokens(
     model: Module,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     start: int | None,
     pad: int | None,
     vocab: tuple[str, int | None],
@@ -270,7 +271,7 @@ def load_media_model(run: Run, task: Task, source: str) -> Any:
     return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code, run.device_type, **extra)
 
 
-def generation_eval(cfg: TrainConfig, tokenizer: Any, **more: Any) -> Any:
+def generation_eval(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, **more: Any) -> Any:
     """The evaluation by generation (``xtrain.tasks.generation``) with ``generation.*``."""
     g = cfg.generation
     settings = {"max_new_tokens": g.max_new_tokens, "num_beams": g.num_beams, **more}

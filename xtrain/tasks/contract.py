@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
     from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
@@ -89,7 +90,7 @@ class Loaded:
     eval mode) and what turns inputs into its batches."""
 
     model: Module
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin
     source: str  # the folder the result came from
     parts: dict[str, Any] = field(default_factory=dict)  # processors, chat flag, labels, ...
 
@@ -242,7 +243,9 @@ class Workload:
     eval_dataset: Any | None = None
     eval_batch: EvalBatchFn | None = None
     reduce_metrics: ReduceFn | None = None
-    tokenizer: Any | None = None  # saved next to the adapter when present
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin | None = (
+        None  # saved next to the adapter when present
+    )
     chat: bool = False  # trained on chat conversations (causal-lm ``messages``): predict renders them
     # more of what the task's predict needs, saved in the run's record (e.g. a classifier's labels)
     record: dict[str, Any] = field(default_factory=dict)

@@ -36,6 +36,7 @@ from xtrain.tasks.data_report import Example, Piece, SourceCheck
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
 
@@ -124,7 +125,9 @@ def loaded_or_note(cfg: TrainConfig, notes: list[str], load: Callable[[], T]) ->
 # Shared pieces of the tasks' checks
 
 
-def pieces(tokenizer: Any, ids: list[int], labels: list[int] | None = None) -> list[Piece]:
+def pieces(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int] | None = None
+) -> list[Piece]:
     """Token ids as text pieces: each run of tokens with loss (a label other than -100) or without
     decoded together, special tokens shown; a token repeated ``REPEAT`` times or more (an image
     placeholder expanded into its patches) is written once with its count: ``<|image_pad|>*64``."""
@@ -138,7 +141,7 @@ def pieces(tokenizer: Any, ids: list[int], labels: list[int] | None = None) -> l
     return out
 
 
-def _decode(tokenizer: Any, ids: list[int]) -> str:
+def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     text, plain, i = [], [], 0
     while i < len(ids):
         j = i
@@ -154,14 +157,19 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
     return "".join(text) + _text(tokenizer, plain)
 
 
-def _text(tokenizer: Any, ids: list[int]) -> str:
+def _text(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
     if not ids:
         return ""
     return tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def example_of(
-    sample: Sample, row: int, tokenizer: Any, ids: list[int], labels: list[int] | None, **more: Any
+    sample: Sample,
+    row: int,
+    tokenizer: PreTrainedTokenizerBase,
+    ids: list[int],
+    labels: list[int] | None,
+    **more: Any,
 ) -> Example:
     """Row ``row`` of ``sample`` as the model gets it: ``ids`` with their ``labels``."""
     trained = 0 if labels is None else sum(1 for t in labels[: len(ids)] if t != IGNORE_INDEX)

@@ -34,6 +34,7 @@ from xtrain.tasks.contract import Prediction
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase
 
 
 def normalize_text(text: str) -> str:
@@ -81,7 +82,7 @@ class GenerationEval:
     """The ``Workload.evaluate`` hook of generative tasks: eval loss, then ``generate`` on the
     model's inputs, decoded and scored against the labels."""
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     input_key: str = "pixel_values"  # the batch key ``generate`` takes
     max_new_tokens: int = 128
     num_beams: int = 1

@@ -56,6 +56,7 @@ from xtrain.tasks.predicting import (
 if TYPE_CHECKING:
     from datasets import Dataset
     from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
@@ -116,7 +117,7 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def fix_special_tokens(model: Module, tokenizer: Any) -> None:
+def fix_special_tokens(model: Module, tokenizer: PreTrainedTokenizerBase) -> None:
     """Decoder start, pad and eos ids on the model config and the generation config, taken from
     the checkpoint where set, else from the tokenizer (TrOCR and GPT-2 checkpoints often lack them)."""
     config, decoder, gen = model.config, model.config.decoder, model.generation_config
@@ -242,7 +243,9 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     return inspect(cfg, data_check.loaded_or_note(cfg, notes, tokenizer), samples, notes)
 
 
-def inspect(cfg: TrainConfig, tokenizer: Any, samples: list[Sample], notes: list[str]) -> DataReport:
+def inspect(
+    cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, samples: list[Sample], notes: list[str]
+) -> DataReport:
     """Columns and image files as ``common.image_datasets`` checks them, the texts as the run's
     collator labels them (``ImageTextCollator.labels``: every token trained)."""
     from xtrain.data.rows.images import ImageTextCollator, check_image_files

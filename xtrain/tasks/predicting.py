@@ -17,6 +17,7 @@ from xtrain.tasks.contract import Example
 if TYPE_CHECKING:
     from datasets import Dataset
     from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
 
@@ -263,7 +264,7 @@ def left_pad(rows: list[dict[str, Any]], pad: int) -> dict[str, Any]:
     return out
 
 
-def pad_id(tokenizer: Any) -> int:
+def pad_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """The id prompts are padded with: the pad token, else eos (llama-style tokenizers have none)."""
     for found in (tokenizer.pad_token_id, tokenizer.eos_token_id):
         if found is not None:

@@ -11,6 +11,8 @@ from xtrain.tasks.contract import MainProcessFirst, Quickstart, Task
 from xtrain.tasks.data_report import DataReport
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from xtrain.config.schema import TrainConfig
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
@@ -84,7 +86,11 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
 
 
 def inspect(
-    cfg: TrainConfig, tokenizer: Any, samples: list[Sample], notes: list[str], found: Any = None
+    cfg: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    samples: list[Sample],
+    notes: list[str],
+    found: Any = None,
 ) -> DataReport:
     """The columns and labels of each sample (``found``: the run's label mapping), tokenised as
     the run tokenises them (``tokenize_seq_cls``); the example: the first training row."""

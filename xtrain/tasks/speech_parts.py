@@ -10,6 +10,9 @@ from xtrain.errors import XtrainError
 from xtrain.model import load as models
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
+
     pass
     from datasets import Dataset
     from torch.nn import Module
@@ -33,7 +36,7 @@ def cap_new_tokens(model: Module, max_new_tokens: int) -> int:
     return max(1, min(max_new_tokens, positions - 4)) if positions else max_new_tokens
 
 
-def max_seconds(cfg_seconds: float | None, feature_extractor: Any) -> float | None:
+def max_seconds(cfg_seconds: float | None, feature_extractor: SequenceFeatureExtractor) -> float | None:
     """``data.max_audio_seconds``, else the model's window (30 s for Whisper)."""
     if cfg_seconds is not None:
         return float(cfg_seconds)
@@ -61,7 +64,7 @@ def file_name_column(ds: Dataset, audio_column: str) -> Any:
     return ds
 
 
-def fix_special_tokens(model: Module, tokenizer: Any) -> int:
+def fix_special_tokens(model: Module, tokenizer: PreTrainedTokenizerBase) -> int:
     """The decoder start and pad ids on the config and generation config; returns the start id."""
     config, gen = model.config, model.generation_config
     start = getattr(config, "decoder_start_token_id", None)
@@ -95,7 +98,9 @@ def check_model_type(source: str, trust_remote_code: bool) -> None:
     )
 
 
-def set_prefix(tokenizer: Any, model: Module, language: str | None, task: str) -> dict[str, Any]:
+def set_prefix(
+    tokenizer: PreTrainedTokenizerBase, model: Module, language: str | None, task: str
+) -> dict[str, Any]:
     """Whisper's language/task prefix on the tokenizer (labels) and the ``generate`` arguments
     that write the same prefix; ``{}`` for models without one."""
     gen = model.generation_config
@@ -130,7 +135,7 @@ def with_metadata(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, data=dataclasses.replace(d, **found))
 
 
-def label_start(cfg: TrainConfig, source: str, tokenizer: Any) -> int:
+def label_start(cfg: TrainConfig, source: str, tokenizer: PreTrainedTokenizerBase) -> int:
     """The decoder start id the labels leave out, with Whisper's language/task prefix set on the
     tokenizer: ``fix_special_tokens`` and ``set_prefix`` on the checkpoint's config and generation
     config, before its weights load (the loaded model gives the same)."""

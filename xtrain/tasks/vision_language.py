@@ -39,6 +39,7 @@ from xtrain.tasks.vision_processor import NAME, load_processor, max_pixels, proc
 
 if TYPE_CHECKING:
     from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
@@ -182,7 +183,7 @@ def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     return [*found, lm]
 
 
-def fix_generation(model: Module, tokenizer: Any) -> None:
+def fix_generation(model: Module, tokenizer: PreTrainedTokenizerBase) -> None:
     gen = model.generation_config
     if gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id

@@ -15,12 +15,20 @@ from xtrain.model import load as models
 from xtrain.tasks.contract import MainProcessFirst
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from transformers.image_processing_utils import BaseImageProcessor
+
     from xtrain.config.schema import TrainConfig
 
 _IMAGE_ONLY: dict[type, type] = {}
 
 
-def image_only_processor(base: type, image_processor: Any, tokenizer: Any, chat_template: str | None) -> Any:
+def image_only_processor(
+    base: type,
+    image_processor: BaseImageProcessor,
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template: str | None,
+) -> Any:
     """``base`` (e.g. ``Qwen2VLProcessor``) without its video processor: the same text and image
     handling, for machines without torchvision (which the video processor needs). Pickles by
     rebuilding (spawned DataLoader workers)."""
@@ -28,7 +36,10 @@ def image_only_processor(base: type, image_processor: Any, tokenizer: Any, chat_
     if cls is None:
 
         def __init__(
-            self: Any, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None
+            self: Any,
+            image_processor: BaseImageProcessor | None = None,
+            tokenizer: PreTrainedTokenizerBase | None = None,
+            chat_template: Any = None,
         ):
             base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template)
 
@@ -118,7 +129,9 @@ def max_pixels(cfg: TrainConfig) -> int | None:
     return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
-def set_pixel_bounds(image_processor: Any, min_pixels: int | None, max_pixels: int | None) -> None:
+def set_pixel_bounds(
+    image_processor: BaseImageProcessor, min_pixels: int | None, max_pixels: int | None
+) -> None:
     """``data.min_pixels``/``data.max_pixels`` on a Qwen2-VL-style image processor (which resizes
     each image to an area within ``size.shortest_edge``..``size.longest_edge`` pixels)."""
     if min_pixels is None and max_pixels is None:

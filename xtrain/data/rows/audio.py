@@ -28,6 +28,8 @@ from xtrain.errors import RowError, XtrainError, shown
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+    from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
 
 _HINT = "fix or remove that row; audio must be files soundfile can read (WAV, FLAC, OGG, MP3)"
 LONG_AUDIO = ("refuse", "cut")
@@ -266,8 +268,8 @@ class SpeechTextCollator:
 
     def __init__(
         self,
-        feature_extractor: Any,
-        tokenizer: Any,
+        feature_extractor: SequenceFeatureExtractor,
+        tokenizer: PreTrainedTokenizerBase,
         max_length: int,
         decoder_start_token_id: int | None,
     ) -> None:

@@ -39,6 +39,7 @@ from xtrain.errors import RowError, XtrainError
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
@@ -192,7 +193,7 @@ def user_turn(
     return [*turns, {"role": "user", "content": parts}]
 
 
-def end_of_turn(render: Render, tokenizer: Any) -> int | None:
+def end_of_turn(render: Render, tokenizer: PreTrainedTokenizerBase) -> int | None:
     """The token that ends an assistant turn in this template (``<|im_end|>``, the eos token, ...):
     the first token the template puts after an answer (None when it puts nothing there)."""
     answer = "ok"
@@ -256,7 +257,7 @@ def assistant_spans(
     return full, spans
 
 
-def _token_starts(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
+def _token_starts(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[int], list[int]]:
     """(ids, the character where each token starts): from the offsets of a fast tokenizer, else by
     tokenising growing prefixes (slow tokenizers have no offsets)."""
     try:
@@ -274,7 +275,11 @@ def _token_starts(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
 
 
 def encode(
-    render: Render, tokenizer: Any, conv: Conversation, where: str, last_only: bool = False
+    render: Render,
+    tokenizer: PreTrainedTokenizerBase,
+    conv: Conversation,
+    where: str,
+    last_only: bool = False,
 ) -> Encoded:
     """Render ``conv`` and label the tokens of its assistant turns (the rest -100); ``last_only``:
     of its last assistant turn only (a preference answer after a conversation that is its prompt)."""
@@ -365,7 +370,7 @@ def messages_column_of(ds: Dataset, column: str, source: str) -> list[Any]:
 
 
 def text_chat_rows(
-    cells: list[Any], render: Render, tokenizer: Any, max_length: int, source: str
+    cells: list[Any], render: Render, tokenizer: PreTrainedTokenizerBase, max_length: int, source: str
 ) -> list[dict[str, list[int]]]:
     """causal-lm chat: every conversation (a ``messages`` cell of row i of ``source``) checked,
     rendered and labelled, cut to ``max_length``; one whose answers all lie past the cut is
@@ -380,7 +385,9 @@ def text_chat_rows(
     return rows
 
 
-def text_chat_encoded(cell: Any, row: int, render: Render, tokenizer: Any, source: str) -> Encoded:
+def text_chat_encoded(
+    cell: Any, row: int, render: Render, tokenizer: PreTrainedTokenizerBase, source: str
+) -> Encoded:
     """One causal-lm chat row (a ``messages`` cell) checked, rendered and labelled, not yet cut."""
     conv = parse_conversation(cell, row, source, allow_images=False)
     return encode(render, tokenizer, conv, f"row {row} of {source}")

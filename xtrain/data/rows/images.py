@@ -27,6 +27,8 @@ from xtrain.errors import RowError, XtrainError, shown
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+    from transformers.image_processing_utils import BaseImageProcessor
 
 _HINT = "fix or remove that row; images must be files Pillow can open (PNG, JPEG, TIFF, BMP, WebP, ...)"
 # data.max_image_pixels' default (the schema decides it), for readers given no limit (predict of a
@@ -223,7 +225,7 @@ def undecoded(ds: Dataset, column: str, feature: str = "Image") -> Any:
 
 
 def text_labels(
-    tokenizer: Any, texts: list[str], max_length: int, drop_first: int | None = None
+    tokenizer: PreTrainedTokenizerBase, texts: list[str], max_length: int, drop_first: int | None = None
 ) -> list[list[int]]:
     """Decoder labels of ``texts``: the tokenizer's ids (without a leading ``drop_first`` token),
     ending in eos, truncated to ``max_length`` (still ending in eos)."""
@@ -259,7 +261,11 @@ class ImageTextCollator:
     (the tokenizer, truncated to ``max_length``, ending in eos, padded with -100)."""
 
     def __init__(
-        self, image_processor: Any, tokenizer: Any, max_length: int, pad_to_multiple_of: int | None = None
+        self,
+        image_processor: BaseImageProcessor,
+        tokenizer: PreTrainedTokenizerBase,
+        max_length: int,
+        pad_to_multiple_of: int | None = None,
     ) -> None:
         self.image_processor = image_processor
         self.tokenizer = tokenizer
@@ -307,7 +313,7 @@ class ImageLabelRows(ImageRows):
 class ImageLabelCollator:
     """A list of ``{"image", "label"}`` -> ``pixel_values`` (the image processor) and ``labels``."""
 
-    def __init__(self, image_processor: Any) -> None:
+    def __init__(self, image_processor: BaseImageProcessor) -> None:
         self.image_processor = image_processor
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:

@@ -22,11 +22,14 @@ from __future__ import annotations
 import difflib
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.rows.chat import BadConversation, Encoded
 from xtrain.data.rows.images import MAX_PIXELS, image_size, open_image
+
+if TYPE_CHECKING:
+    from transformers import ProcessorMixin
 
 GEN_PREFIX = "gen_"  # prompt-only copies of the per-token inputs, for generation
 ANSWER_KEY = "answer_labels"  # the last assistant answer's tokens (references for exact match)
@@ -99,7 +102,7 @@ def carry_labels(short: list[int], labels: list[int], long: list[int], image_tok
     return out
 
 
-def process_text(processor: Any, text: str, images: list[Any]) -> dict[str, Any]:
+def process_text(processor: ProcessorMixin, text: str, images: list[Any]) -> dict[str, Any]:
     """One rendered conversation (or prompt) and its images -> the processor's tensors (batch of
     one), each image placeholder expanded into the image's tokens; the template already holds
     every special token, so the tokenizer adds none."""
@@ -108,7 +111,7 @@ def process_text(processor: Any, text: str, images: list[Any]) -> dict[str, Any]
 
 
 def process_texts(
-    processor: Any, texts: list[str], images: list[list[Any]]
+    processor: ProcessorMixin, texts: list[str], images: list[list[Any]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Rendered conversations (or prompts) and each one's images -> one processor call for all
     of them. Returns each text's per-token tensors (``input_ids``, ``attention_mask``, ...: its
@@ -144,7 +147,9 @@ class VisionChatCollator:
     ``image_grid_thw``, ...) padded to one length, with ``labels``; eval rows also get ``gen_*``
     (the prompt, left-padded) and ``answer_labels``."""
 
-    def __init__(self, processor: Any, max_length: int, pad_to_multiple_of: int | None = None) -> None:
+    def __init__(
+        self, processor: ProcessorMixin, max_length: int, pad_to_multiple_of: int | None = None
+    ) -> None:
         self.processor = processor
         self.max_length = max_length
         self.pad_to_multiple_of = pad_to_multiple_of
@@ -267,7 +272,7 @@ def _pad(outs: list[dict[str, Any]], length: int, pad: int, left: bool) -> dict[
     return batch
 
 
-def expanded_lengths(processor: Any, rows: VisionChatRows) -> tuple[list[int], bool]:
+def expanded_lengths(processor: ProcessorMixin, rows: VisionChatRows) -> tuple[list[int], bool]:
     """Each row's token count with its images expanded as the processor expands them, from the
     images' sizes (their headers: nothing decoded) through the processor's own count of image
     tokens per size (``_get_num_multimodal_tokens``, what serving engines call); (the template's

@@ -22,6 +22,7 @@ from xtrain.data.rows.vision_chat import VisionChatCollator
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
 
 class VisionPreferenceRows:
@@ -58,7 +59,7 @@ def vision_pairs(
     name: str,
     folder: Path | None,
     render: chat_data.Render,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     max_pixels: int | None,
 ) -> VisionPreferenceRows:
     """Every row of ``ds`` read, checked (answers present and different, images found, a pair)

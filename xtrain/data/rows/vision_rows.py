@@ -29,6 +29,7 @@ from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import DataConfig, TrainConfig
 
@@ -135,7 +136,7 @@ def rows(
     name: str,
     folder: Path | None,
     render: chat_data.Render | None,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     with_prompts: bool,
 ) -> VisionChatRows:
     """The task's rows of ``ds``: every row read in its format (``vision_conversation``),

@@ -14,6 +14,7 @@ from xtrain.model.lora import save_pretrained
 
 if TYPE_CHECKING:
     from torch.nn import Module
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -30,7 +31,7 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 def _write_pretrained(
     model: Module,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
     final: Path,
     extra: dict[str, str] | None = None,
     state_dict: dict[str, Any] | None = None,
@@ -54,7 +55,7 @@ def _write_pretrained(
 
 def save_final(
     model: Module,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
     output_dir: str | Path,
     save_merged: bool,
     extra: dict[str, str] | None = None,
@@ -121,7 +122,7 @@ def is_new_best(metric: str, value: float, history: list[dict[str, float]]) -> b
 
 def save_best(
     model: Module,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
     output_dir: str | Path,
     step: int,
     metric: str,
