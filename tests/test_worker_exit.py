@@ -40,3 +40,26 @@ def test_end_rank_flushes_and_exits_with_the_code_without_atexit() -> None:
     assert proc.returncode == 3
     assert proc.stdout == "out without newline"  # flushed; the atexit hook did not run
     assert proc.stderr == "err without newline"
+
+
+def test_the_report_channel_one_file_per_rank_lowest_first(tmp_path, monkeypatch) -> None:
+    """``runtime.report``: each rank's ending, whether it printed it, read back lowest rank first;
+    an unreadable file is skipped (the launcher speaks for that rank), no folder: nothing written."""
+    from xtrain.errors import XtrainError
+    from xtrain.runtime import report
+
+    monkeypatch.setenv(report.REPORT_ENV, str(tmp_path))
+    assert report.launcher_listens()
+    report.record(XtrainError("rank 1 saw it", "fix it", exit_code=3), 1, printed=False)
+    report.record(XtrainError("rank 0 said it"), 0, printed=True)
+    (tmp_path / "rank-2.json").write_text("{cut short", encoding="utf-8")
+    reports = report.read(tmp_path)
+    found = [(r.rank, r.message, r.printed) for r in reports]
+    assert found == [(0, "rank 0 said it", True), (1, "rank 1 saw it", False)]
+    assert report.said(reports) == reports[0] and report.said(reports[1:]) is None
+    error = reports[1].error(exit_code=143)
+    assert (error.message, error.hint, error.exit_code) == ("rank 1 saw it", "fix it", 143)
+    monkeypatch.delenv(report.REPORT_ENV)
+    assert not report.launcher_listens()
+    report.record(XtrainError("unheard"), 4, printed=False)
+    assert not (tmp_path / "rank-4.json").exists()
