@@ -12,7 +12,9 @@ from xtrain import builtin
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
+    from transformers.image_processing_utils import BaseImageProcessor
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -77,7 +79,7 @@ def load_error(what: str, name: str, local: bool, e: BaseException) -> XtrainErr
     )
 
 
-def load_tokenizer(source: str, trust_remote_code: bool) -> Any:
+def load_tokenizer(source: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained``; a missing pad token falls back to eos (then unk)."""
     from transformers import AutoTokenizer
 
@@ -194,7 +196,9 @@ class ProcessorFiles:
     """Saves an input processor (image processor or feature extractor) and a tokenizer side by side
     (what ``save_final`` writes next to the adapter), for checkpoints without a processor class."""
 
-    def __init__(self, inputs: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(
+        self, inputs: BaseImageProcessor | SequenceFeatureExtractor, tokenizer: PreTrainedTokenizerBase
+    ) -> None:
         self.inputs = inputs
         self.tokenizer = tokenizer
 
@@ -203,7 +207,11 @@ class ProcessorFiles:
         self.tokenizer.save_pretrained(folder)
 
 
-def load_processors(source: str, trust_remote_code: bool, part: str) -> tuple[Any, Any, Any]:
+def load_processors(
+    source: str, trust_remote_code: bool, part: str
+) -> tuple[
+    BaseImageProcessor | SequenceFeatureExtractor, PreTrainedTokenizerBase, ProcessorMixin | ProcessorFiles
+]:
     """(input processor, tokenizer, what to save with the adapter) of an encoder-decoder checkpoint.
     ``part`` is the processor's attribute: ``image_processor`` or ``feature_extractor``. The
     checkpoint's AutoProcessor when it has one, else the Auto class of that part + its tokenizer."""

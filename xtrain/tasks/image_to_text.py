@@ -56,7 +56,8 @@ from xtrain.tasks.predicting import (
 if TYPE_CHECKING:
     from datasets import Dataset
     from torch.nn import Module
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    from transformers.image_processing_utils import BaseImageProcessor
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
@@ -96,7 +97,9 @@ def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     return [encoder, decoder]
 
 
-def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
+def load_processors(
+    source: str, trust_remote_code: bool
+) -> tuple[BaseImageProcessor, PreTrainedTokenizerBase, ProcessorMixin | models.ProcessorFiles]:
     """(image processor, tokenizer, what to save with the adapter)."""
     return models.load_processors(source, trust_remote_code, "image_processor")
 
@@ -235,7 +238,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     from xtrain.tasks import common, data_check
 
-    def tokenizer() -> Any:
+    def tokenizer() -> PreTrainedTokenizerBase:
         source = common.media_source(cfg, contextlib.nullcontext, check_model_type)
         return load_processors(source, cfg.model.trust_remote_code)[1]
 

@@ -10,7 +10,7 @@ from xtrain.errors import XtrainError
 from xtrain.model import load as models
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
     from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
 
     pass
@@ -23,7 +23,9 @@ import dataclasses
 NAME = "speech-to-text"
 
 
-def load_processors(source: str, trust_remote_code: bool) -> tuple[Any, Any, Any]:
+def load_processors(
+    source: str, trust_remote_code: bool
+) -> tuple[SequenceFeatureExtractor, PreTrainedTokenizerBase, ProcessorMixin | models.ProcessorFiles]:
     """(feature extractor, tokenizer, what to save with the adapter)."""
     return models.load_processors(source, trust_remote_code, "feature_extractor")
 

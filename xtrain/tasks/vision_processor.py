@@ -15,7 +15,7 @@ from xtrain.model import load as models
 from xtrain.tasks.contract import MainProcessFirst
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
     from transformers.image_processing_utils import BaseImageProcessor
 
     from xtrain.config.schema import TrainConfig
@@ -65,7 +65,7 @@ def _processor_class(source: str) -> str | None:
     return None
 
 
-def load_processor(source: str, trust_remote_code: bool) -> Any:
+def load_processor(source: str, trust_remote_code: bool) -> ProcessorMixin:
     """The checkpoint's ``AutoProcessor`` (image processor + tokenizer + chat template)."""
     import transformers
 

@@ -29,7 +29,7 @@ from xtrain.data.rows.chat import BadConversation, Encoded
 from xtrain.data.rows.images import MAX_PIXELS, image_size, open_image
 
 if TYPE_CHECKING:
-    from transformers import ProcessorMixin
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 GEN_PREFIX = "gen_"  # prompt-only copies of the per-token inputs, for generation
 ANSWER_KEY = "answer_labels"  # the last assistant answer's tokens (references for exact match)
@@ -155,7 +155,7 @@ class VisionChatCollator:
         self.pad_to_multiple_of = pad_to_multiple_of
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.processor.tokenizer
 
     def _process(
