@@ -19,10 +19,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xtrain.tasks.contract import Workload
+from xtrain.train import checkpoint
+from xtrain.train.distributed import sharded
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from accelerate import Accelerator
     from torch.nn import Module
+
+    from xtrain.config.schema import TrainConfig
 
 
 def default_eval_batch(outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
@@ -76,3 +82,32 @@ def _evaluate(
     if workload.reduce_metrics is not None:
         metrics.update({k: float(v) for k, v in workload.reduce_metrics(gathered).items()})
     return metrics
+
+
+def keep_best(
+    acc: Accelerator,
+    model: Module,
+    workload: Workload,
+    out: Path,
+    step: int,
+    metrics: dict[str, float],
+    history: list[dict[str, float]],
+    cfg: TrainConfig,
+    record: dict[str, str],
+) -> str | None:
+    """The best model so far (``run.best_metric``) kept in ``out/best`` when this evaluation (the
+    last of ``history``) beats the ones before it: gathered from a sharded model, written by the
+    main process. Returns the line to say, else None."""
+    best = cfg.run.best_metric
+    if not (best and best in metrics and checkpoint.is_new_best(best, metrics[best], history[:-1])):
+        return None
+    sharded.save_on_main(
+        acc,
+        model,
+        lambda model, state: checkpoint.save_best(
+            model, workload.tokenizer, out, step, best, metrics[best], record, state
+        ),
+        ("the best model", out),
+        trainable_only=cfg.lora.enabled,
+    )
+    return f"best {best} so far ({metrics[best]:.4f} at step {step}) -> {out / checkpoint.BEST}"

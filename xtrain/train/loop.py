@@ -1,12 +1,14 @@
-# longer: the Recipe is one run read top to bottom (setup's builders, the step, fit, the end) in
-# one file, as a practitioner's recipe is; its data (RunState, Due) lives in state.py.
+# longer: the Recipe is one run read top to bottom (setup, the step, fit, evaluate/save, the end)
+# in one file, as a practitioner's recipe is. What it calls lives by concern: the builders in
+# parts.py, the history (RunState, Due) in state.py, evaluation and the best model in
+# evaluation.py, the log window in window.py, the result in result.py, checkpoints in checkpoint/.
 """The training loop as a recipe, read top to bottom: setup, train step, optimizer step, fit,
 evaluate, save, finish.
 
     settings     <- config + plan + world size, resolved once (the Run)   planning/run.py
     accelerator  <- the Run (backend, device, precision, TF32, env)        distributed/accelerator.py
-    setup        one named builder per part: workload (the task's model with LoRA, datasets,
-                 collator), data order, optimizer, scheduler, prepare, loaders, resume
+    setup        one named builder per part (parts.py): workload (the task's model with LoRA,
+                 datasets, collator), data order, optimizer, scheduler, prepare, loaders, resume
     for step in steps:                      # one optimizer step = global_batch samples
         for micro-batch in this rank's share:
             forward, backward               # no_sync on all but the last micro-batch
@@ -36,13 +38,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from xtrain import tasks
-from xtrain.config.loading import config_to_dict, flat_config
+from xtrain.config.loading import config_to_dict
 from xtrain.config.schema import TrainConfig
 from xtrain.data.collate import batch_tokens
-from xtrain.data.sampler import DataOrder, RankBatchSampler, mix_seed, train_lengths
-from xtrain.model import quantization
+from xtrain.data.sampler import DataOrder, mix_seed
 from xtrain.model.memory import MemoryLevers
-from xtrain.model.sharding import prepare_generation
 from xtrain.model.size import total_weights
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
@@ -51,7 +51,7 @@ from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
-from xtrain.train import checkpoint, failures, levers, preflight, tracking
+from xtrain.train import checkpoint, failures, levers, parts, preflight, tracking
 from xtrain.train.distributed import sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.distributed.collective import (
@@ -59,16 +59,15 @@ from xtrain.train.distributed.collective import (
     agree_to_stop,
     build_workload_main_first,
     main_decides,
-    on_main,
     stop_group,
 )
 from xtrain.train.early_stopping import EarlyStop, check_early_stopping, early_stop_at
-from xtrain.train.evaluation import evaluate
+from xtrain.train.evaluation import evaluate, keep_best
 from xtrain.train.failures import NonFiniteLoss, TrainingStopped, out_of_memory_error
 from xtrain.train.optim import build_optimizer, build_scheduler
-from xtrain.train.precision import SkipDetector, frequent_overflow, upcast_trainable
+from xtrain.train.precision import SkipDetector, frequent_overflow
 from xtrain.train.report import NullReporter, Reporter, StartInfo
-from xtrain.train.result import TrainResult, run_info, run_record
+from xtrain.train.result import TrainResult, run_info, run_record, session_result
 from xtrain.train.state import Due, RunState
 from xtrain.train.window import LogWindow, peak_memory
 
@@ -219,31 +218,36 @@ class Recipe:
         sharded.check_outputs(acc, cfg.run.save_merged, cfg.lora.enabled, cfg.lora.init_weights)
         sharded.check_quantization(acc, cfg.model.quantization)  # (both before anything is built)
         self.workload = self._build_workload()
-        self.order = self._data_order()
+        self.order = parts.data_order(self.workload, self.settings, cfg, self.world)
         self.total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * self.order.steps_per_epoch))
-        model = self._trainable_model()
+        model = parts.trainable_model(self.workload, self.run.precision)
         # the chunked loss and activation offloading: hooks in the model's training forward
         self.levers = levers.attach(model, cfg, self.settings, acc.distributed_type)
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         optimizer = build_optimizer(model, cfg, self.settings.lr, self.device)
         scheduler = build_scheduler(cfg, optimizer, self.total_steps)
-        self._check_disk()  # a run whose outputs cannot fit stops here, before the first step
-        self.model, self.optimizer, self.scheduler = self._prepare(model, optimizer, scheduler)
+        for note in parts.disk_notes(self.out, cfg.run, self.total_steps, self.trainable, self.total_params):
+            self.rep.note(note)  # (outputs that cannot fit stop the run here, before the first step)
+        self.model, self.optimizer, self.scheduler = parts.prepare(
+            acc, model, optimizer, scheduler, self.settings.per_device, cfg.optim.max_grad_norm
+        )
         self.memory = self._check_memory(model)
         self.cpu_staged = stage_allreduce_on_cpu(self.model, self.run.plan, self.world)
         self.stop_group = stop_group(self.world, self.run.plan.backend)
         self.pin = self.settings.pin_memory and self.device.type == "cuda"
         self.workers = self.settings.workers_for(tasks.get(cfg.model.task).decodes_media)  # (count, why)
-        loading = self._loading()
-        self.eval_loader = self._eval_loader(loading)
+        loading = parts.loading(self.workload, self.workers[0], self.pin)
+        self.eval_loader = parts.eval_loader(acc, self.workload, self.settings.per_device, loading)
         self.start_step = self._resume()  # after prepare: accelerate loads into the prepared parts
-        self.loader = self._train_loader(loading)
+        self.loader = parts.train_loader(
+            self.workload, self.order, acc.process_index, self.start_step, self.total_steps, loading
+        )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.skips = SkipDetector(acc.scaler)  # fp16: was a step skipped? (read one step late)
         self.window = LogWindow(self.device)
         check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
-        self._start_trackers()
+        parts.start_trackers(acc, cfg, self.settings, self.device, self.out)
         self.rep.start(self._start_info())
 
     def _build_workload(self) -> Workload:
@@ -251,40 +255,6 @@ class Recipe:
         # ZeRO-3: no zero.Init collective in a main-first build
         with sharded.whole_model_loading(self.accelerator):
             return build_workload_main_first(self.accelerator, self.run, self.build)
-
-    def _data_order(self) -> DataOrder:
-        """The samples of every step, the same for any process count (``data.sampler``);
-        ``data.group_by_length``: one length per sample (a task without lengths: one line)."""
-        s, cfg = self.settings, self.cfg
-        lengths = train_lengths(self.workload) if cfg.data.group_by_length else None
-        size = len(self.workload.train_dataset)
-        return DataOrder(size, s.global_batch, s.per_device, self.world, cfg.run.seed, lengths=lengths)
-
-    def _trainable_model(self) -> Any:
-        """The task's model as training needs it: 4-bit weights kept in their training layout
-        through evaluations, trainable weights in fp32 under autocast."""
-        model = self.workload.model
-        quantization.keep_training_layout(model)
-        upcast_trainable(model, self.run.precision)  # fp32 master weights under autocast
-        return model
-
-    def _check_disk(self) -> None:
-        run = self.cfg.run
-        saves = self.total_steps // run.save_every + 1 if run.save_every else 1
-        for note in preflight.check_disk(
-            self.out, self.trainable, self.total_params, run.keep_checkpoints, run.save_merged, saves
-        ):
-            self.rep.note(note)
-
-    def _prepare(self, model: Module, optimizer: Any, scheduler: Any) -> tuple[Any, Any, Any]:
-        """accelerate wraps the three (DDP, FSDP, DeepSpeed); generation and the checkpoint's
-        model hooks follow the wrapped model."""
-        acc = self.accelerator
-        sharded.fill_deepspeed(acc, self.settings.per_device, self.cfg.optim.max_grad_norm)
-        prepared = acc.prepare(model, optimizer, scheduler)
-        prepare_generation(acc, prepared[0])  # FSDP2: generate all-gathers like forward
-        checkpoint.install_model_hooks(acc)
-        return prepared
 
     def _check_memory(self, model: Module) -> MemoryCheck | None:
         """CUDA: the memory estimate with the real counts against this card; the main process
@@ -299,23 +269,6 @@ class Recipe:
         if check is not None and check.warning:
             self.rep.note(check.warning)
         return check
-
-    def _loading(self) -> dict[str, Any]:
-        """The DataLoader settings of both loaders: ``workers`` (the task's media decoding picked
-        the count), ``pin`` (CUDA)."""
-        loading: dict[str, Any] = {"collate_fn": self.workload.collator, "num_workers": self.workers[0]}
-        loading["pin_memory"] = self.pin
-        if self.workers[0]:  # started once per run: a spawned worker (Windows, macOS) costs an import
-            loading["persistent_workers"] = True
-        return loading
-
-    def _eval_loader(self, loading: dict[str, Any]) -> Any:
-        """The eval set's loader, prepared (split_batches: per_device on each rank); None without one."""
-        evals = self.workload.eval_dataset
-        if evals is None or len(evals) == 0:
-            return None
-        loader = DataLoader(evals, batch_size=self.settings.per_device * self.world, **loading)
-        return self.accelerator.prepare(loader)
 
     def _resume(self) -> int:
         """The step to start at: 0 for a new run; on resume the checkpoint's weights, optimizer,
@@ -339,18 +292,6 @@ class Recipe:
                 "run.early_stopping_patience trains on, a new run.output_dir starts over)"
             )
         return min(saved.step, self.total_steps)
-
-    def _train_loader(self, loading: dict[str, Any]) -> DataLoader[Any]:
-        """This rank's share of every step from ``start_step`` on (``RankBatchSampler``)."""
-        rank = self.accelerator.process_index
-        sampler = RankBatchSampler(self.order, rank, self.start_step, self.total_steps)
-        return DataLoader(self.workload.train_dataset, batch_sampler=sampler, **loading)
-
-    def _start_trackers(self) -> None:
-        acc = self.accelerator
-        backend = acc.state.backend if self.world > 1 else None
-        values = tracking.params(flat_config(self.cfg), self.settings, self.world, backend, self.device)
-        on_main(acc, lambda: tracking.start(acc, self.settings.trackers, self.out, values), "start trackers")
 
     def _start_info(self) -> StartInfo:
         return StartInfo.of(
@@ -498,20 +439,9 @@ class Recipe:
             self.rep.predictions(step, self.predictions)
             tracking.log_text(acc, {"eval/predictions": predictions_markdown(samples)}, step)
         check_early_stopping(self.cfg.run, True, metrics)
-        best = self.cfg.run.best_metric
-        if best and best in metrics and checkpoint.is_new_best(best, metrics[best], history[:-1]):
-            sharded.save_on_main(
-                acc,
-                self.model,
-                lambda model, state: checkpoint.save_best(
-                    model, self.workload.tokenizer, out, step, best, metrics[best], self.record, state
-                ),
-                ("the best model", out),
-                trainable_only=self.cfg.lora.enabled,
-            )
-            self.rep.note(
-                f"best {best} so far ({metrics[best]:.4f} at step {step}) -> {out / checkpoint.BEST}"
-            )
+        note = keep_best(acc, self.model, self.workload, out, step, metrics, history, self.cfg, self.record)
+        if note is not None:
+            self.rep.note(note)
         return metrics
 
     def save(self, step: int) -> Path:
@@ -575,26 +505,11 @@ class Recipe:
 
     def _result(self, final: int, metrics: dict[str, float], outputs: dict[str, str]) -> TrainResult:
         """``TrainResult``: the history, the outputs, this session's throughput (its windows)."""
-        s, state, windows = self.settings, self.state, self.windows
-        seconds = sum(w["seconds"] for w in windows)
-        samples, tokens = sum(w["samples"] for w in windows), sum(w["tokens"] for w in windows)
-        return TrainResult(
-            final_step=final,
-            total_steps=self.total_steps,
-            losses=state.losses,
-            eval_metrics=metrics,
-            eval_history=state.eval_history,
-            outputs=outputs,
-            samples_per_s=samples / seconds if seconds > 0 else 0.0,
-            tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
-            world_size=self.world,
-            accumulation=s.accumulation,
-            global_batch=s.global_batch,
-            resumed_from=str(self.resume.path) if self.resume.path else None,
-            skipped_steps=state.skipped_steps,
-            predictions=self.predictions,
-            windows=windows,
+        s = self.settings
+        info = run_info(self.accelerator, self.run.plan, s, self.cpu_staged, self.skips, self.memory)
+        return session_result(
+            final, self.total_steps, self.state, metrics, outputs, self.windows, s, self.world,
+            resumed_from=str(self.resume.path) if self.resume.path else None, predictions=self.predictions,
             stopped_early=self.early.to_dict() if self.early is not None else None,
-            run_info=run_info(self.accelerator, self.run.plan, s, self.cpu_staged, self.skips, self.memory)
-            | self.levers.record(),
-        )
+            run_info=info | self.levers.record(),
+        )  # fmt: skip

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from xtrain.planning.plan import Plan
     from xtrain.planning.resolve import RunSettings
     from xtrain.train.precision import SkipDetector
+    from xtrain.train.state import RunState
 
 # Saved next to the adapter (or full model): what the run trained, read by ``xtrain predict``.
 RUN_FILE = "xtrain_run.json"
@@ -51,6 +52,39 @@ class TrainResult:
         seconds = sum(w["seconds"] for w in self.windows)
         return sum(w.get("data_seconds", 0.0) for w in self.windows) / seconds if seconds > 0 else None
 
+
+def session_result(
+    final: int,
+    total_steps: int,
+    state: RunState,
+    metrics: dict[str, float],
+    outputs: dict[str, str],
+    windows: list[dict[str, float]],
+    settings: RunSettings,
+    world: int,
+    **more: Any,
+) -> TrainResult:
+    """``TrainResult`` of a session: the run's history (``state``), its final evaluation
+    (``metrics``) and ``outputs``, this session's throughput from its closed log ``windows``;
+    ``more``: the other fields (resumed_from, predictions, stopped_early, run_info)."""
+    seconds = sum(w["seconds"] for w in windows)
+    samples, tokens = sum(w["samples"] for w in windows), sum(w["tokens"] for w in windows)
+    return TrainResult(
+        final_step=final,
+        total_steps=total_steps,
+        losses=state.losses,
+        eval_metrics=metrics,
+        eval_history=state.eval_history,
+        outputs=outputs,
+        samples_per_s=samples / seconds if seconds > 0 else 0.0,
+        tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+        world_size=world,
+        accumulation=settings.accumulation,
+        global_batch=settings.global_batch,
+        skipped_steps=state.skipped_steps,
+        windows=windows,
+        **more,
+    )
 
 def run_info(
     accelerator: Accelerator,
