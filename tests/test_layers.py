@@ -109,3 +109,29 @@ def test_the_documented_order_is_this_one() -> None:
     steps = line.group(1).rstrip(".").split(" -> ")
     documented = [tuple(n.strip("` ").removesuffix("/") for n in step.split(" / ")) for step in steps]
     assert documented == list(LAYERS)
+
+
+MODULE_LINES, FUNCTION_LINES = 420, 80  # "about 400" and "about 80" (docs/architecture.md)
+
+
+def _says_why(lines: list[str]) -> bool:
+    return any(ln.lstrip().startswith("#") and "longer:" in ln for ln in lines)
+
+
+def test_long_modules_and_functions_say_why() -> None:
+    """A module over about 400 lines says why on its first lines, a function over about 80 in
+    the comment above it or on its first lines, in a comment that starts with ``longer:``."""
+    silent = []
+    for name, path in MODULES.items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if len(lines) > MODULE_LINES and not _says_why(lines[:5]):
+            silent.append(f"{name}: {len(lines)} lines")
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            around = lines[max(0, first - 4) : first - 1] + lines[node.lineno : node.lineno + 3]
+            if size > FUNCTION_LINES and not _says_why(around):
+                silent.append(f"{name}.{node.name}: {size} lines")
+    assert not silent, "say why (a `# longer:` comment) or split:\n" + "\n".join(silent)
