@@ -7,7 +7,9 @@
 Under a launcher (``WORLD_SIZE`` is set) this process is one rank: it trains. Without one,
 ``--processes N`` (N > 1) starts N ranks itself with ``torch.multiprocessing`` (spawn), meeting
 through a file store in a private folder (``xtrain.launch.rendezvous``: no socket): the Windows
-path, where torchrun and so accelerate launch can fail on libuv. ``--platform windows`` (or
+path, where torchrun and so accelerate launch can fail on libuv. Each rank runs this module as
+a rank of that launch, through the same entry and report channel as ``xtrain train``'s spawn
+launcher (``launch.launcher.spawn_module``, ``runtime.report``). ``--platform windows`` (or
 ``XTRAIN_PLATFORM=windows``) plans for Windows on any OS, so CI runs that path too.
 
 A mistake a user can make ends as one line on stderr and a non-zero exit (2), Ctrl+C as a saved
