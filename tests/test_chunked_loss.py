@@ -86,6 +86,33 @@ def test_a_causal_lms_loss_and_gradients_equal_the_plain_loss(head, how):
     assert chunked(input_ids=ids, labels=labels).logits.shape[-1] == VOCAB  # detached: plain again
 
 
+@pytest.mark.parametrize("how", chunked_loss.HOWS)
+def test_the_head_module_runs_once_and_its_output_gets_the_gradient_first(how):
+    """What hooks the head's module sees is one call, as under the plain loss: FSDP2 hooks it
+    (accelerate's group of final norm and head) and registers its pre-backward all-gather on the
+    head's output. Called once a chunk, the group's post-forward fired on a chunk's logits, the
+    eager chunk's backward inside the forward fired the pre-backward and its end-of-backward
+    callback resharded the group: a full fine-tune under FSDP2 crashed (SIGSEGV). The output's
+    gradient comes before any gradient of the head's or the final norm's weights."""
+    model = _llama()
+    model.train()
+    ids, labels = _batch()
+    events: list[str] = []
+
+    def on_forward(module, args, out):
+        events.append("forward")
+        out.register_hook(lambda grad: events.append("output gradient"))
+
+    model.lm_head.register_forward_hook(on_forward)
+    model.lm_head.weight.register_post_accumulate_grad_hook(lambda p: events.append("head"))
+    model.model.norm.weight.register_post_accumulate_grad_hook(lambda p: events.append("norm"))
+    ChunkedLoss(model, "next-token", LogitMap(), rows=5, how=how).attach()  # 19 positions: 4 chunks
+    loss = model(input_ids=ids, labels=labels).loss
+    assert events == ["forward"]
+    loss.backward()
+    assert events[:2] == ["forward", "output gradient"] and sorted(events[2:]) == ["head", "norm"], events
+
+
 def test_gemma2_soft_capped_logits_are_honoured():
     from transformers import Gemma2Config, Gemma2ForCausalLM
 

@@ -462,17 +462,22 @@ runpy.run_module("xtrain.run", run_name="__main__")
 
 
 @pytest.mark.slow
-def test_two_fsdp2_processes_average_to_one_processs_gradient(tmp_path, tmp_path_factory):
+@pytest.mark.parametrize("tuning", ["lora", "full"])
+def test_two_fsdp2_processes_average_to_one_processs_gradient(tmp_path, tmp_path_factory, tuning):
     """Two FSDP2 ranks over gloo, one micro-batch each, reduce-scatter the mean of their
     gradients: gathered, it is the gradient of one plain process accumulating both micro-batches
     over the same global batch, which is the reference's (dropout on: the loop seeds it per sample
-    position, not per rank)."""
+    position, not per rank). Both under the chunked loss; ``full``: a full fine-tune, the head
+    trained and sharded in accelerate's group of final norm and head (it crashed once: SIGSEGV,
+    the group's hooks fired once a chunk, xtrain/model/chunked_loss.py ``_head_call``)."""
     from support.jobs import make_job, run_xtrain, session_builtin
 
     from xtrain.launch.rendezvous import free_port
 
     job = make_job(tmp_path / "job", model=str(session_builtin(tmp_path_factory, "builtin:tiny-llama")))
     common = ["run.max_steps=1", "optim.max_grad_norm=null", "optim.warmup_steps=0", "batch.per_device=4"]
+    if tuning == "full":
+        common.append("lora.enabled=false")
     one = _check(load_config(job.config, [*common, f"run.output_dir={tmp_path / 'one'}"]), micro_batches=2)
     worker = tmp_path / "fsdp_worker.py"
     worker.write_text(FSDP_WORKER)
@@ -481,6 +486,9 @@ def test_two_fsdp2_processes_average_to_one_processs_gradient(tmp_path, tmp_path
            f"run.output_dir={tmp_path / 'fsdp'}", *common]  # fmt: skip
     proc = run_xtrain(cmd, {**job.env, "TEST_OUT": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "loss: chunked cross-entropy" in proc.stdout + proc.stderr  # the plan's Loss line, FSDP2 too
+    if tuning == "full":
+        assert any("lm_head" in name for name in one.grads)
     for rank in (0, 1):
         assert_same_gradients(torch.load(tmp_path / f"grads-{rank}.pt"), one.grads, rtol=1e-4)
 

@@ -10,10 +10,11 @@ the positions that carry a label, a chunk of ``rows`` positions at a time:
    line up with their labels, Whisper's and ``VisionEncoderDecoderModel``'s ``CrossEntropyLoss``);
 2. the hidden states of the positions whose label is not -100 are gathered (one host sync: the
    count sizes the chunks);
-3. each chunk calls the head *module* (a frozen ``nn.Linear``, a trained copy behind peft's
-   ``modules_to_save``, a LoRA-adapted ``lora.Linear``; under FSDP2 the module whose forward the
-   root gathered), maps the logits as the model does after its head (``LogitMap``: Gemma 2's
-   soft-capping, Cohere's and Granite's scaling), upcasts to float32 as transformers' loss does,
+3. each chunk runs the head's ``forward`` (a frozen ``nn.Linear``, a trained copy behind peft's
+   ``modules_to_save``, a LoRA-adapted ``lora.Linear``; under FSDP2 on the weights its group
+   gathered: the module's hooks fire once, for the model's own call of the head), maps the
+   logits as the model does after its head (``LogitMap``: Gemma 2's soft-capping, Cohere's and
+   Granite's scaling), upcasts to float32 as transformers' loss does,
    and sums its cross-entropy; the sum over every chunk divided by the number of trained tokens is
    the model's own mean (``reduction="mean"`` with ``ignore_index=-100``).
 
@@ -32,14 +33,16 @@ How a chunk's logits are kept out of memory (``chunked_cross_entropy``'s ``how``
 ``model(**batch).loss`` is unchanged: the pre-hook takes the ``labels`` out of the call (an
 encoder-decoder gets the ``decoder_input_ids`` its forward would have made from them), and
 replaces the head's ``forward`` for that one call; the head call computes the loss and returns an
-empty logits tensor; the forward hook puts the loss in the output's ``loss``. Evaluation and
+empty logits tensor made from the loss (so that hooks on the head's output, FSDP2's pre-backward
+all-gather among them, run before the loss's backward: ``ChunkedLoss._head_call``); the forward
+hook puts the loss in the output's ``loss``. Evaluation and
 generation (eval mode or no gradient) run the model untouched.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -162,10 +165,13 @@ def chunked_cross_entropy(
     rows: int,
     mapping: LogitMap | None = None,
     how: str = "eager",
+    params: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The mean cross-entropy of ``head(hidden)`` against ``labels`` over the positions whose label
     is not -100 (shifted by one for a causal LM: ``shift``), ``rows`` positions at a time (see the
     module docstring). ``hidden``: ``[..., positions, width]``; ``labels``: ``[..., positions]``.
+    ``params``: the trained tensors ``head`` uses (default: a module head's parameters that
+    require a gradient; a plain function's, such as a module's bound ``forward``, must be named).
     NaN when no position has a label, as the model's own mean."""
     if hidden.shape[:-1] != labels.shape:
         raise ValueError(
@@ -182,7 +188,8 @@ def chunked_cross_entropy(
     y = flat_labels.index_select(0, keep)
     count = int(keep.numel())
     if how == "eager":
-        params = [p for p in getattr(head, "parameters", lambda: [])() if p.requires_grad]
+        if params is None:
+            params = [p for p in getattr(head, "parameters", lambda: [])() if p.requires_grad]
         total = _EagerChunks.apply(h, y, head, mapping, rows, *params)
     elif how == "checkpoint":
         from torch.utils.checkpoint import checkpoint
@@ -225,6 +232,7 @@ class ChunkedLoss:
         self.labels: torch.Tensor | None = None
         self.loss: torch.Tensor | None = None
         self.handles: list[Any] = []
+        self._own_forward: Any = None  # an instance-level forward the head had (accelerate's hooks)
 
     def attach(self) -> ChunkedLoss:
         self.handles = [
@@ -249,20 +257,44 @@ class ChunkedLoss:
             kwargs["decoder_input_ids"] = shift_right(
                 self.labels, config.pad_token_id, config.decoder_start_token_id
             )
+        self._own_forward = self.head.__dict__.get("forward")
         self.head.forward = self._head_call  # this call only: the instance attribute shadows the class's
         return args, kwargs
 
     def _head_call(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        self._restore()  # the head itself again: the chunks (and any recomputation) call the module
+        """The model's one call of its head: the whole chunked loss, and what it returns instead
+        of logits.
+
+        The chunks run the head's ``forward`` (its computation, peft's adapter included), not the
+        module: the module's hooks fire once a training forward, for this call, as they do for the
+        plain loss. FSDP2's are among them (its group of the head, accelerate's tail of final norm
+        and head): run once a chunk, the group's post-forward fired on the first chunk's logits
+        and registered its pre-backward hook there; the ``"eager"`` chunk's own backward (inside
+        this forward) then fired it, queueing FSDP's end-of-backward callback, which resharded
+        the group before the step's backward; the final norm's multiply read its freed weight:
+        SIGSEGV (a full fine-tune under FSDP2 on CPU; docs/reliability.md).
+
+        The returned stand-in for the logits is computed from the loss and the loss from it, so
+        the gradient reaches it first: whatever the module's hooks registered on it (FSDP2's
+        pre-backward all-gather of the head's group) runs before any chunk's backward or
+        recomputation needs the head's weights. It is empty: the loss's value and gradients are
+        unchanged (its sum is an exact 0)."""
+        self._restore()
         assert self.labels is not None
-        self.loss = chunked_cross_entropy(
-            self.head, hidden, self.labels, shift=self.kind == "next-token", rows=self.rows,
-            mapping=self.mapping, how=self.how,
+        params = [p for p in self.head.parameters() if p.requires_grad]  # FSDP2: the gathered ones
+        loss = chunked_cross_entropy(
+            self.head.forward, hidden, self.labels, shift=self.kind == "next-token", rows=self.rows,
+            mapping=self.mapping, how=self.how, params=params,
         )  # fmt: skip
-        return hidden[..., :0]  # no logits: what the model does after its head runs on nothing
+        empty = loss.to(hidden.dtype).reshape([1] * hidden.dim()).expand(*hidden.shape[:-1], 0).clone()
+        self.loss = loss + empty.sum()
+        return empty  # no logits: what the model does after its head runs on nothing
 
     def _restore(self) -> None:
-        self.head.__dict__.pop("forward", None)
+        if self._own_forward is not None:
+            self.head.forward = self._own_forward
+        else:
+            self.head.__dict__.pop("forward", None)
 
     def _after(self, module: Any, args: tuple, output: Any) -> Any:
         if self.labels is None:

@@ -44,10 +44,6 @@ def attach(model: Any, cfg: TrainConfig, settings: RunSettings, distributed_type
         refusal = f"{type(model).__name__}: {mapping}"
     elif deepspeed:
         refusal = "DeepSpeed gathers the head's weights in hooks of its own"
-    elif "FSDP" in str(distributed_type).upper() and any(p.requires_grad for p in head.parameters()):
-        # a full fine-tune under FSDP2 crashed (SIGSEGV, gloo on CPU) with the head called once a
-        # chunk; a frozen or LoRA-adapted head under FSDP2 is tested and keeps the chunked loss
-        refusal = "FSDP shards the trained head, and calling it once a chunk is not proven there"
     chunked, why = settings.loss_for(task.token_loss, refusal)
     if chunked:
         assert isinstance(mapping, chunked_loss.LogitMap) and task.token_loss is not None
