@@ -260,7 +260,7 @@ def at_length(stacks: Sequence[Stack], max_length: int) -> tuple[Stack, ...]:
     return tuple(replace(s, positions=max_length) if s.text else s for s in stacks)
 
 
-# -- the memory levers' terms (xtrain/model/memory.py's estimate) ------------------------------------
+# -- the memory levers' terms (xtrain/model/estimate.py's estimate) -------------------------
 # The chunked loss's chunks: logits entries a chunk (rows x vocabulary), 2^25 = 128 MiB in float32:
 # 220 positions of Qwen2's 152,064-entry vocabulary, 1048 of a 32k one (xtrain/model/chunked_loss.py)
 CHUNK_ENTRIES = 2**25
