@@ -257,7 +257,9 @@ class ChunkedLoss:
             kwargs["decoder_input_ids"] = shift_right(
                 self.labels, config.pad_token_id, config.decoder_start_token_id
             )
-        self._own_forward = self.head.__dict__.get("forward")
+        current = self.head.__dict__.get("forward")
+        if current != self._head_call:  # not left over from a forward that raised before its head
+            self._own_forward = current
         self.head.forward = self._head_call  # this call only: the instance attribute shadows the class's
         return args, kwargs
 
