@@ -302,6 +302,7 @@ run:
   eval_every: 2
   log_every: 1
   save_every: 2
+  save_merged: true
   seed: 7
 """
 
@@ -332,6 +333,61 @@ def test_one_and_two_processes_train_the_same_dpo(pref_job, pref_straight):
         assert b["rewards/accuracy"] == a["rewards/accuracy"]
         assert b["rewards/margin"] == pytest.approx(a["rewards/margin"], rel=1e-4, abs=1e-6)
     assert_same_training(pref_straight, out)
+
+
+@pytest.mark.slow
+def test_torchrun_and_accelerate_launch_train_the_same_dpo(pref_job, pref_straight):
+    """`torchrun -m xtrain.run` and `accelerate launch --multi_gpu -m xtrain.run` (2 gloo
+    processes on CPU) against one process with the same global batch (support.jobs.TWO_PROCESSES)."""
+    from support.jobs import assert_same_training, run_xtrain, two_process_command
+
+    for mode in ("torchrun", "accelerate"):
+        out = pref_job.root / mode
+        command, env = two_process_command(mode, pref_job.root, pref_job.env)
+        proc = run_xtrain([*command, "--config", str(pref_job.config), f"run.output_dir={out}"], env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        two = json.loads((out / "train_result.json").read_text())
+        assert (two["world_size"], two["accumulation"], two["run_info"]["backend"]) == (2, 1, "gloo"), mode
+        assert_same_training(pref_straight, out)
+
+
+@pytest.mark.slow
+def test_lora_dpo_under_fsdp2_trains_like_one_process(pref_job, pref_straight):
+    """Two FSDP2 ranks (accelerate's FSDP2 path on CPU, support/fsdp.py): the reference is the
+    sharded policy with its adapters off, every forward all-gathers; the same losses, eval
+    metrics and adapter as one process. (A merged save is refused under FSDP: sharded.py.)"""
+    from support.fsdp import fsdp_run
+    from support.jobs import assert_same_training
+
+    out = pref_job.root / "fsdp"
+    fsdp_run(pref_job, out, "run.save_merged=false")
+    one = json.loads((pref_straight / "train_result.json").read_text())
+    two = json.loads((out / "train_result.json").read_text())
+    assert two["run_info"]["distributed_type"] == "DistributedType.FSDP"
+    for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
+        assert b["rewards/accuracy"] == a["rewards/accuracy"]
+    assert_same_training(pref_straight, out)
+
+
+@pytest.mark.slow
+def test_the_merged_save_loads_in_plain_transformers_as_base_plus_adapter(pref_job, pref_straight):
+    """`run.save_merged: true` (the job's): `merged/` is a plain causal LM whose logits are the
+    base model's with the trained adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    merged = AutoModelForCausalLM.from_pretrained(str(pref_straight / "merged")).eval()
+    assert type(merged.model.layers[0].self_attn.q_proj) is torch.nn.Linear  # no peft left
+    base_path = pref_job.config.read_text().split("name_or_path: ")[1].split()[0]
+    base = AutoModelForCausalLM.from_pretrained(base_path)
+    adapted = PeftModel.from_pretrained(base, str(pref_straight / "adapter")).eval()
+    tok = AutoTokenizer.from_pretrained(str(pref_straight / "merged"))
+    ids = tok(["question: where did tom play? answer: with the dog"], return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        want, got = adapted(input_ids=ids).logits, merged(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(base_path)(input_ids=ids).logits
+    assert (want - plain).abs().max() > 1e-3, "the adapter moved the logits"
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
 @pytest.mark.slow
