@@ -195,6 +195,42 @@ def test_precomputed_and_live_reference_give_the_same_loss(tmp_path):
     assert torch.allclose(a.stats["reward_chosen"], b.stats["reward_chosen"], atol=1e-5)
 
 
+def _moved(model: torch.nn.Module) -> None:
+    """LoRA's B matrices away from 0: the policy no longer its reference."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+
+
+@pytest.mark.parametrize("precompute", [False, True])
+def test_kto_s_kl_estimate_spans_the_whole_step(tmp_path, precompute):
+    """The loop's ``step_start`` with two micro-batches of 2 rows: each micro-batch's losses are
+    those of one forward over all 4 rows (the plain reference: the micro-batch estimate over the
+    union), and the forward with gradients runs the completions alone."""
+    extra = ["preference.loss=kto", "batch.per_device=2", f"preference.precompute_reference={precompute}"]
+    workload = build_workload(_cfg(tmp_path, _pairs(2), *extra))
+    _moved(workload.model)
+    rows = [workload.train_dataset[i] for i in range(4)]
+    whole = workload.collator(rows)
+    micro = [workload.collator(rows[:2]), workload.collator(rows[2:])]
+    want = workload.forward(workload.model, whole).stats  # no step estimate: the batch's own
+    assert workload.step_start is not None
+    workload.step_start(workload.model, micro, lambda t: t)  # one process: gather is the identity
+    assert workload.forward.step_kl.item() == pytest.approx(want["kl"][0].item(), rel=1e-5)
+    assert want["kl"][0].item() > 0, "a real estimate, not the clamp"
+    seen = []
+    count = lambda m, a, kw: seen.append(kw["input_ids"].shape[0])  # noqa: E731
+    workload.model.register_forward_pre_hook(count, with_kwargs=True)
+    for i, batch in enumerate(micro):
+        got = workload.forward(workload.model, batch).stats
+        for key in ("loss_sum", "reward_chosen", "reward_rejected", "kl"):
+            torch.testing.assert_close(got[key], want[key][2 * i : 2 * i + 2], rtol=1e-5, atol=1e-6)
+    assert seen[-2:] == [2, 2] if precompute else seen[-4:] == [2, 2, 2, 2]  # B sequences, not 2B
+    workload.model.eval()  # an evaluation estimates from its own micro-batch
+    assert workload.forward(workload.model, micro[0]).stats["kl"][0] != pytest.approx(want["kl"][0].item())
+
+
 def test_a_full_fine_tune_keeps_a_frozen_reference(tmp_path):
     workload = build_workload(_cfg(tmp_path, _pairs(4), "lora.enabled=false", "batch.per_device=2"))
     reference = workload.forward.reference
@@ -333,6 +369,27 @@ def test_one_and_two_processes_train_the_same_dpo(pref_job, pref_straight):
         assert b["rewards/accuracy"] == a["rewards/accuracy"]
         assert b["rewards/margin"] == pytest.approx(a["rewards/margin"], rel=1e-4, abs=1e-6)
     assert_same_training(pref_straight, out)
+
+
+@pytest.mark.slow
+def test_one_and_two_processes_train_the_same_kto(pref_job):
+    """KTO's KL estimate spans the step's global batch (one gather a step): 2 processes with
+    accumulation 1 train as 1 process with accumulation 2."""
+    from support.jobs import assert_same_training, python_run, run_xtrain
+
+    outs = []
+    for name, extra in (("kto-one", ()), ("kto-two", ("--processes", "2"))):
+        out = pref_job.root / name
+        args = [*extra, "--config", str(pref_job.config), f"run.output_dir={out}"]
+        proc = run_xtrain(python_run(*args, "preference.loss=kto", "run.save_merged=false"), pref_job.env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        outs.append(out)
+    one, two = (json.loads((o / "train_result.json").read_text()) for o in outs)
+    assert (one["accumulation"], two["world_size"], two["accumulation"]) == (2, 2, 1)
+    for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
+        assert b["rewards/accuracy"] == a["rewards/accuracy"]
+        assert b["kl"] == pytest.approx(a["kl"], rel=1e-4, abs=1e-6)
+    assert_same_training(*outs)
 
 
 @pytest.mark.slow

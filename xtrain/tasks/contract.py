@@ -228,6 +228,13 @@ EvaluateFn = Callable[[Any, Any, Any], tuple[dict[str, float], list[Prediction]]
 ForwardFn = Callable[[Any, Batch], Any]
 
 
+# step_start(model, this process's micro-batches of the step (on the device), gather) -> None:
+# called by the loop before the step's first forward, for what a task estimates over the step's
+# whole global batch (KTO's KL term): ``gather`` is the Accelerator's (every process's tensors,
+# concatenated along dim 0), a collective every process joins once a step.
+StepStartFn = Callable[[Any, list[Any], Callable[[Any], Any]], None]
+
+
 # notes(eval history so far) -> warning lines for the run's own channel (the banner's notes), e.g.
 # "reward accuracy stays at chance"; called after each evaluation.
 NotesFn = Callable[[list[dict[str, float]]], list[str]]
@@ -262,3 +269,4 @@ class Workload:
     data_report: Any | None = None
     forward: ForwardFn | None = None  # None: ``model(**batch)``, whose ``.loss`` is the loss
     notes: NotesFn | None = None  # warnings the task reads off its eval metrics
+    step_start: StepStartFn | None = None  # the whole step's micro-batches first (KTO's KL)

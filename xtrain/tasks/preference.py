@@ -138,6 +138,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         notes=notes,
         evaluate=PreferenceEval(forward, splits["eval"], tokenizer, parts[0]) if "eval" in splits else None,
         data_report=report,
+        step_start=forward.step_start if settings.loss in pl.UNPAIRED else None,
     )
 
 

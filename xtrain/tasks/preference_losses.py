@@ -24,7 +24,10 @@ orpo_trainer.py, kto_trainer.py), facts not code:
 - SimPO: ``z = mean_c - mean_r - gamma / beta``, the DPO form over it; no reference
 - KTO: ``KL = max(0, mean(pi_kl - ref_kl))`` (no gradient), desirable rows
   ``1 - sigmoid(beta (r - KL))``, undesirable rows ``1 - sigmoid(beta (KL - r))``, with
-  ``r = pi - ref`` of the row's completion
+  ``r = pi - ref`` of the row's completion. TRL averages the KL term over every process's
+  micro-batch (``gather_for_metrics(kl).mean()``); in training xtrain averages it over the step's
+  whole global batch (every process, every micro-batch of the accumulation window:
+  ``preference_reference.PreferenceForward.step_start``), which no process count changes.
 """
 
 from __future__ import annotations
@@ -133,17 +136,31 @@ def paired_loss(
     }
 
 
+def kto_kl(pol_kl: torch.Tensor, ref_kl: torch.Tensor) -> torch.Tensor:
+    """KTO's KL estimate from the mismatched completions' log-probs: ``max(0, mean(pi - ref))``,
+    without gradient."""
+    return (pol_kl - ref_kl.to(pol_kl.dtype)).mean().clamp(min=0).detach()
+
+
 def kto_loss(
     s: LossSettings,
     logps: torch.Tensor,
     ref_logps: torch.Tensor,
     desirable: torch.Tensor,
+    kl: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Per-row KTO statistics over 2B sequences: the B completions, then the B mismatched
-    completions of the KL estimate; ``desirable`` [B] is 1 for a desirable row, 0 otherwise."""
-    pol, pol_kl = _halves(logps)
-    ref, ref_kl = (t.to(logps.dtype) for t in _halves(ref_logps))
-    kl = (pol_kl - ref_kl).mean().clamp(min=0).detach()
+    """Per-row KTO statistics; ``desirable`` [B] is 1 for a desirable row, 0 otherwise. Without
+    ``kl``, ``logps``/``ref_logps`` hold 2B sequences (the B completions, then the B mismatched
+    completions the KL estimate reads: the micro-batch's own estimate); with ``kl`` (an estimate
+    over a larger batch, ``kto_kl``), the B completions only."""
+    if kl is None:
+        pol, pol_kl = _halves(logps)
+        ref, ref_kl = _halves(ref_logps)
+        kl = kto_kl(pol_kl, ref_kl)
+    else:
+        pol, ref = logps, ref_logps
+    ref = ref.to(logps.dtype)
+    kl = kl.to(logps.dtype)
     ratio = pol - ref
     good = desirable.to(logps.dtype)
     bad = 1 - good

@@ -13,6 +13,13 @@ reference's come from, in this order:
 
 ORPO and SimPO read no reference. Dropout is off in the whole model (``no_dropout``, TRL's
 default): the reference is then the same function whether computed now or before training.
+
+KTO's KL estimate in training spans the step's whole global batch (``step_start``, the loop's
+``Workload.step_start``): before the step's first forward, the policy and the reference read the
+mismatched completions of every micro-batch of this process's share, without gradients, and one
+gather sums every process's; the step's forwards then run the B completions alone against that
+estimate. So the estimate is the same for any process count and accumulation (TRL averages it
+over the processes' micro-batches only), and the forward with gradients holds half the sequences.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ if TYPE_CHECKING:
 
 REFERENCE_DIR = "preference-reference"  # under run.output_dir
 Autocast = Callable[[], contextlib.AbstractContextManager]
+Batch = dict[str, torch.Tensor]
+Gather = Callable[[torch.Tensor], torch.Tensor]  # every process's tensors, concatenated (dim 0)
 
 
 @dataclass
@@ -70,10 +79,18 @@ def no_dropout(model: torch.nn.Module) -> None:
 
 # batch keys that are not the model's inputs (the rest: input ids, mask, a VLM's pixel values)
 NOT_INPUTS = ("labels", "ref_first", "ref_second", "desirable")
+PER_ROW = ("ref_first", "ref_second", "desirable")  # [B], one value a row, not a sequence
 
 
 def model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k not in NOT_INPUTS}
+
+
+def part(batch: Mapping[str, torch.Tensor], which: int) -> dict[str, torch.Tensor]:
+    """The first (``which=0``: chosen, KTO's completions) or second half of a batch's 2B sequences,
+    with the rows' own values (a text batch: every sequence tensor has 2B rows)."""
+    n = len(batch["input_ids"]) // 2
+    return {k: v if k in PER_ROW else v[which * n : (which + 1) * n] for k, v in batch.items()}
 
 
 def _unwrapped(model: torch.nn.Module) -> Any:
@@ -94,6 +111,25 @@ class PreferenceForward:
         self.settings = settings
         self.reference = reference  # a frozen copy (full fine-tune); None: adapters off, or none needed
         self.autocast = autocast or contextlib.nullcontext
+        self.step_kl: torch.Tensor | None = None  # KTO: the estimate of the step in training
+
+    def step_start(self, model: torch.nn.Module, micro_batches: list[Batch], gather: Gather) -> None:
+        """``Workload.step_start`` (KTO): the KL estimate over the step's global batch, from this
+        process's micro-batches and one ``gather`` (every process's sums; the Accelerator's)."""
+        totals = []
+        with torch.no_grad():
+            for batch in micro_batches:
+                mismatched = part(batch, 1)
+                logits = model(**model_inputs(mismatched), use_cache=False).logits
+                pol = pl.sequence_logps(logits, mismatched["labels"])[0].float()
+                if "ref_second" in batch:
+                    ref = batch["ref_second"].to(pol)
+                else:
+                    ref = self.reference_logps(model, mismatched).float()
+                count = torch.full((), float(len(pol)), device=pol.device)
+                totals.append(torch.stack([(pol - ref).sum(), count]))
+            summed = gather(torch.stack(totals).sum(0, keepdim=True)).sum(0)
+        self.step_kl = (summed[0] / summed[1]).clamp(min=0)
 
     def reference_logps(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The reference's summed log-probs of the batch's sequences, without gradients."""
@@ -110,6 +146,8 @@ class PreferenceForward:
 
     def __call__(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> PreferenceOutput:
         s = self.settings
+        if s.loss in pl.UNPAIRED and self.step_kl is not None and model.training:
+            return self._kto_in_step(model, batch, self.step_kl)
         out = model(**model_inputs(batch), use_cache=False)
         logps, counts = pl.sequence_logps(out.logits, batch["labels"])
         ref = None
@@ -123,6 +161,20 @@ class PreferenceForward:
             stats = pl.kto_loss(s, logps, ref, batch["desirable"])
         else:
             stats = pl.paired_loss(s, logps, counts, ref)
+        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
+
+
+    def _kto_in_step(self, model: torch.nn.Module, batch: Batch, kl: torch.Tensor) -> PreferenceOutput:
+        """KTO in a training step: the B completions alone, against the step's KL estimate (an
+        evaluation, or a forward outside the loop, estimates it from its own micro-batch)."""
+        completions = part(batch, 0)
+        out = model(**model_inputs(completions), use_cache=False)
+        logps = pl.sequence_logps(out.logits, completions["labels"])[0]
+        if "ref_first" in batch:
+            ref = batch["ref_first"].to(logps.device)
+        else:
+            ref = self.reference_logps(model, completions)
+        stats = pl.kto_loss(self.settings, logps, ref, batch["desirable"], kl.to(logps.device))
         return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
 
 

@@ -312,8 +312,9 @@ class Recipe:
         accumulation, tokens_key = self.settings.accumulation, self.workload.tokens_key
         rank = acc.process_index
         forward = self.workload.forward
+        ahead = self._whole_step(batches) if self.workload.step_start is not None else None
         for micro in range(accumulation):
-            batch = _to_device(window.next_batch(batches), device, self.pin)
+            batch = ahead[micro] if ahead else _to_device(window.next_batch(batches), device, self.pin)
             _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(rank, micro)), device)
             last = micro == accumulation - 1
             # accelerate's own flag (public setter): DeepSpeed's backward ends its accumulation and
@@ -327,6 +328,17 @@ class Recipe:
             window.add(loss, batch_tokens(batch, tokens_key), getattr(out, "metrics", None))
         self.optimizer_step()
         window.end_step()
+
+    def _whole_step(self, batches: Iterator[Any]) -> list[dict[str, Any]]:
+        """This rank's micro-batches of the step, on the device, handed to the task's
+        ``step_start`` before the first forward (KTO: the KL estimate over the global batch)."""
+        ahead = [
+            _to_device(self.window.next_batch(batches), self.device, self.pin)
+            for _ in range(self.settings.accumulation)
+        ]
+        assert self.workload.step_start is not None
+        self.workload.step_start(self.model, ahead, self.accelerator.gather)
+        return ahead
 
     def optimizer_step(self) -> None:
         """Clip, update, schedule: the one place an update is counted as done or dropped (fp16
