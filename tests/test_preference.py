@@ -395,17 +395,22 @@ def test_one_and_two_processes_train_the_same_kto(pref_job):
 @pytest.mark.slow
 def test_torchrun_and_accelerate_launch_train_the_same_dpo(pref_job, pref_straight):
     """`torchrun -m xtrain.run` and `accelerate launch --multi_gpu -m xtrain.run` (2 gloo
-    processes on CPU) against one process with the same global batch (support.jobs.TWO_PROCESSES)."""
+    processes on CPU) against one process with the same global batch (support.jobs.TWO_PROCESSES).
+    The accelerate run precomputes the reference, each process its half of the rows (gathered),
+    against the one process's live reference (the adapters off at every step)."""
     from support.jobs import assert_same_training, run_xtrain, two_process_command
 
-    for mode in ("torchrun", "accelerate"):
+    for mode, extra in (("torchrun", []), ("accelerate", ["preference.precompute_reference=true"])):
         out = pref_job.root / mode
         command, env = two_process_command(mode, pref_job.root, pref_job.env)
-        proc = run_xtrain([*command, "--config", str(pref_job.config), f"run.output_dir={out}"], env)
+        proc = run_xtrain([*command, "--config", str(pref_job.config), f"run.output_dir={out}", *extra], env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         two = json.loads((out / "train_result.json").read_text())
         assert (two["world_size"], two["accumulation"], two["run_info"]["backend"]) == (2, 1, "gloo"), mode
         assert_same_training(pref_straight, out)
+    (stored,) = (pref_job.root / "accelerate" / "preference-reference").glob("*.pt")
+    values = torch.load(stored, weights_only=True)
+    assert [len(values[s]) for s in ("eval", "train")] == [6, 24]  # 3 + 3 eval rows, 12 + 12 train
 
 
 @pytest.mark.slow

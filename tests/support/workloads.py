@@ -28,7 +28,11 @@ def local_run(cfg: TrainConfig, plan: Plan | None = None) -> Run:
 
 
 def build_workload(cfg: TrainConfig, main_process_first: Any = contextlib.nullcontext) -> Any:
-    """``xtrain.tasks.build_workload`` for ``cfg`` alone on this machine."""
+    """``xtrain.tasks.build_workload`` for ``cfg`` alone on this machine, with its ``shared_pass``
+    run as the loop runs it after the build (one process)."""
     from xtrain import tasks
 
-    return tasks.build_workload(local_run(cfg), main_process_first)
+    workload = tasks.build_workload(local_run(cfg), main_process_first)
+    if workload.shared_pass is not None:
+        workload.shared_pass(None)
+    return workload

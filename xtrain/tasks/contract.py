@@ -235,6 +235,13 @@ ForwardFn = Callable[[Any, Batch], Any]
 StepStartFn = Callable[[Any, list[Any], Callable[[Any], Any]], None]
 
 
+# shared_pass(accelerator) -> None: work every process shares once the workload is built (the
+# build runs on the main process first, so no collective can run inside it), before ``prepare``:
+# a preference run's precomputed reference, each process its share, gathered. ``accelerator``
+# is the run's; None: one process outside the loop (tests).
+SharedPassFn = Callable[[Any], None]
+
+
 # notes(eval history so far) -> warning lines for the run's own channel (the banner's notes), e.g.
 # "reward accuracy stays at chance"; called after each evaluation.
 NotesFn = Callable[[list[dict[str, float]]], list[str]]
@@ -270,3 +277,4 @@ class Workload:
     forward: ForwardFn | None = None  # None: ``model(**batch)``, whose ``.loss`` is the loss
     notes: NotesFn | None = None  # warnings the task reads off its eval metrics
     step_start: StepStartFn | None = None  # the whole step's micro-batches first (KTO's KL)
+    shared_pass: SharedPassFn | None = None  # on every process after the build

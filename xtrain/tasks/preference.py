@@ -95,6 +95,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     from xtrain.tasks.common import finish_model, load_seeded, pad_multiple, prepare_tokenizer, raw_datasets
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.preference_eval import PreferenceEval
+    from xtrain.tasks.preference_precompute import Precompute
 
     cfg = run.cfg
     settings = settings_of(cfg)
@@ -120,10 +121,9 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     forward = ref.PreferenceForward(settings, frozen, ref.autocast_for(run))
     parts = UNPAIRED_PARTS if settings.loss in pl.UNPAIRED else PAIRED_PARTS
     collator = PreferenceCollator(tokenizer.pad_token_id, pad_multiple(run.device), parts)
+    precompute = None  # the loop runs it on every process after the build (preference_precompute)
     if cfg.preference.precompute_reference and pl.needs_reference(settings.loss):
-        ref.attach_precomputed(run, forward, model, splits, collator, main_process_first)
-        forward.reference = None  # nothing live: the batches carry the reference
-        del frozen
+        precompute = Precompute(run, forward, model, splits, collator)
     return Workload(
         model=model,
         train_dataset=splits["train"],
@@ -139,6 +139,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         evaluate=PreferenceEval(forward, splits["eval"], tokenizer, parts[0]) if "eval" in splits else None,
         data_report=report,
         step_start=forward.step_start if settings.loss in pl.UNPAIRED else None,
+        shared_pass=precompute,
     )
 
 

@@ -5,8 +5,9 @@ completions then their KL mismatches) gives each sequence's summed answer log-pr
 reference's come from, in this order:
 
 - the batch itself (``ref_first``/``ref_second``): ``preference.precompute_reference``, computed
-  once before training (``attach_precomputed``) and stored under ``run.output_dir`` named by the
-  data's fingerprint, so a resumed run or one with another process count reads the same numbers;
+  once before training, each process its share (``preference_precompute``), and stored under
+  ``run.output_dir`` named by the data's fingerprint, so a resumed run or one with another
+  process count reads the same numbers;
 - a frozen copy of the model (a full fine-tune: the weights that train cannot be the reference);
 - the policy itself with its LoRA adapters switched off (peft's ``disable_adapter``), under
   ``no_grad``: no second copy in memory (LLaMA-Factory's and TRL's way).
@@ -25,11 +26,8 @@ over the processes' micro-batches only), and the forward with gradients holds ha
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,11 +37,8 @@ from xtrain.tasks import preference_losses as pl
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from xtrain.data.collate import PreferenceCollator
     from xtrain.planning.run import Run
-    from xtrain.tasks.contract import MainProcessFirst
 
-REFERENCE_DIR = "preference-reference"  # under run.output_dir
 Autocast = Callable[[], contextlib.AbstractContextManager]
 Batch = dict[str, torch.Tensor]
 Gather = Callable[[torch.Tensor], torch.Tensor]  # every process's tensors, concatenated (dim 0)
@@ -181,77 +176,3 @@ class PreferenceForward:
 def eval_stats(outputs: PreferenceOutput, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``Workload.eval_batch``: the forward's per-example statistics, as they are."""
     return outputs.stats
-
-
-# ---------------------------------------------------------------------------------------------
-# preference.precompute_reference: once before training, stored with the data's fingerprint
-
-
-def fingerprint(run: Run, splits: dict[str, list[dict[str, Any]]]) -> str:
-    """What the reference log-probs depend on: the base model, how it is loaded and computes,
-    and every sequence of the data (token ids and labels). Not the process count."""
-    m = run.cfg.model
-    h = hashlib.sha256()
-    h.update(json.dumps([m.name_or_path, m.dtype, m.quantization, run.precision, sorted(splits)]).encode())
-    for name in sorted(splits):
-        for row in splits[name]:
-            h.update(json.dumps([v for k, v in sorted(row.items()) if not k.startswith("ref_")]).encode())
-    return h.hexdigest()[:24]
-
-
-def _compute(
-    forward: PreferenceForward,
-    model: torch.nn.Module,
-    rows: list[dict[str, Any]],
-    collator: PreferenceCollator,
-    device: str,
-    batch: int,
-) -> torch.Tensor:
-    values = []
-    was_training = model.training
-    model.train()  # dropout is off; a 4-bit layer keeps its training layout (no eval-mode repacking)
-    for start in range(0, len(rows), batch):
-        features = rows[start : start + batch]
-        b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(features).items()}
-        with forward.autocast():
-            logps = forward.reference_logps(model, b).float().cpu()
-        n = len(features)
-        values.append(torch.stack([logps[:n], logps[n:]], dim=1))
-    model.train(was_training)
-    return torch.cat(values)
-
-
-def attach_precomputed(
-    run: Run,
-    forward: PreferenceForward,
-    model: torch.nn.Module,
-    splits: dict[str, list[dict[str, Any]]],
-    collator: PreferenceCollator,
-    main_process_first: MainProcessFirst,
-) -> Path:
-    """Each row of ``splits`` gets ``ref_first``/``ref_second``: read from the stored file of
-    this data's fingerprint, else computed by the first process and stored (atomically), then
-    read by the others. Returns the file."""
-    from xtrain.atomic import write_bytes
-
-    path = Path(run.cfg.run.output_dir).expanduser() / REFERENCE_DIR / f"{fingerprint(run, splits)}.pt"
-    with main_process_first():
-        if path.is_file():
-            stored = torch.load(path, map_location="cpu", weights_only=True)
-        else:
-            per_device = run.settings.per_device
-            stored = {
-                name: _compute(forward, model, rows, collator, run.device, per_device)
-                for name, rows in splits.items()
-            }
-            if run.is_main:
-                import io
-
-                buffer = io.BytesIO()
-                torch.save(stored, buffer)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                write_bytes(path, buffer.getvalue())
-    for name, rows in splits.items():
-        for row, (first, second) in zip(rows, stored[name].tolist(), strict=True):
-            row["ref_first"], row["ref_second"] = float(first), float(second)
-    return path

@@ -254,7 +254,10 @@ class Recipe:
         """The task's model, datasets and collator (``Task.build``), the main process first."""
         # ZeRO-3: no zero.Init collective in a main-first build
         with sharded.whole_model_loading(self.accelerator):
-            return build_workload_main_first(self.accelerator, self.run, self.build)
+            workload = build_workload_main_first(self.accelerator, self.run, self.build)
+            if workload.shared_pass is not None:  # what every process shares (a precomputed reference)
+                workload.shared_pass(self.accelerator)
+            return workload
 
     def _check_memory(self, model: Module) -> MemoryCheck | None:
         """CUDA: the memory estimate with the real counts against this card; the main process
