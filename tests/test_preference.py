@@ -231,6 +231,52 @@ def test_kto_s_kl_estimate_spans_the_whole_step(tmp_path, precompute):
     assert workload.forward(workload.model, micro[0]).stats["kl"][0] != pytest.approx(want["kl"][0].item())
 
 
+@pytest.mark.parametrize("loss, extra", [("dpo", ()), ("kto", ()), ("simpo", ("lora.enabled=false",))])
+def test_the_chunked_log_probs_equal_the_full_logits_ones(tmp_path, loss, extra):
+    """The head on the trained tokens only, 5 positions a chunk recomputed in the backward, against
+    every position's logits: the same loss and the same gradients (LoRA's; a full fine-tune's,
+    the head's included), to float32 tolerance."""
+    from xtrain.model.chunked_loss import LogitMap
+
+    workload = build_workload(_cfg(tmp_path, _pairs(4), f"preference.loss={loss}", *extra))
+    if not extra:
+        _moved(workload.model)
+    batch = workload.collator([workload.train_dataset[i] for i in range(4)])
+    params = [(n, p) for n, p in workload.model.named_parameters() if p.requires_grad]
+    results = []
+    for chunked in (False, True):
+        workload.forward.chunked = (LogitMap(), 5) if chunked else None
+        workload.model.zero_grad(set_to_none=True)
+        out = workload.forward(workload.model, batch)
+        out.loss.backward()
+        results.append((out.loss.detach(), {n: p.grad.clone() for n, p in params if p.grad is not None}))
+    (full, full_grads), (chunks, chunk_grads) = results
+    assert chunks.item() == pytest.approx(full.item(), rel=1e-5)
+    assert full_grads.keys() == chunk_grads.keys() and len(full_grads) > 0
+    head = "lm_head.weight"
+    assert (head in full_grads) == bool(extra), "a full fine-tune trains the head"
+    for name, g in full_grads.items():
+        torch.testing.assert_close(chunk_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_plan_s_loss_line_says_which_log_probs_run(tmp_path, machines_dir, capsys):
+    from xtrain.cli import main
+
+    config = tmp_path / "job.yaml"
+    train = _jsonl(tmp_path / "train.jsonl", _pairs(4))
+    model = "model:\n  name_or_path: builtin:tiny-llama\n  task: preference\n"
+    config.write_text(f"{model}data:\n  train: {train}\n")
+    facts = str(machines_dir / "linux-1xh100.json")
+    lines = {}
+    for asked in ("auto", "off"):
+        assert main(["train", str(config), f"model.chunked_loss={asked}", "--dry-run", "--facts", facts]) == 0
+        lines[asked] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Loss:")]
+    head = "Loss: per-sequence log-probs of the trained tokens,"
+    assert lines["auto"] == [f"{head} chunked (model.chunked_loss=auto: the task's loss is a cross-entropy "
+                             "over the vocabulary)"]  # fmt: skip
+    assert lines["off"] == [f"{head} all logits (model.chunked_loss=off)"]
+
+
 def test_a_full_fine_tune_keeps_a_frozen_reference(tmp_path):
     workload = build_workload(_cfg(tmp_path, _pairs(4), "lora.enabled=false", "batch.per_device=2"))
     reference = workload.forward.reference

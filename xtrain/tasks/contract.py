@@ -176,7 +176,9 @@ class Task:
     # Its training loss is the model's cross-entropy over the vocabulary at its output head
     # (``model.get_output_embeddings()``): ``next-token`` (a causal LM, labels shifted by one) or
     # ``decoder`` (an encoder-decoder, labels at the decoder's positions, its inputs made from them).
-    # The chunked loss can run it (``model.chunked_loss``, xtrain/model/chunked_loss.py). None: not
+    # The chunked loss can run it (``model.chunked_loss``, xtrain/model/chunked_loss.py). ``sequence``:
+    # the task's own forward reads per-sequence log-probs of the next tokens off the head (preference
+    # tuning) and runs them chunk-wise itself when told (``Workload.use_chunked_loss``). None: not
     # such a loss (classifiers, custom tasks)
     token_loss: str | None = None
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
@@ -278,3 +280,5 @@ class Workload:
     notes: NotesFn | None = None  # warnings the task reads off its eval metrics
     step_start: StepStartFn | None = None  # the whole step's micro-batches first (KTO's KL)
     shared_pass: SharedPassFn | None = None  # on every process after the build
+    # token_loss ``sequence``: (the head's logit map, positions a chunk) when the chunked loss runs
+    use_chunked_loss: Callable[[Any, int], None] | None = None

@@ -140,6 +140,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         data_report=report,
         step_start=forward.step_start if settings.loss in pl.UNPAIRED else None,
         shared_pass=precompute,
+        use_chunked_loss=forward.use_chunked_loss,
     )
 
 
@@ -272,6 +273,7 @@ TASK = Task(
     keys=frozenset(
         {
             "model.quantization",
+            "model.chunked_loss",
             "data.chat_template",
             "preference.loss",
             "preference.beta",
@@ -286,6 +288,7 @@ TASK = Task(
     validate=validate,
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
+    token_loss="sequence",  # its forward's log-probs chunk-wise (preference_reference.PreferenceForward)
     stacks=stacks,
     resume_keys=("preference.loss",),
     recognizes=_never,

@@ -3,8 +3,9 @@ before training, each process its share, and stored with the data's fingerprint.
 
 The task's build runs on the main process first (it fills the datasets cache), so no collective
 can run inside it; the computation is the workload's ``shared_pass``, which the loop calls on
-every process right after the build (before ``prepare``: the model is whole in each process, as
-it was built). Each process reads ``ceil(rows / processes)`` consecutive rows of each split, one
+every process after the build and the memory levers (so the numbers are computed as the live
+reference would compute them: chunked when the run's loss is) and before ``prepare`` (the model
+is whole in each process, as it was built). Each process reads ``ceil(rows / processes)`` consecutive rows of each split, one
 gather joins the shares in row order, the main process writes the file (atomically) and every
 process attaches the numbers to its rows (``ref_first``/``ref_second``: the batches carry the
 reference from then on). When the file of this fingerprint exists, the main process's word (one

@@ -37,6 +37,7 @@ from xtrain.tasks import preference_losses as pl
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from xtrain.model.chunked_loss import LogitMap
     from xtrain.planning.run import Run
 
 Autocast = Callable[[], contextlib.AbstractContextManager]
@@ -95,7 +96,12 @@ def _unwrapped(model: torch.nn.Module) -> Any:
 
 
 class PreferenceForward:
-    """``Workload.forward`` of the preference task: policy log-probs, the reference's, the loss."""
+    """``Workload.forward`` of the preference task: policy log-probs, the reference's, the loss.
+
+    With ``chunked`` set (``use_chunked_loss``: the run's ``model.chunked_loss``, by the loop's
+    levers) a training forward runs the output head on the labelled positions only, in chunks
+    recomputed in the backward (``chunked_loss.chunked_sequence_logps``); an evaluation runs the
+    model's full logits."""
 
     def __init__(
         self,
@@ -107,6 +113,22 @@ class PreferenceForward:
         self.reference = reference  # a frozen copy (full fine-tune); None: adapters off, or none needed
         self.autocast = autocast or contextlib.nullcontext
         self.step_kl: torch.Tensor | None = None  # KTO: the estimate of the step in training
+        self.chunked: tuple[LogitMap, int] | None = None  # (the head's logit map, positions a chunk)
+
+    def use_chunked_loss(self, mapping: LogitMap, rows: int) -> None:
+        """``Workload.use_chunked_loss``: the head on the trained tokens only, ``rows`` at a time."""
+        self.chunked = (mapping, rows)
+
+    def logps(
+        self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor], training: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(summed log-probs of each sequence's labelled tokens, their count) under ``model``."""
+        inputs, labels = model_inputs(batch), batch["labels"]
+        if self.chunked is not None and training:
+            from xtrain.model.chunked_loss import sequence_logps_call
+
+            return sequence_logps_call(model, inputs, labels, self.chunked[1], self.chunked[0])
+        return pl.sequence_logps(model(**inputs, use_cache=False).logits, labels)
 
     def step_start(self, model: torch.nn.Module, micro_batches: list[Batch], gather: Gather) -> None:
         """``Workload.step_start`` (KTO): the KL estimate over the step's global batch, from this
@@ -115,8 +137,7 @@ class PreferenceForward:
         with torch.no_grad():
             for batch in micro_batches:
                 mismatched = part(batch, 1)
-                logits = model(**model_inputs(mismatched), use_cache=False).logits
-                pol = pl.sequence_logps(logits, mismatched["labels"])[0].float()
+                pol = self.logps(model, mismatched, model.training)[0].float()
                 if "ref_second" in batch:
                     ref = batch["ref_second"].to(pol)
                 else:
@@ -127,24 +148,21 @@ class PreferenceForward:
         self.step_kl = (summed[0] / summed[1]).clamp(min=0)
 
     def reference_logps(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """The reference's summed log-probs of the batch's sequences, without gradients."""
+        """The reference's summed log-probs of the batch's sequences, without gradients (chunked
+        as the policy's when the policy is training)."""
         with torch.no_grad():
-            inputs = model_inputs(batch)
             if self.reference is not None:
                 with self.autocast():
-                    logits = self.reference(**inputs).logits
-            else:
-                inner = _unwrapped(model)
-                with inner.disable_adapter():  # the base weights alone: LoRA's reference
-                    logits = inner(**inputs, use_cache=False).logits
-            return pl.sequence_logps(logits, batch["labels"])[0]
+                    return self.logps(self.reference, batch, model.training)[0]
+            inner = _unwrapped(model)
+            with inner.disable_adapter():  # the base weights alone: LoRA's reference
+                return self.logps(inner, batch, model.training)[0]
 
     def __call__(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> PreferenceOutput:
         s = self.settings
         if s.loss in pl.UNPAIRED and self.step_kl is not None and model.training:
             return self._kto_in_step(model, batch, self.step_kl)
-        out = model(**model_inputs(batch), use_cache=False)
-        logps, counts = pl.sequence_logps(out.logits, batch["labels"])
+        logps, counts = self.logps(model, batch, model.training)
         ref = None
         if pl.needs_reference(s.loss):
             if "ref_first" in batch:
@@ -158,13 +176,11 @@ class PreferenceForward:
             stats = pl.paired_loss(s, logps, counts, ref)
         return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
 
-
     def _kto_in_step(self, model: torch.nn.Module, batch: Batch, kl: torch.Tensor) -> PreferenceOutput:
         """KTO in a training step: the B completions alone, against the step's KL estimate (an
         evaluation, or a forward outside the loop, estimates it from its own micro-batch)."""
         completions = part(batch, 0)
-        out = model(**model_inputs(completions), use_cache=False)
-        logps = pl.sequence_logps(out.logits, completions["labels"])[0]
+        logps = self.logps(model, completions, model.training)[0]
         if "ref_first" in batch:
             ref = batch["ref_first"].to(logps.device)
         else:

@@ -5,6 +5,7 @@ task built, before accelerate wraps it: the loop's ``model(**batch).loss`` is th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +27,17 @@ class Levers:
         return {"chunked_loss": self.chunked_loss, "activation_offload": self.activation_offload}
 
 
-def attach(model: Any, cfg: TrainConfig, settings: RunSettings, distributed_type: str) -> Levers:
+def attach(
+    model: Any,
+    cfg: TrainConfig,
+    settings: RunSettings,
+    distributed_type: str,
+    own_chunks: Callable[[Any, int], None] | None = None,
+) -> Levers:
     """Attach what ``settings`` chose to ``model`` (the task's, not yet prepared).
     ``distributed_type``: accelerate's (DeepSpeed partitions the head's weights in its own hooks:
-    neither lever runs under it)."""
+    neither lever runs under it). ``own_chunks``: the workload's ``use_chunked_loss`` (a task
+    whose forward reads per-sequence log-probs: told to chunk them instead of a hook)."""
     from xtrain import tasks
     from xtrain.model import chunked_loss, offload
 
@@ -49,9 +57,16 @@ def attach(model: Any, cfg: TrainConfig, settings: RunSettings, distributed_type
         assert isinstance(mapping, chunked_loss.LogitMap) and task.token_loss is not None
         vocab = int(getattr(head, "out_features", 0) or head.weight.shape[0])
         rows = chunked_loss.chunk_rows(vocab)
-        chunked_loss.ChunkedLoss(model, task.token_loss, mapping, rows).attach()
-        lines = [f"loss: chunked cross-entropy over the trained tokens, {rows} positions of {vocab:,} "
-                 f"logits a chunk ({why})"]  # fmt: skip
+        if task.token_loss == "sequence":
+            assert own_chunks is not None, "a sequence token_loss needs Workload.use_chunked_loss"
+            own_chunks(mapping, rows)
+            what = "per-sequence log-probs of the trained tokens, chunked"
+        else:
+            chunked_loss.ChunkedLoss(model, task.token_loss, mapping, rows).attach()
+            what = "chunked cross-entropy over the trained tokens"
+        lines = [f"loss: {what}, {rows} positions of {vocab:,} logits a chunk ({why})"]
+    elif task.token_loss == "sequence":
+        lines = [f"loss: per-sequence log-probs from every position's logits ({why})"]
     else:
         lines = [f"loss: the model's own, logits at every position ({why})"]
     if settings.activation_offload:

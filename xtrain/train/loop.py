@@ -222,7 +222,10 @@ class Recipe:
         self.total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * self.order.steps_per_epoch))
         model = parts.trainable_model(self.workload, self.run.precision)
         # the chunked loss and activation offloading: hooks in the model's training forward
-        self.levers = levers.attach(model, cfg, self.settings, acc.distributed_type)
+        own = self.workload.use_chunked_loss
+        self.levers = levers.attach(model, cfg, self.settings, acc.distributed_type, own)
+        if self.workload.shared_pass is not None:  # every process's share (a precomputed reference),
+            self.workload.shared_pass(acc)  # after the build and the levers, before prepare
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         optimizer = build_optimizer(model, cfg, self.settings.lr, self.device)
@@ -254,10 +257,7 @@ class Recipe:
         """The task's model, datasets and collator (``Task.build``), the main process first."""
         # ZeRO-3: no zero.Init collective in a main-first build
         with sharded.whole_model_loading(self.accelerator):
-            workload = build_workload_main_first(self.accelerator, self.run, self.build)
-            if workload.shared_pass is not None:  # what every process shares (a precomputed reference)
-                workload.shared_pass(self.accelerator)
-            return workload
+            return build_workload_main_first(self.accelerator, self.run, self.build)
 
     def _check_memory(self, model: Module) -> MemoryCheck | None:
         """CUDA: the memory estimate with the real counts against this card; the main process

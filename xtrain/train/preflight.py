@@ -247,8 +247,14 @@ def _loss(run: Run, where: Where) -> list[Note]:
     if not where.launcher:
         return []
     settings = run.settings
-    chunked, why = settings.loss_for(tasks.get(run.cfg.model.task).token_loss)
-    loss = "chunked cross-entropy over the trained tokens" if chunked else "the model's own, every position"
+    token_loss = tasks.get(run.cfg.model.task).token_loss
+    chunked, why = settings.loss_for(token_loss)
+    if token_loss == "sequence":  # preference: log-probs of two answers, not the model's own loss
+        loss = "per-sequence log-probs of the trained tokens, " + ("chunked" if chunked else "all logits")
+    elif chunked:
+        loss = "chunked cross-entropy over the trained tokens"
+    else:
+        loss = "the model's own, every position"
     notes = [Note("Loss", f"{loss} ({why})")]
     if settings.activation_offload:
         moved = "saved for the backward pass in host memory (model.activation_offload)"
