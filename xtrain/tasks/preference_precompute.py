@@ -5,12 +5,12 @@ The task's build runs on the main process first (it fills the datasets cache), s
 can run inside it; the computation is the workload's ``shared_pass``, which the loop calls on
 every process after the build and the memory levers (so the numbers are computed as the live
 reference would compute them: chunked when the run's loss is) and before ``prepare`` (the model
-is whole in each process, as it was built). Each process reads ``ceil(rows / processes)`` consecutive rows of each split, one
-gather joins the shares in row order, the main process writes the file (atomically) and every
-process attaches the numbers to its rows (``ref_first``/``ref_second``: the batches carry the
-reference from then on). When the file of this fingerprint exists, the main process's word (one
-broadcast) makes every process read it instead: a resumed run, or one with another process
-count, computes nothing again.
+is whole in each process, as it was built). Each process reads ``ceil(rows / processes)``
+consecutive rows of each split, one gather joins the shares in row order, the main process
+writes the file (atomically) and every process attaches the numbers to its rows
+(``ref_first``/``ref_second``: the batches carry the reference from then on). When the file of
+this fingerprint exists, the main process's word (one broadcast) makes every process read it
+instead: a resumed run, or one with another process count, computes nothing again.
 """
 
 from __future__ import annotations

@@ -27,6 +27,13 @@ class Levers:
         return {"chunked_loss": self.chunked_loss, "activation_offload": self.activation_offload}
 
 
+def loss_words(token_loss: str | None, chunked: bool) -> str:
+    """What loss a run of a task with ``token_loss`` trains with (the plan's ``Loss:`` line)."""
+    if token_loss == "sequence":  # preference: log-probs of two answers, not the model's own loss
+        return "per-sequence log-probs of the trained tokens, " + ("chunked" if chunked else "all logits")
+    return "chunked cross-entropy over the trained tokens" if chunked else "the model's own, every position"
+
+
 def attach(
     model: Any,
     cfg: TrainConfig,
@@ -60,10 +67,9 @@ def attach(
         if task.token_loss == "sequence":
             assert own_chunks is not None, "a sequence token_loss needs Workload.use_chunked_loss"
             own_chunks(mapping, rows)
-            what = "per-sequence log-probs of the trained tokens, chunked"
         else:
             chunked_loss.ChunkedLoss(model, task.token_loss, mapping, rows).attach()
-            what = "chunked cross-entropy over the trained tokens"
+        what = loss_words(task.token_loss, True)
         lines = [f"loss: {what}, {rows} positions of {vocab:,} logits a chunk ({why})"]
     elif task.token_loss == "sequence":
         lines = [f"loss: per-sequence log-probs from every position's logits ({why})"]

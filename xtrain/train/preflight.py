@@ -51,6 +51,7 @@ from xtrain.tasks import model_checks
 from xtrain.tasks.sizes import offline_sizes
 from xtrain.train import optim
 from xtrain.train.checkpoint.layout import check_output_dir
+from xtrain.train.levers import loss_words
 from xtrain.train.tracking import PACKAGES, missing
 
 if TYPE_CHECKING:
@@ -249,13 +250,7 @@ def _loss(run: Run, where: Where) -> list[Note]:
     settings = run.settings
     token_loss = tasks.get(run.cfg.model.task).token_loss
     chunked, why = settings.loss_for(token_loss)
-    if token_loss == "sequence":  # preference: log-probs of two answers, not the model's own loss
-        loss = "per-sequence log-probs of the trained tokens, " + ("chunked" if chunked else "all logits")
-    elif chunked:
-        loss = "chunked cross-entropy over the trained tokens"
-    else:
-        loss = "the model's own, every position"
-    notes = [Note("Loss", f"{loss} ({why})")]
+    notes = [Note("Loss", f"{loss_words(token_loss, chunked)} ({why})")]
     if settings.activation_offload:
         moved = "saved for the backward pass in host memory (model.activation_offload)"
         notes.append(Note("Activations", moved))
