@@ -35,6 +35,7 @@ LABELS = {
     "quantization": "quantization:",
     "memory_estimate": "memory-estimate:",
     "export": "export:",
+    "preference": "preference:",
 }
 TASKS = {
     "image_to_text": ("image-to-text", "quickstart-image-to-text.yaml", "images/s"),
