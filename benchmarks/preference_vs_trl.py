@@ -119,7 +119,9 @@ def measure(
                 rows[name].append((wall, cpu, float(found["reward_accuracy"])))
                 log(f"preference: {name} run {k + 1}: {wall:.3f} s/step wall, {cpu:.3f} s/step CPU, "
                     f"reward accuracy {found['reward_accuracy']:.3f}")  # fmt: skip
-    return {"trl_version": version, "repeats": repeats, "steps": steps, "skip": skip, "runs": rows}
+    measured = time.strftime("%Y-%m-%dT%H:%M:%S")  # run_all.py stamps its own over it
+    return {"trl_version": version, "repeats": repeats, "steps": steps, "skip": skip, "runs": rows,
+            "measured": measured}  # fmt: skip
 
 
 def render(r: dict[str, Any]) -> str:
