@@ -63,6 +63,7 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^ls /usr/lib/wsl/lib", "WSL2 only"),
     (r"^wsl(\.exe)? ", "Windows only"),
     (r"\bbenchmarks/\S+\.py\b", "runs a benchmark (a timing run, not a test)"),
+    (r"^bash benchmarks/gpu_session\.sh\b", "the GPU session's checks (needs a CUDA GPU)"),
     (r"^tensorboard --logdir ", "starts TensorBoard's web server"),
     (r"\bmlflow ui ", "starts MLflow's web server (the full mlflow package)"),
     (r"^trackio show\b", "starts trackio's web server"),
