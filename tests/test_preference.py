@@ -272,7 +272,7 @@ def test_the_plan_s_loss_line_says_which_log_probs_run(tmp_path, machines_dir, c
         assert main(["train", str(config), f"model.chunked_loss={asked}", "--dry-run", "--facts", facts]) == 0
         lines[asked] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("Loss:")]
     head = "Loss: per-sequence log-probs of the trained tokens,"
-    assert lines["auto"] == [f"{head} chunked (model.chunked_loss=auto: the task's loss is a cross-entropy "
+    assert lines["auto"] == [f"{head} chunked (model.chunked_loss=auto: the task's loss reads log-probs "
                              "over the vocabulary)"]  # fmt: skip
     assert lines["off"] == [f"{head} all logits (model.chunked_loss=off)"]
 
