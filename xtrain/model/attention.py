@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xtrain.config.schema import TrainConfig
 from xtrain.model import load as models
 from xtrain.model.configs import read_config_offline
 from xtrain.planning.resolve import Attention, AttentionFacts, choose_attention
 from xtrain.planning.run import Run
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from xtrain.model.load import ModelClass
+
+    # (class name, sdpa, flash attention) of the class a model loads as; None: not known
+    Support = tuple[str, bool | None, bool | None]
 
 FLASH_PACKAGE = "flash-attn"
 
@@ -35,7 +43,7 @@ def flash_attn_version() -> str | None:
 
 
 def model_support(
-    model_class: Any, config: Any, trust_remote_code: bool
+    model_class: ModelClass, config: PretrainedConfig, trust_remote_code: bool
 ) -> tuple[str, bool | None, bool | None]:
     """(class name, sdpa, flash attention) of the class ``model_class`` (an Auto class or a model
     class) builds for ``config``; None where that is not known (custom code, a config no class maps)."""
@@ -53,7 +61,7 @@ def model_support(
 
 
 def _facts(
-    cfg: TrainConfig, device: str, precision: str, capability: Any, support: tuple[Any, ...]
+    cfg: TrainConfig, device: str, precision: str, capability: tuple[int, int] | None, support: Support
 ) -> AttentionFacts:
     name, sdpa, flash = support
     return AttentionFacts(
@@ -68,7 +76,9 @@ def _facts(
     )
 
 
-def for_load(cfg: TrainConfig, model_class: Any, source: str, device: str, precision: str) -> Attention:
+def for_load(
+    cfg: TrainConfig, model_class: ModelClass, source: str, device: str, precision: str
+) -> Attention:
     """The decision for this process, right before ``model_class.from_pretrained(source)``, on
     ``device`` (``Run.device``: cpu, mps, cuda, cuda:N) in ``precision`` (``Run.precision``)."""
     import torch
@@ -87,7 +97,7 @@ def for_plan(run: Run, model_class: str | None) -> Attention:
     """The decision for the ``run``'s plan (the smallest compute capability of its GPUs);
     ``model_class``: the task's transformers class (``Task.model_class``), None for its own."""
     cfg, plan, facts = run.cfg, run.plan, run.facts
-    support: tuple[Any, ...] = ("the model", None, None)
+    support: Support = ("the model", None, None)
     asked = cfg.model.attn_implementation
     if plan.device == "cuda" or asked == "sdpa":
         support = _offline_support(cfg, model_class, support)
@@ -104,7 +114,7 @@ def for_plan(run: Run, model_class: str | None) -> Attention:
     return choose_attention(asked, found)
 
 
-def _offline_support(cfg: TrainConfig, model_class: str | None, unknown: tuple[Any, ...]) -> tuple[Any, ...]:
+def _offline_support(cfg: TrainConfig, model_class: str | None, unknown: Support) -> Support:
     """The model's support from its config where it already is (never a download)."""
     import transformers
 

@@ -44,12 +44,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
 from xtrain.model.activations import CHUNK_ENTRIES, chunk_rows
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
+    from transformers import PretrainedConfig
+    from transformers.utils import ModelOutput
 
 IGNORE_INDEX = -100
 HOWS = ("eager", "checkpoint")
@@ -87,14 +92,14 @@ NOT_REPRODUCED = (
 )
 
 
-def _configs(config: Any) -> list[Any]:
+def _configs(config: PretrainedConfig) -> list[PretrainedConfig]:
     text = config.get_text_config() if hasattr(config, "get_text_config") else None
     decoder = getattr(config, "decoder", None)
     found = [config, text, decoder if decoder is not None and not isinstance(decoder, (int, bool)) else None]
     return [c for i, c in enumerate(found) if c is not None and all(c is not o for o in found[:i])]
 
 
-def logit_map(config: Any) -> LogitMap | str:
+def logit_map(config: PretrainedConfig) -> LogitMap | str:
     """The ``LogitMap`` a model's config says its forward applies after the head, or why the
     chunked loss cannot reproduce that model's loss (one clause)."""
     mapping = LogitMap()
@@ -128,7 +133,8 @@ class _EagerChunks(torch.autograd.Function):
     """The chunks' summed cross-entropy, each chunk's gradients taken during the forward."""
 
     @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, y: torch.Tensor, head: Any, mapping: LogitMap, rows: int,
+    def forward(ctx: Any, h: torch.Tensor, y: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
+                mapping: LogitMap, rows: int,
                 *params: torch.Tensor) -> torch.Tensor:  # fmt: skip
         grad_h = torch.empty_like(h)
         grad_p: list[torch.Tensor | None] = [None] * len(params)
@@ -248,7 +254,11 @@ def chunked_sequence_logps(
 
 
 def sequence_logps_call(
-    model: Any, inputs: dict[str, Any], labels: torch.Tensor, rows: int, mapping: LogitMap | None = None
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    labels: torch.Tensor,
+    rows: int,
+    mapping: LogitMap | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``model(**inputs)`` with its output head (``get_output_embeddings()`` of ``model`` or of
     the module it wraps) replaced, for this call, by ``chunked_sequence_logps``: no logits at
@@ -297,15 +307,18 @@ class ChunkedLoss:
     model's forward would). The head is ``model.get_output_embeddings()`` (through peft's and
     accelerate's wrappers: the module the model calls)."""
 
-    def __init__(self, model: Any, kind: str, mapping: LogitMap, rows: int, how: str = "eager") -> None:
+    def __init__(
+        self, model: torch.nn.Module, kind: str, mapping: LogitMap, rows: int, how: str = "eager"
+    ) -> None:
         if kind not in ("next-token", "decoder"):
             raise ValueError(f"kind={kind!r}")
         self.model, self.kind, self.mapping, self.rows, self.how = model, kind, mapping, rows, how
         self.head = model.get_output_embeddings()
         self.labels: torch.Tensor | None = None
         self.loss: torch.Tensor | None = None
-        self.handles: list[Any] = []
-        self._own_forward: Any = None  # an instance-level forward the head had (accelerate's hooks)
+        self.handles: list[RemovableHandle] = []
+        # an instance-level forward the head had (accelerate's hooks)
+        self._own_forward: Callable[..., torch.Tensor] | None = None
 
     def attach(self) -> ChunkedLoss:
         self.handles = [
@@ -320,7 +333,9 @@ class ChunkedLoss:
         self.handles = []
         self._restore()
 
-    def _before(self, module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+    def _before(
+        self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
+    ) -> tuple[tuple, dict] | None:
         if not (module.training and torch.is_grad_enabled()) or kwargs.get("labels") is None:
             return None  # evaluation, generation: the model as it is
         kwargs = dict(kwargs)
@@ -371,7 +386,7 @@ class ChunkedLoss:
         else:
             self.head.__dict__.pop("forward", None)
 
-    def _after(self, module: Any, args: tuple, output: Any) -> Any:
+    def _after(self, module: torch.nn.Module, args: tuple, output: ModelOutput) -> ModelOutput | None:
         if self.labels is None:
             return None
         loss, self.loss, self.labels = self.loss, None, None

@@ -5,15 +5,20 @@ a download only when asked): the file, its dtype (``checkpoint_dtype``) and posi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin, structured
 from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
 
+if TYPE_CHECKING:
+    from types import SimpleNamespace
 
-def read_config_offline(cfg: TrainConfig) -> Any | str:
+    from transformers import PretrainedConfig
+
+
+def read_config_offline(cfg: TrainConfig) -> PretrainedConfig | str:
     """The model's ``AutoConfig`` from a local folder, a built-in or the hub cache; else why not."""
     from transformers import AutoConfig
 
@@ -64,7 +69,7 @@ def checkpoint_dtype(cfg: TrainConfig) -> str | None:
     return dtype_in_config(data) if data is not None else None
 
 
-def positions_of(config: Any) -> int | None:
+def positions_of(config: PretrainedConfig | SimpleNamespace | None) -> int | None:
     """The first positive position limit ``config`` names; None when it names none."""
     for name in POSITION_NAMES:
         value = getattr(config, name, None)
@@ -73,7 +78,7 @@ def positions_of(config: Any) -> int | None:
     return None
 
 
-def text_positions(config: Any) -> tuple[str, int | None]:
+def text_positions(config: PretrainedConfig | SimpleNamespace) -> tuple[str, int | None]:
     """The default ``Task.positions``: the text model's (a multimodal config's ``text_config``)."""
     return "model", positions_of(getattr(config, "text_config", None) or config)
 
@@ -120,7 +125,7 @@ def config_json(name: str, fetch: bool = False) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def local_config(cfg: TrainConfig, fetch: bool = False) -> Any | None:
+def local_config(cfg: TrainConfig, fetch: bool = False) -> SimpleNamespace | None:
     """The model's ``config.json`` as attributes (nested configs too), read without transformers
     when it is on this machine (``config_json``); else None."""
     import json

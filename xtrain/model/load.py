@@ -12,9 +12,14 @@ from xtrain import builtin
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
     from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
     from transformers.image_processing_utils import BaseImageProcessor
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+    # what ``from_pretrained`` is called on: a task's Auto class or a model class
+    ModelClass = type[PreTrainedModel] | type[_BaseAutoModelClass]
 
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -99,7 +104,7 @@ def load_tokenizer(source: str, trust_remote_code: bool) -> PreTrainedTokenizerB
     return tokenizer
 
 
-def load_dtype(setting: str, device_type: str | None = None) -> Any:
+def load_dtype(setting: str, device_type: str | None = None) -> torch.dtype | str:
     """``model.dtype``: auto keeps the checkpoint's dtype on a GPU and float32 on CPU (half-precision
     matmuls are slow or missing there); otherwise the named dtype. ``device_type``: where the
     model computes (training: ``Run.device``'s type); None: this machine's GPU if it has one
@@ -128,7 +133,7 @@ def load_model(
     trust_remote_code: bool,
     device_type: str | None = None,
     **extra: Any,
-) -> Any:
+) -> PreTrainedModel:
     """``transformers.<model_class>.from_pretrained`` (the task's Auto class) in ``dtype`` for
     ``device_type`` (``load_dtype``); a checkpoint without that head is one line naming the ``task``."""
     import transformers
@@ -147,7 +152,7 @@ def load_model(
         raise load_error("model", source, Path(source).exists(), e) from None
 
 
-def load_config(source: str, trust_remote_code: bool) -> Any:
+def load_config(source: str, trust_remote_code: bool) -> PretrainedConfig:
     """The checkpoint's ``AutoConfig`` (tasks check the model type before loading anything else)."""
     from transformers import AutoConfig
 
@@ -164,7 +169,7 @@ def require_model_type(
     kind: str,
     hint: str,
     remote_ok: bool = True,
-) -> Any:
+) -> PretrainedConfig:
     """The checkpoint's config when its ``model_type`` is one a task ``accepted`` (any, for a
     remote-code model when ``remote_ok``); else one line naming what it is, said before anything
     else is loaded."""
@@ -175,13 +180,13 @@ def require_model_type(
 
 
 def load_pretrained(
-    model_class: Any,
+    model_class: ModelClass,
     source: str,
     dtype: str,
     trust_remote_code: bool,
     device_type: str | None = None,
     **extra: Any,
-) -> Any:
+) -> PreTrainedModel:
     """``model_class.from_pretrained`` with the config's dtype for ``device_type`` (``load_dtype``)
     and remote-code choice (and ``extra`` keywords); a failure is one line (the media tasks load
     through here)."""
@@ -220,7 +225,7 @@ def load_processors(
     import transformers
 
     auto = {"image_processor": "AutoImageProcessor", "feature_extractor": "AutoFeatureExtractor"}[part]
-    processor: Any = None
+    processor: ProcessorMixin | None = None
     with contextlib.suppress(Exception):  # many checkpoints have no processor class: fall back
         processor = transformers.AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
     inputs = getattr(processor, part, None)

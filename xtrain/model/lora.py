@@ -10,8 +10,10 @@ from xtrain.model.lora_layers import _linear_types, find_target_modules, layers_
 from xtrain.model.quantization import INSTALL
 
 if TYPE_CHECKING:
+    from peft import PeftModel
     from torch.nn import Module
 
+    from xtrain.config.schema import LoraConfig as LoraSection
     from xtrain.config.schema import TrainConfig
 
 
@@ -30,7 +32,7 @@ def enable_gradient_checkpointing(model: Module, with_lora: bool) -> None:
         model.config.use_cache = False
 
 
-def apply_lora(model: Module, lora: Any, task_type: str | None) -> Any:
+def apply_lora(model: Module, lora: LoraSection, task_type: str | None) -> PeftModel:
     """``get_peft_model`` with the config's settings and the task's peft ``task_type`` (peft's
     ``SEQ_CLS`` trains the head whole: it puts ``classifier``/``score`` in ``modules_to_save``)."""
     targets: str | list[str] = lora.target_modules
@@ -48,7 +50,7 @@ def apply_lora(model: Module, lora: Any, task_type: str | None) -> Any:
         raise
 
 
-def trainable_fp32(peft_model: Any) -> Any:
+def trainable_fp32(peft_model: PeftModel) -> PeftModel:
     """Trained weights stay in float32 even when the base model was loaded in half precision
     (mixed precision autocasts the compute; a half-precision trainable weight breaks the scaler)."""
     import torch
@@ -59,14 +61,16 @@ def trainable_fp32(peft_model: Any) -> Any:
     return peft_model
 
 
-def apply_lora_matching(model: Module, lora: Any, pattern: str, where: str) -> Any:
+def apply_lora_matching(model: Module, lora: LoraSection, pattern: str, where: str) -> PeftModel:
     """``get_peft_model`` on the Linear layers whose full module name matches ``pattern`` (a
     regex): how encoder-decoder and multimodal tasks pick their halves. ``where`` names the part
     in the one-line error when nothing matches."""
     return adapt(model, lora, pattern, lora.modules_to_save, where)
 
 
-def adapt(model: Module, lora: Any, targets: str | list[str], whole: list[str] | None, where: str) -> Any:
+def adapt(
+    model: Module, lora: LoraSection, targets: str | list[str], whole: list[str] | None, where: str
+) -> PeftModel:
     """``get_peft_model`` with adapters on ``targets`` (a regex on qualified names, or the
     qualified names) and the ``whole`` modules trained whole; nothing matched is one line naming
     ``where`` and the Linear layers the model has."""
@@ -105,7 +109,7 @@ def _need_bitsandbytes(what: str) -> None:
 
 
 def lora_config_kwargs(
-    lora: Any, targets: str | list[str], whole: list[str] | None, task_type: str | None
+    lora: LoraSection, targets: str | list[str], whole: list[str] | None, task_type: str | None
 ) -> dict[str, Any]:
     """The keyword arguments of peft's ``LoraConfig`` for the config's ``lora`` section: the one
     place each LoRA setting becomes a peft setting. ``task_type``: a peft ``TaskType`` name."""
@@ -124,7 +128,7 @@ def lora_config_kwargs(
     }
 
 
-def targeted_layers(model: Module, targets: str | list[str]) -> dict[str, Any]:
+def targeted_layers(model: Module, targets: str | list[str]) -> dict[str, Module]:
     """Qualified name -> module of the Linear-like layers ``targets`` selects, matched as peft
     matches: a regex on the whole name, or names equal to or ending in ``.NAME``."""
     import re
@@ -143,7 +147,7 @@ def targeted_layers(model: Module, targets: str | list[str]) -> dict[str, Any]:
     return found
 
 
-def _check_layers(model: Module, lora: Any, targets: str | list[str]) -> None:
+def _check_layers(model: Module, lora: LoraSection, targets: str | list[str]) -> None:
     """Checks that need the model's layers: peft's OLoRA init ignores ``fan_in_fan_out``, so on
     GPT-2-style Conv1D layers it builds adapters of the wrong shape (seen with peft 0.21)."""
     if lora.init_weights != "olora":
@@ -159,8 +163,8 @@ def _check_layers(model: Module, lora: Any, targets: str | list[str]) -> None:
 
 
 def _peft_model(
-    model: Module, lora: Any, targets: str | list[str], whole: list[str] | None, task_type: str | None
-) -> Any:
+    model: Module, lora: LoraSection, targets: str | list[str], whole: list[str] | None, task_type: str | None
+) -> PeftModel:
     """``get_peft_model`` with the variant settings, trained weights in float32, LoftQ fitted and
     the starting adapter of PiSSA/OLoRA kept for the conversion at save time."""
     from peft import LoraConfig, get_peft_model
@@ -182,7 +186,7 @@ def _peft_model(
     return peft_model
 
 
-def decompose_layers(peft_model: Any, init: str) -> None:
+def decompose_layers(peft_model: PeftModel, init: str) -> None:
     """PiSSA/OLoRA start: peft's own ``pissa_init`` (full SVD) or ``olora_init`` (QR) on every
     adapted layer, as ``get_peft_model`` would run them, but with a CUDA GPU each layer is moved
     there for it and back. The model is still on the CPU here (accelerate places it later), and
@@ -206,7 +210,7 @@ def decompose_layers(peft_model: Any, init: str) -> None:
             module.to(home)
 
 
-def _fit_loftq(peft_model: Any) -> None:
+def _fit_loftq(peft_model: PeftModel) -> None:
     """LoftQ on a 4-bit base: peft's ``replace_lora_weights_loftq`` reads the unquantized weights
     from the model's safetensors files and starts A and B where they cancel most of the
     quantization error. (``init_lora_weights="loftq"`` would instead replace the base weights
@@ -243,7 +247,7 @@ def _fit_loftq(peft_model: Any) -> None:
         ) from None
 
 
-def keep_initial_adapter(peft_model: Any) -> None:
+def keep_initial_adapter(peft_model: PeftModel) -> None:
     """Keep a CPU copy of the adapter as it starts (after PiSSA/OLoRA moved part of the base
     into it). Resume rebuilds the same start: both inits are deterministic (full SVD, QR) on the
     same device."""

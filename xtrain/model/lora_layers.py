@@ -5,7 +5,7 @@ reading of a model's modules: it runs on a meta-device model for the plan's exac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
 
@@ -119,7 +119,7 @@ def _head_layers(model: Module) -> set[str]:
     }
 
 
-def is_all_linear(targets: Any) -> bool:
+def is_all_linear(targets: object) -> bool:
     """``lora.target_modules: all-linear`` (peft compares it case-insensitively)."""
     return isinstance(targets, str) and targets.lower() == ALL_LINEAR
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PretrainedConfig, PreTrainedModel
 
+    from xtrain.model.load import ModelClass
+
 # the keys of a quantized model's config that a fresh, unquantized load must not see
 _QUANTIZED_KEYS = ("quantization_config", "_pre_quantization_dtype")
 
@@ -58,7 +60,10 @@ def unquantized(config: PretrainedConfig) -> PretrainedConfig:
 
 
 def fresh_base(
-    model_class: Any, source: str, config: PretrainedConfig | None = None, trust_remote_code: bool = False
+    model_class: ModelClass,
+    source: str,
+    config: PretrainedConfig | None = None,
+    trust_remote_code: bool = False,
 ) -> PreTrainedModel:
     """The base loaded anew on the CPU in its checkpoint's dtype (``dtype="auto"``: bf16 weights
     stay bf16; a float32 checkpoint stays float32). ``config``: the trained model's (its
@@ -97,7 +102,7 @@ def merge(model: PeftModel) -> PreTrainedModel:
 
 def merged_from_adapter(
     adapter: str | Path,
-    model_class: Any,
+    model_class: ModelClass,
     source: str | None = None,
     config: PretrainedConfig | None = None,
 ) -> PreTrainedModel:

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from torch import Tensor
     from torch.nn import Module
+    from torch.utils.hooks import RemovableHandle
 
 
 class NEFTuneHook:
@@ -25,7 +27,7 @@ class NEFTuneHook:
     def __init__(self, alpha: float) -> None:
         self.alpha = alpha
 
-    def __call__(self, module: Any, inputs: Any, output: Any) -> Any:
+    def __call__(self, module: Module, inputs: tuple[Any, ...], output: Tensor) -> Tensor:
         if not module.training:
             return output
         import torch
@@ -35,7 +37,7 @@ class NEFTuneHook:
         return output + torch.empty_like(output).uniform_(-scale, scale)
 
 
-def attach(model: Module, alpha: float) -> Any:
+def attach(model: Module, alpha: float) -> RemovableHandle:
     """Register NEFTune on ``model``'s input embeddings; returns the hook's handle."""
     get = getattr(model, "get_input_embeddings", None)
     embeddings = get() if callable(get) else None

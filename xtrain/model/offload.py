@@ -25,9 +25,12 @@ On the CPU the tensors are copied within host memory: nothing is saved, but the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 MIN_BYTES = 1024  # torchtune's min_offload_size: a smaller tensor costs more to move than it frees
 
@@ -37,19 +40,19 @@ class Offloaded:
 
     __slots__ = ("device", "event", "host")
 
-    def __init__(self, host: torch.Tensor, device: torch.device, event: Any) -> None:
+    def __init__(self, host: torch.Tensor, device: torch.device, event: torch.cuda.Event | None) -> None:
         self.host, self.device, self.event = host, device, event
 
 
 class ActivationOffload:
     """Saved activations of ``model``'s training forward in host memory (``attach``/``detach``)."""
 
-    def __init__(self, model: Any, pin: bool = True, min_bytes: int = MIN_BYTES) -> None:
+    def __init__(self, model: torch.nn.Module, pin: bool = True, min_bytes: int = MIN_BYTES) -> None:
         self.model, self.pin, self.min_bytes = model, pin, min_bytes
         self.kept: set[int] = set()  # storages of the parameters and buffers: never moved
-        self.active: list[Any] = []
-        self.handles: list[Any] = []
-        self.stream: Any = None
+        self.active: list[torch.autograd.graph.saved_tensors_hooks] = []
+        self.handles: list[RemovableHandle] = []
+        self.stream: torch.cuda.Stream | None = None
         self.moved = 0  # bytes moved to the host in the last forward (tests, the benchmark)
 
     def attach(self) -> ActivationOffload:
@@ -75,14 +78,14 @@ class ActivationOffload:
         self.kept = {t.untyped_storage().data_ptr() for t in tensors if t.device.type != "meta"}
         self.moved = 0
 
-    def _enter(self, module: Any, args: tuple) -> None:
+    def _enter(self, module: torch.nn.Module, args: tuple) -> None:
         if not (module.training and torch.is_grad_enabled()):
             return
         context = self.hooks()
         context.__enter__()
         self.active.append(context)
 
-    def _exit(self, module: Any, args: tuple, output: Any) -> None:
+    def _exit(self, module: torch.nn.Module, args: tuple, output: object) -> None:
         if self.active:
             self.active.pop().__exit__(None, None, None)
 
@@ -93,7 +96,7 @@ class ActivationOffload:
             return True
         return t.untyped_storage().data_ptr() in self.kept
 
-    def _pack(self, t: torch.Tensor) -> Any:
+    def _pack(self, t: torch.Tensor) -> torch.Tensor | Offloaded:
         if self._keep(t):
             return t
         self.moved += t.numel() * t.element_size()
@@ -110,7 +113,7 @@ class ActivationOffload:
         t.record_stream(self.stream)  # its memory is reused only after the copy
         return Offloaded(host, t.device, event)
 
-    def _unpack(self, packed: Any) -> torch.Tensor:
+    def _unpack(self, packed: torch.Tensor | Offloaded) -> torch.Tensor:
         if not isinstance(packed, Offloaded):
             return packed
         if packed.event is None:

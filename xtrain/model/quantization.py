@@ -28,6 +28,7 @@ from xtrain.machine.quant_support import MIN_BITSANDBYTES  # the one floor (pypr
 from xtrain.runtime.quiet import quiet_bitsandbytes
 
 if TYPE_CHECKING:
+    import torch
     from torch.nn import Module
 
     from xtrain.config.schema import TrainConfig
@@ -220,12 +221,12 @@ def load_kwargs(
     return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": _device_map(where)}}
 
 
-def _device_map(where: Any) -> Any:
+def _device_map(where: torch.device) -> str | torch.device:
     return "cpu" if where.type == "cpu" else where
 
 
 def predict_kwargs(
-    quantization: str | None, device: Any, unquantized: Sequence[str] = (), whole: Sequence[str] = ()
+    quantization: str | None, device: torch.device, unquantized: Sequence[str] = (), whole: Sequence[str] = ()
 ) -> dict[str, Any]:
     """``from_pretrained`` keywords that load a quantized run's base for ``xtrain predict`` as
     its training did ({} when it was not quantized): the same ``bnb_settings`` and kept modules
@@ -248,7 +249,7 @@ def predict_kwargs(
         precision = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     skip = skip_patterns([*unquantized, *(name.rsplit(".", 1)[-1] for name in whole)])
     settings = bnb_settings(quantization, precision, device.type, skip)
-    where: Any = "cpu"
+    where: str | int = "cpu"
     if device.type != "cpu":  # a GPU by its index ("cuda" alone names the current one)
         where = device.index if device.index is not None else torch.cuda.current_device()
     return {"quantization_config": BitsAndBytesConfig(**settings), "device_map": {"": where}}
@@ -259,7 +260,7 @@ def is_quantized(model: Module) -> bool:
     return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False))
 
 
-def prepare(model: Module) -> Any:
+def prepare(model: Module) -> Module:
     """peft's k-bit preparation: the base frozen, its non-quantized half-precision weights (norms,
     embeddings, head) in float32. Gradient checkpointing and input grads are left to
     ``lora.enable_gradient_checkpointing`` (switched on once, only when configured)."""

@@ -14,7 +14,9 @@ from xtrain.model import memory
 from xtrain.model.quantization import skip_patterns
 
 if TYPE_CHECKING:
+    from torch import Tensor
     from torch.nn import Module
+    from transformers import PretrainedConfig, PreTrainedModel
 
 
 def moments_8bit(cfg: TrainConfig) -> bool:
@@ -58,7 +60,7 @@ def quantizable_count(
     return count
 
 
-def weight_count(weight: Any) -> int:
+def weight_count(weight: Tensor) -> int:
     """Elements of a weight; bitsandbytes' 4-bit ``Params4bit`` keeps the unpacked shape in its
     quantization state (the tensor itself holds two weights a byte, or more in a wider
     ``bnb_4bit_quant_storage``)."""
@@ -85,7 +87,7 @@ def loaded_quantization(model: Module) -> str | None:
     return "4bit" if "Params4bit" in kinds else "8bit" if "Int8Params" in kinds else None
 
 
-def meta_model(cfg: TrainConfig, task: Any, config: Any) -> Any | str:
+def meta_model(cfg: TrainConfig, task: Any, config: PretrainedConfig) -> PreTrainedModel | str:
     """The task's model built from ``config`` on the meta device (module names and shapes, no
     memory); or why it cannot be built."""
     import transformers
@@ -100,7 +102,7 @@ def meta_model(cfg: TrainConfig, task: Any, config: Any) -> Any | str:
         return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {reason}"
 
 
-def _tied_count(model: Module, config: Any) -> int:
+def _tied_count(model: Module, config: PretrainedConfig) -> int:
     """Parameters that loading ties to another (an output head sharing the input embedding:
     ``tie_word_embeddings``); a model built from its config on the meta device keeps them apart."""
     keys = getattr(model, "_tied_weights_keys", None)
