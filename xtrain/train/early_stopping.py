@@ -8,10 +8,13 @@ broadcast (``collective.main_decides``)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError
 from xtrain.train.checkpoint.outputs import lower_is_better
+
+if TYPE_CHECKING:
+    from xtrain.config.schema import RunConfig
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def early_stop(
     return EarlyStop(last, metric, patience, threshold, best, best_step)
 
 
-def early_stop_at(step: int, history: list[dict[str, float]], run: Any) -> EarlyStop | None:
+def early_stop_at(step: int, history: list[dict[str, float]], run: RunConfig) -> EarlyStop | None:
     """``early_stop`` for ``run`` (its ``RunConfig``), when it ends the run at ``step``."""
     if not (run.early_stopping_patience and run.best_metric):
         return None
@@ -80,7 +83,7 @@ def early_stop_at(step: int, history: list[dict[str, float]], run: Any) -> Early
     return found if found is not None and found.step == step else None
 
 
-def check_early_stopping(run: Any, has_eval_set: bool, metrics: dict[str, float] | None = None) -> None:
+def check_early_stopping(run: RunConfig, has_eval_set: bool, metrics: dict[str, float] | None = None) -> None:
     """What early stopping needs at run time (config validation checked the keys): an eval set,
     and ``run.best_metric`` among the eval's ``metrics``. One line each."""
     if not run.early_stopping_patience:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,11 +27,14 @@ if TYPE_CHECKING:
 
     from accelerate import Accelerator
     from torch.nn import Module
+    from torch.utils.data import DataLoader
+    from transformers.utils import ModelOutput
 
     from xtrain.config.schema import TrainConfig
+    from xtrain.tasks.contract import Batch, Prediction
 
 
-def default_eval_batch(outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
+def default_eval_batch(outputs: ModelOutput, batch: Batch) -> dict[str, torch.Tensor]:
     """Without a task-specific eval: the batch's mean loss, weighted by its examples."""
     n = next(v for v in batch.values() if torch.is_tensor(v)).shape[0]
     loss = outputs.loss.detach().float()
@@ -48,7 +51,11 @@ def rng_kept(device: torch.device) -> Iterator[None]:
 
 
 def evaluate(
-    accelerator: Accelerator, model: Module, loader: Any, workload: Workload, samples: list[Any] | None = None
+    accelerator: Accelerator,
+    model: Module,
+    loader: DataLoader,
+    workload: Workload,
+    samples: list[Prediction] | None = None,
 ) -> dict[str, float]:
     """Eval loss (and the task's metrics) over the whole eval set, gathered from all ranks.
     A task that evaluates by generation (``workload.evaluate``) runs that instead; its sample
@@ -58,7 +65,11 @@ def evaluate(
 
 
 def _evaluate(
-    accelerator: Accelerator, model: Module, loader: Any, workload: Workload, samples: list[Any] | None
+    accelerator: Accelerator,
+    model: Module,
+    loader: DataLoader,
+    workload: Workload,
+    samples: list[Prediction] | None,
 ) -> dict[str, float]:
     if workload.evaluate is not None:
         metrics, predictions = workload.evaluate(accelerator, model, loader)

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
 from xtrain.runtime.signals import exit_code, signal_name
 from xtrain.train.checkpoint import list_checkpoints
 from xtrain.train.checkpoint.layout import partial_checkpoints
+
+if TYPE_CHECKING:
+    import torch
 
 # Consecutive optimizer steps with a non-finite loss (on any rank) that stop a run. A few in a
 # row happen with fp16 while the scaler finds its scale (those steps are skipped, not applied);
@@ -46,7 +49,7 @@ def check_streak(streak: int, step: int, output_dir: Path) -> None:
         raise NonFiniteLoss(step - streak + 1, step, last_good(output_dir), f"{streak} steps in a row")
 
 
-def check_finite(params: list[Any], step: int, streak: Any, output_dir: Path) -> None:
+def check_finite(params: list[torch.Tensor], step: int, streak: torch.Tensor, output_dir: Path) -> None:
     """No NaN/inf weights ever reach a checkpoint or the adapter (one host sync per save; all ranks
     hold the same weights, so all agree). ``streak``: the window's device counter, read only here."""
     import torch
@@ -58,7 +61,7 @@ def check_finite(params: list[Any], step: int, streak: Any, output_dir: Path) ->
 
 
 def out_of_memory_error(
-    device: Any, per_device: int, world: int, accumulation: int, global_batch: int
+    device: torch.device, per_device: int, world: int, accumulation: int, global_batch: int
 ) -> XtrainError:
     """Out of device memory: name the batch arithmetic and a smaller per-device batch that keeps
     the global batch (the accumulation grows instead)."""

@@ -7,11 +7,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
 from xtrain.planning.resolve import RunSettings
+
+if TYPE_CHECKING:
+    from torch.nn import Module
+
+    from xtrain.model.chunked_loss import LogitMap
 
 
 @dataclass(frozen=True)
@@ -35,11 +40,11 @@ def loss_words(token_loss: str | None, chunked: bool) -> str:
 
 
 def attach(
-    model: Any,
+    model: Module,
     cfg: TrainConfig,
     settings: RunSettings,
     distributed_type: str,
-    own_chunks: Callable[[Any, int], None] | None = None,
+    own_chunks: Callable[[LogitMap, int], None] | None = None,
 ) -> Levers:
     """Attach what ``settings`` chose to ``model`` (the task's, not yet prepared).
     ``distributed_type``: accelerate's (DeepSpeed partitions the head's weights in its own hooks:

@@ -73,10 +73,13 @@ from xtrain.train.window import LogWindow, peak_memory
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
+    from torch.distributed import ProcessGroup
     from torch.nn import Module
 
     from xtrain.model.memory import MemoryCheck
-    from xtrain.tasks.contract import MainProcessFirst, Workload
+    from xtrain.tasks.contract import Batch, MainProcessFirst, Prediction, Workload
 
 __all__ = ["NonFiniteLoss", "Recipe", "TrainResult", "TrainingStopped", "train"]
 
@@ -127,7 +130,7 @@ def _reseed(value: int, device: torch.device) -> None:
         torch.mps.manual_seed(value)
 
 
-def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> dict[str, Any]:
+def _to_device(batch: Batch, device: torch.device, non_blocking: bool) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=non_blocking) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
@@ -146,14 +149,14 @@ class Recipe:
     trainable: int  # trainable weights
     total_params: int  # every weight (a 4-bit one unpacked)
     model: Module  # prepared by accelerate (DDP, FSDP or DeepSpeed wrapped)
-    optimizer: Any  # accelerate's AcceleratedOptimizer
-    scheduler: Any  # accelerate's AcceleratedScheduler
+    optimizer: AcceleratedOptimizer
+    scheduler: AcceleratedScheduler
     memory: MemoryCheck | None  # CUDA: the estimate for this card
     cpu_staged: bool  # DDP's all-reduce staged through the CPU (gloo on GPUs)
-    stop_group: Any  # the CPU group ranks agree to stop in (None: one process)
+    stop_group: ProcessGroup | None  # the CPU group ranks agree to stop in (None: one process)
     pin: bool
     workers: tuple[int, str]  # DataLoader workers per process, and why
-    eval_loader: Any
+    eval_loader: DataLoader | None
     start_step: int
     loader: DataLoader[Any]
     params: list[torch.nn.Parameter]  # the trainable parameters (gradient clipping)
@@ -308,7 +311,7 @@ class Recipe:
         )  # fmt: skip
 
     # -- the hot path -------------------------------------------------------------------------------
-    def train_step(self, step: int, batches: Iterator[Any]) -> None:
+    def train_step(self, step: int, batches: Iterator[Batch]) -> None:
         """One optimizer step: ``accumulation`` micro-batches of this rank's share, gradients
         all-reduced once (on the last backward), then ``optimizer_step``. No host sync."""
         acc, model, device, window = self.accelerator, self.model, self.device, self.window
@@ -332,7 +335,7 @@ class Recipe:
         self.optimizer_step()
         window.end_step()
 
-    def _whole_step(self, batches: Iterator[Any]) -> list[dict[str, Any]]:
+    def _whole_step(self, batches: Iterator[Batch]) -> list[dict[str, torch.Tensor]]:
         """This rank's micro-batches of the step, on the device, handed to the task's
         ``step_start`` before the first forward (KTO: the KL estimate over the global batch)."""
         ahead = [
@@ -439,7 +442,7 @@ class Recipe:
     def evaluate(self, step: int) -> dict[str, float]:
         """Evaluate (forward-only or by generation), log, and keep the best checkpoint."""
         acc, out, history = self.accelerator, self.out, self.state.eval_history
-        samples: list[Any] = []
+        samples: list[Prediction] = []
         metrics = (
             evaluate(acc, self.model, self.eval_loader, self.workload, samples) if self.eval_loader else {}
         )

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.config.schema import TrainConfig
 from xtrain.config.values import BNB_OPTIMIZERS
 from xtrain.errors import XtrainError
 from xtrain.model.quantization import bnb_problem
+
+if TYPE_CHECKING:
+    from torch.optim.lr_scheduler import LRScheduler
+
+    from xtrain.model.quantization import Backend
 
 if TYPE_CHECKING:  # torch is imported where it is used: `xtrain train` checks optim.name without it
     import torch
@@ -54,7 +59,7 @@ def bnb_optimizer(name: str, device: torch.device) -> type[torch.optim.Optimizer
     return getattr(bnb_optim, BNB_OPTIMIZERS[name])
 
 
-def backend_problem(name: str, device_type: str, backend: Any) -> XtrainError | None:
+def backend_problem(name: str, device_type: str, backend: Backend) -> XtrainError | None:
     """Why ``optim.name`` cannot run on ``device_type`` with ``backend`` (``quantization.Backend``;
     None: it can, or it needs no bitsandbytes). bitsandbytes 0.50 has 8-bit optimizer kernels for
     CUDA, XPU and CPU, none for Apple MPS (backends/mps registers 4-bit ops only)."""
@@ -83,7 +88,7 @@ def check_backend(name: str, device_type: str) -> None:
         raise problem
 
 
-def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> LRScheduler:
     from transformers import get_scheduler
 
     warmup = cfg.optim.warmup_steps or int(round(cfg.optim.warmup_ratio * total_steps))

@@ -21,6 +21,8 @@ from xtrain.train.precision import upcast_trainable
 if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.scheduler import AcceleratedScheduler
     from torch.nn import Module
     from torch.optim import Optimizer
     from torch.optim.lr_scheduler import LRScheduler
@@ -61,7 +63,7 @@ def prepare(
     scheduler: LRScheduler,
     per_device: int,
     max_grad_norm: float | None,
-) -> tuple[Any, Any, Any]:
+) -> tuple[Module, AcceleratedOptimizer, AcceleratedScheduler]:
     """accelerate wraps the three (DDP, FSDP, DeepSpeed); generation and the checkpoint's
     model hooks follow the wrapped model."""
     sharded.fill_deepspeed(acc, per_device, max_grad_norm)
@@ -80,7 +82,9 @@ def loading(workload: Workload, workers: int, pin: bool) -> dict[str, Any]:
     return out
 
 
-def eval_loader(acc: Accelerator, workload: Workload, per_device: int, loading: dict[str, Any]) -> Any:
+def eval_loader(
+    acc: Accelerator, workload: Workload, per_device: int, loading: dict[str, Any]
+) -> DataLoader | None:
     """The eval set's loader, prepared (split_batches: per_device on each rank); None without one."""
     evals = workload.eval_dataset
     if evals is None or len(evals) == 0:

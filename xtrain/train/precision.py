@@ -18,8 +18,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 HALF = (torch.float16, torch.bfloat16)
@@ -57,10 +55,10 @@ class SkipDetector:
     nothing to read and ``record`` returns False at once.
     """
 
-    def __init__(self, scaler: Any) -> None:
+    def __init__(self, scaler: torch.amp.GradScaler | None) -> None:
         self.scaler = scaler if (scaler is not None and scaler.is_enabled()) else None
         self._last: float | None = None  # the scale the recorded step started from
-        self._pending: tuple[Any, torch.Tensor] | None = None
+        self._pending: tuple[torch.cuda.Event | None, torch.Tensor] | None = None
         self._buffer: torch.Tensor | None = None
 
     @property

@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain import tasks
 from xtrain.builtin import cache_root
@@ -55,6 +55,8 @@ from xtrain.train.levers import loss_words
 from xtrain.train.tracking import PACKAGES, missing
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from xtrain.config.schema import TrainConfig
     from xtrain.launch.sharding import Kind
     from xtrain.tasks.data_report import DataReport
@@ -92,14 +94,14 @@ def _special(path: Path) -> bool:
     return any(resolved == r or resolved.startswith(r + "/") for r in SPECIAL_ROOTS)
 
 
-def _hf_datasets_cache(env: Any) -> Path:
+def _hf_datasets_cache(env: Mapping[str, str]) -> Path:
     if env.get("HF_DATASETS_CACHE"):
         return Path(env["HF_DATASETS_CACHE"]).expanduser()
     home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return Path(home).expanduser() / "datasets"
 
 
-def check_paths(cfg: TrainConfig, environ: Any = None) -> None:
+def check_paths(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> None:
     """Raise XtrainError (one line) when the output folder or a cache the run needs cannot be
     written. Writes nothing that stays (a probe file is created and removed)."""
     env = os.environ if environ is None else environ

@@ -16,8 +16,10 @@ from xtrain.console import make_console
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import Progress, TaskID
 
     from xtrain.planning.resolve import RunSettings
+    from xtrain.train.result import TrainResult
 
 
 @dataclass
@@ -75,7 +77,7 @@ class Reporter(Protocol):
     def note(self, message: str) -> None:
         """Something the user should know (resumed, global batch changed, stopping, ...)."""
 
-    def end(self, result: Any) -> None: ...
+    def end(self, result: TrainResult) -> None: ...
 
 
 class NullReporter:
@@ -99,7 +101,7 @@ class NullReporter:
     def note(self, message: str) -> None:
         pass
 
-    def end(self, result: Any) -> None:
+    def end(self, result: TrainResult) -> None:
         pass
 
 
@@ -128,11 +130,11 @@ class ListReporter(NullReporter):
     def note(self, message: str) -> None:
         self.events.append(("note", message))
 
-    def end(self, result: Any) -> None:
+    def end(self, result: TrainResult) -> None:
         self.events.append(("end", result))
 
 
-def _esc(text: Any) -> str:
+def _esc(text: object) -> str:
     """A path or message as plain text (a folder named "[run1]" is not rich markup)."""
     from rich.markup import escape
 
@@ -161,8 +163,8 @@ class RichReporter:
 
     def __init__(self, console: Console | None = None, plain_every_s: float = 10.0) -> None:
         self.console = console or make_console(stderr=True)
-        self._progress: Any = None
-        self._task: Any = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._fields = "starting"
         self._plain_every_s = plain_every_s
         self._last_plain = -float("inf")
@@ -257,7 +259,7 @@ class RichReporter:
     def note(self, message: str) -> None:
         self._print(f"  [yellow]note:[/] {_esc(message)}")
 
-    def end(self, result: Any) -> None:
+    def end(self, result: TrainResult) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None

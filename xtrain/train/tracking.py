@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    import torch
     from accelerate import Accelerator
 
     from xtrain.planning.resolve import RunSettings
@@ -73,7 +74,7 @@ def missing(trackers: Iterable[str]) -> list[str]:
 
 
 def params(
-    config: dict[str, Any], settings: RunSettings, world: int, backend: str | None, device: Any
+    config: dict[str, Any], settings: RunSettings, world: int, backend: str | None, device: torch.device
 ) -> dict:
     """The run's parameters as the trackers record them: the flat config and the plan it ran
     with (scalars only: TensorBoard's hparams and MLflow's params take nothing else)."""

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from accelerate import Accelerator
+
+    from xtrain.tasks.contract import Batch
 
 
 @dataclass
@@ -72,7 +76,7 @@ class LogWindow:
         self.data_seconds = 0.0
         self.started = time.perf_counter()
 
-    def next_batch(self, batches: Any) -> Any:
+    def next_batch(self, batches: Iterator[Batch]) -> Batch:
         """The next micro-batch, the wait for it counted (the loader's workers keep it near 0)."""
         t = time.perf_counter()
         batch = next(batches)

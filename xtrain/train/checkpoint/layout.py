@@ -54,7 +54,7 @@ class TrainState:
             raise ValueError(f"{path.name}: {e}") from None
 
     @classmethod
-    def from_dict(cls, data: Any) -> TrainState:
+    def from_dict(cls, data: object) -> TrainState:
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         hints = get_type_hints(cls)

@@ -13,6 +13,7 @@ from xtrain.errors import XtrainError
 from xtrain.model.lora import save_pretrained
 
 if TYPE_CHECKING:
+    from torch import Tensor
     from torch.nn import Module
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
@@ -34,7 +35,7 @@ def _write_pretrained(
     tokenizer: PreTrainedTokenizerBase | ProcessorMixin,
     final: Path,
     extra: dict[str, str] | None = None,
-    state_dict: dict[str, Any] | None = None,
+    state_dict: dict[str, Tensor] | None = None,
 ) -> None:
     """``save_pretrained`` of the model (and tokenizer) into ``final.tmp``, plus the ``extra`` text
     files, then ``final.tmp`` replaces ``final``. ``state_dict``: the weights gathered from a
@@ -59,7 +60,7 @@ def save_final(
     output_dir: str | Path,
     save_merged: bool,
     extra: dict[str, str] | None = None,
-    state_dict: dict[str, Any] | None = None,
+    state_dict: dict[str, Tensor] | None = None,
 ) -> dict[str, str]:
     """Write the trained result (main process only). ``model`` is the unwrapped model; ``extra``:
     text files saved with it (``result.run_record``); ``state_dict``: its gathered weights when
@@ -78,7 +79,7 @@ def save_final(
     return paths
 
 
-def merged_model(model: Module, adapter: Path) -> Any:
+def merged_model(model: Module, adapter: Path) -> Module:
     """The adapter saved at ``adapter`` merged into a freshly loaded base on the CPU, in the
     checkpoint's dtype (never the 4/8-bit weights a QLoRA run trained on): ``model/merge.py``, the
     path ``xtrain export --to merged`` takes too, so both give the same weights. ``model`` (the
@@ -128,7 +129,7 @@ def save_best(
     metric: str,
     value: float,
     extra: dict[str, str] | None = None,
-    state_dict: dict[str, Any] | None = None,
+    state_dict: dict[str, Tensor] | None = None,
 ) -> Path:
     """``output_dir/best``: the model (adapter, or full model without LoRA) of the best eval so far,
     with ``best.json`` naming the step and the value (main process only; replaced atomically)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
@@ -20,7 +20,13 @@ from xtrain.train.checkpoint.manifest import write_manifest
 from xtrain.train.checkpoint.write_faults import WriteFailed, disk_fault, resume_hint
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from accelerate import Accelerator
+    from torch.nn import Module
+
+    T = TypeVar("T")
+    from torch import Tensor
 
 
 def remove_partial(output_dir: str | Path) -> list[Path]:
@@ -77,13 +83,15 @@ def save(accelerator: Accelerator, output_dir: str | Path, state: TrainState, ke
     return final
 
 
-def write_on_main(accelerator: Accelerator, what: str, output_dir: str | Path, write: Any) -> Any:
+def write_on_main(
+    accelerator: Accelerator, what: str, output_dir: str | Path, write: Callable[[], T]
+) -> T | None:
     """``write()`` on the main process (its result; None elsewhere), every rank waiting for it.
     Any failure stops every rank (no rank waits for the others until the collective timeout):
     the filesystem failing under it is one line (``faults.WriteFailed``, the unfinished
     ``NAME.tmp`` outputs removed, the checkpoints as they were); a user's ``XtrainError`` keeps
     its line; anything else raises as it is on the main process, one line on the others."""
-    result: Any = None
+    result: T | None = None
     error: BaseException | None = None
     if accelerator.is_main_process:
         try:
@@ -111,7 +119,7 @@ def write_on_main(accelerator: Accelerator, what: str, output_dir: str | Path, w
     return result
 
 
-def _attempt(write: Any) -> str | None:
+def _attempt(write: Callable[[], object]) -> str | None:
     """``write()``; what the filesystem did when it failed for that (other errors propagate)."""
     try:
         write()
@@ -123,7 +131,7 @@ def _attempt(write: Any) -> str | None:
     return None
 
 
-def _agree(accelerator: Accelerator, fault: Any) -> Any:
+def _agree(accelerator: Accelerator, fault: T) -> T:
     """Any rank's fault, on every rank (one all-gather; also the barrier between the phases)."""
     if accelerator.num_processes == 1:
         return fault
@@ -166,7 +174,7 @@ def install_model_hooks(accelerator: Accelerator) -> None:
     def model_file(folder: str | Path, i: int) -> Path:
         return Path(folder) / ("model.safetensors" if i == 0 else f"model_{i}.safetensors")
 
-    def on_save(models: list[Any], weights: list[dict[str, Any]], output_dir: str) -> None:
+    def on_save(models: list[Module], weights: list[dict[str, Tensor]], output_dir: str) -> None:
         if sharded():  # saved by accelerate already; ``weights`` is empty
             return
         for i, m in enumerate(models):
@@ -178,7 +186,7 @@ def install_model_hooks(accelerator: Accelerator) -> None:
                 state if len(trainable) == len(named) else {n: state[n] for n in trainable if n in state}
             )
 
-    def on_load(models: list[Any], input_dir: str) -> None:
+    def on_load(models: list[Module], input_dir: str) -> None:
         if sharded():  # loaded by accelerate already (``models`` is empty then)
             return
         from safetensors.torch import load_file

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
@@ -33,6 +33,7 @@ from xtrain.train.failures import rendezvous_error
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+    from accelerate.utils import KwargsHandler
     from torch.nn import Module
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
@@ -59,7 +60,7 @@ def build_accelerator(run: Run) -> Accelerator:
     if plan.tf32 and torch.cuda.is_available():
         set_tf32(True)  # the fp32_precision API where torch has it (allow_tf32 is deprecated)
 
-    handlers: list[Any] = [
+    handlers: list[KwargsHandler] = [
         # LoRA: every trainable parameter gets a gradient each step, so no unused-parameter
         # search; gradients as bucket views save one copy per step.
         DistributedDataParallelKwargs(find_unused_parameters=False, gradient_as_bucket_view=True),
@@ -91,7 +92,9 @@ def build_accelerator(run: Run) -> Accelerator:
     return accelerator
 
 
-def _accelerator(cfg: TrainConfig, plan: Plan, settings: RunSettings, handlers: list[Any]) -> Any:
+def _accelerator(
+    cfg: TrainConfig, plan: Plan, settings: RunSettings, handlers: list[KwargsHandler]
+) -> Accelerator:
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, TorchDynamoPlugin
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -16,6 +16,7 @@ from xtrain.tasks.contract import MainProcessFirst, Workload
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
+    from torch.distributed import ProcessGroup
 
 BuildFn = Callable[[Run, MainProcessFirst], Workload]  # a task's build (or a test's stand-in)
 T = TypeVar("T")
@@ -37,7 +38,7 @@ def on_main(accelerator: Accelerator, fn: Callable[[], T], what: str) -> T | Non
     from accelerate.utils import broadcast_object_list
 
     result: T | None = None
-    failure: list[Any] = [None]
+    failure: list[tuple[str, str | None, int] | None] = [None]
     error: BaseException | None = None
     if accelerator.is_main_process:
         try:
@@ -55,7 +56,7 @@ def on_main(accelerator: Accelerator, fn: Callable[[], T], what: str) -> T | Non
     return result
 
 
-def stop_group(world: int, backend: str | None) -> Any:
+def stop_group(world: int, backend: str | None) -> ProcessGroup | None:
     """The group the stop flags travel in: a gloo group (on the CPU) when the gradients go over
     another backend (NCCL), else None (the default group)."""
     if world < 2 or backend in (None, "gloo"):
@@ -65,7 +66,7 @@ def stop_group(world: int, backend: str | None) -> Any:
     return dist.new_group(backend="gloo")
 
 
-def agree_to_stop(accelerator: Accelerator, signum: int | None, group: Any) -> int | None:
+def agree_to_stop(accelerator: Accelerator, signum: int | None, group: ProcessGroup | None) -> int | None:
     """All ranks stop together: the highest signal number any rank got (CPU all-reduce, no
     device sync)."""
     if accelerator.num_processes == 1:
@@ -78,7 +79,7 @@ def agree_to_stop(accelerator: Accelerator, signum: int | None, group: Any) -> i
     return value or None
 
 
-def main_decides(accelerator: Accelerator, decision: bool, group: Any) -> bool:
+def main_decides(accelerator: Accelerator, decision: bool, group: ProcessGroup | None) -> bool:
     """The main process's yes or no on every rank (a CPU broadcast in the stop group, no device
     sync): where each rank decides from the same data, this makes sure they act the same."""
     if accelerator.num_processes == 1:

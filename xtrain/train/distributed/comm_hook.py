@@ -12,7 +12,6 @@ No ``from __future__ import annotations`` here: DDP checks the hook's annotation
 """
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +22,7 @@ class CpuStagedState:
     """The hook's state: the gloo group to reduce in (None: the default group) and one pinned
     host buffer per gradient bucket, reused every step."""
 
-    group: Any = None
+    group: dist.ProcessGroup | None = None
     buffers: dict = field(default_factory=dict)
 
     @property
@@ -70,7 +69,7 @@ def cpu_staged_allreduce_hook(
     return fut.then(copy_back)
 
 
-def register(model: torch.nn.Module, group: Any = None) -> bool:
+def register(model: torch.nn.Module, group: dist.ProcessGroup | None = None) -> bool:
     """Register the hook on a DDP-wrapped model. Returns False (and does nothing) when the model
     is not wrapped in DistributedDataParallel (a single process)."""
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from xtrain.errors import XtrainError
 from xtrain.model.sharding import sharding
 from xtrain.train.checkpoint.save import write_on_main
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
     from accelerate import Accelerator
     from torch.nn import Module
 
@@ -105,7 +108,7 @@ def fill_deepspeed(accelerator: Accelerator, per_device: int, max_grad_norm: flo
 
 def gathered_state_dict(
     accelerator: Accelerator, model: Module, trainable_only: bool
-) -> dict[str, Any] | None:
+) -> dict[str, torch.Tensor] | None:
     """The whole state dict on the main process, None on the others. A collective under
     sharding: every rank must call it. ``trainable_only``: the weights that train (a LoRA
     adapter), so the frozen base is never gathered (FSDP2; ZeRO-3 gathers all, then filters)."""
@@ -130,8 +133,8 @@ def gathered_state_dict(
 def save_on_main(
     accelerator: Accelerator,
     model: Module,
-    write: Callable[[Any, dict[str, Any] | None], T],
-    where: tuple[str, Any],
+    write: Callable[[Module, dict[str, torch.Tensor] | None], T],
+    where: tuple[str, str | Path],
     trainable_only: bool,
 ) -> T | None:
     """``write(unwrapped_model, state_dict)`` on the main process (its result; None elsewhere),
@@ -146,7 +149,7 @@ def save_on_main(
     return write_on_main(accelerator, what, output_dir, lambda: write(unwrapped, state))
 
 
-def finite_check_input(accelerator: Accelerator, params: list[Any]) -> list[Any]:
+def finite_check_input(accelerator: Accelerator, params: list[torch.Tensor]) -> list[torch.Tensor]:
     """What ``failures.check_finite`` should look at so that every rank decides the same.
 
     Whole weights (no sharding) are the same on every rank: the parameters themselves. Sharded,
@@ -159,7 +162,8 @@ def finite_check_input(accelerator: Accelerator, params: list[Any]) -> list[Any]
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    def local(p: Any) -> Any:  # FSDP2: this rank's slice; ZeRO-3: its partition (p.data is empty)
+    # FSDP2: this rank's slice; ZeRO-3: its partition (p.data is empty)
+    def local(p: torch.Tensor) -> torch.Tensor:
         return p.to_local() if isinstance(p, DTensor) else getattr(p, "ds_tensor", p)
 
     flags = [torch.isfinite(local(p).detach()).all() for p in params]
