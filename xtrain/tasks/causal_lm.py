@@ -25,13 +25,16 @@ from xtrain.tasks.data_report import DataReport
 from xtrain.tasks.predicting import exact_match
 
 if TYPE_CHECKING:
+    from datasets import Dataset
     from torch.nn import Module
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
+    from xtrain.data.rows.chat import Render
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
+    from xtrain.tasks.data_report import Example, SourceCheck
 
 NAME = "causal-lm"
 
@@ -53,8 +56,8 @@ def chat_rows(
     tokenizer: PreTrainedTokenizerBase,
     source: str,
     fmt: str,
-    train: tuple[Any, str],
-    eval_: tuple[Any, str],
+    train: tuple[Dataset, str],
+    eval_: tuple[Dataset | None, str],
 ) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None]:
     """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
     from xtrain.data.packing import pack_all
@@ -78,7 +81,7 @@ def chat_rows(
     return out[0], out[1]
 
 
-def chat_render(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str, fmt: str) -> Any:
+def chat_render(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str, fmt: str) -> Render:
     """The chat template's renderer (``data.chat_template`` or the tokenizer's)."""
     from xtrain.data.rows import chat as chat_data
 
@@ -204,8 +207,8 @@ def inspect(
 
 
 def _check_chat(
-    cfg: TrainConfig, s: Sample, fmt: str, render: Any, tokenizer: PreTrainedTokenizerBase
-) -> tuple[Any, Any]:
+    cfg: TrainConfig, s: Sample, fmt: str, render: Render | None, tokenizer: PreTrainedTokenizerBase
+) -> tuple[SourceCheck, Example | None]:
     from xtrain.data.collate import IGNORE_INDEX
     from xtrain.data.rows import chat as chat_data
     from xtrain.tasks import data_check
@@ -228,7 +231,9 @@ def _check_chat(
     return check, example
 
 
-def _check_text(cfg: TrainConfig, s: Sample, fmt: str, tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any]:
+def _check_text(
+    cfg: TrainConfig, s: Sample, fmt: str, tokenizer: PreTrainedTokenizerBase
+) -> tuple[SourceCheck, Example | None]:
     from xtrain.data.tokenize import require_columns, tokenize_causal_lm
     from xtrain.tasks import data_check
 
@@ -241,7 +246,9 @@ def _check_text(cfg: TrainConfig, s: Sample, fmt: str, tokenizer: PreTrainedToke
         return check, None
     settings = {"text_column": d.text_column, "prompt_column": prompt, "response_column": response}
 
-    def tokenize(batch: dict[str, list[Any]], max_length: int, packing: str = "off") -> Any:
+    def tokenize(
+        batch: dict[str, list[Any]], max_length: int, packing: str = "off"
+    ) -> dict[str, list[list[int]]]:
         return tokenize_causal_lm(batch, tokenizer, **settings, max_length=max_length, packing=packing)
 
     whole, cut = tokenize(ds[:], data_check.NO_CUT), tokenize(ds[:], d.max_length)
@@ -321,7 +328,9 @@ def check_packs_apart(model: Module) -> None:
 # Predict: prompts -> continuations
 
 
-def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+def load_for_predict(
+    folder: Path, base: str, record: dict[str, Any]
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
 

@@ -23,20 +23,27 @@ from xtrain.tasks.contract import EvalBatchFn, MainProcessFirst, ReduceFn, Task,
 from xtrain.tasks.generation import GenerationEval
 
 if TYPE_CHECKING:
-    from datasets import Dataset
-    from torch.nn import Module
-    from transformers import PreTrainedTokenizerBase
+    from collections.abc import Mapping
 
+    from datasets import Dataset
+    from peft import PeftModel
+    from torch.nn import Module
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from xtrain.config.schema import LoraConfig
+    from xtrain.model.load import ModelClass
     from xtrain.planning.run import Run
 
 
-def prepare_tokenizer(cfg: TrainConfig, main_process_first: MainProcessFirst) -> tuple[str, Any]:
+def prepare_tokenizer(
+    cfg: TrainConfig, main_process_first: MainProcessFirst
+) -> tuple[str, PreTrainedTokenizerBase]:
     with main_process_first():  # a built-in model is written once, by the first process
         source = models.resolve_model(cfg.model.name_or_path)
     return source, models.load_tokenizer(source, cfg.model.trust_remote_code)
 
 
-def raw_datasets(cfg: TrainConfig) -> tuple[Any, Any | None, str, str]:
+def raw_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset | None, str, str]:
     """(train, eval or None, train source name, eval source name) as loaded, before tokenising."""
     d = cfg.data
     if not d.train:
@@ -67,7 +74,7 @@ def pad_collator(tokenizer: PreTrainedTokenizerBase, device: str) -> collate.Pad
     return collate.PadCollator(tokenizer.pad_token_id, pad_multiple(device))
 
 
-def placement(run: Run, task: Task, model_class: Any, source: str) -> dict[str, Any]:
+def placement(run: Run, task: Task, model_class: ModelClass, source: str) -> dict[str, Any]:
     """``from_pretrained`` keywords for this process (``run.device``, ``run.precision``): the
     attention implementation ``model.attn_implementation`` decides, and with
     ``model.quantization`` the 4/8-bit config on this process's device."""
@@ -77,7 +84,7 @@ def placement(run: Run, task: Task, model_class: Any, source: str) -> dict[str, 
     return {**chosen.kwargs(), **quantized}
 
 
-def load_seeded(run: Run, task: Task, source: str, **extra: Any) -> Any:
+def load_seeded(run: Run, task: Task, source: str, **extra: Any) -> PreTrainedModel:
     """The task's model class ``from_pretrained``, right after ``set_seed(run.seed)``: every
     process and launch mode starts from the same weights (heads made new included), placed for
     this process (``placement``)."""
@@ -100,8 +107,11 @@ def train_everything(model: Module, cfg: TrainConfig) -> None:
 
 
 def finish_model(
-    model: Module, cfg: TrainConfig, task: Task, apply_lora: Callable[..., Any] | None = None
-) -> Any:
+    model: Module,
+    cfg: TrainConfig,
+    task: Task,
+    apply_lora: Callable[[Module, LoraConfig], PeftModel] | None = None,
+) -> Module:
     """The model checked against the config (``model_checks``: lengths, LoRA targets), then
     peft's k-bit preparation of a quantized model, then gradient checkpointing, then LoRA
     (``apply_lora(model, cfg.lora)``, default: adapters on ``lora.target_modules`` with the
@@ -119,7 +129,9 @@ def finish_model(
     return model
 
 
-def tokenizing(task: str, tokenize: Callable[..., Any], kwargs: dict[str, Any]) -> Callable[[Any, str], Any]:
+def tokenizing(
+    task: str, tokenize: Callable[..., Mapping[str, list]], kwargs: dict[str, Any]
+) -> Callable[[Dataset, str], Dataset]:
     """``(ds, role) -> ds`` tokenized by ``tokenize(**kwargs)``, cached under a fingerprint of the
     task, the tokenizer (``kwargs["tokenizer"]``) and every other setting in ``kwargs``."""
     settings = [
@@ -128,7 +140,7 @@ def tokenizing(task: str, tokenize: Callable[..., Any], kwargs: dict[str, Any]) 
         {k: v for k, v in kwargs.items() if k != "tokenizer"},
     ]
 
-    def run(ds: Dataset, role: str) -> Any:
+    def run(ds: Dataset, role: str) -> Dataset:
         return tokenized(ds, tokenize, kwargs, map_fingerprint(ds, *settings), f"tokenizing {role}")
 
     return run
@@ -139,7 +151,7 @@ def text_workload(
     run: Run,
     task: Task,
     tokenizer: PreTrainedTokenizerBase,
-    datasets: tuple[Any, Any],
+    datasets: tuple[Dataset, Dataset | None],
     evaluation: tuple[EvalBatchFn, ReduceFn, str],
 ) -> Workload:
     """The workload of a text task: the model finished (checked, LoRA, checkpointing),
@@ -201,7 +213,7 @@ def require_nonempty(ds: Dataset, name: str, what: str) -> None:
 
 
 def media_source(
-    cfg: TrainConfig, main_process_first: MainProcessFirst, check: Callable[[str, bool], Any]
+    cfg: TrainConfig, main_process_first: MainProcessFirst, check: Callable[[str, bool], object]
 ) -> str:
     """The model folder (a built-in is written once, by the first process), its model type
     checked by ``check(source, trust_remote_code)`` before anything else is loaded."""
@@ -223,7 +235,7 @@ def base_dir(source: str, role: str) -> Path | None:
     return None
 
 
-def media_dirs(cfg: TrainConfig, media: str) -> tuple[Any, Any]:
+def media_dirs(cfg: TrainConfig, media: str) -> tuple[Path | None, Path | None]:
     """The folders that the train and eval data's relative ``media`` ("image" or "audio") paths
     are relative to: ``data.image_root`` / ``data.audio_root`` for both when set, else each data
     file's folder. ``image_data.resolve_path`` joins them; absolute paths stay as they are."""
@@ -243,7 +255,7 @@ def media_dirs(cfg: TrainConfig, media: str) -> tuple[Any, Any]:
 
 def image_datasets(
     cfg: TrainConfig, main_process_first: MainProcessFirst, columns: dict[str, str]
-) -> tuple[tuple[Any, str, Any], tuple[Any, str, Any]]:
+) -> tuple[tuple[Dataset, str, Path | None], tuple[Dataset | None, str, Path | None]]:
     """(train, its name, its folder), (eval or None, ...): loaded by the first process first,
     the ``columns`` ({key: column}) present and every image file found before training starts."""
     with main_process_first():
@@ -256,7 +268,7 @@ def image_datasets(
     return (train, train_name, train_dir), (eval_ds, eval_name, eval_dir)
 
 
-def load_media_model(run: Run, task: Task, source: str) -> Any:
+def load_media_model(run: Run, task: Task, source: str) -> PreTrainedModel:
     """``task.model_class`` loaded right after ``set_seed(run.seed)``, placed for this process
     (``placement``: quantized with ``model.quantization``, the task's ``unquantized`` modules left
     as they are)."""
@@ -271,7 +283,7 @@ def load_media_model(run: Run, task: Task, source: str) -> Any:
     return models.load_pretrained(model_class, source, m.dtype, m.trust_remote_code, run.device_type, **extra)
 
 
-def generation_eval(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, **more: Any) -> Any:
+def generation_eval(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, **more: Any) -> GenerationEval:
     """The evaluation by generation (``xtrain.tasks.generation``) with ``generation.*``."""
     g = cfg.generation
     settings = {"max_new_tokens": g.max_new_tokens, "num_beams": g.num_beams, **more}

@@ -19,12 +19,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from types import SimpleNamespace
+
     import torch
+    from accelerate import Accelerator
     from torch.nn import Module
-    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    from torch.utils.data import DataLoader
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase, ProcessorMixin
+    from transformers.utils import ModelOutput
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
+    from xtrain.model.chunked_loss import LogitMap
     from xtrain.planning.run import Run
     from xtrain.tasks.data_report import DataReport
 
@@ -122,7 +128,9 @@ class Predicts:
     takes: str  # what it reads, for one-line refusals: "images", "audio files", "--prompt TEXT"
     # (result folder, its base model, the run's record) -> (the bare base model, tokenizer, parts
     # for ``run``; the record's items are added to them)
-    load: Callable[[Path, str, dict[str, Any]], tuple[Any, Any, dict[str, Any]]]
+    load: Callable[
+        [Path, str, dict[str, Any]], tuple[Module, PreTrainedTokenizerBase | None, dict[str, Any]]
+    ]
     # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "text": ...}
     run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
     file: FileRows | None = None  # None: ``--data`` is refused for its results
@@ -151,9 +159,9 @@ class Task:
     peft_task_type: str | None = None  # peft's TaskType name for its adapters (None: no head rule)
     # Plan-time sizes: (the model built on the meta device, cfg) -> (qualified names of the Linear
     # layers that get adapters, module names trained whole); the same chooser the build uses.
-    lora_plan: Callable[[Any, TrainConfig], tuple[list[str], list[str]]] | None = None
+    lora_plan: Callable[[Module, TrainConfig], tuple[list[str], list[str]]] | None = None
     # A full fine-tune's freezing (cfg.lora.enabled false), shared by the build and the plan
-    full_fine_tune: Callable[[Any, TrainConfig], None] | None = None
+    full_fine_tune: Callable[[Module, TrainConfig], None] | None = None
     # Module names (at any depth) that ``model.quantization`` leaves in their dtype, e.g. a vision
     # tower (the output and classifier heads always stay: ``quantization.HEADS``)
     unquantized: tuple[str, ...] = ()
@@ -162,11 +170,11 @@ class Task:
     # (the model, on the meta device or loaded, not wrapped by peft; cfg) -> stacks with a
     # sample's positions each (an encoder's audio frames or image patches, a decoder's tokens).
     # None: the model's layers at data.max_length positions (``tasks.stacks.text_stacks``)
-    stacks: Callable[[Any, TrainConfig], list[Stack]] | None = None
+    stacks: Callable[[PretrainedConfig, TrainConfig], list[Stack]] | None = None
     # Where its token sequences (``data.max_length``) meet a position limit: (the model's config)
     # -> (that part's name for messages, e.g. "decoder"; its positions, None: unknown). None: the
     # text model's ``max_position_embeddings`` (``xtrain.tasks.model_checks``)
-    positions: Callable[[Any], tuple[str, int | None]] | None = None
+    positions: Callable[[PretrainedConfig | SimpleNamespace], tuple[str, int | None]] | None = None
     # Tokens ahead of the first generated one at its evaluation by generation (start tokens, the
     # prompt), on top of which ``generation.max_new_tokens`` must fit the positions; None: it
     # does not generate
@@ -200,7 +208,7 @@ Batch = Mapping[str, "torch.Tensor"]
 # It must include "loss_sum" and "count" (eval loss = sum(loss_sum) / sum(count)); any other
 # keys are task statistics that ``reduce_metrics`` turns into numbers. The loop gathers these
 # with ``accelerator.gather_for_metrics`` (which drops the duplicated samples of the last batch).
-EvalBatchFn = Callable[[Any, Batch], dict[str, "torch.Tensor"]]
+EvalBatchFn = Callable[["ModelOutput", Batch], dict[str, "torch.Tensor"]]
 
 
 # reduce_metrics(gathered per-example tensors over the whole eval set) -> {"accuracy": 0.93, ...}
@@ -218,7 +226,7 @@ class Prediction:
 # evaluate(accelerator, model, eval_loader) -> (metrics with "eval_loss", sample predictions).
 # Replaces the loop's forward-only evaluation (eval_batch/reduce_metrics) when a task evaluates by
 # generating (image-to-text: CER/WER); it runs on every rank and must gather in data order.
-EvaluateFn = Callable[[Any, Any, Any], tuple[dict[str, float], list[Prediction]]]
+EvaluateFn = Callable[["Accelerator", "Module", "DataLoader"], tuple[dict[str, float], list[Prediction]]]
 
 
 # forward(model, batch) -> what has ``.loss`` (the micro-batch's loss to back-propagate) and may
@@ -227,21 +235,23 @@ EvaluateFn = Callable[[Any, Any, Any], tuple[dict[str, float], list[Prediction]]
 # (preference tuning: log-probabilities of two answers, a reference model) computes it here; the
 # loop and the evaluation call it in place of ``model(**batch)``. ``model`` is as the loop holds it
 # (wrapped by DDP/FSDP), so its forward is the one the gradients are synchronised for.
-ForwardFn = Callable[[Any, Batch], Any]
+ForwardFn = Callable[["Module", Batch], Any]  # returns what has .loss (and maybe .metrics)
 
 
 # step_start(model, this process's micro-batches of the step (on the device), gather) -> None:
 # called by the loop before the step's first forward, for what a task estimates over the step's
 # whole global batch (KTO's KL term): ``gather`` is the Accelerator's (every process's tensors,
 # concatenated along dim 0), a collective every process joins once a step.
-StepStartFn = Callable[[Any, list[Any], Callable[[Any], Any]], None]
+StepStartFn = Callable[
+    ["Module", list[dict[str, "torch.Tensor"]], Callable[["torch.Tensor"], "torch.Tensor"]], None
+]
 
 
 # shared_pass(accelerator) -> None: work every process shares once the workload is built (the
 # build runs on the main process first, so no collective can run inside it), before ``prepare``:
 # a preference run's precomputed reference, each process its share, gathered. ``accelerator``
 # is the run's; None: one process outside the loop (tests).
-SharedPassFn = Callable[[Any], None]
+SharedPassFn = Callable[["Accelerator | None"], None]
 
 
 # notes(eval history so far) -> warning lines for the run's own channel (the banner's notes), e.g.
@@ -275,10 +285,10 @@ class Workload:
     train_lengths: Callable[[], Sequence[float]] | None = None
     # the task's data check on the first rows it loaded (``tasks.data_check.DataReport``): its
     # summary is a line of the run's banner
-    data_report: Any | None = None
+    data_report: DataReport | None = None
     forward: ForwardFn | None = None  # None: ``model(**batch)``, whose ``.loss`` is the loss
     notes: NotesFn | None = None  # warnings the task reads off its eval metrics
     step_start: StepStartFn | None = None  # the whole step's micro-batches first (KTO's KL)
     shared_pass: SharedPassFn | None = None  # on every process after the build
     # token_loss ``sequence``: (the head's logit map, positions a chunk) when the chunked loss runs
-    use_chunked_loss: Callable[[Any, int], None] | None = None
+    use_chunked_loss: Callable[[LogitMap, int], None] | None = None

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
     from xtrain.config.schema import TrainConfig
 
+    # what ``labels_of`` returns: (label -> id or None, num_labels, id -> name)
+    LabelMapping = tuple[dict[str, int] | None, int, dict[int, str] | None]
+
 T = TypeVar("T")
 ROWS = 100  # rows of each data source the check reads: about a second on any data
 NO_CUT = 1 << 30  # a max_length that cuts nothing: each row's whole length
@@ -96,7 +99,7 @@ def first_samples(cfg: TrainConfig, limit: int, media: str = "image") -> tuple[l
 
 
 def loaded_samples(
-    cfg: TrainConfig, sets: list[tuple[Any, str, str]], limit: int = ROWS, media: str = "image"
+    cfg: TrainConfig, sets: list[tuple[Dataset | None, str, str]], limit: int = ROWS, media: str = "image"
 ) -> list[Sample]:
     """The first ``limit`` rows of data sets the run loaded: [(data set or None, name, role)]."""
     folders = dict(zip(("train", "eval"), media_dirs(cfg, media), strict=True))
@@ -185,7 +188,7 @@ def label_counts(ds: Dataset, column: str) -> dict[str, int]:
     return dict(Counter(values))
 
 
-def check_labels(cfg: TrainConfig, samples: list[Sample], column: str) -> Any:
+def check_labels(cfg: TrainConfig, samples: list[Sample], column: str) -> LabelMapping | None:
     """The run's label mapping (``labels_of``) when the samples are the whole data; on the
     first rows only, each value is checked to be one label (a count of classes needs every row).
     Returns the mapping's (label -> id or None, num_labels, id -> name) or None."""
@@ -281,7 +284,12 @@ class Classes:
 
 
 def classes(
-    cfg: TrainConfig, samples: list[Sample], column: str, head: str, new_head: bool, found: Any = None
+    cfg: TrainConfig,
+    samples: list[Sample],
+    column: str,
+    head: str,
+    new_head: bool,
+    found: LabelMapping | None = None,
 ) -> Classes:
     """The labels of ``column`` checked (``check_labels``, or ``found``: the run's own
     ``labels_of``) and held against the model's classes (``labels_against_model``)."""
@@ -302,7 +310,7 @@ def classes(
 # Media
 
 
-def image_line(ref: Any, folder: Path | None) -> str:
+def image_line(ref: str | dict[str, Any], folder: Path | None) -> str:
     """``image /data/img/0.png (640x480)``: an image cell and its size, for the example."""
     try:
         height, width = image_size(ref, folder)

@@ -34,7 +34,10 @@ from xtrain.tasks.contract import Prediction
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from torch.nn import Module
+    from torch.utils.data import DataLoader
     from transformers import PreTrainedTokenizerBase
+
+    from xtrain.tasks.contract import Batch
 
 
 def normalize_text(text: str) -> str:
@@ -94,7 +97,7 @@ class GenerationEval:
     error_rates: bool = True  # cer/wer
     exact_match: bool = False  # normalised exact match (short answers)
 
-    def _inputs(self, batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _inputs(self, batch: Batch) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """(the model's inputs for the loss, the inputs of ``generate``)."""
         if self.prompt_prefix is None:
             return dict(batch), {self.input_key: batch[self.input_key]}
@@ -105,7 +108,7 @@ class GenerationEval:
         return whole, {**prompt, **shared}
 
     def __call__(
-        self, accelerator: Accelerator, model: Module, loader: Any
+        self, accelerator: Accelerator, model: Module, loader: DataLoader
     ) -> tuple[dict[str, float], list[Prediction]]:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         generator = accelerator.unwrap_model(model, keep_torch_compile=False)

@@ -51,12 +51,14 @@ from xtrain.tasks.predicting import (
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from peft import PeftModel
     from torch.nn import Module
+    from transformers import PreTrainedModel
 
-    from xtrain.config.schema import TrainConfig
+    from xtrain.config.schema import LoraConfig, TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
-    from xtrain.tasks.data_check import Sample
+    from xtrain.tasks.data_check import LabelMapping, Sample
     from xtrain.tasks.data_report import DataReport
 
 NAME = "image-classification"
@@ -100,7 +102,7 @@ def lora_plan(model: Module, cfg: TrainConfig) -> tuple[list[str], list[str]]:
     return _plan(model, cfg.lora)
 
 
-def _plan(model: Module, lora_cfg: Any) -> tuple[list[str], list[str]]:
+def _plan(model: Module, lora_cfg: LoraConfig) -> tuple[list[str], list[str]]:
     """(Linear layers that get adapters, modules trained whole): the encoder's attention (or
     ``lora.target_modules``), never the head, which is trained whole."""
     head = heads(model)
@@ -117,7 +119,7 @@ def _plan(model: Module, lora_cfg: Any) -> tuple[list[str], list[str]]:
     return targets, list(lora_cfg.modules_to_save or []) + head
 
 
-def apply_lora(model: Module, lora_cfg: Any) -> Any:
+def apply_lora(model: Module, lora_cfg: LoraConfig) -> PeftModel:
     targets, whole = _plan(model, lora_cfg)
     return lora.adapt(model, lora_cfg, targets, whole, "image encoder")
 
@@ -179,7 +181,8 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     return inspect(cfg, samples, notes)
 
 
-def inspect(cfg: TrainConfig, samples: list[Sample], notes: list[str], found: Any = None) -> DataReport:
+def inspect(cfg: TrainConfig, samples: list[Sample], notes: list[str], found: LabelMapping | None = None
+) -> DataReport:
     """Columns and image files as ``common.image_datasets`` checks them, the labels (``found``:
     the run's mapping) against the checkpoint's classes; the example: the first training row."""
     from xtrain.data.rows.images import check_image_files
@@ -207,7 +210,9 @@ def inspect(cfg: TrainConfig, samples: list[Sample], notes: list[str], found: An
 # Predict: images -> label and probability
 
 
-def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+def load_for_predict(
+    folder: Path, base: str, record: dict[str, Any]
+) -> tuple[PreTrainedModel, None, dict[str, Any]]:
     import transformers
 
 

@@ -54,12 +54,15 @@ from xtrain.tasks.predicting import (
 )
 
 if TYPE_CHECKING:
+    from types import SimpleNamespace
+
     from datasets import Dataset
+    from peft import PeftModel
     from torch.nn import Module
-    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
     from transformers.image_processing_utils import BaseImageProcessor
 
-    from xtrain.config.schema import TrainConfig
+    from xtrain.config.schema import LoraConfig, TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
     from xtrain.tasks.data_check import Sample
@@ -147,14 +150,14 @@ def fix_special_tokens(model: Module, tokenizer: PreTrainedTokenizerBase) -> Non
     set_decoder_tokens(model, tokenizer, start, pad, vocab, eos_token_id=eos)
 
 
-def _auto_names(part: Any, table: dict[str, tuple[str, ...]]) -> list[str]:
+def _auto_names(part: Module, table: dict[str, tuple[str, ...]]) -> list[str]:
     model_type = getattr(getattr(part, "config", None), "model_type", None)
     leaves = set(lora_layers.linear_layers(part).values())
     names = [n for n in table.get(model_type or "", ()) if n in leaves]
     return names or lora_layers.find_target_modules(part)
 
 
-def target_pattern(model: Module, lora_cfg: Any) -> str:
+def target_pattern(model: Module, lora_cfg: LoraConfig) -> str:
     """A peft ``target_modules`` regex (full match on module names) for the chosen halves."""
     explicit = lora_cfg.target_modules
     if lora_layers.is_all_linear(explicit):  # every Linear of the chosen halves but the heads and the pooler
@@ -175,7 +178,7 @@ def target_pattern(model: Module, lora_cfg: Any) -> str:
     return "^(?:" + "|".join(alternatives) + ")$"
 
 
-def apply_lora(model: Module, lora_cfg: Any) -> Any:
+def apply_lora(model: Module, lora_cfg: LoraConfig) -> PeftModel:
     where = lora_cfg.apply_to if lora_cfg.apply_to != "both" else "encoder or decoder"
     return lora.apply_lora_matching(model, lora_cfg, target_pattern(model, lora_cfg), where)
 
@@ -186,7 +189,7 @@ def full_fine_tune(model: Module, cfg: TrainConfig) -> None:
         p.requires_grad_(not name.startswith("encoder.pooler."))
 
 
-def decoder_positions(config: Any) -> tuple[str, int | None]:
+def decoder_positions(config: PretrainedConfig | SimpleNamespace) -> tuple[str, int | None]:
     """Labels and generated text go through the decoder: its position table is the limit."""
     return "decoder", getattr(getattr(config, "decoder", None), "max_position_embeddings", None)
 
@@ -282,7 +285,9 @@ def inspect(
 # Predict: images -> text
 
 
-def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+def load_for_predict(
+    folder: Path, base: str, record: dict[str, Any]
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import VisionEncoderDecoderModel
 
 

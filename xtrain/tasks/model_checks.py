@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain import tasks
 from xtrain.config.schema import given_keys
@@ -29,7 +29,10 @@ from xtrain.model.configs import local_config, read_config_offline, text_positio
 from xtrain.tasks.sizes import adapted_layers
 
 if TYPE_CHECKING:
+    from types import SimpleNamespace
+
     from torch.nn import Module
+    from transformers import PretrainedConfig
 
     from xtrain.config.schema import TrainConfig
     from xtrain.tasks.contract import Task
@@ -39,7 +42,7 @@ if TYPE_CHECKING:
 RENAMED = {"query": "q_proj", "key": "k_proj", "value": "v_proj"}
 
 
-def check_lengths(cfg: TrainConfig, task: Task, config: Any) -> None:
+def check_lengths(cfg: TrainConfig, task: Task, config: PretrainedConfig | SimpleNamespace) -> None:
     """``data.max_length`` and ``generation.max_new_tokens`` + prompt within the positions."""
     where, limit = (task.positions or text_positions)(config)
     if limit is None:
@@ -63,7 +66,7 @@ def check_lengths(cfg: TrainConfig, task: Task, config: Any) -> None:
         )
 
 
-def fit_defaults(cfg: TrainConfig, config: Any | None = None) -> list[str]:
+def fit_defaults(cfg: TrainConfig, config: PretrainedConfig | SimpleNamespace | None = None) -> list[str]:
     """Defaults the user did not write, fitted to the model before anything is built: a
     ``data.max_length`` above the positions its sequences go through becomes that limit, and a
     ``generation.max_new_tokens`` that does not fit on top of the prompt becomes the room left

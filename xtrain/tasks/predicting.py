@@ -8,18 +8,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from xtrain.data.sources import load_source
 from xtrain.errors import XtrainError
 from xtrain.tasks.contract import Example
 
 if TYPE_CHECKING:
+    import numpy as np
     from datasets import Dataset
+    from PIL.Image import Image
     from torch.nn import Module
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
+    from xtrain.data.rows.chat import Conversation
+    from xtrain.tasks.contract import Loaded, PredictRequest, Task
+
+    T = TypeVar("T")
 
 # the key of ``Loaded.parts`` that holds the run's ``data.max_image_pixels`` (``image_limit``)
 IMAGE_LIMIT = "max_image_pixels"
@@ -45,7 +51,7 @@ def media_files(
     return out
 
 
-def read_input(path: Path, what: str, read: Callable[[], Any]) -> Any:
+def read_input(path: Path, what: str, read: Callable[[], T]) -> T:
     """``read()`` of one input file; a file it cannot read is one line naming that file (the
     readers' own wording is about rows of a data set)."""
     try:
@@ -71,7 +77,7 @@ def to_model(batch: dict[str, Any], model: Module) -> dict[str, Any]:
     }
 
 
-def refuse_prompts(loaded: Any, task: Any, request: Any) -> None:
+def refuse_prompts(loaded: Loaded, task: Task, request: PredictRequest) -> None:
     """A ``task`` that reads files (images, audio: ``task.predicts.takes``) got
     ``--prompt``/``--question`` or ``--system``."""
     source, takes = loaded.source, task.predicts.takes
@@ -87,13 +93,13 @@ def refuse_prompts(loaded: Any, task: Any, request: Any) -> None:
         )
 
 
-def file_examples(files: list[Path]) -> list[Any]:
+def file_examples(files: list[Path]) -> list[Example]:
     """Input files as ``Example``s whose feed is the file itself (``open_images``/``read_clips``
     read it, a bad one named as the input it is)."""
     return [Example(i, {"input": str(f)}, f) for i, f in enumerate(files)]
 
 
-def file_rows(examples: list[Any], outputs: list[dict[str, str]]) -> list[dict[str, str]]:
+def file_rows(examples: list[Example], outputs: list[dict[str, str]]) -> list[dict[str, str]]:
     """The printed rows of input files: the input, the output as ``text`` (+ its probability)."""
     rows = []
     for e, o in zip(examples, outputs, strict=True):
@@ -101,7 +107,7 @@ def file_rows(examples: list[Any], outputs: list[dict[str, str]]) -> list[dict[s
     return rows
 
 
-def image_limit(loaded: Any) -> int | None:
+def image_limit(loaded: Loaded) -> int | None:
     """The pixels an image's header may declare (``data.max_image_pixels``): the run's own, which
     ``xtrain.predict.load_predictor`` puts in the loaded parts (``IMAGE_LIMIT``), so predict
     refuses the images training would; Pillow's default where nothing says it."""
@@ -110,7 +116,7 @@ def image_limit(loaded: Any) -> int | None:
     return loaded.parts.get(IMAGE_LIMIT, MAX_PIXELS)
 
 
-def open_images(examples: list[Any], max_pixels: int | None) -> list[Any]:
+def open_images(examples: list[Example], max_pixels: int | None) -> list[Image]:
     """The RGB images of a batch: a data file's cells (a bad one names its row and file) or
     input files (a bad one names the file); one declaring more than ``max_pixels`` is refused
     undecoded (``image_limit``)."""
@@ -127,7 +133,7 @@ def open_images(examples: list[Any], max_pixels: int | None) -> list[Any]:
     return out
 
 
-def read_clips(examples: list[Any], rate: int, seconds: float | None) -> list[Any]:
+def read_clips(examples: list[Example], rate: int, seconds: float | None) -> list[np.ndarray]:
     """The clips of a batch, mono at ``rate`` Hz and cut to ``seconds`` (the model hears no more):
     a data file's cells or input files, as ``open_images``."""
     from xtrain.data.rows.audio import read_audio
@@ -143,7 +149,9 @@ def read_clips(examples: list[Any], rate: int, seconds: float | None) -> list[An
     return out
 
 
-def generate_texts(loaded: Any, batch: dict[str, Any], request: Any, **generate: Any) -> list[dict[str, str]]:
+def generate_texts(
+    loaded: Loaded, batch: dict[str, Any], request: PredictRequest, **generate: Any
+) -> list[dict[str, str]]:
     """One ``generate`` call of an encoder-decoder model on ``batch``, greedy or beam search as
     the request says: ``{"output": text}`` per row."""
     import torch
@@ -158,7 +166,7 @@ def generate_texts(loaded: Any, batch: dict[str, Any], request: Any, **generate:
 # ``xtrain predict --data FILE``: a data file's rows, read by the run's own readers
 
 
-def load_file(cfg: TrainConfig, media: str | None = None) -> tuple[Any, str, Path | None]:
+def load_file(cfg: TrainConfig, media: str | None = None) -> tuple[Dataset, str, Path | None]:
     """(the rows of the ``--data`` file, its name for messages, the folder its relative
     ``media`` ("image", "audio") paths are relative to, as training decides it; None without
     media): read by the loader training uses (``cfg.data.eval`` is the file; a saved data set's
@@ -177,7 +185,7 @@ def split_conversation(
     images: Any = None,
     allow_images: bool = False,
     images_field: str = "images",
-) -> tuple[Any, str | None]:
+) -> tuple[Conversation, str | None]:
     """One conversation cell -> (its turns before the last assistant answer, checked by
     ``chat_data.parse_conversation`` as training checks them; that answer, the row's reference).
     A conversation that ends in a user turn is a prompt without a reference: the parser, which
@@ -220,7 +228,7 @@ class MediaCell:
 
 def media_examples(
     ds: Dataset, column: str, folder: Path | None, source: str, refs: list[str | None], feature: str = "Image"
-) -> list[Any]:
+) -> list[Example]:
     """One ``Example`` per row of a media column (``feature``: a datasets Image or Audio column is
     switched to undecoded cells): shown as its path (or "embedded ... bytes"), fed as its cell."""
     from xtrain.data.rows.images import describe, undecoded
@@ -303,10 +311,10 @@ def accuracy(refs: list[str], outputs: list[str]) -> dict[str, float]:
 
 
 def in_batches(
-    answer: Callable[[Any, list[Any], Any], list[dict[str, str]]],
-    loaded: Any,
-    examples: list[Any],
-    request: Any,
+    answer: Callable[[Loaded, list[Example], PredictRequest], list[dict[str, str]]],
+    loaded: Loaded,
+    examples: list[Example],
+    request: PredictRequest,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[dict[str, str]]:
     """``answer(loaded, batch, request)`` over ``examples``, ``request.batch_size`` at a time;

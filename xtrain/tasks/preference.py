@@ -20,19 +20,27 @@ from xtrain.tasks import prompt_predict
 from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from datasets import Dataset
+    from torch.nn import Module
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from xtrain.config.schema import TrainConfig
     from xtrain.data.rows.preference import Encoder, PreferenceRow
+    from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
+    from xtrain.tasks.preference_losses import LossSettings
 
 NAME = "preference"
 METRIC = "rewards/accuracy"
 CHANCE = 0.03  # reward accuracy within this of 0.5 after training is "at chance"
 
 
-def settings_of(cfg: TrainConfig) -> Any:
+def settings_of(cfg: TrainConfig) -> LossSettings:
     from xtrain.tasks.preference_losses import LossSettings
 
     p = cfg.preference
@@ -41,7 +49,7 @@ def settings_of(cfg: TrainConfig) -> Any:
     )
 
 
-def encoder_of(cfg: TrainConfig, tokenizer: Any, source: str) -> Encoder:
+def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str) -> Encoder:
     """Answers rendered as SFT renders them: the chat template (``data.chat_template`` or the
     tokenizer's) when there is one, else prompt and answer as plain text."""
     from xtrain.data.rows import chat as chat_data
@@ -66,7 +74,7 @@ def as_unpaired(rows: list[PreferenceRow]) -> list[PreferenceRow]:
     return out
 
 
-def encoded(ds: Any, name: str, encoder: Encoder, loss: str) -> list[dict[str, Any]]:
+def encoded(ds: Dataset, name: str, encoder: Encoder, loss: str) -> list[dict[str, Any]]:
     """A data set's rows read, checked and encoded for ``loss`` (pairs become KTO rows for kto)."""
     from xtrain.data.rows import preference as rows_
     from xtrain.tasks.preference_losses import UNPAIRED
@@ -157,7 +165,10 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
 
 
 def inspect(
-    cfg: TrainConfig, found: tuple[str, Any] | None, samples: list[Sample], notes: list[str]
+    cfg: TrainConfig,
+    found: tuple[str, PreTrainedTokenizerBase] | None,
+    samples: list[Sample],
+    notes: list[str],
 ) -> DataReport:
     """``check_data``'s report of ``samples`` with ``found`` = (source, tokenizer), or None: the
     rows' shapes only. ``build`` runs it on the first rows it loaded (``Workload.data_report``)."""
@@ -236,7 +247,7 @@ def validate(cfg: TrainConfig) -> None:
         )
 
 
-def stacks(model: Any, cfg: TrainConfig) -> list[Any]:
+def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     """The memory estimate's stacks: a sample is a pair, two sequences of up to ``data.max_length``
     through the model's text layers (twice the positions of one: an upper bound for eager
     attention's scores, which grow with each sequence's square). The reference's forward keeps
@@ -258,7 +269,9 @@ def _quickstart_prompt() -> list[str]:
     return ["--prompt", QUICKSTART_PROMPT]
 
 
-def _load(folder: Any, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+def _load(
+    folder: Path, base: str, record: dict[str, Any]
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from xtrain.tasks.causal_lm import load_for_predict
 
     return load_for_predict(folder, base, record)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -89,7 +89,7 @@ def part(batch: Mapping[str, torch.Tensor], which: int) -> dict[str, torch.Tenso
     return {k: v if k in PER_ROW else v[which * n : (which + 1) * n] for k, v in batch.items()}
 
 
-def _unwrapped(model: torch.nn.Module) -> Any:
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     from accelerate.utils import extract_model_from_parallel
 
     return extract_model_from_parallel(model)

@@ -29,12 +29,13 @@ from xtrain.tasks.predicting import (
 
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
+    from xtrain.data.rows.chat import Render
 
 # ---------------------------------------------------------------------------------------------
 # causal-lm: prompts -> continuations
 
 
-def chat_render(loaded: Loaded) -> tuple[Any, int | None]:
+def chat_render(loaded: Loaded) -> tuple[Render, int | None]:
     """(render, the end-of-turn token to stop at) of a chat run: its saved template."""
     from xtrain.data.rows import chat as chat_data
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
-    from xtrain.tasks.data_check import Sample
+    from xtrain.tasks.data_check import LabelMapping, Sample
 
 NAME = "seq-cls"
 HEAD = "ForSequenceClassification"  # the architectures of a checkpoint whose head is trained
@@ -90,7 +90,7 @@ def inspect(
     tokenizer: PreTrainedTokenizerBase,
     samples: list[Sample],
     notes: list[str],
-    found: Any = None,
+    found: LabelMapping | None = None,
 ) -> DataReport:
     """The columns and labels of each sample (``found``: the run's label mapping), tokenised as
     the run tokenises them (``tokenize_seq_cls``); the example: the first training row."""

@@ -6,7 +6,7 @@ run's collator labels them, with the feature extractor and tokenizer (never the 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.data.sources import undecoded_row
 from xtrain.tasks import speech_parts as speech
@@ -14,14 +14,20 @@ from xtrain.tasks.data_report import DataReport
 from xtrain.tasks.speech_parts import NAME, file_name_column, max_seconds, require_columns
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+    from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
+
     from xtrain.config.schema import TrainConfig
     from xtrain.tasks.data_check import Sample
+
+    # (feature extractor, tokenizer, the first label token) of the run's checkpoint
+    SpeechParts = tuple[SequenceFeatureExtractor, PreTrainedTokenizerBase, int]
 
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     from xtrain.tasks import common, data_check
 
-    def parts() -> tuple[Any, Any, int]:
+    def parts() -> SpeechParts:
         source = common.media_source(cfg, contextlib.nullcontext, speech.check_model_type)
         feature_extractor, tokenizer, _ = speech.load_processors(source, cfg.model.trust_remote_code)
         return feature_extractor, tokenizer, speech.label_start(cfg, source, tokenizer)
@@ -31,7 +37,9 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     return inspect(cfg, data_check.loaded_or_note(cfg, notes, parts), samples, notes)
 
 
-def inspect(cfg: TrainConfig, parts: Any, samples: list[Sample], notes: list[str]) -> DataReport:
+def inspect(
+    cfg: TrainConfig, parts: SpeechParts | None, samples: list[Sample], notes: list[str]
+) -> DataReport:
     """Columns and audio headers as the run checks them (``check_audio_files``), the transcripts
     as the run's collator labels them (``SpeechTextCollator.labels``: the prefix, every token
     trained); the example: the first training row."""

@@ -59,7 +59,7 @@ def require_columns(ds: Dataset, audio_column: str, text_column: str, source: st
     require_columns(ds, {"data.text_column": text_column}, source)
 
 
-def file_name_column(ds: Dataset, audio_column: str) -> Any:
+def file_name_column(ds: Dataset, audio_column: str) -> Dataset:
     """An audiofolder's ``file_name`` column serves as the audio column when there is none."""
     if ds is not None and "file_name" in ds.column_names and audio_column not in ds.column_names:
         return ds.rename_column("file_name", audio_column)

@@ -25,10 +25,14 @@ from xtrain.tasks.speech_parts import (
 )
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
     from xtrain.config.schema import TrainConfig
 
 
-def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+def load_for_predict(
+    folder: Path, base: str, record: dict[str, Any]
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import AutoModelForSpeechSeq2Seq
 
 

@@ -24,7 +24,7 @@ import contextlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
@@ -50,10 +50,14 @@ from xtrain.tasks.speech_parts import (
 )
 
 if TYPE_CHECKING:
-    from datasets import Dataset
-    from torch.nn import Module
+    from types import SimpleNamespace
 
-    from xtrain.config.schema import TrainConfig
+    from datasets import Dataset
+    from peft import PeftModel
+    from torch.nn import Module
+    from transformers import PretrainedConfig
+
+    from xtrain.config.schema import LoraConfig, TrainConfig
     from xtrain.data.rows.audio import AudioTextRows
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
@@ -61,7 +65,7 @@ if TYPE_CHECKING:
 ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")  # Whisper, Speech2Text, SeamlessM4T-style
 
 
-def target_pattern(model: Module, lora_cfg: Any) -> str:
+def target_pattern(model: Module, lora_cfg: LoraConfig) -> str:
     """A peft ``target_modules`` regex on module names (``model.encoder.layers.0.self_attn.q_proj``)."""
     explicit = lora_cfg.target_modules
     parts = "|".join(PARTS[lora_cfg.apply_to])
@@ -77,12 +81,12 @@ def target_pattern(model: Module, lora_cfg: Any) -> str:
     return rf"^(?:.*\.)?(?:{parts})\..*\.(?:{'|'.join(re.escape(n) for n in names)})$"
 
 
-def apply_lora(model: Module, lora_cfg: Any) -> Any:
+def apply_lora(model: Module, lora_cfg: LoraConfig) -> PeftModel:
     where = lora_cfg.apply_to if lora_cfg.apply_to != "both" else "encoder or decoder"
     return lora.apply_lora_matching(model, lora_cfg, target_pattern(model, lora_cfg), where)
 
 
-def decoder_positions(config: Any) -> tuple[str, int | None]:
+def decoder_positions(config: PretrainedConfig | SimpleNamespace) -> tuple[str, int | None]:
     """Transcripts go through the decoder: Whisper's ``max_target_positions`` (448) is the limit."""
     decoder = getattr(config, "decoder", None) or config
     return "decoder", getattr(decoder, "max_target_positions", None) or getattr(

@@ -12,6 +12,7 @@ from xtrain.model.memory import GATED_ACTS
 
 if TYPE_CHECKING:
     from torch.nn import Module
+    from transformers import PretrainedConfig
 
     from xtrain.config.schema import TrainConfig
 
@@ -19,7 +20,7 @@ LAYER_LISTS = ("layers", "layer", "blocks", "h")
 DROPOUTS = ("dropout", "hidden_dropout_prob", "hidden_dropout", "resid_pdrop")
 
 
-def first(config: Any, *names: str) -> int | None:
+def first(config: PretrainedConfig, *names: str) -> int | None:
     """The first of ``names`` that ``config`` sets to a positive int."""
     for name in names:
         value = getattr(config, name, None)
@@ -28,7 +29,7 @@ def first(config: Any, *names: str) -> int | None:
     return None
 
 
-def name_of(model: Module, module: Any) -> str:
+def name_of(model: Module, module: Module) -> str:
     """``module``'s qualified name inside ``model`` ("" for the model itself)."""
     return next((n for n, m in model.named_modules() if m is module), "")
 
@@ -55,13 +56,19 @@ def eager(model: Module, prefix: str, cfg: TrainConfig) -> bool:
     return getattr(config, "_attn_implementation", None) == "eager"
 
 
-def dropout_on(config: Any) -> bool:
+def dropout_on(config: PretrainedConfig) -> bool:
     """The model's own dropout after attention and MLP is on in training (TrOCR's 0.1, BERT's)."""
     return any(isinstance(getattr(config, n, None), float) and getattr(config, n) > 0 for n in DROPOUTS)
 
 
 def from_config(
-    part: str, model: Module, prefix: str, config: Any, positions: int, cfg: TrainConfig, **extra: Any
+    part: str,
+    model: Module,
+    prefix: str,
+    config: PretrainedConfig,
+    positions: int,
+    cfg: TrainConfig,
+    **extra: Any,
 ) -> Stack:
     """A stack of ``positions`` a sample with the widths of a (text or vision) ``config``
     (``extra``: fields it gets wrong, e.g. a vision tower's width)."""
@@ -102,7 +109,7 @@ def layers_owner(model: Module) -> str:
     return ""
 
 
-def patches(config: Any) -> int:
+def patches(config: PretrainedConfig) -> int:
     """Positions of a ViT-style encoder: (image / patch)^2, rectangles too, and its class token
     (DeiT: and its distillation token)."""
     def pair(value: Any) -> tuple[int, int]:
@@ -113,7 +120,7 @@ def patches(config: Any) -> int:
     return (height // ph) * (width // pw) + tokens
 
 
-def patch_stem(config: Any) -> int:
+def patch_stem(config: PretrainedConfig) -> int:
     """Values a position a trained patch embedding keeps: its input pixels (channels x patch area)."""
     size = config.patch_size
     area = size * size if isinstance(size, int) else int(size[0]) * int(size[1])

@@ -7,13 +7,16 @@ run's collator, with the processor (never the weights). ``vision_language.build`
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.tasks.data_report import DataReport
 from xtrain.tasks.vision_processor import NAME, processor_and_render
 
 if TYPE_CHECKING:
+    from transformers import ProcessorMixin
+
     from xtrain.config.schema import TrainConfig
+    from xtrain.data.rows.chat import Render
     from xtrain.tasks.data_check import Sample
 
 
@@ -25,7 +28,12 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     return inspect(cfg, parts, samples, notes)
 
 
-def inspect(cfg: TrainConfig, parts: Any, samples: list[Sample], notes: list[str]) -> DataReport:
+def inspect(
+    cfg: TrainConfig,
+    parts: tuple[str, ProcessorMixin, Render] | None,
+    samples: list[Sample],
+    notes: list[str],
+) -> DataReport:
     """Each sample's conversations checked and rendered as the run does (``vision_rows.rows``), their
     lengths with each image's tokens (``vision_chat.expanded_lengths``); the example: the first
     training row through the run's collator, images opened and expanded as the model gets them."""

@@ -38,10 +38,11 @@ from xtrain.tasks.predicting import exact_match
 from xtrain.tasks.vision_processor import NAME, load_processor, max_pixels, processor_and_render
 
 if TYPE_CHECKING:
+    from peft import PeftModel
     from torch.nn import Module
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from xtrain.config.schema import TrainConfig
+    from xtrain.config.schema import LoraConfig, TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
 
@@ -83,7 +84,7 @@ def parts(model: Module) -> tuple[str, str | None, str | None]:
     return language, vision, projector
 
 
-def lora_targets(model: Module, lora_cfg: Any) -> list[str]:
+def lora_targets(model: Module, lora_cfg: LoraConfig) -> list[str]:
     """Qualified names of the Linear layers that get adapters."""
     language, vision, projector = parts(model)
     layers = lora_layers.linear_layers(model)
@@ -118,11 +119,11 @@ def lora_targets(model: Module, lora_cfg: Any) -> list[str]:
     return targets
 
 
-def _module(model: Module, name: str) -> Any:
+def _module(model: Module, name: str) -> Module:
     return model.get_submodule(name)
 
 
-def apply_lora(model: Module, lora_cfg: Any) -> Any:
+def apply_lora(model: Module, lora_cfg: LoraConfig) -> PeftModel:
     save = list(lora_cfg.modules_to_save or [])
     if lora_cfg.projector:
         projector = parts(model)[2]
@@ -277,7 +278,9 @@ def _quickstart_inputs() -> list[str]:
 # Predict: an image and a question -> the answer
 
 
-def load_for_predict(folder: Path, base: str, record: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+def load_for_predict(
+    folder: Path, base: str, record: dict[str, Any]
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import AutoModelForImageTextToText
 
 

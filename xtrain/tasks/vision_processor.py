@@ -15,10 +15,11 @@ from xtrain.model import load as models
 from xtrain.tasks.contract import MainProcessFirst
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase, ProcessorMixin
     from transformers.image_processing_utils import BaseImageProcessor
 
     from xtrain.config.schema import TrainConfig
+    from xtrain.data.rows.chat import Render
 
 _IMAGE_ONLY: dict[type, type] = {}
 
@@ -28,7 +29,7 @@ def image_only_processor(
     image_processor: BaseImageProcessor,
     tokenizer: PreTrainedTokenizerBase,
     chat_template: str | None,
-) -> Any:
+) -> ProcessorMixin:
     """``base`` (e.g. ``Qwen2VLProcessor``) without its video processor: the same text and image
     handling, for machines without torchvision (which the video processor needs). Pickles by
     rebuilding (spawned DataLoader workers)."""
@@ -39,7 +40,7 @@ def image_only_processor(
             self: Any,
             image_processor: BaseImageProcessor | None = None,
             tokenizer: PreTrainedTokenizerBase | None = None,
-            chat_template: Any = None,
+            chat_template: str | None = None,
         ):
             base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template)
 
@@ -71,7 +72,7 @@ def load_processor(source: str, trust_remote_code: bool) -> ProcessorMixin:
 
     local = Path(source).exists()
     error: Exception | None = None
-    processor: Any = None
+    processor: ProcessorMixin | None = None
     try:
         processor = transformers.AutoProcessor.from_pretrained(source, trust_remote_code=trust_remote_code)
     except ImportError as e:  # e.g. "Qwen2VLVideoProcessor requires the Torchvision library"
@@ -169,7 +170,7 @@ def set_pixel_bounds(
 NAME = "vision-language"
 
 
-def check_model_type(source: str, trust_remote_code: bool) -> Any:
+def check_model_type(source: str, trust_remote_code: bool) -> PretrainedConfig:
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
     return models.require_model_type(
@@ -181,7 +182,8 @@ def check_model_type(source: str, trust_remote_code: bool) -> Any:
     )
 
 
-def processor_and_render(cfg: TrainConfig, main_process_first: MainProcessFirst) -> tuple[str, Any, Any]:
+def processor_and_render(cfg: TrainConfig, main_process_first: MainProcessFirst
+) -> tuple[str, ProcessorMixin, Render]:
     """(the model's folder or hub id, its processor with ``data.min_pixels``/``max_pixels``, the
     renderer of its chat template or ``data.chat_template``)."""
     from xtrain.data.rows import chat as chat_data
