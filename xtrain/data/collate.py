@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from transformers.utils import ModelOutput
 
 IGNORE_INDEX = -100  # labels the loss skips (padding, prompt tokens)
 
@@ -141,7 +144,7 @@ def batch_tokens(batch: dict[str, Any], key: str | None) -> torch.Tensor | None:
 # Evaluation: per-example statistics (gathered by the loop), then one reduction
 
 
-def causal_lm_eval_batch(outputs: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def causal_lm_eval_batch(outputs: ModelOutput, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per example: summed next-token cross-entropy, predicted tokens, correct predictions."""
     logits = outputs.logits[:, :-1, :].detach().float()
     labels = batch["labels"][:, 1:].to(logits.device)
@@ -166,7 +169,7 @@ def causal_lm_reduce(stats: dict[str, torch.Tensor]) -> dict[str, float]:
     }
 
 
-def seq_cls_eval_batch(outputs: Any, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def seq_cls_eval_batch(outputs: ModelOutput, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Per example: cross-entropy, 1, and whether the predicted class is right."""
     logits = outputs.logits.detach().float()
     labels = batch["labels"].to(logits.device)

@@ -102,7 +102,7 @@ def label_mapping(
 
 
 def labels_of(
-    train: Any, eval_ds: Any | None, column: str, num_labels: int | None, sources: tuple[str, str]
+    train: Dataset, eval_ds: Dataset | None, column: str, num_labels: int | None, sources: tuple[str, str]
 ) -> tuple[dict[str, int] | None, int, dict[int, str] | None]:
     """``label_mapping`` of a label column of the train (and eval) set; a ``datasets.ClassLabel``
     column names its integer classes (the classification tasks)."""

@@ -24,7 +24,9 @@ from xtrain import builtin, encoding
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
-    from datasets import Dataset
+    from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
+
+    DatasetOrDict = Dataset | DatasetDict | IterableDataset | IterableDatasetDict
 
 EXTENSIONS = {
     ".json": "json",
@@ -54,7 +56,7 @@ def _looks_like_hub_id(source: str) -> bool:
     return bool(_HUB_ID.match(source)) and ".." not in source
 
 
-def _pick_split(ds: Any, source: str, role: str) -> Any:
+def _pick_split(ds: DatasetOrDict, source: str, role: str) -> Dataset | IterableDataset:
     """One split of a DatasetDict: "train" for training, validation/eval/test for evaluation."""
     from datasets import DatasetDict, IterableDatasetDict
 
@@ -73,7 +75,7 @@ def _pick_split(ds: Any, source: str, role: str) -> Any:
     )
 
 
-def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = "data.train") -> Any:
+def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = "data.train") -> Dataset:
     """A ``datasets.Dataset`` from a file, a folder, ``builtin:NAME`` or a hub id."""
     import datasets
 
@@ -120,7 +122,7 @@ def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = 
     )
 
 
-def _load_file(path: Path, builder: str, source: str) -> Any:
+def _load_file(path: Path, builder: str, source: str) -> Dataset:
     import datasets
 
     original, path, kwargs = path, *_readable(path, builder, source, whole=True)
@@ -133,7 +135,7 @@ def _load_file(path: Path, builder: str, source: str) -> Any:
     return ds
 
 
-def _stream_file(path: Path, builder: str, source: str, limit: int) -> tuple[Any, int | None]:
+def _stream_file(path: Path, builder: str, source: str, limit: int) -> tuple[Dataset, int | None]:
     """``_load_file``'s first ``limit`` rows, streamed by the same builder (``first_rows``)."""
     import datasets
 
@@ -186,7 +188,7 @@ def _read_error(e: Exception, original: Path, source: str, builder: str) -> Xtra
 
 def first_rows(
     source: str, fmt: str, limit: int, role: str = "train", key: str = "data.train"
-) -> tuple[Any, int | None] | None:
+) -> tuple[Dataset, int | None] | None:
     """(a ``Dataset`` of the first ``limit`` rows of ``source``, its row count where that is known
     without reading it all: a saved data set, or a file that ends within ``limit + 1`` rows), read
     by the same ``datasets`` builders as ``load_source`` but streamed: a 10 GB file costs its first
@@ -217,7 +219,7 @@ def first_rows(
     return load_source(source, fmt, role, key)  # raises: not found
 
 
-def _first_of_stream(stream: Any, limit: int, source: str) -> tuple[Any, int | None]:
+def _first_of_stream(stream: IterableDataset, limit: int, source: str) -> tuple[Dataset, int | None]:
     """(the first ``limit`` rows of an ``IterableDataset`` as a ``Dataset``, the row count when
     that is all of them). Image and audio columns stay undecoded, as the run reads them."""
     import itertools

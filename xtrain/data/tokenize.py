@@ -15,6 +15,8 @@ from xtrain.data.packing import MAP_BATCH, pack_rows
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
 
@@ -86,7 +88,13 @@ def map_fingerprint(ds: Dataset, *parts: Any) -> str:
     return Hasher.hash([getattr(ds, "_fingerprint", None), TOKENIZE_VERSION, *parts])
 
 
-def tokenized(ds: Dataset, function: Any, fn_kwargs: dict[str, Any], fingerprint: str, desc: str) -> Any:
+def tokenized(
+    ds: Dataset,
+    function: Callable[..., Mapping[str, list]],
+    fn_kwargs: dict[str, Any],
+    fingerprint: str,
+    desc: str,
+) -> Dataset:
     """``ds.map(function, batched=True)`` replacing all columns, cached under ``fingerprint``."""
     return ds.map(
         function,

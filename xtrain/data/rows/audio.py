@@ -27,6 +27,9 @@ from xtrain.data.rows.images import describe, padded_labels, resolve_path, text_
 from xtrain.errors import RowError, XtrainError, shown
 
 if TYPE_CHECKING:
+    import io
+
+    import numpy as np
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
     from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
@@ -45,7 +48,7 @@ class UnreadableAudio(RowError):
     OTHER_HINTS = (_EMPTY_HINT, _LONG_HINT)
 
 
-def _source(value: Any, base_dir: Path | None) -> Any:
+def _source(value: Any, base_dir: Path | None) -> str | io.BytesIO | None:
     """What soundfile opens: a path, or a file-like object over embedded bytes."""
     if isinstance(value, str):
         return str(resolve_path(value, base_dir))
@@ -62,12 +65,12 @@ def empty_clip(what: str, row: int, source: str) -> UnreadableAudio:
     return UnreadableAudio(message, _EMPTY_HINT)
 
 
-def to_mono(samples: Any) -> Any:
+def to_mono(samples: np.ndarray) -> np.ndarray:
     """[frames] or [frames, channels] float array -> [frames] (channels averaged)."""
     return samples.mean(axis=1) if samples.ndim == 2 else samples
 
 
-def resample(samples: Any, rate: int, target: int) -> Any:
+def resample(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
     """``samples`` at ``rate`` Hz -> at ``target`` Hz (polyphase, anti-aliased; exact for any
     integer rates: 44100 -> 16000 is up 160, down 441)."""
     if rate == target:
@@ -86,7 +89,7 @@ def read_audio(
     sampling_rate: int,
     max_seconds: float | None = None,
     long_audio: str = "cut",
-) -> Any:
+) -> np.ndarray:
     """One cell of the audio column as a mono float32 numpy array at ``sampling_rate``: a path
     string, an undecoded ``Audio`` cell (``{"bytes", "path"}``) or a decoded one
     (``{"array", "sampling_rate"}``)."""

@@ -39,7 +39,10 @@ from xtrain.errors import RowError, XtrainError
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+    # what ``apply_chat_template`` is called on: a tokenizer or a multimodal processor
+    TemplateOwner = PreTrainedTokenizerBase | ProcessorMixin
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
@@ -322,7 +325,7 @@ def load_template(setting: str | None) -> str | None:
     return setting
 
 
-def require_template(owner: Any, template: str | None, source: str) -> str:
+def require_template(owner: TemplateOwner, template: str | None, source: str) -> str:
     """The template to render with: ``data.chat_template`` if set, else the tokenizer's or processor's."""
     found = template or getattr(owner, "chat_template", None)
     if isinstance(found, dict):  # several named templates: the default one
@@ -335,7 +338,7 @@ def require_template(owner: Any, template: str | None, source: str) -> str:
     return found
 
 
-def renderer(owner: Any, template: str, setting: str | None = None) -> Render:
+def renderer(owner: TemplateOwner, template: str, setting: str | None = None) -> Render:
     """``render(messages, add_generation_prompt)`` through ``owner.apply_chat_template``;
     ``setting``: ``data.chat_template`` when the template came from it (named in refusals)."""
     return _Renderer(owner, template, setting)
@@ -344,7 +347,7 @@ def renderer(owner: Any, template: str, setting: str | None = None) -> Render:
 class _Renderer:
     """Picklable (spawned DataLoader workers): holds the tokenizer/processor and the template text."""
 
-    def __init__(self, owner: Any, template: str, setting: str | None = None) -> None:
+    def __init__(self, owner: TemplateOwner, template: str, setting: str | None = None) -> None:
         self.owner = owner
         self.template = template
         # where the template came from, for a refusal that names it rather than a data row

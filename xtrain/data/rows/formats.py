@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from datasets import Dataset
 
     from xtrain.config.schema import DataConfig, TrainConfig
+    from xtrain.data.rows.chat import Conversation
 
 CHAT = ("messages", "sharegpt")  # always conversations; alpaca becomes one with a chat template
 ALPACA_REQUIRED = ("instruction", "output")
@@ -128,7 +129,7 @@ def alpaca_prompt_response(
     return {"prompt": prompts, "response": responses}
 
 
-def alpaca_as_prompt_response(ds: Dataset, source: str) -> Any:
+def alpaca_as_prompt_response(ds: Dataset, source: str) -> Dataset:
     """An alpaca dataset as ``prompt``/``response`` columns, cached under a fingerprint of the
     data and this mapping (every process of the run reads the first one's result)."""
     from datasets.fingerprint import Hasher
@@ -251,7 +252,9 @@ def chat_turns(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source:
     return cell if keys is None else mapped_turns(cell, keys, index, source, column)
 
 
-def chat_conversation(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str) -> Any:
+def chat_conversation(
+    d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str
+) -> Conversation:
     """Row ``index`` of ``source`` read as text chat (``fmt``: ``detect`` of its columns): the
     checked ``chat_data.Conversation``, or a ``RowError`` naming the file, the row and the field."""
     from xtrain.data.rows import chat as chat_data
@@ -292,7 +295,7 @@ def conversations(ds: Dataset, d: DataConfig, fmt: str, source: str) -> list[Any
     return [text_chat_turns(d, fmt, row, i, source) for i, row in enumerate(rows)]
 
 
-def row_format(cfg: TrainConfig, train: Any) -> str:
+def row_format(cfg: TrainConfig, train: Dataset) -> str:
     """What the rows hold: ``data.row_format``, or for auto what the training data's columns hold
     (``row_formats.detect``: the one place that decides)."""
     from xtrain.data.rows import formats as row_formats

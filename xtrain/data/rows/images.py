@@ -26,7 +26,9 @@ from xtrain.data.labels import label_key
 from xtrain.errors import RowError, XtrainError, shown
 
 if TYPE_CHECKING:
+    import torch
     from datasets import Dataset
+    from PIL.Image import Image
     from transformers import PreTrainedTokenizerBase
     from transformers.image_processing_utils import BaseImageProcessor
 
@@ -47,7 +49,7 @@ class UnreadableImage(RowError):
     OTHER_HINTS = (_BOMB_HINT,)
 
 
-def to_rgb(image: Any) -> Any:
+def to_rgb(image: Image) -> Image:
     """Any PIL image as 8-bit RGB: grayscale, palette, CMYK, 16-bit and float images converted;
     transparency composited onto white (transparent text images would otherwise turn black)."""
     from PIL import Image
@@ -106,7 +108,7 @@ def pixel_limit(max_pixels: int | None) -> Iterator[None]:
 
 def open_image(
     value: Any, base_dir: Path | None, row: int, source: str, max_pixels: int | None = MAX_PIXELS
-) -> Any:
+) -> Image:
     """The RGB PIL image of one cell of the image column: a path string, an undecoded Image
     feature cell (``{"bytes", "path"}``) or an already decoded PIL image. A file whose header
     declares more than ``max_pixels`` pixels (``data.max_image_pixels``) is refused undecoded."""
@@ -207,7 +209,7 @@ class ImageTextRows(ImageRows):
         return {"text": "" if text is None else str(text)}
 
 
-def undecoded(ds: Dataset, column: str, feature: str = "Image") -> Any:
+def undecoded(ds: Dataset, column: str, feature: str = "Image") -> Dataset:
     """A datasets ``Image`` (or ``Audio``) feature column, or a list of them (a conversation's
     images), switched to undecoded cells (a metadata change: no data is rewritten)."""
     import datasets
@@ -243,7 +245,7 @@ def text_labels(
     return out
 
 
-def padded_labels(ids: list[list[int]], pad_to_multiple_of: int | None = None) -> Any:
+def padded_labels(ids: list[list[int]], pad_to_multiple_of: int | None = None) -> torch.Tensor:
     """One LongTensor of label rows, padded with -100 (to a multiple of ``pad_to_multiple_of``)."""
     import torch
 

@@ -24,12 +24,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.rows import chat as chat_data
 from xtrain.data.rows.formats import SHAREGPT_KEYS, alpaca_fields, mapped_turns
 from xtrain.errors import RowError, XtrainError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
 Turns = list[dict[str, Any]]
 Render = Callable[[Turns, bool], str]
@@ -119,7 +125,7 @@ def read_row(row: dict[str, Any], index: int, source: str) -> PreferenceRow:
     return PreferenceRow(prompt, chosen, rejected)
 
 
-def read_rows(ds: Any, source: str) -> list[PreferenceRow]:
+def read_rows(ds: Dataset | Sequence[dict[str, Any]], source: str) -> list[PreferenceRow]:
     """Every row of ``ds`` (a ``datasets.Dataset`` or a list of dicts), all of one kind: paired,
     or unpaired (KTO)."""
     rows: list[PreferenceRow] = []
@@ -145,7 +151,7 @@ def is_unpaired(rows: list[PreferenceRow]) -> bool:
 class Encoder:
     """How answers become token ids: ``render`` (a chat template) or plain prompt + answer text."""
 
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     max_length: int
     render: Render | None = None  # None: no chat template, prompt and answer as plain text
 

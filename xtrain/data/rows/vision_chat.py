@@ -29,6 +29,8 @@ from xtrain.data.rows.chat import BadConversation, Encoded
 from xtrain.data.rows.images import MAX_PIXELS, image_size, open_image
 
 if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 GEN_PREFIX = "gen_"  # prompt-only copies of the per-token inputs, for generation
@@ -102,7 +104,7 @@ def carry_labels(short: list[int], labels: list[int], long: list[int], image_tok
     return out
 
 
-def process_text(processor: ProcessorMixin, text: str, images: list[Any]) -> dict[str, Any]:
+def process_text(processor: ProcessorMixin, text: str, images: list[Image]) -> dict[str, torch.Tensor]:
     """One rendered conversation (or prompt) and its images -> the processor's tensors (batch of
     one), each image placeholder expanded into the image's tokens; the template already holds
     every special token, so the tokenizer adds none."""
@@ -111,8 +113,8 @@ def process_text(processor: ProcessorMixin, text: str, images: list[Any]) -> dic
 
 
 def process_texts(
-    processor: ProcessorMixin, texts: list[str], images: list[list[Any]]
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    processor: ProcessorMixin, texts: list[str], images: list[list[Image]]
+) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
     """Rendered conversations (or prompts) and each one's images -> one processor call for all
     of them. Returns each text's per-token tensors (``input_ids``, ``attention_mask``, ...: its
     own tokens, a batch of one, as ``process_text`` gives them) and the batch's other tensors
@@ -159,8 +161,8 @@ class VisionChatCollator:
         return self.processor.tokenizer
 
     def _process(
-        self, texts: list[str], images: list[list[Any]]
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        self, texts: list[str], images: list[list[Image]]
+    ) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
         return process_texts(self.processor, texts, images)
 
     def _image_token(self) -> int | None:
@@ -236,7 +238,7 @@ class VisionChatCollator:
         return f"VisionChatCollator(max_length={self.max_length})"
 
 
-def _per_token(value: Any, length: int) -> bool:
+def _per_token(value: object, length: int) -> bool:
     import torch
 
     return torch.is_tensor(value) and value.ndim == 2 and value.shape[0] == 1 and value.shape[1] == length

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import DataConfig, TrainConfig
+    from xtrain.data.rows.chat import Conversation
 
 # prompt_response: an image, a question and an answer column
 VISION_FORMATS = ("auto", "messages", "sharegpt", "prompt_response")
@@ -97,7 +98,9 @@ def vision_columns(d: DataConfig, fmt: str, columns: list[str], source: str) -> 
     return list(dict.fromkeys([*needed, *([field] if field in columns else [])]))
 
 
-def vision_conversation(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str) -> Any:
+def vision_conversation(
+    d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str
+) -> Conversation:
     """Row ``index`` of ``source`` read as ``fmt`` (``vision_format`` of its columns): the
     checked ``chat_data.Conversation`` (its images in placeholder order), or a ``RowError``
     naming the file, the row and the field."""
