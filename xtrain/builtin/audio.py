@@ -20,9 +20,14 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xtrain.builtin.text import fast_tokenizer
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from transformers import PreTrainedTokenizerFast
 
 MODELS = ("tiny-whisper",)
 DATASETS = ("spoken-words",)
@@ -67,7 +72,7 @@ def clip_texts(n: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 3))) for _ in range(n)]
 
 
-def synthesize(text: str, rng: random.Random, rate: int = FILE_RATE) -> Any:
+def synthesize(text: str, rng: random.Random, rate: int = FILE_RATE) -> np.ndarray:
     """A float32 mono clip of ``text`` at ``rate``: per word three tones (each detuned by up to
     3 % and gliding by up to 5 %, with a smooth envelope), a short gap, and noise throughout."""
     import numpy as np
@@ -110,7 +115,7 @@ def build_spoken_words(folder: Path, version: int) -> None:
 # Tokenizer and model
 
 
-def build_char_tokenizer() -> Any:
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """One token per character, framed like Whisper's: ``<|startoftranscript|> $A <|endoftext|>``
     (the task strips the start token from labels, as it does for a real Whisper tokenizer)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -135,7 +140,7 @@ def build_char_tokenizer() -> Any:
     )
 
 
-def _sinusoids(length: int, dim: int) -> Any:
+def _sinusoids(length: int, dim: int) -> torch.Tensor:
     """Whisper's own encoder position table (``transformers``' ``sinusoids``)."""
     import torch
 

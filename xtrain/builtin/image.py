@@ -16,9 +16,16 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xtrain.builtin.text import fast_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image, ImageFont
+    from transformers import PreTrainedTokenizerFast
+
+    Font = ImageFont.ImageFont | ImageFont.FreeTypeFont
 
 MODELS = ("tiny-trocr",)
 DATASETS = ("ocr-lines",)
@@ -43,7 +50,7 @@ _WORDS = [
 # Data
 
 
-def _font() -> Any:
+def _font() -> Font:
     """PIL's built-in bitmap font: monospaced (6x11 pixels a character), the same on every
     platform, no font files needed. Monospace keeps the tiny model's job small: the k-th
     character always sits near the same columns, so reading is learnt in CPU minutes."""
@@ -68,7 +75,7 @@ def line_texts(n: int, seed: int) -> list[str]:
     return out
 
 
-def render_line(text: str, rng: random.Random, font: Any = None) -> Any:
+def render_line(text: str, rng: random.Random, font: Font | None = None) -> Image.Image:
     """A grayscale 32x128 image of ``text``: dark ink on a light page, small random offsets."""
     from PIL import Image, ImageDraw
 
@@ -104,7 +111,7 @@ def build_ocr_lines(folder: Path, version: int) -> None:
 # Tokenizer and model
 
 
-def build_char_tokenizer() -> Any:
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """One token per character; ``</s>`` closes every label; decoding joins characters as they are."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
@@ -125,7 +132,7 @@ def build_char_tokenizer() -> Any:
     )
 
 
-def _sinusoids(length: int, dim: int) -> Any:
+def _sinusoids(length: int, dim: int) -> torch.Tensor:
     import math
 
     import torch

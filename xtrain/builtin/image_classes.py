@@ -22,7 +22,11 @@ import colorsys
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
 
 MODELS = ("tiny-vit",)
 DATASETS = ("color-shapes",)
@@ -59,7 +63,7 @@ def _outline(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, fl
     ]  # fmt: skip
 
 
-def draw_shape(shape: str, rng: random.Random) -> Any:
+def draw_shape(shape: str, rng: random.Random) -> Image.Image:
     """A 32x32 RGB image: one filled ``shape`` in a random colour, size and position, on a light
     background of a random tint with per-pixel noise (over the shape too)."""
     import numpy as np
@@ -107,7 +111,7 @@ def build_color_shapes(folder: Path, version: int) -> None:
 # Model
 
 
-def dct_basis(size: int) -> Any:
+def dct_basis(size: int) -> torch.Tensor:
     """The ``size`` x ``size`` 2D DCT-II basis, orthonormal: ``[size * size, size, size]``, lowest
     frequencies first."""
     import math

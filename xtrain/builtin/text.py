@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
 
@@ -145,7 +149,7 @@ def build_tokenizer(kind: str):
 
 def byte_level_bpe(
     corpus: Iterable[str], vocab_size: int, special_tokens: list[str], unk_token: str | None = None
-) -> Any:
+) -> Tokenizer:
     """A ``tokenizers`` byte-level BPE trained in-process on ``corpus`` (any text encodes: the
     byte alphabet is always in the vocabulary), ``special_tokens`` first."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -164,7 +168,7 @@ def byte_level_bpe(
     return tok
 
 
-def fast_tokenizer(tok: Any, model_max_length: int, **special: Any) -> Any:
+def fast_tokenizer(tok: Tokenizer, model_max_length: int, **special: Any) -> PreTrainedTokenizerFast:
     """A transformers fast tokenizer over a ``tokenizers`` one, padding on the right; ``special``:
     its special tokens (and ``model_input_names``, default input ids and attention mask)."""
     from transformers import PreTrainedTokenizerFast

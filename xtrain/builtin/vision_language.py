@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from xtrain.builtin.text import byte_level_bpe, fast_tokenizer, story_examples
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from PIL import Image
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 IMAGE_SIZE = 56  # pixels a side: 4x4 patches of 14, merged 2x2 into 4 image tokens
 PATCH, MERGE, TEMPORAL = 14, 2, 2
@@ -76,7 +77,7 @@ def _polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, fl
     return [(cx, cy - r), (cx + r, cy), (cx, cy + r), (cx - r, cy)]  # diamond
 
 
-def draw_shape(shape: str, colour: str, rng: random.Random) -> Any:
+def draw_shape(shape: str, colour: str, rng: random.Random) -> Image.Image:
     """A 56x56 RGB image: one filled shape on a light, slightly tinted background."""
     from PIL import Image, ImageDraw
 
@@ -142,7 +143,7 @@ def _corpus() -> list[str]:
     return texts
 
 
-def build_tokenizer() -> Any:
+def build_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level BPE (any text encodes) trained in-process, with Qwen2-VL's special tokens."""
     tok = byte_level_bpe(_corpus(), 600, SPECIAL_TOKENS)
 
