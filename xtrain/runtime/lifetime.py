@@ -28,9 +28,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from xtrain.planning.context import LaunchContext
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 PARENT_ENV = "XTRAIN_PARENT_PID"
 STOP_GRACE_S = 120.0  # after a stop is passed on, workers that have not ended by then are killed
@@ -83,7 +86,9 @@ class _WindowsParent:
         return self._k32.WaitForSingleObject(self._handle, 0) == self.WAIT_OBJECT_0
 
 
-def parent_to_watch(context: LaunchContext | None = None, environ: Any = None) -> int | None:
+def parent_to_watch(
+    context: LaunchContext | None = None, environ: Mapping[str, str] | None = None
+) -> int | None:
     """The launcher's PID when this process was started by one, else None: xtrain's launcher
     names itself (``XTRAIN_PARENT_PID``); another launcher is this process's parent when the
     launch ``context`` says one started it (None: only xtrain's own launcher is looked for)."""

@@ -16,9 +16,16 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from xtrain.runtime.lifetime import STOP_GRACE_S, kill_process_tree
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    # what ``signal.signal`` returns: the handler it replaced (SIG_DFL/SIG_IGN, ints; None: not
+    # set from Python)
+    Handler = Callable[[int, FrameType | None], object] | int | None
 
 
 def exit_code(signum: int) -> int:
@@ -47,16 +54,16 @@ class stop_on_sigterm:  # noqa: N801 (used as a context manager, like contextlib
     """SIGTERM raises ``StopRequested`` until the loop installs its own handlers (main thread)."""
 
     def __enter__(self) -> stop_on_sigterm:
-        self._old: Any = None
+        self._old: Handler = None
         if threading.current_thread() is threading.main_thread():
             self._old = signal.signal(signal.SIGTERM, self._raise)
         return self
 
     @staticmethod
-    def _raise(signum: int, frame: Any) -> None:
+    def _raise(signum: int, frame: FrameType | None) -> None:
         raise StopRequested(signum)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._old is not None:
             signal.signal(signal.SIGTERM, self._old)
 
@@ -68,9 +75,9 @@ class Signals:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self._old: dict[int, Any] = {}
+        self._old: dict[int, Handler] = {}
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
             self.first(signum)
@@ -90,7 +97,7 @@ class Signals:
                 self._old[s] = signal.signal(s, self._handle)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old.clear()
@@ -127,7 +134,7 @@ class LauncherSignals(Signals):
         kill_process_tree()
         raise StopAtOnce()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._timer is not None:
             self._timer.cancel()
         super().__exit__(*exc)
