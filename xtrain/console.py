@@ -8,12 +8,15 @@ path or a number is never wrapped or cut with "…" at rich's default 80 columns
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 PLAIN_WIDTH = 4096  # "as wide as the content": rich needs a number
 
 
-def make_console(stderr: bool = False, **kwargs: Any) -> Any:
+def make_console(stderr: bool = False, **kwargs: Any) -> Console:
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout

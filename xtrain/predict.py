@@ -38,6 +38,8 @@ from xtrain.train.checkpoint.layout import STATE_FILE, list_checkpoints
 from xtrain.train.result import RUN_FILE
 
 if TYPE_CHECKING:
+    import torch
+
     from xtrain.config.schema import TrainConfig
 
 _OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
@@ -203,7 +205,7 @@ def image_limit(settings: dict[str, Any]) -> int | None:
     return found if found is None or whole else MAX_PIXELS
 
 
-def base_load(folder: Path, task: Task, trained: RunTask, device: Any) -> dict[str, Any]:
+def base_load(folder: Path, task: Task, trained: RunTask, device: torch.device) -> dict[str, Any]:
     """The ``from_pretrained`` keywords of the adapter's base: a quantized run's base in 4 or 8
     bits on ``device`` as training loaded it ({} for a 16-bit run)."""
     found = trained_quantization(folder, trained)

@@ -21,9 +21,12 @@ from __future__ import annotations
 import json
 import types
 import typing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.errors import XtrainError, shorten
+
+if TYPE_CHECKING:
+    import yaml
 
 # Deeper than any real config, snapshot or state (they nest 3-4 levels), far below Python's stack
 MAX_DEPTH = 64
@@ -78,7 +81,7 @@ def _strict_loader() -> type:
             super().__init__(stream)
             self.depth = 0
 
-        def compose_node(self, parent: Any, index: Any) -> Any:
+        def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node | None:
             self.depth += 1
             try:
                 if self.depth > MAX_DEPTH:
@@ -87,7 +90,7 @@ def _strict_loader() -> type:
             finally:
                 self.depth -= 1
 
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
             seen: dict[Any, int] = {}
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
@@ -107,7 +110,7 @@ def _strict_loader() -> type:
 _LOADER: type | None = None
 
 
-def _children(node: Any) -> list[Any]:
+def _children(node: yaml.Node) -> list[yaml.Node]:
     import yaml
 
     if isinstance(node, yaml.SequenceNode):
@@ -117,14 +120,14 @@ def _children(node: Any) -> list[Any]:
     return []
 
 
-def check_expansion(root: Any) -> None:
+def check_expansion(root: yaml.Node | None) -> None:
     """Refuse a composed YAML node graph that, with its aliases expanded, holds more than
     ``MAX_NODES`` nodes, nests deeper than ``MAX_DEPTH`` or reaches itself. An alias is the same
     node object as its anchor, so each node's expanded size is counted once (memoised) and the
     walk costs the graph's size, not the expansion's. Iterative: no recursion to exhaust."""
     done: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, expanded depth)
     open_: set[int] = set()  # nodes whose children are being counted: meeting one again is a cycle
-    stack: list[tuple[Any, bool]] = [(root, False)]
+    stack: list[tuple[yaml.Node | None, bool]] = [(root, False)]
     while stack:
         node, finish = stack.pop()
         key = id(node)
