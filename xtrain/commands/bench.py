@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,6 +15,8 @@ from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+    from xtrain.bench.result import BenchResult
 
 SIZE_CHOICES = ("auto", "tiny", "small", "base")
 
@@ -93,7 +95,7 @@ def _rate(value: float | None, unit: str = "") -> str:
     return f"{value:,.1f}{unit}" if value < 100 else f"{value:,.0f}{unit}"
 
 
-def render(console: Console, result: Any) -> None:
+def render(console: Console, result: BenchResult) -> None:
     from rich.table import Table
 
     m = result.model

@@ -22,7 +22,10 @@ from xtrain.errors import XtrainError
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from xtrain.planning.plan import Plan
+    from xtrain.launch.slurm import SlurmJob
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.plan import Finding, Plan
+    from xtrain.planning.resolve import Resolved
 
 PRECISION_HELP = "no | fp16 | bf16 (default: what the rules pick for the GPUs)"
 
@@ -53,7 +56,7 @@ class ConfigureOptions:
     mem: str | None = None
     platform: str | None = None
 
-    def slurm_job(self, processes_per_node: int, **fields: Any) -> Any:
+    def slurm_job(self, processes_per_node: int, **fields: Any) -> SlurmJob:
         from xtrain.launch import slurm as sl
 
         if self.mem is not None:
@@ -101,7 +104,7 @@ def _check_options(
     return gpu_ids
 
 
-def _slurm_facts(opts: ConfigureOptions, notes: list[str]) -> tuple[Any, int]:
+def _slurm_facts(opts: ConfigureOptions, notes: list[str]) -> tuple[Facts, int]:
     """``--slurm`` (``--nodes`` given): the facts to plan the cluster's nodes from (``--facts``,
     else a generic GPU node) and the processes per node (its GPUs; ``--processes`` or 1 on a
     snapshot of a node without GPUs: a CPU job)."""
@@ -157,7 +160,7 @@ def _write_or_show(console: Console, files: list[tuple[Path, str, str]], dry_run
             console.print(f"[dim]The old file is kept as {result.backup_path}[/]", soft_wrap=True)
 
 
-def _print_findings(console: Console, findings: list[Any]) -> None:
+def _print_findings(console: Console, findings: list[Finding]) -> None:
     """The doctor findings that still matter once the config is rewritten, with their fixes."""
     from rich.markup import escape
 
@@ -227,7 +230,7 @@ def configure(
     _print_next(console, opts, plan, files)
 
 
-def _resolve(opts: ConfigureOptions, notes: list[str]) -> tuple[Any, int | None]:
+def _resolve(opts: ConfigureOptions, notes: list[str]) -> tuple[Resolved, int | None]:
     """The options checked, then the plan for this machine (or ``--facts``), or with ``--slurm``
     for the cluster's nodes (``--facts``, else a generic GPU node). Returns the resolved plan and
     the GPUs per node (``--slurm``)."""
@@ -269,7 +272,7 @@ def _resolve(opts: ConfigureOptions, notes: list[str]) -> tuple[Any, int | None]
 
 
 def _files(
-    opts: ConfigureOptions, resolved: Any, gpus_per_node: int | None, notes: list[str]
+    opts: ConfigureOptions, resolved: Resolved, gpus_per_node: int | None, notes: list[str]
 ) -> tuple[list[tuple[Path, str, str]], dict[str, Any]]:
     """The files to write, (path, text, what it is), the accelerate config first, and that config
     as a dict. Every target is checked before any is written, so a refusal leaves nothing

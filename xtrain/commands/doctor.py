@@ -21,8 +21,11 @@ from xtrain.commands.options import parse_gpus, parse_int
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
+    from xtrain.launch.smoke import SmokeResult
     from xtrain.machine.facts import Facts
-    from xtrain.planning.plan import Plan
+    from xtrain.planning.plan import Diagnosis, Plan
 
 
 def check_save_path(path: Path, force: bool) -> None:
@@ -156,7 +159,7 @@ def doctor(
         raise typer.Exit(code=1)
 
 
-def _smoke(plan: Plan, out: Any, json_out: bool) -> Any:
+def _smoke(plan: Plan, out: Console, json_out: bool) -> SmokeResult:
     """``--smoke``: start the planned processes for real; the result is shown unless ``--json``."""
     from xtrain.launch.smoke import run_smoke
 
@@ -176,7 +179,7 @@ def _smoke(plan: Plan, out: Any, json_out: bool) -> Any:
     return result
 
 
-def _print_json(facts: Facts, diagnosis: Any, smoke_result: Any) -> None:
+def _print_json(facts: Facts, diagnosis: Diagnosis, smoke_result: SmokeResult | None) -> None:
     """``--json``: one object {facts, plan, findings, smoke?} on stdout."""
     doc: dict[str, Any] = {
         "facts": facts.to_dict(),

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def export(
@@ -59,7 +62,7 @@ class _Progress:
     """The stages as a rich spinner line, and a bar while tensors are written (nothing when the
     error console is not a terminal: logs get the end lines only)."""
 
-    def __init__(self, console: Any) -> None:
+    def __init__(self, console: Console) -> None:
         from rich.progress import BarColumn, DownloadColumn, Progress, SpinnerColumn, TextColumn
 
         self.bar = Progress(

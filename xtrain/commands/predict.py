@@ -13,6 +13,8 @@ from xtrain.commands.options import parse_float, parse_int
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from xtrain.tasks.contract import PredictRequest
@@ -187,7 +189,7 @@ class _progress:
         )  # fmt: skip
         self.task = self.bar.add_task("rows", total=None)  # the row count comes with the first batch
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Callable[[int, int], None]:
         self.bar.start()
         return lambda done, total: self.bar.update(self.task, completed=done, total=total)
 

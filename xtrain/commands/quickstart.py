@@ -21,6 +21,9 @@ from xtrain.errors import XtrainError
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from xtrain.config.schema import TrainConfig
+    from xtrain.tasks.contract import Quickstart
+
 DEFAULT_DIR = Path("xtrain-quickstart")
 JOBS_DIR = Path(__file__).resolve().parent.parent / "builtin" / "jobs"
 DEFAULT_TASK = ModelConfig.task  # the config's default task: the packaged xtrain/builtin/jobs/quickstart.yaml
@@ -33,11 +36,11 @@ def quickstart_tasks() -> dict[str, Any]:
     return {name: t.quickstart for name, t in tasks.all_tasks().items() if t.quickstart is not None}
 
 
-def job_file(quickstart: Any) -> Path:
+def job_file(quickstart: Quickstart) -> Path:
     return JOBS_DIR / quickstart.job
 
 
-def next_line(quickstart: Any, run_dir: Path, shell: str) -> str:
+def next_line(quickstart: Quickstart, run_dir: Path, shell: str) -> str:
     """The closing ``Next:`` line: predict with the run just trained (tasks with a predict on
     their built-in data), then train on your own data."""
     from xtrain.shell import quote
@@ -101,7 +104,11 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
 
 
 def _print_result(
-    console: Console, cfg: Any, headline: tuple[str, str, str] | None, result: dict[str, Any], seconds: float
+    console: Console,
+    cfg: TrainConfig,
+    headline: tuple[str, str, str] | None,
+    result: dict[str, Any],
+    seconds: float,
 ) -> None:
     """The before/after metrics, the headline, sample predictions and where the run went."""
     from rich.table import Table

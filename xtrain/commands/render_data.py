@@ -5,10 +5,11 @@ example as the model gets it, its trained (loss) tokens styled on a terminal and
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.text import Text
 
     from xtrain.tasks.data_report import DataReport, Example
 
@@ -37,7 +38,7 @@ def render(report: DataReport | str, console: Console) -> None:
             console.print(line, soft_wrap=True)
 
 
-def example_lines(example: Example, styled: bool) -> list[Any]:
+def example_lines(example: Example, styled: bool) -> list[Text]:
     """The example as rich ``Text`` lines: a heading, its other inputs, its tokens (trained ones
     styled, or marked), its label."""
     from rich.text import Text
