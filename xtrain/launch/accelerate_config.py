@@ -39,7 +39,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
@@ -47,6 +47,9 @@ from xtrain.launch.env import visible_entries
 from xtrain.machine.probes.accelerate_config import accelerate_config_path
 from xtrain.planning.plan import Plan
 from xtrain.shell import quote, set_env
+
+if TYPE_CHECKING:
+    from accelerate.commands.config.config_args import ClusterConfig
 
 # The keys ClusterConfig (accelerate 1.15) knows. Loading is strict: any other key is an error.
 CLUSTER_KEYS = (
@@ -298,7 +301,7 @@ def write_config(
     return write_text_safely(to_yaml(cfg, header), path, force=force, backup=backup)
 
 
-def validate(path: str | Path) -> Any:
+def validate(path: str | Path) -> ClusterConfig:
     """Load ``path`` with accelerate's own loader; returns the ClusterConfig, or raises XtrainError."""
     from accelerate.commands.config.config_args import ClusterConfig
 
@@ -314,7 +317,7 @@ def validate(path: str | Path) -> Any:
     return cfg
 
 
-def validate_dict(cfg: dict[str, Any]) -> Any:
+def validate_dict(cfg: dict[str, Any]) -> ClusterConfig:
     """Like ``validate`` for a config not written yet (``--dry-run``)."""
     with tempfile.TemporaryDirectory(prefix="xtrain-cfg-") as tmp:
         p = Path(tmp) / "config.yaml"

@@ -27,9 +27,12 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.planning.plan import Plan
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 LOOPBACK = "127.0.0.1"
 
@@ -62,7 +65,9 @@ def loopback_agent_store() -> Iterator[None]:
 
     original = static.TCPStore
 
-    def store(host: str, port: int, world_size: Any = None, is_master: bool = False, *args: Any, **kw: Any):
+    def store(
+        host: str, port: int, world_size: int | None = None, is_master: bool = False, *args: Any, **kw: Any
+    ) -> TCPStore:
         if is_master and host in (LOOPBACK, "localhost") and "master_listen_fd" not in kw:
             kw["master_listen_fd"] = loopback_listener(int(port))
         return original(host, port, world_size, is_master, *args, **kw)

@@ -12,7 +12,6 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from xtrain.errors import XtrainError
 from xtrain.launch.env import patched_environ, plan_env
@@ -25,7 +24,7 @@ from xtrain.runtime.signals import LauncherSignals, StopAtOnce
 
 
 def _spawn_entry(
-    local_rank: int, fn: Callable[..., Any], args: tuple, env: dict[str, str], first_rank: int
+    local_rank: int, fn: Callable[..., object], args: tuple, env: dict[str, str], first_rank: int
 ) -> None:
     """First code in each spawned child: rank variables, then the user's function.
 
@@ -40,7 +39,7 @@ def _spawn_entry(
 
 
 def spawn(
-    fn: Callable[..., Any],
+    fn: Callable[..., object],
     args: tuple = (),
     plan: Plan | None = None,
     nprocs: int | None = None,
