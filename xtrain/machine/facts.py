@@ -85,7 +85,7 @@ def _as_list(value: Any, name: str) -> list[Any]:
     return value
 
 
-def _gpu_from_dict(g: Any) -> GPU:
+def _gpu_from_dict(g: object) -> GPU:
     if not isinstance(g, dict):
         raise ValueError(f"each GPU should be an object, got {g!r}"[:200])
     cap = g.get("capability")
@@ -97,7 +97,7 @@ def _gpu_from_dict(g: Any) -> GPU:
     )
 
 
-def _impossible(facts: Any) -> str | None:
+def _impossible(facts: Facts) -> str | None:
     """The first value no machine can have (a hand-edited or truncated snapshot), else None."""
     if facts.cpu_count < 1:
         return f"cpu_count={facts.cpu_count}"

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xtrain.machine.facts import Facts
+
+if TYPE_CHECKING:
+    from types import ModuleType
 
 Probe = Callable[[Facts], dict[str, Any]]
 
@@ -22,6 +25,6 @@ def why(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}"[:300] if text else type(e).__name__
 
 
-def loaded_torch() -> Any:
+def loaded_torch() -> ModuleType | None:
     """torch if it imports (already imported by the torch probe), else None."""
     return sys.modules.get("torch")
