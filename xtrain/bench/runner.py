@@ -99,7 +99,7 @@ class BenchOptions:
 DEFAULT_STEPS = {"tiny": 30, "small": 40, "base": 40}
 
 
-def plan_for(facts: Facts, processes: int | None, precision: str | None, platform: str | None) -> Any:
+def plan_for(facts: Facts, processes: int | None, precision: str | None, platform: str | None) -> Plan:
     return resolve(facts=facts, processes=processes, precision=precision, platform=platform).plan
 
 
@@ -189,7 +189,7 @@ def _measure(
     root: Path,
     size: ModelSize,
     steps: int,
-    plans: tuple[Any, Any],
+    plans: tuple[Plan, Plan],
     tell: Callable[[str], None],
 ) -> None:
     """The runs of ``run_bench`` (filling ``result``), in the work folder ``root``."""
