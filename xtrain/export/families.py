@@ -42,7 +42,7 @@ class Family:
     arch: str  # gguf.MODEL_ARCH member name: LLAMA, QWEN2, GEMMA2, PHI3
     permute_qk: bool = False  # llama.cpp's non-neox rotary layout
     norm_plus_one: bool = False  # Gemma's RMSNorm multiplies by (1 + weight)
-    extra: Callable[[Any], list[tuple[str, Any]]] = field(default=lambda config: [])
+    extra: Callable[[PretrainedConfig], list[tuple[str, Any]]] = field(default=lambda config: [])
 
 
 def _get(config: PretrainedConfig, name: str, default: Any = None) -> Any:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
@@ -24,7 +24,11 @@ from xtrain.export import families
 from xtrain.export.vocab import read_vocab, write_vocab
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import numpy as np
+    from gguf import GGMLQuantizationType
+    from torch import Tensor
     from torch.nn import Module
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
@@ -35,7 +39,7 @@ _BLOCK = 32  # values per Q8_0 block
 Progress = Callable[[int, int], None]  # (bytes written, bytes in all)
 
 
-def require_gguf() -> Any:
+def require_gguf() -> ModuleType:
     """The ``gguf`` package, or one line saying how to install it."""
     try:
         import gguf
@@ -94,8 +98,8 @@ def plan_tensors(model: Module, kind: str) -> tuple[list[PlannedTensor], dict[st
 
 
 def _array(
-    model_state: dict[str, Any], t: PlannedTensor, config: PretrainedConfig, family: families.Family
-) -> Any:
+    model_state: dict[str, Tensor], t: PlannedTensor, config: PretrainedConfig, family: families.Family
+) -> tuple[np.ndarray, GGMLQuantizationType]:
     """The tensor's data, converted for llama.cpp and in its file type."""
     gguf = require_gguf()
     data = model_state[t.source].detach().float().cpu().numpy()
@@ -169,7 +173,7 @@ def write_gguf(
     return path
 
 
-def _np_dtype(name: str) -> Any:
+def _np_dtype(name: str) -> np.dtype:
     import numpy as np
 
     return np.dtype(name)

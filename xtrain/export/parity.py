@@ -24,7 +24,7 @@ check only catches what breaks a model outright (a layer merged twice, the wrong
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     import torch
     from torch.nn import Module
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from xtrain.export.templates import Render
 
@@ -114,9 +114,9 @@ def logits_float32(model: Module, prompts: list[list[int]]) -> list[torch.Tensor
     float32 weights at a time instead of twice the model (a 7B bf16 model: 28 GB)."""
     import torch
 
-    saved: dict[int, list[tuple[Any, torch.Tensor]]] = {}
+    saved: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def upcast(module: Module, _args: Any) -> None:
+    def upcast(module: Module, _args: tuple) -> None:
         held = []
         for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
             if tensor.is_floating_point() and tensor.dtype != torch.float32:
@@ -124,7 +124,7 @@ def logits_float32(model: Module, prompts: list[list[int]]) -> list[torch.Tensor
                 tensor.data = tensor.data.float()
         saved[id(module)] = held
 
-    def restore(module: Module, _args: Any, _out: Any) -> None:
+    def restore(module: Module, _args: tuple, _out: object) -> None:
         for tensor, data in saved.pop(id(module), []):
             tensor.data = data
 
@@ -266,7 +266,7 @@ def gguf_template(path: str | Path) -> str | None:
 READ_BACK_DTYPE = {"f16": "float16", "bf16": "bfloat16", "q8_0": "float16"}
 
 
-def load_gguf(path: str | Path, kind: str = "f16") -> Any:
+def load_gguf(path: str | Path, kind: str = "f16") -> PreTrainedModel:
     """The GGUF file as a transformers model, dequantized to ``READ_BACK_DTYPE[kind]``, in eval mode.
 
     transformers' own GGUF reading (its config and tensor conversion: the q/k permutation undone,

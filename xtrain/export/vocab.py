@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from gguf import GGUFWriter
     from transformers import PreTrainedTokenizerBase
 
 # llama.cpp's names for the byte-level pre-tokenizers it knows, keyed by the split regex
@@ -159,7 +160,7 @@ def _prefixes_space(spec: dict[str, Any]) -> bool:
     return '"Prepend"' in text or '"prepend_scheme": "always"' in text or '"add_prefix_space": true' in text
 
 
-def write_vocab(writer: Any, vocab: Vocab) -> None:
+def write_vocab(writer: GGUFWriter, vocab: Vocab) -> None:
     """The vocabulary's keys, through ``GGUFWriter``'s own setters."""
     writer.add_tokenizer_model(vocab.model)
     writer.add_tokenizer_pre(vocab.pre)
