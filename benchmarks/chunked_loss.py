@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402, F401  (puts the checkout on sys.path)
+from common import half_prompt_batch  # noqa: E402  (also puts the checkout on sys.path)
 
 SHAPE = dict(vocab_size=152_064, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
@@ -117,17 +117,6 @@ def build(device: str) -> Any:
     targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets)
     return get_peft_model(model, lora)
-
-
-def batch_of(seq: int, device: str) -> dict[str, Any]:
-    """One sequence of ``seq`` random tokens, its first half a prompt (labels -100)."""
-    import torch
-
-    ids = torch.randint(0, SHAPE["vocab_size"], (1, seq), generator=torch.Generator().manual_seed(1))
-    labels = ids.clone()
-    labels[:, : seq // 2] = -100  # the prompt
-    mask = torch.ones_like(ids)
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}
 
 
 class Variant:
@@ -193,7 +182,7 @@ def measure(repeats: int = 3, seq: int = 2048, device: str = "cpu", log: Any = N
         torch.set_num_threads(1)
     seq, repeats = (256, 1) if smoke else (seq, repeats)
     model = build(device)
-    batch = batch_of(seq, device)
+    batch = half_prompt_batch(seq, SHAPE["vocab_size"], device)
     autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda")
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     pin = device == "cuda"  # pinned host memory: the copies run beside the compute

@@ -293,3 +293,15 @@ def build_alone(cfg: Any, plan: Any = None) -> Any:
 
     plan = plan or make_plan(Facts(torch_version=torch.__version__, gloo_available=True))
     return tasks.build_workload(for_process(cfg, LaunchContext(), plan=plan))
+
+
+def half_prompt_batch(seq: int, vocab: int, device: str) -> dict[str, Any]:
+    """One sequence of ``seq`` random tokens below ``vocab``, its first half a prompt (labels -100):
+    the memory levers' benchmarks (chunked_loss.py, levers_estimate.py)."""
+    import torch
+
+    ids = torch.randint(0, vocab, (1, seq), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, : seq // 2] = -100  # the prompt
+    mask = torch.ones_like(ids)
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "labels": labels.to(device)}

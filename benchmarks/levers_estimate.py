@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chunked_loss import batch_of  # noqa: E402
-from common import REPO  # noqa: E402
+from common import REPO, half_prompt_batch  # noqa: E402
 
 QWEN25_7B = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_act="silu",
                  max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
@@ -129,7 +128,7 @@ def measure_7b(seq: int = 2048, log: Any = None) -> dict[str, Any]:
     sizes = live_sizes(model, (), cfg)
     assert sizes is not None
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    batch = batch_of(seq, "cuda")
+    batch = half_prompt_batch(seq, QWEN25_7B["vocab_size"], "cuda")
     card = torch.cuda.get_device_properties(0)
     rows = {}
     for label, chunked, ckpt, offloaded in SEVEN_B:
