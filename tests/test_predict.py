@@ -149,7 +149,8 @@ def test_an_unreadable_input_names_the_file_not_a_row(tmp_path, kind):
 
 
 @pytest.mark.parametrize(
-    "task", ["image-to-text", "speech-to-text", "vision-language", "image-classification"]
+    "task",
+    ["image-to-text", "speech-to-text", "vision-language", "vision-preference", "image-classification"],
 )
 def test_quickstart_offers_predict_on_real_built_in_inputs(task, tmp_path):
     import shlex

@@ -20,6 +20,8 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
   tone-sequence "speech" for speech-to-text (``xtrain.builtin.audio``).
 - ``builtin:tiny-qwen2-vl`` / ``builtin:shapes-vqa``: a tiny Qwen2-VL model with its processor and
   questions about coloured shapes for vision-language (``xtrain.builtin.vision_language``).
+- ``builtin:shapes-preference``: preference pairs on images of coloured shapes, a whole right
+  sentence preferred over a curt wrong word, for vision-preference (``xtrain.builtin.vision_language``).
 - ``builtin:tiny-vit`` / ``builtin:color-shapes``: a tiny ViT image classifier with its image
   processor and images of coloured shapes labelled by shape, for image classification
   (``xtrain.builtin.image_classes``).
@@ -64,12 +66,13 @@ DATASETS = (
     "ocr-lines",
     "spoken-words",
     "shapes-vqa",
+    "shapes-preference",
     "color-shapes",
 )
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
 AUDIO_ASSETS = ("tiny-whisper", "spoken-words")  # built by xtrain.builtin.audio
-VL_ASSETS = ("tiny-qwen2-vl", "shapes-vqa")  # built by xtrain.builtin.vision_language
+VL_ASSETS = ("tiny-qwen2-vl", "shapes-vqa", "shapes-preference")  # built by xtrain.builtin.vision_language
 
 
 def is_builtin(name: str | None) -> bool:
@@ -179,7 +182,8 @@ def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -
         from xtrain.builtin import vision_language as builtin_vl
 
         final = cache_root(cache_dir) / "data" / short
-        return _build_atomically(final, lambda tmp: builtin_vl.build_shapes_vqa(tmp, VERSION), PREFIX + short)
+        make = builtin_vl.build_shapes_vqa if short == "shapes-vqa" else builtin_vl.build_shapes_preference
+        return _build_atomically(final, lambda tmp: make(tmp, VERSION), PREFIX + short)
     if short in IMAGE_CLASS_ASSETS:
         from xtrain.builtin import image_classes as builtin_classes
 

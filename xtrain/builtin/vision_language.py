@@ -11,6 +11,10 @@
   square?", "what shape is this?") and a one-word answer, as ``messages`` conversations in
   ``train.jsonl`` / ``eval.jsonl`` with image paths relative to the file: the same layout as a
   user's own chat data, read through the same code.
+- ``builtin:shapes-preference``: preference pairs on the same kind of images (TRL's vision DPO
+  shape: an image part and a question in the prompt): the chosen answer a whole sentence that
+  answers right ("the square is red."), the rejected one a curt, wrong word ("blue."), for
+  vision-preference.
 
 The weights are random: the quickstart shows the loop learning to answer, not a pretrained VLM.
 """
@@ -128,6 +132,38 @@ def build_shapes_vqa(folder: Path, version: int) -> None:
                 name = f"{split}/{i:05d}.png"
                 draw_shape(shape, colour, rng).save(folder / name, format="PNG")
                 f.write(json.dumps(conversation(name, shape, colour, rng), sort_keys=True) + "\n")
+
+
+PREFERENCE_TRAIN_ROWS, PREFERENCE_EVAL_ROWS = 320, 80
+
+
+def preference_pair(image: str, shape: str, colour: str, rng: random.Random) -> dict[str, Any]:
+    """One ``{prompt, chosen, rejected}`` row: the image and a question, a whole right sentence
+    chosen over a curt wrong word (one style preferred throughout: DPO learns it from ~0.5)."""
+    kind = rng.choice(("colour", "shape"))
+    question = rng.choice(QUESTIONS[kind]).format(shape=shape, colour=colour)
+    if kind == "colour":
+        chosen = f"the {shape} is {colour}."
+        rejected = rng.choice([c for c in COLOURS if c != colour]) + "."
+    else:
+        chosen = f"it is a {colour} {shape}."
+        rejected = rng.choice([s for s in SHAPES if s != shape]) + "."
+    content = [{"type": "image", "image": image}, {"type": "text", "text": question}]
+    return {"prompt": [{"role": "user", "content": content}], "chosen": chosen, "rejected": rejected}
+
+
+def build_shapes_preference(folder: Path, version: int) -> None:
+    """``train.jsonl`` + ``train/*.png`` and ``eval.jsonl`` + ``eval/*.png`` of preference pairs."""
+    splits = (("train", PREFERENCE_TRAIN_ROWS, 3000), ("eval", PREFERENCE_EVAL_ROWS, 4000))
+    for split, n, seed in splits:
+        (folder / split).mkdir()
+        rng = random.Random(seed + version)
+        with open(folder / f"{split}.jsonl", "w", encoding="utf-8", newline="\n") as f:
+            for i in range(n):
+                shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
+                name = f"{split}/{i:05d}.png"
+                draw_shape(shape, colour, rng).save(folder / name, format="PNG")
+                f.write(json.dumps(preference_pair(name, shape, colour, rng), sort_keys=True) + "\n")
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
 from xtrain.tasks import preference, vision_language
-from xtrain.tasks.contract import MainProcessFirst, Task
+from xtrain.tasks.contract import MainProcessFirst, Quickstart, Task
 
 if TYPE_CHECKING:
     import torch
@@ -92,6 +92,19 @@ def validate(cfg: TrainConfig) -> None:
         )
 
 
+def _quickstart_inputs() -> list[str]:
+    """An eval image of the built-in pairs and its question (``xtrain predict``'s arguments)."""
+    import json
+
+    from xtrain import builtin
+
+    folder = builtin.ensure_builtin_data("builtin:shapes-preference")  # already built by the run
+    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    parts = row["prompt"][0]["content"]
+    image = next(p["image"] for p in parts if p["type"] == "image")
+    return [str(folder / image), "--question", next(p["text"] for p in parts if p["type"] == "text")]
+
+
 VL = vision_language.TASK
 TASK = Task(
     name=NAME,
@@ -112,4 +125,15 @@ TASK = Task(
     resume_keys=(*VL.resume_keys, "preference.loss"),
     recognizes=lambda config: False,  # a result without a record is vision-language's
     predicts=VL.predicts,
+    quickstart=Quickstart(
+        job="quickstart-vision-preference.yaml",
+        about="DPO with images: a whole, right answer preferred over a curt, wrong one",
+        next_command="xtrain train examples/vision-preference-dpo.yaml",
+        headline=(
+            preference.METRIC,
+            "reward accuracy",
+            "share of pairs whose chosen answer the policy ranks higher; 0.5 is chance",
+        ),
+        predict_args=_quickstart_inputs,
+    ),
 )
