@@ -98,3 +98,80 @@ def test_dpo_with_images_raises_the_reward_accuracy(tmp_path):
     before, after = result.eval_history[0], result.eval_metrics
     assert before["rewards/accuracy"] == 0.5 and before["eval_loss"] == pytest.approx(math.log(2), abs=1e-6)
     assert after["rewards/accuracy"] > 0.5 and after["rewards/margin"] > 0
+
+
+# -- the guarantees of every task: 1 vs 2 processes equal, kill + resume exact ----------------------
+JOB = """\
+model:
+  name_or_path: {model}
+  task: vision-preference
+lora:
+  r: 8
+  alpha: 16
+data:
+  train: {root}/train.jsonl
+  eval: {root}/eval.jsonl
+  max_length: 64
+optim:
+  lr: 1.0e-2
+batch:
+  per_device: 4
+  global_batch: 8
+run:
+  max_steps: 4
+  eval_every: 2
+  log_every: 1
+  save_every: 2
+  tensorboard: false
+  seed: 7
+"""
+
+
+@pytest.mark.slow
+def test_one_and_two_processes_train_the_same_and_kill_and_resume_is_exact(tmp_path_factory):
+    """The built-in pairs' kind (builtin.vision_language.preference_pair): 24 training pairs, 6
+    eval pairs (the last eval batch partial on 2 ranks); one process (accumulation 2) against two
+    (gloo, accumulation 1), then a run killed after its step-2 checkpoint and resumed against
+    the uninterrupted one, bitwise."""
+    import random
+
+    from support.jobs import (
+        assert_same_training,
+        one_and_two_processes,
+        python_run,
+        run_until,
+        run_xtrain,
+        session_builtin,
+        task_job,
+        train_once,
+    )
+
+    from xtrain.builtin import vision_language as builtin_vl
+
+    root = tmp_path_factory.mktemp("vision-preference-job")
+    (root / "img").mkdir()
+    rng = random.Random(11)
+    rows = []
+    for i in range(30):
+        shape, colour = rng.choice(builtin_vl.SHAPES), rng.choice(list(builtin_vl.COLOURS))
+        builtin_vl.draw_shape(shape, colour, rng).save(root / "img" / f"{i}.png")
+        rows.append(builtin_vl.preference_pair(f"img/{i}.png", shape, colour, rng))
+    job = task_job(root, JOB, session_builtin(tmp_path_factory, "builtin:tiny-qwen2-vl"), rows, n_train=24)
+    straight, _ = train_once(job)
+
+    out, one, two = one_and_two_processes(job, straight)
+    assert [h["step"] for h in one["eval_history"]] == [2, 4]
+    for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
+        assert b["rewards/accuracy"] == a["rewards/accuracy"]
+        assert b["rewards/margin"] == pytest.approx(a["rewards/margin"], rel=1e-4, abs=1e-6)
+    assert one["eval_metrics"]["rewards/accuracy"] > 0.5  # it learns
+    assert_same_training(straight, out)
+
+    killed = root / "killed"
+    args = ["--config", str(job.config), f"run.output_dir={killed}", "run.resume=auto"]
+    marker = killed / "checkpoints" / "step-2" / "xtrain_state.json"
+    assert run_until(python_run(*args), job.env, marker.exists) == -9
+    proc = run_xtrain(python_run(*args), job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((killed / "train_result.json").read_text())["resumed_from"]
+    assert_same_training(straight, killed, exact=True)
