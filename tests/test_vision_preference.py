@@ -75,6 +75,43 @@ def test_rows_and_collator_survive_the_trip_to_a_spawned_worker(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_precomputed_and_live_reference_give_the_same_loss_and_the_images_are_in_the_fingerprint(tmp_path):
+    """The stored reference (computed once, named by the rows' ids, labels and image pixels, read
+    again by a second build) against the adapters switched off, with the policy moved; one image
+    changed on disk (same path, same text) names another file."""
+    import shutil
+
+    import torch
+
+    pairs = _pairs(4)
+    stored_cfg = ("batch.per_device=2", "preference.precompute_reference=true")
+    live, stored = build_workload(_cfg(tmp_path, pairs)), build_workload(_cfg(tmp_path, pairs, *stored_cfg))
+    files = sorted((tmp_path / "out" / "preference-reference").glob("*.pt"))
+    assert len(files) == 1 and len(torch.load(files[0], weights_only=True)["train"]) == 4
+    stamp = files[0].stat().st_mtime_ns
+    again = build_workload(_cfg(tmp_path, pairs, *stored_cfg))
+    assert files[0].stat().st_mtime_ns == stamp, "read back, not computed again"
+    assert again.train_dataset[1]["ref_second"] == stored.train_dataset[1]["ref_second"]
+    for workload in (live, stored):
+        with torch.no_grad():
+            for name, p in workload.model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_(torch.randn_like(p, generator=torch.Generator().manual_seed(len(name))) * 0.05)
+    batch = live.collator([live.train_dataset[i] for i in range(2)])
+    with_ref = stored.collator([stored.train_dataset[i] for i in range(2)])
+    assert with_ref["ref_first"].shape == (2,) and "ref_first" not in batch
+    a, b = live.forward(live.model, batch), stored.forward(stored.model, with_ref)
+    assert a.loss.item() != pytest.approx(math.log(2), abs=1e-3), "the policy moved"
+    assert b.loss.item() == pytest.approx(a.loss.item(), rel=1e-5)
+
+    image = pairs[0]["prompt"][0]["content"][0]["image"]
+    copy = tmp_path / "img0.png"
+    shutil.copy(pairs[1]["prompt"][0]["content"][0]["image"], copy)  # another picture, the same rows' text
+    pairs[0]["prompt"][0]["content"][0]["image"] = str(copy)
+    build_workload(_cfg(tmp_path, pairs, *stored_cfg))
+    assert image != str(copy) and len(list((tmp_path / "out" / "preference-reference").glob("*.pt"))) == 2
+
+
 def test_kto_and_a_missing_image_are_refused(tmp_path):
     with pytest.raises(XtrainError, match="preference.loss=kto is not available for vision-preference"):
         _cfg(tmp_path, _pairs(2), "preference.loss=kto")
@@ -130,14 +167,15 @@ run:
 @pytest.mark.slow
 def test_one_and_two_processes_train_the_same_and_kill_and_resume_is_exact(tmp_path_factory):
     """The built-in pairs' kind (builtin.vision_language.preference_pair): 24 training pairs, 6
-    eval pairs (the last eval batch partial on 2 ranks); one process (accumulation 2) against two
-    (gloo, accumulation 1), then a run killed after its step-2 checkpoint and resumed against
-    the uninterrupted one, bitwise."""
+    eval pairs (the last eval batch partial on 2 ranks); one process (accumulation 2, the
+    reference live) against two (gloo, accumulation 1, the reference precomputed: each process
+    its half of the rows, gathered), then a run killed after its step-2 checkpoint and resumed
+    against the uninterrupted one, bitwise."""
     import random
 
+    import torch
     from support.jobs import (
         assert_same_training,
-        one_and_two_processes,
         python_run,
         run_until,
         run_xtrain,
@@ -159,7 +197,14 @@ def test_one_and_two_processes_train_the_same_and_kill_and_resume_is_exact(tmp_p
     job = task_job(root, JOB, session_builtin(tmp_path_factory, "builtin:tiny-qwen2-vl"), rows, n_train=24)
     straight, _ = train_once(job)
 
-    out, one, two = one_and_two_processes(job, straight)
+    out = root / "two"
+    args = ["--processes", "2", "--config", str(job.config), f"run.output_dir={out}"]
+    proc = run_xtrain(python_run(*args, "preference.precompute_reference=true"), job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = (json.loads((o / "train_result.json").read_text()) for o in (straight, out))
+    assert (two["world_size"], two["accumulation"], one["accumulation"]) == (2, 1, 2)
+    (stored,) = (out / "preference-reference").glob("*.pt")
+    assert [len(v) for _, v in sorted(torch.load(stored, weights_only=True).items())] == [6, 24]
     assert [h["step"] for h in one["eval_history"]] == [2, 4]
     for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
         assert b["rewards/accuracy"] == a["rewards/accuracy"]

@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,11 +29,12 @@ import torch
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
-    from xtrain.data.collate import PreferenceCollator
     from xtrain.planning.run import Run
     from xtrain.tasks.preference_reference import PreferenceForward
 
 REFERENCE_DIR = "preference-reference"  # under run.output_dir
+# rows -> a batch: collate.PreferenceCollator; vision-preference's KeyedCollator (rows with images)
+Collate = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
 
 def fingerprint(run: Run, splits: dict[str, list[dict[str, Any]]]) -> str:
@@ -51,7 +53,7 @@ def compute(
     forward: PreferenceForward,
     model: torch.nn.Module,
     rows: list[dict[str, Any]],
-    collator: PreferenceCollator,
+    collator: Collate,
     device: str,
     batch: int,
 ) -> torch.Tensor:
@@ -78,7 +80,7 @@ class Precompute:
     forward: PreferenceForward
     model: torch.nn.Module
     splits: dict[str, list[dict[str, Any]]]
-    collator: PreferenceCollator
+    collator: Collate
 
     @property
     def path(self) -> Path:

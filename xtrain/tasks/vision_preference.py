@@ -19,9 +19,12 @@ if TYPE_CHECKING:
     import torch
 
     from xtrain.config.schema import TrainConfig
+    from xtrain.data.rows.vision_preference import VisionPreferenceCollator, VisionPreferenceRows
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
+    from xtrain.tasks.preference_precompute import Precompute
+    from xtrain.tasks.preference_reference import PreferenceForward
 
 NAME = "vision-preference"
 
@@ -57,18 +60,43 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         ref.no_dropout(frozen)
     model = common.finish_model(model, cfg, TASK, vision_language.apply_lora)
     ref.no_dropout(model)
+    forward = ref.PreferenceForward(settings, frozen, ref.autocast_for(run))
+    collator = VisionPreferenceCollator(processor, d.max_length, common.pad_multiple(run.device))
     return Workload(
         model=model,
         train_dataset=train_rows,
-        collator=VisionPreferenceCollator(processor, d.max_length, common.pad_multiple(run.device)),
+        collator=collator,
         eval_dataset=eval_rows,
         eval_batch=ref.eval_stats,
         reduce_metrics=pl.reduce,
         tokenizer=processor,
         main_metric=preference.METRIC,
-        forward=ref.PreferenceForward(settings, frozen, ref.autocast_for(run)),
+        forward=forward,
         notes=preference.notes,
+        shared_pass=_precompute(run, forward, model, train_rows, eval_rows, collator),
     )
+
+
+def _precompute(
+    run: Run,
+    forward: PreferenceForward,
+    model: torch.nn.Module,
+    train: VisionPreferenceRows,
+    eval_rows: VisionPreferenceRows | None,
+    collator: VisionPreferenceCollator,
+) -> Precompute | None:
+    """``preference.precompute_reference``: the text task's pass over the rows' keys (their ids,
+    labels and image pixel digests: the fingerprint), each pair read and collated as trained;
+    the numbers land in the rows' keys, which the rows then carry."""
+    from xtrain.data.rows.vision_preference import KeyedCollator
+    from xtrain.tasks import preference_losses as pl
+    from xtrain.tasks.preference_precompute import Precompute
+
+    if not (run.cfg.preference.precompute_reference and pl.needs_reference(forward.settings.loss)):
+        return None
+    rows = {"train": train} if eval_rows is None else {"train": train, "eval": eval_rows}
+    splits = {name: r.keys(name) for name, r in rows.items()}
+    return Precompute(run, forward, model, splits, KeyedCollator(rows, collator))
 
 
 def stacks(model: torch.nn.Module, cfg: TrainConfig) -> list[Stack]:
@@ -84,11 +112,10 @@ def validate(cfg: TrainConfig) -> None:
     preference.validate(cfg)
     vision_language.validate(cfg)
     p = cfg.preference
-    if p.loss == "kto" or p.precompute_reference:
-        what = "preference.loss=kto" if p.loss == "kto" else "preference.precompute_reference"
+    if p.loss == "kto":
         raise XtrainError(
-            f"{what} is not available for vision-preference (pairs with images, references computed live)",
-            "use preference.loss dpo, ipo, orpo or simpo, with the reference computed live",
+            "preference.loss=kto is not available for vision-preference (pairs with images)",
+            "use preference.loss dpo, ipo, orpo or simpo",
         )
 
 

@@ -8,6 +8,11 @@ the processor's chat template, the last answer's tokens labelled (``chat_data.en
 images opened once per row when the DataLoader asks for it; the collator runs the processor on the
 B chosen then the B rejected conversations of a micro-batch at once (``VisionChatCollator``: the
 image tokens expanded, the labels carried over), so one forward scores both answers.
+
+``preference.precompute_reference``: ``VisionPreferenceRows.keys()`` are plain rows (both answers'
+token ids and labels, and the SHA-256 of each image's decoded RGB pixels, as the model gets them),
+the rows ``preference_precompute`` fingerprints and attaches the reference's numbers to; a row
+then carries ``ref_first``/``ref_second`` and the collator makes them [B] tensors.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class VisionPreferenceRows:
     ) -> None:
         self.pairs, self.images, self.base_dir = pairs, images, base_dir
         self.source, self.max_pixels = source, max_pixels
+        self.refs: list[dict[str, Any]] | None = None  # keys(), once asked for (precomputed reference)
 
     def __len__(self) -> int:
         return len(self.pairs)
@@ -50,7 +56,28 @@ class VisionPreferenceRows:
         for part, enc in zip(("chosen", "rejected"), self.pairs[i], strict=True):
             out[part] = {"text": enc.text, "input_ids": enc.input_ids, "labels": enc.labels,
                          "images": images, "row": i, "source": self.source}  # fmt: skip
+        if self.refs is not None and "ref_first" in self.refs[i]:
+            out["ref_first"], out["ref_second"] = self.refs[i]["ref_first"], self.refs[i]["ref_second"]
         return out
+
+    def keys(self, split: str) -> list[dict[str, Any]]:
+        """One plain row per pair: ``split``, ``index``, both answers' ids and labels and its images' pixel
+        digests (what the reference's numbers depend on); the same list on every call, so numbers
+        attached to its rows (``ref_first``/``ref_second``) reach ``[i]``."""
+        if self.refs is None:
+            self.refs = []
+            for i, (chosen, rejected) in enumerate(self.pairs):
+                digests = [self._digest(ref, i) for ref in self.images[i]]
+                answers = {"chosen": [chosen.input_ids, chosen.labels],
+                           "rejected": [rejected.input_ids, rejected.labels]}  # fmt: skip
+                self.refs.append({"split": split, "index": i, **answers, "images": digests})
+        return self.refs
+
+    def _digest(self, ref: Any, i: int) -> str:
+        import hashlib
+
+        image = open_image(ref, self.base_dir, i, self.source, self.max_pixels)  # RGB, as trained
+        return hashlib.sha256(f"{image.size}".encode() + image.tobytes()).hexdigest()
 
 
 def vision_pairs(
@@ -92,7 +119,24 @@ class VisionPreferenceCollator(VisionChatCollator):
     """B pairs -> the processor's tensors of 2B conversations: the B chosen, then the B rejected."""
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, Any]:
-        return super().__call__([f["chosen"] for f in features] + [f["rejected"] for f in features])
+        import torch
+
+        batch = super().__call__([f["chosen"] for f in features] + [f["rejected"] for f in features])
+        for key in ("ref_first", "ref_second"):  # the precomputed reference's numbers, [B]
+            if key in features[0]:
+                batch[key] = torch.tensor([f[key] for f in features], dtype=torch.float32)
+        return batch
 
     def __repr__(self) -> str:
         return f"VisionPreferenceCollator(max_length={self.max_length})"
+
+
+class KeyedCollator:
+    """The collator of ``VisionPreferenceRows.keys()`` rows (the precomputed reference's pass):
+    each key's pair read from its split's rows, then collated as training collates it."""
+
+    def __init__(self, splits: dict[str, VisionPreferenceRows], collator: VisionPreferenceCollator) -> None:
+        self.splits, self.collator = splits, collator
+
+    def __call__(self, keys: list[dict[str, Any]]) -> dict[str, Any]:
+        return self.collator([self.splits[k["split"]][k["index"]] for k in keys])
