@@ -39,7 +39,7 @@ def test_the_media_tasks_are_the_ones_that_decode():
     ]  # fmt: skip
 
 
-# the tasks with a built-in job (vision-preference's rows: tests/test_vision_preference.py)
+# the tasks with a built-in job (every media task's)
 @pytest.mark.parametrize("task", [name for name in MEDIA if all_tasks()[name].quickstart is not None])
 def test_rows_and_collator_survive_the_trip_to_a_spawned_worker(task: str):
     w = quickstart_workload(task)

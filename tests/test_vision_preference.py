@@ -63,18 +63,6 @@ def test_a_pair_with_images_is_one_forward_at_log_2(tmp_path, llama_factory):
     assert out.loss.item() == pytest.approx(math.log(2), abs=1e-6)
 
 
-def test_rows_and_collator_survive_the_trip_to_a_spawned_worker(tmp_path):
-    import pickle
-
-    import torch
-
-    workload = build_workload(_cfg(tmp_path, _pairs(2)))
-    dataset, collator = pickle.loads(pickle.dumps((workload.train_dataset, workload.collator)))
-    a = collator([dataset[0], dataset[1]])
-    b = workload.collator([workload.train_dataset[0], workload.train_dataset[1]])
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
 def test_precomputed_and_live_reference_give_the_same_loss_and_the_images_are_in_the_fingerprint(tmp_path):
     """The stored reference (computed once, named by the rows' ids, labels and image pixels, read
     again by a second build) against the adapters switched off, with the policy moved; one image
