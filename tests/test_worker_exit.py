@@ -63,3 +63,24 @@ def test_the_report_channel_one_file_per_rank_lowest_first(tmp_path, monkeypatch
     assert not report.launcher_listens()
     report.record(XtrainError("unheard"), 4, printed=False)
     assert not (tmp_path / "rank-4.json").exists()
+
+
+def test_a_rank_the_launcher_stopped_does_not_speak_for_anothers_failure() -> None:
+    """Rank 1 was killed (no report); the launcher then stopped rank 0 with SIGTERM, and rank 0
+    printed its stop line before it ended (a race: seen once in a full run). That line is no word
+    on the failure: the launcher still names rank 1. A stop of the whole run keeps its lines."""
+    import signal
+
+    from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
+    from xtrain.runtime.report import Report
+
+    stop = Report(0, "stopped on SIGTERM; no stop checkpoint was written", None, 143, printed=True)
+    failed = WorkerFailed(1, 1, "worker rank 1 died (signal SIGKILL)")
+    failed.reports = [stop]
+    assert failed.said is None and failed.failure_reports == []
+    own = Report(1, "rank 1: out of memory", "lower batch.per_device", 1, printed=True)
+    failed.reports = [stop, own]
+    assert failed.said == own
+    stopped = WorkerStopped(signal.SIGTERM)
+    stopped.reports = [stop]
+    assert stopped.said == stop

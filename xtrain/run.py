@@ -104,8 +104,8 @@ def _spawn(args: argparse.Namespace, run: Run, fitted: list[str]) -> int:
     except WorkerFailed as failed:
         if (said := failed.said) is not None:
             return said.exit_code
-        if failed.reports:  # a rank that does not speak for the run: said once, here
-            raise failed.reports[0].error() from None
+        if failed.failure_reports:  # a rank that does not speak for the run: said once, here
+            raise failed.failure_reports[0].error() from None
         if failed.details:
             sys.stderr.write(failed.details.rstrip() + "\n")
         raise

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Iterator
 
 from xtrain.errors import XtrainError
@@ -24,9 +25,19 @@ class WorkerFailed(XtrainError):
         self.reports: list[Report] = []  # filled in by the launcher that named the report folder
 
     @property
+    def failure_reports(self) -> list[Report]:
+        """What the ranks reported about this failure. A rank that ended on a stop signal (the
+        launcher stops the others once one rank fails: torch.multiprocessing and torchrun send
+        SIGTERM) reports its stop, not the failure, so its report does not speak for it: when the
+        failed rank itself left none (killed), the launcher names it."""
+        stops = {exit_code(signal.SIGINT), exit_code(signal.SIGTERM)}
+        return [r for r in self.reports if r.exit_code not in stops]
+
+    @property
     def said(self) -> Report | None:
-        """The report a rank printed itself (the launcher then repeats nothing), if any."""
-        return said(self.reports)
+        """The report a rank printed itself about this failure (the launcher then repeats
+        nothing), if any."""
+        return said(self.failure_reports)
 
 
 class WorkerStopped(WorkerFailed):
@@ -39,6 +50,11 @@ class WorkerStopped(WorkerFailed):
         self.exit_code = code
         self.signum = signum
         self.at_once = at_once
+
+    @property
+    def failure_reports(self) -> list[Report]:
+        """A stop's reports are the ranks' stop lines (where the stop checkpoint is)."""
+        return self.reports
 
 
 def last_line(text: str) -> str:
