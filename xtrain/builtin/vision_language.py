@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 from xtrain.builtin.text import byte_level_bpe, fast_tokenizer, story_examples
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from PIL import Image
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -123,7 +125,18 @@ def conversation(image: str, shape: str, colour: str, rng: random.Random) -> dic
 
 def build_shapes_vqa(folder: Path, version: int) -> None:
     """``train.jsonl`` + ``train/*.png`` and ``eval.jsonl`` + ``eval/*.png`` in ``folder``."""
-    for split, n, seed in (("train", TRAIN_ROWS, 1000), ("eval", EVAL_ROWS, 2000)):
+    _write_splits(folder, version, (("train", TRAIN_ROWS, 1000), ("eval", EVAL_ROWS, 2000)), conversation)
+
+
+def _write_splits(
+    folder: Path,
+    version: int,
+    splits: tuple[tuple[str, int, int], ...],
+    row: Callable[[str, str, str, random.Random], dict[str, Any]],
+) -> None:
+    """Each ``(split, rows, seed)``: ``split/*.png`` images of random shapes and ``split.jsonl``,
+    a ``row(image, shape, colour, rng)`` each."""
+    for split, n, seed in splits:
         (folder / split).mkdir()
         rng = random.Random(seed + version)
         with open(folder / f"{split}.jsonl", "w", encoding="utf-8", newline="\n") as f:
@@ -131,7 +144,7 @@ def build_shapes_vqa(folder: Path, version: int) -> None:
                 shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
                 name = f"{split}/{i:05d}.png"
                 draw_shape(shape, colour, rng).save(folder / name, format="PNG")
-                f.write(json.dumps(conversation(name, shape, colour, rng), sort_keys=True) + "\n")
+                f.write(json.dumps(row(name, shape, colour, rng), sort_keys=True) + "\n")
 
 
 PREFERENCE_TRAIN_ROWS, PREFERENCE_EVAL_ROWS = 320, 80
@@ -155,15 +168,7 @@ def preference_pair(image: str, shape: str, colour: str, rng: random.Random) -> 
 def build_shapes_preference(folder: Path, version: int) -> None:
     """``train.jsonl`` + ``train/*.png`` and ``eval.jsonl`` + ``eval/*.png`` of preference pairs."""
     splits = (("train", PREFERENCE_TRAIN_ROWS, 3000), ("eval", PREFERENCE_EVAL_ROWS, 4000))
-    for split, n, seed in splits:
-        (folder / split).mkdir()
-        rng = random.Random(seed + version)
-        with open(folder / f"{split}.jsonl", "w", encoding="utf-8", newline="\n") as f:
-            for i in range(n):
-                shape, colour = rng.choice(SHAPES), rng.choice(list(COLOURS))
-                name = f"{split}/{i:05d}.png"
-                draw_shape(shape, colour, rng).save(folder / name, format="PNG")
-                f.write(json.dumps(preference_pair(name, shape, colour, rng), sort_keys=True) + "\n")
+    _write_splits(folder, version, splits, preference_pair)
 
 
 # --------------------------------------------------------------------------------------------
