@@ -266,10 +266,12 @@ def _image_text_to_text(model_type: str | None) -> bool:
     return model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
-def _quickstart_inputs() -> list[str]:
-    folder = builtin.ensure_builtin_data("builtin:shapes-vqa")  # already built by the run
+def quickstart_inputs(data: str = "builtin:shapes-vqa", turns: str = "messages") -> list[str]:
+    """``xtrain predict``'s arguments for a built-in job: the image and question of the first
+    user turn of ``data``'s first eval row (its conversation under ``turns``)."""
+    folder = builtin.ensure_builtin_data(data)  # already built by the run
     row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
-    parts_ = row["messages"][0]["content"]
+    parts_ = row[turns][0]["content"]
     image = next(p["image"] for p in parts_ if p["type"] == "image")
     return [str(folder / image), "--question", next(p["text"] for p in parts_ if p["type"] == "text")]
 
@@ -355,6 +357,6 @@ TASK = Task(
         about="questions about images",
         next_command="xtrain train examples/vision-language-qwen2-vl.yaml",
         headline=("exact_match", "exact match", "share of answers right; 1 is perfect"),
-        predict_args=_quickstart_inputs,
+        predict_args=quickstart_inputs,
     ),
 )

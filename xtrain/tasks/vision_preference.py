@@ -121,15 +121,7 @@ def validate(cfg: TrainConfig) -> None:
 
 def _quickstart_inputs() -> list[str]:
     """An eval image of the built-in pairs and its question (``xtrain predict``'s arguments)."""
-    import json
-
-    from xtrain import builtin
-
-    folder = builtin.ensure_builtin_data("builtin:shapes-preference")  # already built by the run
-    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
-    parts = row["prompt"][0]["content"]
-    image = next(p["image"] for p in parts if p["type"] == "image")
-    return [str(folder / image), "--question", next(p["text"] for p in parts if p["type"] == "text")]
+    return vision_language.quickstart_inputs("builtin:shapes-preference", "prompt")
 
 
 VL = vision_language.TASK
