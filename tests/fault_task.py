@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from xtrain.tasks.causal_lm import build as build_causal_lm
+from xtrain.tasks.text.causal_lm import build as build_causal_lm
 
 
 def build(run: Any, main_process_first: Any) -> Any:

@@ -123,7 +123,8 @@ def test_predict_renders_a_chat_prompt_as_training_rendered_it(chat_run, capsys)
     from xtrain import predict
     from xtrain.cli import main
     from xtrain.data.rows import chat as chat_data
-    from xtrain.tasks import causal_lm, prompt_predict
+    from xtrain.tasks import prompt_predict
+    from xtrain.tasks.text import causal_lm
 
     task, loaded = predict.load_predictor(chat_run)
     assert task is causal_lm.TASK and loaded.parts["chat"]

@@ -30,7 +30,7 @@ from xtrain.errors import RowError, XtrainError
 from xtrain.model import load as models
 from xtrain.tasks import common
 from xtrain.tasks.validation import load_config
-from xtrain.tasks.vision_processor import load_processor
+from xtrain.tasks.vision.processor import load_processor
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
@@ -246,7 +246,7 @@ def test_vision_row_formats_are_checked_in_the_config(tmp_path):
 
 def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
     from xtrain.data.rows.formats import row_format
-    from xtrain.tasks import causal_lm
+    from xtrain.tasks.text import causal_lm
 
     native_rows = [json.loads(x) for x in (REPO / "examples/data/chat-train.jsonl").read_text().splitlines()]
     speaker = {"system": "instructions", "user": "Customer", "assistant": "agent"}

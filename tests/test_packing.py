@@ -250,7 +250,7 @@ def test_concatenate_is_the_old_blocks(tmp_path: Path) -> None:
 
 
 def test_a_model_that_cannot_keep_examples_apart_is_refused() -> None:
-    from xtrain.tasks.causal_lm import check_packs_apart
+    from xtrain.tasks.text.causal_lm import check_packs_apart
 
     class Recurrent(torch.nn.Module):  # a module without transformers' position_ids masks
         config = None

@@ -363,7 +363,7 @@ def test_vision_language_rows_batched_answer_as_one_at_a_time(tmp_path_factory, 
 
 def test_every_vision_format_is_prompted_as_its_native_messages_row(tmp_path_factory):
     from xtrain.data.rows import chat as chat_data
-    from xtrain.tasks.vision_processor import load_processor
+    from xtrain.tasks.vision.processor import load_processor
 
     model = _media_model(tmp_path_factory, "builtin:tiny-qwen2-vl", _record("vision-language"))
     folder, rows = _builtin_rows("builtin:shapes-vqa", 2)

@@ -105,7 +105,7 @@ def test_the_prompt_is_masked_kept_whole_and_a_too_long_prompt_refused(tmp_path)
 
 
 def test_the_data_check_reads_the_rows_as_the_run_does(tmp_path):
-    from xtrain.tasks.preference import TASK
+    from xtrain.tasks.preference.preference import TASK
 
     report = TASK.check_data(_cfg(tmp_path, _pairs(5)), 100)
     (train,) = report.sources
@@ -352,7 +352,7 @@ def test_4bit_dpo_trains_and_the_adapter_loads_in_plain_peft(tmp_path):
 
 
 def test_notes_warn_at_chance_and_when_both_rewards_fall():
-    from xtrain.tasks.preference import notes
+    from xtrain.tasks.preference.preference import notes
 
     base = {"rewards/chosen": 0.1, "rewards/rejected": -0.1, "rewards/margin": 0.2}
     assert notes([{"step": 0, "rewards/accuracy": 0.5, **base}]) == []

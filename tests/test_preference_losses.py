@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from xtrain.tasks import preference_losses as pl
+from xtrain.tasks.preference import losses as pl
 
 # two pairs: policy and reference summed log-probs of (chosen 0, chosen 1, rejected 0, rejected 1)
 POLICY = torch.tensor([-4.0, -6.0, -5.0, -5.5])

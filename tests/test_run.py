@@ -65,7 +65,7 @@ def test_a_worker_reads_its_launch_context_and_resolves_its_settings_once(tmp_pa
 
     from xtrain import run as worker
     from xtrain.planning.run import Run
-    from xtrain.tasks import causal_lm
+    from xtrain.tasks.text import causal_lm
 
     counts = {"context": 0, "settings": 0}
     real_from_env, real_init = LaunchContext.from_env.__func__, RunSettings.__init__

@@ -286,7 +286,7 @@ def test_multilingual_whisper_prefix_tokens(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import GenerationConfig, PreTrainedTokenizerFast, WhisperConfig
 
-    from xtrain.tasks.speech_parts import set_prefix
+    from xtrain.tasks.speech.parts import set_prefix
 
     specials = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|translate|>",
                 "<|transcribe|>", "<|notimestamps|>"]  # fmt: skip

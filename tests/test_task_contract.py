@@ -61,11 +61,14 @@ def test_every_task_has_every_part_of_the_contract(task: Task):
 
 
 def test_the_registry_is_the_modules_of_the_tasks_package():
-    modules = {p.stem for p in TASKS_DIR.glob("*.py")}
-    exporting = {
-        m for m in modules if "\nTASK = Task(" in (TASKS_DIR / f"{m}.py").read_text(encoding="utf-8")
+    # modules as the registry names them: "custom" at the top, "family.module" in a family's sub-package
+    modules = {
+        ".".join(p.relative_to(TASKS_DIR).with_suffix("").parts): p for p in TASKS_DIR.rglob("*.py")
     }
+    exporting = {m for m, p in modules.items() if "\nTASK = Task(" in p.read_text(encoding="utf-8")}
     assert exporting == set(tasks.REGISTRY), "every module that exports a TASK is registered, and only those"
+    families = {m.split(".")[0] for m in tasks.REGISTRY if "." in m}
+    assert all((TASKS_DIR / f / "__init__.py").is_file() for f in families), "a family is a sub-package"
     assert len(set(tasks.names())) == len(tasks.REGISTRY)
     spellings = list(tasks.aliases())
     assert len(spellings) == len(set(spellings)) and not set(spellings) & set(tasks.names())

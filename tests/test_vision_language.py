@@ -79,7 +79,7 @@ def _unmasked(tokenizer, labels) -> str:
 def test_builtin_model_loads_like_a_checkpoint(qwen):
     from transformers import AutoModelForImageTextToText
 
-    from xtrain.tasks.vision_language import load_processor
+    from xtrain.tasks.vision.vision_language import load_processor
 
     model = AutoModelForImageTextToText.from_pretrained(qwen)
     assert type(model).__name__ == "Qwen2VLForConditionalGeneration"

@@ -41,7 +41,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.schedule": ("cosine", "linear", "constant"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "run.mixed_precision": ("auto", *PRECISIONS),
-    "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference_losses.LOSSES
+    "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference.losses.LOSSES
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 # fmt: off

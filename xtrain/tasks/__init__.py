@@ -1,6 +1,10 @@
 """Tasks as plug-ins: one module per task, each exporting ``TASK`` (``contract.Task``), and one
 registry line each below. Everything else reads a task's parts through ``get(name)``.
 
+A task family is one sub-package (``text/``, ``preference/``, ``speech/``, ``vision/``): its tasks
+and the parts only they share. The contract and what every task shares (``common``, the data
+check, generation, predicting, sizes, stacks, validation) stay at this package's top.
+
 - ``causal-lm``: text, prompt/response, chat conversations, alpaca or sharegpt; next-token accuracy.
 - ``preference``: preference pairs or KTO's labelled completions on a causal LM (DPO, IPO, ORPO,
   SimPO, KTO); reward accuracy.
@@ -34,16 +38,16 @@ if TYPE_CHECKING:
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
 
-# The registry: the modules under xtrain.tasks that export a TASK, in the order help lists them.
+# The registry: the modules under xtrain.tasks (family.module) that export a TASK, in help's order.
 REGISTRY = (
-    "causal_lm",
-    "preference",
-    "seq_cls",
-    "image_to_text",
-    "speech_to_text",
-    "vision_language",
-    "vision_preference",
-    "image_classification",
+    "text.causal_lm",
+    "preference.preference",
+    "text.seq_cls",
+    "vision.image_to_text",
+    "speech.speech_to_text",
+    "vision.vision_language",
+    "preference.vision_preference",
+    "vision.image_classification",
     "custom",
 )
 

@@ -4,7 +4,7 @@ Data: pairs ``{prompt, chosen, rejected}`` (strings, turns, whole conversations 
 prefix, LLaMA-Factory's alpaca and sharegpt shapes) or KTO's ``{prompt, completion, label}``
 (``xtrain.data.rows.preference``), rendered as SFT renders them (the chat template when there is
 one), the prompt masked, one batch of chosen + rejected (``collate.PreferenceCollator``). The loss
-is the task's ``Workload.forward`` (``preference_reference``: the policy's log-probs, the
+is the task's ``Workload.forward`` (``reference``: the policy's log-probs, the
 reference's: precomputed, a frozen copy, or the adapters off). Metrics: reward accuracy, rewards
 of chosen and rejected, their margin, the policy's log-probs and the gap to the reference, in the
 logging window and at eval. The result is a causal LM: ``xtrain predict`` continues prompts as
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
-    from xtrain.tasks.preference_losses import LossSettings
+    from xtrain.tasks.preference.losses import LossSettings
 
 NAME = "preference"
 METRIC = "rewards/accuracy"
@@ -41,7 +41,7 @@ CHANCE = 0.03  # reward accuracy within this of 0.5 after training is "at chance
 
 
 def settings_of(cfg: TrainConfig) -> LossSettings:
-    from xtrain.tasks.preference_losses import LossSettings
+    from xtrain.tasks.preference.losses import LossSettings
 
     p = cfg.preference
     return LossSettings(
@@ -54,7 +54,7 @@ def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str
     tokenizer's) when there is one, else prompt and answer as plain text."""
     from xtrain.data.rows import chat as chat_data
     from xtrain.data.rows.preference import Encoder
-    from xtrain.tasks.causal_lm import chat_render
+    from xtrain.tasks.text.causal_lm import chat_render
 
     template = chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None)
     render = chat_render(cfg, tokenizer, source, "messages") if template else None
@@ -77,7 +77,7 @@ def as_unpaired(rows: list[PreferenceRow]) -> list[PreferenceRow]:
 def encoded(ds: Dataset, name: str, encoder: Encoder, loss: str) -> list[dict[str, Any]]:
     """A data set's rows read, checked and encoded for ``loss`` (pairs become KTO rows for kto)."""
     from xtrain.data.rows import preference as rows_
-    from xtrain.tasks.preference_losses import UNPAIRED
+    from xtrain.tasks.preference.losses import UNPAIRED
 
     rows = rows_.read_rows(ds, name)
     if not rows:
@@ -98,12 +98,12 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     from xtrain.data.collate import PreferenceCollator
     from xtrain.data.rows.preference import PAIRED_PARTS, UNPAIRED_PARTS
     from xtrain.tasks import data_check
-    from xtrain.tasks import preference_losses as pl
-    from xtrain.tasks import preference_reference as ref
     from xtrain.tasks.common import finish_model, load_seeded, pad_multiple, prepare_tokenizer, raw_datasets
     from xtrain.tasks.contract import Workload
-    from xtrain.tasks.preference_eval import PreferenceEval
-    from xtrain.tasks.preference_precompute import Precompute
+    from xtrain.tasks.preference import losses as pl
+    from xtrain.tasks.preference import reference as ref
+    from xtrain.tasks.preference.evaluation import PreferenceEval
+    from xtrain.tasks.preference.precompute import Precompute
 
     cfg = run.cfg
     settings = settings_of(cfg)
@@ -129,7 +129,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     forward = ref.PreferenceForward(settings, frozen, ref.autocast_for(run))
     parts = UNPAIRED_PARTS if settings.loss in pl.UNPAIRED else PAIRED_PARTS
     collator = PreferenceCollator(tokenizer.pad_token_id, pad_multiple(run.device), parts)
-    precompute = None  # the loop runs it on every process after the build (preference_precompute)
+    precompute = None  # the loop runs it on every process after the build (precompute)
     if cfg.preference.precompute_reference and pl.needs_reference(settings.loss):
         precompute = Precompute(run, forward, model, splits, collator)
     return Workload(
@@ -272,7 +272,7 @@ def _quickstart_prompt() -> list[str]:
 def _load(
     folder: Path, base: str, record: dict[str, Any]
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
-    from xtrain.tasks.causal_lm import load_for_predict
+    from xtrain.tasks.text.causal_lm import load_for_predict
 
     return load_for_predict(folder, base, record)
 

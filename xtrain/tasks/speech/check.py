@@ -9,9 +9,9 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from xtrain.data.sources import undecoded_row
-from xtrain.tasks import speech_parts as speech
 from xtrain.tasks.data_report import DataReport
-from xtrain.tasks.speech_parts import NAME, file_name_column, max_seconds, require_columns
+from xtrain.tasks.speech import parts as speech
+from xtrain.tasks.speech.parts import NAME, file_name_column, max_seconds, require_columns
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

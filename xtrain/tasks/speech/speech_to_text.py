@@ -14,8 +14,8 @@
   fixed in a full fine-tune (``lora.enabled: false``). Full fine-tune is possible.
 - Data: see ``xtrain.data.rows.audio`` (paths relative to the data file, ``audiofolder`` with
   metadata, ``Audio`` features; read lazily with soundfile, mono, resampled); checked before the
-  run by ``speech_check`` (the data check).
-- ``xtrain predict``: audio files and the rows of a ``--data`` file -> transcripts (``speech_predict``).
+  run by ``check`` (the data check).
+- ``xtrain predict``: audio files and the rows of a ``--data`` file -> transcripts (``predict``).
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.model import lora, lora_layers
-from xtrain.tasks import speech_check, speech_predict
 from xtrain.tasks import stacks as st
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task, Workload
-from xtrain.tasks.image_to_text import PARTS
 from xtrain.tasks.predicting import normalized_error_rates
-from xtrain.tasks.speech_parts import (
+from xtrain.tasks.speech import check as speech_check
+from xtrain.tasks.speech import predict as speech_predict
+from xtrain.tasks.speech.parts import (
     NAME,
     cap_new_tokens,
     check_model_type,
@@ -48,6 +48,7 @@ from xtrain.tasks.speech_parts import (
     speech_seq2seq,
     with_metadata,
 )
+from xtrain.tasks.vision.image_to_text import PARTS
 
 if TYPE_CHECKING:
     from types import SimpleNamespace

@@ -27,7 +27,7 @@ orpo_trainer.py, kto_trainer.py), facts not code:
   ``r = pi - ref`` of the row's completion. TRL averages the KL term over every process's
   micro-batch (``gather_for_metrics(kl).mean()``); in training xtrain averages it over the step's
   whole global batch (every process, every micro-batch of the accumulation window:
-  ``preference_reference.PreferenceForward.step_start``), which no process count changes.
+  ``reference.PreferenceForward.step_start``), which no process count changes.
 """
 
 from __future__ import annotations

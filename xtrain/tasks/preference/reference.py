@@ -5,7 +5,7 @@ completions then their KL mismatches) gives each sequence's summed answer log-pr
 reference's come from, in this order:
 
 - the batch itself (``ref_first``/``ref_second``): ``preference.precompute_reference``, computed
-  once before training, each process its share (``preference_precompute``), and stored under
+  once before training, each process its share (``precompute``), and stored under
   ``run.output_dir`` named by the data's fingerprint, so a resumed run or one with another
   process count reads the same numbers;
 - a frozen copy of the model (a full fine-tune: the weights that train cannot be the reference);
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from xtrain.tasks import preference_losses as pl
+from xtrain.tasks.preference import losses as pl
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from xtrain.planning.run import Run
-    from xtrain.tasks.preference_reference import PreferenceForward
+    from xtrain.tasks.preference.reference import PreferenceForward
 
 REFERENCE_DIR = "preference-reference"  # under run.output_dir
 # rows -> a batch: collate.PreferenceCollator; vision-preference's KeyedCollator (rows with images)

@@ -14,7 +14,7 @@ from xtrain.tasks import contract
 from xtrain.tasks import predicting as p
 from xtrain.tasks.contract import Example, Loaded, PredictRequest
 from xtrain.tasks.predicting import generate_texts, load_file, media_examples, read_clips, references
-from xtrain.tasks.speech_parts import (
+from xtrain.tasks.speech.parts import (
     NAME,
     cap_new_tokens,
     file_name_column,

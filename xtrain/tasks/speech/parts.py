@@ -1,5 +1,5 @@
-"""What speech-to-text's build (``speech_to_text.py``), data check (``speech_check.py``) and
-predict (``speech_predict.py``) share: the processors, Whisper's decoder tokens and language/task
+"""What speech-to-text's build (``speech_to_text.py``), data check (``check.py``) and
+predict (``predict.py``) share: the processors, Whisper's decoder tokens and language/task
 prefix, the audio window and the columns."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """``vision-preference``: DPO (and IPO, ORPO, SimPO) on a vision-language model (Qwen2-VL-style
 ``AutoModelForImageTextToText``), on preference pairs whose prompts hold images
 (``xtrain.data.rows.vision_preference``). The model, its processor, LoRA on the language model
-and the freezing are vision-language's (``tasks/vision_language.py``); the loss, the reference
+and the freezing are vision-language's (``tasks/vision/vision_language.py``); the loss, the reference
 (the adapters off, or a frozen copy), the metrics and the warnings are the preference task's
-(``tasks/preference.py``, ``preference_reference.py``). Evaluation is forward-only (the reward
+(``tasks/preference/preference.py``, ``reference.py``). Evaluation is forward-only (the reward
 metrics); the result is a vision-language model that ``xtrain predict`` runs as vision-language's."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
-from xtrain.tasks import preference, vision_language
 from xtrain.tasks.contract import MainProcessFirst, Quickstart, Task
+from xtrain.tasks.preference import preference
+from xtrain.tasks.vision import vision_language
 
 if TYPE_CHECKING:
     import torch
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
-    from xtrain.tasks.preference_precompute import Precompute
-    from xtrain.tasks.preference_reference import PreferenceForward
+    from xtrain.tasks.preference.precompute import Precompute
+    from xtrain.tasks.preference.reference import PreferenceForward
 
 NAME = "vision-preference"
 
@@ -34,9 +35,9 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 
     from xtrain.data.rows.vision_preference import VisionPreferenceCollator, vision_pairs
     from xtrain.tasks import common
-    from xtrain.tasks import preference_losses as pl
-    from xtrain.tasks import preference_reference as ref
     from xtrain.tasks.contract import Workload
+    from xtrain.tasks.preference import losses as pl
+    from xtrain.tasks.preference import reference as ref
 
     cfg = run.cfg
     d = cfg.data
@@ -89,8 +90,8 @@ def _precompute(
     labels and image pixel digests: the fingerprint), each pair read and collated as trained;
     the numbers land in the rows' keys, which the rows then carry."""
     from xtrain.data.rows.vision_preference import KeyedCollator
-    from xtrain.tasks import preference_losses as pl
-    from xtrain.tasks.preference_precompute import Precompute
+    from xtrain.tasks.preference import losses as pl
+    from xtrain.tasks.preference.precompute import Precompute
 
     if not (run.cfg.preference.precompute_reference and pl.needs_reference(forward.settings.loss)):
         return None

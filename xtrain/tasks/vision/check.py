@@ -10,7 +10,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from xtrain.tasks.data_report import DataReport
-from xtrain.tasks.vision_processor import NAME, processor_and_render
+from xtrain.tasks.vision.processor import NAME, processor_and_render
 
 if TYPE_CHECKING:
     from transformers import ProcessorMixin

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xtrain.data.collate import IGNORE_INDEX
-from xtrain.tasks import preference_losses as pl
 from xtrain.tasks.contract import Prediction
+from xtrain.tasks.preference import losses as pl
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from transformers import PreTrainedTokenizerBase
 
-    from xtrain.tasks.preference_reference import PreferenceForward
+    from xtrain.tasks.preference.reference import PreferenceForward
 
 SAMPLES = 3  # eval prompts answered at each evaluation
 NEW_TOKENS = 24  # longest generated answer (tokens)

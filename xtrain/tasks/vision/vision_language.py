@@ -12,7 +12,7 @@ text conversations; evaluated by eval loss and by generating answers (normalised
   rows (``<image>`` placeholders, sharegpt turns) and flat image + question + answer rows
   (``vision_rows``); the processor's chat template renders them; only the
   assistant's tokens carry loss (``xtrain.data.rows.vision_chat``); checked before the run by
-  ``vision_check`` (the data check).
+  ``check`` (the data check).
 - LoRA: the language model's attention and MLP projections (``lora.target_modules: auto``) with
   the vision tower frozen; ``lora.projector`` also trains the projector/merger whole (saved with
   the adapter through peft's ``modules_to_save``), ``lora.vision_blocks`` adds adapters to the
@@ -31,11 +31,12 @@ from xtrain import builtin
 from xtrain.errors import XtrainError, shown
 from xtrain.model import load as models
 from xtrain.model import lora, lora_layers
-from xtrain.tasks import contract, prompt_predict, vision_check
+from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks import stacks as st
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task, Workload
 from xtrain.tasks.predicting import exact_match
-from xtrain.tasks.vision_processor import NAME, load_processor, max_pixels, processor_and_render
+from xtrain.tasks.vision import check as vision_check
+from xtrain.tasks.vision.processor import NAME, load_processor, max_pixels, processor_and_render
 
 if TYPE_CHECKING:
     from peft import PeftModel

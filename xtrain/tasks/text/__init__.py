@@ -1,0 +1,1 @@
+"""Text tasks: ``causal-lm`` (plain text, prompt/response, chat) and ``seq-cls``."""
