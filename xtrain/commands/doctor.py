@@ -50,7 +50,7 @@ def write_snapshot(path: Path, text: str) -> None:
     try:
         atomic.write_text(path, text + "\n")
     except OSError as e:
-        raise XtrainError(f"cannot save to {path}: {e.strerror or e}", "choose another path") from None
+        raise XtrainError(f"cannot save to {path}: {e.strerror or e}", "choose another --save path") from None
 
 
 @contextlib.contextmanager

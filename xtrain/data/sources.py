@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain import builtin, encoding
+from xtrain import atomic, builtin, encoding
 from xtrain.errors import XtrainError
+from xtrain.runtime.quiet import quiet_data_read_errors
 
 if TYPE_CHECKING:
     from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
@@ -126,6 +127,7 @@ def _load_file(path: Path, builder: str, source: str) -> Dataset:
     import datasets
 
     original, path, kwargs = path, *_readable(path, builder, source, whole=True)
+    quiet_data_read_errors()  # datasets' own line about a file it cannot parse: xtrain says it once
     try:
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
     except Exception as e:
@@ -140,6 +142,7 @@ def _stream_file(path: Path, builder: str, source: str, limit: int) -> tuple[Dat
     import datasets
 
     original, path, kwargs = path, *_readable(path, builder, source, whole=False)
+    quiet_data_read_errors()
     try:
         stream = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
         return _first_of_stream(stream, limit, source)
@@ -171,6 +174,14 @@ def _readable(path: Path, builder: str, source: str, whole: bool) -> tuple[Path,
 
 
 def _read_error(e: Exception, original: Path, source: str, builder: str) -> XtrainError:
+    import datasets
+
+    cache = datasets.config.HF_DATASETS_CACHE  # where load_dataset writes its Arrow copy
+    if refused := atomic.cannot_write(atomic.DATASETS_CACHE, cache, e):  # read-only or full
+        return refused
+    if builder == "json" and "JSON parse error" in str(e) and (bad := _bad_json_line(original)):
+        line, why = bad
+        return XtrainError(f"data file {source}, line {line}: {why}", "fix or remove that line")
     cause: BaseException | None = e
     while cause is not None and not isinstance(cause, UnicodeDecodeError):
         cause = cause.__cause__ or cause.__context__
@@ -180,6 +191,31 @@ def _read_error(e: Exception, original: Path, source: str, builder: str) -> Xtra
     if "corresponds to no data" in str(e):  # a CSV with a header line only
         return XtrainError(f"data file {source} has no rows", "add examples below the header")
     return XtrainError(f"cannot read {source} as {builder}: {_first_line(e)}")
+
+
+def _bad_json_line(path: Path) -> tuple[int, str] | None:
+    """(the number of the first line of a JSON-lines file that is not one JSON object of valid
+    text, what is wrong with it), read again after pyarrow refused the file (its message counts
+    rows of a block, not lines); None for a file that is one JSON document."""
+    import json
+
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        for number, text in enumerate(f, 1):
+            line = text.rstrip("\r\n")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                json.dumps(row, ensure_ascii=False).encode("utf-8")
+            except json.JSONDecodeError as e:
+                if number == 1 and line.lstrip()[:1] in ("[", "{") and len(line.strip()) < 2:
+                    return None  # one JSON document over several lines, not JSON lines
+                return number, f"not valid JSON ({e.msg}, column {e.colno})"
+            except UnicodeEncodeError:
+                return number, "a \\u escape that is half of a character (a lone surrogate)"
+            if not isinstance(row, dict):
+                return number, f"a JSON {type(row).__name__}, not an object with named fields"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,5 +300,3 @@ def undecoded_row(ds: Dataset, i: int, column: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # Labels
-
-

@@ -8,7 +8,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain import builtin
+from xtrain import atomic, builtin
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ def _attention_refused(e: BaseException) -> bool:
 
 
 def load_error(what: str, name: str, local: bool, e: BaseException) -> XtrainError:
+    from huggingface_hub import constants
+
+    if refused := atomic.cannot_write(atomic.HUB_CACHE, constants.HF_HUB_CACHE, e):  # a download's
+        return refused
     reason = _first_line(e)
     if _attention_refused(e):
         return XtrainError(
