@@ -179,9 +179,15 @@ def _read_error(e: Exception, original: Path, source: str, builder: str) -> Xtra
     cache = datasets.config.HF_DATASETS_CACHE  # where load_dataset writes its Arrow copy
     if refused := atomic.cannot_write(atomic.DATASETS_CACHE, cache, e):  # read-only or full
         return refused
-    if builder == "json" and "JSON parse error" in str(e) and (bad := _bad_json_line(original)):
-        line, why = bad
-        return XtrainError(f"data file {source}, line {line}: {why}", "fix or remove that line")
+    chain = [e]  # datasets wraps pyarrow's error ("An error occurred while generating the dataset")
+    while (up := chain[-1].__cause__ or chain[-1].__context__) is not None and up not in chain:
+        chain.append(up)
+    parse = next((c for c in chain if "JSON parse error" in str(c)), None)
+    if builder == "json" and parse is not None:
+        if bad := _bad_json_line(original):
+            line, why = bad
+            return XtrainError(f"data file {source}, line {line}: {why}", "fix or remove that line")
+        e = parse  # type: ignore[assignment]
     cause: BaseException | None = e
     while cause is not None and not isinstance(cause, UnicodeDecodeError):
         cause = cause.__cause__ or cause.__context__
