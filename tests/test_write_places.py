@@ -193,6 +193,12 @@ def _temporary_folder(tmp: Path, mp: pytest.MonkeyPatch):
     return _temp(tmp, mp, lambda: atomic.temporary_folder("xtrain-test-").cleanup())
 
 
+def _configure_check(tmp: Path, mp: pytest.MonkeyPatch):
+    from xtrain.launch.accelerate_config import validate_dict
+
+    return _temp(tmp, mp, lambda: validate_dict({"distributed_type": "NO", "num_processes": 1}))
+
+
 def _predict_output(tmp: Path, mp: pytest.MonkeyPatch):
     from xtrain.commands.predict import write_results
 
@@ -223,6 +229,7 @@ PLACES = [
     Case("output folder: final outputs", "run.output_dir", _final_outputs),
     Case("workers' report folder", "TMPDIR", _report_dir),
     Case("temporary folder", "TMPDIR", _temporary_folder),
+    Case("temporary folder: configure --dry-run's check", "TMPDIR", _configure_check),
     Case("predict --output", "--output", _predict_output),
     Case("doctor --save", "--save", _doctor_save),
     Case("configure --output", "--output", _configure_output),
