@@ -44,10 +44,29 @@ SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "a
 ALPACA_VERSION = 1
 
 
+# Columns every reader takes as text when it finds them (alpaca, prompt/response, preference
+# pairs, vision-language questions): read as text whatever they look like (``text_names``)
+TEXT_NAMES = (*ALPACA_REQUIRED, *ALPACA_OPTIONAL, "text", "prompt", "response", "chosen", "rejected")
+TEXT_NAMES += ("completion", "question", "answer")
+
+
+def text_names(d: DataConfig) -> tuple[str, ...]:
+    """The columns the config's readers take as text: the formats' own names and the ``data.*``
+    columns that name text (a CSV's are then read as written: ``sources.load_source``)."""
+    named = (d.text_column, d.text_pair_column, d.prompt_column, d.response_column)
+    return tuple(dict.fromkeys([*TEXT_NAMES, *(c for c in named if c)]))
+
+
 class BadRow(RowError):
     """A malformed alpaca or sharegpt row: one line naming the file, the row and the field."""
 
     HINT = "fix or remove that row (docs/training.md#data-formats describes the formats)"
+
+
+class NotText(BadRow):
+    """A text field whose value the file stores as another type."""
+
+    HINT = "write it as text in the file: a quoted JSON string, a string column in Parquet"
 
 
 def detect(
@@ -94,7 +113,9 @@ def text_field(row: dict[str, Any], name: str, where: str, required: bool) -> st
             raise BadRow(f"{where}: field '{name}' is missing or empty")
         return None
     if not isinstance(value, str):
-        raise BadRow(f"{where}: field '{name}' holds {type(value).__name__}, not text")
+        # the file's own type (a JSON number, a Parquet column of dates): text columns of JSON and
+        # CSV files are read as written (sources.load_source), so this is what the file says
+        raise NotText(f"{where}: field '{name}' holds {type(value).__name__}, not text")
     return value
 
 
@@ -293,17 +314,6 @@ def conversations(ds: Dataset, d: DataConfig, fmt: str, source: str) -> list[Any
     columns = {c: ds[c] for c in names}
     rows = ({c: columns[c][i] for c in names} for i in range(len(ds)))
     return [text_chat_turns(d, fmt, row, i, source) for i, row in enumerate(rows)]
-
-
-def row_format(cfg: TrainConfig, train: Dataset) -> str:
-    """What the rows hold: ``data.row_format``, or for auto what the training data's columns hold
-    (``row_formats.detect``: the one place that decides)."""
-    from xtrain.data.rows import formats as row_formats
-
-    d = cfg.data
-    return row_formats.detect(
-        d.row_format, list(train.column_names), d.text_column, d.messages_column, d.prompt_column is not None
-    )
 
 
 def text_columns(cfg: TrainConfig, fmt: str) -> tuple[str | None, str | None, dict[str, str]]:
