@@ -105,3 +105,26 @@ def test_ctrl_c_under_spawn_saves_and_exits_130(long_job: Job, uninterrupted: Pa
     proc2 = run_xtrain(python_run(*args), long_job.env)
     assert proc2.returncode == 0, proc2.stderr[-3000:]
     assert_same_training(uninterrupted, out)
+
+
+def test_several_files_interleaved_resume_exactly(tmp_path: Path) -> None:
+    """data.train as two files interleaved by shares (data.mix): killed after step 4 and resumed,
+    the weights are those of the run never interrupted, bitwise (the mix is made the same again)."""
+    job = make_job(tmp_path, steps=8, save_every=2)
+    rows = (job.root / "train.jsonl").read_text().splitlines()
+    (job.root / "a.jsonl").write_text("\n".join(rows[:40]) + "\n")
+    (job.root / "b.jsonl").write_text("\n".join(rows[40:]) + "\n")
+    mix = [f"data.train=[{job.root / 'a.jsonl'},{job.root / 'b.jsonl'}]", "data.mix=interleave_over"]
+    mix += ["data.mix_probs=[0.7,0.3]", "data.max_samples=30"]
+    straight = job.root / "straight"
+    proc = run_xtrain(python_run("--config", str(job.config), f"run.output_dir={straight}", *mix), job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = job.root / "killed"
+    args = [*python_run("--config", str(job.config), f"run.output_dir={out}", "run.resume=auto"), *mix]
+    marker = out / "checkpoints" / "step-4" / "xtrain_state.json"
+    assert run_until(args, job.env, marker.exists) == -9
+    proc = run_xtrain(args, job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["resumed_from"] and result["final_step"] == 8
+    assert_same_training(straight, out, exact=True)
