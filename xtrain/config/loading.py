@@ -117,18 +117,18 @@ def parse_override(text: str) -> tuple[str, Any, str]:
 
 
 def _no_section(name: str, raw: str, text: str) -> None:
-    """An override without a section: a name from another trainer gets the table's answer
-    (``foreign``), an xtrain key's own name its section; else the one-line form."""
-    answer = foreign.answer(name)
-    found = foreign.FOREIGN.get(name.strip().lower().replace("-", "_"))
-    if answer:
-        write = f": write {found.key}={found.value or raw}" if found and found.key and not found.how else ""
-        raise XtrainError(f"unknown key {shown(name)} in the command-line overrides", answer + write)
+    """An override without a section: an xtrain key's own name gets its section, a name from
+    another trainer the table's answer (``foreign``) with the override to write; else nothing
+    (the caller's one-line form)."""
+    form = f"override {shown(text)} must look like section.key=value"
     owners = [f"{s}.{name}" for s, cls in sections().items() if name in section_fields(cls)]
     if owners:
-        raise XtrainError(
-            f"override {shown(text)} must look like section.key=value", f"did you mean {owners[0]}={raw}?"
-        )
+        raise XtrainError(form, f"did you mean {owners[0]}={raw}?")
+    answer = foreign.answer(name)
+    if answer:
+        found = foreign.FOREIGN.get(name.strip().lower().replace("-", "_"))
+        write = f": write {found.key}={found.value or raw}" if found and found.key and not found.how else ""
+        raise XtrainError(form, answer + write)
 
 
 def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:

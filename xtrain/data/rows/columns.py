@@ -105,8 +105,10 @@ def missing(
     if set_key is not None:
         value = getattr(d, set_key[5:])
         return XtrainError(line, f"{set_key}={value} names no column of it: set it to the one holding them")
-    key = next((k for _, k in lacking if k is not None), None)
-    rename = f"set {key} to the column that holds them" if key else "rename the column in the file"
+    keys = [k for _, k in lacking if k is not None]
+    rename = "rename the column in the file"
+    if keys:
+        rename = f"set {' and '.join(keys)} to the column{'s' if len(keys) > 1 else ''} of the file"
     how = "what the rows hold" if d.row_format == "auto" else "the format the rows have"
     return XtrainError(line, f"{rename}, or data.row_format to {how} ({FORMATS_DOC})")
 
