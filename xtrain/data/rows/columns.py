@@ -128,8 +128,11 @@ def row_format(cfg: TrainConfig, train: Dataset, source: str = "the training dat
     return fmt
 
 
-def require(cfg: TrainConfig, fmt: str, ds: Dataset, source: str, run: str) -> None:
-    """``xtrain predict --data``: the file holds the columns the run's format ``fmt`` reads."""
-    error = missing(cfg.data, fmt, list(ds.column_names), source, set(), run)
+def require(cfg: TrainConfig, fmt: str, ds: Dataset, source: str, run: str | None = None) -> None:
+    """``ds`` holds the columns the format ``fmt`` reads: the eval data of a run (``row_format``
+    decided it from the training data), or ``xtrain predict --data``'s file (``run``: the run
+    whose format it is)."""
+    given = set() if run else _given(cfg)
+    error = missing(cfg.data, fmt, list(ds.column_names), source, given, run)
     if error is not None:
         raise error

@@ -98,10 +98,10 @@ def detect(
 def require(ds: Dataset, columns: tuple[str, ...], source: str, row_format: str) -> None:
     """The columns a format needs, in one line naming what is there."""
     missing = [c for c in columns if c not in ds.column_names]
-    if missing:
+    if missing:  # (rows/columns.py checks this first, with the closest column)
         raise XtrainError(
-            f"{source} has no column {', '.join(repr(c) for c in missing)} for data.row_format={row_format} "
-            f"(columns: {', '.join(ds.column_names)})",
+            f"{row_format} rows need {' and '.join(repr(c) for c in missing)}; "
+            f"{source} has {', '.join(ds.column_names)}",
             "set data.row_format to what the rows hold (docs/training.md#data-formats)",
         )
 
@@ -304,11 +304,12 @@ def conversations(ds: Dataset, d: DataConfig, fmt: str, source: str) -> list[Any
         names = [c for c in (*ALPACA_REQUIRED, *ALPACA_OPTIONAL) if c in ds.column_names]
     else:
         column = chat_column(d, fmt, list(ds.column_names))
-        if column not in ds.column_names:
-            key = "data.messages_column" if column == d.messages_column else "data.row_format"
+        if column not in ds.column_names:  # (rows/columns.py checks this first, with the closest column)
             raise XtrainError(
-                f"column '{column}' not in {source} (columns: {', '.join(ds.column_names)})",
-                f"set {key} to the column of conversations",
+                f"{fmt} rows need '{column}'; {source} has {', '.join(ds.column_names)}",
+                "set data.messages_column to the column of conversations"
+                if column == d.messages_column
+                else "rename the column in the file, or set data.row_format to what the rows hold",
             )
         names = [column, *([d.images_column] if d.images_column in ds.column_names else [])]
     columns = {c: ds[c] for c in names}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain.data.rows import formats as row_formats
-from xtrain.data.rows.columns import row_format
+from xtrain.data.rows.columns import require, row_format
 from xtrain.data.rows.formats import text_columns
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
@@ -196,6 +196,7 @@ def inspect(
     chat = fmt in row_formats.CHAT if tokenizer is None else is_chat(cfg, tokenizer, fmt)
     render = chat_render(cfg, tokenizer, source, fmt) if chat and tokenizer is not None else None
     for s in samples:
+        require(cfg, fmt, s.ds, s.name)  # the eval data too: the format the training data holds
         check = _check_chat(cfg, s, fmt, render, tokenizer) if chat else _check_text(cfg, s, fmt, tokenizer)
         report.sources.append(check[0])
         report.example = report.example or check[1]
