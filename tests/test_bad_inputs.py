@@ -44,7 +44,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "unknown task": ("run", ["--config", "{c}", "model.task=translate"], {}, "model.task must be one of", 2, False),
     "custom task unset": ("run", ["--config", "{c}", "model.task=custom"], {}, "model.custom is not set", 2, False),
     "custom spec malformed": ("run", ["--config", "{c}", "model.task=custom", "model.custom=nocolon"], {}, "must look like module:function", 2, False),
-    "a long value cut in the line": ("run", ["--config", "{c}", "data.train=[" + "'x'," * 5000 + "]"], {}, "data.train must be a string, got ['x', 'x', 'x',", 2, False),
+    "a long value cut in the line": ("run", ["--config", "{c}", "data.text_column=[" + "'x'," * 5000 + "]"], {}, "data.text_column must be a string, got ['x', 'x', 'x',", 2, False),
     "override without section": ("run", ["--config", "{c}", "max_steps=3"], {}, "must look like section.key=value", 2, False),
     "prompt without response": ("run", ["--config", "{c}", "data.prompt_column=q"], {}, "go together", 2, False),
     "lr scaling without base": ("run", ["--config", "{c}", "optim.lr_scaling=linear"], {}, "needs optim.base_global_batch", 2, False),
@@ -54,7 +54,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "global batch not divisible": ("run", ["--config", "{c}", "batch.global_batch=10"], {}, "global batch 10 is not divisible", 2, True),
     # -- data and model -----------------------------------------------------------------------------
     "missing data file": ("run", ["--config", "{c}", "data.train={r}/nope.jsonl"], {}, "data file {r}/nope.jsonl not found", 2, True),
-    "wrong column": ("run", ["--config", "{c}", "data.text_column=body"], {}, "column 'body' not in", 2, False),
+    "wrong column": ("run", ["--config", "{c}", "data.text_column=body"], {}, "text rows need 'body'", 2, False),
     "numeric text column": ("run", ["--config", "{c}", "data.train={r}/numbers.jsonl", "run.output_dir={r}/fresh-num"], {}, "column 'text' of {r}/numbers.jsonl holds int64 values, not text", 2, False),
     "empty CSV": ("run", ["--config", "{c}", "data.train={r}/empty.csv", "run.output_dir={r}/fresh-empty"], {}, "data file {r}/empty.csv is empty", 2, False),
     "header-only CSV": ("run", ["--config", "{c}", "data.train={r}/header.csv", "run.output_dir={r}/fresh-header"], {}, "data file {r}/header.csv has no rows", 2, False),

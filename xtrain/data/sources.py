@@ -11,8 +11,9 @@ Sources (``data.train`` / ``data.eval``):
 
 Text is read as text whatever it looks like: a JSON column of ISO dates, which pyarrow's JSON
 reader types as timestamps, is read again as ``datasets.Json`` (each cell the value the file
-holds: its string); a CSV's text columns (``text``: the ones the config reads as text) are read
-as strings, no number, boolean or "null" guessed from them (``_text_options``).
+holds) and then as the strings it holds (``_as_written``); a CSV's text columns (``text``: the
+ones the config reads as text) are read as strings, no number, boolean or "null" guessed from
+them (``_text_options``). Folders of files and hub data sets are read as ``datasets`` reads them.
 
 Tokenisation runs through ``Dataset.map`` with a fingerprint made of stable parts (the input
 data's fingerprint, the tokenizer's serialised form, the settings), so a second run, and every
@@ -203,7 +204,11 @@ def _text_options(path: Path, delimiter: str, text: Collection[str]) -> dict[str
     pandas guesses (numbers, and its usual empty values)."""
     import csv
 
-    from pandas._libs.parsers import STR_NA_VALUES
+    try:
+        from pandas._libs.parsers import STR_NA_VALUES  # pandas' own list of empty values
+    except ImportError:  # (a private name: the list as pandas 2 has it)
+        STR_NA_VALUES = {"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND"}
+        STR_NA_VALUES |= {"1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"}
 
     with path.open(encoding="utf-8", newline="") as f:
         header = next(csv.reader(f, delimiter=delimiter), [])
