@@ -66,7 +66,7 @@ class DataConfig:
     train: str | list[str] | None = "builtin:sentiment"
     eval: str | None = None
     # several train files: concat (one after the other, then shuffled as one) | interleave_under
-    # (drawn by data.mix_probs until the first file runs out) | interleave_over (until the last does,
+    # (drawn by data.mix_probs until one file runs out) | interleave_over (until each has,
     # the others repeated): LLaMA-Factory's mix_strategy, datasets.interleave_datasets seeded by run.seed
     mix: str = "concat"
     mix_probs: list[float] | None = None  # interleave_*: each file's share; None: equal shares

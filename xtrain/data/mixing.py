@@ -61,7 +61,7 @@ def describe(d: DataConfig) -> str | None:
     if d.mix == "concat":
         return f"data.mix=concat: {len(files)} files one after the other{cap}, shuffled together"
     parts = ", ".join(f"{p:.2f}" for p in shares(d, len(files)))
-    until = "the first file runs out" if d.mix == "interleave_under" else "every file has run out"
+    until = "one of them runs out" if d.mix == "interleave_under" else "each has run out (others repeated)"
     return f"data.mix={d.mix}: rows drawn from {len(files)} files with shares {parts} until {until}{cap}"
 
 

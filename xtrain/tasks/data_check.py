@@ -96,8 +96,10 @@ def first_samples(cfg: TrainConfig, limit: int, media: str = "image") -> tuple[l
             )
             continue
         ds, total = found
-        if d.max_samples is not None and (total is None or total > d.max_samples):
-            ds, total = mixing.first_n(ds, d.max_samples), d.max_samples if total is not None else None
+        if d.max_samples is not None:  # the rows the run reads: at most max_samples
+            known = total is not None or d.max_samples <= len(ds)
+            ds = mixing.first_n(ds, d.max_samples)
+            total = min(total or d.max_samples, d.max_samples) if known else None
         folder = media_dirs(cfg, media)[0] if root is not None else base_dir(source, role)
         samples.append(Sample(ds, source, role, total, folder))
     mixed = mixing.describe(d)
