@@ -81,6 +81,8 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "resume from a partial write": ("run", ["--config", "{c}", "run.resume={r}/step-3.tmp"], {}, "is incomplete", 2, False),
     "checkpoint state of the wrong type": ("run", ["--config", "{c}", "run.resume={r}/typed/step-2"], {}, "checkpoint {r}/typed/step-2 cannot be read: xtrain_state.json: field 'step': an integer expected, got 'two'", 2, False),
     "resume with another LoRA rank": ("run", ["--config", "{c}", "lora.r=8"], {}, "was trained with lora.r=4", 2, False),
+    "resume on other data": ("run", ["--config", "{c}", "data.train={r}/eval.jsonl"], {}, "checkpoint {o}/checkpoints/step-2 was trained on another data set: data.train='{r}/train.jsonl', this run has '{r}/eval.jsonl'", 2, False),
+    "resume with another model": ("run", ["--config", "{c}", "model.name_or_path=builtin:tiny-llama"], {}, "was trained on another model: model.name_or_path=", 2, False),
     "resume with another lr": ("run", ["--config", "{c}", "run.resume=auto", "optim.lr=0.1"], {}, "was trained with optim.lr=0.005, this run has 0.1", 2, False),
     # -- command line and environment ---------------------------------------------------------------
     "processes zero": ("run", ["--config", "{c}", "--processes", "0"], {}, "--processes must be at least 1", 2, False),
@@ -155,7 +157,9 @@ def _bad_media(r: Path) -> None:
     (r / "clips.csv").write_text("audio,text\nword.wav,a word\nempty.wav,nothing\n")
     lol = ", ".join(['"lol"'] * 9)
     levels = [f"a0: &a0 [{lol}]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 5)]
-    (r / "laughs.yaml").write_text("\n".join(["model:", "  task: seq-cls", *levels, "data:", "  train: *a4"]) + "\n")
+    (r / "laughs.yaml").write_text(
+        "\n".join(["model:", "  task: seq-cls", *levels, "data:", "  train: *a4"]) + "\n"
+    )
 
 
 def fingerprint(folder: Path) -> dict[str, tuple[float, int]]:
@@ -219,6 +223,32 @@ def test_bad_input(case: str, job: Job, monkeypatch: pytest.MonkeyPatch, capsys)
     assert len(errors[0].replace(str(job.root), "{r}")) <= 400, errors[0]
     assert fingerprint(out) == before, "the finished run was changed"
     assert not (job.root / "pwned").exists()
+
+
+def test_a_finished_run_run_again_trains_and_writes_nothing(job: Job, monkeypatch, capsys) -> None:
+    """The same command on a finished run's folder: one note, exit 0, every file byte for byte
+    (and untouched: the same modification times)."""
+    import hashlib
+
+    out = job.root / "out"
+
+    def contents() -> dict[str, str]:
+        return {
+            str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in out.rglob("*")
+            if p.is_file()
+        }
+
+    before, times = contents(), fingerprint(out)
+    for k, v in job.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(REPO)
+    from xtrain.run import main
+
+    assert main(["--config", str(job.config)]) == 0
+    said = capsys.readouterr()
+    assert f"{out} already finished, nothing trained (step 2, every file as it was)" in said.out + said.err
+    assert contents() == before and fingerprint(out) == times
 
 
 def doc_rows() -> list[str]:
