@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
+from xtrain.model import hub
 
 if TYPE_CHECKING:
     import torch
@@ -30,10 +30,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def looks_like_hub_id(name: str) -> bool:
-    """``org/name`` or ``name``: what the hub accepts. Paths (``./x``, ``/x``, ``a/b/c``) are not."""
-    if name.startswith((".", "/", "~", "\\")) or "\\" in name or re.match(r"^[A-Za-z]:", name):
-        return False
-    return bool(re.match(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$", name)) and ".." not in name and len(name) <= 96
+    """``org/name`` or ``name``: what the hub accepts (``hub.is_repo_id``, huggingface_hub's own
+    rule). Paths (``./x``, ``/x``, ``~/x``, ``a/b/c``) are not."""
+    return hub.is_repo_id(name)
 
 
 def resolve_model(name_or_path: str) -> str:
