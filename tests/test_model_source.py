@@ -148,3 +148,10 @@ def test_a_local_model_path_that_is_not_there_fails_the_dry_run(
     assert code == 2, text
     errors = [ln for ln in text.splitlines() if re.search(r"\berror:", ln)]
     assert len(errors) == 1 and f"model path {missing} not found" in errors[0]
+    # another machine's plan (--facts): the folder may be there, this one says it is not here
+    assert hub.locate(str(missing), here=False) == hub.Source(
+        "folder", f"model path {missing} is not on this machine"
+    )
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(XtrainError, match="is a file, not a model folder"):
+        hub.locate(str(tmp_path / "weights.bin"))

@@ -31,6 +31,7 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 _DRIVE = re.compile(r"^[A-Za-z]:")
+_TRUE = ("1", "ON", "YES", "TRUE")  # huggingface_hub's spellings of a true variable
 
 
 def is_repo_id(name: str) -> bool:
@@ -71,15 +72,11 @@ def cached(repo_id: str, cache_dir: str | Path | None = None) -> bool:
 
 
 def offline_mode() -> bool:
-    """huggingface_hub's offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``)."""
+    """huggingface_hub's offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``; the variable
+    read again: it may be set after huggingface_hub was imported)."""
     from huggingface_hub import constants
 
-    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in (
-        "1",
-        "ON",
-        "YES",
-        "TRUE",
-    )
+    return constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
 
 
 def unreachable(repo_id: str, timeout: float = PROBE_TIMEOUT_S, endpoint: str | None = None) -> str | None:
@@ -121,29 +118,42 @@ def missing_line(name: str, why: str) -> XtrainError:
     )
 
 
-def locate(name: str, here: bool = True, timeout: float = PROBE_TIMEOUT_S) -> Source:
-    """Where ``model.name_or_path`` is (``Source``), before anything loads it. Raises the one
-    line for a local path that is not there (or is a file), and for a hub id neither in the cache
-    nor reachable. ``here`` False (a plan for another machine): what this machine lacks is a note,
-    not a refusal. Where the hub cannot be reached, this process goes offline (``go_offline``)."""
+def kind_of(name: str) -> str:
+    """builtin | folder | repo (a hub id): what ``model.name_or_path`` names, from its spelling and
+    this machine's disk alone. Raises the one line for a path that is not there or is a file."""
     if builtin.is_builtin(name):
-        return Source("builtin")
+        return "builtin"
     path = Path(name).expanduser()
     if path.is_dir():
-        return Source("folder")
+        return "folder"
     if path.exists():
         raise XtrainError(
             f"model path {name} is a file, not a model folder",
             "point model.name_or_path at the folder holding config.json",
         )
     if not is_repo_id(name):
-        if not here:
-            return Source("folder", f"model path {name} is not on this machine")
         raise XtrainError(
             f"model path {name} not found",
             "check model.name_or_path (relative paths are looked up next to the config file, "
             "then in the current folder)",
         )
+    return "repo"
+
+
+def locate(name: str, here: bool = True, timeout: float = PROBE_TIMEOUT_S) -> Source:
+    """Where ``model.name_or_path`` is (``Source``), before anything loads it. Raises the one
+    line for a local path that is not there (or is a file: ``kind_of``), and for a hub id neither
+    in the cache nor reachable. ``here`` False (a plan for another machine): what this machine
+    lacks is a note, not a refusal. Where the hub cannot be reached, this process goes offline
+    (``go_offline``)."""
+    try:
+        kind = kind_of(name)
+    except XtrainError as e:
+        if here:
+            raise
+        return Source("folder", e.message.replace(" not found", " is not on this machine"))
+    if kind != "repo":
+        return Source(kind)
     have = cached(name)
     if offline_mode():  # the user's choice: the cache, or one line
         why = "HF_HUB_OFFLINE is set"
@@ -153,9 +163,8 @@ def locate(name: str, here: bool = True, timeout: float = PROBE_TIMEOUT_S) -> So
             return Source("cached" if have else "hub")
         go_offline()  # no load waits for the network: the cache or one line
         if have:
-            return Source(
-                "cached", f"the Hugging Face hub cannot be reached ({why}): {name} loads from its cache"
-            )
+            said = f"the Hugging Face hub cannot be reached ({why}): {name} loads from its cache"
+            return Source("cached", said)
     if have:
         return Source("cached")
     if not here:
