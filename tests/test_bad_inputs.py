@@ -98,6 +98,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "unknown platform": ("run", ["--config", "{c}"], {"XTRAIN_PLATFORM": "beos"}, "unknown platform 'beos'", 2, False),
     "train: config missing": ("cli", ["train", "{r}/nope.yaml"], {}, "config {r}/nope.yaml not found", 2, True),
     "train: processes not a number": ("cli", ["train", "{c}", "--processes", "abc"], {}, "--processes needs a whole number", 2, False),
+    "train: dry run on other data": ("cli", ["train", "{c}", "--dry-run", "data.train={r}/eval.jsonl"], {}, "was trained on another data set: data.train=", 2, False),
     "train: override not key=value": ("cli", ["train", "{c}", "oops"], {}, "override 'oops' must look like section.key=value", 2, False),
 }  # fmt: skip
 
@@ -246,6 +247,10 @@ def test_a_finished_run_run_again_trains_and_writes_nothing(job: Job, monkeypatc
     assert main(["--config", str(job.config)]) == 0
     said = capsys.readouterr()
     assert f"{out} already finished, nothing trained (step 2, every file as it was)" in said.out + said.err
+    from xtrain.cli import main as cli
+
+    assert cli(["train", str(job.config), "--dry-run"]) == 0  # the dry run says it too
+    assert f"Resume: {out} already finished, nothing to train (step 2)" in capsys.readouterr().out
     assert contents() == before and fingerprint(out) == times
 
 

@@ -13,7 +13,8 @@ the outputs, early stopping against the eval set) run in the recipe's setup.
 The checks live by what they look at:
 
 - ``disk.py``: the output folder and the caches can be written (``check_paths``, before anything
-  is written; the one line names the variable to set), and the outputs fit the free space
+  is written; the one line names the variable to set), its checkpoints fit this run (the launcher:
+  ``checkpoint.resume_point``), and the outputs fit the free space
   (``check_disk``, once the model is built: ``keep_checkpoints + 1`` checkpoints, the final
   adapter and the merged model; refused when they cannot fit, a note when it is tight).
 - ``inputs.py``: where the model is (a local path that is not there, a hub model neither cached
@@ -29,7 +30,7 @@ The checks live by what they look at:
 from __future__ import annotations
 
 from xtrain.planning.run import Run
-from xtrain.train.preflight.disk import _output, _size, check_disk, check_paths, estimate_bytes
+from xtrain.train.preflight.disk import _output, _resume, _size, check_disk, check_paths, estimate_bytes
 from xtrain.train.preflight.inputs import _data, _model, _model_source
 from xtrain.train.preflight.notes import WORKER, Check, Note, Where
 from xtrain.train.preflight.plan import _attention, _loading, _loss, _memory, _precision
@@ -65,6 +66,7 @@ CHECKS: tuple[Check, ...] = (
     _output,
     _sharding,
     _model_source,
+    _resume,
     _precision,
     _loading,
     _attention,

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xtrain.builtin import cache_root
+from xtrain.config.loading import config_to_dict
 from xtrain.errors import XtrainError
 from xtrain.planning.run import Run
 from xtrain.train.checkpoint.layout import check_output_dir
+from xtrain.train.checkpoint.resume import resume_point
 from xtrain.train.preflight.notes import Note, Where
 
 if TYPE_CHECKING:
@@ -130,3 +132,24 @@ def _output(run: Run, where: Where) -> list[Note]:
         check_output_dir(run.cfg.run.output_dir)
         check_paths(run.cfg)
     return []
+
+
+def _resume(run: Run, where: Where) -> list[Note]:
+    """The launcher's look at ``run.output_dir``'s checkpoints (``checkpoint.resume_point``, read
+    only): a resume that cannot be honoured (another model or data set, another LoRA shape, a
+    damaged checkpoint) is refused before any process starts, and a dry run says where the run
+    would start. A training process checks the same in its recipe; another machine's plan
+    (``--facts``) has its output folder there."""
+    if not where.launcher or not where.here:
+        return []
+    cfg = run.cfg
+    point = resume_point(cfg.run.output_dir, cfg.run.resume, config_to_dict(cfg))
+    if not where.dry_run or point.saved is None:
+        return []
+    if point.finished is not None:
+        return [
+            Note(
+                "Resume", f"{cfg.run.output_dir} already finished, nothing to train (step {point.saved.step})"
+            )
+        ]
+    return [Note("Resume", f"from {point.path} (step {point.saved.step})")]
