@@ -112,6 +112,12 @@ def test_a_hub_that_never_answers_is_given_up_after_the_probe_timeout() -> None:
         assert why is not None and time.monotonic() - start < 20  # well under the retries' ~51 s
 
 
+def test_a_lookup_that_hangs_is_given_up_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name lookup that hangs is not bounded by the request's timeout: the probe as a whole is."""
+    monkeypatch.setattr(hub, "_head", lambda *a: time.sleep(30))
+    assert hub.unreachable(HUB_MODEL, timeout=0.2) == "no answer within 0.2 s"
+
+
 def _dry_run(
     argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> tuple[int, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,9 +81,18 @@ def offline_mode() -> bool:
 
 
 def unreachable(repo_id: str, timeout: float = PROBE_TIMEOUT_S, endpoint: str | None = None) -> str | None:
-    """Why the hub cannot be reached for ``repo_id`` (one HEAD of its config.json, no retries,
-    ``timeout`` seconds at most), or None when it answered (whatever it answered: a missing or
-    gated repository is the load's to say)."""
+    """Why the hub cannot be reached for ``repo_id`` (one HEAD of its config.json, no retries), or
+    None when it answered (whatever it answered: a missing or gated repository is the load's to
+    say). Bounded by ``timeout`` (and a second more) as a whole: the request's own timeout does not
+    cover a name lookup that hangs, so the request runs in a thread that is given up on."""
+    said: list[str | None] = []
+    probe = threading.Thread(target=lambda: said.append(_head(repo_id, timeout, endpoint)), daemon=True)
+    probe.start()
+    probe.join(timeout + 1.0)
+    return said[0] if said else f"no answer within {timeout:g} s"
+
+
+def _head(repo_id: str, timeout: float, endpoint: str | None) -> str | None:
     import httpx2
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
