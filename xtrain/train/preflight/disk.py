@@ -79,7 +79,7 @@ def check_paths(cfg: TrainConfig, environ: Mapping[str, str] | None = None) -> N
             f"run.output_dir {out} cannot be written: {why}", "choose a writable run.output_dir"
         )
     caches = [("HF_DATASETS_CACHE or HF_HOME", _hf_datasets_cache(env))]
-    names = (str(cfg.model.name_or_path), str(cfg.data.train or ""), str(cfg.data.eval or ""))
+    names = (str(cfg.model.name_or_path), *cfg.data.train_sources(), str(cfg.data.eval or ""))
     if any(n.startswith("builtin:") for n in names):
         caches.append(("XTRAIN_CACHE", cache_root().parent))
     for var, folder in caches:
