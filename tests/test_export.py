@@ -388,6 +388,10 @@ def test_refusals_are_one_line_with_exit_2(llama_run, tmp_path, capsys, monkeypa
     cases = [
         (["export", str(llama_run), "--to", "onnx", "-o", str(tmp_path / "a")], "not an export target"),
         (
+            ["export", str(llama_run), "--to", "merged", "--to", "gguf,onnx", "-o", str(tmp_path / "a")],
+            "--to onnx: not an export target",
+        ),
+        (
             ["export", str(llama_run), "--to", "gguf", "--type", "q4_k", "-o", str(tmp_path / "a")],
             "not a GGUF",
         ),

@@ -183,9 +183,10 @@ def _qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, n
             room = hi - low
             iscale = np.float32(rmin + rdelta * step + nmax) / np.where(room > 0, room, 1)
             aux = np.clip(np.rint(iscale[:, None] * (x - low[:, None])), 0, nmax)
-            sum_l = (w * aux).sum(axis=1)
-            sum_l2 = (w * aux * aux).sum(axis=1)
-            sum_xl = (w * aux * x).sum(axis=1)
+            weighted = w * aux
+            sum_l = weighted.sum(axis=1)
+            sum_l2 = (weighted * aux).sum(axis=1)
+            sum_xl = (weighted * x).sum(axis=1)
             det = sum_w * sum_l2 - sum_l * sum_l
             this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
             this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
