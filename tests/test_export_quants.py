@@ -129,8 +129,53 @@ def _q4_k_reference(x: np.ndarray) -> np.ndarray:
     return np.concatenate(out).reshape(x.shape)
 
 
-def test_q4_k_follows_llama_cpps_reference_value_by_value():
-    """The vectorized Q4_K against a value-by-value transcription of llama.cpp's reference: the
+def _q6_k_reference(x: np.ndarray) -> np.ndarray:
+    """llama.cpp's quantize_row_q6_K_ref (make_qx_quants, rmse_type 1) + dequantize_row_q6_K."""
+    f = np.float32
+
+    def qx(v: np.ndarray) -> tuple[float, list[int]]:
+        peak = v[np.abs(v).argmax()]
+        if abs(peak) < 1e-15:
+            return f(0), [-32] * 16
+
+        def fit(iscale: np.float32) -> tuple[list[int], np.float32, np.float32]:
+            levels = [int(min(31, max(-32, np.rint(iscale * a)))) for a in v]
+            lx = l2 = f(0)
+            for a, q in zip(v, levels, strict=True):
+                lx, l2 = f(lx + a * a * a * q), f(l2 + a * a * q * q)
+            return levels, lx, l2
+
+        levels, lx, l2 = fit(f(-32) / peak)
+        scale = f(lx / l2) if l2 else f(0)
+        best = f(scale * lx)
+        for step in (*range(-9, 0), *range(1, 10)):
+            aux, lx, l2 = fit(-f(f(32) + f(0.1) * step) / peak)
+            if l2 > 0 and lx * lx > best * l2:
+                levels, scale = aux, f(lx / l2)
+                best = f(scale * lx)
+        return scale, levels
+
+    out = []
+    for block in x.reshape(-1, 256):
+        subs = block.reshape(16, 16)
+        found = [qx(v) for v in subs]
+        scales = np.array([s for s, _ in found], f)
+        top = scales[np.abs(scales).argmax()]
+        if abs(top) < 1e-15:
+            out.append(np.zeros(256, f))
+            continue
+        iscale = f(-128) / top
+        d = f(np.float16(f(1) / iscale))
+        for v, (_, levels), sc in zip(subs, found, np.minimum(127, np.rint(iscale * scales)), strict=True):
+            step = d * f(sc)
+            if step:
+                levels = np.clip(np.rint(v / step), -32, 31)
+            out.append(step * np.asarray(levels, f))
+    return np.concatenate(out).reshape(x.shape)
+
+
+def test_q4_k_and_q6_k_follow_llama_cpps_reference_value_by_value():
+    """The vectorized Q4_K and Q6_K against value-by-value transcriptions of llama.cpp's reference: the
     same scales, mins and levels (identical on these values; numpy sums in another order than the
     C, which may flip a rare tie: at least 99.5% identical, the rest within one level)."""
     rng = np.random.default_rng(4)
@@ -139,6 +184,9 @@ def test_q4_k_follows_llama_cpps_reference_value_by_value():
     got, want = _round_trip(x, "Q4_K"), _q4_k_reference(x)
     assert (got == want).mean() >= 0.995
     np.testing.assert_allclose(got, want, rtol=0, atol=float(np.abs(x).max()) / 15 * 1.01)
+    got, want = _round_trip(x, "Q6_K"), _q6_k_reference(x)
+    assert (got == want).mean() >= 0.995
+    np.testing.assert_allclose(got, want, rtol=0, atol=float(np.abs(x).max()) / 31 * 1.01)
 
 
 def test_k_quants_beat_the_plain_types_of_their_width():
