@@ -267,25 +267,31 @@ def test_ollama_modelfile_template_stops_and_create_line(qwen2_run, tmp_path):
     }
 
 
-def test_several_targets_share_one_merge(llama_run, tmp_path, monkeypatch):
-    """``--to merged --to gguf --to ollama`` (or a comma list): one merge and one check of it, one
-    GGUF serving gguf and ollama (the Modelfile beside it), the merged folder in ``merged/``."""
+def test_several_targets_share_one_merge(llama_run, tmp_path, monkeypatch, capsys):
+    """``xtrain export --to merged --to gguf,ollama``: one merge and one check of it, one GGUF
+    serving gguf and ollama (the Modelfile beside it), the merged folder in ``merged/``."""
     from transformers import AutoModelForCausalLM
 
+    from xtrain.cli import main
     from xtrain.export import pipeline
 
     merges = []
     real = pipeline.merged_model
     monkeypatch.setattr(pipeline, "merged_model", lambda *a: merges.append(1) or real(*a))
-    result = _export(llama_run, ["merged", "gguf,ollama"], tmp_path / "all", gguf_type="q4_0")
+    out = tmp_path / "all"
+    argv = ["export", str(llama_run), "--to", "merged", "--to", "gguf,ollama", "--type", "q4_0"]
+    argv += ["-o", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
     assert len(merges) == 1
-    names = [c.name for c in result.checks]
+    names = [line.split(":")[0][3:] for line in printed.splitlines() if line.startswith("ok ")]
     assert names == ["weights", "merged", "template", "quantized", "gguf", "template", "template"]
-    expected = {"Modelfile", "model-q4_0.gguf", "merged/config.json", "merged/model.safetensors"}
-    assert expected <= set(result.files)
-    assert (tmp_path / "all" / "Modelfile").read_text().startswith("FROM ./model-q4_0.gguf")
-    assert json.loads((tmp_path / "all" / "merged" / "xtrain_run.json").read_text())["chat"] is True
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "all" / "merged").eval()
+    assert str(out / "merged" / "model.safetensors") in printed and "ollama create" in printed
+    assert (out / "Modelfile").read_text().startswith("FROM ./model-q4_0.gguf")
+    assert sorted(p.name for p in out.glob("*.gguf")) == ["model-q4_0.gguf"]
+    assert json.loads((out / "merged" / "xtrain_run.json").read_text())["chat"] is True
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged").eval()
     torch.testing.assert_close(
         _logits(merged, IDS), _logits(_base_plus_adapter(llama_run), IDS), rtol=0, atol=1e-4
     )
