@@ -109,7 +109,7 @@ def nbytes(shape: tuple[int, ...], qtype: str) -> int:
 
 # -- the quantizers --------------------------------------------------------------------------------
 
-_ROWS_AT_ONCE = 1 << 20  # values quantized per numpy pass (a few MiB of temporaries)
+_VALUES_AT_ONCE = 1 << 20  # values quantized per numpy pass (a few MiB of temporaries)
 
 
 def quantize(data: np.ndarray, qtype: str) -> np.ndarray:
@@ -127,7 +127,7 @@ def quantize(data: np.ndarray, qtype: str) -> np.ndarray:
     if width % QK_K:
         raise ValueError(f"rows of {width} values do not divide into {qtype}'s blocks of {QK_K}")
     blocks = data.reshape(-1, QK_K)
-    step = max(1, _ROWS_AT_ONCE // QK_K)
+    step = max(1, _VALUES_AT_ONCE // QK_K)
     out = np.concatenate([_BLOCKS[qtype](blocks[i : i + step]) for i in range(0, len(blocks), step)])
     return out.reshape(*data.shape[:-1], width // QK_K * SIZES[qtype][1])
 
@@ -141,7 +141,7 @@ def error(data: np.ndarray, quantized: np.ndarray, qtype: str) -> float:
 
     rows = data.reshape(-1, data.shape[-1])
     packed = quantized.reshape(len(rows), -1)
-    step = max(1, _ROWS_AT_ONCE // rows.shape[1])
+    step = max(1, _VALUES_AT_ONCE // rows.shape[1])
     wrong = total = 0.0
     for i in range(0, len(rows), step):
         back = gguf.quants.dequantize(packed[i : i + step], gguf.GGMLQuantizationType[qtype])
