@@ -70,7 +70,10 @@ def test_advantages_are_the_group_relative_rewards_by_hand():
 
 def _hand_loss(kind: str, token_loss: list[list[float]], mask: list[list[int]], max_len: int) -> float:
     if kind == "grpo":
-        per_seq = [sum(t * m for t, m in zip(ts, ms, strict=False)) / max(sum(ms), 1) for ts, ms in zip(token_loss, mask, strict=False)]
+        per_seq = [
+            sum(t * m for t, m in zip(ts, ms, strict=False)) / max(sum(ms), 1)
+            for ts, ms in zip(token_loss, mask, strict=False)
+        ]
         return sum(per_seq) / len(per_seq)
     total = sum(t * m for ts, ms in zip(token_loss, mask, strict=False) for t, m in zip(ts, ms, strict=False))
     if kind == "dr_grpo":
