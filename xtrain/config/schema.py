@@ -205,13 +205,13 @@ class GrpoConfig:
     top_p: float = 1.0  # nucleus sampling in training
     # reward functions: exact_match | format | length (built-ins) or path/to/file.py:function or
     # package.module:function, TRL's signature f(prompts, completions, **columns) -> list[float | None]
-    rewards: list[str] = field(default_factory=list)
-    reward_weights: list[float] | None = None  # one per reward function; None: 1 each
+    rewards: str | list[str] = field(default_factory=list)  # one name, or a list
+    reward_weights: float | list[float] | None = None  # one per reward function; None: 1 each
     answer_column: str = "answer"  # exact_match: the row's column holding the right answer
     answer_pattern: str | None = None  # exact_match: a regex whose first group is the answer given
     format_pattern: str | None = None  # format: a regex the whole completion must match
     length_target: int = 200  # length: characters allowed before the penalty starts
-    loss: str = "dapo"  # grpo | dr_grpo | dapo: how the token losses are normalised (TRL's)
+    loss: str = "dapo"  # how the token losses are normalised, as TRL's (the grpo task's LOSSES)
     scale_rewards: str = "group"  # group | batch | none: what the advantages are divided by
     epsilon: float = 0.2  # the clip range's lower side (and upper side unless epsilon_high)
     epsilon_high: float | None = None  # the clip range's upper side (DAPO: 0.28); None: epsilon

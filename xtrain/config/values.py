@@ -42,7 +42,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "run.mixed_precision": ("auto", *PRECISIONS),
     "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference.losses.LOSSES
-    "grpo.loss": ("grpo", "dr_grpo", "dapo"),  # xtrain.tasks.grpo.loss
     "grpo.scale_rewards": ("group", "batch", "none"),
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
@@ -133,7 +132,6 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.num_generations": _between(2, 1024),
     "grpo.max_completion_length": _between(1, 1 << 20),
     "grpo.temperature": _POS_NUM,
-    "grpo.top_p": (lambda v: 0 < v <= 1, "a number in (0, 1]"),
     "grpo.length_target": _POS_INT,
     "grpo.epsilon": _POS_NUM,
     "grpo.epsilon_high": _POS_NUM,

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 NAME = "grpo"
 METRIC = "reward"
+LOSSES = ("grpo", "dr_grpo", "dapo")  # grpo.loss: TRL's normalisations (xtrain.tasks.grpo.loss)
 
 
 def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptEncoder:
@@ -108,8 +109,9 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
 
 def settings_line(cfg: TrainConfig) -> str:
     g = cfg.grpo
-    weights = g.reward_weights or [1.0] * len(g.rewards)
-    named = ", ".join(f"{n} x{w:g}" for n, w in zip(g.rewards, weights, strict=False))
+    from xtrain.tasks.grpo.rewards import named_weights
+
+    named = ", ".join(f"{n} x{w:g}" for n, w in named_weights(g))
     return (
         f"generation: {g.num_generations} completions a prompt, up to {g.max_completion_length} tokens, "
         f"temperature {g.temperature:g}, top_p {g.top_p:g}; loss {g.loss}, scale_rewards {g.scale_rewards}, "
@@ -150,9 +152,11 @@ def inspect(
 
 
 def validate(cfg: TrainConfig) -> None:
+    from xtrain.config.values import choose
     from xtrain.tasks.grpo import rewards as rw
 
     g, b = cfg.grpo, cfg.batch
+    g.loss = choose("grpo.loss", g.loss, LOSSES, {})  # here: its choices are this task's
     for key, value in (("batch.per_device", b.per_device), ("batch.global_batch", b.global_batch)):
         if value is not None and value % g.num_generations:
             raise XtrainError(
@@ -160,6 +164,8 @@ def validate(cfg: TrainConfig) -> None:
                 "GRPO's batch sizes count completions, a prompt's group whole",
                 f"use {key}={max(1, value // g.num_generations) * g.num_generations}",
             )
+    if not 0 < g.top_p <= 1:
+        raise XtrainError(f"grpo.top_p must be a number in (0, 1], got {g.top_p}", "1 samples from every token")
     if g.epsilon >= 1:
         raise XtrainError(f"grpo.epsilon={g.epsilon}: the ratio's clip range 1 - epsilon must stay above 0")
     if g.num_iterations > 1 and cfg.run.save_every and cfg.run.save_every % g.num_iterations:

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-LOSSES = ("grpo", "dr_grpo", "dapo")
+from xtrain.tasks.grpo.grpo import LOSSES
+
+__all__ = ["LOSSES", "LossSettings", "advantages", "micro_batch_loss", "normalised", "per_token_loss"]
 SCALES = ("group", "batch", "none")
 STD_FLOOR = 1e-4  # TRL's: advantages / (std + 1e-4)
 

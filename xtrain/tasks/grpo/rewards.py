@@ -147,18 +147,26 @@ def load_user(spec: str) -> RewardFn:
     return fn
 
 
-def resolve(g: GrpoConfig) -> list[Reward]:
-    """``grpo.rewards`` with their weights, each found and checked."""
-    if not g.rewards:
+def named_weights(g: GrpoConfig) -> list[tuple[str, float]]:
+    """``grpo.rewards`` (one name or a list) with ``grpo.reward_weights`` (one number, a list, or
+    None: 1 each), one pair per function; a count that differs is one line."""
+    names = [g.rewards] if isinstance(g.rewards, str) else list(g.rewards)
+    if not names:
         raise XtrainError("grpo.rewards is empty: GRPO needs at least one reward function", HINT)
-    weights = g.reward_weights if g.reward_weights is not None else [1.0] * len(g.rewards)
-    if len(weights) != len(g.rewards):
+    given = g.reward_weights
+    weights = [1.0] * len(names) if given is None else [given] if isinstance(given, (int, float)) else given
+    if len(weights) != len(names):
         raise XtrainError(
-            f"grpo.reward_weights has {len(weights)} numbers for {len(g.rewards)} reward functions",
+            f"grpo.reward_weights has {len(weights)} numbers for {len(names)} reward functions",
             "give one weight per entry of grpo.rewards, in the same order",
         )
+    return [(n, float(w)) for n, w in zip(names, weights, strict=True)]
+
+
+def resolve(g: GrpoConfig) -> list[Reward]:
+    """``grpo.rewards`` with their weights, each found and checked."""
     out = []
-    for name, weight in zip(g.rewards, weights, strict=True):
+    for name, weight in named_weights(g):
         if name == "exact_match":
             fn = exact_match(g.answer_column, g.answer_pattern)
         elif name == "format":
