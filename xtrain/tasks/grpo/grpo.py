@@ -165,7 +165,9 @@ def validate(cfg: TrainConfig) -> None:
                 f"use {key}={max(1, value // g.num_generations) * g.num_generations}",
             )
     if not 0 < g.top_p <= 1:
-        raise XtrainError(f"grpo.top_p must be a number in (0, 1], got {g.top_p}", "1 samples from every token")
+        raise XtrainError(
+            f"grpo.top_p must be a number in (0, 1], got {g.top_p}", "1 samples from every token"
+        )
     if g.epsilon >= 1:
         raise XtrainError(f"grpo.epsilon={g.epsilon}: the ratio's clip range 1 - epsilon must stay above 0")
     if g.num_iterations > 1 and cfg.run.save_every and cfg.run.save_every % g.num_iterations:
