@@ -344,3 +344,42 @@ def test_a_reward_failing_mid_run_is_one_line_and_the_checkpoint_stays(tmp_path,
     assert "\n" not in line
     step = tmp_path / "out" / "checkpoints" / "step-2"
     assert json.loads((step / "xtrain_state.json").read_text())["step"] == 2
+
+
+# -- the dry run ----------------------------------------------------------------------------------------
+def _job(tmp_path: Path, rewards: str) -> Path:
+    from support.gradients import jsonl
+
+    train = jsonl(tmp_path / "data" / "train.jsonl", _prompts(8))
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"model: {{name_or_path: builtin:tiny-llama, task: grpo}}\n"
+        f"grpo: {{num_generations: 4, max_completion_length: 16, rewards: {rewards}}}\n"
+        f"data: {{train: {train}, max_length: 48}}\n"
+        "batch: {per_device: 8, global_batch: 16}\n"
+    )
+    return job
+
+
+def test_the_dry_run_shows_a_prompt_the_generation_the_rewards_and_the_kv_cache(
+    tmp_path, reward_file, capsys
+):
+    from xtrain.cli import main
+
+    code = main(["train", str(_job(tmp_path, f"[exact_match, {reward_file}:letters]")), "--dry-run"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "question: " in out  # the first prompt, rendered
+    assert "generation: 4 completions a prompt, up to 16 tokens" in out
+    assert f"rewards: exact_match x1, {reward_file}:letters x1" in out
+    # tiny llama: 2 layers, 2 KV heads of 16: 8 x 64 tokens x 2 x 2 x 2 x 16 x 2 bytes
+    assert "generation's KV cache: 8 completions x up to 64 tokens" in out and "0.00 GiB" in out
+
+
+def test_a_bad_reward_function_stops_the_dry_run_in_one_line(tmp_path, reward_file, capsys):
+    from xtrain.cli import main
+
+    code = main(["train", str(_job(tmp_path, f"[{reward_file}:nothing]")), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert f"grpo.rewards: {reward_file} has no function 'nothing'" in err
