@@ -3,7 +3,7 @@ xtrain: the same model folder, the same prompts (jsonl ``{prompt}`` strings), th
 reward, LoRA r=8 / alpha 16 on q/k/v/o, 8 completions a prompt, the same batch, completion
 length, steps, learning rate and loss. Prints one ``RESULT`` JSON line: (wall, CPU) seconds at
 each optimizer step (torch's global optimizer-step pre-hook, the same stamp as xtrain's side),
-the seconds spent generating and scoring (TRL's ``_generate_and_score_completions``) and the
+the seconds of each generation and scoring (TRL's ``_generate_and_score_completions``) and the
 mean reward of each step. Runs in an environment with TRL (never a dependency of xtrain):
 
     .venv-trl/bin/python benchmarks/grpo_trl_job.py --model DIR --train FILE --out DIR --pattern REGEX
@@ -71,7 +71,7 @@ def main() -> None:
         model=model, reward_funcs=[regex], args=config, train_dataset=data, processing_class=tokenizer,
         peft_config=lora,
     )  # fmt: skip
-    generating = [0.0]
+    generating: list[float] = []  # seconds each generation took
     inner = trainer._generate_and_score_completions
 
     def timed(*args, **kwargs):
@@ -79,13 +79,13 @@ def main() -> None:
         try:
             return inner(*args, **kwargs)
         finally:
-            generating[0] += time.perf_counter() - start
+            generating.append(time.perf_counter() - start)
 
     trainer._generate_and_score_completions = timed
     trainer.train()
     n = a.per_device * a.accumulation
     per_step = [sum(rewards[i : i + n]) / n for i in range(0, len(rewards), n)]
-    print("RESULT " + json.dumps({"stamps": stamps, "generating_s": generating[0], "rewards": per_step}))
+    print("RESULT " + json.dumps({"stamps": stamps, "generating": generating, "rewards": per_step}))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ q/k/v/o, 8 completions a prompt of up to 24 tokens, 16 completions a micro-batch
 lr 5e-3 linear with 2 warm-up steps, loss dapo, beta 0, temperature 1, one thread each, on CPU.
 Each side runs in a fresh process, alternating, and stamps every optimizer step with torch's global
 optimizer-step pre-hook; the steps after the first ``--skip`` are timed by wall clock and by the
-process's CPU time (the steadier figure on a shared machine). The generation share is the time
-in generating and scoring (xtrain: ``Workload.step_start``; TRL: ``_generate_and_score_completions``)
-over the whole run's. Prints the section of docs/performance.md ("GRPO").
+process's CPU time (the steadier figure on a shared machine). The generation share is the wall
+time generating and scoring (xtrain: ``Workload.step_start``; TRL's
+``_generate_and_score_completions``) over the wall time of the same steps (``generation_share``).
+Prints the section of docs/performance.md ("GRPO").
 
     .venv/bin/pip install trl   # or an environment of its own: --trl-python .venv-trl/bin/python
     .venv/bin/python benchmarks/grpo_vs_trl.py --trl-python .venv/bin/python --repeats 2
@@ -45,7 +46,8 @@ def xtrain_side(out: str, steps: int = STEPS) -> None:
     torch.set_num_threads(1)
     stamps: list[tuple[float, float]] = []
     register_optimizer_step_pre_hook(lambda *_: stamps.append((time.perf_counter(), time.process_time())))
-    generating, rewards = [0.0], []
+    generating: list[float] = []  # seconds each step's rollout took
+    rewards: list[float] = []
 
     def build(run, main_process_first):
         workload = build_workload(run, main_process_first)
@@ -54,7 +56,7 @@ def xtrain_side(out: str, steps: int = STEPS) -> None:
         def timed(model, batches, gather):
             start = time.perf_counter()
             inner(model, batches, gather)
-            generating[0] += time.perf_counter() - start
+            generating.append(time.perf_counter() - start)
             rewards.append(float(batches[0]["stat/reward"]))
 
         workload.step_start = timed
@@ -69,7 +71,14 @@ def xtrain_side(out: str, steps: int = STEPS) -> None:
         f"grpo.max_completion_length={LENGTH}",
     ])  # fmt: skip
     train(cfg, resolve(cfg, processes=1).plan, build=build)
-    print("RESULT " + json.dumps({"stamps": stamps, "generating_s": generating[0], "rewards": rewards}))
+    print("RESULT " + json.dumps({"stamps": stamps, "generating": generating, "rewards": rewards}))
+
+
+def generation_share(stamps: list[list[float]], generating: list[float]) -> float:
+    """Generation's share of the wall time between the first and the last optimizer step: each
+    step generates before its update (its first generation falls before the first stamp)."""
+    total = stamps[-1][0] - stamps[0][0] if len(stamps) > 1 else 0.0
+    return sum(generating[1 : len(stamps)]) / total if total > 0 else 0.0
 
 
 def measure(
@@ -105,9 +114,8 @@ def measure(
             for name, cmd in sides.items():
                 found = _run(cmd)
                 wall, cpu = per_step(found["stamps"], skip)
-                total = found["stamps"][-1][0] - found["stamps"][0][0] if len(found["stamps"]) > 1 else 0.0
-                run = {"wall": wall, "cpu": cpu, "generating_s": found["generating_s"],
-                       "rewards": found["rewards"], "total_s": total}  # fmt: skip
+                share = generation_share(found["stamps"], found["generating"])
+                run = {"wall": wall, "cpu": cpu, "share": share, "rewards": found["rewards"]}
                 rows[name].append(run)
                 log(f"grpo: {name} run {k + 1}: {wall:.3f} s/step wall, {cpu:.3f} s/step CPU, rewards "
                     f"{' '.join(f'{r:.2f}' for r in found['rewards'])}")  # fmt: skip
@@ -130,7 +138,7 @@ def render(r: dict[str, Any]) -> str:
         "steps, loss dapo, beta 0, dropout off, one process, one compute thread, CPU. Every optimizer step "
         f"is stamped by torch's global optimizer-step pre-hook on both sides; the medians of the steps "
         f"after the first {r['skip']}, {r['repeats']} interleaved runs each in a fresh process; the "
-        "generation share is the time generating and scoring over the run's; measured "
+        "generation share is the wall time generating and scoring over the same steps'; measured "
         f"{r.get('measured', '?')} on a shared 2-core machine.",
         "",
         "| trainer | s/step (wall, median) | s/step (CPU, median) | generation share "
