@@ -148,9 +148,7 @@ def render(r: dict[str, Any]) -> str:
     for name, runs in r["runs"].items():
         wall = statistics.median(x["wall"] for x in runs)
         cpu = statistics.median(x["cpu"] for x in runs)
-        share = (
-            statistics.median(x["generating_s"] / x["total_s"] for x in runs if x["total_s"]) if runs else 0
-        )
+        share = statistics.median(x["share"] for x in runs)
         curve = " ".join(f"{v:.2f}" for v in runs[0]["rewards"])
         lines.append(f"| {name} | {wall:.3f} | {cpu:.3f} | {share:.0%} | {curve} |")
     x, t = (statistics.median(v["cpu"] for v in runs) for runs in r["runs"].values())
@@ -170,6 +168,7 @@ def main() -> None:
         return xtrain_side(a.xtrain_side, a.steps)
     log = lambda line: print(f"# {line}", file=sys.stderr)  # noqa: E731
     result = measure(a.repeats, log, a.trl_python, a.steps, a.skip)
+    log("RESULT " + json.dumps(result))  # (render again without measuring: render(json))
     print(render(result))
 
 
