@@ -383,3 +383,35 @@ def test_a_bad_reward_function_stops_the_dry_run_in_one_line(tmp_path, reward_fi
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err, err
     assert f"grpo.rewards: {reward_file} has no function 'nothing'" in err
+
+
+def test_num_iterations_reuses_one_generation_with_the_old_log_probs(tmp_path, reward_file):
+    """``num_iterations: 2``: the second step trains on the first step's completions, its ratio
+    to the old policy's log-probs (taken before the first update) no longer 1."""
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.rules import make_plan
+    from xtrain.tasks import build_workload
+    from xtrain.train.loop import train
+
+    seen: list[dict] = []
+
+    def build(run, main_process_first):
+        workload = build_workload(run, main_process_first)
+        forward = workload.forward
+
+        def recorded(model, batch):
+            out = forward(model, batch)
+            seen.append({"ids": batch["input_ids"].clone(), "clip": float(out.metrics["clip_ratio"]),
+                         "old": batch["old_logps"].clone()})  # fmt: skip
+            return out
+
+        workload.forward = recorded
+        return workload
+
+    cfg = _cfg(tmp_path, reward_file, "grpo.num_iterations=2", "run.max_steps=2", "optim.lr=0.5",
+               "grpo.epsilon=0.01")  # fmt: skip
+    train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
+    assert len(seen) == 4  # 2 steps x 2 micro-batches
+    for first, again in zip(seen[:2], seen[2:], strict=True):
+        assert torch.equal(first["ids"], again["ids"]) and torch.equal(first["old"], again["old"])
+    assert all(s["clip"] == 0 for s in seen[:2]) and any(s["clip"] > 0 for s in seen[2:])
