@@ -263,16 +263,20 @@ def _cfg(tmp_path: Path, reward_file: Path, *extra: str):
     )  # fmt: skip
 
 
-def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(tmp_path, reward_file):
+@pytest.mark.parametrize("quantization", [None, "4bit"])
+def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
+    tmp_path, reward_file, quantization
+):
     """A step of dapo with the KL to the adapters-off reference and two micro-batches: xtrain's
     gradients against the loss written out over a plain peft model's logits of the run's
-    completions, the rewards and advantages recomputed from the completions' text."""
+    completions, the rewards and advantages recomputed from the completions' text; 4-bit QLoRA
+    against the plain model with the weights bitsandbytes dequantizes."""
     from support.gradients import assert_same_gradients, reference_model, xtrain_gradients
 
     beta, temperature, batches, seen = 0.3, 0.9, [], {}
-    cfg = _cfg(
-        tmp_path, reward_file, f"grpo.beta={beta}", f"grpo.temperature={temperature}", "grpo.loss=dapo"
-    )
+    more = [f"model.quantization={quantization}"] if quantization else []
+    options = [f"grpo.beta={beta}", f"grpo.temperature={temperature}", "grpo.loss=dapo", *more]
+    cfg = _cfg(tmp_path, reward_file, *options)
 
     def record(workload):
         forward = workload.forward
