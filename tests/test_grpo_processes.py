@@ -121,3 +121,23 @@ def test_predict_continues_a_prompt_with_the_trained_run(grpo_job, capsys):
     code = main(["predict", str(straight), "--prompt", "question: where did tom play? answer: ",
                  "--max-new-tokens", "5"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
+
+
+def test_lora_grpo_under_fsdp2_samples_and_trains_like_one_process(grpo_job):
+    """Two FSDP2 ranks (accelerate's FSDP2 path on CPU, support/fsdp.py): generate runs on the
+    sharded model (every rank steps until all are done), the reference is the sharded policy with
+    its adapters off; the same completions, losses and adapter as one process."""
+    from support.fsdp import fsdp_run
+    from support.jobs import assert_same_training
+
+    straight = grpo_job.root / "one"
+    if not straight.exists():
+        straight, _ = _run(grpo_job, "one")
+    out, log = grpo_job.root / "fsdp", grpo_job.root / "fsdp-completions"
+    log.mkdir()
+    grpo_job.env["GRPO_TEST_LOG"] = str(log)
+    fsdp_run(grpo_job, out)
+    two = json.loads((out / "train_result.json").read_text())
+    assert two["run_info"]["distributed_type"] == "DistributedType.FSDP"
+    assert _completions(log) == _completions(grpo_job.root / "one-completions")
+    assert_same_training(straight, out)
