@@ -93,6 +93,8 @@ def sections(repeats: int) -> dict[str, Section]:
         "chunked_loss": lambda: bench("chunked_loss").measure(repeats=repeats, log=log),
         # TRL in its own environment (.venv-trl or $XTRAIN_TRL_PYTHON); without it, one line
         "preference": lambda: bench("preference_vs_trl").measure(repeats=repeats, log=log),
+        # the same TRL environment; GRPO on the quickstart's job, no vLLM on either side
+        "grpo": lambda: bench("grpo_vs_trl").measure(repeats=repeats, log=log),
     }
 
 
@@ -129,6 +131,7 @@ def smoke_sections() -> dict[str, Section]:
         "export": lambda: bench("export").measure(size="micro", log=log),
         "chunked_loss": lambda: bench("chunked_loss").measure(log=log, smoke=True),
         "preference": lambda: bench("preference_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
+        "grpo": lambda: bench("grpo_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
     }
 
 
@@ -139,7 +142,7 @@ SMOKE_REUSED = {"overhead": "loops"}
 # The smoke run's two lanes (about the same time each on 2 cores).
 SMOKE_LANES = (
     ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text", "seq_cls",
-     "memory_estimate", "export", "preference"),
+     "memory_estimate", "export", "preference", "grpo"),
     ("loops", "packing", "vision_language", "resume", "image_classification", "quantization", "ddp_parts",
      "chunked_loss"),
 )
@@ -661,6 +664,8 @@ def render(r: dict[str, Any], command: str) -> str:
         w(bench("export").render(r["export"]))
     if "preference" in r:
         w(bench("preference_vs_trl").render(r["preference"]))
+    if "grpo" in r:
+        w(bench("grpo_vs_trl").render(r["grpo"]))
     if "memory_estimate" in r:
         w(memory_estimate_section(r["memory_estimate"]))
     if "chunked_loss" in r:

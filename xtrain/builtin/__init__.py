@@ -9,6 +9,8 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:tiny-llama``: a 2-layer llama-style causal LM (hidden 64, 4 heads).
 - ``builtin:tiny-llama-sft``: the tiny llama after a short SFT on the built-in preference prompts,
   answering in either of their two styles (the preference quickstart's model).
+- ``builtin:tiny-llama-grpo``: the tiny llama after a short SFT that answers the built-in
+  preference prompts curtly most of the time (the GRPO quickstart's model, ``xtrain.builtin.grpo``).
 - ``builtin:tiny-bert``: a 2-layer BERT encoder for sequence classification (hidden 64, 4 heads).
 - ``builtin:sentiment``: synthetic labelled sentences (``text``, ``label`` = positive/negative).
 - ``builtin:tiny-stories``: synthetic short stories (``text``) for causal LM.
@@ -54,6 +56,7 @@ MARKER = "xtrain_builtin.json"
 MODELS = (
     "tiny-llama",
     "tiny-llama-sft",
+    "tiny-llama-grpo",
     "tiny-bert",
     "tiny-trocr",
     "tiny-whisper",
@@ -288,4 +291,9 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
 
         base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
         return _build_atomically(final, lambda tmp: build_tiny_llama_sft(base, tmp), PREFIX + short)
+    if short == "tiny-llama-grpo":  # the tiny llama after a short SFT (xtrain.builtin.grpo)
+        from xtrain.builtin.grpo import build_tiny_llama_grpo
+
+        base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
+        return _build_atomically(final, lambda tmp: build_tiny_llama_grpo(base, tmp), PREFIX + short)
     return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)

@@ -207,6 +207,32 @@ class PreferenceConfig:
 
 
 @dataclass
+class GrpoConfig:
+    """GRPO (the grpo task): sampling, rewards and the loss of reinforcement learning with
+    verifiable rewards (docs/grpo.md). The batch sizes count completions (num_generations a prompt)."""
+
+    num_generations: int = 8  # completions sampled per prompt (a group)
+    max_completion_length: int = 64  # tokens a completion may run to (then it is cut: truncated)
+    temperature: float = 1.0  # sampling temperature in training (evaluation decodes greedily)
+    top_p: float = 1.0  # nucleus sampling in training
+    # reward functions: exact_match | format | length (built-ins) or path/to/file.py:function or
+    # package.module:function, TRL's signature f(prompts, completions, **columns) -> list[float | None]
+    rewards: str | list[str] = field(default_factory=list)  # one name, or a list
+    reward_weights: float | list[float] | None = None  # one per reward function; None: 1 each
+    answer_column: str = "answer"  # exact_match: the row's column holding the right answer
+    answer_pattern: str | None = None  # exact_match: a regex whose first group is the answer given
+    format_pattern: str | None = None  # format: a regex the whole completion must match
+    length_target: int = 200  # length: characters allowed before the penalty starts
+    loss: str = "dapo"  # how the token losses are normalised, as TRL's (the grpo task's LOSSES)
+    scale_rewards: str = "group"  # group | batch | none: what the advantages are divided by
+    epsilon: float = 0.2  # the clip range's lower side (and upper side unless epsilon_high)
+    epsilon_high: float | None = None  # the clip range's upper side (DAPO: 0.28); None: epsilon
+    beta: float = 0.0  # the KL penalty to the reference (the model with its adapters off)
+    num_iterations: int = 1  # optimizer steps on one generation (old log-probs for the ratio)
+    mask_truncated_completions: bool = False  # completions cut at the limit add no loss
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -216,6 +242,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    grpo: GrpoConfig = field(default_factory=GrpoConfig)
 
 
 def sections() -> dict[str, type]:

@@ -43,6 +43,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "run.mixed_precision": ("auto", *PRECISIONS),
     "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference.losses.LOSSES
+    "grpo.scale_rewards": ("group", "batch", "none"),
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 # fmt: off
@@ -132,6 +133,14 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "preference.desirable_weight": _POS_NUM,
     "preference.undesirable_weight": _POS_NUM,
     "generation.num_beams": _between(1, 256),
+    "grpo.num_generations": _between(2, 1024),
+    "grpo.max_completion_length": _between(1, 1 << 20),
+    "grpo.temperature": _POS_NUM,
+    "grpo.length_target": _POS_INT,
+    "grpo.epsilon": _POS_NUM,
+    "grpo.epsilon_high": _POS_NUM,
+    "grpo.beta": _NONNEG,
+    "grpo.num_iterations": _between(1, 1024),
     "generation.sample_predictions": _between(0, 10_000),
 }
 

@@ -8,6 +8,7 @@ check, generation, predicting, sizes, stacks, validation) stay at this package's
 - ``causal-lm``: text, prompt/response, chat conversations, alpaca or sharegpt; next-token accuracy.
 - ``preference``: preference pairs or KTO's labelled completions on a causal LM (DPO, IPO, ORPO,
   SimPO, KTO); reward accuracy.
+- ``grpo``: prompts and reward functions on a causal LM (GRPO, Dr. GRPO, DAPO); mean reward.
 - ``seq-cls``: text (+ pair) and a label; the classifier head trained whole; accuracy.
 - ``image-to-text``: images and their text (TrOCR, ViT-GPT2); CER/WER by generation.
 - ``speech-to-text``: audio and transcripts (Whisper); WER/CER by generation.
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 REGISTRY = (
     "text.causal_lm",
     "preference.preference",
+    "grpo.grpo",
     "text.seq_cls",
     "vision.image_to_text",
     "speech.speech_to_text",

@@ -247,6 +247,12 @@ StepStartFn = Callable[
 ]
 
 
+# at_step(step) -> None: the number of the optimizer step about to run (0-based, counted over the
+# run and the same after a resume), told before its micro-batches are drawn; for what a task seeds
+# or schedules by step (GRPO's sampling seeds).
+AtStepFn = Callable[[int], None]
+
+
 # shared_pass(accelerator) -> None: work every process shares once the workload is built (the
 # build runs on the main process first, so no collective can run inside it), before ``prepare``:
 # a preference run's precomputed reference, each process its share, gathered. ``accelerator``
@@ -290,5 +296,9 @@ class Workload:
     notes: NotesFn | None = None  # warnings the task reads off its eval metrics
     step_start: StepStartFn | None = None  # the whole step's micro-batches first (KTO's KL)
     shared_pass: SharedPassFn | None = None  # on every process after the build
+    at_step: AtStepFn | None = None  # the step's number, before its micro-batches (GRPO's seeds)
+    # Samples one data set item trains (GRPO: a prompt's num_generations completions): the batch
+    # sizes count samples, the data order draws global_batch / samples_per_item items a step
+    samples_per_item: int = 1
     # token_loss ``sequence``: (the head's logit map, positions a chunk) when the chunked loss runs
     use_chunked_loss: Callable[[LogitMap, int], None] | None = None

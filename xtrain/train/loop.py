@@ -330,6 +330,8 @@ class Recipe:
         accumulation, tokens_key = self.settings.accumulation, self.workload.tokens_key
         rank = acc.process_index
         forward = self.workload.forward
+        if self.workload.at_step is not None:  # the task told the step's number (GRPO's sampling seeds)
+            self.workload.at_step(step)
         ahead = self._whole_step(batches) if self.workload.step_start is not None else None
         for micro in range(accumulation):
             batch = ahead[micro] if ahead else _to_device(window.next_batch(batches), device, self.pin)

@@ -33,11 +33,13 @@ if TYPE_CHECKING:
 
 
 def data_order(workload: Workload, settings: RunSettings, cfg: TrainConfig, world: int) -> DataOrder:
-    """The samples of every step, the same for any process count (``data.sampler``);
+    """The samples of every step, the same for any process count (``data.sampler``), in items of
+    ``Workload.samples_per_item`` samples (GRPO: a prompt's completions);
     ``data.group_by_length``: one length per sample (a task without lengths: one line)."""
     lengths = train_lengths(workload) if cfg.data.group_by_length else None
-    size = len(workload.train_dataset)
-    return DataOrder(size, settings.global_batch, settings.per_device, world, cfg.run.seed, lengths=lengths)
+    size, k = len(workload.train_dataset), workload.samples_per_item  # k samples an item (GRPO)
+    batch, per_device = settings.global_batch // k, settings.per_device // k
+    return DataOrder(size, batch, per_device, world, cfg.run.seed, lengths=lengths)
 
 
 def trainable_model(workload: Workload, precision: str) -> Module:

@@ -1,0 +1,1 @@
+"""GRPO: reinforcement learning with verifiable rewards on a causal LM (the grpo task)."""

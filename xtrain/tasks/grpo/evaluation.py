@@ -1,0 +1,84 @@
+"""GRPO's evaluation (``Workload.evaluate``): every eval prompt answered greedily (each process its
+share of the eval loader), scored by the run's reward functions, gathered in data order: the mean
+reward (``reward``, the weighted sum), each function's mean, the completions' mean length; and the
+first few completions next to their rewards. ``eval_loss`` is minus the mean reward (lower is
+better, as every task's eval loss)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from xtrain.tasks.contract import Prediction
+from xtrain.tasks.grpo import loss as gl
+from xtrain.tasks.grpo.rollout import generate
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from xtrain.tasks.grpo.rows import PromptRow
+    from xtrain.tasks.grpo.step import GrpoStep
+
+SAMPLES = 4  # eval completions shown at each evaluation
+
+
+class GrpoEval:
+    """``evaluate(accelerator, model, eval_loader) -> (metrics with eval_loss, predictions)``."""
+
+    def __init__(self, step: GrpoStep, rows: list[PromptRow]) -> None:
+        self.step, self.rows = step, rows
+
+    def __call__(
+        self, accelerator: Accelerator, model: torch.nn.Module, loader: DataLoader
+    ) -> tuple[dict[str, float], list[Prediction]]:
+        from xtrain.model.sharding import generate_kwargs
+        from xtrain.tasks.grpo.step import _unwrapped, eos_ids
+
+        s = self.step
+        inner = _unwrapped(model)
+        eos = eos_ids(s.encoder.tokenizer, inner)
+        was_training = model.training
+        model.eval()
+        gathered: list[torch.Tensor] = []
+        shown: list[
+            tuple[int, str, float]
+        ] = []  # this process's first completions (the main's: the first rows)
+        with torch.no_grad():
+            for batch in loader:
+                rows = batch["row"].tolist()
+                with accelerator.autocast():
+                    done = generate(
+                        inner, batch["input_ids"].to(accelerator.device),
+                        batch["attention_mask"].to(accelerator.device), s.g.max_completion_length,
+                        s.pad_id, eos, None, **generate_kwargs(accelerator),
+                    )  # fmt: skip
+                texts = s.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
+                values = s.score(rows, texts, s.step, self.rows)
+                if len(shown) < SAMPLES:
+                    total = gl.total_rewards(values, torch.tensor([r.weight for r in s.rewards]))
+                    shown += list(zip(rows, texts, total.tolist(), strict=True))[: SAMPLES - len(shown)]
+                lengths = done.mask.sum(1).float().cpu().unsqueeze(1)
+                local = torch.cat([torch.tensor(rows, dtype=torch.float32).unsqueeze(1), values, lengths], 1)
+                gathered.append(accelerator.gather_for_metrics(local.to(accelerator.device)).cpu())
+        if was_training:
+            model.train()
+        if not gathered:
+            return {}, []
+        table = torch.cat(gathered)
+        per_fn = table[:, 1 : 1 + len(s.rewards)]
+        weights = torch.tensor([r.weight for r in s.rewards])
+        rewards = gl.total_rewards(per_fn, weights)
+        metrics = {"eval_loss": -float(rewards.mean()), "reward": float(rewards.mean())}
+        for r, column in zip(s.rewards, per_fn.T, strict=True):
+            given = column[~column.isnan()]
+            metrics[f"rewards/{r.name}"] = float(given.mean()) if len(given) else 0.0
+        metrics["completion_length"] = float(table[:, -1].mean())
+        samples = [
+            Prediction(
+                reference=s.encoder.text(self.rows[row]), prediction=f"{text.strip()}  [reward {r:.2f}]"
+            )
+            for row, text, r in shown
+        ]
+        return metrics, samples

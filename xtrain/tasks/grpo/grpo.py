@@ -1,0 +1,298 @@
+"""``grpo``: reinforcement learning with verifiable rewards (GRPO, Dr. GRPO, DAPO) on a causal LM,
+``grpo.*`` (docs/grpo.md).
+
+Data: prompt-only rows (``rows``: text, turns or alpaca) with any other columns handed to the
+reward functions (``rewards``). Each step, every prompt gets ``grpo.num_generations`` sampled
+completions (``rollout``: the model's ``generate``, seeded per completion), scored, and the
+group-relative advantages weight the clipped surrogate (``loss``); ``step`` runs it on the loop's
+hooks (``at_step``, ``step_start``, ``forward``). The batch sizes count completions: a data set
+item is one prompt of ``num_generations`` samples (``Workload.samples_per_item``), so
+``batch.per_device`` and ``batch.global_batch`` are multiples of it. The evaluation answers the
+eval prompts greedily and reports their mean reward (``evaluation``). The result is a causal LM
+adapter: ``xtrain predict`` continues prompts as causal-lm does, ``xtrain export`` merges it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from xtrain.errors import XtrainError
+from xtrain.tasks import prompt_predict
+from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from torch.nn import Module
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from xtrain.config.schema import TrainConfig
+    from xtrain.model.activations import Stack
+    from xtrain.planning.run import Run
+    from xtrain.tasks.contract import Workload
+    from xtrain.tasks.data_check import Sample
+    from xtrain.tasks.data_report import DataReport
+    from xtrain.tasks.grpo.rows import PromptEncoder
+
+NAME = "grpo"
+METRIC = "reward"
+LOSSES = ("grpo", "dr_grpo", "dapo")  # grpo.loss: TRL's normalisations (xtrain.tasks.grpo.loss)
+
+
+def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptEncoder:
+    """Prompts rendered by the chat template (``data.chat_template`` or the tokenizer's) where
+    there is one (conversational and alpaca rows), else as text."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks.grpo.rows import PromptEncoder
+
+    template = chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None)
+    return PromptEncoder(tokenizer, cfg.data.max_length, template)
+
+
+def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    from xtrain.tasks import data_check
+    from xtrain.tasks.common import finish_model, load_seeded, prepare_tokenizer, raw_datasets
+    from xtrain.tasks.contract import Workload
+    from xtrain.tasks.grpo import rewards as rw
+    from xtrain.tasks.grpo import rows as rows_
+    from xtrain.tasks.grpo.evaluation import GrpoEval
+    from xtrain.tasks.grpo.step import GrpoStep
+    from xtrain.tasks.preference.reference import no_dropout
+
+    cfg = run.cfg
+    rewards = rw.resolve(cfg.grpo)  # (checked when the config was; imported once per process)
+    source, tokenizer = prepare_tokenizer(cfg, main_process_first)
+    with main_process_first():
+        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+    first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+    report = inspect(cfg, (source, tokenizer), first, [])
+    encoder = encoder_of(cfg, tokenizer)
+    train_rows = rows_.read_rows(train, train_name)
+    eval_rows = rows_.read_rows(eval_ds, eval_name) if eval_ds is not None else None
+
+    model = load_seeded(run, TASK, source)
+    if getattr(model.config, "pad_token_id", None) is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    model = finish_model(model, cfg, TASK)
+    no_dropout(model)  # TRL's default: the old policy and the reference are the same function
+    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed)
+    pad = step.pad_id
+    return Workload(
+        model=model,
+        train_dataset=rows_.encoded(train_rows, encoder, train_name),
+        collator=rows_.PromptCollator(pad),
+        eval_dataset=rows_.encoded(eval_rows, encoder, eval_name) if eval_rows else None,
+        tokenizer=tokenizer,
+        chat=encoder.template is not None and train_rows[0].conversational,
+        main_metric=METRIC,
+        forward=step,
+        notes=step.notes,
+        evaluate=GrpoEval(step, eval_rows) if eval_rows else None,
+        data_report=report,
+        step_start=step.step_start,
+        at_step=step.at_step,
+        samples_per_item=cfg.grpo.num_generations,
+    )
+
+
+def check_data(cfg: TrainConfig, limit: int) -> DataReport:
+    """The data check (``xtrain train --dry-run``): the first rows read and their prompts encoded
+    (a bad row raises its line), the first prompt as the model reads it, the generation settings
+    and the reward functions found (their import already checked with the config)."""
+    from xtrain.tasks import data_check
+    from xtrain.tasks.common import prepare_tokenizer
+
+    samples, found_notes = data_check.first_samples(cfg, limit)
+    load = lambda: prepare_tokenizer(cfg, contextlib.nullcontext)  # noqa: E731
+    return inspect(cfg, data_check.loaded_or_note(cfg, found_notes, load), samples, found_notes)
+
+
+def settings_line(cfg: TrainConfig) -> str:
+    g = cfg.grpo
+    from xtrain.tasks.grpo.rewards import named_weights
+
+    named = ", ".join(f"{n} x{w:g}" for n, w in named_weights(g))
+    return (
+        f"generation: {g.num_generations} completions a prompt, up to {g.max_completion_length} tokens, "
+        f"temperature {g.temperature:g}, top_p {g.top_p:g}; loss {g.loss}, scale_rewards {g.scale_rewards}, "
+        f"beta {g.beta:g}; rewards: {named}"
+    )
+
+
+def kv_cache_bytes(config: Any, sequences: int, tokens: int, precision_bytes: int) -> int:
+    """Generation's KV cache: ``sequences`` x ``tokens`` x 2 (K and V) x layers x KV heads x head
+    size x ``precision_bytes`` (the model's text config; 0 when it does not say its shape)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    if not (layers and heads and hidden):
+        return 0
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    return sequences * tokens * 2 * layers * kv_heads * head_dim * precision_bytes
+
+
+def kv_cache_line(cfg: TrainConfig, source: str) -> str:
+    """The dry run's line on generation's KV cache of one micro-batch, from the model's config."""
+    from xtrain.model import load as models
+
+    g, b = cfg.grpo, cfg.batch
+    tokens = cfg.data.max_length + g.max_completion_length
+    try:
+        config = models.load_config(source, cfg.model.trust_remote_code)
+    except Exception:  # noqa: BLE001 - the config is not on this machine: no figure, the rule only
+        config = None
+    size = kv_cache_bytes(config, b.per_device, tokens, 2) if config is not None else 0
+    figure = f"{size / 2**30:.2f} GiB in 16-bit" if size else "its size needs the model's config"
+    return (
+        f"generation's KV cache: {b.per_device} completions x up to {tokens} tokens (data.max_length + "
+        f"grpo.max_completion_length) a micro-batch: {figure} (x2 in float32), held while generating "
+        "and freed before the training forward"
+    )
+
+
+def inspect(
+    cfg: TrainConfig,
+    found: tuple[str, PreTrainedTokenizerBase] | None,
+    samples: list[Sample],
+    notes: list[str],
+) -> DataReport:
+    """``check_data``'s report of ``samples`` with ``found`` = (source, tokenizer), or None."""
+    from xtrain.tasks import data_check
+    from xtrain.tasks.data_report import DataReport
+    from xtrain.tasks.grpo import rows as rows_
+
+    report = DataReport(NAME, cfg.data.max_length, notes=[*notes, settings_line(cfg)])
+    for s in samples:
+        rows = rows_.read_rows(s.ds, s.name)
+        shape = "conversational prompts" if rows[0].conversational else "text prompts"
+        check = s.check(row_format=shape)
+        report.sources.append(check)
+        if found is None:
+            continue
+        if report.example is None and s.role == "train":
+            report.notes.append(kv_cache_line(cfg, found[0]))
+        encoder = encoder_of(cfg, found[1])
+        ids = rows_.encoded(rows, encoder, s.name)
+        check.lengths.extend(len(x["input_ids"]) for x in ids)
+        if report.example is None and s.role == "train":
+            report.example = data_check.example_of(s, 0, found[1], ids[0]["input_ids"], None)
+            report.example.note = (
+                f"the prompt; {cfg.grpo.num_generations} completions of up to "
+                f"{cfg.grpo.max_completion_length} tokens follow it; other columns to the rewards: "
+                f"{', '.join(sorted(rows[0].columns)) or 'none'}"
+            )
+    return report
+
+
+def validate(cfg: TrainConfig) -> None:
+    from xtrain.config.values import choose
+    from xtrain.tasks.grpo import rewards as rw
+
+    g, b = cfg.grpo, cfg.batch
+    g.loss = choose("grpo.loss", g.loss, LOSSES, {})  # here: its choices are this task's
+    for key, value in (("batch.per_device", b.per_device), ("batch.global_batch", b.global_batch)):
+        if value is not None and value % g.num_generations:
+            raise XtrainError(
+                f"{key}={value} is not a multiple of grpo.num_generations={g.num_generations}: "
+                "GRPO's batch sizes count completions, a prompt's group whole",
+                f"use {key}={max(1, value // g.num_generations) * g.num_generations}",
+            )
+    if not 0 < g.top_p <= 1:
+        raise XtrainError(
+            f"grpo.top_p must be a number in (0, 1], got {g.top_p}", "1 samples from every token"
+        )
+    if g.epsilon >= 1:
+        raise XtrainError(f"grpo.epsilon={g.epsilon}: the ratio's clip range 1 - epsilon must stay above 0")
+    if g.num_iterations > 1 and cfg.run.save_every and cfg.run.save_every % g.num_iterations:
+        raise XtrainError(
+            f"run.save_every={cfg.run.save_every} is not a multiple of "
+            f"grpo.num_iterations={g.num_iterations}",
+            "checkpoints at generation boundaries keep a resume exact: use a multiple",
+        )
+    rw.resolve(g)  # the reward functions imported and checked: before any model loads
+
+
+def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
+    """The memory estimate's stacks: a sample is a prompt (up to ``data.max_length``) and its
+    completion (``grpo.max_completion_length``) through the text layers."""
+    from dataclasses import replace
+
+    from xtrain.tasks.stacks import text_stacks
+
+    extra = cfg.grpo.max_completion_length
+    return [replace(s, positions=s.positions + extra) for s in text_stacks(model, cfg)]
+
+
+def _never(config: dict[str, Any]) -> bool:
+    return False  # a result saved without a record is a causal LM: causal-lm reads it
+
+
+def _quickstart_prompt() -> list[str]:
+    from xtrain.builtin.grpo import QUICKSTART_PROMPT
+
+    return ["--prompt", QUICKSTART_PROMPT]
+
+
+def _load(
+    folder: Path, base: str, record: dict[str, Any]
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
+    from xtrain.tasks.text.causal_lm import load_for_predict
+
+    return load_for_predict(folder, base, record)
+
+
+TASK = Task(
+    name=NAME,
+    about="prompts and reward functions on a causal LM: GRPO, Dr. GRPO, DAPO (RL with verifiable "
+    "rewards); metric: mean reward",
+    build=build,
+    keys=frozenset(
+        {
+            "model.quantization",
+            "data.chat_template",
+            *(
+                f"grpo.{k}"
+                for k in (
+                    "num_generations",
+                    "max_completion_length",
+                    "temperature",
+                    "top_p",
+                    "rewards",
+                    "reward_weights",
+                    "answer_column",
+                    "answer_pattern",
+                    "format_pattern",
+                    "length_target",
+                    "loss",
+                    "scale_rewards",
+                    "epsilon",
+                    "epsilon_high",
+                    "beta",
+                    "num_iterations",
+                    "mask_truncated_completions",
+                )
+            ),  # fmt: skip
+        }
+    ),
+    validate=validate,
+    model_class="AutoModelForCausalLM",
+    peft_task_type="CAUSAL_LM",
+    stacks=stacks,
+    resume_keys=("grpo.num_generations",),
+    recognizes=_never,
+    predicts=Predicts(takes="--prompt TEXT", load=_load, run=prompt_predict.text_predict, samples=True),
+    quickstart=Quickstart(
+        job="quickstart-grpo.yaml",
+        about="GRPO: whole-sentence answers rewarded by a regex, learnt from the model's own samples",
+        next_command="xtrain train examples/grpo.yaml",
+        headline=(
+            METRIC,
+            "mean reward",
+            "eval prompts answered greedily, scored by the reward functions; 1 is best",
+        ),
+        predict_args=_quickstart_prompt,
+    ),
+    check_data=check_data,
+)

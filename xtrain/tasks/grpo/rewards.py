@@ -1,0 +1,236 @@
+"""GRPO's reward functions: the built-ins and the user's own, found, checked and called.
+
+A reward function has TRL's signature: ``f(prompts, completions, **columns) -> list[float | None]``
+(one number per completion; None: no reward from this function for that completion), called with
+the prompts and completions as lists (text, or turns for conversational rows: TRL's shapes) and
+every other column of the rows as a keyword list, so a TRL reward function works unchanged.
+
+``grpo.rewards`` names them: a built-in (``exact_match``, ``format``, ``length``), or the user's
+``path/to/rewards.py:function`` (a path from the current folder) or ``package.module:function``.
+They are imported when the config is checked (``resolve``, before any model loads, in every
+process): a missing file or function, a non-callable or a signature that cannot take
+``(prompts=, completions=)`` is one line, exit 2, at ``xtrain train --dry-run``. A function that
+raises, returns the wrong number of rewards or a NaN in training is one line naming the function,
+the step and the row (``call``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xtrain.errors import XtrainError
+
+if TYPE_CHECKING:
+    from xtrain.config.schema import GrpoConfig
+
+RewardFn = Callable[..., Sequence[float | None]]
+BUILTINS = ("exact_match", "format", "length")
+HINT = "grpo.rewards takes exact_match, format, length, path/to/file.py:function or package.module:function"
+
+
+class RewardError(XtrainError):
+    """A reward function that failed in training (one line: function, step, row)."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    name: str  # as grpo.rewards names it
+    fn: RewardFn
+    weight: float
+
+
+def _completion_text(completion: Any) -> str:
+    """A completion's text: itself, or the content of its (last) assistant turn."""
+    if isinstance(completion, list):
+        return str(completion[-1].get("content", "")) if completion else ""
+    return str(completion)
+
+
+def exact_match(column: str, pattern: str | None) -> RewardFn:
+    """1.0 when the completion (its stripped text, or ``pattern``'s first group found in it) equals
+    the row's ``column``, else 0.0."""
+    compiled = re.compile(pattern) if pattern else None
+
+    def reward(prompts: list[Any], completions: list[Any], **columns: list[Any]) -> list[float]:
+        if column not in columns:
+            raise KeyError(f"exact_match reads column '{column}' (grpo.answer_column), the rows have none")
+        out = []
+        for completion, answer in zip(completions, columns[column], strict=True):
+            text = _completion_text(completion)
+            if compiled is not None:
+                found = compiled.search(text)
+                text = (found.group(1) if found.groups() else found.group(0)) if found else ""
+            out.append(1.0 if text.strip() == str(answer).strip() else 0.0)
+        return out
+
+    return reward
+
+
+def format_match(pattern: str) -> RewardFn:
+    """1.0 when the whole completion matches ``pattern`` (a regex; DOTALL), else 0.0."""
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def reward(prompts: list[Any], completions: list[Any], **columns: list[Any]) -> list[float]:
+        return [1.0 if compiled.fullmatch(_completion_text(c).strip()) else 0.0 for c in completions]
+
+    return reward
+
+
+def length_penalty(target: int) -> RewardFn:
+    """0 up to ``target`` characters, then minus the excess over ``target`` (at most -1)."""
+
+    def reward(prompts: list[Any], completions: list[Any], **columns: list[Any]) -> list[float]:
+        return [-min(1.0, max(0, len(_completion_text(c)) - target) / target) for c in completions]
+
+    return reward
+
+
+@cache
+def _load_file(path: str) -> Any:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise XtrainError(
+            f"grpo.rewards: reward file {path} not found", "give a path from the current folder"
+        )
+    name = f"xtrain_rewards_{abs(hash(str(file.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pickling and dataclasses inside it find their module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise XtrainError(f"grpo.rewards: importing {path} failed: {type(e).__name__}: {e}") from None
+    return module
+
+
+def _load_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except Exception as e:
+        raise XtrainError(
+            f"grpo.rewards: module {name} cannot be imported: {type(e).__name__}: {e}", HINT
+        ) from None
+
+
+def load_user(spec: str) -> RewardFn:
+    """``file.py:function`` or ``module:function`` -> the function, checked (one line when not)."""
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise XtrainError(f"grpo.rewards: unknown reward function '{spec}'", HINT)
+    module = _load_file(where) if where.endswith(".py") else _load_module(where)
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise XtrainError(f"grpo.rewards: {where} has no function '{attr}'", HINT)
+    if not callable(fn):
+        raise XtrainError(f"grpo.rewards: {spec} is a {type(fn).__name__}, not a function")
+    try:
+        inspect.signature(fn).bind_partial(prompts=[], completions=[])
+    except TypeError:
+        raise XtrainError(
+            f"grpo.rewards: {spec} cannot take prompts= and completions= as keywords",
+            "give it TRL's signature: def f(prompts, completions, **kwargs) -> list[float]",
+        ) from None
+    except ValueError:  # a builtin without a signature: it is called as it is
+        pass
+    return fn
+
+
+def named_weights(g: GrpoConfig) -> list[tuple[str, float]]:
+    """``grpo.rewards`` (one name or a list) with ``grpo.reward_weights`` (one number, a list, or
+    None: 1 each), one pair per function; a count that differs is one line."""
+    names = [g.rewards] if isinstance(g.rewards, str) else list(g.rewards)
+    if not names:
+        raise XtrainError("grpo.rewards is empty: GRPO needs at least one reward function", HINT)
+    given = g.reward_weights
+    weights = [1.0] * len(names) if given is None else [given] if isinstance(given, (int, float)) else given
+    if len(weights) != len(names):
+        raise XtrainError(
+            f"grpo.reward_weights has {len(weights)} numbers for {len(names)} reward functions",
+            "give one weight per entry of grpo.rewards, in the same order",
+        )
+    return [(n, float(w)) for n, w in zip(names, weights, strict=True)]
+
+
+def resolve(g: GrpoConfig) -> list[Reward]:
+    """``grpo.rewards`` with their weights, each found and checked."""
+    out = []
+    for name, weight in named_weights(g):
+        if name == "exact_match":
+            fn = exact_match(g.answer_column, g.answer_pattern)
+        elif name == "format":
+            if not g.format_pattern:
+                raise XtrainError("grpo.rewards: format needs grpo.format_pattern (a regex)")
+            fn = format_match(g.format_pattern)
+        elif name == "length":
+            fn = length_penalty(g.length_target)
+        else:
+            fn = load_user(name)
+        out.append(Reward(name, fn, float(weight)))
+    return out
+
+
+def _accepted(fn: RewardFn, columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """The columns ``fn`` takes: all with ``**kwargs``, else the ones it names."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except ValueError:
+        return columns
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return columns
+    named = {p.name for p in params}
+    return {k: v for k, v in columns.items() if k in named}
+
+
+def call(
+    reward: Reward,
+    prompts: list[Any],
+    completions: list[Any],
+    columns: dict[str, list[Any]],
+    step: int,
+    rows: list[int],
+) -> list[float]:
+    """``reward`` on a batch -> one float per completion (None: NaN); its failures one line naming
+    the function, the ``step`` and the data row (``rows``: the data set's row of each completion)."""
+    where = f"reward function {reward.name} at step {step}"
+    try:
+        values = list(reward.fn(prompts=prompts, completions=completions, **_accepted(reward.fn, columns)))
+    except Exception as e:
+        raise RewardError(
+            f"{where} raised {type(e).__name__}: {e} (on the completions of rows {sorted(set(rows))})",
+            "fix the function; the run resumes from its last checkpoint with the same command",
+        ) from None
+    if len(values) != len(completions):
+        raise RewardError(
+            f"{where} returned {len(values)} rewards for {len(completions)} completions "
+            f"(rows {sorted(set(rows))})",
+            "return one float (or None) per completion",
+        )
+    out = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(math.nan)
+            continue
+        try:
+            number = float(v)
+        except (TypeError, ValueError):
+            number = math.nan
+            v = f"{v!r} (not a number)"
+        if not math.isfinite(number):
+            raise RewardError(
+                f"{where} returned {v} for row {rows[i]} (completion {i} of the batch)",
+                "return a finite float, or None for no reward",
+            )
+        out.append(number)
+    return out

@@ -1,0 +1,135 @@
+"""GRPO's data rows: prompts only, in the shapes people have, with any other columns kept for the
+reward functions (an answer, test cases).
+
+- ``{"prompt": "..."}``: the text as it is (the tokenizer's start token added);
+- ``{"prompt": [{"role": ..., "content": ...}, ...]}``: conversational (TRL's), rendered by the chat
+  template (``data.chat_template`` or the tokenizer's) with the assistant's turn opened;
+- alpaca ``{"instruction", "input"?, "system"?}``: the instruction (and input) as the user's turn
+  under a chat template, else ``instruction\\n\\ninput`` as text.
+
+A prompt is never cut: one of ``data.max_length`` tokens or more is refused (one line naming the
+row and the file), since the completion follows it. Each row is encoded once into its prompt's
+token ids; the collator pads them on the left (generation continues every prompt at its end).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from xtrain.errors import RowError, XtrainError
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
+
+Turns = list[dict[str, Any]]
+PROMPT_KEYS = ("prompt", "instruction", "input", "system")  # what a row's prompt is read from
+
+
+class BadPromptRow(RowError):
+    HINT = "fix or remove that row (docs/grpo.md#data describes the shapes)"
+
+
+@dataclass
+class PromptRow:
+    """One checked row: its prompt (text or turns) and its other columns (for the rewards)."""
+
+    prompt: str | Turns
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def conversational(self) -> bool:
+        return isinstance(self.prompt, list)
+
+
+def _turns(value: list[Any], where: str) -> Turns:
+    for turn in value:
+        if not isinstance(turn, dict) or "role" not in turn or "content" not in turn:
+            raise BadPromptRow(f"{where}: a conversational prompt is a list of {{role, content}} turns")
+    return list(value)
+
+
+def read_row(row: dict[str, Any], index: int, source: str) -> PromptRow:
+    """One row as a ``PromptRow`` (a row without a prompt: one line)."""
+    where = f"row {index} of {source}"
+    rest = {k: v for k, v in row.items() if k not in PROMPT_KEYS}
+    prompt = row.get("prompt")
+    if isinstance(prompt, str) and prompt.strip():
+        return PromptRow(prompt, rest)
+    if isinstance(prompt, list) and prompt:
+        return PromptRow(_turns(prompt, where), rest)
+    instruction = row.get("instruction")
+    if isinstance(instruction, str) and instruction.strip():
+        extra, system = row.get("input"), row.get("system")
+        user = instruction + (f"\n\n{extra}" if isinstance(extra, str) and extra else "")
+        turns = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
+        return PromptRow([*turns, {"role": "user", "content": user}], rest)
+    raise BadPromptRow(
+        f"{where} has no prompt: GRPO reads 'prompt' (text or turns) or alpaca's 'instruction' "
+        f"(its columns: {', '.join(sorted(row)) or 'none'})"
+    )
+
+
+def read_rows(ds: Dataset, source: str) -> list[PromptRow]:
+    rows = [read_row(dict(r), i, source) for i, r in enumerate(ds)]
+    if not rows:
+        raise XtrainError(f"{source} has no rows")
+    return rows
+
+
+@dataclass
+class PromptEncoder:
+    """A prompt as token ids: the chat template (``template``: its text, None without one)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    max_length: int
+    template: str | None = None
+
+    def text(self, row: PromptRow) -> str:
+        """The prompt as the model reads it (rendered)."""
+        if not row.conversational:
+            assert isinstance(row.prompt, str)
+            return row.prompt
+        if self.template is None:  # turns without a template: the user's words as text
+            return "\n\n".join(str(t["content"]) for t in row.prompt)
+        return self.tokenizer.apply_chat_template(
+            row.prompt, tokenize=False, add_generation_prompt=True, chat_template=self.template
+        )
+
+    def encode(self, row: PromptRow, where: str) -> list[int]:
+        text = self.text(row)
+        special = not (row.conversational and self.template is not None)  # a template writes its own
+        ids = list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+        if len(ids) >= self.max_length:
+            raise BadPromptRow(
+                f"{where}: its prompt is {len(ids)} tokens, data.max_length is {self.max_length} "
+                "(the prompt is never cut: the completion follows it)",
+                "raise data.max_length or shorten that prompt",
+            )
+        return ids
+
+
+def encoded(rows: list[PromptRow], encoder: PromptEncoder, source: str) -> list[dict[str, Any]]:
+    """The data set the loop reads: ``{"input_ids": prompt ids, "row": its index}`` per row."""
+    return [{"input_ids": encoder.encode(r, f"row {i} of {source}"), "row": i} for i, r in enumerate(rows)]
+
+
+class PromptCollator:
+    """Prompts padded on the left to the longest (``input_ids``, ``attention_mask``, ``row``).
+    Top-level and picklable (spawned DataLoader workers)."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        import torch
+
+        width = max(len(x["input_ids"]) for x in items)
+        ids = [[self.pad_id] * (width - len(x["input_ids"])) + list(x["input_ids"]) for x in items]
+        mask = [[0] * (width - len(x["input_ids"])) + [1] * len(x["input_ids"]) for x in items]
+        return {
+            "input_ids": torch.tensor(ids, dtype=torch.long),
+            "attention_mask": torch.tensor(mask, dtype=torch.long),
+            "row": torch.tensor([x["row"] for x in items], dtype=torch.long),
+        }

@@ -1,0 +1,291 @@
+"""One GRPO step on the loop's hooks: ``at_step`` (the step's number: the sampling seeds),
+``step_start`` (the rollout: every micro-batch of this process generated, scored, its advantages
+taken over the step's global batch) and the forward (the clipped surrogate's loss of a
+micro-batch), with the metrics a user watches and the warnings of a broken run.
+
+``step_start`` replaces each micro-batch's prompts by prompt + completion sequences and adds
+what the loss reads: ``completion_mask``, ``loss_mask`` (truncated completions out when
+``grpo.mask_truncated_completions``), ``advantages``, ``old_logps`` (``num_iterations`` > 1),
+``ref_logps`` (``beta`` > 0) and the step's statistics (``stat/...``, the same on every process).
+One gather a step brings every process's rewards and token counts together, ordered by the
+global micro-batch number, so the advantages (``scale_rewards: batch``), dapo's normaliser and the
+metrics are the same numbers at any process count.
+
+``num_iterations`` > 1 reuses the generation of the cycle's first step for the next
+``num_iterations - 1`` steps (their prompts from the loader are not used), with the old policy's
+log-probabilities from that first step. A run resumed inside a cycle generates again at its first
+step (docs/grpo.md: resume is exact at cycle boundaries: ``run.save_every`` a multiple).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from xtrain.data.sampler import mix_seed
+from xtrain.tasks.grpo import loss as gl
+from xtrain.tasks.grpo import rewards as rw
+from xtrain.tasks.grpo.rollout import SeededSampling, generate, token_logps
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from xtrain.config.schema import GrpoConfig
+    from xtrain.tasks.grpo.rows import PromptEncoder, PromptRow
+
+Batch = dict[str, Any]
+Gather = "Callable[[torch.Tensor], torch.Tensor]"
+ZERO_SPREAD = 1e-6  # a group's reward std below this gives no signal
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model, keep_torch_compile=False)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def eos_ids(tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module) -> list[int]:
+    """The end tokens a completion stops at: the tokenizer's and the model's generation config's."""
+    found = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    found = found if isinstance(found, list) else [found]
+    ids = [tokenizer.eos_token_id, *found]
+    return list(dict.fromkeys(i for i in ids if i is not None))
+
+
+class GrpoStep:
+    """``Workload.at_step``, ``step_start`` and ``forward`` of the grpo task."""
+
+    def __init__(
+        self,
+        g: GrpoConfig,
+        rewards: list[rw.Reward],
+        rows: list[PromptRow],
+        encoder: PromptEncoder,
+        seed: int,
+    ) -> None:
+        self.g, self.rewards, self.rows, self.encoder, self.seed = g, rewards, rows, encoder, seed
+        self.settings = gl.LossSettings(
+            g.loss, g.epsilon, g.epsilon_high if g.epsilon_high is not None else g.epsilon, g.beta,
+            g.max_completion_length,
+        )  # fmt: skip
+        tok = encoder.tokenizer
+        self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.step = 0
+        self.cycle: tuple[int, list[Batch]] | None = None  # num_iterations > 1: (first step, batches)
+        # the warnings' evidence since the last evaluation (``notes``)
+        self.steps_seen = 0
+        self.all_zero_steps = 0
+        self.truncated_sum = 0.0
+        self.completions: list[
+            tuple[int, str, str, float]
+        ] = []  # the last step's (row, prompt, text, reward)
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def at_step(self, step: int) -> None:
+        """``Workload.at_step``: the optimizer step about to run (seeds the sampling)."""
+        self.step = step
+
+    def step_start(self, model: torch.nn.Module, micro_batches: list[Batch], gather: Any) -> None:
+        """``Workload.step_start``: the rollout of this process's micro-batches (module docstring)."""
+        mu, step = self.g.num_iterations, self.step
+        first = step - step % mu
+        if mu > 1 and self.cycle is not None and self.cycle[0] == first:
+            for batch, kept in zip(micro_batches, self.cycle[1], strict=True):
+                batch.clear()
+                batch.update(kept)
+            return
+        scored = [self._rollout(model, b, first) for b in micro_batches]
+        self._advantages(micro_batches, scored, gather)
+        if mu > 1 or self.g.beta:
+            for batch in micro_batches:
+                self._side_logps(model, batch)
+        if mu > 1:
+            self.cycle = (first, [dict(b) for b in micro_batches])
+
+    def __call__(self, model: torch.nn.Module, batch: Batch) -> StepOutput:
+        """``Workload.forward``: the micro-batch's loss (``loss.micro_batch_loss``) and metrics."""
+        s = self.settings
+        width = batch["completion_mask"].size(1)
+        logps = token_logps(model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature)
+        per_token, clipped, kl = gl.per_token_loss(
+            s, logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"]
+        )
+        mask = batch["loss_mask"].to(per_token)
+        total, micro = float(batch["stat/total_tokens"]), int(batch["stat/micro_batches"])
+        loss = gl.micro_batch_loss(s, per_token, mask, total, micro)
+        tokens = mask.sum().clamp(min=1.0)
+        metrics = {k[5:]: v for k, v in batch.items() if k.startswith("stat/") and k not in _NOT_SHOWN}
+        metrics["clip_ratio"] = (clipped.to(mask) * mask).sum().detach() / tokens
+        if kl is not None:
+            metrics["kl"] = (kl.detach() * mask).sum() / tokens
+        return StepOutput(loss, metrics)
+
+    # -- the rollout --------------------------------------------------------------------------------
+    def _rollout(self, model: torch.nn.Module, batch: Batch, step: int) -> torch.Tensor:
+        """One micro-batch generated and scored in place; returns its [N, F] rewards (NaN: None)."""
+        G, rows = self.g.num_generations, batch["row"].tolist()
+        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)
+        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
+        seeds = [mix_seed(self.seed, step, r, k) for r in rows for k in range(G)]
+        sampling = SeededSampling(seeds, self.g.temperature, self.g.top_p, prompt_ids.device)
+        inner = _unwrapped(model)
+        done = generate(
+            inner, prompt_ids, prompt_mask, self.g.max_completion_length, self.pad_id,
+            eos_ids(self.encoder.tokenizer, inner), sampling, **_synced(model),
+        )  # fmt: skip
+        each = [r for r in rows for _ in range(G)]
+        texts = self.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
+        values = self.score(each, texts, step)
+        self.completions = [
+            (each[i], self._prompt_text(each[i]), texts[i], float(values[i].nansum()))
+            for i in range(len(texts))
+        ]
+        loss_mask = (
+            done.mask * (~done.truncated).long().unsqueeze(1)
+            if self.g.mask_truncated_completions
+            else done.mask
+        )
+        batch.update(
+            input_ids=torch.cat([prompt_ids, done.ids], dim=1),
+            attention_mask=torch.cat([prompt_mask, done.mask], dim=1),
+            completion_mask=done.mask,
+            loss_mask=loss_mask,
+            truncated=done.truncated,
+        )
+        return values.to(prompt_ids.device)
+
+    def _prompt_text(self, row: int) -> str:
+        return self.encoder.text(self.rows[row])
+
+    def score(
+        self, each: list[int], texts: list[str], step: int, rows: list[PromptRow] | None = None
+    ) -> torch.Tensor:
+        """[N, F] rewards of completions ``texts`` of data rows ``each`` (NaN: no reward)."""
+        source = rows if rows is not None else self.rows
+        picked = [source[r] for r in each]
+        prompts = [p.prompt for p in picked]
+        completions: list[Any] = (
+            [[{"role": "assistant", "content": t}] for t in texts]
+            if picked and picked[0].conversational
+            else texts
+        )
+        names = sorted({k for p in picked for k in p.columns})
+        columns = {k: [p.columns.get(k) for p in picked] for k in names}
+        out = [rw.call(r, prompts, completions, columns, step, each) for r in self.rewards]
+        return torch.tensor(out, dtype=torch.float32).T.reshape(len(texts), len(self.rewards))
+
+    def _advantages(self, batches: list[Batch], scored: list[torch.Tensor], gather: Any) -> None:
+        """Every process's rewards and token counts (one gather), in global micro-batch order: the
+        advantages of this process's completions and the step's statistics."""
+        G, A, rank = self.g.num_generations, len(batches), _rank()
+        n, F = scored[0].shape
+        device = scored[0].device
+        local = []
+        for a, (batch, values) in enumerate(zip(batches, scored, strict=True)):
+            lengths = batch["completion_mask"].sum(1).float()
+            parts = [
+                values.reshape(-1),
+                lengths,
+                batch["truncated"].float(),
+                batch["loss_mask"].sum().float().reshape(1),
+            ]
+            local.append(torch.cat([torch.tensor([float(a), float(rank)], device=device), *parts]))
+        everything = gather(torch.stack(local))  # [world x A, 2 + N F + 2 N + 1]
+        world = everything.size(0) // A
+        key = everything[:, 0] * world + everything[:, 1]  # the global micro-batch number
+        everything = everything[key.argsort()]
+        per_fn = everything[:, 2 : 2 + n * F].reshape(-1, F)  # [M N, F]
+        lengths = everything[:, 2 + n * F : 2 + n * F + n].reshape(-1)
+        truncated = everything[:, 2 + n * F + n : 2 + n * F + 2 * n].reshape(-1)
+        total_tokens = float(everything[:, -1].sum())
+        weights = torch.tensor([r.weight for r in self.rewards], device=device)
+        rewards = gl.total_rewards(per_fn, weights)
+        adv = gl.advantages(rewards, G, self.g.scale_rewards)
+        stats = self._stats(per_fn, rewards, lengths, truncated)
+        stats.update(
+            total_tokens=torch.tensor(total_tokens), micro_batches=torch.tensor(float(everything.size(0)))
+        )
+        for a, batch in enumerate(batches):
+            m = a * world + rank
+            batch["advantages"] = adv[m * n : (m + 1) * n].to(device)
+            batch.update({f"stat/{k}": v.to(device) for k, v in stats.items()})
+
+    def _stats(
+        self, per_fn: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        spread = gl.group_std(rewards, self.g.num_generations)
+        zero = (spread < ZERO_SPREAD).float().mean()
+        out = {"reward": rewards.mean(), "reward_std": rewards.std(), "frac_reward_zero_std": zero}
+        for r, column in zip(self.rewards, per_fn.T, strict=True):
+            given = column[~column.isnan()]
+            out[f"rewards/{r.name}/mean"] = given.mean() if len(given) else torch.tensor(0.0)
+            out[f"rewards/{r.name}/std"] = given.std() if len(given) > 1 else torch.tensor(0.0)
+        out["completions/mean_length"] = lengths.mean()
+        out["completions/max_length"] = lengths.max()
+        out["completions/clipped_ratio"] = truncated.mean()
+        self.steps_seen += 1
+        self.all_zero_steps += int(float(zero) == 1.0)
+        self.truncated_sum += float(truncated.mean())
+        return {k: v.detach().float().cpu() for k, v in out.items()}
+
+    def _side_logps(self, model: torch.nn.Module, batch: Batch) -> None:
+        """The old policy's (``num_iterations`` > 1) and the reference's (``beta`` > 0) log-probs."""
+        width = batch["completion_mask"].size(1)
+        args = (batch["input_ids"], batch["attention_mask"], width, self.g.temperature)
+        with torch.no_grad():
+            if self.g.num_iterations > 1:
+                batch["old_logps"] = token_logps(model, *args)
+            if self.g.beta:
+                inner = _unwrapped(model)
+                with inner.disable_adapter():  # the base weights alone: LoRA's reference
+                    batch["ref_logps"] = token_logps(inner, *args)
+
+    # -- warnings -------------------------------------------------------------------------------------
+    def notes(self, history: list[dict[str, float]]) -> list[str]:
+        """``Workload.notes``: every group without reward spread through the steps since the last
+        evaluation (no signal: the task is too hard or too easy), or completions at the length limit."""
+        out = []
+        seen, zero, cut = self.steps_seen, self.all_zero_steps, self.truncated_sum
+        self.steps_seen, self.all_zero_steps, self.truncated_sum = 0, 0, 0.0
+        if seen and zero == seen:
+            out.append(
+                f"grpo: every group's completions got the same reward in the last {seen} steps: no "
+                "learning signal (the task is too hard or too easy for the model; check the reward "
+                "functions on a few completions, raise grpo.temperature or grpo.num_generations; "
+                "docs/grpo.md#a-broken-run)"
+            )
+        if seen and cut / seen > 0.5:
+            out.append(
+                f"grpo: {cut / seen:.0%} of completions ran to grpo.max_completion_length="
+                f"{self.g.max_completion_length} without ending (raise it, or reward shorter answers)"
+            )
+        return out
+
+
+_NOT_SHOWN = ("stat/total_tokens", "stat/micro_batches")
+
+
+def _synced(model: torch.nn.Module) -> dict[str, Any]:
+    """Sharded weights over several processes: every rank steps ``generate`` until all are done."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover
+        return {}
+    import torch.distributed as dist
+
+    sharded = any(isinstance(m, FSDPModule) for m in model.modules())
+    return {"synced_gpus": True} if sharded and dist.is_initialized() and dist.get_world_size() > 1 else {}
