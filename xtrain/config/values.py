@@ -127,6 +127,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "preference.label_smoothing": _NONNEG,  # below 0.5: the preference task's validate
     "preference.desirable_weight": _POS_NUM,
     "preference.undesirable_weight": _POS_NUM,
+    "preference.sft_weight": _NONNEG,
     "generation.num_beams": _between(1, 256),
     "generation.sample_predictions": _between(0, 10_000),
 }
@@ -310,4 +311,3 @@ def resolve_key(section: str, name: str, where: str) -> str:
             f"did you mean '{close}'?" if close else f"keys of {section}: {', '.join(names)}",
         )
     return f"{section}.{name}"
-
