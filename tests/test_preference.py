@@ -163,6 +163,14 @@ def test_kto_reads_pairs_as_labelled_completions_and_unpaired_rows_need_kto(tmp_
         XtrainError, match="preference.precompute_reference: preference.loss=orpo uses no reference"
     ):
         _cfg(tmp_path, kto, "preference.loss=orpo", "preference.precompute_reference=true")
+    with pytest.raises(
+        XtrainError, match="preference.sft_weight: orpo's loss holds the chosen answers' NLL"
+    ) as e:
+        _cfg(tmp_path, kto, "preference.loss=orpo", "preference.sft_weight=1")
+    assert "preference.orpo_lambda" in e.value.hint
+    with pytest.raises(XtrainError) as e:
+        _cfg(tmp_path, kto, "preference.rpo_alpha=1")
+    assert "rpo_alpha (TRL) is preference.sft_weight" in (e.value.hint or "")
 
 
 def test_precomputed_and_live_reference_give_the_same_loss(tmp_path):
@@ -636,19 +644,21 @@ def _high_lr_job(root: Path, data: tuple[Path, Path], *extra: str):
     return result, [e[1] for e in reporter.events if e[0] == "note"]
 
 
+@pytest.mark.slow
 def test_the_sft_term_keeps_the_greedy_answers_that_plain_dpo_loses(tmp_path, own_answers):
     """Plain DPO at a high lr learns the preference (reward accuracy 0.5 -> 1.0) by unlearning the
     chosen answers (fewer greedy answers equal to them; the chosen log-probs fall) and the run
-    warns; with ``preference.sft_weight=1`` the same run keeps them. The figures of a longer run:
+    warns; with ``preference.sft_weight=1`` the same run keeps most of them. The figures of a longer run:
     docs/preference.md#keeping-the-chosen-answers-the-sft-term (the soak case below)."""
     plain, plain_notes = _high_lr_job(tmp_path / "plain", own_answers)
-    sft, sft_notes = _high_lr_job(tmp_path / "sft", own_answers, "preference.sft_weight=1.0")
+    sft, _ = _high_lr_job(tmp_path / "sft", own_answers, "preference.sft_weight=1.0")
     for result in (plain, sft):
         before = result.eval_history[0]
         assert before["greedy/match"] == 1.0 and before["rewards/accuracy"] == 0.5
         assert result.eval_metrics["rewards/accuracy"] == 1.0
-    assert plain.eval_metrics["greedy/match"] <= 0.5, plain.eval_metrics
-    assert sft.eval_metrics["greedy/match"] >= 0.8, sft.eval_metrics
+    # measured (15 eval prompts): plain 1.0 -> 0.2, sft_weight 1: 1.0 -> 0.8 (3: 0.87)
+    assert plain.eval_metrics["greedy/match"] <= 0.4, plain.eval_metrics
+    assert sft.eval_metrics["greedy/match"] >= 0.7, sft.eval_metrics
     assert sft.eval_metrics["logps/chosen"] > plain.eval_metrics["logps/chosen"] + 3
     assert any("by unlearning the answers it should keep" in n for n in plain_notes), plain_notes
 
@@ -668,3 +678,28 @@ def test_the_sft_term_keeps_the_greedy_answers_over_a_longer_run(tmp_path_factor
             print(name, int(h["step"]), {k: round(h[k], 3) for k in keys})
     assert plain.eval_metrics["greedy/match"] <= 0.1 and sft.eval_metrics["greedy/match"] >= 0.6
     assert any("by unlearning the answers it should keep" in n for n in plain_notes)
+
+
+def test_the_quickstart_summary_labels_the_sample_pairs_under_the_greedy_match():
+    """The pairs under "reward accuracy 0.5 -> 1.0" read as chosen | the model's answer after
+    training (not before -> after), under the share of greedy answers equal to the chosen one."""
+    from rich.console import Console
+
+    from xtrain.commands.quickstart import _print_result
+    from xtrain.tasks.preference.preference import TASK
+
+    result = {
+        "eval_history": [{"step": 0, "eval_loss": 0.69, "rewards/accuracy": 0.5, "greedy/match": 0.25}],
+        "eval_metrics": {"eval_loss": 0.3, "rewards/accuracy": 1.0, "greedy/match": 0.75},
+        "predictions": [{"reference": "a cake.", "prediction": "a boat."}],
+    }
+    console = Console(record=True, width=300)
+    assert TASK.quickstart is not None
+    _print_result(console, load_config(JOB_FILE, []), TASK.quickstart, result, 1.0)
+    lines = [ln.rstrip() for ln in console.export_text().splitlines()]
+    at = lines.index("chosen answer | the model's greedy answer after training:")
+    assert lines[at - 2].startswith("reward accuracy 0.5000 -> 1.0000")
+    assert lines[at - 1].startswith("greedy answers equal to the chosen one") and lines[at - 1].endswith(
+        " 0.2500 -> 0.7500"
+    )
+    assert lines[at + 1] == "  'a cake.' | 'a boat.'"
