@@ -644,7 +644,7 @@ def _high_lr_job(root: Path, data: tuple[Path, Path], *extra: str):
     return result, [e[1] for e in reporter.events if e[0] == "note"]
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # building builtin:tiny-llama-sft (a 120-step SFT) alone: minutes on a loaded machine
 def test_the_sft_term_keeps_the_greedy_answers_that_plain_dpo_loses(tmp_path, own_answers):
     """Plain DPO at a high lr learns the preference (reward accuracy 0.5 -> 1.0) by unlearning the
     chosen answers (fewer greedy answers equal to them; the chosen log-probs fall) and the run
