@@ -284,20 +284,21 @@ def test_vision_language_adapters_and_projector(data, tmp_path):
     assert any("merger" in n for n in capture.grads), "the projector trains whole"
 
 
-# -- preference: DPO's loss by hand from the model's logits -----------------------------------------
+# -- preference: DPO's loss (and its SFT term) by hand from the model's logits -----------------------
 def test_dpo_gradients_equal_the_loss_by_hand_from_the_logits(data, tmp_path):
     """The preference task's forward (policy log-probs, the reference with the adapters off, the
-    DPO loss) against the formula written out over a plain peft model's logits, with the adapters
-    moved off zero first so the policy and its reference differ."""
+    DPO loss plus ``preference.sft_weight`` times TRL's ``nll_loss``: the cross-entropy over the
+    micro-batch's chosen tokens) against the formulas written out over a plain peft model's logits,
+    with the adapters moved off zero first so the policy and its reference differ."""
     import torch.nn.functional as F
     from support.gradients import reference_model
 
-    beta, batches = 0.5, []
+    beta, sft_weight, batches = 0.5, 0.7, []
     train = jsonl(data / "pref" / "train.jsonl", builtin.preference_examples(8, 3))
     cfg = _cfg(tmp_path / "dpo", "model.name_or_path=builtin:tiny-llama", "model.task=preference",
                f"data.train={train}", "data.eval=null", "data.max_length=48", "batch.per_device=2",
-               "batch.global_batch=4",
-               f"preference.beta={beta}", "lora.dropout=0.0")  # fmt: skip
+               "batch.global_batch=4", f"preference.beta={beta}", f"preference.sft_weight={sft_weight}",
+               "lora.dropout=0.0")  # fmt: skip
 
     def record(workload):
         forward = workload.forward
@@ -323,13 +324,16 @@ def test_dpo_gradients_equal_the_loss_by_hand_from_the_logits(data, tmp_path):
     ref = reference_model(capture).train()
     for batch in batches:
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-        policy = logps(ref(**inputs).logits, batch["labels"])
+        logits = ref(**inputs).logits
+        policy = logps(logits, batch["labels"])
         with torch.no_grad(), ref.disable_adapter():
             reference = logps(ref(**inputs).logits, batch["labels"])
         b = len(policy) // 2
         z = (policy[:b] - policy[b:]) - (reference[:b] - reference[b:])
         assert float(z.abs().max()) > 1e-3, "the policy differs from its reference"
-        (-F.logsigmoid(beta * z).mean() / len(batches)).backward()
+        chosen_logits, chosen_labels = logits[:b, :-1], batch["labels"][:b, 1:]
+        nll = F.cross_entropy(chosen_logits.flatten(0, 1), chosen_labels.flatten(), ignore_index=-100)
+        ((-F.logsigmoid(beta * z).mean() + sft_weight * nll) / len(batches)).backward()
     want = {n: p.grad.detach().float().cpu() for n, p in ref.named_parameters() if p.grad is not None}
     assert_same_gradients(capture.grads, want)
 

@@ -163,6 +163,14 @@ def test_kto_reads_pairs_as_labelled_completions_and_unpaired_rows_need_kto(tmp_
         XtrainError, match="preference.precompute_reference: preference.loss=orpo uses no reference"
     ):
         _cfg(tmp_path, kto, "preference.loss=orpo", "preference.precompute_reference=true")
+    with pytest.raises(
+        XtrainError, match="preference.sft_weight: orpo's loss holds the chosen answers' NLL"
+    ) as e:
+        _cfg(tmp_path, kto, "preference.loss=orpo", "preference.sft_weight=1")
+    assert "preference.orpo_lambda" in e.value.hint
+    with pytest.raises(XtrainError) as e:
+        _cfg(tmp_path, kto, "preference.rpo_alpha=1")
+    assert "rpo_alpha (TRL) is preference.sft_weight" in (e.value.hint or "")
 
 
 def test_precomputed_and_live_reference_give_the_same_loss(tmp_path):
@@ -235,10 +243,12 @@ def test_kto_s_kl_estimate_spans_the_whole_step(tmp_path, precompute):
 def test_the_chunked_log_probs_equal_the_full_logits_ones(tmp_path, loss, extra):
     """The head on the trained tokens only, 5 positions a chunk recomputed in the backward, against
     every position's logits: the same loss and the same gradients (LoRA's; a full fine-tune's,
-    the head's included), to float32 tolerance."""
+    the head's included), to float32 tolerance; DPO and KTO with the SFT term on the chosen answers
+    (``preference.sft_weight``: the same per-sequence log-probs)."""
     from xtrain.model.chunked_loss import LogitMap
 
-    workload = build_workload(_cfg(tmp_path, _pairs(4), f"preference.loss={loss}", *extra))
+    sft = [] if extra else ["preference.sft_weight=0.5"]
+    workload = build_workload(_cfg(tmp_path, _pairs(4), f"preference.loss={loss}", *extra, *sft))
     if not extra:
         _moved(workload.model)
     batch = workload.collator([workload.train_dataset[i] for i in range(4)])
@@ -363,6 +373,35 @@ def test_notes_warn_at_chance_and_when_both_rewards_fall():
         [{"step": 10, "rewards/accuracy": 0.8, **base}, {"step": 20, "rewards/accuracy": 0.8, **fell}]
     )
     assert "both rewards fell from step 10 to 20" in line
+
+
+def test_notes_warn_when_the_accuracy_rises_while_the_chosen_answers_are_lost():
+    """The run of docs/preference.md#a-broken-run: reward accuracy up, and between the same two
+    evaluations the greedy answers equal to the chosen one fewer, or the chosen log-probs down by
+    more than a nat; not when those hold, nor when the accuracy fell or sits at chance."""
+    from xtrain.tasks.preference.preference import notes, unlearning
+
+    base = {"rewards/chosen": 0.0, "rewards/rejected": -0.1, "rewards/margin": 0.1}
+    before = {"step": 0, "rewards/accuracy": 0.5, "greedy/match": 0.9, "logps/chosen": -5.0, **base}
+    lost = {"step": 30, "rewards/accuracy": 1.0, "greedy/match": 0.4, "logps/chosen": -5.5, **base}
+    (line,) = notes([before, lost])
+    assert line.startswith(
+        "preference: reward accuracy 0.50 -> 1.00 from step 0 to 30, but the share of greedy"
+    )
+    assert "fell from 0.90 to 0.40" in line and "preference.sft_weight" in line
+    fell = {**lost, "greedy/match": 0.9, "logps/chosen": -9.0}
+    (line,) = notes([before, fell])
+    assert "the chosen answers' log-prob fell from -5.0 to -9.0" in line
+    both = unlearning(before, {**lost, "logps/chosen": -9.0})[0]
+    assert "0.90 to 0.40 and the chosen answers' log-prob" in both
+    kept = {**lost, "greedy/match": 0.9, "logps/chosen": -5.9}  # within a nat: not "fell"
+    assert notes([before, kept]) == []
+    assert (
+        unlearning({**lost, "rewards/accuracy": 1.0}, {**lost, "step": 40, "greedy/match": 0.3}) != []
+    )  # held
+    assert unlearning({**before, "rewards/accuracy": 0.9}, {**lost, "rewards/accuracy": 0.8}) == []  # fell
+    assert unlearning(before, {**lost, "rewards/accuracy": 0.52}) == []  # chance: the other warning's
+    assert unlearning({"step": 0, "rewards/accuracy": 0.5}, lost) == []  # nothing to compare
 
 
 # -- the guarantees of SFT: 1 vs 2 processes, kill + resume ------------------------------------------
@@ -522,3 +561,145 @@ def test_predict_continues_a_prompt_with_the_trained_run(pref_job, pref_straight
     assert main(args) == 0
     (row,) = [json.loads(x) for x in out.read_text().splitlines()]
     assert row["input"] == prompt and row["text"]
+
+
+# -- the SFT term keeps the answers that plain DPO at a high lr loses (the built-in job) -------------
+JOB_FILE = Path(builtin.__file__).parent / "jobs" / "quickstart-preference.yaml"
+
+
+def own_answer_pairs(n: int, seed: int) -> list[dict]:
+    """Pairs on the built-in prompts whose chosen answer is what the built-in job's model
+    (builtin:tiny-llama-sft) already says greedily, where that is a friendly answer naming the
+    prompt's own person, animal or place, and whose rejected answer is the row's curt one: the
+    greedy match starts at 1 (the built-in pairs' chosen answers name a place or thing the prompt
+    does not, so no model matches them but by chance). Generated as the evaluation generates: 16
+    left-padded prompts a call."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = builtin.ensure_builtin_model("builtin:tiny-llama-sft")
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    rows, out = builtin.preference_examples(n, seed), []
+    for start in range(0, n, 16):
+        batch = rows[start : start + 16]
+        ids = [tok(r["prompt"])["input_ids"] for r in batch]
+        width = max(map(len, ids))
+        x = torch.tensor([[tok.pad_token_id] * (width - len(i)) + i for i in ids])
+        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+        with torch.no_grad():
+            said = model.generate(input_ids=x, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)  # fmt: skip
+        for row, answer in zip(
+            batch, tok.batch_decode(said[:, width:], skip_special_tokens=True), strict=True
+        ):
+            if _answers(row["prompt"], answer.strip()):
+                out.append({**row, "chosen": answer.strip()})
+    return out
+
+
+def _answers(prompt: str, answer: str) -> bool:
+    """A friendly answer about the prompt's own person and animal (or place)."""
+    import re
+
+    if played := re.match(r"question: where did (\w+) play with the (\w+)\?", prompt):
+        return answer.startswith(f"{played[1]} played with the {played[2]} in the ") and answer.endswith(
+            "happy."
+        )
+    found = re.match(r"question: what did (\w+) find in the (\w+)\?", prompt)
+    return (
+        bool(found)
+        and answer.startswith(f"{found[1]} found a ")
+        and answer.endswith(f"in the {found[2]}, and it was a lovely day.")
+    )
+
+
+@pytest.fixture(scope="module")
+def own_answers(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("own-answers")
+    return own_answer_files(root, (64, 11), (32, 12))
+
+
+def own_answer_files(root: Path, train: tuple[int, int], eval_: tuple[int, int]) -> tuple[Path, Path]:
+    """``own_answer_pairs`` of (rows, seed) written as the train and eval files."""
+    return _jsonl(root / "train.jsonl", own_answer_pairs(*train)), _jsonl(
+        root / "eval.jsonl", own_answer_pairs(*eval_)
+    )
+
+
+def _high_lr_job(root: Path, data: tuple[Path, Path], *extra: str):
+    """The built-in preference job at a high lr (3e-2, no warm-up), 6 steps of 8 pairs, evaluated
+    before and after (``extra``: more overrides)."""
+    from support.workloads import this_machine
+
+    from xtrain.train.loop import train
+    from xtrain.train.report import ListReporter
+
+    overrides = [
+        f"data.train={data[0]}", f"data.eval={data[1]}", f"run.output_dir={root}", "run.report_to=none",
+        "optim.lr=3e-2", "optim.warmup_steps=0", "run.max_steps=6", "run.eval_every=null",
+        "batch.global_batch=8", *extra,
+    ]  # fmt: skip
+    reporter = ListReporter()
+    result = train(load_config(JOB_FILE, overrides), this_machine(), reporter)
+    return result, [e[1] for e in reporter.events if e[0] == "note"]
+
+
+@pytest.mark.soak  # building builtin:tiny-llama-sft (a 120-step SFT) alone: minutes on a loaded machine
+def test_the_sft_term_keeps_the_greedy_answers_that_plain_dpo_loses(tmp_path, own_answers):
+    """Plain DPO at a high lr learns the preference (reward accuracy 0.5 -> 1.0) by unlearning the
+    chosen answers (fewer greedy answers equal to them; the chosen log-probs fall) and the run
+    warns; with ``preference.sft_weight=1`` the same run keeps most of them. The figures of a longer run:
+    docs/preference.md#keeping-the-chosen-answers-the-sft-term (the soak case below)."""
+    plain, plain_notes = _high_lr_job(tmp_path / "plain", own_answers)
+    sft, _ = _high_lr_job(tmp_path / "sft", own_answers, "preference.sft_weight=1.0")
+    for result in (plain, sft):
+        before = result.eval_history[0]
+        assert before["greedy/match"] == 1.0 and before["rewards/accuracy"] == 0.5
+        assert result.eval_metrics["rewards/accuracy"] == 1.0
+    # measured (15 eval prompts): plain 1.0 -> 0.2, sft_weight 1: 1.0 -> 0.8 (3: 0.87)
+    assert plain.eval_metrics["greedy/match"] <= 0.4, plain.eval_metrics
+    assert sft.eval_metrics["greedy/match"] >= 0.7, sft.eval_metrics
+    assert sft.eval_metrics["logps/chosen"] > plain.eval_metrics["logps/chosen"] + 3
+    assert any("by unlearning the answers it should keep" in n for n in plain_notes), plain_notes
+
+
+@pytest.mark.soak
+def test_the_sft_term_keeps_the_greedy_answers_over_a_longer_run(tmp_path_factory):
+    """The figures of docs/preference.md#keeping-the-chosen-answers-the-sft-term: 200 + 60
+    prompts' own answers, lr 1e-2, 20 steps of 8 pairs, evaluated every 10."""
+    root = tmp_path_factory.mktemp("own-answers-long")
+    data = own_answer_files(root, (200, 11), (60, 12))
+    longer = ("optim.lr=1e-2", "run.max_steps=20", "run.eval_every=10")
+    plain, plain_notes = _high_lr_job(root / "plain", data, *longer)
+    sft, _ = _high_lr_job(root / "sft", data, *longer, "preference.sft_weight=1.0")
+    for name, result in (("plain", plain), ("sft", sft)):
+        for h in result.eval_history:
+            keys = ("rewards/accuracy", "greedy/match", "logps/chosen", "logps/rejected", "nll/chosen")
+            print(name, int(h["step"]), {k: round(h[k], 3) for k in keys})
+    assert plain.eval_metrics["greedy/match"] <= 0.1 and sft.eval_metrics["greedy/match"] >= 0.6
+    assert any("by unlearning the answers it should keep" in n for n in plain_notes)
+
+
+def test_the_quickstart_summary_labels_the_sample_pairs_under_the_greedy_match():
+    """The pairs under "reward accuracy 0.5 -> 1.0" read as chosen | the model's answer after
+    training (not before -> after), under the share of greedy answers equal to the chosen one."""
+    from rich.console import Console
+
+    from xtrain.commands.quickstart import _print_result
+    from xtrain.tasks.preference.preference import TASK
+
+    result = {
+        "eval_history": [{"step": 0, "eval_loss": 0.69, "rewards/accuracy": 0.5, "greedy/match": 0.25}],
+        "eval_metrics": {"eval_loss": 0.3, "rewards/accuracy": 1.0, "greedy/match": 0.75},
+        "predictions": [{"reference": "a cake.", "prediction": "a boat."}],
+    }
+    console = Console(record=True, width=300)
+    assert TASK.quickstart is not None
+    _print_result(console, load_config(JOB_FILE, []), TASK.quickstart, result, 1.0)
+    lines = [ln.rstrip() for ln in console.export_text().splitlines()]
+    at = lines.index("chosen answer | the model's greedy answer after training:")
+    assert lines[at - 2].startswith("reward accuracy 0.5000 -> 1.0000")
+    assert lines[at - 1].startswith("greedy answers equal to the chosen one") and lines[at - 1].endswith(
+        " 0.2500 -> 0.7500"
+    )
+    assert lines[at + 1] == "  'a cake.' | 'a boat.'"

@@ -101,3 +101,59 @@ def test_sequence_logps_is_the_log_softmax_at_the_shifted_labels():
     assert torch.allclose(total[0], logp[0, 0, 3] + logp[0, 1, 5])
     assert torch.allclose(total[1], logp[1, 1, 1] + logp[1, 2, 2])
     assert count.tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("loss", ["dpo", "ipo", "simpo"])
+def test_the_sft_term_is_the_chosen_tokens_mean_nll_as_trl_takes_it(loss: str):
+    """``loss + w * NLL``, the NLL over every chosen token of the micro-batch (TRL's ``nll_loss``:
+    cross-entropy over the chosen tokens), each pair carrying its share ``-pi_c * B / sum(n_c)``."""
+    w = 0.7
+    ref = REFERENCE if pl.needs_reference(loss) else None
+    plain = pl.paired_loss(pl.LossSettings(loss, beta=0.5), POLICY, COUNTS, ref)
+    with_sft = pl.paired_loss(pl.LossSettings(loss, beta=0.5, sft_weight=w), POLICY, COUNTS, ref)
+    nll = -(POLICY[0] + POLICY[1]).item() / (COUNTS[0] + COUNTS[1]).item()  # 10 / 5 = 2 nats a token
+    assert with_sft["loss_sum"].mean().item() == pytest.approx(
+        plain["loss_sum"].mean().item() + w * nll, rel=1e-6
+    )
+    for i in range(2):
+        share = -POLICY[i].item() * 2 / (COUNTS[0] + COUNTS[1]).item()
+        assert with_sft["loss_sum"][i].item() == pytest.approx(
+            plain["loss_sum"][i].item() + w * share, rel=1e-6
+        )
+    for key in ("reward_chosen", "correct", "logp_chosen"):  # the metrics do not move
+        assert torch.equal(with_sft[key], plain[key])
+    assert pl.reduce(plain)["nll/chosen"] == pytest.approx(nll)
+
+
+def test_the_sft_term_gradient_is_the_token_mean_nll_s():
+    """d(mean loss)/d(pi_c) gains ``-w / sum(n_c)`` for every chosen answer, nothing for rejected."""
+    w = 2.0
+    grads = []
+    for weight in (0.0, w):
+        logps = POLICY.clone().requires_grad_(True)
+        pl.paired_loss(pl.LossSettings("dpo", sft_weight=weight), logps, COUNTS, REFERENCE)[
+            "loss_sum"
+        ].mean().backward()
+        grads.append(logps.grad)
+    tokens = (COUNTS[0] + COUNTS[1]).item()
+    assert torch.allclose(grads[1] - grads[0], torch.tensor([-w / tokens, -w / tokens, 0.0, 0.0]))
+
+
+def test_kto_s_sft_term_covers_the_desirable_completions_only():
+    w = 0.5
+    pol = torch.tensor([-3.0, -4.0, -7.0, -6.0])
+    ref = torch.tensor([-3.5, -3.0, -8.0, -6.5])
+    counts = torch.tensor([3, 5, 4, 4])
+    desirable = torch.tensor([1, 0])
+    plain = pl.kto_loss(pl.LossSettings("kto"), pol, ref, desirable, counts=counts)
+    with_sft = pl.kto_loss(pl.LossSettings("kto", sft_weight=w), pol, ref, desirable, counts=counts)
+    assert with_sft["loss_sum"][1] == plain["loss_sum"][1]  # the undesirable row: no SFT term
+    assert with_sft["loss_sum"].mean().item() == pytest.approx(plain["loss_sum"].mean().item() + w * 3.0 / 3)
+    assert pl.reduce(plain)["nll/chosen"] == pytest.approx(1.0)  # 3 nats over the desirable row's 3 tokens
+    with pytest.raises(ValueError, match="token counts"):
+        pl.kto_loss(pl.LossSettings("kto", sft_weight=w), pol, ref, desirable)
+
+
+def test_orpo_refuses_a_second_nll_term():
+    with pytest.raises(ValueError, match="holds the chosen answers' NLL"):
+        pl.paired_loss(pl.LossSettings("orpo", sft_weight=1.0), POLICY, COUNTS)

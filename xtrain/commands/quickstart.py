@@ -106,7 +106,7 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
 def _print_result(
     console: Console,
     cfg: TrainConfig,
-    headline: tuple[str, str, str] | None,
+    job: Quickstart,
     result: dict[str, Any],
     seconds: float,
 ) -> None:
@@ -124,13 +124,17 @@ def _print_result(
     for row in metric_rows(result):
         table.add_row(*row)
     console.print(table)
-    if headline is not None:
-        key, name, meaning = headline
-        found = next(((b, a) for k, b, a in metric_rows(result) if k == key), None)
-        if found is not None:
-            console.print(f"{name} {found[0]} -> {found[1]} ({meaning})")
-    for sample in result.get("predictions") or []:
-        console.print(f"  {sample['reference']!r} -> {sample['prediction']!r}", soft_wrap=True, markup=False)
+    found = {k: (b, a) for k, b, a in metric_rows(result)}
+    if job.headline is not None and job.headline[0] in found:
+        key, name, meaning = job.headline
+        console.print(f"{name} {found[key][0]} -> {found[key][1]} ({meaning})")
+    if samples := result.get("predictions") or []:
+        if job.samples_metric is not None and job.samples_metric[0] in found:
+            key, name = job.samples_metric
+            console.print(f"{name} {found[key][0]} -> {found[key][1]}", soft_wrap=True, markup=False)
+        console.print(f"{job.samples[0]} | {job.samples[1]}:", soft_wrap=True, markup=False)
+    for sample in samples:
+        console.print(f"  {sample['reference']!r} | {sample['prediction']!r}", soft_wrap=True, markup=False)
     runs = Table(show_header=False, box=None, padding=(0, 2))
     for what, value in run_rows(result, seconds):
         runs.add_row(what, value)
@@ -200,6 +204,6 @@ def quickstart(
         raise typer.Exit(code)
     seconds = time.perf_counter() - started
 
-    _print_result(console, cfg, jobs[task].headline, read_result(run_dir), seconds)
+    _print_result(console, cfg, jobs[task], read_result(run_dir), seconds)
     shell = shell_for(diagnosis.plan.os_kind)
     console.print(next_line(jobs[task], run_dir, shell), soft_wrap=True, markup=False)

@@ -36,6 +36,11 @@ _DEEPSPEED = "DeepSpeed is a launch option: xtrain train CONFIG --deepspeed zero
 _TRAIN = "data.train: a file, a folder, a hub id or builtin:NAME, or a list of them (mixed by data.mix)"
 _CACHED = "tokenized data is cached by datasets (HF_DATASETS_CACHE) and reused by the next run"
 _UNUSED = "xtrain freezes what does not train, so DDP needs no search (no key)"
+_SFT_TERM = (
+    "the same weight; preference.sft_weight takes the chosen answers' NLL per token over each "
+    "micro-batch's chosen tokens (as TRL's rpo_alpha), pref_ftx each answer's per-token NLL averaged "
+    "(the same for answers of one length)"
+)
 
 # fmt: off
 FOREIGN: dict[str, Foreign] = {
@@ -152,6 +157,20 @@ FOREIGN: dict[str, Foreign] = {
     "preprocessing_num_workers": Foreign("data.num_workers", LF),
     "max_new_tokens": Foreign("generation.max_new_tokens", "transformers generate"),
     "num_beams": Foreign("generation.num_beams", "transformers generate"),
+    "rpo_alpha": Foreign("preference.sft_weight", "TRL"),
+    "pref_ftx": Foreign("preference.sft_weight", LF, _SFT_TERM),
+    "loss_weights": Foreign(
+        "preference.sft_weight", "TRL",
+        "TRL's loss_type [sigmoid, sft] with loss_weights [1, w] is preference.loss: dpo with "
+        "preference.sft_weight: w",
+    ),
+    "loss_type": Foreign(
+        "preference.loss", "TRL", "TRL's sigmoid is preference.loss: dpo; ipo, orpo, simpo, kto as named"
+    ),
+    "pref_loss": Foreign(
+        "preference.loss", LF, "LLaMA-Factory's sigmoid is preference.loss: dpo; ipo, orpo, simpo as named"
+    ),
+    "pref_beta": Foreign("preference.beta", LF),
     "deepspeed": Foreign(None, f"{HF}, {LF}, {AX}", _DEEPSPEED),
     "fsdp": Foreign(None, f"{HF}, {AX}", "FSDP is a launch option: xtrain train CONFIG --fsdp"),
     "ddp_find_unused_parameters": Foreign(None, HF, _UNUSED),

@@ -201,6 +201,9 @@ class PreferenceConfig:
     label_smoothing: float = 0.0  # DPO/SimPO: the chance a pair's preference is flipped (cDPO)
     desirable_weight: float = 1.0  # KTO: weight of desirable rows
     undesirable_weight: float = 1.0  # KTO: weight of undesirable rows
+    # weight of an SFT term, the chosen answers' NLL per token, added to the loss (TRL's rpo_alpha,
+    # LLaMA-Factory's pref_ftx): keeps the chosen answers likely; not for orpo (its loss has one)
+    sft_weight: float = 0.0
     # the reference's log-probabilities computed once before training and stored under
     # run.output_dir (one forward per step instead of two); off: computed live every step
     precompute_reference: bool = False

@@ -132,6 +132,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "preference.label_smoothing": _NONNEG,  # below 0.5: the preference task's validate
     "preference.desirable_weight": _POS_NUM,
     "preference.undesirable_weight": _POS_NUM,
+    "preference.sft_weight": _NONNEG,
     "generation.num_beams": _between(1, 256),
     "grpo.num_generations": _between(2, 1024),
     "grpo.max_completion_length": _between(1, 1 << 20),
@@ -323,4 +324,3 @@ def resolve_key(section: str, name: str, where: str) -> str:
             f"did you mean '{close}'?" if close else f"keys of {section}: {', '.join(names)}",
         )
     return f"{section}.{name}"
-

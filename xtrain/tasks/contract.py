@@ -48,6 +48,10 @@ class Quickstart:
     next_command: str  # the command to try next, on the user's own data
     # (metric key, its name, what it means) printed under the before/after table
     headline: tuple[str, str, str] | None = None
+    # the closing sample pairs' labels (what the reference is | what the prediction is), and a metric
+    # (key, what it counts) printed with them, before -> after
+    samples: tuple[str, str] = ("reference", "the model's answer after training")
+    samples_metric: tuple[str, str] | None = None
     # ``xtrain predict RUN ...`` arguments on the first eval input of its built-in data
     predict_args: Callable[[], list[str]] | None = None
 

@@ -1,8 +1,16 @@
 """The preference task's evaluation (``Workload.evaluate``): the reward metrics over the whole eval
 set, gathered from every rank in data order (as the loop's forward-only evaluation gathers them),
-and the policy's greedy answers to the first few eval prompts next to their chosen answers, so a
-run shows its generations change from one evaluation to the next (the quickstart's closing table
-prints the last ones)."""
+the share of the first eval prompts whose greedy answer is their chosen answer (``greedy/match``:
+a run whose reward accuracy climbs while this falls is losing the answers it should keep, the
+task's notes say so), and the policy's greedy answers to the first few eval prompts next to their
+chosen answers, so a run shows its generations change from one evaluation to the next (the
+quickstart's closing table prints the last ones).
+
+Every process generates the same prompts (a sharded model's forwards are collective), in batches
+of ``MATCH_BATCH`` left-padded prompts, each up to the longest chosen answer of its batch plus one
+token (past the answer, a model that does not stop says more: no match) and at least
+``NEW_TOKENS``. An answer matches when its text (special tokens left out, spaces at the ends
+stripped) is the chosen answer's."""
 
 from __future__ import annotations
 
@@ -21,8 +29,11 @@ if TYPE_CHECKING:
 
     from xtrain.tasks.preference.reference import PreferenceForward
 
-SAMPLES = 3  # eval prompts answered at each evaluation
-NEW_TOKENS = 24  # longest generated answer (tokens)
+SAMPLES = 3  # eval prompts whose answers are shown at each evaluation
+NEW_TOKENS = 24  # generated answers run at least this long (tokens)
+MATCH_PROMPTS = 64  # the greedy match is measured on this many eval prompts (the first)
+MATCH_BATCH = 16  # prompts a generate call
+MATCH = "greedy/match"
 
 
 class PreferenceEval:
@@ -36,7 +47,8 @@ class PreferenceEval:
         part: str = "chosen",
     ) -> None:
         self.forward, self.tokenizer = forward, tokenizer
-        self.samples = [self._prompt_and_answer(r, part) for r in rows[:SAMPLES]]
+        rows = [r for r in rows[:MATCH_PROMPTS] if r.get("desirable", True)]  # KTO: the good completions
+        self.samples = [self._prompt_and_answer(r, part) for r in rows]
 
     @staticmethod
     def _prompt_and_answer(row: dict[str, Any], part: str) -> tuple[list[int], list[int]]:
@@ -55,23 +67,38 @@ class PreferenceEval:
                 gathered = accelerator.gather_for_metrics({k: v.detach() for k, v in stats.items()})
                 for k, v in gathered.items():
                     parts.setdefault(k, []).append(v.reshape(-1))
-            predictions = self._generate(model, accelerator.device)
+            answers = self._generate(model, accelerator.device)
         model.train()
         stats = {k: torch.cat(v).float().cpu() for k, v in parts.items()}
         metrics = {"eval_loss": float(stats["loss_sum"].sum() / stats["count"].sum().clamp(min=1))}
-        return {**metrics, **pl.reduce(stats)}, predictions
+        metrics.update(pl.reduce(stats))
+        if answers:
+            metrics[MATCH] = sum(matches(p) for p in answers) / len(answers)
+        return metrics, answers[:SAMPLES]
 
     def _generate(self, model: torch.nn.Module, device: torch.device) -> list[Prediction]:
+        """The greedy answers to ``self.samples``' prompts, next to their chosen answers."""
         from accelerate.utils import extract_model_from_parallel
 
         inner = extract_model_from_parallel(model)
         tok, out = self.tokenizer, []
-        for prompt, answer in self.samples:
-            ids = torch.tensor([prompt], device=device)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        for start in range(0, len(self.samples), MATCH_BATCH):
+            batch = self.samples[start : start + MATCH_BATCH]
+            width = max(len(p) for p, _ in batch)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch], device=device)
+            longest = max(len(a) for _, a in batch) + 1
             generated = inner.generate(
-                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                input_ids=ids, attention_mask=mask, max_new_tokens=max(NEW_TOKENS, longest),
+                do_sample=False, pad_token_id=pad, eos_token_id=tok.eos_token_id,
             )  # fmt: skip
-            text = tok.decode(generated[0, len(prompt) :], skip_special_tokens=True)
-            out.append(Prediction(tok.decode(answer, skip_special_tokens=True), text))
+            for row, (_, answer) in zip(generated[:, width:].tolist(), batch, strict=True):
+                said = tok.decode(row, skip_special_tokens=True)
+                out.append(Prediction(tok.decode(answer, skip_special_tokens=True), said))
         return out
+
+
+def matches(p: Prediction) -> bool:
+    """The greedy answer is the chosen one (texts compared with their end spaces stripped)."""
+    return p.prediction.strip() == p.reference.strip()

@@ -11,7 +11,9 @@ of chosen and rejected answers with how many of each the example holds (``chosen
 ``rejected_n``: 1 for a pair, 1 or 0 for a KTO row), their policy log-probabilities, ``correct``
 (1: the chosen reward is the higher; 0.5 on a tie, so an untrained policy scores chance, 0.5),
 and ``gap``: the reference's log-probability minus the policy's, averaged over the answers
-(positive: the policy moved probability away from both, the pattern of a broken run).
+(positive: the policy moved probability away from both, the pattern of a broken run), and
+``nll_sum``/``nll_tokens``: the chosen answer's negative log-likelihood and its token count (0 for
+a KTO row that is not desirable), whose ratio over a batch is the metric ``nll/chosen``.
 
 The formulas are the papers' as TRL writes them (trl/trainer/dpo_trainer.py, cpo_trainer.py,
 orpo_trainer.py, kto_trainer.py), facts not code:
@@ -28,6 +30,12 @@ orpo_trainer.py, kto_trainer.py), facts not code:
   micro-batch (``gather_for_metrics(kl).mean()``); in training xtrain averages it over the step's
   whole global batch (every process, every micro-batch of the accumulation window:
   ``reference.PreferenceForward.step_start``), which no process count changes.
+- The SFT term (``sft_weight``, TRL's ``rpo_alpha``, LLaMA-Factory's ``pref_ftx``):
+  ``loss + sft_weight * NLL``, with ``NLL`` normalised as TRL's ``nll_loss``: the cross-entropy
+  over every chosen token of the micro-batch, ``-sum(pi_c) / sum(n_c)`` (the mean over the
+  micro-batch's tokens, not over its answers). Each pair carries its share, ``-pi_c * B / sum(n_c)``,
+  so the mean over the B pairs is that term. KTO: over the desirable rows' completions. ORPO's loss
+  holds the NLL already (the task's validate refuses a weight on top).
 """
 
 from __future__ import annotations
@@ -54,6 +62,7 @@ class LossSettings:
     label_smoothing: float = 0.0
     desirable_weight: float = 1.0
     undesirable_weight: float = 1.0
+    sft_weight: float = 0.0
 
 
 def needs_reference(loss: str) -> bool:
@@ -79,6 +88,14 @@ def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _dpo_form(z: torch.Tensor, beta: float, smoothing: float) -> torch.Tensor:
     return -(1 - smoothing) * F.logsigmoid(beta * z) - smoothing * F.logsigmoid(-beta * z)
+
+
+def sft_shares(logps: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Each answer's share of the micro-batch's token-mean NLL (TRL's ``nll_loss``): ``-logp * B /
+    tokens``, whose mean over the B answers is ``-sum(logps) / sum(counts)``. ``counts`` 0 leaves
+    an answer out (a KTO row that is not desirable)."""
+    tokens = counts.to(logps.dtype).sum().clamp(min=1)
+    return -logps * (counts > 0).to(logps.dtype) * len(logps) / tokens
 
 
 def _correct(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
@@ -121,6 +138,10 @@ def paired_loss(
         reward_c, reward_r = s.beta * mc, s.beta * mr
     else:
         raise ValueError(f"{s.loss} is not a paired loss")
+    if s.sft_weight:
+        if s.loss == "orpo":
+            raise ValueError("orpo's loss holds the chosen answers' NLL already")
+        losses = losses + s.sft_weight * sft_shares(pc, _halves(counts)[0])
     reward_c, reward_r = reward_c.detach(), reward_r.detach()
     return {
         "loss_sum": losses,
@@ -133,6 +154,8 @@ def paired_loss(
         "logp_rejected": pr.detach(),
         "correct": _correct(reward_c, reward_r),
         "gap": gap.detach(),
+        "nll_sum": -pc.detach(),
+        "nll_tokens": _halves(counts)[0].to(pc.dtype),
     }
 
 
@@ -148,15 +171,18 @@ def kto_loss(
     ref_logps: torch.Tensor,
     desirable: torch.Tensor,
     kl: torch.Tensor | None = None,
+    counts: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per-row KTO statistics; ``desirable`` [B] is 1 for a desirable row, 0 otherwise. Without
-    ``kl``, ``logps``/``ref_logps`` hold 2B sequences (the B completions, then the B mismatched
-    completions the KL estimate reads: the micro-batch's own estimate); with ``kl`` (an estimate
-    over a larger batch, ``kto_kl``), the B completions only."""
+    ``kl``, ``logps``/``ref_logps`` (and ``counts``, their token counts) hold 2B sequences (the B
+    completions, then the B mismatched completions the KL estimate reads: the micro-batch's own
+    estimate); with ``kl`` (an estimate over a larger batch, ``kto_kl``), the B completions only.
+    ``counts`` None: no NLL statistics (and no SFT term)."""
     if kl is None:
         pol, pol_kl = _halves(logps)
         ref, ref_kl = _halves(ref_logps)
         kl = kto_kl(pol_kl, ref_kl)
+        counts = None if counts is None else _halves(counts)[0]
     else:
         pol, ref = logps, ref_logps
     ref = ref.to(logps.dtype)
@@ -166,6 +192,11 @@ def kto_loss(
     bad = 1 - good
     losses = good * s.desirable_weight * (1 - torch.sigmoid(s.beta * (ratio - kl)))
     losses = losses + bad * s.undesirable_weight * (1 - torch.sigmoid(s.beta * (kl - ratio)))
+    tokens = torch.zeros_like(pol) if counts is None else counts.to(pol.dtype) * good
+    if s.sft_weight:
+        if counts is None:
+            raise ValueError("the SFT term needs the completions' token counts")
+        losses = losses + s.sft_weight * sft_shares(pol, tokens)
     reward = (s.beta * ratio).detach()
     # a row "ranks right" when its reward's sign matches its label (0.5 at reward 0: chance)
     zero = torch.zeros_like(reward)
@@ -182,13 +213,16 @@ def kto_loss(
         "correct": correct,
         "gap": (ref - pol).detach(),
         "kl": kl.expand_as(losses),
+        "nll_sum": -pol.detach() * (tokens > 0),
+        "nll_tokens": tokens,
     }
 
 
 def reduce(stats: dict[str, torch.Tensor]) -> dict[str, float]:
     """Per-example statistics (one micro-batch's, or a whole gathered eval set's) -> the metrics:
     ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracy``, ``rewards/margin``,
-    ``logps/chosen``, ``logps/rejected``, ``logps/gap`` (and KTO's ``kl``)."""
+    ``logps/chosen``, ``logps/rejected``, ``logps/gap``, ``nll/chosen`` (the chosen answers'
+    NLL per token; KTO: the desirable rows') and KTO's ``kl``."""
     return {k: float(v) for k, v in reduce_tensors(stats).items()}
 
 
@@ -208,6 +242,8 @@ def reduce_tensors(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         "logps/rejected": stats["logp_rejected"].float().sum() / rn,
         "logps/gap": stats["gap"].float().sum() / count,
     }
+    if "nll_sum" in stats:
+        out["nll/chosen"] = stats["nll_sum"].float().sum() / stats["nll_tokens"].float().sum().clamp(min=1)
     if "kl" in stats:
         out["kl"] = stats["kl"].float().sum() / count
     return out

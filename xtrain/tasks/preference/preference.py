@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 NAME = "preference"
 METRIC = "rewards/accuracy"
 CHANCE = 0.03  # reward accuracy within this of 0.5 after training is "at chance"
+MATCH = "greedy/match"  # evaluation.MATCH: the share of eval prompts answered with the chosen answer
+CHOSEN_FALL = 1.0  # nats: the chosen answers' mean summed log-prob falling more is "falling" (e times)
 
 
 def settings_of(cfg: TrainConfig) -> LossSettings:
@@ -45,7 +47,14 @@ def settings_of(cfg: TrainConfig) -> LossSettings:
 
     p = cfg.preference
     return LossSettings(
-        p.loss, p.beta, p.orpo_lambda, p.gamma, p.label_smoothing, p.desirable_weight, p.undesirable_weight
+        p.loss,
+        p.beta,
+        p.orpo_lambda,
+        p.gamma,
+        p.label_smoothing,
+        p.desirable_weight,
+        p.undesirable_weight,
+        p.sft_weight,
     )
 
 
@@ -200,8 +209,10 @@ def inspect(
 
 def notes(history: list[dict[str, float]]) -> list[str]:
     """The warnings of a broken run, read off the evaluations (``Workload.notes``): reward
-    accuracy still at chance after training, or both rewards fallen since the previous
-    evaluation without the margin growing (the policy pushing both answers down)."""
+    accuracy still at chance after training; both rewards fallen since the previous evaluation
+    without the margin growing (the policy pushing both answers down); the reward accuracy risen
+    (or held) above chance while the greedy answers that equal the chosen one became fewer or the
+    chosen answers' log-probs fell (``unlearning``). Pure: the eval history in, lines out."""
     last = history[-1]
     if not last.get("step") or METRIC not in last:
         return []
@@ -225,7 +236,33 @@ def notes(history: list[dict[str, float]]) -> list[str]:
                 f"{last['rewards/chosen']:+.3f}, rejected {last['rewards/rejected']:+.3f}) and the margin "
                 "did not grow: the policy is pushing both answers down (docs/preference.md#a-broken-run)"
             )
+    if prev is not None:
+        out += unlearning(prev, last)
     return out
+
+
+def unlearning(prev: dict[str, float], last: dict[str, float]) -> list[str]:
+    """The warning of a run that learns the preference by losing the chosen answers (DPO's known
+    failure at a high lr): between two evaluations the reward accuracy rose or held above chance
+    while the share of greedy answers equal to the chosen one fell or the chosen answers' log-probs
+    fell by more than ``CHOSEN_FALL``."""
+    if METRIC not in prev or last[METRIC] < prev[METRIC] or last[METRIC] <= 0.5 + CHANCE:
+        return []
+    lost = []
+    if MATCH in prev and MATCH in last and last[MATCH] < prev[MATCH]:
+        said = f"{prev[MATCH]:.2f} to {last[MATCH]:.2f}"
+        lost.append(f"the share of greedy answers equal to the chosen one fell from {said}")
+    key = "logps/chosen"
+    if key in prev and key in last and last[key] < prev[key] - CHOSEN_FALL:
+        lost.append(f"the chosen answers' log-prob fell from {prev[key]:.1f} to {last[key]:.1f}")
+    if not lost:
+        return []
+    return [
+        f"preference: reward accuracy {prev[METRIC]:.2f} -> {last[METRIC]:.2f} from step {int(prev['step'])} "
+        f"to {int(last['step'])}, but {' and '.join(lost)}: the policy learns the preference by unlearning "
+        "the answers it should keep (set preference.sft_weight, e.g. 1.0, or lower optim.lr; "
+        "docs/preference.md#a-broken-run)"
+    ]
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -239,6 +276,12 @@ def validate(cfg: TrainConfig) -> None:
         raise XtrainError(
             f"preference.label_smoothing={p.label_smoothing}: from 0.5 on, rejected counts as preferred",
             "use a number below 0.5 (the share of pairs thought mislabelled, e.g. 0.1)",
+        )
+    if p.sft_weight and p.loss == "orpo":
+        raise XtrainError(
+            "preference.sft_weight: orpo's loss holds the chosen answers' NLL already "
+            "(NLL + orpo_lambda x odds ratio)",
+            "leave preference.sft_weight unset; lower preference.orpo_lambda to weigh the NLL more",
         )
     if p.label_smoothing and p.loss not in ("dpo", "simpo"):
         raise XtrainError(
@@ -296,6 +339,7 @@ TASK = Task(
             "preference.desirable_weight",
             "preference.undesirable_weight",
             "preference.precompute_reference",
+            "preference.sft_weight",
         }
     ),
     validate=validate,
@@ -316,6 +360,8 @@ TASK = Task(
             "share of pairs whose chosen answer the policy ranks higher; 0.5 is chance",
         ),
         predict_args=_quickstart_prompt,
+        samples=("chosen answer", "the model's greedy answer after training"),
+        samples_metric=(MATCH, "greedy answers equal to the chosen one (share of the first 64 eval prompts)"),
     ),
     check_data=check_data,
 )

@@ -12,8 +12,11 @@ reference's come from, in this order:
 - the policy itself with its LoRA adapters switched off (peft's ``disable_adapter``), under
   ``no_grad``: no second copy in memory (LLaMA-Factory's and TRL's way).
 
-ORPO and SimPO read no reference. Dropout is off in the whole model (``no_dropout``, TRL's
-default): the reference is then the same function whether computed now or before training.
+ORPO and SimPO read no reference. The SFT term (``preference.sft_weight``) reads the chosen
+answers' summed log-probs and token counts of the same forward (``losses.sft_shares``): no extra
+pass, and the chunked path's log-probs serve it as they serve the preference loss. Dropout is off
+in the whole model (``no_dropout``, TRL's default): the reference is then the same function whether
+computed now or before training.
 
 KTO's KL estimate in training spans the step's whole global batch (``step_start``, the loop's
 ``Workload.step_start``): before the step's first forward, the policy and the reference read the
@@ -171,7 +174,7 @@ class PreferenceForward:
                 ref = self.reference_logps(model, batch)
         if s.loss in pl.UNPAIRED:
             assert ref is not None
-            stats = pl.kto_loss(s, logps, ref, batch["desirable"])
+            stats = pl.kto_loss(s, logps, ref, batch["desirable"], counts=counts)
         else:
             stats = pl.paired_loss(s, logps, counts, ref)
         return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
@@ -180,12 +183,12 @@ class PreferenceForward:
         """KTO in a training step: the B completions alone, against the step's KL estimate (an
         evaluation, or a forward outside the loop, estimates it from its own micro-batch)."""
         completions = part(batch, 0)
-        logps = self.logps(model, completions, model.training)[0]
+        logps, counts = self.logps(model, completions, model.training)
         if "ref_first" in batch:
             ref = batch["ref_first"].to(logps.device)
         else:
             ref = self.reference_logps(model, completions)
-        stats = pl.kto_loss(self.settings, logps, ref, batch["desirable"], kl.to(logps.device))
+        stats = pl.kto_loss(self.settings, logps, ref, batch["desirable"], kl.to(logps.device), counts)
         return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
 
 
