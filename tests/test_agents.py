@@ -27,6 +27,7 @@ WEATHER = {
 }
 TOOLS = [{"type": "function", "function": WEATHER}]
 CALL_ID = "abcdefgh1"  # nine letters and digits: what Mistral's template wants
+PARIS = {"city": "paris"}
 RESULT = "sunny, 21 degrees"
 ANSWER = "It is sunny in paris."
 
@@ -64,13 +65,14 @@ def sharegpt_row() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    """The built-in agent model's (a BPE that knows the templates' words; any tokenizer renders)."""
+def tokenizer(tmp_path_factory):
+    """The built-in agent model's (any tokenizer renders), from the session's offline cache."""
     from transformers import AutoTokenizer
 
     from xtrain import builtin
 
-    return AutoTokenizer.from_pretrained(builtin.ensure_builtin_model("builtin:tiny-agent"))
+    cache = tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain" / "builtin"
+    return AutoTokenizer.from_pretrained(builtin.ensure_builtin_model("builtin:tiny-agent", cache))
 
 
 def trained_text(tokenizer, enc: chat.Encoded) -> str:
@@ -304,7 +306,7 @@ def test_each_row_shape_trains_on_the_tiny_model(tmp_path, shape):
 
     rows = [SHAPES[shape]() for _ in range(2)] + [{**SHAPES[shape](), "tools": None}]
     data = _write_rows(tmp_path / "agent.jsonl", rows)
-    extra = ["data.chat_template=qwen3"] if shape == "reasoning" else []  # else the tokenizer's own (Qwen2.5)
+    extra = ["data.chat_template=qwen3" if shape == "reasoning" else "data.chat_template=qwen2.5"]
     (tmp_path / "tools.json").write_text(json.dumps(TOOLS), encoding="utf-8")
     workload = build_workload(_cfg(data, *extra, f"data.tools={tmp_path / 'tools.json'}"))
     tok = workload.tokenizer
@@ -344,3 +346,38 @@ def test_the_data_check_names_a_template_without_tools(tmp_path):
     assert (
         "row 0 of" in e.value.message and "data.chat_template=smollm2 cannot render them" in e.value.message
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Predict: calls parsed from each template's format, scored against a row's reference call
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "paris"}}\n</tool_call>',
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "paris"}, "id": "abcdefgh1"}]',
+        ' [{"name": "get_weather", "arguments": {"city": "paris"}}]',  # Mistral's marker decoded away
+        '{"name": "get_weather", "parameters": {"city": "paris"}}',  # Llama 3.1
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "paris"}}',
+        '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"paris\\"}"}',  # cut short
+    ],
+)
+def test_a_call_reads_back_from_every_template_format(text):
+    from xtrain.tasks.text import tool_calls
+
+    assert tool_calls.parse(text) == [{"name": "get_weather", "arguments": PARIS}]
+
+
+def test_answers_in_words_are_not_calls_and_scores_compare_calls():
+    from xtrain.tasks.prompt_predict import text_score
+    from xtrain.tasks.text import tool_calls
+
+    assert tool_calls.parse("It is sunny in paris.") is None
+    assert tool_calls.parse("<tool_call>\nnot json\n</tool_call>") is None
+    ref = tool_calls.reference([{"function": {"name": "get_weather", "arguments": PARIS}}])
+    good = CALL_TEXT["qwen2.5"]
+    wrong = good.replace("paris", "lima")
+    scores = text_score([ref, ref, ref, "a word"], [good, wrong, "no call", "a word"])
+    assert scores["call_exact_match"] == pytest.approx(1 / 3) and scores["exact_match"] == 0.25
+    assert "call_exact_match" not in text_score(["a word"], ["a word"])

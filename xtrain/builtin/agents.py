@@ -1,9 +1,15 @@
 """``builtin:tool-calls`` and ``builtin:tiny-agent``: a deterministic tool-calling data set and a
-tiny llama whose tokenizer carries Qwen2.5's chat template (tools, ``<tool_call>`` JSON,
-``<tool_response>``), for the built-in agent job (examples/agent-tools.yaml, docs/agents.md).
+tiny llama whose tokenizer carries its own tools-aware chat template, for the built-in agent job
+(examples/agent-tools.yaml, docs/agents.md). The template (``TEMPLATE``) is ChatML with the tools
+listed in one short system line (``tools: get_weather(city) ...``) and calls written as Qwen
+writes them (``<tool_call>{"name", "arguments"}</tool_call>``, which ``xtrain predict`` parses):
+a real template's instructions would make every row ~350 tokens of the tiny model's vocabulary,
+and the job minutes long on a CPU. The families' real templates are tested apart
+(tests/test_agents.py, xtrain/data/templates).
 
 Each row is one OpenAI-style conversation with the three tools it may call::
 
+    system: "tools: get_weather(city) get_time(city) set_timer(minutes)"  (the template's)
     user: "what is the weather like in paris?"
     assistant: tool_calls [get_weather {"city": "paris"}]
     tool: {"city": "paris", "sky": "sunny", "temp_c": 21}
@@ -13,7 +19,7 @@ The question decides the tool (weather, time, timer) and holds its argument, so 
 learns the task calls the right function with the right arguments (call exact match near 0
 untrained, near 1 after a short LoRA run) and answers from the result. The tokenizer's BPE is
 trained on the stories and reviews of the other built-ins and on these conversations as the
-template renders them, so a row is ~100 tokens rather than ~700.
+template renders them.
 """
 
 from __future__ import annotations
@@ -87,7 +93,24 @@ _ASK = {
     ],
 }
 
-SYSTEM = "you are a helpful assistant with tools."
+TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\ntools:' }}{%- for tool in tools %}"
+    "{{- ' ' + tool.function.name + '(' + (tool.function.parameters.properties | list | join(', ')) + ')' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' %}{{- '<|im_start|>user\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant\\n' + message.content }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{{- '<tool_call>' + {'name': call.function.name, 'arguments': call.function.arguments} | tojson"
+    " + '</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}{{- '<|im_start|>tool\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 QUICKSTART_PROMPT = "what is the weather like in oslo?"  # the eval split's shape
 
 
@@ -122,7 +145,6 @@ def tool_call_examples(n: int, seed: int) -> list[dict[str, Any]]:
         call_id = f"call{k % 100000:05d}"
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
         messages = [
-            {"role": "system", "content": SYSTEM},
             {"role": "user", "content": question},
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)},
@@ -133,19 +155,17 @@ def tool_call_examples(n: int, seed: int) -> list[dict[str, Any]]:
 
 
 def build_tool_calls(folder: Path, version: int) -> None:
-    """``builtin:tool-calls``: 800 training conversations and 100 eval ones (fresh draws)."""
-    for split, n, seed in (("train", 800, 1000), ("eval", 100, 2000)):
-        rows = tool_call_examples(n, seed + version)
+    """``builtin:tool-calls``: 800 training conversations and 100 eval ones (fresh draws), and
+    ``eval-calls.jsonl``: the eval conversations cut after the call (``xtrain predict --data``
+    scores the calls on it: ``call_exact_match``)."""
+    splits = {
+        "train": tool_call_examples(800, 1000 + version),
+        "eval": tool_call_examples(100, 2000 + version),
+    }
+    splits["eval-calls"] = [{**r, "messages": r["messages"][:2]} for r in splits["eval"]]
+    for split, rows in splits.items():
         with open(folder / f"{split}.jsonl", "w", encoding="utf-8", newline="\n") as f:
             f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
-
-
-def _template() -> str:
-    from xtrain.data import templates
-
-    found = templates.named("qwen2.5")
-    assert found is not None
-    return found
 
 
 def build_tokenizer() -> Any:
@@ -155,7 +175,7 @@ def build_tokenizer() -> Any:
 
     from xtrain.builtin.text import _corpus, byte_level_bpe, fast_tokenizer
 
-    template = _template()
+    template = TEMPLATE
     draft = fast_tokenizer(byte_level_bpe(["a b"], 260, []), 64)  # renders text only
     rendered = [
         draft.apply_chat_template(r["messages"], tools=TOOLS, chat_template=template, tokenize=False)

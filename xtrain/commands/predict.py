@@ -87,6 +87,12 @@ def predict(
         "--system",
         help="A system turn before the question (vision-language, or a causal-lm chat run; as in training).",
     ),
+    tools: Path = typer.Option(
+        None,
+        "--tools",
+        help="A JSON file of tool schemas the prompt may call (a causal-lm chat run; docs/agents.md): "
+        "a call the model makes is shown parsed.",
+    ),
     data: Path = typer.Option(
         None,
         "--data",
@@ -121,6 +127,10 @@ def predict(
         "seed": seed, "temperature": temperature, "top_p": top_p,
     }  # fmt: skip
     request = _request(inputs, prompt, system, options)
+    if tools is not None:
+        from xtrain.data.rows import tools as agent_rows
+
+        request.tools = agent_rows.read_tools_file(str(tools), "--tools")
     if data is not None:
         _predict_file(model, data, request, output, force)
         return

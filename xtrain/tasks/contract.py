@@ -66,6 +66,7 @@ class PredictRequest:
     top_p: float | None = None
     seed: int | None = None  # sampling starts from this seed (reproducible); None: fresh randomness
     batch_size: int = 8  # inputs per ``generate`` / forward call
+    tools: list[dict[str, Any]] | None = None  # causal-lm chat: --tools, the schemas a prompt may call
 
     @property
     def sampling(self) -> bool:

@@ -92,14 +92,17 @@ def read_tools(value: Any, where: str, name: str = "tools") -> list[dict[str, An
 def tools_file(setting: str | None) -> list[dict[str, Any]] | None:
     """``data.tools``: a JSON file of the tool schemas every row may call (rows with their own
     tools column keep theirs)."""
-    if setting is None:
-        return None
+    return None if setting is None else read_tools_file(setting, "data.tools")
+
+
+def read_tools_file(setting: str, key: str) -> list[dict[str, Any]] | None:
+    """A JSON file of tool schemas (``data.tools``, ``xtrain predict --tools``), checked."""
     path = Path(setting).expanduser()
     if not path.is_file():
         raise XtrainError(
-            f"data.tools file {setting} not found", "give a JSON file holding a list of function schemas"
+            f"{key} file {setting} not found", "give a JSON file holding a list of function schemas"
         )
-    return read_tools(read_text(path, "tools file"), f"data.tools {setting}", "tools")
+    return read_tools(read_text(path, "tools file"), f"{key} {setting}", "tools")
 
 
 def row_tools(ds: Dataset, d: DataConfig, source: str) -> list[list[dict[str, Any]] | None]:

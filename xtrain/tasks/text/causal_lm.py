@@ -22,7 +22,6 @@ from xtrain.model import neftune
 from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Task
 from xtrain.tasks.data_report import DataReport
-from xtrain.tasks.predicting import exact_match
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -414,7 +413,7 @@ TASK = Task(
             rows="prompts: text, prompt/response, messages, alpaca or sharegpt rows, as the run trained",
             read=prompt_predict.read_text_file,
             answer=prompt_predict.text_answer,
-            score=exact_match,
+            score=prompt_predict.text_score,
         ),
         samples=True,
     ),
