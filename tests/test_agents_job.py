@@ -140,3 +140,16 @@ def test_the_builtin_agent_job_learns_to_call_the_right_tool(agent, tmp_path, pr
     assert _untrained_call_exact_match(*agent) <= 0.05
     run = _train(tmp_path, *(("--processes", "2") if processes == 2 else ()))
     assert _call_exact_match(run) >= 0.9
+
+
+def test_tools_are_refused_where_prompts_take_none():
+    from xtrain import predict
+    from xtrain.errors import XtrainError
+    from xtrain.tasks.contract import PredictRequest
+    from xtrain.tasks.vision import image_classification
+
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    with pytest.raises(XtrainError) as e:
+        predict.check_request(image_classification.TASK, PredictRequest([], [], tools=tools))
+    assert "--tools" in e.value.message and "causal-lm" in e.value.hint
+    predict.check_request(causal_lm.TASK, PredictRequest([], [], tools=tools))

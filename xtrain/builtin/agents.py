@@ -31,6 +31,7 @@ from typing import Any
 
 _CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 _CITIES = ["paris", "tokyo", "lima", "oslo", "cairo", "delhi", "rome", "quito", "seoul", "dakar"]
+_MINUTES = [5, 10, 15, 20, 25, 30, 45, 60]
 _SKIES = ["sunny", "cloudy", "rainy", "windy", "snowy"]
 
 TOOLS: list[dict[str, Any]] = [
@@ -118,7 +119,7 @@ def _call(rng: random.Random) -> tuple[str, dict[str, Any], dict[str, Any], str]
     """(function, arguments, result, the answer from the result)."""
     name = rng.choice(sorted(_ASK))
     if name == "set_timer":
-        minutes = rng.randint(1, 30)
+        minutes = rng.choice(_MINUTES)
         return (
             name,
             {"minutes": minutes},

@@ -161,10 +161,11 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
     from xtrain.console import make_console
     from xtrain.runtime.quiet import quiet_libraries
 
-    if request.inputs or request.prompts or request.system is not None:
+    if request.inputs or request.prompts or request.system is not None or request.tools:
         raise XtrainError(
             "--data predicts every row of a file: its rows are the inputs",
-            "leave out the image/audio inputs, --prompt/--question and --system, or leave out --data",
+            "leave out the image/audio inputs, --prompt/--question, --system and --tools (agent rows carry "
+            "their own tools), or leave out --data",
         )
     if not data.expanduser().exists():
         raise XtrainError(f"--data {data} not found", "pass a data file in the format the run trained on")

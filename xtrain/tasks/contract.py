@@ -136,6 +136,7 @@ class Predicts:
     run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
     file: FileRows | None = None  # None: ``--data`` is refused for its results
     samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
+    tools: bool = False  # a chat run's prompts take ``--tools`` (the schemas a prompt may call)
 
 
 def _no_check(cfg: TrainConfig) -> None:

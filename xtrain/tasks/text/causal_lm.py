@@ -416,6 +416,7 @@ TASK = Task(
             score=prompt_predict.text_score,
         ),
         samples=True,
+        tools=True,
     ),
     check_data=check_data,
 )
