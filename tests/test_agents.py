@@ -381,3 +381,12 @@ def test_answers_in_words_are_not_calls_and_scores_compare_calls():
     scores = text_score([ref, ref, ref, "a word"], [good, wrong, "no call", "a word"])
     assert scores["call_exact_match"] == pytest.approx(1 / 3) and scores["exact_match"] == 0.25
     assert "call_exact_match" not in text_score(["a word"], ["a word"])
+
+
+@pytest.mark.parametrize("name", [n for n in templates.NAMES if n != "qwen3"])
+def test_shipped_templates_export_to_ollamas_turns(tokenizer, name):
+    """A run trained with a shipped template exports its turns to an Ollama Modelfile (plain
+    conversations; Qwen3's think block, rendered only on the last turn, is refused by export)."""
+    from xtrain.export import templates as export_templates
+
+    assert export_templates.derive(chat.renderer(tokenizer, templates.named(name))) is not None
