@@ -6,7 +6,10 @@ on packs whole examples into rows kept apart by restarting ``position_ids``, con
 old concatenation into blocks) and NEFTune (``optim.neftune_alpha``); metric: next-token accuracy
 (and perplexity).
 ``xtrain predict`` continues text prompts (a chat run's prompts as user turns) and the prompts of
-a data file's rows (``prompt_predict``)."""
+a data file's rows (``prompt_predict``).
+
+longer: one task's build, its data check (with the agent rows' checks) and its predict loader,
+kept together as the task contract has them."""
 
 from __future__ import annotations
 
