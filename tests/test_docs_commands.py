@@ -130,6 +130,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         "tests/test_preference.py::test_predict_continues_a_prompt_with_the_trained_run",
     ),
     (
+        "docs/agents.md",
+        r"^xtrain predict xtrain-output/agent-tools\b",  # needs a trained run: the test stands one in
+        "tests/test_agents_job.py::test_predict_with_tools_renders_them_and_shows_the_parsed_call",
+    ),
+    (
         "docs/training.md",
         r"^xtrain predict xtrain-output/chat-sft\b",  # needs a trained chat run: the test trains one
         "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",

@@ -115,8 +115,10 @@ def _other_value(key: str, value):
         return value + 2 if value else 3
     if isinstance(value, float):
         return value + 1
-    if key.endswith("_column") or key == "data.chat_template":
+    if key.endswith("_column") or key in ("data.chat_template", "data.tools"):
         return "other"
+    if key == "data.chat_template_kwargs":
+        return "{enable_thinking: false}"
     if key == "lora.apply_to":
         return "decoder"
     if key == "data.long_audio":

@@ -216,8 +216,15 @@ def base_load(folder: Path, task: Task, trained: RunTask, device: torch.device) 
 
 
 def check_request(task: Task, request: PredictRequest) -> None:
-    """Sampling options only for tasks that sample (one line naming those that do)."""
+    """Sampling options only for tasks that sample, tools only for tasks whose prompts take them
+    (one line naming those that do)."""
     assert task.predicts is not None
+    if request.tools and not task.predicts.tools:
+        known = [t.name for t in tasks.all_tasks().values() if t.predicts is not None and t.predicts.tools]
+        raise XtrainError(
+            f"--tools gives a chat prompt the functions it may call; a {task.name} result takes none",
+            f"leave out --tools (it is for {', '.join(known)} chat runs)",
+        )
     if request.sampling and not task.predicts.samples:
         known = tasks.all_tasks().values()
         sampling = [t.name for t in known if t.predicts is not None and t.predicts.samples]

@@ -24,6 +24,9 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
   questions about coloured shapes for vision-language (``xtrain.builtin.vision_language``).
 - ``builtin:shapes-preference``: preference pairs on images of coloured shapes, a whole right
   sentence preferred over a curt wrong word, for vision-preference (``xtrain.builtin.vision_language``).
+- ``builtin:tiny-agent`` / ``builtin:tool-calls``: a tiny llama whose tokenizer carries Qwen2.5's
+  tools-aware chat template, and conversations that call one of three tools and answer from the
+  result, for agent training under causal-lm (``xtrain.builtin.agents``, docs/agents.md).
 - ``builtin:tiny-vit`` / ``builtin:color-shapes``: a tiny ViT image classifier with its image
   processor and images of coloured shapes labelled by shape, for image classification
   (``xtrain.builtin.image_classes``).
@@ -62,6 +65,7 @@ MODELS = (
     "tiny-whisper",
     "tiny-qwen2-vl",
     "tiny-vit",
+    "tiny-agent",
 )
 DATASETS = (
     "sentiment",
@@ -72,10 +76,12 @@ DATASETS = (
     "shapes-vqa",
     "shapes-preference",
     "color-shapes",
+    "tool-calls",
 )
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
 AUDIO_ASSETS = ("tiny-whisper", "spoken-words")  # built by xtrain.builtin.audio
+AGENT_ASSETS = ("tiny-agent", "tool-calls")  # built by xtrain.builtin.agents
 VL_ASSETS = ("tiny-qwen2-vl", "shapes-vqa", "shapes-preference")  # built by xtrain.builtin.vision_language
 
 
@@ -196,6 +202,13 @@ def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -
         final = cache_root(cache_dir) / "data" / short
         make = builtin_vl.build_shapes_vqa if short == "shapes-vqa" else builtin_vl.build_shapes_preference
         return _build_atomically(final, lambda tmp: make(tmp, VERSION), PREFIX + short)
+    if short in AGENT_ASSETS:
+        from xtrain.builtin import agents as builtin_agents
+
+        final = cache_root(cache_dir) / "data" / short
+        return _build_atomically(
+            final, lambda tmp: builtin_agents.build_tool_calls(tmp, VERSION), PREFIX + short
+        )
     if short in IMAGE_CLASS_ASSETS:
         from xtrain.builtin import image_classes as builtin_classes
 
@@ -286,6 +299,10 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
         from xtrain.builtin import image_classes as builtin_classes
 
         return _build_atomically(final, builtin_classes.build_tiny_vit, PREFIX + short)
+    if short in AGENT_ASSETS:
+        from xtrain.builtin import agents as builtin_agents
+
+        return _build_atomically(final, builtin_agents.build_tiny_agent, PREFIX + short)
     if short == "tiny-llama-sft":  # the tiny llama after a short SFT (xtrain.builtin.preference)
         from xtrain.builtin.preference import build_tiny_llama_sft
 

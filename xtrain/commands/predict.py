@@ -88,6 +88,12 @@ def predict(
         "--system",
         help="A system turn before the question (vision-language, or a causal-lm chat run; as in training).",
     ),
+    tools: Path = typer.Option(
+        None,
+        "--tools",
+        help="A JSON file of tool schemas the prompt may call (a causal-lm chat run; docs/agents.md): "
+        "a call the model makes is shown parsed.",
+    ),
     data: Path = typer.Option(
         None,
         "--data",
@@ -134,6 +140,10 @@ def predict(
         "seed": seed, "temperature": temperature, "top_p": top_p,
     }  # fmt: skip
     request = _request(inputs, prompt, system, options)
+    if tools is not None:
+        from xtrain.data.rows import tools as agent_rows
+
+        request.tools = agent_rows.read_tools_file(str(tools), "--tools")
     if data is not None:
         _predict_file(model, data, request, output, force)
         return
@@ -164,10 +174,11 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
     from xtrain.console import make_console
     from xtrain.runtime.quiet import quiet_libraries
 
-    if request.inputs or request.prompts or request.system is not None:
+    if request.inputs or request.prompts or request.system is not None or request.tools:
         raise XtrainError(
             "--data predicts every row of a file: its rows are the inputs",
-            "leave out the image/audio inputs, --prompt/--question and --system, or leave out --data",
+            "leave out the image/audio inputs, --prompt/--question, --system and --tools (agent rows carry "
+            "their own tools), or leave out --data",
         )
     if not data.expanduser().exists():
         raise XtrainError(f"--data {data} not found", "pass a data file in the format the run trained on")

@@ -147,7 +147,15 @@ FOREIGN: dict[str, Foreign] = {
     "template": Foreign(
         "data.chat_template", LF,
         "chat rows are rendered with the tokenizer's own chat template; data.chat_template takes "
-        "a Jinja file (or text) to use another",
+        "a shipped template's name (chatml, qwen2.5, qwen3, llama3.1, llama3.2, mistral, smollm2), a "
+        "Jinja file or text to use another",
+    ),
+    "mask_history": Foreign("data.train_on", LF, "", "last_assistant"),
+    "train_on_inputs": Foreign("data.train_on", f"{LF}, {AX}", "", "all"),
+    "assistant_only_loss": Foreign("data.train_on", HF, "", "all_assistant"),
+    "chat_template_kwargs": Foreign("data.chat_template_kwargs", HF),
+    "enable_thinking": Foreign(
+        "data.chat_template_kwargs", LF, "data.chat_template_kwargs: {enable_thinking: false} (or true)"
     ),
     "chat_template": Foreign("data.chat_template", AX),
     "packing": Foreign("data.packing", f"{HF}, {LF}"),

@@ -29,6 +29,7 @@ _INPUT_PATHS = (
     "model.name_or_path",
     "data.train",
     "data.eval",
+    "data.tools",
     "data.chat_template",
     "data.image_root",
     "data.audio_root",

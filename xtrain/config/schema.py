@@ -87,7 +87,19 @@ class DataConfig:
     # chat data (causal-lm, vision-language): conversations of {role, content} turns
     messages_column: str = "messages"
     images_column: str = "images"  # vision-language: images for image parts that name no file
-    chat_template: str | None = None  # a Jinja file or template text; None: the tokenizer's/processor's
+    # a shipped template's name (chatml, qwen2.5, qwen3, llama3.1, llama3.2, mistral, smollm2), a Jinja
+    # file or template text; None: the tokenizer's/processor's
+    chat_template: str | None = None
+    # causal-lm chat: extra variables of every rendering (train, eval, predict, the data check,
+    # export), e.g. {enable_thinking: false}; what the template does with them is its own
+    chat_template_kwargs: dict[str, Any] | None = None
+    # causal-lm chat: which tokens train: all_assistant (every assistant turn: answers, tool calls,
+    # reasoning) | last_assistant (the last one only) | all (every token, prompts and results too)
+    train_on: str = "all_assistant"
+    # causal-lm agent rows (docs/agents.md): the column of each row's tool schemas, and a JSON file
+    # of the schemas for rows without that column
+    tools_column: str = "tools"
+    tools: str | None = None
     # chat turns spelt otherwise (LLaMA-Factory's dataset_info tags): the key of the speaker, the
     # key of the text, and each role's speaker name; None: the row format's own (messages:
     # role/content; sharegpt: from/value, human/gpt/system)

@@ -36,6 +36,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.row_format": ROW_FORMATS,
     # off | on (whole examples packed, kept apart: xtrain.data.packing.pack_rows) | concatenate
     "data.packing": ("off", "on", "concatenate"),
+    "data.train_on": ("all_assistant", "last_assistant", "all"),  # xtrain.data.rows.chat.encode
     "data.long_audio": ("refuse", "cut"),
     "data.mix": ("concat", "interleave_under", "interleave_over"),  # xtrain.data.mixing
     "generation.speech_task": ("transcribe", "translate"),
@@ -54,6 +55,8 @@ ALIASES: dict[str, dict[Any, str | None]] = {
     "model.attn_implementation": {"flash_attention": "flash_attention_2", "fa2": "flash_attention_2"},
     "data.row_format": {"prompt-response": "prompt_response", "chat": "messages"},
     "data.mix": {"concatenate": "concat", "interleave": "interleave_under"},
+    "data.train_on": {"assistant": "all_assistant", "last": "last_assistant", "last_turn": "last_assistant",
+                      "everything": "all"},
     # true: packing that keeps examples apart; the old concatenation only by its own name
     "data.packing": {False: "off", True: "on", "false": "off", "true": "on", "no": "off", "none": "off",
                      "yes": "on", "concat": "concatenate"},
@@ -215,6 +218,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise XtrainError(f"{key} must be a list, got {show(value)}")
         return [_coerce(v, item, key) for v in value]
+    if origin is dict:  # a mapping handed on as it is (data.chat_template_kwargs)
+        if not isinstance(value, dict):
+            raise XtrainError(f"{key} must be a mapping, e.g. {{enable_thinking: false}}, got {show(value)}")
+        return {str(k): v for k, v in value.items()}
     if origin is tuple:
         items = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(items):

@@ -132,7 +132,9 @@ def prepare(req: ExportRequest) -> _Plan:
     src = source.find_source(req.path, req.base)
     tokenizer = source.load_tokenizer(src)
     template = source.chat_template(src, tokenizer)
-    render = chat_data.renderer(tokenizer, template) if template else None
+    kwargs = (src.record.get("data") or {}).get("chat_template_kwargs")  # as training rendered
+    kwargs = kwargs if isinstance(kwargs, dict) else None
+    render = chat_data.renderer(tokenizer, template, None, kwargs) if template else None
     plan = _Plan(src, tokenizer, template, render)
 
     config = models.load_config(src.load_from(), False)
@@ -278,7 +280,8 @@ def _write_merged(plan: _Plan, model: PreTrainedModel, tmp: Path, progress: Prog
         return []
 
     saved = models.load_tokenizer(str(tmp), False)
-    again = chat_data.renderer(saved, chat_data.require_template(saved, None, str(tmp)))
+    kwargs = getattr(plan.render, "kwargs", None)  # data.chat_template_kwargs, as training rendered
+    again = chat_data.renderer(saved, chat_data.require_template(saved, None, str(tmp)), None, kwargs)
     conversations = parity.probe_conversations(plan.render)
     expected = parity.rendered(plan.render, conversations)
     return [
@@ -326,7 +329,7 @@ def _check_gguf(
     checks = [parity.compare("gguf", f"{path.name} vs merged logits", reference, got, req.gguf_type)]
     if plan.render is not None:
         stored = parity.gguf_template(path) or ""
-        again = chat_data.renderer(plan.tokenizer, stored)
+        again = chat_data.renderer(plan.tokenizer, stored, None, getattr(plan.render, "kwargs", None))
         conversations = parity.probe_conversations(plan.render)
         expected = parity.rendered(plan.render, conversations)
         checks.append(

@@ -70,6 +70,7 @@ class PredictRequest:
     top_p: float | None = None
     seed: int | None = None  # sampling starts from this seed (reproducible); None: fresh randomness
     batch_size: int = 8  # inputs per ``generate`` / forward call
+    tools: list[dict[str, Any]] | None = None  # causal-lm chat: --tools, the schemas a prompt may call
 
     @property
     def sampling(self) -> bool:
@@ -139,6 +140,7 @@ class Predicts:
     run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
     file: FileRows | None = None  # None: ``--data`` is refused for its results
     samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
+    tools: bool = False  # a chat run's prompts take ``--tools`` (the schemas a prompt may call)
 
 
 def _no_check(cfg: TrainConfig) -> None:

@@ -15,6 +15,7 @@ from xtrain.data.rows.formats import text_columns
 from xtrain.errors import XtrainError
 from xtrain.tasks.contract import Example, Loaded, PredictRequest
 from xtrain.tasks.predicting import (
+    exact_match,
     image_limit,
     in_batches,
     last_user_text,
@@ -37,25 +38,39 @@ if TYPE_CHECKING:
 
 
 def chat_render(loaded: Loaded) -> tuple[Render, int | None]:
-    """(render, the end-of-turn token to stop at) of a chat run: its saved template."""
+    """(render, the end-of-turn token to stop at) of a chat run: its saved template, with the
+    run's ``data.chat_template_kwargs`` (its record's data settings)."""
     from xtrain.data.rows import chat as chat_data
 
     template = chat_data.require_template(loaded.tokenizer, None, loaded.source)
-    render = chat_data.renderer(loaded.tokenizer, template)
+    kwargs = (loaded.parts.get("data") or {}).get("chat_template_kwargs")
+    render = chat_data.renderer(
+        loaded.tokenizer, template, None, kwargs if isinstance(kwargs, dict) else None
+    )
     return render, chat_data.end_of_turn(render, loaded.tokenizer)
 
 
-def chat_prompt(loaded: Loaded, prompt: str, system: str | None = None) -> tuple[str, int | None]:
+def chat_prompt(
+    loaded: Loaded, prompt: str, system: str | None = None, tools: list[dict[str, Any]] | None = None
+) -> tuple[str, int | None]:
     """(the text the model sees, the end-of-turn token to stop at) for a prompt: a chat run's
-    prompt as a user turn (``system`` first) rendered by its saved template with the generation
-    prompt, as training rendered it (``chat_data``); a plain run's prompt as it is."""
+    prompt as a user turn (``system`` first; ``tools``: the schemas it may call) rendered by its
+    saved template with the generation prompt, as training rendered it (``chat_data``); a plain
+    run's prompt as it is."""
     from xtrain.data.rows import chat as chat_data
 
     if not loaded.parts.get("chat"):
         refuse_system(loaded, system)
+        if tools:
+            raise XtrainError(
+                f"{loaded.source} was not trained on chat conversations: it has no template for tools",
+                "leave out --tools",
+            )
         return prompt, None
     render, stop = chat_render(loaded)
-    return render(chat_data.user_turn(prompt, system=system, text_only=True), True), stop
+    conv = chat_data.Conversation(chat_data.user_turn(prompt, system=system, text_only=True), tools=tools)
+    render = chat_data.with_tools(render, conv, "--tools")
+    return render(conv.messages, True), stop
 
 
 def refuse_system(loaded: Loaded, system: str | None) -> None:
@@ -73,12 +88,17 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
     each row at the template's end-of-turn token or eos."""
     import torch
 
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks.text import tool_calls
 
     tokenizer, chat = loaded.tokenizer, bool(loaded.parts.get("chat"))
     render, stop = chat_render(loaded) if chat else (None, None)
     rows = []
     for e in examples:
-        text = render(e.feed, True) if render is not None and isinstance(e.feed, list) else e.feed
+        if render is not None and isinstance(e.feed, chat_data.Conversation):  # an agent row: its tools
+            text = chat_data.with_tools(render, e.feed, f"row {e.row}")(e.feed.messages, True)
+        else:
+            text = render(e.feed, True) if render is not None and isinstance(e.feed, list) else e.feed
         # a rendered chat prompt holds its own special tokens, as in training (chat_data.encode)
         enc = tokenizer(text, return_tensors="pt", add_special_tokens=not chat)
         rows.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
@@ -94,7 +114,25 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
             **request.decoding(),
         )
     width = batch["input_ids"].shape[1]  # the output repeats the (left-padded) prompt
-    return [{"output": tokenizer.decode(r[width:], skip_special_tokens=True).strip()} for r in ids]
+    out = [{"output": tokenizer.decode(r[width:], skip_special_tokens=True).strip()} for r in ids]
+    for o in out:  # a call in the template's format, shown parsed (unparsed text as it is)
+        calls = tool_calls.parse(o["output"]) if chat else None
+        if calls:
+            o["call"] = tool_calls.shown(calls)
+    return out
+
+
+def text_score(refs: list[str], outputs: list[str]) -> dict[str, float]:
+    """``--data`` scores: exact match of the text, and for rows whose reference is a tool call
+    (agent rows ending on a call) the call exact match (the name and arguments parsed from the
+    output, ``tool_calls``)."""
+    from xtrain.tasks.text import tool_calls
+
+    scores = exact_match(refs, outputs)
+    calls = tool_calls.call_exact_match(refs, outputs)
+    if calls is not None:
+        scores["call_exact_match"] = calls
+    return scores
 
 
 def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
@@ -106,9 +144,14 @@ def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]
         )
     examples = []
     for i, prompt in enumerate(request.prompts):
-        examples.append(Example(i, {"input": prompt}, chat_prompt(loaded, prompt, request.system)[0]))
+        text = chat_prompt(loaded, prompt, request.system, request.tools)[0]
+        examples.append(Example(i, {"input": prompt}, text))
     outputs = in_batches(text_answer, loaded, examples, request)
-    return [{"input": e.shown["input"], "text": o["output"]} for e, o in zip(examples, outputs, strict=True)]
+    rows = []
+    for e, o in zip(examples, outputs, strict=True):
+        call = {"call": o["call"]} if "call" in o else {}
+        rows.append({"input": e.shown["input"], "text": o["output"], **call})
+    return rows
 
 
 def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
@@ -129,9 +172,15 @@ def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     if not answered:  # alpaca prompts alone: the readers want an output, here a stand-in dropped below
         ds = ds.add_column("output", ["-"] * len(ds))
     if record.get("chat"):
+        from xtrain.data.rows import tools as agent_rows
+
         cells = row_formats.conversations(ds, d, fmt, source)
+        tools = agent_rows.row_tools(ds, d, source)
         out = []
         for i, cell in enumerate(cells):
+            if tools[i] or agent_rows.is_agent(cell):  # its tools rendered; a call as its reference
+                out.append(agent_example(cell, i, source, tools[i], answered))
+                continue
             prompt, reference = split_conversation(cell, i, source)
             shown = {"input": last_user_text(prompt.messages)}
             out.append(Example(i, shown, prompt.messages, reference if answered else None))
@@ -149,6 +198,29 @@ def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
             raise row_formats.BadRow(f"row {i} of {source}: field '{prompt_column}' is missing or empty")
         out.append(Example(i, {"input": text.rstrip()}, text, reference))
     return out
+
+
+def agent_example(
+    cell: Any, row: int, source: str, tools: list[dict[str, Any]] | None, answered: bool
+) -> Example:
+    """An agent row as a prompt: its turns before the last assistant turn (with its tools), and
+    that turn as the reference: the calls it makes (``tool_calls.reference``), else its answer.
+    A row that ends on a user turn or a tool result is a prompt without a reference."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows import tools as agent_rows
+    from xtrain.tasks.text import tool_calls
+
+    ends = isinstance(cell, list) and bool(cell) and isinstance(cell[-1], dict)
+    ends = ends and cell[-1].get("role") in ("assistant", agent_rows.FUNCTION_CALL)
+    probe = cell if ends or not isinstance(cell, list) else [*cell, {"role": "assistant", "content": "-"}]
+    conv = agent_rows.parse_agent(probe, row, source, tools, complete=False)
+    last = conv.messages[-1]
+    reference = (
+        tool_calls.reference(last["tool_calls"]) if last.get("tool_calls") else last["content"].strip()
+    )
+    prompt = chat_data.Conversation(conv.messages[:-1], tools=conv.tools)
+    shown = {"input": last_user_text(prompt.messages)}
+    return Example(row, shown, prompt, reference if ends and answered else None)
 
 
 # ---------------------------------------------------------------------------------------------

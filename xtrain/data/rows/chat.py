@@ -24,10 +24,17 @@ and the conversation through that turn. The characters between the two are the a
 Tokens that start inside those characters keep their ids as labels, every other token gets -100.
 This works with any template whose earlier turns render the same whatever follows (true of
 ChatML/Qwen, Llama 3, Mistral, Gemma, Zephyr templates); one that does not is refused in one line.
+A turn whose reasoning the template drops once a later user turn follows (Qwen3) trains as the
+whole conversation renders it. Agent rows (tools, calls, results: ``tools.py``) render with the
+row's ``tools=`` and ``data.chat_template_kwargs``; ``data.train_on`` picks the turns that train.
+
+longer: the rendering and masking are one mechanism shared by every chat task; agent reading is
+in ``tools.py``, the shipped templates in ``xtrain/data/templates``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +74,7 @@ class Conversation:
 
     messages: list[dict[str, Any]]
     images: list[Any] = field(default_factory=list)  # path strings, Image feature dicts, PIL images
+    tools: list[dict[str, Any]] | None = None  # the function schemas the template is given (tools.py)
 
 
 def _text_of(parts: list[dict[str, Any]]) -> str:
@@ -180,7 +188,6 @@ def _fill(refs: list[Any], listed: list[Any], where: str, field_name: str) -> li
     return [next(rest) if ref is None else ref for ref in refs]
 
 
-
 def user_turn(
     question: str, images: int = 0, system: str | None = None, text_only: bool = False
 ) -> list[dict[str, Any]]:
@@ -250,14 +257,37 @@ def assistant_spans(
             continue
         before = _render(render, messages[:i], True, where)
         through = _render(render, messages[: i + 1], False, where).rstrip()
-        if not (through.startswith(before) and full.startswith(through)):
+        if through.startswith(before) and full.startswith(through):
+            spans.append((len(before), len(through)))
+            continue
+        # a turn rendered otherwise while it is the last one (Qwen3: its reasoning, or an empty
+        # <think></think>, dropped once more follows): it trains as the whole conversation renders it
+        found = _as_rendered(_render(render, messages[:i], False, where), before, through, full)
+        if found is None or not through.startswith(before):
             raise XtrainError(
                 f"{where}: the chat template renders earlier turns differently as the conversation "
                 "grows, so the assistant's tokens cannot be told apart",
                 "set data.chat_template to a template whose turns render the same whatever follows",
             )
-        spans.append((len(before), len(through)))
+        spans.append(found)
     return full, spans
+
+
+def _as_rendered(prior: str, before: str, through: str, full: str) -> tuple[int, int] | None:
+    """The span of a turn in ``full`` when, as the last turn (``through``), it renders otherwise:
+    (a) text inserted after the generation prompt (``before``) that ``full`` leaves out (the least
+    cut of it whose rest ``full`` carries there), or (b) the generation prompt's own tail, which
+    ``full`` does not render before the turn (the turn's text found in ``full`` after the earlier
+    turns, ``prior``, and the part of the generation prompt ``full`` shares). None: neither."""
+    content = through[len(before) :]
+    if full.startswith(before):
+        for k in range(1, len(content)):
+            if full.startswith(content[k:], len(before)):
+                return len(before), len(before) + len(content) - k
+    for start in range(len(prior), len(before)):
+        if full.startswith(before[:start]) and content.strip() and full.startswith(content, start):
+            return start, start + len(content)
+    return None
 
 
 def _token_starts(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[int], list[int]]:
@@ -283,11 +313,15 @@ def encode(
     conv: Conversation,
     where: str,
     last_only: bool = False,
+    train_on: str = "all_assistant",
 ) -> Encoded:
     """Render ``conv`` and label the tokens of its assistant turns (the rest -100); ``last_only``:
-    of its last assistant turn only (a preference answer after a conversation that is its prompt)."""
+    of its last assistant turn only (a preference answer after a conversation that is its prompt);
+    ``train_on`` (``data.train_on``): ``last_assistant`` the same, ``all`` every token."""
+    render = with_tools(render, conv, where)
     text, spans = assistant_spans(render, conv.messages, where)
-    spans = spans[-1:] if last_only else spans
+    spans = spans[-1:] if last_only or train_on == "last_assistant" else spans
+    spans = [(0, len(text))] if train_on == "all" else spans
     ids, starts = _token_starts(tokenizer, text)
     labels = [
         t if any(a <= s < b for a, b in spans) else IGNORE_INDEX for t, s in zip(ids, starts, strict=True)
@@ -297,6 +331,8 @@ def encode(
     last = max(i for i, t in enumerate(conv.messages) if t["role"] == "assistant")
     content = conv.messages[last]["content"]
     answer = content if isinstance(content, str) else _text_of(content)
+    if conv.messages[last].get("tool_calls"):  # a call: its JSON is the answer
+        answer = json.dumps([c["function"] for c in conv.messages[last]["tool_calls"]], ensure_ascii=False)
     return Encoded(
         text=text,
         input_ids=ids,
@@ -311,15 +347,22 @@ def encode(
 
 
 def load_template(setting: str | None) -> str | None:
-    """``data.chat_template``: a file holding a Jinja template, or the template text itself."""
+    """``data.chat_template``: a shipped template's name (``xtrain/data/templates``: qwen2.5,
+    llama3.1, ...), a file holding a Jinja template, or the template text itself."""
+    from xtrain.data import templates
+
     if setting is None:
         return None
+    shipped = templates.named(setting) if "{" not in setting and len(setting) < 64 else None
+    if shipped is not None:
+        return shipped
     path = Path(setting).expanduser()
     if "{" not in setting and len(setting) < 1024:
         if not path.is_file():
             raise XtrainError(
                 f"data.chat_template file {setting} not found",
-                "give a Jinja template file (e.g. chat_template.jinja) or the template text itself",
+                "give a shipped template's name (" + ", ".join(templates.NAMES) + "), a Jinja template "
+                "file (e.g. chat_template.jinja) or the template text itself",
             )
         return read_text(path, "chat template")
     return setting
@@ -338,21 +381,36 @@ def require_template(owner: TemplateOwner, template: str | None, source: str) ->
     return found
 
 
-def renderer(owner: TemplateOwner, template: str, setting: str | None = None) -> Render:
+def renderer(
+    owner: TemplateOwner, template: str, setting: str | None = None, kwargs: dict[str, Any] | None = None
+) -> Render:
     """``render(messages, add_generation_prompt)`` through ``owner.apply_chat_template``;
-    ``setting``: ``data.chat_template`` when the template came from it (named in refusals)."""
-    return _Renderer(owner, template, setting)
+    ``setting``: ``data.chat_template`` when the template came from it (named in refusals);
+    ``kwargs``: ``data.chat_template_kwargs``, given to every rendering (``enable_thinking``)."""
+    return _Renderer(owner, template, setting, kwargs)
 
 
 class _Renderer:
-    """Picklable (spawned DataLoader workers): holds the tokenizer/processor and the template text."""
+    """Picklable (spawned DataLoader workers): holds the tokenizer/processor and the template text,
+    the template's extra variables, and (``with_tools``) the tool schemas of one conversation."""
 
-    def __init__(self, owner: TemplateOwner, template: str, setting: str | None = None) -> None:
+    def __init__(
+        self,
+        owner: TemplateOwner,
+        template: str,
+        setting: str | None = None,
+        kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.owner = owner
         self.template = template
+        self.setting = setting
+        self.kwargs = dict(kwargs or {})
+        self.tools = tools
         # where the template came from, for a refusal that names it rather than a data row
         kind = "processor" if hasattr(owner, "image_processor") else "tokenizer"
-        self.origin = "data.chat_template" if setting is not None else f"the {kind}'s chat template"
+        named = f"={setting}" if setting is not None and "{" not in setting and len(setting) < 200 else ""
+        self.origin = f"data.chat_template{named}" if setting is not None else f"the {kind}'s chat template"
 
     def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.owner.apply_chat_template(
@@ -360,7 +418,34 @@ class _Renderer:
             chat_template=self.template,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            **({"tools": self.tools} if self.tools else {}),
+            **self.kwargs,
         )
+
+    def with_tools(self, tools: list[dict[str, Any]] | None) -> _Renderer:
+        return _Renderer(self.owner, self.template, self.setting, self.kwargs, tools)
+
+
+def with_tools(render: Render, conv: Conversation, where: str) -> Render:
+    """``render`` given ``conv``'s tools; a template that would drop them (or its calls) is
+    refused in one line naming it and the row."""
+    from xtrain.data import templates
+
+    calls = any(t.get("tool_calls") for t in conv.messages)
+    if not (conv.tools or calls) or not isinstance(render, _Renderer):
+        return render
+    missing = (conv.tools and not templates.renders_tools(render.template)) or (
+        calls and not templates.renders_calls(render.template)
+    )
+    if missing:
+        what = "tool schemas" if conv.tools else "tool calls"
+        raise XtrainError(
+            f"{where} has {what}, and {render.origin} cannot render them (no "
+            f"'{'tools' if conv.tools else 'tool_calls'}' in its source): they would be silently dropped",
+            "set data.chat_template to a tools-aware template: qwen2.5, qwen3, llama3.1, llama3.2, "
+            "mistral, or a file (docs/agents.md)",
+        )
+    return render.with_tools(conv.tools)
 
 
 def messages_column_of(ds: Dataset, column: str, source: str) -> list[Any]:
@@ -373,14 +458,20 @@ def messages_column_of(ds: Dataset, column: str, source: str) -> list[Any]:
 
 
 def text_chat_rows(
-    cells: list[Any], render: Render, tokenizer: PreTrainedTokenizerBase, max_length: int, source: str
+    cells: list[Any],
+    render: Render,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    source: str,
+    tools: list[Any] | None = None,
+    train_on: str = "all_assistant",
 ) -> list[dict[str, list[int]]]:
-    """causal-lm chat: every conversation (a ``messages`` cell of row i of ``source``) checked,
-    rendered and labelled, cut to ``max_length``; one whose answers all lie past the cut is
-    dropped (as causal-lm does)."""
+    """causal-lm chat: every conversation (a ``messages`` cell of row i of ``source``, with its
+    ``tools``) checked, rendered and labelled, cut to ``max_length``; one whose answers all lie
+    past the cut is dropped (as causal-lm does)."""
     rows = []
     for row, cell in enumerate(cells):
-        enc = text_chat_encoded(cell, row, render, tokenizer, source)
+        enc = text_chat_encoded(cell, row, render, tokenizer, source, tools[row] if tools else None, train_on)
         ids, labels = enc.input_ids[:max_length], enc.labels[:max_length]
         if all(t == IGNORE_INDEX for t in labels[1:]):  # the model shifts: position 0 never counts
             continue
@@ -389,9 +480,17 @@ def text_chat_rows(
 
 
 def text_chat_encoded(
-    cell: Any, row: int, render: Render, tokenizer: PreTrainedTokenizerBase, source: str
+    cell: Any,
+    row: int,
+    render: Render,
+    tokenizer: PreTrainedTokenizerBase,
+    source: str,
+    tools: list[dict[str, Any]] | None = None,
+    train_on: str = "all_assistant",
 ) -> Encoded:
-    """One causal-lm chat row (a ``messages`` cell) checked, rendered and labelled, not yet cut."""
-    conv = parse_conversation(cell, row, source, allow_images=False)
-    return encode(render, tokenizer, conv, f"row {row} of {source}")
+    """One causal-lm chat row (a ``messages`` cell, its ``tools``) checked (agent rows: ``tools.py``),
+    rendered and labelled, not yet cut."""
+    from xtrain.data.rows import tools as agent_rows
 
+    conv = agent_rows.parse_text(cell, row, source, tools)
+    return encode(render, tokenizer, conv, f"row {row} of {source}", train_on=train_on)

@@ -40,6 +40,8 @@ ALPACA_REQUIRED = ("instruction", "output")
 ALPACA_OPTIONAL = ("input", "system")
 SHAREGPT_COLUMN = "conversations"
 SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+# agent turns (xtrain/data/rows/tools.py reads them): LLaMA-Factory's sharegpt calls and results
+SPEAKERS.update({"function_call": "function_call", "observation": "observation"})
 # Bump when the alpaca prompt/response text changes (invalidates the datasets cache).
 ALPACA_VERSION = 1
 
@@ -183,7 +185,8 @@ class TurnKeys:
 
 
 SHAREGPT_KEYS = TurnKeys(("from", "role"), ("value", "content"), tuple(SPEAKERS.items()))
-MESSAGES_KEYS = TurnKeys(("role",), ("content",), tuple((r, r) for r in ("system", "user", "assistant")))
+_ROLES = ("system", "user", "assistant", "tool")
+MESSAGES_KEYS = TurnKeys(("role",), ("content",), tuple((r, r) for r in _ROLES))
 TAG_KEYS = ("user_tag", "assistant_tag", "system_tag")  # data.*: the speaker of each role
 
 

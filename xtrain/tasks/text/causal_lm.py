@@ -6,7 +6,10 @@ on packs whole examples into rows kept apart by restarting ``position_ids``, con
 old concatenation into blocks) and NEFTune (``optim.neftune_alpha``); metric: next-token accuracy
 (and perplexity).
 ``xtrain predict`` continues text prompts (a chat run's prompts as user turns) and the prompts of
-a data file's rows (``prompt_predict``)."""
+a data file's rows (``prompt_predict``).
+
+longer: one task's build, its data check (with the agent rows' checks) and its predict loader,
+kept together as the task contract has them."""
 
 from __future__ import annotations
 
@@ -23,7 +26,6 @@ from xtrain.model import neftune
 from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Task
 from xtrain.tasks.data_report import DataReport
-from xtrain.tasks.predicting import exact_match
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -63,6 +65,7 @@ def chat_rows(
     """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
     from xtrain.data.packing import pack_all
     from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows import tools as agent_rows
     from xtrain.tasks.common import require_nonempty
 
     d = cfg.data
@@ -73,7 +76,8 @@ def chat_rows(
             out.append(None)
             continue
         cells = row_formats.conversations(ds, d, fmt, name)
-        rows = chat_data.text_chat_rows(cells, render, tokenizer, d.max_length, name)
+        tools = agent_rows.row_tools(ds, d, name)
+        rows = chat_data.text_chat_rows(cells, render, tokenizer, d.max_length, name, tools, d.train_on)
         require_nonempty(rows, name, "training" if ds is train[0] else "eval")
         if d.packing == "on" and ds is train[0]:  # the training rows only, as for text
             rows = pack_all(rows, d.max_length)
@@ -95,7 +99,7 @@ def chat_render(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: st
     template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
     if d.chat_template is not None:
         tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
-    return chat_data.renderer(tokenizer, template, d.chat_template)
+    return chat_data.renderer(tokenizer, template, d.chat_template, d.chat_template_kwargs)
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
@@ -197,7 +201,10 @@ def inspect(
     render = chat_render(cfg, tokenizer, source, fmt) if chat and tokenizer is not None else None
     for s in samples:
         require(cfg, fmt, s.ds, s.name)  # the eval data too: the format the training data holds
-        check = _check_chat(cfg, s, fmt, render, tokenizer) if chat else _check_text(cfg, s, fmt, tokenizer)
+        if chat:
+            check = _check_chat(cfg, s, fmt, render, tokenizer, report.notes)
+        else:
+            check = _check_text(cfg, s, fmt, tokenizer)
         report.sources.append(check[0])
         report.example = report.example or check[1]
     if report.example is not None and d.packing == "on":
@@ -209,27 +216,46 @@ def inspect(
 
 
 def _check_chat(
-    cfg: TrainConfig, s: Sample, fmt: str, render: Render | None, tokenizer: PreTrainedTokenizerBase
+    cfg: TrainConfig,
+    s: Sample,
+    fmt: str,
+    render: Render | None,
+    tokenizer: PreTrainedTokenizerBase,
+    notes: list[str],
 ) -> tuple[SourceCheck, Example | None]:
     from xtrain.data.collate import IGNORE_INDEX
     from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows import tools as agent_rows
     from xtrain.tasks import data_check
 
     d = cfg.data
     cells = row_formats.conversations(s.ds, d, fmt, s.name)
-    check, example = s.check(row_format=fmt), None
+    tools = agent_rows.row_tools(s.ds, d, s.name)
+    check, example, calling, undeclared = s.check(row_format=fmt), None, False, {}
     for row, cell in enumerate(cells):
+        conv = agent_rows.parse_text(cell, row, s.name, tools[row])
+        for name in agent_rows.undeclared(conv):
+            undeclared.setdefault(name, []).append(row)
         if render is None:
-            chat_data.parse_conversation(cell, row, s.name, allow_images=False)
             continue
-        enc = chat_data.text_chat_encoded(cell, row, render, tokenizer, s.name)
+        where = f"row {row} of {s.name}"
+        enc = chat_data.encode(render, tokenizer, conv, where, train_on=d.train_on)
         ids, labels = enc.input_ids[: d.max_length], enc.labels[: d.max_length]
         check.lengths.append(len(enc.input_ids))
         check.truncated += len(enc.input_ids) > d.max_length
         if all(t == IGNORE_INDEX for t in labels[1:]):  # text_chat_rows leaves it out
             check.dropped += 1
-        elif example is None and s.role == "train":
-            example = data_check.example_of(s, row, tokenizer, ids, labels)
+        elif s.role == "train" and (example is None or (not calling and agent_rows.has_calls(conv))):
+            # a row that calls a tool, where there is one: the call trains, the result does not
+            example, calling = (
+                data_check.example_of(s, row, tokenizer, ids, labels),
+                agent_rows.has_calls(conv),
+            )
+    for name, rows in undeclared.items():
+        notes.append(
+            f"warning: {len(rows)} call(s) to '{name}', which the row's tools do not declare "
+            f"(row {rows[0]} of {s.name} first)"
+        )
     return check, example
 
 
@@ -335,7 +361,6 @@ def load_for_predict(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
-
     try:
         base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
         model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False, **base_load)
@@ -371,6 +396,10 @@ TASK = Task(
             "data.assistant_tag",
             "data.system_tag",
             "data.chat_template",
+            "data.chat_template_kwargs",
+            "data.train_on",
+            "data.tools_column",
+            "data.tools",
             "data.packing",
             "data.group_by_length",
             "optim.neftune_alpha",
@@ -389,9 +418,10 @@ TASK = Task(
             rows="prompts: text, prompt/response, messages, alpaca or sharegpt rows, as the run trained",
             read=prompt_predict.read_text_file,
             answer=prompt_predict.text_answer,
-            score=exact_match,
+            score=prompt_predict.text_score,
         ),
         samples=True,
+        tools=True,
     ),
     check_data=check_data,
 )
