@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from xtrain.errors import XtrainError
+from xtrain.tasks.grpo import grpo as grpo_task
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
 from xtrain.tasks.grpo.rollout import SeededSampling, completion_mask, top_p_filter
@@ -81,7 +82,7 @@ def _hand_loss(kind: str, token_loss: list[list[float]], mask: list[list[int]], 
     return total / sum(sum(ms) for ms in mask)  # dapo: over every completion token of the batch
 
 
-@pytest.mark.parametrize("kind", gl.LOSSES)
+@pytest.mark.parametrize("kind", grpo_task.LOSSES)
 def test_the_three_normalisations_by_hand_and_split_into_micro_batches(kind):
     """TRL's definitions over a batch, and the same number from any split into equal micro-batches
     averaged as the loop averages them (accumulation and processes)."""

@@ -1,3 +1,5 @@
+# longer: the rendering and masking are one mechanism shared by every chat task (agent rows:
+# tools.py; the shipped templates: xtrain/data/templates)
 """Conversations in the ``messages`` format, rendered by a chat template, loss on the assistant only.
 
 Shared by ``causal-lm`` (text chat, the tokenizer's template) and ``vision-language`` (the
@@ -455,42 +457,3 @@ def messages_column_of(ds: Dataset, column: str, source: str) -> list[Any]:
             "set data.messages_column to the column of conversations",
         )
     return list(ds[column])
-
-
-def text_chat_rows(
-    cells: list[Any],
-    render: Render,
-    tokenizer: PreTrainedTokenizerBase,
-    max_length: int,
-    source: str,
-    tools: list[Any] | None = None,
-    train_on: str = "all_assistant",
-) -> list[dict[str, list[int]]]:
-    """causal-lm chat: every conversation (a ``messages`` cell of row i of ``source``, with its
-    ``tools``) checked, rendered and labelled, cut to ``max_length``; one whose answers all lie
-    past the cut is dropped (as causal-lm does)."""
-    rows = []
-    for row, cell in enumerate(cells):
-        enc = text_chat_encoded(cell, row, render, tokenizer, source, tools[row] if tools else None, train_on)
-        ids, labels = enc.input_ids[:max_length], enc.labels[:max_length]
-        if all(t == IGNORE_INDEX for t in labels[1:]):  # the model shifts: position 0 never counts
-            continue
-        rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels})
-    return rows
-
-
-def text_chat_encoded(
-    cell: Any,
-    row: int,
-    render: Render,
-    tokenizer: PreTrainedTokenizerBase,
-    source: str,
-    tools: list[dict[str, Any]] | None = None,
-    train_on: str = "all_assistant",
-) -> Encoded:
-    """One causal-lm chat row (a ``messages`` cell, its ``tools``) checked (agent rows: ``tools.py``),
-    rendered and labelled, not yet cut."""
-    from xtrain.data.rows import tools as agent_rows
-
-    conv = agent_rows.parse_text(cell, row, source, tools)
-    return encode(render, tokenizer, conv, f"row {row} of {source}", train_on=train_on)

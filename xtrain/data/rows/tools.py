@@ -33,12 +33,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain.data.rows.chat import BadConversation, Conversation, parse_conversation
+from xtrain.data.collate import IGNORE_INDEX
+from xtrain.data.rows.chat import BadConversation, Conversation, Encoded, Render, encode, parse_conversation
 from xtrain.encoding import read_text
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import DataConfig
 
@@ -288,3 +290,40 @@ def undeclared(conv: Conversation) -> list[str]:
 
 def has_calls(conv: Conversation) -> bool:
     return any(t.get("tool_calls") for t in conv.messages)
+
+
+def text_chat_rows(
+    cells: list[Any],
+    render: Render,
+    tokenizer: PreTrainedTokenizerBase,
+    max_length: int,
+    source: str,
+    tools: list[Any] | None = None,
+    train_on: str = "all_assistant",
+) -> list[dict[str, list[int]]]:
+    """causal-lm chat: every conversation (a ``messages`` cell of row i of ``source``, with its
+    ``tools``) checked, rendered and labelled, cut to ``max_length``; one whose answers all lie
+    past the cut is dropped (as causal-lm does)."""
+    rows = []
+    for row, cell in enumerate(cells):
+        enc = text_chat_encoded(cell, row, render, tokenizer, source, tools[row] if tools else None, train_on)
+        ids, labels = enc.input_ids[:max_length], enc.labels[:max_length]
+        if all(t == IGNORE_INDEX for t in labels[1:]):  # the model shifts: position 0 never counts
+            continue
+        rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels})
+    return rows
+
+
+def text_chat_encoded(
+    cell: Any,
+    row: int,
+    render: Render,
+    tokenizer: PreTrainedTokenizerBase,
+    source: str,
+    tools: list[dict[str, Any]] | None = None,
+    train_on: str = "all_assistant",
+) -> Encoded:
+    """One causal-lm chat row (a ``messages`` cell, its ``tools``) checked (agent rows: ``tools.py``),
+    rendered and labelled, not yet cut."""
+    conv = parse_text(cell, row, source, tools)
+    return encode(render, tokenizer, conv, f"row {row} of {source}", train_on=train_on)

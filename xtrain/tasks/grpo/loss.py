@@ -22,9 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xtrain.tasks.grpo.grpo import LOSSES
-
-__all__ = ["LOSSES", "LossSettings", "advantages", "micro_batch_loss", "normalised", "per_token_loss"]
+__all__ = ["LossSettings", "advantages", "micro_batch_loss", "normalised", "per_token_loss"]
 SCALES = ("group", "batch", "none")
 STD_FLOOR = 1e-4  # TRL's: advantages / (std + 1e-4)
 

@@ -1,3 +1,5 @@
+# longer: one task's build, its data check (with the agent rows' checks) and its predict loader,
+# kept together as the task contract has them
 """``causal-lm``: a text column, or prompt/response columns with the loss on the response only,
 or chat conversations (``data.messages_column``, rendered by the chat template, loss on the
 assistant turns only: ``chat_data``), or alpaca / sharegpt rows mapped onto those two
@@ -64,7 +66,6 @@ def chat_rows(
 ) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None]:
     """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
     from xtrain.data.packing import pack_all
-    from xtrain.data.rows import chat as chat_data
     from xtrain.data.rows import tools as agent_rows
     from xtrain.tasks.common import require_nonempty
 
@@ -77,7 +78,7 @@ def chat_rows(
             continue
         cells = row_formats.conversations(ds, d, fmt, name)
         tools = agent_rows.row_tools(ds, d, name)
-        rows = chat_data.text_chat_rows(cells, render, tokenizer, d.max_length, name, tools, d.train_on)
+        rows = agent_rows.text_chat_rows(cells, render, tokenizer, d.max_length, name, tools, d.train_on)
         require_nonempty(rows, name, "training" if ds is train[0] else "eval")
         if d.packing == "on" and ds is train[0]:  # the training rows only, as for text
             rows = pack_all(rows, d.max_length)
