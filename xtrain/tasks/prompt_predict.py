@@ -72,7 +72,6 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
     each row at the template's end-of-turn token or eos."""
     import torch
 
-
     tokenizer, chat = loaded.tokenizer, bool(loaded.parts.get("chat"))
     render, stop = chat_render(loaded) if chat else (None, None)
     rows = []
@@ -108,6 +107,29 @@ def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]
         examples.append(Example(i, {"input": prompt}, chat_prompt(loaded, prompt, request.system)[0]))
     outputs = in_batches(text_answer, loaded, examples, request)
     return [{"input": e.shown["input"], "text": o["output"]} for e, o in zip(examples, outputs, strict=True)]
+
+
+def chat_reply(loaded: Loaded, messages: list[dict[str, str]], request: PredictRequest) -> str:
+    """``xtrain chat``'s next assistant turn: the conversation so far (``system``/``user``/
+    ``assistant`` turns, ending in a user turn) rendered through the result's chat template with
+    the generation prompt and answered as ``text_answer`` answers a data file's conversation.
+    The oldest turns after a system turn are left out while the rendered conversation and
+    ``request.max_new_tokens`` would not fit the model's positions."""
+    if not loaded.parts.get("chat"):
+        raise XtrainError(
+            f"{loaded.source} was not trained on chat conversations and has no chat template",
+            f"xtrain predict {loaded.source} --prompt TEXT continues a text",
+        )
+    render, _ = chat_render(loaded)
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    turns = list(messages)
+    first = 1 if turns and turns[0]["role"] == "system" else 0
+    while limit is not None and len(turns) > first + 1:
+        length = len(loaded.tokenizer(render(turns, True), add_special_tokens=False)["input_ids"])
+        if length + request.max_new_tokens <= limit:
+            break
+        del turns[first : first + 2]  # the oldest user turn and its answer
+    return text_answer(loaded, [Example(0, {}, turns)], request)[0]["output"]
 
 
 def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:

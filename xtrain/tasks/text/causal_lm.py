@@ -14,13 +14,14 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain.builtin import chat as builtin_chat
 from xtrain.data.rows import formats as row_formats
 from xtrain.data.rows.formats import row_format, text_columns
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
 from xtrain.model import neftune
 from xtrain.tasks import contract, prompt_predict
-from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Task
+from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
 from xtrain.tasks.data_report import DataReport
 from xtrain.tasks.predicting import exact_match
 
@@ -333,7 +334,6 @@ def load_for_predict(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
-
     try:
         base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
         model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=False, **base_load)
@@ -390,6 +390,15 @@ TASK = Task(
             score=exact_match,
         ),
         samples=True,
+        chat=prompt_predict.chat_reply,
     ),
+    quickstart=Quickstart(
+        job="quickstart-chat.yaml",
+        about="chat LoRA: a tiny llama learns to answer short questions",
+        next_command="xtrain train examples/chat-sft.yaml",
+        predict_args=builtin_chat.quickstart_predict_args,
+        compare=builtin_chat.quickstart_eval_file,
+        default=True,
+    ),  # fmt: skip
     check_data=check_data,
 )
