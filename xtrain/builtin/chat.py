@@ -1,9 +1,9 @@
 """``builtin:chat`` and ``builtin:tiny-llama-chat``: the default quickstart's chat data and model.
 
 The conversations ask three kinds of short questions (the color of a thing, where an animal is,
-how a child feels), each in several phrasings, and answer each in one fixed sentence that repeats
-the word asked about and its fact: a closed world in the words the built-in tokenizer knows, which
-the built-in tiny llama learns through LoRA in a few dozen steps, so the trained adapter's answers
+how a child feels), each in several phrasings, and answer each in one fixed sentence of its kind
+holding the fact asked for: a closed world in the words the built-in tokenizer knows, which the
+built-in tiny llama learns through LoRA in a hundred-odd steps, so the trained adapter's answers
 visibly differ from the base model's noise.
 The eval split draws the same kinds of questions with another seed (phrasings and words recombined).
 
@@ -33,7 +33,8 @@ CHAT_TEMPLATE = (
 )
 
 # Closed-world facts in the words the built-in tokenizer was trained on (whole-word tokens): each
-# answer names a word of its question and its mapped fact.
+# answer is the fact its question asks for, in one sentence of its kind (an answer that repeated
+# the word asked about would need the tiny random model to learn copying too: many more steps).
 _COLOR_OF = {
     "ball": "red", "kite": "blue", "box": "brown", "hat": "green",
     "cake": "pink", "book": "yellow", "boat": "white", "cup": "black",
@@ -48,9 +49,9 @@ _ASK_COLOR = ["what color is the {x}?", "which color is the {x}?", "tell me the 
 _ASK_PLACE = ["where is the {x}?", "where does the {x} play?", "tell me where the {x} is."]
 _ASK_FEELING = ["how is {x} today?", "how does {x} feel?", "tell me how {x} is."]
 _KINDS = (
-    (_ASK_COLOR, _COLOR_OF, "the {x} is {y}."),
-    (_ASK_PLACE, _PLACE_OF, "the {x} is in the {y}."),
-    (_ASK_FEELING, _FEELING_OF, "{x} is very {y}."),
+    (_ASK_COLOR, _COLOR_OF, "it is {y}."),
+    (_ASK_PLACE, _PLACE_OF, "it is in the {y}."),
+    (_ASK_FEELING, _FEELING_OF, "they feel very {y}."),
 )
 assert set(_COLOR_OF) == set(_THINGS) and set(_PLACE_OF) == set(_ANIMALS)
 

@@ -183,8 +183,8 @@ def quickstart(
     task: str = typer.Option(
         None,
         "--task",
-        help="The built-in job of a task (a task's name, e.g. seq-cls: text classification; default "
-        "causal-lm: chat LoRA); `xtrain quickstart --task list` lists them.",
+        help="The built-in job of a task (a task's name, e.g. seq-cls: text classification; default: "
+        "the chat LoRA job); `xtrain quickstart --task list` lists them.",
     ),
     processes: str = typer.Option(
         None, "--processes", "-n", help="Processes (default: one per GPU; one on CPU)."
@@ -207,7 +207,9 @@ def quickstart(
     if task is None:
         task = default_task(jobs)
     if task not in jobs:
-        listed = "; ".join(f"--task {name} ({q.about})" for name, q in jobs.items())
+        listed = "; ".join(
+            f"--task {name} ({q.about}{', the default' if q.default else ''})" for name, q in jobs.items()
+        )
         if task == "list":
             console.print(f"built-in jobs: {listed}", soft_wrap=True, markup=False)
             return
