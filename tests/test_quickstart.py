@@ -37,7 +37,7 @@ def test_quickstart_learns_to_chat_and_shows_answers_before_and_after(one_proces
     assert (
         after["token_accuracy"] > before["token_accuracy"] + 0.5 and after["eval_loss"] < before["eval_loss"]
     )
-    assert result["global_batch"] == 16 and result["world_size"] == 1
+    assert (result["global_batch"], result["world_size"], result["accumulation"]) == (16, 1, 2)
     assert (Path(result["outputs"]["adapter"]) / "adapter_config.json").is_file()
     out = proc.stdout
     for shown in (
