@@ -44,7 +44,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "unknown task": ("run", ["--config", "{c}", "model.task=translate"], {}, "model.task must be one of", 2, False),
     "custom task unset": ("run", ["--config", "{c}", "model.task=custom"], {}, "model.custom is not set", 2, False),
     "custom spec malformed": ("run", ["--config", "{c}", "model.task=custom", "model.custom=nocolon"], {}, "must look like module:function", 2, False),
-    "a long value cut in the line": ("run", ["--config", "{c}", "data.train=[" + "'x'," * 5000 + "]"], {}, "data.train must be a string, got ['x', 'x', 'x',", 2, False),
+    "a long value cut in the line": ("run", ["--config", "{c}", "data.text_column=[" + "'x'," * 5000 + "]"], {}, "data.text_column must be a string, got ['x', 'x', 'x',", 2, False),
     "override without section": ("run", ["--config", "{c}", "max_steps=3"], {}, "must look like section.key=value", 2, False),
     "prompt without response": ("run", ["--config", "{c}", "data.prompt_column=q"], {}, "go together", 2, False),
     "lr scaling without base": ("run", ["--config", "{c}", "optim.lr_scaling=linear"], {}, "needs optim.base_global_batch", 2, False),
@@ -53,8 +53,8 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "negative keep_checkpoints": ("run", ["--config", "{c}", "run.keep_checkpoints=-1"], {}, "run.keep_checkpoints must be an integer >= 0", 2, False),
     "global batch not divisible": ("run", ["--config", "{c}", "batch.global_batch=10"], {}, "global batch 10 is not divisible", 2, True),
     # -- data and model -----------------------------------------------------------------------------
-    "missing data file": ("run", ["--config", "{c}", "data.train={r}/nope.jsonl"], {}, "data file {r}/nope.jsonl not found", 2, True),
-    "wrong column": ("run", ["--config", "{c}", "data.text_column=body"], {}, "column 'body' not in", 2, False),
+    "missing data file": ("run", ["--config", "{c}", "data.train={r}/nope.jsonl", "run.output_dir={r}/fresh-nope"], {}, "data file {r}/nope.jsonl not found", 2, True),
+    "wrong column": ("run", ["--config", "{c}", "data.text_column=body", "run.output_dir={r}/fresh-col"], {}, "text rows need 'body'", 2, False),
     "numeric text column": ("run", ["--config", "{c}", "data.train={r}/numbers.jsonl", "run.output_dir={r}/fresh-num"], {}, "column 'text' of {r}/numbers.jsonl holds int64 values, not text", 2, False),
     "empty CSV": ("run", ["--config", "{c}", "data.train={r}/empty.csv", "run.output_dir={r}/fresh-empty"], {}, "data file {r}/empty.csv is empty", 2, False),
     "header-only CSV": ("run", ["--config", "{c}", "data.train={r}/header.csv", "run.output_dir={r}/fresh-header"], {}, "data file {r}/header.csv has no rows", 2, False),
@@ -70,7 +70,7 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "unsafe chat template": ("run", ["--config", "{c}", "data.train={r}/chat.jsonl", "data.eval=null", "data.chat_template={{% for m in messages %}}{{{{ m.__class__.__mro__ }}}}{{% endfor %}}", "run.output_dir={r}/fresh-chat"], {}, "data.chat_template is unsafe: the sandbox refused it", 2, False),
     "image bomb": ("run", ["--config", "{c}", "model.task=image-to-text", "model.name_or_path=builtin:tiny-trocr", "data.train={r}/bomb.csv", "data.eval=null", "data.max_length=24", "generation.max_new_tokens=16", "batch.per_device=1", "batch.global_batch=2", "run.output_dir={r}/fresh-bomb"], {}, "cannot read image {r}/bomb.png (row 1 of {r}/bomb.csv): it declares 10000000000 pixels, above data.max_image_pixels=89478485", 2, False),
     "audio with no samples": ("run", ["--config", "{c}", "model.task=speech-to-text", "model.name_or_path=builtin:tiny-whisper", "data.train={r}/clips.csv", "data.eval=null", "data.max_length=24", "generation.max_new_tokens=16", "run.output_dir={r}/fresh-clips"], {}, "audio {r}/empty.wav (row 1 of {r}/clips.csv): no samples, an empty recording", 2, False),
-    "unknown data format": ("run", ["--config", "{c}", "data.train={r}/data.bin"], {}, "cannot tell the format", 2, False),
+    "unknown data format": ("run", ["--config", "{c}", "data.train={r}/data.bin", "run.output_dir={r}/fresh-bin"], {}, "cannot tell the format", 2, False),
     "missing model path": ("run", ["--config", "{c}", "model.name_or_path={r}/no-model"], {}, "model path {r}/no-model not found", 2, False),
     "custom module missing": ("run", ["--config", "{c}", "model.task=custom", "model.custom=no_such_mod_xyz:build", "run.output_dir={r}/fresh"], {}, "cannot import the custom task module", 2, False),
     # -- outputs and resume -------------------------------------------------------------------------
@@ -81,6 +81,8 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "resume from a partial write": ("run", ["--config", "{c}", "run.resume={r}/step-3.tmp"], {}, "is incomplete", 2, False),
     "checkpoint state of the wrong type": ("run", ["--config", "{c}", "run.resume={r}/typed/step-2"], {}, "checkpoint {r}/typed/step-2 cannot be read: xtrain_state.json: field 'step': an integer expected, got 'two'", 2, False),
     "resume with another LoRA rank": ("run", ["--config", "{c}", "lora.r=8"], {}, "was trained with lora.r=4", 2, False),
+    "resume on other data": ("run", ["--config", "{c}", "data.train={r}/eval.jsonl"], {}, "checkpoint {o}/checkpoints/step-2 was trained on another data set: data.train='{r}/train.jsonl', this run has '{r}/eval.jsonl'", 2, False),
+    "resume with another model": ("run", ["--config", "{c}", "model.name_or_path=builtin:tiny-llama"], {}, "was trained on another model: model.name_or_path=", 2, False),
     "resume with another lr": ("run", ["--config", "{c}", "run.resume=auto", "optim.lr=0.1"], {}, "was trained with optim.lr=0.005, this run has 0.1", 2, False),
     # -- command line and environment ---------------------------------------------------------------
     "processes zero": ("run", ["--config", "{c}", "--processes", "0"], {}, "--processes must be at least 1", 2, False),
@@ -88,14 +90,15 @@ CASES: dict[str, tuple[str, list[str], dict[str, str], str, int, bool]] = {
     "processes vs launcher": ("run", ["--config", "{c}", "--processes", "2"], {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}, "conflicts with the launcher", 2, True),
     "WORLD_SIZE not a number": ("run", ["--config", "{c}"], {"WORLD_SIZE": "two"}, "environment variable WORLD_SIZE='two' is not a whole number", 2, True),
     "RANK not below WORLD_SIZE": ("run", ["--config", "{c}"], {"WORLD_SIZE": "2", "RANK": "5"}, "RANK=5 is not below WORLD_SIZE=2", 2, False),
-    "rank 0 whose peers never come": ("run", ["--config", "{c}", "run.collective_timeout_s=2"], {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{p}"}, "rank 0 of 2 waited for the other processes at 127.0.0.1:{p}, and they never joined", 2, False),
-    "rank 1 whose rank 0 never comes": ("run", ["--config", "{c}", "run.collective_timeout_s=2"], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{p}"}, "rank 1 of 2 could not reach rank 0 at 127.0.0.1:{p}", 2, False),
+    "rank 0 whose peers never come": ("run", ["--config", "{c}", "run.collective_timeout_s=2", "run.output_dir={r}/fresh-r0"], {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{p}"}, "rank 0 of 2 waited for the other processes at 127.0.0.1:{p}, and they never joined", 2, False),
+    "rank 1 whose rank 0 never comes": ("run", ["--config", "{c}", "run.collective_timeout_s=2", "run.output_dir={r}/fresh-r1"], {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{p}"}, "rank 1 of 2 could not reach rank 0 at 127.0.0.1:{p}", 2, False),
     "XTRAIN_PLAN malformed": ("run", ["--config", "{c}"], {"XTRAIN_PLAN": "{oops"}, "XTRAIN_PLAN is not a plan xtrain wrote", 2, False),
     "facts with an impossible value": ("cli", ["doctor", "--facts", "{r}/bad-facts.json"], {}, "facts have an impossible value: cpu_count=0", 2, False),
     "facts nested too deep": ("cli", ["doctor", "--facts", "{r}/deep-facts.json"], {}, "facts file {r}/deep-facts.json nests deeper than 64 levels", 2, False),
     "unknown platform": ("run", ["--config", "{c}"], {"XTRAIN_PLATFORM": "beos"}, "unknown platform 'beos'", 2, False),
     "train: config missing": ("cli", ["train", "{r}/nope.yaml"], {}, "config {r}/nope.yaml not found", 2, True),
     "train: processes not a number": ("cli", ["train", "{c}", "--processes", "abc"], {}, "--processes needs a whole number", 2, False),
+    "train: dry run on other data": ("cli", ["train", "{c}", "--dry-run", "data.train={r}/eval.jsonl"], {}, "was trained on another data set: data.train=", 2, False),
     "train: override not key=value": ("cli", ["train", "{c}", "oops"], {}, "override 'oops' must look like section.key=value", 2, False),
 }  # fmt: skip
 
@@ -219,6 +222,36 @@ def test_bad_input(case: str, job: Job, monkeypatch: pytest.MonkeyPatch, capsys)
     assert len(errors[0].replace(str(job.root), "{r}")) <= 400, errors[0]
     assert fingerprint(out) == before, "the finished run was changed"
     assert not (job.root / "pwned").exists()
+
+
+def test_a_finished_run_run_again_trains_and_writes_nothing(job: Job, monkeypatch, capsys) -> None:
+    """The same command on a finished run's folder: one note, exit 0, every file byte for byte
+    (and untouched: the same modification times)."""
+    import hashlib
+
+    out = job.root / "out"
+
+    def contents() -> dict[str, str]:
+        return {
+            str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in out.rglob("*")
+            if p.is_file()
+        }
+
+    before, times = contents(), fingerprint(out)
+    for k, v in job.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(REPO)
+    from xtrain.run import main
+
+    assert main(["--config", str(job.config)]) == 0
+    said = capsys.readouterr()
+    assert f"{out} already finished, nothing trained (step 2, every file as it was)" in said.out + said.err
+    from xtrain.cli import main as cli
+
+    assert cli(["train", str(job.config), "--dry-run"]) == 0  # the dry run says it too
+    assert f"Resume: {out} already finished, nothing to train (step 2)" in capsys.readouterr().out
+    assert contents() == before and fingerprint(out) == times
 
 
 def doc_rows() -> list[str]:

@@ -91,7 +91,7 @@ def test_dry_run_refuses_a_missing_file_in_one_line(tmp_path, capsys, machines_d
 def test_dry_run_refuses_a_missing_column_in_one_line(tmp_path, capsys):
     config = _chat_job(tmp_path, [{"question": "q?", "answer": "a"}] * 3, "  row_format: prompt_response")
     code, _, err = _dry_run(capsys, config)
-    says = ("column 'prompt' not in", "(columns: question, answer)", "set data.prompt_column")
+    says = ("rows need 'prompt' and 'response'", "has question, answer", "set data.prompt_column")
     _one_line_refusal(code, err, *says)
 
 

@@ -245,7 +245,7 @@ def test_vision_row_formats_are_checked_in_the_config(tmp_path):
 
 
 def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
-    from xtrain.data.rows.formats import row_format
+    from xtrain.data.rows.columns import row_format
     from xtrain.tasks.text import causal_lm
 
     native_rows = [json.loads(x) for x in (REPO / "examples/data/chat-train.jsonl").read_text().splitlines()]

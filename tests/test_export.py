@@ -208,7 +208,8 @@ def test_gguf_reads_back_as_the_merged_model(run, kind, request, tmp_path):
 
     folder = request.getfixturevalue(run)
     result = _export(folder, "gguf", tmp_path / "g", gguf_type=kind)
-    assert [c.name for c in result.checks] == ["weights", "merged", "gguf", "template"]
+    quantized = ["quantized"] if kind == "q8_0" else []
+    assert [c.name for c in result.checks] == ["weights", "merged", *quantized, "gguf", "template"]
     path = tmp_path / "g" / f"model-{kind}.gguf"
     assert list(result.files) == [path.name]
     assert gguf_template(path) == CHATML
@@ -249,7 +250,8 @@ def test_ollama_modelfile_template_stops_and_create_line(qwen2_run, tmp_path):
     result = _export(
         qwen2_run, "ollama", tmp_path / "o", gguf_type="q8_0", name="my-model", system="Be brief."
     )
-    assert [c.name for c in result.checks] == ["weights", "merged", "gguf", "template", "template"]
+    names = [c.name for c in result.checks]
+    assert names == ["weights", "merged", "quantized", "gguf", "template", "template"]
     text = (tmp_path / "o" / "Modelfile").read_text()
     assert text.splitlines()[0] == "FROM ./model-q8_0.gguf"
     assert (
@@ -263,6 +265,38 @@ def test_ollama_modelfile_template_stops_and_create_line(qwen2_run, tmp_path):
         "bash": f"cd {tmp_path / 'o'}; ollama create my-model -f Modelfile",
         "powershell": f"cd {tmp_path / 'o'}; ollama create my-model -f Modelfile",
     }
+
+
+def test_several_targets_share_one_merge(llama_run, tmp_path, monkeypatch, capsys):
+    """``xtrain export --to merged --to gguf,ollama``: one merge and one check of it, one GGUF
+    serving gguf and ollama (the Modelfile beside it), the merged folder in ``merged/``."""
+    from transformers import AutoModelForCausalLM
+
+    from xtrain.cli import main
+    from xtrain.export import pipeline
+
+    merges = []
+    real = pipeline.merged_model
+    monkeypatch.setattr(pipeline, "merged_model", lambda *a: merges.append(1) or real(*a))
+    out = tmp_path / "all"
+    argv = ["export", str(llama_run), "--to", "merged", "--to", "gguf,ollama", "--type", "q4_0"]
+    argv += ["-o", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert len(merges) == 1
+    names = [line.split(":")[0][3:] for line in printed.splitlines() if line.startswith("ok ")]
+    assert names == ["weights", "merged", "template", "quantized", "gguf", "template", "template"]
+    assert str(out / "merged" / "model.safetensors") in printed and "ollama create" in printed
+    assert (out / "Modelfile").read_text().startswith("FROM ./model-q4_0.gguf")
+    assert sorted(p.name for p in out.glob("*.gguf")) == ["model-q4_0.gguf"]
+    assert json.loads((out / "merged" / "xtrain_run.json").read_text())["chat"] is True
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged").eval()
+    torch.testing.assert_close(
+        _logits(merged, IDS), _logits(_base_plus_adapter(llama_run), IDS), rtol=0, atol=1e-4
+    )
+    assert pipeline.targets("gguf,ollama") == ("ollama",) == pipeline.targets(["ollama", "gguf"])
+    assert pipeline.targets(["gguf", "merged"]) == ("merged", "gguf")
 
 
 def test_ollama_turns_render_as_training_for_common_templates():
@@ -359,6 +393,10 @@ def test_refusals_are_one_line_with_exit_2(llama_run, tmp_path, capsys, monkeypa
     (out / "keep.txt").write_text("mine")
     cases = [
         (["export", str(llama_run), "--to", "onnx", "-o", str(tmp_path / "a")], "not an export target"),
+        (
+            ["export", str(llama_run), "--to", "merged", "--to", "gguf,onnx", "-o", str(tmp_path / "a")],
+            "--to onnx: not an export target",
+        ),
         (
             ["export", str(llama_run), "--to", "gguf", "--type", "q4_k", "-o", str(tmp_path / "a")],
             "not a GGUF",

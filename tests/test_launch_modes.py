@@ -102,8 +102,11 @@ def test_no_libuv_simulation_breaks_torchrun(job) -> None:
 
 # -- bad input: one line, non-zero exit, no traceback, nothing touched -------------------------------
 BAD_INPUTS = {
-    "missing data file": (["data.train={root}/nope.jsonl"], "data file {root}/nope.jsonl not found"),
-    "wrong column": (["data.text_column=body"], "column 'body' not in"),
+    "missing data file": (
+        ["data.train={root}/nope.jsonl", "run.output_dir={root}/fresh-nope"],
+        "data file {root}/nope.jsonl not found",
+    ),
+    "wrong column": (["data.text_column=body", "run.output_dir={root}/fresh-col"], "text rows need 'body'"),
     "unknown task": (["model.task=translate"], "model.task must be one of"),
     "missing model path": (["model.name_or_path={root}/no-model"], "model path {root}/no-model not found"),
     "global batch not divisible": (["batch.global_batch=10"], "global batch 10 is not divisible"),

@@ -288,19 +288,19 @@ def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_rerunning_a_finished_run_only_writes_its_outputs_again(tmp_path: Path) -> None:
+def test_rerunning_a_finished_run_trains_and_writes_nothing(tmp_path: Path) -> None:
     from xtrain.train.loop import train
 
     out = tmp_path / "run"
     first = train(tiny_config(out), cpu_plan(), build=build_tiny)
-    before = adapter_tensors(out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     rep = ListReporter()
     again = train(tiny_config(out), cpu_plan(), rep, build=build_tiny)
-    assert again.resumed_from and again.resumed_from.endswith("step-6")
-    assert again.losses == first.losses and again.eval_metrics == first.eval_metrics
-    assert not [e for e in rep.events if e[0] in ("progress", "checkpoint")]  # nothing trained or saved
-    after = adapter_tensors(out)
-    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert again.losses == first.losses and again.eval_metrics == first.eval_metrics  # its train_result.json
+    assert [e[0] for e in rep.events] == ["note"] and "already finished, nothing trained" in rep.events[0][1]
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    longer = train(tiny_config(out, max_steps=7), cpu_plan(), rep, build=build_tiny)  # a longer run trains on
+    assert longer.resumed_from and longer.resumed_from.endswith("step-6") and longer.final_step == 7
 
 
 @pytest.mark.slow

@@ -151,7 +151,8 @@ def test_options_that_cannot_apply_are_one_line_before_any_model_loads(text_run,
     assert "--batch-size must be" in _refused(["predict", run, "-p", "x", "--batch-size", "0"], capsys)
     missing = _jsonl(tmp_path / "other.jsonl", [{"prompt": "hi"}])  # not the run's columns
     err = _refused(["predict", run, "--data", str(missing)], capsys)
-    assert "column 'question' not in" in err and "other.jsonl" in err
+    assert "trained on prompt_response rows" in err and "need 'question'" in err and "other.jsonl" in err
+    assert "data." not in err  # predict takes no data.* keys
     assert not (text_run / "predictions-other.jsonl").exists()
 
 

@@ -105,3 +105,27 @@ def test_ctrl_c_under_spawn_saves_and_exits_130(long_job: Job, uninterrupted: Pa
     proc2 = run_xtrain(python_run(*args), long_job.env)
     assert proc2.returncode == 0, proc2.stderr[-3000:]
     assert_same_training(uninterrupted, out)
+
+
+def test_several_files_interleaved_resume_exactly(tmp_path: Path) -> None:
+    """data.train as two files interleaved by shares (data.mix), trained on two processes, killed
+    after step 4 and resumed on one: the weights are those of the one-process run never
+    interrupted (the mix is made the same in every process and again at the resume)."""
+    job = make_job(tmp_path, steps=8, save_every=2)
+    rows = (job.root / "train.jsonl").read_text().splitlines()
+    (job.root / "a.jsonl").write_text("\n".join(rows[:40]) + "\n")
+    (job.root / "b.jsonl").write_text("\n".join(rows[40:]) + "\n")
+    mix = [f"data.train=[{job.root / 'a.jsonl'},{job.root / 'b.jsonl'}]", "data.mix=interleave_over"]
+    mix += ["data.mix_probs=[0.7,0.3]", "data.max_samples=30"]
+    straight = job.root / "straight"
+    proc = run_xtrain(python_run("--config", str(job.config), f"run.output_dir={straight}", *mix), job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = job.root / "killed"
+    args = ["--config", str(job.config), f"run.output_dir={out}", "run.resume=auto", *mix]
+    marker = out / "checkpoints" / "step-4" / "xtrain_state.json"
+    assert run_until(python_run("--processes", "2", *args), job.env, marker.exists) == -9
+    proc = run_xtrain(python_run(*args), job.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "train_result.json").read_text())
+    assert result["resumed_from"] and result["final_step"] == 8 and result["world_size"] == 1
+    assert_same_training(straight, out)

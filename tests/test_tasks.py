@@ -510,8 +510,8 @@ def test_missing_data_file(llama, tmp_path):
 def test_wrong_column(llama, tmp_path):
     path = write_jsonl(tmp_path / "train.jsonl", [{"text": "a b", "label": 1}])
     e = one_line_error(causal_cfg(llama, path, "data.text_column=txt"))
-    assert e.message == f"column 'txt' not in {path} (columns: text, label)"
-    assert e.hint == "set data.text_column to one of them"
+    assert e.message == f"text rows need 'txt' (did you mean 'text'?); {path} has text, label"
+    assert e.hint == "data.text_column=txt names no column of it: set it to the one holding them"
 
 
 def test_unknown_task(llama, tmp_path):

@@ -78,7 +78,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one_and_resume_continu
     line = failed.value.one_line()
     assert f"could not write checkpoint step-4 to {out / 'checkpoints'}: an I/O error" in line
     assert f"the partial write was removed, checkpoint {out / 'checkpoints' / 'step-2'} is intact" in line
-    assert "run the same command again" in line and failed.value.exit_code == 1
+    assert "run the same command again" in line and failed.value.exit_code == 2
     assert [s for s, _ in list_checkpoints(out)] == [2]
     assert not (out / "checkpoints" / "step-4.tmp").exists()
     assert not (out / "adapter").exists() and not (out / "train_result.json").exists()
@@ -139,7 +139,7 @@ def test_one_ranks_disk_fault_stops_both_ranks_with_one_line(tmp_path: Path) -> 
     proc = run_xtrain(
         python_run("--config", str(job.config), "--processes", "2", f"run.output_dir={out}"), env
     )
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
     assert "could not write checkpoint step-4" in errors[0] and "no space left on the device" in errors[0]

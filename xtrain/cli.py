@@ -37,6 +37,9 @@ _register()
 
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry: user mistakes become one line on stderr and a non-zero exit."""
+    from xtrain.runtime.quiet import quiet_progress_bars
+
+    quiet_progress_bars()  # third-party tqdm bars, here and in the workers: xtrain's progress is rich's
     try:
         app(args=argv, standalone_mode=True)
     except XtrainError as e:

@@ -17,6 +17,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from xtrain import atomic
 from xtrain.errors import XtrainError
 
 # UTF-32 first: its LE mark starts with UTF-16 LE's.
@@ -126,9 +127,9 @@ def _transcode(path: Path, codec: str, what: str, cache_dir: Path | None) -> Pat
     target = folder / f"{path.stem}.{key[:16]}{path.suffix}"
     if target.exists():
         return target
-    folder.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")  # ranks may transcode at once
     try:
+        folder.mkdir(parents=True, exist_ok=True)
         # "utf-8-sig" for UTF-8 with a BOM drops it; the UTF-16/32 codecs keep U+FEFF: strip it.
         src_codec = "utf-8-sig" if codec == "utf-8" else codec
         with (
@@ -148,6 +149,8 @@ def _transcode(path: Path, codec: str, what: str, cache_dir: Path | None) -> Pat
         ) from None
     except OSError as e:
         tmp.unlink(missing_ok=True)
+        if refused := atomic.cannot_write(atomic.UTF8_COPIES, folder, e):  # read-only, full
+            raise refused from None
         raise XtrainError(
             f"cannot write a UTF-8 copy of {path} to {folder}: {e.strerror or e}",
             "set XTRAIN_CACHE to a writable folder, or save the file as UTF-8",

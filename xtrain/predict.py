@@ -297,7 +297,7 @@ def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> Train
         data["format"] = "auto"
     data.update(
         train=str(file), eval=str(file), eval_fraction=0.0, chat_template=None, packing="off",
-        group_by_length=False, num_workers=None,
+        group_by_length=False, num_workers=None, mix="concat", mix_probs=None, max_samples=None,
     )  # fmt: skip
     return config_from_dict({"model": {"task": task.name}, "data": data})
 

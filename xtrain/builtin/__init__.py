@@ -46,6 +46,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xtrain import atomic
 from xtrain.builtin.chat import chat_examples
 from xtrain.builtin.preference import preference_examples
 from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples
@@ -122,9 +123,17 @@ def _is_complete(folder: Path) -> bool:
 
 
 def _build_atomically(final: Path, build: Callable[[Path], None], name: str) -> Path:
-    """Run ``build(tmp)`` into a fresh temporary folder next to ``final``, then rename it in."""
+    """Run ``build(tmp)`` into a fresh temporary folder next to ``final``, then rename it in. A
+    cache the filesystem refuses (read-only, full: a read-only HOME) is one line naming
+    XTRAIN_CACHE (``atomic.CannotWrite``), the temporary folder removed."""
     if _is_complete(final):
         return final
+    root = final.parent.parent if final.parent.name == "data" else final.parent  # data sets: root/data
+    with atomic.writing(atomic.BUILTIN_CACHE, root):
+        return _build_into(final, build, name)
+
+
+def _build_into(final: Path, build: Callable[[Path], None], name: str) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

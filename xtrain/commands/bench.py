@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from xtrain.commands.options import parse_int
+from xtrain.commands.options import parse_int, whole
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -24,13 +24,17 @@ SIZE_CHOICES = ("auto", "tiny", "small", "base")
 def bench(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object and nothing else.")] = False,
     processes: Annotated[
-        str | None,
+        int | None,
         typer.Option(
-            "--processes", "-n", metavar="N", help="Processes to compare with one (default: the plan's)."
+            "--processes",
+            "-n",
+            parser=whole("--processes"),
+            help="Processes to compare with one (default: the plan's).",
         ),
     ] = None,
     steps: Annotated[
-        str | None, typer.Option("--steps", metavar="S", help="Optimizer steps per run (default: 30-40).")
+        int | None,
+        typer.Option("--steps", parser=whole("--steps"), help="Optimizer steps per run (default: 30-40)."),
     ] = None,
     model_size: Annotated[
         str,
@@ -44,7 +48,10 @@ def bench(
         typer.Option("--precision", metavar="no|fp16|bf16", help="Mixed precision (default: auto)."),
     ] = None,
     per_device: Annotated[
-        str | None, typer.Option("--per-device", metavar="B", help="Per-device batch (default: the size's).")
+        int | None,
+        typer.Option(
+            "--per-device", parser=whole("--per-device"), help="Per-device batch (default: the size's)."
+        ),
     ] = None,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the all-reduce bandwidth test.")] = False,
     platform: Annotated[

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from xtrain.commands.options import number, whole
 from xtrain.commands.predict import _request
 
 PROMPT = "you> "
@@ -22,15 +23,27 @@ RESET, EXIT = "/reset", "/exit"
 def chat(
     model: Path = typer.Argument(..., help="A run's output_dir, its adapter/ or best/, or a model folder."),
     system: str = typer.Option(None, "--system", help="A system turn first in every conversation."),
-    max_new_tokens: str = typer.Option("128", "--max-new-tokens", help="Longest answer (tokens)."),
-    num_beams: str = typer.Option("1", "--num-beams", help="Beam width (1: greedy)."),
-    temperature: str = typer.Option(
-        None, "--temperature", help="Sample at this temperature (0 or unset: greedy)."
+    max_new_tokens: int = typer.Option(
+        128, "--max-new-tokens", parser=whole("--max-new-tokens"), help="Longest answer (tokens)."
     ),
-    top_p: str = typer.Option(
-        None, "--top-p", help="Sample from the fewest tokens holding this share of the probability."
+    num_beams: int = typer.Option(
+        1, "--num-beams", parser=whole("--num-beams"), help="Beam width (1: greedy)."
     ),
-    seed: str = typer.Option(None, "--seed", help="Seed of the sampling: the same seed, the same answers."),
+    temperature: float = typer.Option(
+        None,
+        "--temperature",
+        parser=number("--temperature"),
+        help="Sample at this temperature (0 or unset: greedy).",
+    ),
+    top_p: float = typer.Option(
+        None,
+        "--top-p",
+        parser=number("--top-p"),
+        help="Sample from the fewest tokens holding this share of the probability.",
+    ),
+    seed: int = typer.Option(
+        None, "--seed", parser=whole("--seed"), help="Seed of the sampling: the same seed, the same answers."
+    ),
 ) -> None:
     """Chat with a result trained on conversations, or a model with a chat template: each line
     you type is a user turn; /reset starts over, /exit or Ctrl+D leaves."""
@@ -39,7 +52,7 @@ def chat(
     from xtrain.runtime.quiet import quiet_libraries
 
     options = {
-        "max_new_tokens": max_new_tokens, "num_beams": num_beams, "batch_size": "1",
+        "max_new_tokens": max_new_tokens, "num_beams": num_beams, "batch_size": 1,
         "seed": seed, "temperature": temperature, "top_p": top_p,
     }  # fmt: skip
     request = _request(None, None, system, options)

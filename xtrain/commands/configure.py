@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from xtrain.commands.options import parse_gpus
+from xtrain.commands.options import parse_gpus, whole
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -180,20 +180,29 @@ def configure(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the config; write nothing."),
     force: bool = typer.Option(False, "--force", help="Replace an existing file (a backup is kept)."),
     processes: int = typer.Option(
-        None, "--processes", help="Processes on this machine (default: 1 per GPU)."
+        None,
+        "--processes",
+        parser=whole("--processes"),
+        help="Processes on this machine (default: 1 per GPU).",
     ),
     gpus: str = typer.Option(None, "--gpus", help='GPU ids to use, e.g. "0,1" (default: all).'),
     precision: str = typer.Option(None, "--precision", help=PRECISION_HELP),
-    port: int = typer.Option(None, "--port", help="Rendezvous port (default 29500)."),
-    machines: int = typer.Option(1, "--machines", help="Number of machines (multi-node)."),
-    machine_rank: int = typer.Option(0, "--machine-rank", help="This machine's rank; 0 is the main one."),
+    port: int = typer.Option(None, "--port", parser=whole("--port"), help="Rendezvous port (default 29500)."),
+    machines: int = typer.Option(
+        1, "--machines", parser=whole("--machines"), help="Number of machines (multi-node)."
+    ),
+    machine_rank: int = typer.Option(
+        0, "--machine-rank", parser=whole("--machine-rank"), help="This machine's rank; 0 is the main one."
+    ),
     main_address: str = typer.Option(None, "--main-address", help="IP of the rank-0 machine (multi-node)."),
     facts_file: Path = typer.Option(None, "--facts", help="Plan from a snapshot (xtrain doctor --save)."),
     fsdp: bool = typer.Option(False, "--fsdp", help="Shard the model with FSDP2 (CUDA GPUs)."),
     deepspeed: str = typer.Option(None, "--deepspeed", help="DeepSpeed ZeRO stage: zero2 | zero3."),
     slurm: Path = typer.Option(None, "--slurm", help="Also write an sbatch script for a SLURM cluster here."),
-    nodes: int = typer.Option(None, "--nodes", help="SLURM: number of nodes."),
-    gpus_per_node: int = typer.Option(None, "--gpus-per-node", help="SLURM: GPUs (= processes) per node."),
+    nodes: int = typer.Option(None, "--nodes", parser=whole("--nodes"), help="SLURM: number of nodes."),
+    gpus_per_node: int = typer.Option(
+        None, "--gpus-per-node", parser=whole("--gpus-per-node"), help="SLURM: GPUs (= processes) per node."
+    ),
     time: str = typer.Option(None, "--time", help="SLURM: time limit, e.g. 04:00:00."),
     partition: str = typer.Option(None, "--partition", help="SLURM: partition."),
     job_name: str = typer.Option("xtrain", "--job-name", help="SLURM: job name."),

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from xtrain.commands.options import parse_gpus, parse_int
+from xtrain.commands.options import parse_gpus, parse_int, whole
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def write_snapshot(path: Path, text: str) -> None:
     try:
         atomic.write_text(path, text + "\n")
     except OSError as e:
-        raise XtrainError(f"cannot save to {path}: {e.strerror or e}", "choose another path") from None
+        raise XtrainError(f"cannot save to {path}: {e.strerror or e}", "choose another --save path") from None
 
 
 @contextlib.contextmanager
@@ -94,8 +94,10 @@ def doctor(
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Let --save replace an existing file.")] = False,
     processes: Annotated[
-        str | None,
-        typer.Option("--processes", metavar="N", help="Processes on this machine (default: auto)."),
+        int | None,
+        typer.Option(
+            "--processes", parser=whole("--processes"), help="Processes on this machine (default: auto)."
+        ),
     ] = None,
     gpus: Annotated[
         str | None, typer.Option("--gpus", metavar="IDS", help='GPU ids to use, e.g. "0,1" (default: all).')
@@ -105,7 +107,7 @@ def doctor(
         typer.Option("--precision", metavar="no|fp16|bf16", help="Mixed precision (default: auto)."),
     ] = None,
     port: Annotated[
-        str | None, typer.Option("--port", metavar="PORT", help="Rendezvous port (default: 29500).")
+        int | None, typer.Option("--port", parser=whole("--port"), help="Rendezvous port (default: 29500).")
     ] = None,
     platform: Annotated[
         str | None,

@@ -1,6 +1,7 @@
 """`xtrain export`: a trained run as a model people run: merged safetensors, a GGUF file, or a
-GGUF + Ollama Modelfile (``xtrain/export``). Progress on stderr while it merges and writes; the
-checks, the files with their sizes and the next command at the end."""
+GGUF + Ollama Modelfile (``xtrain/export``), or several of them from one merge. Progress on
+stderr while it merges and writes; the checks, the files with their sizes and the next command at
+the end."""
 
 from __future__ import annotations
 
@@ -16,12 +17,20 @@ if TYPE_CHECKING:
 
 def export(
     model: Path = typer.Argument(..., help="A run's output_dir, its adapter/, or a model folder."),
-    to: str = typer.Option(..., "--to", help="merged (safetensors), gguf, or ollama (GGUF + Modelfile)."),
+    to: list[str] = typer.Option(
+        ...,
+        "--to",
+        metavar="TARGET",
+        help="merged (safetensors), gguf, or ollama (GGUF + Modelfile); several (--to merged --to ollama, "
+        "or merged,ollama) share one merge.",
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="A new folder to write the export into."),
     base: str = typer.Option(
         None, "--base", help="The base model of an adapter folder (default: the base its adapter names)."
     ),
-    gguf_type: str = typer.Option("q8_0", "--type", help="GGUF weights: f16, bf16 or q8_0 (gguf, ollama)."),
+    gguf_type: str = typer.Option(
+        "q8_0", "--type", help="GGUF weights: f16, bf16, q8_0, q6_k, q5_k_m, q4_k_m or q4_0 (gguf, ollama)."
+    ),
     name: str = typer.Option(None, "--name", help="The Ollama model name (default: the run folder name)."),
     system: str = typer.Option(None, "--system", help="A system prompt for the Modelfile (ollama)."),
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from xtrain.errors import XtrainError
 
@@ -16,16 +17,41 @@ def parse_gpus(text: str | None) -> list[int] | None:
     return [int(x) for x in text.split(",")]
 
 
+def whole(flag: str, example: str = "") -> Callable[[str], int]:
+    """typer's ``parser`` of an integer option: ``--help`` shows ``<int>``, and a value that is
+    no whole number is one line (the XtrainError leaves typer for the CLI's edge), not a usage
+    box. The option's range is checked where its value is used (``parse_int``)."""
+
+    def parse(text: str) -> int:
+        value = parse_int(text, flag, example=example)
+        assert value is not None
+        return value
+
+    return parse
+
+
+def number(flag: str, example: str = "") -> Callable[[str], float]:
+    """``whole`` for a number option (``--temperature``): ``<float>`` in ``--help``."""
+
+    def parse(text: str) -> float:
+        value = parse_float(text, flag, example=example)
+        assert value is not None
+        return value
+
+    return parse
+
+
 def parse_int(
-    text: str | None, flag: str, low: int | None = None, high: int | None = None, example: str = ""
+    text: str | int | None, flag: str, low: int | None = None, high: int | None = None, example: str = ""
 ) -> int | None:
     """An integer option, checked here so a bad value is one line, not a usage box. ``low`` and
     ``high``: the range of an option that is no setting (``--steps``); a setting's range
-    (``--processes``, ``--port``) is checked where it is resolved (``Overrides.check``)."""
+    (``--processes``, ``--port``) is checked where it is resolved (``Overrides.check``). An int
+    (typer's, through ``whole``) has its range checked only."""
     if text is None:
         return None
     try:
-        value = int(text.strip())
+        value = text if isinstance(text, int) else int(text.strip())
     except ValueError:
         raise XtrainError(f"{flag} needs a whole number, got {text!r}", example or None) from None
     if (low is not None and value < low) or (high is not None and value > high):
@@ -35,13 +61,17 @@ def parse_int(
 
 
 def parse_float(
-    text: str | None, flag: str, low: float | None = None, high: float | None = None, example: str = ""
+    text: str | float | None,
+    flag: str,
+    low: float | None = None,
+    high: float | None = None,
+    example: str = "",
 ) -> float | None:
     """A number option (``--temperature``), checked here so a bad value is one line."""
     if text is None:
         return None
     try:
-        value = float(text.strip())
+        value = float(text) if isinstance(text, (int, float)) else float(text.strip())
     except ValueError:
         raise XtrainError(f"{flag} needs a number, got {text!r}", example or None) from None
     if value != value or (low is not None and value < low) or (high is not None and value > high):
@@ -49,5 +79,6 @@ def parse_float(
             span = f"between {low:g} and {high:g}"
         else:
             span = f"at least {low:g}" if low is not None else f"at most {high:g}"
-        raise XtrainError(f"{flag} must be {span}, got {text.strip()}", example or None)
+        given = text.strip() if isinstance(text, str) else f"{value:g}"
+        raise XtrainError(f"{flag} must be {span}, got {given}", example or None)
     return value

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from xtrain.commands.options import parse_float, parse_int
+from xtrain.commands.options import number, parse_float, parse_int, whole
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def write_results(output: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def _request(
-    inputs: list[str] | None, prompt: list[str] | None, system: str | None, options: dict[str, str | None]
+    inputs: list[str] | None, prompt: list[str] | None, system: str | None, options: dict[str, float | None]
 ) -> PredictRequest:
     """The request, every option checked in one line before anything loads."""
     from xtrain.tasks.contract import PredictRequest
@@ -104,6 +104,7 @@ def _request(
     )
 
 
+# longer: most of its lines are typer's option declarations, one per flag
 def predict(
     model: Path = typer.Argument(..., help="A run's output_dir, its adapter/ or best/, or a model folder."),
     inputs: list[str] = typer.Argument(
@@ -130,18 +131,30 @@ def predict(
         help="A data file in the run's format: every row is predicted and written as JSON lines "
         "(default: predictions-<file name>.jsonl in the run's output_dir).",
     ),
-    batch_size: str = typer.Option("8", "--batch-size", "-b", help="Inputs per generate/forward call."),
-    max_new_tokens: str = typer.Option("128", "--max-new-tokens", help="Longest generated text (tokens)."),
-    num_beams: str = typer.Option("1", "--num-beams", help="Beam width (1: greedy)."),
-    temperature: str = typer.Option(
+    batch_size: int = typer.Option(
+        8, "--batch-size", "-b", parser=whole("--batch-size"), help="Inputs per generate/forward call."
+    ),
+    max_new_tokens: int = typer.Option(
+        128, "--max-new-tokens", parser=whole("--max-new-tokens"), help="Longest generated text (tokens)."
+    ),
+    num_beams: int = typer.Option(
+        1, "--num-beams", parser=whole("--num-beams"), help="Beam width (1: greedy)."
+    ),
+    temperature: float = typer.Option(
         None,
         "--temperature",
+        parser=number("--temperature"),
         help="Sample at this temperature (causal-lm, vision-language; 0 or unset: greedy).",
     ),
-    top_p: str = typer.Option(
-        None, "--top-p", help="Sample from the fewest tokens holding this share of the probability."
+    top_p: float = typer.Option(
+        None,
+        "--top-p",
+        parser=number("--top-p"),
+        help="Sample from the fewest tokens holding this share of the probability.",
     ),
-    seed: str = typer.Option(None, "--seed", help="Seed of the sampling: the same seed, the same samples."),
+    seed: int = typer.Option(
+        None, "--seed", parser=whole("--seed"), help="Seed of the sampling: the same seed, the same samples."
+    ),
     output: Path = typer.Option(
         None, "--output", "-o", help="Write the results as JSON lines here ('-': stdout, with --data)."
     ),

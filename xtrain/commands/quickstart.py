@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from xtrain.commands.options import parse_int
+from xtrain.commands.options import parse_int, whole
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -186,8 +186,12 @@ def quickstart(
         help="The built-in job of a task (a task's name, e.g. seq-cls: text classification; default: "
         "the chat LoRA job); `xtrain quickstart --task list` lists them.",
     ),
-    processes: str = typer.Option(
-        None, "--processes", "-n", help="Processes (default: one per GPU; one on CPU)."
+    processes: int = typer.Option(
+        None,
+        "--processes",
+        "-n",
+        parser=whole("--processes"),
+        help="Processes (default: one per GPU; one on CPU).",
     ),
     output_dir: Path = typer.Option(DEFAULT_DIR, "--output-dir", help="Runs go to a new folder in here."),
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from xtrain.commands.options import parse_gpus, parse_int
+from xtrain.commands.options import parse_gpus, parse_int, whole
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -112,7 +112,9 @@ def equivalent_commands(
 def train(
     config: Path = typer.Argument(..., help="YAML train config (see examples/ and docs/configuration.md)."),
     overrides: list[str] = typer.Argument(None, metavar="[KEY=VALUE]...", help="e.g. run.max_steps=100"),
-    processes: str = typer.Option(None, "--processes", "-n", help="Processes (default: one per GPU)."),
+    processes: int = typer.Option(
+        None, "--processes", "-n", parser=whole("--processes"), help="Processes (default: one per GPU)."
+    ),
     gpus: str = typer.Option(None, "--gpus", help='GPU ids, e.g. "0,1" (default: all).'),
     precision: str = typer.Option(
         None, "--precision", help="no, fp16 or bf16 (default: the config, else the plan)."

@@ -33,6 +33,8 @@ _ACCUMULATION = (
 _EVAL = "evaluation is every run.eval_every optimizer steps (unset: at the end)"
 _SAVE = "checkpoints are every run.save_every optimizer steps (unset: at the end)"
 _DEEPSPEED = "DeepSpeed is a launch option: xtrain train CONFIG --deepspeed zero2 (or zero3)"
+_TRAIN = "data.train: a file, a folder, a hub id or builtin:NAME, or a list of them (mixed by data.mix)"
+_CACHED = "tokenized data is cached by datasets (HF_DATASETS_CACHE) and reused by the next run"
 _UNUSED = "xtrain freezes what does not train, so DDP needs no search (no key)"
 
 # fmt: off
@@ -113,8 +115,24 @@ FOREIGN: dict[str, Foreign] = {
     "load_in_4bit": Foreign("model.quantization", AX, "", "4bit"),
     "load_in_8bit": Foreign("model.quantization", AX, "", "8bit"),
     "quantization_bit": Foreign("model.quantization", LF, "model.quantization: 4bit or 8bit"),
-    "dataset": Foreign("data.train", LF, "data.train: a file, a folder, a hub id or builtin:NAME"),
-    "datasets": Foreign("data.train", AX, "data.train: a file, a folder, a hub id or builtin:NAME"),
+    "dataset": Foreign("data.train", LF, _TRAIN),
+    "datasets": Foreign("data.train", AX, _TRAIN),
+    "dataset_dir": Foreign("data.train", LF, "data.train takes paths (relative to the config file)"),
+    "max_samples": Foreign("data.max_samples", LF),
+    "max_train_samples": Foreign("data.max_samples", "HF examples"),
+    "mix_strategy": Foreign("data.mix", LF),
+    "interleave_probs": Foreign("data.mix_probs", LF),
+    "shuffle_merged_datasets": Foreign(
+        "run.seed", AX, "the mixed rows are shuffled every epoch, seeded by run.seed (no key)"
+    ),
+    "test_datasets": Foreign("data.eval", AX),
+    "dataset_text_field": Foreign("data.text_column", "TRL"),
+    "formatting": Foreign("data.row_format", f"{LF} dataset_info"),
+    "messages": Foreign("data.messages_column", f"{LF} dataset_info"),
+    "neat_packing": Foreign("data.packing", LF, "", "on"),
+    "dataset_num_proc": Foreign("data.num_workers", f"TRL, {AX}"),
+    "tokenized_path": Foreign(None, LF, _CACHED),
+    "dataset_prepared_path": Foreign(None, AX, _CACHED),
     "dataset_name": Foreign("data.train", HF),
     "train_file": Foreign("data.train", HF),
     "eval_dataset": Foreign("data.eval", LF),

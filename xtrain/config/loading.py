@@ -18,7 +18,7 @@ from typing import Any
 
 from xtrain import structured
 from xtrain.config import foreign
-from xtrain.config.schema import TrainConfig, mark_given, sections
+from xtrain.config.schema import TrainConfig, mark_given, section_fields, sections
 from xtrain.config.values import closest, resolve_key, set_value, show
 from xtrain.encoding import read_text
 from xtrain.errors import XtrainError, shown
@@ -100,8 +100,8 @@ def parse_override(text: str) -> tuple[str, Any, str]:
     body = text[2:] if text.startswith("--") else text
     key, eq, raw = body.partition("=")
     key = key.strip()
-    if eq and "." not in key and foreign.answer(key):  # learning_rate=2e-4
-        raise XtrainError(f"override {shown(text)} must look like section.key=value", foreign.answer(key))
+    if eq and "." not in key:  # learning_rate=2e-4, cutoff_len=512, max_length=512
+        _no_section(key, raw.strip(), text)
     if not eq or "." not in key:
         raise XtrainError(
             f"override {shown(text)} must look like section.key=value",
@@ -116,6 +116,21 @@ def parse_override(text: str) -> tuple[str, Any, str]:
     return key, value, raw.strip()
 
 
+def _no_section(name: str, raw: str, text: str) -> None:
+    """An override without a section: an xtrain key's own name gets its section, a name from
+    another trainer the table's answer (``foreign``) with the override to write; else nothing
+    (the caller's one-line form)."""
+    form = f"override {shown(text)} must look like section.key=value"
+    owners = [f"{s}.{name}" for s, cls in sections().items() if name in section_fields(cls)]
+    if owners:
+        raise XtrainError(form, f"did you mean {owners[0]}={raw}?")
+    answer = foreign.answer(name)
+    if answer:
+        found = foreign.FOREIGN.get(name.strip().lower().replace("-", "_"))
+        write = f": write {found.key}={found.value or raw}" if found and found.key and not found.how else ""
+        raise XtrainError(form, answer + write)
+
+
 def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
     """Relative input paths in a config file: next to the file when they exist there."""
     for key in keys:
@@ -123,13 +138,20 @@ def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
             continue
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        if not value or value.startswith("builtin:") or "{" in value or "\n" in value:
-            continue  # (a chat template given as text, not as a file)
-        if Path(value).expanduser().is_absolute():
-            continue
-        candidate = base / value
-        if candidate.exists():
-            setattr(getattr(cfg, section), name, str(candidate.resolve()))
+        if isinstance(value, list):  # data.train: several files
+            setattr(getattr(cfg, section), name, [_next_to(base, v) for v in value])
+        elif value:
+            setattr(getattr(cfg, section), name, _next_to(base, value))
+
+
+def _next_to(base: Path, value: str) -> str:
+    """``value`` next to the config file (``base``) when it is a relative path that exists there."""
+    if value.startswith("builtin:") or "{" in value or "\n" in value:
+        return value  # (a chat template given as text, not as a file)
+    if Path(value).expanduser().is_absolute():
+        return value
+    candidate = base / value
+    return str(candidate.resolve()) if candidate.exists() else value
 
 
 def read_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:

@@ -61,10 +61,16 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
-    train: str | None = (
-        "builtin:sentiment"  # file (json/jsonl/csv/parquet/txt), saved datasets folder, hub id, builtin:NAME
-    )
+    # file (json/jsonl/csv/parquet/txt), saved datasets folder, hub id, builtin:NAME; or a list of
+    # them, mixed by data.mix (xtrain.data.mixing)
+    train: str | list[str] | None = "builtin:sentiment"
     eval: str | None = None
+    # several train files: concat (one after the other, then shuffled as one) | interleave_under
+    # (drawn by data.mix_probs until one file runs out) | interleave_over (until each has,
+    # the others repeated): LLaMA-Factory's mix_strategy, datasets.interleave_datasets seeded by run.seed
+    mix: str = "concat"
+    mix_probs: list[float] | None = None  # interleave_*: each file's share; None: equal shares
+    max_samples: int | None = None  # the first N rows of each data file (train and eval); None: all
     eval_fraction: float = 0.0  # split this share off train when no eval set is given
     format: str = "auto"  # auto (from the extension) | json | csv | parquet | text | arrow
     # causal-lm: what the rows hold: auto (from the columns) | text | prompt_response | messages |
@@ -110,6 +116,12 @@ class DataConfig:
     # padding; the order stays independent of the process count (xtrain.data.sampler).
     group_by_length: bool = False
     num_workers: int | None = None  # DataLoader worker processes per training process; None: the plan's
+
+    def train_sources(self) -> list[str]:
+        """``data.train`` as a list of sources (one for a single file; none when unset)."""
+        if not self.train:
+            return []
+        return [self.train] if isinstance(self.train, str) else list(self.train)
 
 
 @dataclass

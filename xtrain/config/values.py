@@ -37,6 +37,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # off | on (whole examples packed, kept apart: xtrain.data.packing.pack_rows) | concatenate
     "data.packing": ("off", "on", "concatenate"),
     "data.long_audio": ("refuse", "cut"),
+    "data.mix": ("concat", "interleave_under", "interleave_over"),  # xtrain.data.mixing
     "generation.speech_task": ("transcribe", "translate"),
     "optim.schedule": ("cosine", "linear", "constant"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
@@ -51,6 +52,7 @@ ALIASES: dict[str, dict[Any, str | None]] = {
     "run.resume": {False: "off", True: "auto", "no": "off", "none": "off"},
     "model.attn_implementation": {"flash_attention": "flash_attention_2", "fa2": "flash_attention_2"},
     "data.row_format": {"prompt-response": "prompt_response", "chat": "messages"},
+    "data.mix": {"concatenate": "concat", "interleave": "interleave_under"},
     # true: packing that keeps examples apart; the old concatenation only by its own name
     "data.packing": {False: "off", True: "on", "false": "off", "true": "on", "no": "off", "none": "off",
                      "yes": "on", "concat": "concatenate"},
@@ -97,6 +99,8 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "data.max_pixels": _POS_INT,
     "data.max_image_pixels": _POS_INT,
     "data.num_workers": _between(0, 1024),
+    "data.max_samples": _POS_INT,
+    "data.mix_probs": (lambda v: all(p >= 0 for p in v) and sum(v) > 0, "numbers >= 0, not all 0"),
     "optim.lr": _POS_NUM,
     "optim.weight_decay": _NONNEG,
     "optim.betas": (lambda v: all(0 <= b < 1 for b in v), "two numbers in [0, 1)"),

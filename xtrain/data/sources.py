@@ -9,6 +9,12 @@ Sources (``data.train`` / ``data.eval``):
 - ``builtin:NAME`` (``xtrain.builtin``: written as jsonl once, then read like any file);
 - a Hugging Face hub id (``load_dataset(id)``; needs the network or a filled cache).
 
+Text is read as text whatever it looks like: a JSON column of ISO dates, which pyarrow's JSON
+reader types as timestamps, is read again as ``datasets.Json`` (each cell the value the file
+holds) and then as the strings it holds (``_as_written``); a CSV's text columns (``text``: the
+ones the config reads as text) are read as strings, no number, boolean or "null" guessed from
+them (``_text_options``). Folders of files and hub data sets are read as ``datasets`` reads them.
+
 Tokenisation runs through ``Dataset.map`` with a fingerprint made of stable parts (the input
 data's fingerprint, the tokenizer's serialised form, the settings), so a second run, and every
 other process of the same run, loads the cached result instead of tokenising again.
@@ -17,14 +23,16 @@ other process of the same run, loads the cached result instead of tokenising aga
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain import builtin, encoding
+from xtrain import atomic, builtin, encoding
 from xtrain.errors import XtrainError
+from xtrain.runtime.quiet import quiet_data_read_errors
 
 if TYPE_CHECKING:
-    from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict
+    from datasets import Dataset, DatasetDict, Features, IterableDataset, IterableDatasetDict
 
     DatasetOrDict = Dataset | DatasetDict | IterableDataset | IterableDatasetDict
 
@@ -75,14 +83,17 @@ def _pick_split(ds: DatasetOrDict, source: str, role: str) -> Dataset | Iterable
     )
 
 
-def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = "data.train") -> Dataset:
-    """A ``datasets.Dataset`` from a file, a folder, ``builtin:NAME`` or a hub id."""
+def load_source(
+    source: str, fmt: str = "auto", role: str = "train", key: str = "data.train", text: Collection[str] = ()
+) -> Dataset:
+    """A ``datasets.Dataset`` from a file, a folder, ``builtin:NAME`` or a hub id; ``text``: the
+    columns read as text (a CSV's; JSON's dates are always kept as written)."""
     import datasets
 
     if builtin.is_builtin(source):
         split = "train" if role == "train" else "eval"
         path = builtin.builtin_data_file(source, split)
-        return _load_file(path, "json", source)
+        return _load_file(path, "json", source, text)
 
     path = Path(source).expanduser()
     if path.is_dir():
@@ -104,7 +115,7 @@ def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = 
                 f"cannot tell the format of {source} from its extension",
                 f"set data.format (json, csv, parquet, text, arrow); known: {', '.join(EXTENSIONS)}",
             )
-        return _load_file(path, builder, source)
+        return _load_file(path, builder, source, text)
     if _looks_like_hub_id(source):
         try:
             ds = datasets.load_dataset(source)
@@ -122,12 +133,17 @@ def load_source(source: str, fmt: str = "auto", role: str = "train", key: str = 
     )
 
 
-def _load_file(path: Path, builder: str, source: str) -> Dataset:
+def _load_file(path: Path, builder: str, source: str, text: Collection[str] = ()) -> Dataset:
     import datasets
 
-    original, path, kwargs = path, *_readable(path, builder, source, whole=True)
+    original, path, kwargs = path, *_readable(path, builder, source, whole=True, text=text)
+    quiet_data_read_errors()  # datasets' own line about a file it cannot parse: xtrain says it once
     try:
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+        kept = _as_written(ds.features) if builder == "json" else None
+        if kept is not None:  # dates typed as timestamps: read again, each cell as the file has it
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train", features=kept, **kwargs)
+            ds = _json_as_text(ds)
     except Exception as e:
         raise _read_error(e, original, source, builder) from None
     if len(ds) == 0:
@@ -135,24 +151,37 @@ def _load_file(path: Path, builder: str, source: str) -> Dataset:
     return ds
 
 
-def _stream_file(path: Path, builder: str, source: str, limit: int) -> tuple[Dataset, int | None]:
+def _stream_file(
+    path: Path, builder: str, source: str, limit: int, text: Collection[str] = ()
+) -> tuple[Dataset, int | None]:
     """``_load_file``'s first ``limit`` rows, streamed by the same builder (``first_rows``)."""
     import datasets
 
-    original, path, kwargs = path, *_readable(path, builder, source, whole=False)
+    original, path, kwargs = path, *_readable(path, builder, source, whole=False, text=text)
+    quiet_data_read_errors()
     try:
         stream = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
-        return _first_of_stream(stream, limit, source)
+        kept = _as_written(stream.features) if builder == "json" and stream.features is not None else None
+        if kept is None:
+            return _first_of_stream(stream, limit, source)
+        stream = datasets.load_dataset(
+            builder, data_files=str(path), split="train", streaming=True, features=kept, **kwargs
+        )
+        ds, total = _first_of_stream(stream, limit, source)
+        return _json_as_text(ds), total
     except XtrainError:
         raise
     except Exception as e:
         raise _read_error(e, original, source, builder) from None
 
 
-def _readable(path: Path, builder: str, source: str, whole: bool) -> tuple[Path, dict[str, Any]]:
+def _readable(
+    path: Path, builder: str, source: str, whole: bool, text: Collection[str] = ()
+) -> tuple[Path, dict[str, Any]]:
     """(the path datasets reads: a cached UTF-8 copy of a file with a BOM or in UTF-16, its
-    ``load_dataset`` keywords); an empty file is refused. ``whole``: the UTF-8 check reads it
-    all, else its first piece (the rest is checked when the run reads it)."""
+    ``load_dataset`` keywords: a CSV's ``text`` columns as text); an empty file is refused.
+    ``whole``: the UTF-8 check reads it all, else its first piece (the rest is checked when the
+    run reads it)."""
     kwargs: dict[str, Any] = {}
     if builder == "csv" and path.suffix.lower() == ".tsv":
         kwargs["delimiter"] = "\t"
@@ -167,10 +196,100 @@ def _readable(path: Path, builder: str, source: str, whole: bool) -> tuple[Path,
         raise XtrainError(
             f"data file {source} is empty", "point data.train/data.eval at a file with examples"
         )
+    if builder == "csv" and text:
+        kwargs.update(_text_options(path, kwargs.get("delimiter", ","), text))
     return path, kwargs
 
 
+def _text_options(path: Path, delimiter: str, text: Collection[str]) -> dict[str, Any]:
+    """pandas' ``read_csv`` keywords that keep a CSV's ``text`` columns as written ("12", "007",
+    "true", "null", "2019-02-15" stay strings, an empty cell ""), the other columns typed as
+    pandas guesses (numbers, and its usual empty values)."""
+    import csv
+
+    try:
+        from pandas._libs.parsers import STR_NA_VALUES  # pandas' own list of empty values
+    except ImportError:  # (a private name: the list as pandas 2 has it)
+        STR_NA_VALUES = {"", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND"}
+        STR_NA_VALUES |= {"1.#QNAN", "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null"}
+
+    with path.open(encoding="utf-8", newline="") as f:
+        header = next(csv.reader(f, delimiter=delimiter), [])
+    named = sorted(c for c in set(header) if c in text)
+    if not named:
+        return {}
+    usual = sorted(STR_NA_VALUES)
+    return {
+        "converters": {c: str for c in named},
+        "keep_default_na": False,
+        "na_values": {c: usual for c in sorted(set(header)) if c not in text},
+    }
+
+
+def _temporal(feature: Any) -> bool:
+    """A feature (nested or not) that holds dates or times."""
+    import datasets
+    import pyarrow as pa
+
+    if isinstance(feature, datasets.Value):
+        return pa.types.is_temporal(feature.pa_type)
+    if isinstance(feature, dict):
+        return any(_temporal(f) for f in feature.values())
+    inner = getattr(feature, "feature", None)
+    return inner is not None and _temporal(inner)
+
+
+def _json_as_text(ds: Dataset) -> Dataset:
+    """``_as_written``'s ``Json`` columns that hold only text (or nulls) as string columns, as
+    the same rows of another file read (and mix: ``xtrain.data.mixing``)."""
+    import datasets
+    from datasets.fingerprint import Hasher
+
+    names = [n for n, f in ds.features.items() if isinstance(f, datasets.Json)]
+    text = [n for n in names if all(v is None or isinstance(v, str) for v in ds[n])]
+    if not text:
+        return ds
+    fingerprint = Hasher.hash([getattr(ds, "_fingerprint", None), "dates-as-text", text])
+    plain = {n: datasets.Value("string") if n in text else f for n, f in ds.features.items()}
+    ds = ds.cast(datasets.Features(plain))  # each cell's JSON text ('"2019-02-15"'), then its value
+    return ds.map(
+        _decoded, batched=True, fn_kwargs={"names": text}, new_fingerprint=fingerprint, desc="dates as text"
+    )
+
+
+def _decoded(batch: dict[str, list[Any]], names: list[str]) -> dict[str, list[Any]]:
+    import json
+
+    return {n: [None if v is None else json.loads(v) for v in batch[n]] for n in names}
+
+
+def _as_written(features: Features) -> Features | None:
+    """``features`` with each column that pyarrow's JSON reader typed as dates or times (it does
+    so to a column of ISO strings: JSON has no date type) read as ``datasets.Json``: each cell the
+    value the file holds. None when there is none."""
+    import datasets
+
+    dated = [name for name, feature in features.items() if _temporal(feature)]
+    if not dated:
+        return None
+    return datasets.Features({n: datasets.Json() if n in dated else f for n, f in features.items()})
+
+
 def _read_error(e: Exception, original: Path, source: str, builder: str) -> XtrainError:
+    import datasets
+
+    cache = datasets.config.HF_DATASETS_CACHE  # where load_dataset writes its Arrow copy
+    if refused := atomic.cannot_write(atomic.DATASETS_CACHE, cache, e):  # read-only or full
+        return refused
+    chain = [e]  # datasets wraps pyarrow's error ("An error occurred while generating the dataset")
+    while (up := chain[-1].__cause__ or chain[-1].__context__) is not None and up not in chain:
+        chain.append(up)
+    parse = next((c for c in chain if "JSON parse error" in str(c)), None)
+    if builder == "json" and parse is not None:
+        if bad := _bad_json_line(original):
+            line, why = bad
+            return XtrainError(f"data file {source}, line {line}: {why}", "fix or remove that line")
+        e = parse  # type: ignore[assignment]
     cause: BaseException | None = e
     while cause is not None and not isinstance(cause, UnicodeDecodeError):
         cause = cause.__cause__ or cause.__context__
@@ -182,12 +301,42 @@ def _read_error(e: Exception, original: Path, source: str, builder: str) -> Xtra
     return XtrainError(f"cannot read {source} as {builder}: {_first_line(e)}")
 
 
+def _bad_json_line(path: Path) -> tuple[int, str] | None:
+    """(the number of the first line of a JSON-lines file that is not one JSON object of valid
+    text, what is wrong with it), read again after pyarrow refused the file (its message counts
+    rows of a block, not lines); None for a file that is one JSON document."""
+    import json
+
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        for number, text in enumerate(f, 1):
+            line = text.rstrip("\r\n")
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                json.dumps(row, ensure_ascii=False).encode("utf-8")
+            except json.JSONDecodeError as e:
+                if number == 1 and line.lstrip()[:1] in ("[", "{") and len(line.strip()) < 2:
+                    return None  # one JSON document over several lines, not JSON lines
+                return number, f"not valid JSON ({e.msg}, column {e.colno})"
+            except UnicodeEncodeError:
+                return number, "a \\u escape that is half of a character (a lone surrogate)"
+            if not isinstance(row, dict):
+                return number, f"a JSON {type(row).__name__}, not an object with named fields"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The first rows only (the data check: ``xtrain train --dry-run`` and the start of a run)
 
 
 def first_rows(
-    source: str, fmt: str, limit: int, role: str = "train", key: str = "data.train"
+    source: str,
+    fmt: str,
+    limit: int,
+    role: str = "train",
+    key: str = "data.train",
+    text: Collection[str] = (),
 ) -> tuple[Dataset, int | None] | None:
     """(a ``Dataset`` of the first ``limit`` rows of ``source``, its row count where that is known
     without reading it all: a saved data set, or a file that ends within ``limit + 1`` rows), read
@@ -196,11 +345,11 @@ def first_rows(
     import datasets
 
     if builtin.is_builtin(source):
-        return _stream_file(builtin.builtin_data_file(source, role), "json", source, limit)
+        return _stream_file(builtin.builtin_data_file(source, role), "json", source, limit, text)
     path = Path(source).expanduser()
     if path.is_dir():
         if (path / "dataset_dict.json").exists() or (path / "state.json").exists() or fmt == "arrow":
-            ds = load_source(source, fmt, role, key)  # memory-mapped: nothing read up front
+            ds = load_source(source, fmt, role, key, text)  # memory-mapped: nothing read up front
             return ds.select(range(min(limit, len(ds)))), len(ds)
         try:
             stream = _pick_split(datasets.load_dataset(str(path), streaming=True), source, role)
@@ -213,7 +362,7 @@ def first_rows(
         builder = fmt if fmt != "auto" else EXTENSIONS.get(path.suffix.lower())
         if builder is None:
             load_source(source, fmt, role, key)  # its one line about the extension
-        return _stream_file(path, str(builder), source, limit)
+        return _stream_file(path, str(builder), source, limit, text)
     if _looks_like_hub_id(source):
         return None
     return load_source(source, fmt, role, key)  # raises: not found
@@ -264,5 +413,3 @@ def undecoded_row(ds: Dataset, i: int, column: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # Labels
-
-

@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain import atomic
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.labels import label_key, value_kind
 from xtrain.data.packing import MAP_BATCH, pack_rows
@@ -95,16 +97,22 @@ def tokenized(
     fingerprint: str,
     desc: str,
 ) -> Dataset:
-    """``ds.map(function, batched=True)`` replacing all columns, cached under ``fingerprint``."""
-    return ds.map(
-        function,
-        batched=True,
-        batch_size=MAP_BATCH,
-        fn_kwargs=fn_kwargs,
-        remove_columns=list(ds.column_names),
-        new_fingerprint=fingerprint,
-        desc=desc,
-    )
+    """``ds.map(function, batched=True)`` replacing all columns, cached under ``fingerprint``
+    next to the data set's own cache files (a full or read-only cache: one line)."""
+    import datasets
+
+    files = ds.cache_files
+    where = Path(files[0]["filename"]).parent if files else datasets.config.HF_DATASETS_CACHE
+    with atomic.writing(atomic.DATASETS_CACHE, where):
+        return ds.map(
+            function,
+            batched=True,
+            batch_size=MAP_BATCH,
+            fn_kwargs=fn_kwargs,
+            remove_columns=list(ds.column_names),
+            new_fingerprint=fingerprint,
+            desc=desc,
+        )
 
 
 def _has_target(labels: Sequence[int]) -> bool:

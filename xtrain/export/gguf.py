@@ -4,15 +4,16 @@ package's ``GGUFWriter``, tensor-name maps and numpy quantizers: no llama.cpp ch
 The file is written in one pass with little memory beyond the model: every tensor's name, shape
 and type is planned first (``plan_tensors``, from shapes alone), the header and tensor table are
 written, then each tensor is converted (``families.convert_tensor``), quantized and written in
-turn, one at a time. Types follow llama.cpp's converter: ``f16``/``bf16`` write every matrix in
-that type, ``q8_0`` every matrix whose rows divide into its 32-value blocks (others f16); 1-D
-weights (norms, biases) and rope factors stay float32. The file appears under its name only when
-complete (``NAME.tmp``, then replaced).
+turn, one at a time. Types follow llama.cpp: ``f16``/``bf16`` write every matrix in that type,
+``q8_0`` every matrix whose rows divide into its 32-value blocks (others f16), as its converter
+does; ``q4_0``, ``q4_k_m``, ``q5_k_m`` and ``q6_k`` mix types per tensor as its ``llama-quantize``
+does (``kquants.choose_type``; the K-quants are written by ``kquants``, the others by the gguf
+package); 1-D weights (norms, biases) and rope factors stay float32. The file appears under its
+name only when complete (``NAME.tmp``, then replaced).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,21 +21,19 @@ from typing import TYPE_CHECKING
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.export import families
+from xtrain.export import families, kquants
 from xtrain.export.vocab import read_vocab, write_vocab
 
 if TYPE_CHECKING:
     from types import ModuleType
 
     import numpy as np
-    from gguf import GGMLQuantizationType
     from torch import Tensor
     from torch.nn import Module
     from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-TYPES = ("f16", "bf16", "q8_0")
+TYPES = tuple(kquants.DEFAULT)  # f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k
 INSTALL = 'pip install "gguf>=0.10"'  # the package itself: `xtrain` on the index is another project
-_BLOCK = 32  # values per Q8_0 block
 
 Progress = Callable[[int, int], None]  # (bytes written, bytes in all)
 
@@ -55,23 +54,11 @@ class PlannedTensor:
     name: str
     source: str | None  # the model's state_dict key; None: an extra tensor (rope factors)
     shape: tuple[int, ...]
-    qtype: str  # F32 | F16 | BF16 | Q8_0 (gguf.GGMLQuantizationType member names)
+    qtype: str  # F32 | F16 | BF16 | Q8_0 | Q4_K ... (gguf.GGMLQuantizationType member names)
 
     @property
     def nbytes(self) -> int:
-        count = math.prod(self.shape)
-        if self.qtype == "Q8_0":
-            return count // _BLOCK * 34  # 32 int8 values + one f16 scale a block
-        return count * (4 if self.qtype == "F32" else 2)
-
-
-def tensor_type(shape: tuple[int, ...], kind: str) -> str:
-    """The GGUF type of a weight of ``shape`` in a ``kind`` (f16 | bf16 | q8_0) file."""
-    if len(shape) < 2:
-        return "F32"
-    if kind == "q8_0":
-        return "Q8_0" if shape[-1] % _BLOCK == 0 else "F16"
-    return kind.upper()
+        return kquants.nbytes(self.shape, self.qtype)
 
 
 def plan_tensors(model: Module, kind: str) -> tuple[list[PlannedTensor], dict[str, np.ndarray]]:
@@ -83,6 +70,7 @@ def plan_tensors(model: Module, kind: str) -> tuple[list[PlannedTensor], dict[st
     names = gguf.get_tensor_name_map(arch, int(config.num_hidden_layers))
     extra = families.rope_tensors(config, family)
     planned = [PlannedTensor(name, None, tuple(a.shape), "F32") for name, a in extra.items()]
+    placed: list[tuple[str, str, tuple[int, ...]]] = []
     for key, weight in model.state_dict().items():
         if families.skipped(key, config):
             continue
@@ -92,25 +80,33 @@ def plan_tensors(model: Module, kind: str) -> tuple[list[PlannedTensor], dict[st
                 f"GGUF export cannot place the weight {key} of this {family.name} model",
                 "export it with --to merged (safetensors)",
             )
-        shape = tuple(weight.shape)
-        planned.append(PlannedTensor(name, key, shape, tensor_type(shape, kind)))
+        placed.append((name, key, tuple(weight.shape)))
+    tied = "output.weight" not in {name for name, _, _ in placed}
+    layers = int(config.num_hidden_layers)
+    for name, key, shape in placed:
+        planned.append(PlannedTensor(name, key, shape, kquants.choose_type(name, shape, kind, layers, tied)))
     return planned, extra
 
 
 def _array(
     model_state: dict[str, Tensor], t: PlannedTensor, config: PretrainedConfig, family: families.Family
-) -> tuple[np.ndarray, GGMLQuantizationType]:
-    """The tensor's data, converted for llama.cpp and in its file type."""
-    gguf = require_gguf()
+) -> tuple[np.ndarray, float | None]:
+    """The tensor's data, converted for llama.cpp and in its file type, and for a quantized type its
+    relative rms error as the gguf package reads it back (``kquants.error``)."""
     data = model_state[t.source].detach().float().cpu().numpy()
     data = families.convert_tensor(t.source or "", data, config, family)
-    qtype = gguf.GGMLQuantizationType[t.qtype]
     if t.qtype == "F32":
-        return data.astype("float32"), qtype
-    return gguf.quants.quantize(data, qtype), qtype
+        return data.astype("float32"), None
+    quantized = kquants.quantize(data, t.qtype)
+    if t.qtype in ("F16", "BF16"):
+        return quantized, None
+    return quantized, kquants.error(data, quantized, t.qtype)
 
 
-_FILE_TYPES = {"f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
+_FILE_TYPES = {
+    "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0",
+    "q4_k_m": "MOSTLY_Q4_K_M", "q5_k_m": "MOSTLY_Q5_K_M", "q6_k": "MOSTLY_Q6_K",
+}  # fmt: skip
 
 
 def estimate_bytes(model: Module, kind: str) -> int:
@@ -128,9 +124,11 @@ def write_gguf(
     eot: int | None,
     name: str,
     progress: Progress | None = None,
-) -> Path:
+) -> dict[str, tuple[str, float]]:
     """``model`` (merged, any dtype) with ``tokenizer`` and the chat ``template`` as one GGUF file
-    at ``path``; ``eot``: the template's end-of-turn token. Returns ``path``."""
+    at ``path``; ``eot``: the template's end-of-turn token. Returns each quantized tensor's type
+    and relative rms error as the gguf package's dequantizer reads it (name -> (type, error)): the
+    writer checked against the format's own reader, tensor by tensor."""
     gguf = require_gguf()
     config = model.config
     family = families.family_of(config)
@@ -153,13 +151,16 @@ def write_gguf(
         writer.add_tensor_info(t.name, shape, _np_dtype(dtype), t.nbytes, gguf.GGMLQuantizationType[t.qtype])
     tmp = path.with_name(path.name + ".tmp")
     total, done = sum(t.nbytes for t in planned), 0
+    errors: dict[str, tuple[str, float]] = {}
     state = model.state_dict()
     try:
         writer.write_header_to_file(path=tmp)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for t in planned:
-            data = extra[t.name] if t.source is None else _array(state, t, config, family)[0]
+            data, error = (extra[t.name], None) if t.source is None else _array(state, t, config, family)
+            if error is not None:
+                errors[t.name] = (t.qtype, error)
             writer.write_tensor_data(data)
             done += t.nbytes
             if progress is not None:
@@ -170,7 +171,7 @@ def write_gguf(
         writer.close()
         tmp.unlink(missing_ok=True)
         raise
-    return path
+    return errors
 
 
 def _np_dtype(name: str) -> np.dtype:

@@ -3,6 +3,9 @@ differs (``ParityError``, one line):
 
 - ``merged``: the merged model's logits on a few prompts, rendered as training rendered its
   conversations, equal base + adapter's within the tolerance of the weights' dtype;
+- ``quantized``: each quantized tensor of a GGUF file, dequantized by the ``gguf`` package (the
+  format's reader, apart from xtrain's quantizers) as it is written, within its type's error of
+  the merged weights (relative rms, ``QUANT_ERROR``);
 - ``gguf``: the GGUF file read back (transformers' GGUF loader, a reader written apart from this
   writer: it undoes the q/k permutation and the norm shift itself) gives the merged model's
   logits within the tolerance of the file's type;
@@ -38,8 +41,14 @@ if TYPE_CHECKING:
     from xtrain.export.templates import Render
 
 # largest |logit difference| / largest |logit|, by the dtype of the compared weights
-# (16-bit merges: the logits check is the coarse one; MergeProbe checks the weights themselves)
-TOLERANCE = {"float32": 1e-4, "float16": 5e-2, "bfloat16": 1.5e-1, "f16": 2e-2, "bf16": 4e-2, "q8_0": 1.2e-1}
+# (16-bit merges: the logits check is the coarse one; MergeProbe checks the weights themselves;
+# 4-6 bit files: measured up to 0.16 q6_k, 0.34 q5_k_m, 0.49 q4_k_m, 0.62 q4_0 on random-weight
+# models (docs/export.md#types; 0.53 and 0.64 for q4 with weights 2.5x larger), where a file with
+# misplaced bits gives 1.4: the precise check of those is ``quantized``, tensor by tensor)
+TOLERANCE = {
+    "float32": 1e-4, "float16": 5e-2, "bfloat16": 1.5e-1, "f16": 2e-2, "bf16": 4e-2, "q8_0": 1.2e-1,
+    "q6_k": 0.3, "q5_k_m": 0.5, "q4_k_m": 0.8, "q4_0": 0.9,
+}  # fmt: skip
 ROWS_PER_WEIGHT = 8  # the merge check's sampled rows of each adapted weight (first, last, between)
 
 
@@ -233,6 +242,32 @@ class MergeProbe:
         return Check("weights", detail)
 
 
+# the largest relative rms error a quantized tensor may read back with (``kquants.error``): about
+# 2.5x what each type gives Gaussian weights (Q8_0 0.005, Q6_K 0.018, Q5_K 0.036, Q5_0/Q5_1 0.038,
+# Q4_K 0.072, Q4_0 0.078), far below what a misplaced bit or block gives (an error of ~1)
+QUANT_ERROR = {"Q8_0": 0.02, "Q6_K": 0.05, "Q5_K": 0.1, "Q5_0": 0.1, "Q5_1": 0.1, "Q4_K": 0.2, "Q4_0": 0.2}
+
+
+def quantized(errors: dict[str, tuple[str, float]]) -> Check | None:
+    """Every quantized tensor of a GGUF file, read back by the gguf package's dequantizer, within
+    its type's ``QUANT_ERROR`` of the merged weights, or a ``ParityError`` naming the first that is
+    not; None for a file without quantized tensors (f16, bf16)."""
+    if not errors:
+        return None
+    for name, (qtype, error) in errors.items():
+        if not error <= QUANT_ERROR[qtype]:  # NaN fails too
+            raise ParityError(
+                f"{name} reads back {error:.2g} off the merged weights (relative rms; {qtype} allows "
+                f"{QUANT_ERROR[qtype]:.2g})",
+                "nothing was written; report it with the model's name: the export is wrong for this model",
+            )
+    by_type: dict[str, float] = {}
+    for qtype, error in errors.values():
+        by_type[qtype] = max(by_type.get(qtype, 0.0), error)
+    worst = ", ".join(f"{q} {e:.1e}" for q, e in sorted(by_type.items()))
+    return Check("quantized", f"{len(errors)} tensors read back by gguf within their type's error ({worst})")
+
+
 def same_text(name: str, where: str, expected: list[str], got: list[str]) -> Check:
     """Rendered conversations identical, or a ``ParityError`` naming the first difference."""
     for e, g in zip(expected, got, strict=True):
@@ -260,14 +295,15 @@ def gguf_template(path: str | Path) -> str | None:
     return bytes(field.parts[field.data[0]]).decode("utf-8")
 
 
-# the dtype a GGUF file is read back in: its own 16 bits (exact for f16/bf16; a q8_0 block's
-# scale x int8 rounded to float16's 11 bits, 16x finer than q8_0's own step), half what float32
-# would hold; the forward still runs in float32 (``logits_float32``)
-READ_BACK_DTYPE = {"f16": "float16", "bf16": "bfloat16", "q8_0": "float16"}
+# the dtype a GGUF file is read back in: its own 16 bits (exact for f16/bf16; a quantized block's
+# scale x level rounded to float16's 11 bits, 16x finer than q8_0's own step and finer still than
+# the 4-6 bit types'), half what float32 would hold; the forward still runs in float32
+# (``logits_float32``); types not named: float16
+READ_BACK_DTYPE = {"f16": "float16", "bf16": "bfloat16"}
 
 
 def load_gguf(path: str | Path, kind: str = "f16") -> PreTrainedModel:
-    """The GGUF file as a transformers model, dequantized to ``READ_BACK_DTYPE[kind]``, in eval mode.
+    """The GGUF file as a transformers model, dequantized to ``READ_BACK_DTYPE`` of ``kind``, in eval mode.
 
     transformers' own GGUF reading (its config and tensor conversion: the q/k permutation undone,
     the norm shifts), holding one copy of the weights: ``from_pretrained(gguf_file=)`` dequantizes
@@ -283,7 +319,7 @@ def load_gguf(path: str | Path, kind: str = "f16") -> PreTrainedModel:
 
     was = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # its tqdm bars would print under the export's own progress
-    dtype = getattr(torch, READ_BACK_DTYPE[kind])
+    dtype = getattr(torch, READ_BACK_DTYPE.get(kind, "float16"))
     try:
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
         with init_empty_weights(include_buffers=False):

@@ -13,6 +13,10 @@
    with the result), and/or the GGUF file, read back and compared (the merged model freed
    first: one model in memory at a time), and the Modelfile.
 
+Several targets in one call (``targets``) share steps 1-3: one merge, one check of it, one GGUF
+for ``gguf`` and ``ollama`` (the Ollama folder is the GGUF + its Modelfile); the merged folder
+goes to ``OUTPUT/merged/`` when a GGUF is written beside it.
+
 Library code: progress goes through the ``Progress`` callbacks; nothing is printed.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,23 +44,48 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 TARGETS = ("merged", "gguf", "ollama")
+MERGED_BESIDE_GGUF = "merged"  # the merged folder's name inside OUTPUT when a GGUF is written too
+
+
+def targets(to: str | Sequence[str]) -> tuple[str, ...]:
+    """What ``--to`` asks for (one target, a comma list, or several ``--to``), in the order they are
+    written; ``gguf`` is left out beside ``ollama``, whose folder holds the same GGUF file."""
+    found: list[str] = []
+    for part in [to] if isinstance(to, str) else list(to):
+        for one in (p.strip() for p in part.split(",")):
+            if one not in TARGETS:
+                raise XtrainError(f"--to {one}: not an export target", f"use one of {', '.join(TARGETS)}")
+            found.append(one)
+    if not found:
+        raise XtrainError("--to: no export target given", f"use one of {', '.join(TARGETS)}")
+    if "ollama" in found:
+        found = [t for t in found if t != "gguf"]
+    return tuple(t for t in TARGETS if t in found)
 
 
 @dataclass
 class ExportRequest:
     path: str
-    to: str  # merged | gguf | ollama
+    to: str | Sequence[str]  # merged | gguf | ollama, or several ("merged,ollama", ["merged", "gguf"])
     output: Path
     base: str | None = None
-    gguf_type: str = "q8_0"  # f16 | bf16 | q8_0
+    gguf_type: str = "q8_0"  # gguf.TYPES: f16 | bf16 | q8_0 | q4_0 | q4_k_m | q5_k_m | q6_k
     name: str | None = None  # the Ollama model's name
     system: str | None = None  # the Modelfile's system prompt
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return targets(self.to)
+
+    @property
+    def writes_gguf(self) -> bool:
+        return any(t in ("gguf", "ollama") for t in self.targets)
 
 
 @dataclass
 class ExportResult:
     output: Path
-    files: dict[str, int]  # file name -> bytes
+    files: dict[str, int]  # file path inside output ("merged/config.json") -> bytes
     checks: list[Check]
     ollama: dict[str, str] | None = None  # shell -> ollama create line
     notes: list[str] = field(default_factory=list)
@@ -73,8 +103,7 @@ class Progress:
 
 def _check_request(req: ExportRequest) -> None:
 
-    if req.to not in TARGETS:
-        raise XtrainError(f"--to {req.to}: not an export target", f"use one of {', '.join(TARGETS)}")
+    targets(req.to)  # an unknown target is refused here
     if req.gguf_type not in TYPES:
         raise XtrainError(f"--type {req.gguf_type}: not a GGUF type", f"use one of {', '.join(TYPES)}")
     if req.output.exists() and (not req.output.is_dir() or any(req.output.iterdir())):
@@ -107,7 +136,7 @@ def prepare(req: ExportRequest) -> _Plan:
     plan = _Plan(src, tokenizer, template, render)
 
     config = models.load_config(src.load_from(), False)
-    if req.to == "merged":
+    if not req.writes_gguf:
         memory.check_memory(memory.model_sizes(src.model_class, config), memory.available_bytes())
         return plan
 
@@ -117,7 +146,7 @@ def prepare(req: ExportRequest) -> _Plan:
     memory.check_memory(memory.model_sizes(src.model_class, config), memory.available_bytes())
     plan.eot = _end_of_turn(render, tokenizer)
     vocab = read_vocab(tokenizer, int(config.vocab_size), plan.eot)
-    if req.to == "ollama":
+    if "ollama" in req.targets:
         plan.turns = _ollama_turns(req, plan, vocab.add_bos)
     return plan
 
@@ -197,7 +226,8 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
     plan = prepare(req)
     prompts = parity.prompt_ids(plan.tokenizer, plan.render)
     model, _, checks = merged_model(plan, prompts, progress)
-    need = _weights_bytes(model) if req.to == "merged" else gguf.estimate_bytes(model, req.gguf_type)
+    need = _weights_bytes(model) if "merged" in req.targets else 0
+    need += gguf.estimate_bytes(model, req.gguf_type) if req.writes_gguf else 0
     req.output.parent.mkdir(parents=True, exist_ok=True)
     gguf.check_disk(req.output.parent, need)
     tmp = req.output.with_name(req.output.name + ".tmp")
@@ -205,15 +235,18 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
     tmp.mkdir()
     notes: list[str] = []
     try:
-        if req.to == "merged":
-            checks += _write_merged(plan, model, tmp, progress)
-            del model
-        else:
-            path, reference = _write_gguf(req, plan, model, prompts, tmp, progress)
+        if "merged" in req.targets:
+            folder = tmp / MERGED_BESIDE_GGUF if req.writes_gguf else tmp
+            checks += _write_merged(plan, model, folder, progress)
+        if req.writes_gguf:
+            path, reference, written = _write_gguf(req, plan, model, prompts, tmp, progress)
+            checks += written
             del model  # the last reference: the file is read back without the merged model held
             gc.collect()
             checks += _check_gguf(req, plan, path, reference, prompts, progress)
-        lines = _write_modelfile(req, plan, tmp, checks) if req.to == "ollama" else None
+        else:
+            del model
+        lines = _write_modelfile(req, plan, tmp, checks) if "ollama" in req.targets else None
         if req.output.exists():
             req.output.rmdir()  # empty (checked first)
 
@@ -221,7 +254,11 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    files = {p.name: p.stat().st_size for p in sorted(req.output.iterdir()) if p.is_file()}
+    files = {
+        p.relative_to(req.output).as_posix(): p.stat().st_size
+        for p in sorted(req.output.rglob("*"))
+        if p.is_file()
+    }
     if plan.src.quantization:
         notes.append(
             f"the run trained on a {plan.src.quantization} base; the export merged into its 16-bit weights"
@@ -256,17 +293,19 @@ def _write_gguf(
     prompts: list[list[int]],
     tmp: Path,
     progress: Progress,
-) -> tuple[Path, list[Any]]:
-    """The GGUF file and the reference its read-back is compared with: the merged weights'
-    logits computed in float32, as the reader computes the file's (a bf16 model's own forward on
-    the CPU differs from float32 by ~2% of the largest logit on a 300M Llama: that is bf16
-    arithmetic, not the file), one module upcast at a time (no float32 copy of the model)."""
+) -> tuple[Path, list[Any], list[Check]]:
+    """The GGUF file, the reference its read-back is compared with, and the check of its quantized
+    tensors (``parity.quantized``). The reference: the merged weights' logits computed in float32,
+    as the reader computes the file's (a bf16 model's own forward on the CPU differs from float32
+    by ~2% of the largest logit on a 300M Llama: that is bf16 arithmetic, not the file), one module
+    upcast at a time (no float32 copy of the model)."""
     path = gguf.gguf_name(tmp, req.gguf_type)
     progress.stage(f"writing {path.name}")
-    gguf.write_gguf(
+    errors = gguf.write_gguf(
         model, plan.tokenizer, path, req.gguf_type, plan.template, plan.eot, plan.src.name, progress.advance
     )
-    return path, parity.logits_float32(model, prompts)
+    check = parity.quantized(errors)
+    return path, parity.logits_float32(model, prompts), [check] if check else []
 
 
 def _check_gguf(

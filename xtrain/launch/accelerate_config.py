@@ -319,9 +319,10 @@ def validate(path: str | Path) -> ClusterConfig:
 
 def validate_dict(cfg: dict[str, Any]) -> ClusterConfig:
     """Like ``validate`` for a config not written yet (``--dry-run``)."""
-    with tempfile.TemporaryDirectory(prefix="xtrain-cfg-") as tmp:
+    with atomic.temporary_folder("xtrain-cfg-") as tmp:
         p = Path(tmp) / "config.yaml"
-        p.write_text(to_yaml(cfg), encoding="utf-8")
+        with atomic.writing(atomic.TEMP_DIR, tmp):
+            p.write_text(to_yaml(cfg), encoding="utf-8")
         return validate(p)
 
 

@@ -32,9 +32,9 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 
+from xtrain import atomic
 from xtrain.launch.accelerate_launcher import accelerate_launch_raising
 from xtrain.launch.env import patched_environ, plan_env
 from xtrain.launch.spawn import run_module, spawn
@@ -83,7 +83,7 @@ def _reports() -> Iterator[None]:
     """The workers' report folder (``xtrain.runtime.report``) for the block; a ``WorkerFailed``
     leaving it carries what the ranks reported."""
     with (
-        tempfile.TemporaryDirectory(prefix="xtrain-report-") as folder,
+        atomic.temporary_folder("xtrain-report-", atomic.REPORT_DIR) as folder,
         patched_environ({report.REPORT_ENV: folder}),
     ):
         try:

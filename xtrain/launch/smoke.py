@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,7 +98,6 @@ def run_smoke(
         result.elapsed_s = time.perf_counter() - start
         return result
 
-
     result = SmokeResult(
         ok=False,
         world_size=plan.world_size,
@@ -111,7 +109,7 @@ def run_smoke(
         iters=iters,
         cpu_staged=plan.cpu_staged_allreduce,
     )
-    with tempfile.TemporaryDirectory(prefix="xtrain-smoke-") as tmp:
+    with atomic.temporary_folder("xtrain-smoke-") as tmp:
         argv = [tmp, str(size_mib), str(iters), str(timeout_s)]
         try:
             launch("xtrain.launch.smoke", argv, plan, port=port)

@@ -9,10 +9,10 @@ import os
 import runpy
 import signal
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 
+from xtrain import atomic
 from xtrain.errors import XtrainError
 from xtrain.launch.env import patched_environ, plan_env
 from xtrain.launch.rendezvous import file_url, pick_port
@@ -84,7 +84,7 @@ def spawn(
 
     with contextlib.ExitStack() as stack:
         if plan.num_machines == 1:  # a FileStore in a private folder: no socket (xtrain.launch.rendezvous)
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="xtrain-rdzv-"))
+            folder = stack.enter_context(atomic.temporary_folder("xtrain-rdzv-"))
             env = {**env, **loopback_transport_env(), RENDEZVOUS_ENV: file_url(folder)}
         # Also in the parent's environment while the children start, so they have it from their
         # first line (CUDA_VISIBLE_DEVICES must be there before CUDA initialises).

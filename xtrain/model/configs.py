@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin, structured
 from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
+from xtrain.model import hub
 from xtrain.model import load as models
 
 if TYPE_CHECKING:
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 def read_config_offline(cfg: TrainConfig) -> PretrainedConfig | str:
     """The model's ``AutoConfig`` from a local folder, a built-in or the hub cache; else why not."""
     from transformers import AutoConfig
-
 
     name = cfg.model.name_or_path
     if cfg.model.trust_remote_code:
@@ -101,14 +101,18 @@ def config_path(name: str, fetch: bool = False) -> Path | None:
         return folder / "config.json" if (folder / "config.json").is_file() else None
     if not models.looks_like_hub_id(name):
         return None
-    try:  # the cache; the hub only with fetch (offline mode: fails at once)
-        from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
+    try:  # the cache; the hub only with fetch (offline mode: fails at once)
         found = try_to_load_from_cache(name, "config.json")
-        if not isinstance(found, str) and fetch:
+    except Exception:  # noqa: BLE001 - an unreadable cache: the same as not there
+        found = None
+    if not isinstance(found, str) and fetch:
+        hub.locate(name)  # neither cached nor reachable: its one line now, not the hub's retries
+        try:
             found = hf_hub_download(name, "config.json")
-    except Exception:  # noqa: BLE001 - unreadable cache, no network: the same as not there
-        return None
+        except Exception:  # noqa: BLE001 - not there after all: the load says why
+            return None
     return Path(found) if isinstance(found, str) else None
 
 

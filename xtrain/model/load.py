@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain import builtin
+from xtrain import atomic, builtin
 from xtrain.errors import XtrainError
+from xtrain.model import hub
 
 if TYPE_CHECKING:
     import torch
@@ -30,30 +30,18 @@ def _first_line(e: BaseException) -> str:
 
 
 def looks_like_hub_id(name: str) -> bool:
-    """``org/name`` or ``name``: what the hub accepts. Paths (``./x``, ``/x``, ``a/b/c``) are not."""
-    if name.startswith((".", "/", "~", "\\")) or "\\" in name or re.match(r"^[A-Za-z]:", name):
-        return False
-    return bool(re.match(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$", name)) and ".." not in name and len(name) <= 96
+    """``org/name`` or ``name``: what the hub accepts (``hub.is_repo_id``, huggingface_hub's own
+    rule). Paths (``./x``, ``/x``, ``~/x``, ``a/b/c``) are not."""
+    return hub.is_repo_id(name)
 
 
 def resolve_model(name_or_path: str) -> str:
-    """The folder (built-in or local) or hub id that ``from_pretrained`` gets."""
-    if builtin.is_builtin(name_or_path):
+    """The folder (built-in or local) or hub id that ``from_pretrained`` gets (a path that is not
+    there, or is a file: ``hub.kind_of``'s one line)."""
+    if hub.kind_of(name_or_path) == "builtin":
         return str(builtin.ensure_builtin_model(name_or_path))
-    path = Path(name_or_path).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise XtrainError(
-                f"model path {name_or_path} is a file, not a model folder",
-                "point model.name_or_path at the folder holding config.json",
-            )
-        return str(path)
-    if not looks_like_hub_id(name_or_path):
-        raise XtrainError(
-            f"model path {name_or_path} not found",
-            "check model.name_or_path (relative paths are looked up next to the config file, "
-            "then in the current folder)",
-        )
+    if Path(name_or_path).expanduser().is_dir():
+        return str(Path(name_or_path).expanduser())
     return name_or_path
 
 
@@ -64,6 +52,10 @@ def _attention_refused(e: BaseException) -> bool:
 
 
 def load_error(what: str, name: str, local: bool, e: BaseException) -> XtrainError:
+    from huggingface_hub import constants
+
+    if refused := atomic.cannot_write(atomic.HUB_CACHE, constants.HF_HUB_CACHE, e):  # a download's
+        return refused
     reason = _first_line(e)
     if _attention_refused(e):
         return XtrainError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from xtrain import atomic
 from xtrain.errors import XtrainError
 from xtrain.model.lora_layers import _linear_types, find_target_modules, layers_matching, linear_layers
 from xtrain.model.quantization import INSTALL
@@ -266,13 +267,12 @@ def save_pretrained(model: Module, folder: str) -> None:
     if initial is None:
         model.save_pretrained(folder)
         return
-    import tempfile
     from pathlib import Path
 
     from peft import get_peft_model_state_dict
     from safetensors.torch import load_file, save_file
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with atomic.temporary_folder("xtrain-lora-") as tmp:
         start = Path(tmp) / "initial"  # peft writes its adapter_config.json next to the weights
         start.mkdir()
         save_file(initial, str(start / "adapter_model.safetensors"))

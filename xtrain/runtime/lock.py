@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from xtrain import atomic
 from xtrain.errors import XtrainError
 
 LOCK_NAME = ".xtrain-run.lock"
@@ -112,8 +113,8 @@ def acquire(output_dir: str | Path) -> RunLock:
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise XtrainError(
+    except OSError as e:  # read-only or full: atomic.OUTPUT_DIR's line
+        raise atomic.cannot_write(atomic.OUTPUT_DIR, out, e) or XtrainError(
             f"cannot create run.output_dir {out}: {e.strerror or e}", "choose a writable run.output_dir"
         ) from None
     path = out / LOCK_NAME
@@ -121,7 +122,7 @@ def acquire(output_dir: str | Path) -> RunLock:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
         except OSError as e:
-            raise XtrainError(
+            raise atomic.cannot_write(atomic.OUTPUT_DIR, out, e) or XtrainError(
                 f"cannot write in run.output_dir {out}: {e.strerror or e}", "choose a writable run.output_dir"
             ) from None
         if not _try_lock(fd):
@@ -139,7 +140,17 @@ def acquire(output_dir: str | Path) -> RunLock:
     else:  # pragma: no cover - only under a storm of runs on one folder
         raise XtrainError(f"could not lock run.output_dir {out}", "try again")
     info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, json.dumps(info).encode("utf-8"))
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(info).encode("utf-8"))
+    except OSError as e:  # a full disk: the lock file goes again, the folder as it was
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            path.unlink()
+            if created:
+                out.rmdir()
+        if refused := atomic.cannot_write(atomic.OUTPUT_DIR, out, e):
+            raise refused from None
+        raise
     return RunLock(path, fd, created)

@@ -2,8 +2,9 @@
 
 transformers, datasets and peft print progress bars, load reports ("classifier.weight |
 MISSING", expected for a new task head) and deprecation warnings that say nothing to an xtrain
-user: ``quiet_libraries`` hides them. Set ``XTRAIN_VERBOSE=1`` to see them all again (debugging
-a model that will not load). Errors are never hidden.
+user: ``quiet_libraries`` hides them (tqdm bars of any library too: ``quiet_progress_bars``), and
+a library's log line about an error xtrain says itself. Set ``XTRAIN_VERBOSE=1`` to see them all
+again (debugging a model that will not load). Errors are never hidden.
 
 Some library warnings are the opposite of noise: they say the gradients are wrong while the run
 goes on (the loss may even fall). ``wrong_results_raise`` turns those (``WRONG_RESULTS``) into
@@ -15,10 +16,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partialmethod
 
 from xtrain.errors import XtrainError
 
@@ -77,11 +80,58 @@ def quiet_deepspeed() -> None:
         logger.addFilter(_NoDeepSpeedCpuHint())
 
 
+# Progress bars of the libraries that do not go through their library's switch: transformers'
+# GGUF reader ("Converting and de-quantizing GGUF tensors...", a bare `tqdm.auto` in
+# modeling_gguf_pytorch_utils.py), peft's and gguf's writers. tqdm's own switch is its
+# environment (`TQDM_DISABLE=1`, read when tqdm is imported, inherited by the workers); a tqdm
+# imported before is given the same default. xtrain's own progress is rich's.
+TQDM_ENV = "TQDM_DISABLE"
+
+
+def quiet_progress_bars() -> None:
+    """Third-party tqdm bars off, in this process and the ones it starts (``TQDM_DISABLE=1``);
+    a bar asked for with ``disable=False`` still shows. Idempotent; nothing with
+    ``XTRAIN_VERBOSE=1``, or where the user set TQDM_DISABLE."""
+    if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0") or TQDM_ENV in os.environ:
+        return
+    os.environ[TQDM_ENV] = "1"
+    std = sys.modules.get("tqdm.std")
+    if std is None:
+        return  # tqdm reads it when imported
+    # imported already: the default tqdm would have taken from the variable (its `envwrap`)
+    init = std.tqdm.__dict__["__init__"]
+    func, given = (init.func, dict(init.keywords)) if isinstance(init, partialmethod) else (init, {})
+    std.tqdm.__init__ = partialmethod(func, **{**given, "disable": True})
+
+
+def quiet_data_read_errors() -> None:
+    """Drop datasets' own log line about a data file it cannot parse ("Failed to load JSON from
+    file ... with error ..."): it always raises next, and xtrain says that error in one line
+    naming the file and the line (``xtrain.data.sources``). Idempotent; nothing with
+    ``XTRAIN_VERBOSE=1``."""
+    if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
+        return
+    logger = logging.getLogger(DATASETS_JSON_LOGGER)
+    if not any(isinstance(f, _NoDataReadError) for f in logger.filters):
+        logger.addFilter(_NoDataReadError())
+
+
+DATASETS_JSON_LOGGER = "datasets.packaged_modules.json.json"
+DATASETS_READ_ERRORS = ("Failed to load JSON from file", "Failed to convert pandas DataFrame")
+
+
+class _NoDataReadError(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(DATASETS_READ_ERRORS)
+
+
 def quiet_libraries() -> None:
     if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
         return
+    quiet_progress_bars()  # first: before transformers and datasets import tqdm
     quiet_bitsandbytes()  # first: transformers' and datasets' imports may import peft
     quiet_deepspeed()
+    quiet_data_read_errors()
     import datasets
     import transformers
 

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import builtin
 from xtrain.config.schema import TrainConfig
-from xtrain.data import collate
+from xtrain.data import collate, mixing
+from xtrain.data.rows.formats import text_names
 from xtrain.data.rows.images import check_image_files
 from xtrain.data.sources import load_source
 from xtrain.data.tokenize import map_fingerprint, require_columns, tokenized, tokenizer_fingerprint
@@ -44,25 +45,34 @@ def prepare_tokenizer(
 
 
 def raw_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset | None, str, str]:
-    """(train, eval or None, train source name, eval source name) as loaded, before tokenising."""
+    """(train, eval or None, train source name, eval source name) as loaded, before tokenising:
+    each file cut to ``data.max_samples``, several train files mixed by ``data.mix``, their text
+    columns read as text (``row_formats.text_names``)."""
     d = cfg.data
-    if not d.train:
+    files = d.train_sources()
+    if not files:
         raise XtrainError(
             "data.train is not set", "set data.train to a file, a folder, a hub id or builtin:NAME"
         )
-    train = load_source(d.train, d.format, role="train", key="data.train")
+    text = text_names(d)
+    parts = [
+        mixing.first_n(load_source(f, d.format, role="train", key="data.train", text=text), d.max_samples)
+        for f in files
+    ]
+    train, train_name = mixing.mix(parts, files, d, cfg.run.seed), " + ".join(files)
     eval_ds, eval_name = None, d.eval or ""
     if d.eval:
-        eval_ds = load_source(d.eval, d.format, role="eval", key="data.eval")
+        eval_ds = load_source(d.eval, d.format, role="eval", key="data.eval", text=text)
+        eval_ds = mixing.first_n(eval_ds, d.max_samples)
     elif d.eval_fraction > 0:
         if len(train) < 2:
-            raise XtrainError(f"{d.train} has {len(train)} rows: too few to split off an eval set")
+            raise XtrainError(f"{train_name} has {len(train)} rows: too few to split off an eval set")
         split = train.train_test_split(test_size=d.eval_fraction, seed=cfg.run.seed, shuffle=True)
         train, eval_ds = split["train"], split["test"]
-        eval_name = f"{d.train} (eval_fraction {d.eval_fraction})"
+        eval_name = f"{train_name} (eval_fraction {d.eval_fraction})"
     if len(train) == 0:
-        raise XtrainError(f"{d.train} has no rows")
-    return train, eval_ds, d.train, eval_name
+        raise XtrainError(f"{train_name} has no rows")
+    return train, eval_ds, train_name, eval_name
 
 
 def pad_multiple(device: str) -> int | None:
@@ -249,7 +259,14 @@ def media_dirs(cfg: TrainConfig, media: str) -> tuple[Path | None, Path | None]:
                 f"set it to the folder the data's relative {media} paths start from, or leave it unset",
             )
         return folder.resolve(), folder.resolve()
-    train_dir = base_dir(d.train or "", "train")
+    folders = {base_dir(f, "train") for f in d.train_sources()}
+    if len(folders) > 1:
+        raise XtrainError(
+            f"data.train lists files in {len(folders)} folders: their relative {media} paths start "
+            "from different places",
+            f"set data.{media}_root to the folder the {media} paths start from, or keep the files together",
+        )
+    train_dir = folders.pop() if folders else None
     return train_dir, base_dir(d.eval, "eval") if d.eval else train_dir
 
 

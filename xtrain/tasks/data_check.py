@@ -25,13 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from xtrain import builtin
+from xtrain.data import mixing
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.labels import label_key, label_values, labels_of
+from xtrain.data.rows.formats import text_names
 from xtrain.data.rows.images import describe, image_size
 from xtrain.data.sources import first_rows
 from xtrain.errors import XtrainError
 from xtrain.model.configs import read_config_offline
-from xtrain.tasks.common import media_dirs
+from xtrain.tasks.common import base_dir, media_dirs
 from xtrain.tasks.data_report import Example, Piece, SourceCheck
 
 if TYPE_CHECKING:
@@ -72,29 +74,40 @@ class Sample:
 
 
 def first_samples(cfg: TrainConfig, limit: int, media: str = "image") -> tuple[list[Sample], list[str]]:
-    """The first ``limit`` rows of ``data.train`` and ``data.eval`` (``first_rows``), and
-    notes on what is not read here (a hub data set, an eval split made at load time). ``media``:
-    what the rows' paths name ("image" or "audio": ``common.media_dirs``)."""
+    """The first ``limit`` rows of each ``data.train`` file and of ``data.eval`` (``first_rows``,
+    cut to ``data.max_samples``), and notes on what is not read here (a hub data set, an eval
+    split made at load time) and how several files are mixed. ``media``: what the rows' paths
+    name ("image" or "audio": ``common.media_dirs``)."""
     d = cfg.data
     if not d.train:
         raise XtrainError(
             "data.train is not set", "set data.train to a file, a folder, a hub id or builtin:NAME"
         )
     samples, notes = [], []
-    folders = dict(zip(("train", "eval"), media_dirs(cfg, media), strict=True))
-    for role, source in (("train", d.train), ("eval", d.eval)):
-        if not source:
-            continue
-        found = first_rows(source, d.format, limit, role, f"data.{role}")
+    text = text_names(d)
+    root = getattr(d, f"{media}_root")
+    sources = [("train", f) for f in d.train_sources()] + ([("eval", d.eval)] if d.eval else [])
+    for role, source in sources:
+        found = first_rows(source, d.format, limit, role, f"data.{role}", text)
         if found is None:
             notes.append(
                 f"data.{role} {source} is not a local file or folder: the run loads it from the "
                 "Hugging Face hub (not read here: nothing is downloaded to check it)"
             )
             continue
-        samples.append(Sample(found[0], source, role, found[1], folders[role]))
+        ds, total = found
+        if d.max_samples is not None:  # the rows the run reads: at most max_samples
+            known = total is not None or d.max_samples <= len(ds)
+            ds = mixing.first_n(ds, d.max_samples)
+            total = min(total or d.max_samples, d.max_samples) if known else None
+        folder = media_dirs(cfg, media)[0] if root is not None else base_dir(source, role)
+        samples.append(Sample(ds, source, role, total, folder))
+    mixed = mixing.describe(d)
+    if mixed:
+        notes.append(mixed)
     if not d.eval and d.eval_fraction > 0:
-        notes.append(f"data.eval_fraction={d.eval_fraction}: the run splits the eval rows off {d.train}")
+        files = " + ".join(d.train_sources())
+        notes.append(f"data.eval_fraction={d.eval_fraction}: the run splits the eval rows off {files}")
     return samples, notes
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from xtrain.data.rows.formats import text_names
 from xtrain.data.sources import load_source
 from xtrain.errors import XtrainError
 from xtrain.tasks.contract import Example
@@ -174,7 +175,7 @@ def load_file(cfg: TrainConfig, media: str | None = None) -> tuple[Dataset, str,
     from xtrain.tasks import common
 
     source = cfg.data.eval
-    ds = load_source(source, cfg.data.format, role="eval", key="--data")
+    ds = load_source(source, cfg.data.format, role="eval", key="--data", text=text_names(cfg.data))
     return ds, source, common.media_dirs(cfg, media)[1] if media else None
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from xtrain.data.rows import columns as row_columns
 from xtrain.data.rows import formats as row_formats
-from xtrain.data.rows.formats import row_format, text_columns
+from xtrain.data.rows.formats import text_columns
 from xtrain.errors import XtrainError
 from xtrain.tasks.contract import Example, Loaded, PredictRequest
 from xtrain.tasks.predicting import (
@@ -142,7 +143,10 @@ def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
 
     d = cfg.data
     ds, source, _ = load_file(cfg)
-    fmt = d.row_format if d.row_format != "auto" else record.get("row_format") or row_format(cfg, ds)
+    fmt = d.row_format if d.row_format != "auto" else record.get("row_format")
+    if fmt is None:  # an older run: what the file holds
+        fmt = row_columns.row_format(cfg, ds, source)
+    row_columns.require(cfg, fmt, ds, source, "the run")
     answered = fmt != "alpaca" or "output" in ds.column_names
     if not answered:  # alpaca prompts alone: the readers want an output, here a stand-in dropped below
         ds = ds.add_column("output", ["-"] * len(ds))

@@ -17,6 +17,7 @@ from xtrain import tasks
 from xtrain.config.loading import read_config, read_dict
 from xtrain.config.schema import TrainConfig, sections
 from xtrain.config.values import choose
+from xtrain.data import mixing
 from xtrain.data.rows.formats import check_tags
 from xtrain.errors import XtrainError
 from xtrain.model.lora import check_variants
@@ -57,6 +58,7 @@ def validate(cfg: TrainConfig) -> None:
         )
     task.validate(cfg)
     check_tags(cfg.data)  # data.role_tag & co.: only for conversations, each role its own tag
+    mixing.check(cfg.data)  # data.mix_probs: one share per data.train file
     check_quantization(cfg)
     o = cfg.optim
     if isinstance(cfg.lora.target_modules, list) and not cfg.lora.target_modules:

@@ -191,6 +191,8 @@ class Recipe:
     def train(self) -> TrainResult:
         """The whole run: ``setup``, ``fit``, ``finish``, the Accelerator released after."""
         s = self.settings
+        if self.resume.finished is not None:  # nothing to train, nothing written: before any part is built
+            return self._already_finished(self.resume.finished)
         self.accelerator = build_accelerator(self.run)
         try:
             with quiet.wrong_results_raise():  # a library warning that means wrong numbers stops the run
@@ -208,6 +210,16 @@ class Recipe:
             ) from None
         finally:
             release(self.accelerator)
+
+    def _already_finished(self, saved: dict[str, Any]) -> TrainResult:
+        """The run in this folder ended at its last checkpoint with this config's length: said in
+        one note, every file left as it is; its ``train_result.json`` is the result."""
+        if self.reporter is not None and self.run.context.rank == 0:
+            self.reporter.note(
+                f"{self.out} already finished, nothing trained (step {saved['final_step']}, every file as "
+                "it was): a larger run.max_steps or run.epochs trains on, a new run.output_dir starts over"
+            )
+        return TrainResult.from_dict(saved)
 
     # -- setup: one named builder per part, in the order they need each other -------------------------
     def setup(self) -> None:

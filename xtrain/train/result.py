@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,6 +46,12 @@ class TrainResult:
     # run.early_stopping_patience ended the run at final_step: step, metric, best, best_step, reason
     stopped_early: dict[str, Any] | None = None
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainResult:
+        """A result as ``train_result.json`` holds it (keys it does not know are left out)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
     @property
     def data_wait(self) -> float | None:
         """The share of this session's training time rank 0 spent waiting for batches."""
@@ -85,6 +91,7 @@ def session_result(
         windows=windows,
         **more,
     )
+
 
 def run_info(
     accelerator: Accelerator,

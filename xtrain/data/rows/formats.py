@@ -44,10 +44,29 @@ SPEAKERS = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "a
 ALPACA_VERSION = 1
 
 
+# Columns every reader takes as text when it finds them (alpaca, prompt/response, preference
+# pairs, vision-language questions): read as text whatever they look like (``text_names``)
+TEXT_NAMES = (*ALPACA_REQUIRED, *ALPACA_OPTIONAL, "text", "prompt", "response", "chosen", "rejected")
+TEXT_NAMES += ("completion", "question", "answer")
+
+
+def text_names(d: DataConfig) -> tuple[str, ...]:
+    """The columns the config's readers take as text: the formats' own names and the ``data.*``
+    columns that name text (a CSV's are then read as written: ``sources.load_source``)."""
+    named = (d.text_column, d.text_pair_column, d.prompt_column, d.response_column)
+    return tuple(dict.fromkeys([*TEXT_NAMES, *(c for c in named if c)]))
+
+
 class BadRow(RowError):
     """A malformed alpaca or sharegpt row: one line naming the file, the row and the field."""
 
     HINT = "fix or remove that row (docs/training.md#data-formats describes the formats)"
+
+
+class NotText(BadRow):
+    """A text field whose value the file stores as another type."""
+
+    HINT = "write it as text in the file: a quoted JSON string, a string column in Parquet"
 
 
 def detect(
@@ -79,10 +98,10 @@ def detect(
 def require(ds: Dataset, columns: tuple[str, ...], source: str, row_format: str) -> None:
     """The columns a format needs, in one line naming what is there."""
     missing = [c for c in columns if c not in ds.column_names]
-    if missing:
+    if missing:  # (rows/columns.py checks this first, with the closest column)
         raise XtrainError(
-            f"{source} has no column {', '.join(repr(c) for c in missing)} for data.row_format={row_format} "
-            f"(columns: {', '.join(ds.column_names)})",
+            f"{row_format} rows need {' and '.join(repr(c) for c in missing)}; "
+            f"{source} has {', '.join(ds.column_names)}",
             "set data.row_format to what the rows hold (docs/training.md#data-formats)",
         )
 
@@ -94,7 +113,9 @@ def text_field(row: dict[str, Any], name: str, where: str, required: bool) -> st
             raise BadRow(f"{where}: field '{name}' is missing or empty")
         return None
     if not isinstance(value, str):
-        raise BadRow(f"{where}: field '{name}' holds {type(value).__name__}, not text")
+        # the file's own type (a JSON number, a Parquet column of dates): text columns of JSON and
+        # CSV files are read as written (sources.load_source), so this is what the file says
+        raise NotText(f"{where}: field '{name}' holds {type(value).__name__}, not text")
     return value
 
 
@@ -283,27 +304,17 @@ def conversations(ds: Dataset, d: DataConfig, fmt: str, source: str) -> list[Any
         names = [c for c in (*ALPACA_REQUIRED, *ALPACA_OPTIONAL) if c in ds.column_names]
     else:
         column = chat_column(d, fmt, list(ds.column_names))
-        if column not in ds.column_names:
-            key = "data.messages_column" if column == d.messages_column else "data.row_format"
+        if column not in ds.column_names:  # (rows/columns.py checks this first, with the closest column)
             raise XtrainError(
-                f"column '{column}' not in {source} (columns: {', '.join(ds.column_names)})",
-                f"set {key} to the column of conversations",
+                f"{fmt} rows need '{column}'; {source} has {', '.join(ds.column_names)}",
+                "set data.messages_column to the column of conversations"
+                if column == d.messages_column
+                else "rename the column in the file, or set data.row_format to what the rows hold",
             )
         names = [column, *([d.images_column] if d.images_column in ds.column_names else [])]
     columns = {c: ds[c] for c in names}
     rows = ({c: columns[c][i] for c in names} for i in range(len(ds)))
     return [text_chat_turns(d, fmt, row, i, source) for i, row in enumerate(rows)]
-
-
-def row_format(cfg: TrainConfig, train: Dataset) -> str:
-    """What the rows hold: ``data.row_format``, or for auto what the training data's columns hold
-    (``row_formats.detect``: the one place that decides)."""
-    from xtrain.data.rows import formats as row_formats
-
-    d = cfg.data
-    return row_formats.detect(
-        d.row_format, list(train.column_names), d.text_column, d.messages_column, d.prompt_column is not None
-    )
 
 
 def text_columns(cfg: TrainConfig, fmt: str) -> tuple[str | None, str | None, dict[str, str]]:

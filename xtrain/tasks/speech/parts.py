@@ -130,7 +130,8 @@ def with_metadata(cfg: TrainConfig) -> TrainConfig:
     from xtrain.data.rows.audio import audiofolder_metadata
 
     d = cfg.data
-    train_meta, eval_meta = audiofolder_metadata(d.train, "train"), audiofolder_metadata(d.eval, "eval")
+    train = d.train if isinstance(d.train, str) else None  # several files: each read as it is
+    train_meta, eval_meta = audiofolder_metadata(train, "train"), audiofolder_metadata(d.eval, "eval")
     if not (train_meta or eval_meta):
         return cfg
     found = {"train": str(train_meta or d.train), "eval": str(eval_meta or d.eval) if d.eval else None}

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain.builtin import chat as builtin_chat
 from xtrain.data.rows import formats as row_formats
-from xtrain.data.rows.formats import row_format, text_columns
+from xtrain.data.rows.columns import require, row_format
+from xtrain.data.rows.formats import text_columns
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
 from xtrain.model import neftune
@@ -117,7 +118,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
         report = inspect(cfg, tokenizer, source, first, [])  # the data check: its first rows first
-        fmt = row_format(cfg, train)
+        fmt = row_format(cfg, train, train_name)
         chat = is_chat(cfg, tokenizer, fmt)
         if not chat:
             prompt, response, columns = text_columns(cfg, fmt)
@@ -192,10 +193,11 @@ def inspect(
     train = next((s for s in samples if s.role == "train"), None)
     if train is None:
         return report
-    fmt = row_format(cfg, train.ds)
+    fmt = row_format(cfg, train.ds, train.name)
     chat = fmt in row_formats.CHAT if tokenizer is None else is_chat(cfg, tokenizer, fmt)
     render = chat_render(cfg, tokenizer, source, fmt) if chat and tokenizer is not None else None
     for s in samples:
+        require(cfg, fmt, s.ds, s.name)  # the eval data too: the format the training data holds
         check = _check_chat(cfg, s, fmt, render, tokenizer) if chat else _check_text(cfg, s, fmt, tokenizer)
         report.sources.append(check[0])
         report.example = report.example or check[1]

@@ -15,6 +15,7 @@ from xtrain.errors import XtrainError
 CHECKPOINTS = "checkpoints"
 STATE_FILE = "xtrain_state.json"
 MANIFEST_FILE = "manifest.json"
+RESULT_FILE = "train_result.json"  # in output_dir: what the run produced (outputs.write_result)
 STATE_VERSION = 1
 STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from xtrain import atomic
 from xtrain.errors import XtrainError
 from xtrain.model.lora import save_pretrained
+from xtrain.train.checkpoint.layout import RESULT_FILE
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -141,7 +142,7 @@ def save_best(
 
 def write_result(output_dir: str | Path, result: dict[str, Any], keep: bool = False) -> Path:
     """Write train_result.json; with ``keep`` an existing one stays as it is."""
-    path = Path(output_dir) / "train_result.json"
+    path = Path(output_dir) / RESULT_FILE
     if keep and path.is_file():
         return path
     atomic.write_text(path, json.dumps(result, indent=1, default=str))

@@ -1,5 +1,6 @@
-"""Resuming: which checkpoint (``run.resume``), whether it fits this run's config, what changed,
-and loading it."""
+"""Resuming: which checkpoint (``run.resume``), whether it fits this run's config (the same
+training: model, task, data; the same weights' shape), whether its run already finished, what
+changed, and loading it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import tasks
-from xtrain.errors import XtrainError
+from xtrain.errors import XtrainError, shown
 from xtrain.train.checkpoint.layout import (
+    RESULT_FILE,
     STATE_FILE,
     TMP_DIR,
     TrainState,
@@ -28,8 +30,11 @@ if TYPE_CHECKING:
 # accelerate loads back with its state) must match: a different value is refused, naming the
 # key. These are the keys below, and the task's own (``Task.resume_keys``: which half holds
 # adapters, which weights are frozen, the head's size). Every other value may change: it applies
-# from the resumed step on, with a note naming the key and both values. (model.name_or_path may
-# change: a model folder can move.)
+# from the resumed step on, with a note naming the key and both values. What the checkpoint was
+# trained on (``_SAME_TRAINING``: the model, the data and how its rows are read) is refused too
+# under ``run.resume=auto``, all differences in one line: going on from a checkpoint with another
+# model or data set is another training, asked for by naming the checkpoint (``run.resume=PATH``:
+# then a note, as a model folder that moved needs).
 _MUST_MATCH = (
     ("model", "task"),
     ("lora", "enabled"),
@@ -47,6 +52,32 @@ _MUST_MATCH = (
     ("optim", "weight_decay"),
     ("optim", "lr_scaling"),
     ("optim", "base_global_batch"),
+)
+
+
+_SAME_TRAINING = (
+    ("model", "name_or_path"),
+    ("data", "train"),
+    ("data", "eval"),
+    ("data", "eval_fraction"),  # which rows train
+    ("data", "row_format"),  # how they are read: also what ``xtrain predict --data`` reads (xtrain_run.json)
+    ("data", "text_column"),
+    ("data", "text_pair_column"),
+    ("data", "messages_column"),
+    ("data", "prompt_column"),
+    ("data", "response_column"),
+    ("data", "label_column"),
+    ("data", "image_column"),
+    ("data", "audio_column"),
+)
+
+# how long a run trains: the same values on a folder whose run finished leave nothing to train
+_LENGTH = (
+    ("run", "max_steps"),
+    ("run", "epochs"),
+    ("batch", "global_batch"),
+    ("run", "early_stopping_patience"),
+    ("run", "early_stopping_threshold"),
 )
 
 
@@ -72,19 +103,26 @@ _OWN_NOTE = {
 @dataclass(frozen=True)
 class ResumePoint:
     """Where a run starts: the checkpoint to resume from (None: a new run), its xtrain state
-    (checked against this run's config) and a note for each damaged checkpoint skipped for it."""
+    (checked against this run's config) and a note for each damaged checkpoint skipped for it.
+    ``finished``: the run in this folder already ended at that checkpoint with this config's
+    length (its ``train_result.json``, as written): nothing to train and nothing to write."""
 
     path: Path | None
     saved: TrainState | None
     damaged: list[str]
+    finished: dict[str, Any] | None = None
 
 
 def resume_point(output_dir: str | Path, resume: str | None, config: dict[str, Any]) -> ResumePoint:
     """Everything a user can get wrong about resuming, checked before anything starts
-    (``find_resume``, ``read_state``); nothing is loaded or written."""
+    (``find_resume``, ``read_state``, ``finished_result``); nothing is loaded or written."""
     damaged: list[str] = []  # a note for each damaged checkpoint that resume=auto skipped
     path = find_resume(output_dir, resume, damaged)
-    return ResumePoint(path, read_state(path, config) if path is not None else None, damaged)
+    if path is None:
+        return ResumePoint(None, None, damaged)
+    named = (resume or "").strip().lower() != "auto"  # run.resume=PATH: this checkpoint, asked for
+    saved = read_state(path, config, named=named)
+    return ResumePoint(path, saved, damaged, finished_result(output_dir, saved, config))
 
 
 def find_resume(output_dir: str | Path, resume: str | None, notes: list[str] | None = None) -> Path | None:
@@ -146,9 +184,10 @@ def find_resume(output_dir: str | Path, resume: str | None, notes: list[str] | N
     return path
 
 
-def read_state(path: Path, config: dict[str, Any]) -> TrainState:
+def read_state(path: Path, config: dict[str, Any], named: bool = False) -> TrainState:
     """xtrain's state of checkpoint ``path``; raises when the checkpoint cannot fit this run's
-    config (another model or LoRA shape), before anything is loaded or written."""
+    config (another task or LoRA shape) or, unless the checkpoint was ``named`` (run.resume=PATH),
+    was trained on another model or data (``trained_on``), before anything is loaded or written."""
     try:
         state = TrainState.from_file(path / STATE_FILE)
     except (OSError, ValueError, TypeError) as e:
@@ -166,7 +205,65 @@ def read_state(path: Path, config: dict[str, Any]) -> TrainState:
                 f"checkpoint {path.name} was trained with {section}.{key}={old!r}, this run has {new!r}",
                 f"set {section}.{key}={old!r} to resume, or use a new run.output_dir",
             )
+    differ = [] if named else trained_on(state.config, config)
+    if differ:
+        raise XtrainError(
+            f"checkpoint {path} was trained on another "
+            + ("model" if differ[0].startswith("model.") else "data set")
+            + ": "
+            + "; ".join(differ),
+            f"train on it from the start in a new run.output_dir, or name the checkpoint "
+            f"(run.resume={path}) to go on from it anyway",
+        )
     return state
+
+
+def trained_on(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """How this run's model and data (``_SAME_TRAINING``) differ from a checkpoint's config, one
+    ``key='old', this run 'new'`` each; a key either config lacks (older checkpoints) is not
+    compared. A path spelt otherwise that names the same file is the same."""
+    differ = []
+    for section, key in _SAME_TRAINING:
+        before, now = old.get(section) or {}, new.get(section) or {}
+        if not isinstance(before, dict) or not isinstance(now, dict) or key not in before or key not in now:
+            continue
+        if not _same_source(before[key], now[key]):
+            differ.append(f"{section}.{key}={shown(before[key], 120)}, this run has {shown(now[key], 120)}")
+    return differ
+
+
+def _same_source(old: Any, new: Any) -> bool:
+    if _normal(old) == _normal(new):
+        return True
+    if not isinstance(old, str) or not isinstance(new, str):
+        return False
+    try:
+        a, b = Path(old).expanduser(), Path(new).expanduser()
+        return a.exists() and b.exists() and a.resolve() == b.resolve()
+    except (OSError, ValueError):
+        return False
+
+
+def finished_result(
+    output_dir: str | Path, saved: TrainState, config: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The ``train_result.json`` of the run that already finished in ``output_dir`` at checkpoint
+    ``saved``, when this config asks for the same length (``_LENGTH``); None when there is more to
+    train (a longer run), or no finished run here (no final outputs, no readable result)."""
+    out = Path(output_dir)
+    if not ((out / "adapter").is_dir() or (out / "model").is_dir()):
+        return None
+    try:
+        result = json.loads((out / RESULT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(result, dict) or result.get("final_step") != saved.step:
+        return None
+    for section, key in _LENGTH:
+        before, now = saved.config.get(section) or {}, config.get(section) or {}
+        if isinstance(before, dict) and key in before and _normal(before[key]) != _normal(now.get(key)):
+            return None
+    return result
 
 
 def changes(

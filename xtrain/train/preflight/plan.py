@@ -1,0 +1,94 @@
+"""The checks that look at the plan: what the workers will train with and why (precision, data
+loading, attention, loss), said by the launcher, and the memory estimate against the smallest GPU."""
+
+from __future__ import annotations
+
+from xtrain import tasks
+from xtrain.model import attention, memory
+from xtrain.planning.run import Run
+from xtrain.runtime.quiet import quiet_libraries
+from xtrain.tasks.sizes import offline_sizes
+from xtrain.train.levers import loss_words
+from xtrain.train.preflight.notes import Note, Where
+
+
+def _precision(run: Run, where: Where) -> list[Note]:
+    """The precision the workers train in and why (the launcher's line), and a precision that
+    narrows the weights' range (``checks.precision``), said by the launcher and by a worker that
+    planned itself (a plan xtrain's launcher sent has no findings: its command said them)."""
+    plan = run.plan
+    notes = []
+    if where.launcher:
+        shown = plan.mixed_precision if plan.mixed_precision != "no" else "fp32"
+        why = plan.reasons.get("mixed_precision", "")
+        notes.append(Note("Precision", f"{shown} ({why})" if why else shown))
+    for f in run.findings:
+        if f.code.startswith("precision-"):
+            notes.append(Note("warning", f.message + (f"; fix: {f.fix}" if f.fix else ""), "warning"))
+    return notes
+
+
+def _loading(run: Run, where: Where) -> list[Note]:
+    """The DataLoader workers each process reads its batches with, and why."""
+    if not where.launcher:
+        return []
+    workers, why = run.settings.workers_for(tasks.get(run.cfg.model.task).decodes_media)
+    return [Note("Data loading", f"{workers} worker(s) per process ({why})")]
+
+
+def _attention(run: Run, where: Where) -> list[Note]:
+    """The attention implementation the plan's workers will load with, and why; an explicit
+    ``model.attn_implementation`` that cannot work stops here (a worker decides at load)."""
+    if not where.launcher:
+        return []
+    chosen = attention.for_plan(run, tasks.get(run.cfg.model.task).model_class)
+    return [Note("Attention", chosen.summary())]
+
+
+def _loss(run: Run, where: Where) -> list[Note]:
+    """Which loss the workers train with and why (``model.chunked_loss``), and whether their
+    activations go to host memory (``model.activation_offload``); ``model.chunked_loss=on`` for a
+    task without a vocabulary stops here. Each worker checks its model's head (``train/levers.py``:
+    a config whose loss the chunked loss does not reproduce runs the plain loss under auto)."""
+    if not where.launcher:
+        return []
+    settings = run.settings
+    token_loss = tasks.get(run.cfg.model.task).token_loss
+    chunked, why = settings.loss_for(token_loss)
+    notes = [Note("Loss", f"{loss_words(token_loss, chunked)} ({why})")]
+    if settings.activation_offload:
+        moved = "saved for the backward pass in host memory (model.activation_offload)"
+        notes.append(Note("Activations", moved))
+    return notes
+
+
+def _memory(run: Run, where: Where) -> list[Note]:
+    """The plan's memory estimate against its smallest GPU, and the warning when it does not fit.
+    CUDA plans only: transformers (seconds to import) loads only then. A model whose config is
+    not on this machine is skipped in a dim line (nothing is downloaded). A worker checks its
+    built model instead (``Recipe``)."""
+    if not where.launcher or run.facts is None:
+        return []
+    plan, cfg = run.plan, run.cfg
+    gpus = [(g.index, g.name, g.memory_mib) for g in run.facts.gpus]
+    gpu = memory.smallest_gpu(gpus, plan.gpu_ids) if plan.device == "cuda" else None
+    if gpu is None:
+        return []
+    quiet_libraries()  # building the model's skeleton: no library chatter
+    sizes = offline_sizes(cfg)
+    if isinstance(sizes, str):
+        return [Note("", f"memory estimate skipped: {sizes}", "dim")]
+    task, settings, facts = tasks.get(cfg.model.task), run.settings, run.facts
+    levers = memory.MemoryLevers(  # the chunked loss and offloading as the run has them, and can offer
+        chunked=settings.loss_for(task.token_loss)[0],
+        chunkable=task.token_loss is not None and settings.chunked_loss == "off" and not cfg.run.compile,
+        offload=settings.activation_offload,
+        host_gib=facts.memory_mib / 1024 if facts.memory_mib and not cfg.run.compile else None,
+        processes=plan.num_processes,
+    )
+    check = memory.check_memory(
+        sizes, cfg.batch.per_device, cfg.data.max_length, cfg.model.gradient_checkpointing, run.precision,
+        gpu[1], gpu[0], images=task.image_tokens, windows=facts.os_kind == "windows", levers=levers,
+    )  # fmt: skip
+    notes = [Note("Memory", check.summary())]
+    return notes + ([Note("warning", check.warning, "warning")] if check.warning else [])
