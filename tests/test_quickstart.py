@@ -50,7 +50,7 @@ def test_quickstart_learns_to_chat_and_shows_answers_before_and_after(one_proces
     # the exact match of the base model (noise) and of the adapter over the whole eval split
     found = re.search(r"exact match (\S+) -> (\S+) over 40 eval rows", out)
     assert found is not None, out[-2000:]
-    assert float(found[1]) == 0.0 and float(found[2]) >= 0.5
+    assert float(found[1]) == 0.0 and float(found[2]) >= 0.4  # measured 0.55 (token accuracy 0.94)
     assert f"xtrain chat {run}" in out and "--prompt" in out  # Next: predict and chat with it
     assert "Traceback" not in proc.stderr
 
