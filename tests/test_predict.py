@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xtrain import builtin
 from xtrain import predict as lib
@@ -169,3 +171,59 @@ def test_quickstart_seq_cls_offers_no_predict(tmp_path):
 
     line = next_line(quickstart_tasks()["seq-cls"], tmp_path, "bash")
     assert "predict" not in line and "xtrain train examples/seq-cls.yaml" in line
+
+
+# ---------------------------------------------------------------------------------------------
+# A chat model that xtrain did not train; the results lines
+
+
+def test_a_base_model_with_a_chat_template_is_prompted_through_it(tmp_path_factory, capsys):
+    import torch
+    from support.jobs import session_builtin
+
+    base = session_builtin(tmp_path_factory, "builtin:tiny-llama-chat")
+    assert lib.run_task(base) == lib.RunTask("causal-lm", chat=True, templated=True)
+    plain = session_builtin(tmp_path_factory, "builtin:tiny-llama")  # no template: text as it is
+    assert lib.run_task(plain) == lib.RunTask("causal-lm")
+    question, system = "where is the frog?", "you answer in one sentence."
+    capsys.readouterr()
+    args = ["predict", str(base), "-p", question, "--system", system, "--max-new-tokens", "5"]
+    assert main([*args, "--format", "jsonl"]) == 0
+    captured = capsys.readouterr()
+    assert "is not an xtrain run" in captured.err and "chat template" in captured.err
+    row = json.loads(captured.out)
+    # the reference: the template rendered by transformers with the generation prompt, greedy
+    _, loaded = lib.load_predictor(base)
+    turns = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    text = loaded.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    enc = loaded.tokenizer(text, add_special_tokens=False, return_tensors="pt")
+    with torch.no_grad():
+        ids = loaded.model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    expected = loaded.tokenizer.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+    assert row == {"input": question, "text": expected}
+
+
+def _unescape(field: str) -> str:
+    import re
+
+    return re.sub(r"\\(.)", lambda m: {"t": "\t", "n": "\n", "r": "\r"}.get(m[1], m[1]), field)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.text(st.characters(codec="utf-8")), min_size=1, max_size=4))
+def test_a_tab_separated_line_keeps_every_value_on_one_line(values):
+    from xtrain.commands.predict import tsv_line
+
+    line = tsv_line(values)
+    assert "\n" not in line and "\r" not in line
+    assert [_unescape(f) for f in line.split("\t")] == values
+
+
+def test_the_metric_line_says_how_many_rows_it_is_over():
+    from xtrain.commands.predict import metrics_line
+
+    assert metrics_line({"exact_match": 0.62}, 50, 50) == "exact match 0.62 over 50 rows"
+    assert (
+        metrics_line({"cer": 0.1, "wer": 0.25}, 2, 3)
+        == "cer 0.1, wer 0.25 over 2 rows with a reference (of 3)"
+    )

@@ -101,7 +101,7 @@ def test_every_row_is_one_line_with_its_reference_and_exact_match(text_run, plai
     captured = capsys.readouterr()
     out = text_run / "predictions-eval.jsonl"  # the default: in the run's output_dir
     assert f"3 rows -> {out}" in captured.out
-    assert "exact_match 0.5 (over the 2 rows with a reference)" in captured.err
+    assert "exact match 0.5 over 2 rows with a reference (of 3)" in captured.err
     lines = _lines(out)
     assert [r["row"] for r in lines] == [0, 1, 2]
     assert [r["input"] for r in lines] == PROMPTS

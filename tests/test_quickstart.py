@@ -1,33 +1,20 @@
-"""`xtrain quickstart` end to end: the README's first command, offline, in 1 and 2 processes."""
+"""`xtrain quickstart` end to end: the README's first command (chat LoRA on the built-in tiny
+llama, its answers before and after), offline, in 1 and 2 processes; the other tasks' jobs by
+``--task``."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
-from support import warm
 
 pytestmark = pytest.mark.slow
 
 
-def _quickstart(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "COLUMNS": "120"}
-    proc = warm.run(
-        [sys.executable, "-m", "xtrain", "quickstart", "--output-dir", str(tmp_path / "qs"), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (run,) = sorted((tmp_path / "qs").glob("run-*"))
-    return proc, json.loads((run / "train_result.json").read_text())
+def _result(run: Path) -> dict:
+    return json.loads((run / "train_result.json").read_text())
 
 
 def _before_after(result: dict) -> tuple[dict, dict]:
@@ -36,28 +23,60 @@ def _before_after(result: dict) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, dict]:
-    """The README's first command, once for this module."""
-    return _quickstart(tmp_path_factory.mktemp("quickstart-one"))
+def one_process(tmp_path_factory: pytest.TempPathFactory):
+    """The README's first command, once for the session (test_chat_cli.py chats with its run)."""
+    from support.jobs import session_quickstart
+
+    proc, run = session_quickstart(tmp_path_factory)
+    return proc, run, _result(run)
 
 
-def test_quickstart_learns_and_saves_an_adapter(one_process) -> None:
-    proc, result = one_process
+def test_quickstart_learns_to_chat_and_shows_answers_before_and_after(one_process) -> None:
+    proc, run, result = one_process
     before, after = _before_after(result)
-    assert after["accuracy"] > 0.85 and after["accuracy"] > before["accuracy"] + 0.25
-    assert after["eval_loss"] < before["eval_loss"]
-    assert result["global_batch"] == 32 and result["world_size"] == 1 and result["accumulation"] == 2
+    assert (
+        after["token_accuracy"] > before["token_accuracy"] + 0.5 and after["eval_loss"] < before["eval_loss"]
+    )
+    assert (result["global_batch"], result["world_size"], result["accumulation"]) == (16, 1, 2)
     assert (Path(result["outputs"]["adapter"]) / "adapter_config.json").is_file()
-    for shown in ("before", "after", "accuracy", "samples/s", "adapter"):
-        assert shown in proc.stdout
+    out = proc.stdout
+    for shown in (
+        "causal-lm LoRA on builtin:tiny-llama-chat",
+        "token_accuracy",
+        "base model",
+        "trained adapter",
+    ):
+        assert shown in out
+    # the exact match of the base model (noise) and of the adapter over the whole eval split
+    found = re.search(r"exact match (\S+) -> (\S+) over 40 eval rows", out)
+    assert found is not None, out[-2000:]
+    assert float(found[1]) == 0.0 and float(found[2]) >= 0.4  # measured 0.55 (token accuracy 0.94)
+    assert f"xtrain chat {run}" in out and "--prompt" in out  # Next: predict and chat with it
     assert "Traceback" not in proc.stderr
 
 
-def test_quickstart_two_processes_same_global_batch(one_process, tmp_path: Path) -> None:
-    _, one = one_process
-    _, two = _quickstart(tmp_path / "two", "--processes", "2")
-    assert (two["world_size"], two["accumulation"], two["global_batch"]) == (2, 1, 32)
+def test_quickstart_two_processes_same_global_batch(one_process, tmp_path_factory) -> None:
+    from support.jobs import session_quickstart
+
+    _, _, one = one_process
+    _, run = session_quickstart(tmp_path_factory, "--processes", "2")
+    two = _result(run)
+    assert (two["world_size"], two["accumulation"], two["global_batch"]) == (2, 1, 16)
     # The same samples per optimizer step in the same order: the same training, up to
     # floating-point summation order across processes.
     assert abs(one["eval_metrics"]["eval_loss"] - two["eval_metrics"]["eval_loss"]) < 1e-3
-    assert abs(one["eval_metrics"]["accuracy"] - two["eval_metrics"]["accuracy"]) <= 0.01
+    assert abs(one["eval_metrics"]["token_accuracy"] - two["eval_metrics"]["token_accuracy"]) <= 0.01
+
+
+def test_the_default_job_is_chat_and_every_task_job_is_named(capsys) -> None:
+    from xtrain.cli import main
+    from xtrain.commands.quickstart import default_task, job_file, quickstart_tasks
+
+    jobs = quickstart_tasks()
+    assert default_task(jobs) == "causal-lm" and sum(q.default for q in jobs.values()) == 1
+    assert job_file(jobs["causal-lm"]).name == "quickstart-chat.yaml"
+    assert job_file(jobs["seq-cls"]).name == "quickstart.yaml"  # `--task seq-cls`: the BERT classifier
+    assert all(job_file(q).is_file() for q in jobs.values())
+    assert main(["quickstart", "--task", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert "--task causal-lm" in listed and "--task seq-cls" in listed

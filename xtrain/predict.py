@@ -47,11 +47,26 @@ _OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_
 
 @dataclass
 class RunTask:
-    """What a result was trained for: ``task`` (None: not recorded) and chat conversations."""
+    """What a result was trained for: ``task`` (None: not recorded) and chat conversations;
+    ``templated``: a folder xtrain did not train (no record, no checkpoints) whose tokenizer has
+    a chat template, so its prompts are rendered through it (``chat`` is then true)."""
 
     task: str | None
     chat: bool = False
     record: dict[str, Any] = field(default_factory=dict, compare=False)
+    templated: bool = False
+
+
+# where ``save_pretrained`` keeps a tokenizer's chat template: its own file (transformers >= 4.47)
+# or a key of tokenizer_config.json (older saves, and most models on the hub)
+_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+
+def has_chat_template(folder: Path) -> bool:
+    """The tokenizer saved in ``folder`` carries a chat template."""
+    if any((folder / name).is_file() for name in _TEMPLATE_FILES):
+        return True
+    return bool(read_json_object(folder / "tokenizer_config.json").get("chat_template"))
 
 
 def model_folder(path: str | Path) -> Path:
@@ -132,7 +147,12 @@ def run_task(folder: Path) -> RunTask:
     record = read_json_object(folder / RUN_FILE)
     if isinstance(record.get("task"), str):
         return RunTask(record["task"], bool(record.get("chat")), record)
-    return RunTask(_checkpoint_task(folder) or _head_task(folder))
+    trained = _checkpoint_task(folder)
+    if trained is not None:
+        return RunTask(trained)
+    # a base model (or a bare adapter) that xtrain did not train: a chat model is prompted as one
+    templated = has_chat_template(folder)  # the tokenizer predict loads is the one saved here
+    return RunTask(_head_task(folder), chat=templated, templated=templated)
 
 
 def predicting_task(folder: Path) -> tuple[Task, RunTask]:
@@ -166,7 +186,6 @@ def load_predictor(path: str | Path) -> tuple[Task, Loaded]:
     """The result at ``path`` loaded by its task's own loader, its adapter applied, on the GPU
     when there is one, in eval mode."""
     import torch
-
 
     folder = model_folder(path)
     task, trained = predicting_task(folder)
@@ -342,3 +361,45 @@ def predict_file(
             outs.append(o["output"])
         rows.append(row)
     return FileResults(rows, reads.score(refs, outs) if refs else {}, len(refs))
+
+
+# ---------------------------------------------------------------------------------------------
+# xtrain chat: a conversation with a chat result or a chat model
+
+
+@dataclass
+class Chat:
+    """A result loaded for ``xtrain chat``: ``reply`` answers the conversation so far."""
+
+    loaded: Loaded
+    request: PredictRequest
+    answer: Callable[[Loaded, list[dict[str, str]], PredictRequest], str]
+    templated: bool  # a base model prompted through its own chat template (no xtrain run)
+
+    def reply(self, messages: list[dict[str, str]]) -> str:
+        """The next assistant turn of ``messages`` (ending in a user turn)."""
+        return self.answer(self.loaded, messages, self.request)
+
+
+def load_chat(path: str | Path, request: PredictRequest) -> Chat:
+    """The result at ``path`` ready to chat: refused in one line, before the model loads, when
+    its task does not chat or it knows no chat template (a run on plain text, a model without one)."""
+    folder = model_folder(path)
+    task, trained = predicting_task(folder)
+    assert task.predicts is not None
+    if task.predicts.chat is None:
+        known = tasks.all_tasks().values()
+        chatting = [t.name for t in known if t.predicts is not None and t.predicts.chat is not None]
+        raise XtrainError(
+            f"{folder} is a {task.name} result: xtrain chat cannot run it",
+            f"chat runs {', '.join(chatting)} results; xtrain predict runs this one",
+        )
+    if not trained.chat:
+        raise XtrainError(
+            f"{folder} was not trained on chat conversations and its tokenizer has no chat template",
+            "xtrain predict RUN --prompt TEXT continues a text; train on messages data to chat",
+        )
+    check_request(task, request)
+    _, loaded = load_predictor(folder)
+    _seed(request)
+    return Chat(loaded, request, task.predicts.chat, trained.templated)

@@ -264,3 +264,26 @@ def assert_same_training(ref: Path, out: Path, exact: bool = False) -> None:
             assert torch.equal(wa[k], wb[k]), k
         else:
             torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=WEIGHT_ATOL)
+
+
+_QUICKSTARTS: dict[tuple[Path, tuple[str, ...]], tuple[subprocess.CompletedProcess, Path]] = {}
+
+
+def session_quickstart(
+    tmp_path_factory: pytest.TempPathFactory, *args: str
+) -> tuple[subprocess.CompletedProcess, Path]:
+    """``xtrain quickstart [args]`` run once for the test session (offline, the session's shared
+    built-in cache): its output and its run folder, for every module that tests on it (the
+    quickstart's own checks, ``xtrain chat``, predict on a chat run)."""
+    base = tmp_path_factory.getbasetemp()
+    key = (base, args)
+    if key not in _QUICKSTARTS:
+        root = base / ("quickstart" + "".join(f"-{a.strip('-')}" for a in args))
+        root.mkdir(parents=True, exist_ok=True)
+        env = {**offline_env(root, base / "offline-caches" / "xtrain"), "COLUMNS": "160"}
+        cmd = [sys.executable, "-m", "xtrain", "quickstart", "--output-dir", str(root / "qs"), *args]
+        proc = run_xtrain(cmd, env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (run,) = sorted((root / "qs").glob("run-*"))
+        _QUICKSTARTS[key] = (proc, run)
+    return _QUICKSTARTS[key]

@@ -11,9 +11,13 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
   answering in either of their two styles (the preference quickstart's model).
 - ``builtin:tiny-llama-grpo``: the tiny llama after a short SFT that answers the built-in
   preference prompts curtly most of the time (the GRPO quickstart's model, ``xtrain.builtin.grpo``).
+- ``builtin:tiny-llama-chat``: the tiny llama with a chat template in its tokenizer (the default
+  quickstart's model, ``xtrain.builtin.chat``).
 - ``builtin:tiny-bert``: a 2-layer BERT encoder for sequence classification (hidden 64, 4 heads).
 - ``builtin:sentiment``: synthetic labelled sentences (``text``, ``label`` = positive/negative).
 - ``builtin:tiny-stories``: synthetic short stories (``text``) for causal LM.
+- ``builtin:chat``: short ``messages`` conversations (an animal's sound, an opposite, a greeting)
+  for chat fine-tuning (``xtrain.builtin.chat``).
 - ``builtin:preference-pairs``: ``{prompt, chosen, rejected}`` pairs, a friendly answer style
   preferred over a curt one, for preference tuning (``xtrain.builtin.preference``).
 - ``builtin:tiny-trocr`` / ``builtin:ocr-lines``: a tiny OCR model and rendered text lines for
@@ -45,8 +49,10 @@ import shutil
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from xtrain import atomic
+from xtrain.builtin.chat import chat_examples
 from xtrain.builtin.preference import preference_examples
 from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples
 from xtrain.errors import XtrainError
@@ -60,6 +66,7 @@ MODELS = (
     "tiny-llama",
     "tiny-llama-sft",
     "tiny-llama-grpo",
+    "tiny-llama-chat",
     "tiny-bert",
     "tiny-trocr",
     "tiny-whisper",
@@ -70,6 +77,7 @@ MODELS = (
 DATASETS = (
     "sentiment",
     "tiny-stories",
+    "chat",
     "preference-pairs",
     "ocr-lines",
     "spoken-words",
@@ -166,14 +174,15 @@ def _build_into(final: Path, build: Callable[[Path], None], name: str) -> Path:
 
 
 # name -> (generator, train size, eval size)
-_DATA_SPECS: dict[str, tuple[Callable[[int, int], list[dict[str, str]]], int, int]] = {
+_DATA_SPECS: dict[str, tuple[Callable[[int, int], list[dict[str, Any]]], int, int]] = {
     "sentiment": (sentiment_examples, 4000, 500),
     "tiny-stories": (story_examples, 2000, 200),
     "preference-pairs": (preference_examples, 400, 100),
+    "chat": (chat_examples, 1000, 40),
 }
 
 
-def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for row in rows:
             f.write(json.dumps(row, sort_keys=True) + "\n")
@@ -313,4 +322,9 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
 
         base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
         return _build_atomically(final, lambda tmp: build_tiny_llama_grpo(base, tmp), PREFIX + short)
+    if short == "tiny-llama-chat":  # the tiny llama with a chat template (xtrain.builtin.chat)
+        from xtrain.builtin.chat import build_tiny_llama_chat
+
+        base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
+        return _build_atomically(final, lambda tmp: build_tiny_llama_chat(base, tmp), PREFIX + short)
     return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)

@@ -20,6 +20,42 @@ if TYPE_CHECKING:
     from xtrain.tasks.contract import PredictRequest
 
 STDOUT = Path("-")  # --output -: the results lines on stdout
+FORMATS = ("tsv", "jsonl")  # --format: how the results lines on stdout are written
+# a tab-separated value keeps its line: backslash, tab and line breaks escaped as Python writes them
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def tsv_line(values: list[str]) -> str:
+    """One results line: the values tab-separated, each escaped (``\\``, ``\\t``, ``\\n``,
+    ``\\r``) so a multi-line answer stays on its input's line."""
+    return "\t".join(str(v).translate(_TSV_ESCAPES) for v in values)
+
+
+def results_line(row: dict[str, Any], fmt: str) -> str:
+    return json.dumps(row, ensure_ascii=False) if fmt == "jsonl" else tsv_line(list(row.values()))
+
+
+def template_note(model: Path) -> str | None:
+    """The line that says a base model is prompted through its own chat template (no xtrain run
+    says how it was trained), or None."""
+    from xtrain import predict as lib
+
+    folder = lib.model_folder(model)
+    if not lib.run_task(folder).templated:
+        return None
+    return (
+        f"note: {folder} is not an xtrain run; its tokenizer has a chat template, so each prompt is "
+        "a user turn rendered through it (--system adds a system turn)"
+    )
+
+
+def metrics_line(metrics: dict[str, float], scored: int, total: int) -> str:
+    """``exact match 0.62 over 50 rows``: the metrics and how many rows they are over."""
+    figures = ", ".join(f"{k.replace('_', ' ')} {v:.4g}" for k, v in metrics.items())
+    rows = f"over {scored} row{'s' if scored != 1 else ''}"
+    if scored < total:
+        rows += f" with a reference (of {total})"
+    return f"{figures} {rows}"
 
 
 def check_output(output: Path, force: bool = False) -> None:
@@ -129,6 +165,12 @@ def predict(
         None, "--output", "-o", help="Write the results as JSON lines here ('-': stdout, with --data)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
+    fmt: str = typer.Option(
+        "tsv",
+        "--format",
+        help="Results on stdout: tsv (one tab-separated line per input, tabs and line breaks in a "
+        "value escaped as \\t and \\n) or jsonl (one JSON object per input).",
+    ),
 ) -> None:
     """Run a trained result: images or audio -> text, images + a question -> the answer,
     prompts -> continuations, images -> a label and its probability; or every row of a data
@@ -144,6 +186,8 @@ def predict(
         from xtrain.data.rows import tools as agent_rows
 
         request.tools = agent_rows.read_tools_file(str(tools), "--tools")
+    if fmt not in FORMATS:
+        raise XtrainError(f"--format {fmt} is not known", f"use one of: {', '.join(FORMATS)}")
     if data is not None:
         _predict_file(model, data, request, output, force)
         return
@@ -159,10 +203,13 @@ def predict(
             raise XtrainError(f"input {item} not found", "pass files or folders of images or audio")
     if output is not None:
         check_output(output, force)
+    note = template_note(model)
+    if note is not None:
+        typer.echo(note, err=True)
     quiet_libraries()
     rows = lib.predict(model, request)
-    for row in rows:  # plain tab-separated lines (rich would expand the tab): easy to pipe
-        typer.echo("\t".join(row.values()))  # input, (question,) text (, probability)
+    for row in rows:  # plain lines (rich would expand the tab): input, (question,) text (, probability)
+        typer.echo(results_line(row, fmt))
     if output is not None:
         write_results(output, rows)
 
@@ -187,6 +234,9 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
         check_output(target, force)
     quiet_libraries()
     err = make_console(stderr=True)
+    note = template_note(model)
+    if note is not None:
+        err.print(note, soft_wrap=True, markup=False)
     with _progress(err) as advance:  # every row is read and checked before the model loads
         results = lib.predict_file(model, data, request, progress=advance)
     if target == STDOUT:
@@ -196,8 +246,7 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
         write_results(target, results.rows)
         make_console().print(f"{len(results.rows)} rows -> {target}", soft_wrap=True)
     if results.metrics:
-        figures = ", ".join(f"{k} {v:.4g}" for k, v in results.metrics.items())
-        err.print(f"{figures} (over the {results.scored} rows with a reference)", soft_wrap=True)
+        err.print(metrics_line(results.metrics, results.scored, len(results.rows)), soft_wrap=True)
 
 
 class _progress:

@@ -2,7 +2,10 @@
 
 A short doctor summary, then a LoRA fine-tune of a small built-in model on built-in data on
 every planned device (one process on a CPU-only machine; `--processes 2` takes the distributed
-path), evaluation before and after, the adapter saved, and a closing table.
+path), evaluation before and after, the adapter saved, and a closing table. Without --task it runs
+the job of the task whose ``Quickstart`` is the ``default`` (chat LoRA on the tiny llama); a job
+with ``Quickstart.compare`` ends with its eval prompts answered by the base model and by the
+trained adapter side by side, and the exact match of each.
 """
 
 from __future__ import annotations
@@ -15,18 +18,19 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from xtrain.commands.options import parse_int, whole
-from xtrain.config.schema import ModelConfig
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from xtrain.config.schema import TrainConfig
+    from xtrain.predict import FileResults
     from xtrain.tasks.contract import Quickstart
 
 DEFAULT_DIR = Path("xtrain-quickstart")
 JOBS_DIR = Path(__file__).resolve().parent.parent / "builtin" / "jobs"
-DEFAULT_TASK = ModelConfig.task  # the config's default task: the packaged xtrain/builtin/jobs/quickstart.yaml
+SHOWN = 3  # eval prompts shown answered before and after
+COMPARE_TOKENS = 24  # the longest answer generated for the before/after comparison
 
 
 def quickstart_tasks() -> dict[str, Any]:
@@ -36,13 +40,19 @@ def quickstart_tasks() -> dict[str, Any]:
     return {name: t.quickstart for name, t in tasks.all_tasks().items() if t.quickstart is not None}
 
 
+def default_task(jobs: dict[str, Quickstart]) -> str:
+    """The task whose built-in job runs without --task (its ``Quickstart.default``)."""
+    return next(name for name, q in jobs.items() if q.default)
+
+
 def job_file(quickstart: Quickstart) -> Path:
     return JOBS_DIR / quickstart.job
 
 
-def next_line(quickstart: Quickstart, run_dir: Path, shell: str) -> str:
+def next_line(quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False) -> str:
     """The closing ``Next:`` line: predict with the run just trained (tasks with a predict on
-    their built-in data), then train on your own data."""
+    their built-in data), chat with it (``chats``: its task's results chat), then train on your
+    own data."""
     from xtrain.shell import quote
 
     own = f"`{quickstart.next_command}` for your own data (docs/configuration.md)."
@@ -50,7 +60,39 @@ def next_line(quickstart: Quickstart, run_dir: Path, shell: str) -> str:
         return f"Next: {own}"
     args = quickstart.predict_args()
     predict = " ".join(quote(shell, a) for a in ["xtrain", "predict", str(run_dir), *args])
-    return f"Next: `{predict}` runs the adapter just trained; {own}"
+    chat = f", `xtrain chat {quote(shell, str(run_dir))}` talks to it" if chats else ""
+    return f"Next: `{predict}` runs the adapter just trained{chat}; {own}"
+
+
+def compare_answers(base: str, run_dir: Path, file: Path) -> tuple[FileResults, FileResults]:
+    """Every row of the eval ``file`` answered greedily by the ``base`` model (prompted through its
+    chat template, as ``xtrain predict`` prompts a chat model) and by the result in ``run_dir``."""
+    from xtrain import predict as lib
+    from xtrain.runtime.quiet import quiet_libraries
+    from xtrain.tasks.contract import PredictRequest
+
+    quiet_libraries()
+    request = PredictRequest([], [], max_new_tokens=COMPARE_TOKENS, batch_size=20)
+    return lib.predict_file(base, file, request), lib.predict_file(run_dir, file, request)
+
+
+def _print_answers(console: Console, before: FileResults, after: FileResults) -> None:
+    """The first eval prompts answered by the base model and the adapter, and each one's score."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="answers to eval prompts (greedy)", title_justify="left")
+    for name in ("prompt", "base model", "trained adapter", "reference"):
+        table.add_column(name)
+    for b, a in list(zip(before.rows, after.rows, strict=True))[:SHOWN]:
+        cells = (a["input"], b["output"], a["output"], a.get("reference", "-"))
+        table.add_row(*(Text(" ".join(str(x).split())) for x in cells))  # one line a cell
+    console.print(table)
+    for key, value in after.metrics.items():
+        was = before.metrics.get(key, float("nan"))
+        name = key.replace("_", " ")
+        line = f"{name} {was:.2f} -> {value:.2f} over {after.scored} eval rows (base model -> adapter)"
+        console.print(line, soft_wrap=True, markup=False)
 
 
 def new_run_dir(root: Path) -> Path:
@@ -143,10 +185,10 @@ def _print_result(
 
 def quickstart(
     task: str = typer.Option(
-        DEFAULT_TASK,
+        None,
         "--task",
-        help="The built-in job of a task (a task's name, e.g. image-to-text: OCR); "
-        "`xtrain quickstart --task list` lists them.",
+        help="The built-in job of a task (a task's name, e.g. seq-cls: text classification; default: "
+        "the chat LoRA job); `xtrain quickstart --task list` lists them.",
     ),
     processes: int = typer.Option(
         None,
@@ -158,8 +200,10 @@ def quickstart(
     output_dir: Path = typer.Option(DEFAULT_DIR, "--output-dir", help="Runs go to a new folder in here."),
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
-    """Offline LoRA fine-tune of a built-in model on built-in data, end to end (about a minute)."""
+    """Offline LoRA fine-tune of a built-in model on built-in data, end to end (about a minute):
+    by default chat LoRA on a tiny llama, its answers shown before and after."""
 
+    from xtrain import tasks
     from xtrain.commands.train import launch_training
     from xtrain.console import make_console
     from xtrain.planning.resolve import resolve
@@ -168,8 +212,12 @@ def quickstart(
 
     console = make_console()
     jobs = quickstart_tasks()
+    if task is None:
+        task = default_task(jobs)
     if task not in jobs:
-        listed = "; ".join(f"--task {name} ({q.about})" for name, q in jobs.items())
+        listed = "; ".join(
+            f"--task {name} ({q.about}{', the default' if q.default else ''})" for name, q in jobs.items()
+        )
         if task == "list":
             console.print(f"built-in jobs: {listed}", soft_wrap=True, markup=False)
             return
@@ -205,5 +253,12 @@ def quickstart(
     seconds = time.perf_counter() - started
 
     _print_result(console, cfg, jobs[task], read_result(run_dir), seconds)
+    compare = jobs[task].compare
+    if compare is not None:
+        from xtrain.model.load import resolve_model
+
+        _print_answers(console, *compare_answers(resolve_model(cfg.model.name_or_path), run_dir, compare()))
     shell = shell_for(diagnosis.plan.os_kind)
-    console.print(next_line(jobs[task], run_dir, shell), soft_wrap=True, markup=False)
+    predicts = tasks.get(task).predicts
+    chats = predicts is not None and predicts.chat is not None
+    console.print(next_line(jobs[task], run_dir, shell, chats), soft_wrap=True, markup=False)

@@ -54,6 +54,10 @@ class Quickstart:
     samples_metric: tuple[str, str] | None = None
     # ``xtrain predict RUN ...`` arguments on the first eval input of its built-in data
     predict_args: Callable[[], list[str]] | None = None
+    # Before/after answers: the eval data file (in the job's format) whose rows the base model
+    # and the trained result both answer, scored over every row, the first few shown side by side
+    compare: Callable[[], Path] | None = None
+    default: bool = False  # the job ``xtrain quickstart`` runs without --task (one task has it)
 
 
 @dataclass
@@ -133,14 +137,15 @@ class Predicts:
     takes: str  # what it reads, for one-line refusals: "images", "audio files", "--prompt TEXT"
     # (result folder, its base model, the run's record) -> (the bare base model, tokenizer, parts
     # for ``run``; the record's items are added to them)
-    load: Callable[
-        [Path, str, dict[str, Any]], tuple[Module, PreTrainedTokenizerBase | None, dict[str, Any]]
-    ]
+    load: Callable[[Path, str, dict[str, Any]], tuple[Module, PreTrainedTokenizerBase | None, dict[str, Any]]]
     # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "text": ...}
     run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
     file: FileRows | None = None  # None: ``--data`` is refused for its results
     samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
     tools: bool = False  # a chat run's prompts take ``--tools`` (the schemas a prompt may call)
+    # ``xtrain chat``: (the loaded result, the conversation so far ending in a user turn, the
+    # request) -> the next assistant turn. None: ``xtrain chat`` refuses its results
+    chat: Callable[[Loaded, list[dict[str, str]], PredictRequest], str] | None = None
 
 
 def _no_check(cfg: TrainConfig) -> None:

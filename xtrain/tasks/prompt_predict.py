@@ -154,6 +154,29 @@ def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]
     return rows
 
 
+def chat_reply(loaded: Loaded, messages: list[dict[str, str]], request: PredictRequest) -> str:
+    """``xtrain chat``'s next assistant turn: the conversation so far (``system``/``user``/
+    ``assistant`` turns, ending in a user turn) rendered through the result's chat template with
+    the generation prompt and answered as ``text_answer`` answers a data file's conversation.
+    The oldest turns after a system turn are left out while the rendered conversation and
+    ``request.max_new_tokens`` would not fit the model's positions."""
+    if not loaded.parts.get("chat"):
+        raise XtrainError(
+            f"{loaded.source} was not trained on chat conversations and has no chat template",
+            f"xtrain predict {loaded.source} --prompt TEXT continues a text",
+        )
+    render, _ = chat_render(loaded)
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    turns = list(messages)
+    first = 1 if turns and turns[0]["role"] == "system" else 0
+    while limit is not None and len(turns) > first + 1:
+        length = len(loaded.tokenizer(render(turns, True), add_special_tokens=False)["input_ids"])
+        if length + request.max_new_tokens <= limit:
+            break
+        del turns[first : first + 2]  # the oldest user turn and its answer
+    return text_answer(loaded, [Example(0, {}, turns)], request)[0]["output"]
+
+
 def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     """A ``--data`` file's rows as prompts, in the run's row format (``record["row_format"]``,
     what training detected; older runs: detected from the file): a chat run's conversations

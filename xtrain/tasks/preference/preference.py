@@ -349,7 +349,13 @@ TASK = Task(
     stacks=stacks,
     resume_keys=("preference.loss",),
     recognizes=_never,
-    predicts=Predicts(takes="--prompt TEXT", load=_load, run=prompt_predict.text_predict, samples=True),
+    predicts=Predicts(
+        takes="--prompt TEXT",
+        load=_load,
+        run=prompt_predict.text_predict,
+        samples=True,
+        chat=prompt_predict.chat_reply,
+    ),
     quickstart=Quickstart(
         job="quickstart-preference.yaml",
         about="DPO: a polite answer style preferred over a curt one",

@@ -19,6 +19,7 @@ import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain.builtin import chat as builtin_chat
 from xtrain.data.rows import formats as row_formats
 from xtrain.data.rows.columns import require, row_format
 from xtrain.data.rows.formats import text_columns
@@ -26,7 +27,7 @@ from xtrain.errors import XtrainError
 from xtrain.model import load as models
 from xtrain.model import neftune
 from xtrain.tasks import contract, prompt_predict
-from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Task
+from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
 from xtrain.tasks.data_report import DataReport
 
 if TYPE_CHECKING:
@@ -423,6 +424,15 @@ TASK = Task(
         ),
         samples=True,
         tools=True,
+        chat=prompt_predict.chat_reply,
     ),
+    quickstart=Quickstart(
+        job="quickstart-chat.yaml",
+        about="chat LoRA: a tiny llama learns to answer short questions",
+        next_command="xtrain train examples/chat-sft.yaml",
+        predict_args=builtin_chat.quickstart_predict_args,
+        compare=builtin_chat.quickstart_eval_file,
+        default=True,
+    ),  # fmt: skip
     check_data=check_data,
 )
