@@ -83,13 +83,6 @@ def quickstart_predict_args() -> list[str]:
     return ["--prompt", QUICKSTART_PROMPTS[0]]
 
 
-def quickstart_eval_file() -> Path:
-    """The eval split the quickstart's base model and trained adapter both answer."""
-    from xtrain.builtin import builtin_data_file
-
-    return builtin_data_file(PREFIX + "chat", "eval")
-
-
 def build_tiny_llama_chat(base: Path, folder: Path) -> None:
     """``builtin:tiny-llama-chat``: the files of the tiny llama at ``base`` with ``CHAT_TEMPLATE``
     saved in its tokenizer (the same weights: the template is all that differs)."""

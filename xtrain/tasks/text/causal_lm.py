@@ -377,6 +377,13 @@ def load_for_predict(
 def _is_causal_lm(config: dict[str, Any]) -> bool:
     return any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or [])
 
+def _quickstart_eval_file() -> Path:
+    """The eval split of ``builtin:chat`` that the quickstart's base model and trained adapter
+    both answer (built on first use)."""
+    from xtrain.builtin import builtin_data_file
+
+    return builtin_data_file(builtin_chat.PREFIX + "chat", "eval")
+
 
 TASK = Task(
     name=NAME,
@@ -431,7 +438,7 @@ TASK = Task(
         about="chat LoRA: a tiny llama learns to answer short questions",
         next_command="xtrain train examples/chat-sft.yaml",
         predict_args=builtin_chat.quickstart_predict_args,
-        compare=builtin_chat.quickstart_eval_file,
+        compare=_quickstart_eval_file,
         default=True,
     ),  # fmt: skip
     check_data=check_data,
