@@ -107,6 +107,7 @@ def _llama3(f: TurnFormat, start: str) -> Parts:
 
 
 def _mistral(f: TurnFormat, start: str) -> Parts:
+    # the call ids (.ID, .ToolCallID) reach Ollama's templates from Ollama 0.12.10
     return Parts(
         start=start,
         before='{{ $lastUser := -1 }}{{ range $k, $m := .Messages }}{{ if eq $m.Role "user" }}'
