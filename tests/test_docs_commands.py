@@ -135,6 +135,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         "tests/test_agents_job.py::test_predict_with_tools_renders_them_and_shows_the_parsed_call",
     ),
     (
+        "docs/agents.md",
+        r"^xtrain export xtrain-output/agent-tools\b",  # needs a trained run: the test stands one in
+        "tests/test_ollama_tools.py::test_an_agent_run_exports_a_modelfile_with_tools_and_a_gguf_with_its_template",
+    ),
+    (
         "docs/training.md",
         r"^xtrain predict xtrain-output/chat-sft\b",  # needs a trained chat run: the test trains one
         "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xtrain.errors import XtrainError
+from xtrain.export import ollama_tools
 from xtrain.export.templates import TurnFormat
 from xtrain.shell import join_commands, quote
 
@@ -30,6 +31,7 @@ class OllamaTurns:
 
     format: TurnFormat
     bos_text: str  # "" when nothing was taken off
+    tools: str | None = None  # templates.tool_family: the tool format the Go template carries
 
     def render(self, system: str | None, messages: list[dict[str, Any]]) -> str:
         """What the Go template renders for ``system`` and ``messages`` (a prompt: it ends with
@@ -53,10 +55,12 @@ def _strip(text: str, bos: str) -> str:
     return text[len(bos) :] if bos and text.startswith(bos) else text
 
 
-def ollama_turns(found: TurnFormat, bos_text: str | None, add_bos: bool) -> OllamaTurns:
+def ollama_turns(
+    found: TurnFormat, bos_text: str | None, add_bos: bool, tools: str | None = None
+) -> OllamaTurns:
     head = found.plain_head
     taken = bos_text if add_bos and bos_text and head.startswith(bos_text) else ""
-    return OllamaTurns(found, taken)
+    return OllamaTurns(found, taken, tools)
 
 
 def _literal(text: str) -> str:
@@ -65,16 +69,21 @@ def _literal(text: str) -> str:
 
 
 def go_template(turns: OllamaTurns) -> str:
-    """The Go template, one line, mirroring ``OllamaTurns.render``."""
+    """The Go template, one line, mirroring ``OllamaTurns.render``; with ``turns.tools`` also the
+    family's tool branches (``ollama_tools``), which leave the text without tools unchanged."""
     f, lit = turns.format, _literal
     head = lit(_strip(f.plain_head, turns.bos_text))
+    system = None
     if f.system_prefix is not None:
         system = lit(_strip(f.system_prefix, turns.bos_text)) + "{{ .System }}" + lit(f.system_suffix)
         start = f"{{{{ if .System }}}}{system}{{{{ else }}}}{head}{{{{ end }}}}"
     else:
         start = head
+    parts = ollama_tools.parts(f, turns.tools, start)
     user = (
-        lit(f.user[0])
+        parts.user_before
+        + lit(f.user[0])
+        + parts.user_head
         + "{{ .Content }}"
         + lit(f.user[1])
         + "{{ if $last }}"
@@ -82,12 +91,31 @@ def go_template(turns: OllamaTurns) -> str:
         + "{{ end }}"
     )
     assistant = lit(f.assistant[0]) + "{{ .Content }}{{ if not $last }}" + lit(f.assistant[1]) + "{{ end }}"
+    if parts.calls:
+        assistant = f"{{{{ if .ToolCalls }}}}{parts.calls}{{{{ else }}}}{assistant}{{{{ end }}}}"
+    tool = f'{{{{ else if eq .Role "tool" }}}}{parts.result}' if parts.result else ""
     return (
-        start
+        parts.start
+        + parts.before
         + "{{ range $i, $_ := .Messages }}{{ $last := eq (len (slice $.Messages $i)) 1 }}"
-        + f'{{{{ if eq .Role "user" }}}}{user}{{{{ else if eq .Role "assistant" }}}}{assistant}{{{{ end }}}}'
+        + parts.each
+        + f'{{{{ if eq .Role "user" }}}}{user}{{{{ else if eq .Role "assistant" }}}}{assistant}'
+        + f"{tool}{{{{ end }}}}"
+        + parts.after_each
         + "{{ end }}"
+        + parts.end
     )
+
+
+def tools_note(template: str | None) -> str:
+    """The one line when the Modelfile's template carries no tools (``ollama run`` with tools would
+    send the model none of them)."""
+    if template and "tools" in template:
+        return (
+            "the Modelfile's template carries no tools: the run's chat template is not one of the tool "
+            "formats written for Ollama (Qwen, Llama 3.1/3.2, Mistral); the GGUF keeps it whole"
+        )
+    return "the Modelfile's template carries no tools: the run's chat template renders none"
 
 
 @dataclass

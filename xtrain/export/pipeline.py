@@ -191,7 +191,8 @@ def _ollama_turns(req: ExportRequest, plan: _Plan, add_bos: bool) -> ollama.Olla
         )
     if req.system is not None and found.system_prefix is None:
         raise XtrainError("--system: the run's chat template has no system turn", "leave out --system")
-    return ollama.ollama_turns(found, plan.tokenizer.bos_token, add_bos)
+    tools = templates.tool_family(plan.template, found)
+    return ollama.ollama_turns(found, plan.tokenizer.bos_token, add_bos, tools)
 
 
 def merged_model(
@@ -261,6 +262,8 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
         for p in sorted(req.output.rglob("*"))
         if p.is_file()
     }
+    if plan.turns is not None and plan.turns.tools is None:
+        notes.append(ollama.tools_note(plan.template))
     if plan.src.quantization:
         notes.append(
             f"the run trained on a {plan.src.quantization} base; the export merged into its 16-bit weights"

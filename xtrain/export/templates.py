@@ -127,3 +127,39 @@ def agrees(found: TurnFormat, render: Render, conversations: Any = ()) -> bool:
         if expected is None or found.render(messages, generation) != expected:
             return False
     return True
+
+
+# The tool formats Ollama's template can carry, known by the marks of the run's Jinja template (the
+# shipped ones in xtrain/data/templates and the families' own): Qwen's (Hermes-style) ``<tool_call>``
+# JSON in ChatML, Llama 3.1/3.2's JSON calls and ``ipython`` results, Mistral v0.3's ``[TOOL_CALLS]``,
+# and the built-in agent model's own short format.
+_TOOL_MARKS = {
+    "qwen": ("<|im_start|>", "<tool_call>", "<tool_response>"),
+    "llama3": ("<|start_header_id|>", "ipython", '"parameters": '),
+    "mistral": ("[AVAILABLE_TOOLS]", "[TOOL_CALLS]", "[TOOL_RESULTS]"),
+    "xtrain": ("<|im_start|>system\\ntools:", "<tool_call>", "<|im_start|>tool\\n"),  # builtin:tiny-agent
+}
+# the turn text each family's tool branch is written around: a format that differs is not that family
+_TOOL_TURNS = {
+    "qwen": (("<|im_start|>user\n", "<|im_end|>\n"), ("<|im_start|>assistant\n", "<|im_end|>\n")),
+    "llama3": (
+        ("<|start_header_id|>user<|end_header_id|>\n\n", "<|eot_id|>"),
+        ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"),
+    ),
+    "mistral": (("[INST] ", "[/INST]"), (" ", None)),  # None: the eos text, whatever it is
+    "xtrain": (("<|im_start|>user\n", "<|im_end|>\n"), ("<|im_start|>assistant\n", "<|im_end|>\n")),
+}
+
+
+def tool_family(template: str | None, found: TurnFormat) -> str | None:
+    """The tool format of the Jinja ``template`` whose turns are ``found``: ``qwen``, ``llama3``,
+    ``mistral``, or None (no tools in it, or a format Ollama's template is not written for here)."""
+    if not template or "tools" not in template:
+        return None
+    for family, marks in _TOOL_MARKS.items():
+        if all(m in template for m in marks):
+            user, assistant = _TOOL_TURNS[family]
+            end = assistant[1] if assistant[1] is not None else found.assistant[1]
+            if (found.user, found.assistant) == (user, (assistant[0], end)):
+                return family
+    return None
