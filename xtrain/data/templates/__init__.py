@@ -18,7 +18,8 @@ turns its family's chat models were trained on.
 Each file opens with a Jinja comment (``{#- ... -#}``) naming the model and revision the text is
 from and the copies it was checked against (byte for byte: llama.cpp's, huggingface.js', Ollama's);
 :func:`named` drops it, so what renders (and what export writes) is the published text unchanged.
-The file itself stays a valid template (the comment renders nothing), for ``data.chat_template: path/to/file.jinja``.
+The file itself stays a valid template (the comment renders nothing), for
+``data.chat_template: path/to/file.jinja``.
 """
 
 from __future__ import annotations
