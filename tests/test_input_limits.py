@@ -194,12 +194,12 @@ def test_a_shown_value_of_an_expanded_bomb_costs_nothing() -> None:
 def test_a_config_value_in_an_error_is_cut(tmp_path: Path) -> None:
     from xtrain.tasks.validation import load_config
 
-    big = {"data": {"train": ["a" * 50] * 1000}}
+    big = {"data": {"text_column": ["a" * 50] * 1000}}
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(big))
     with pytest.raises(XtrainError) as e:
         load_config(path)
-    assert e.value.one_line().startswith("data.train must be a string, got ['aaaa")
+    assert e.value.one_line().startswith("data.text_column must be a string, got ['aaaa")
     assert len(e.value.one_line()) < 140
     with pytest.raises(XtrainError) as e:
         load_config(None, ["x" * 5000])

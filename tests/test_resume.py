@@ -107,6 +107,7 @@ def test_ctrl_c_under_spawn_saves_and_exits_130(long_job: Job, uninterrupted: Pa
     assert_same_training(uninterrupted, out)
 
 
+@pytest.mark.soak  # three runs (~30 s): the mix's seeding is checked in-process in test_data_reading
 def test_several_files_interleaved_resume_exactly(tmp_path: Path) -> None:
     """data.train as two files interleaved by shares (data.mix), trained on two processes, killed
     after step 4 and resumed on one: the weights are those of the one-process run never

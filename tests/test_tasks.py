@@ -548,7 +548,8 @@ def test_unknown_extension_needs_a_format(llama, tmp_path):
 def test_unreadable_data_is_one_line(llama, tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"text": "a"\nnot json at all\n')
-    assert one_line_error(causal_cfg(llama, path)).message.startswith(f"cannot read {path} as json")
+    message = one_line_error(causal_cfg(llama, path)).message
+    assert message.startswith(f"data file {path}, line 1: not valid JSON")
 
 
 def test_data_without_trainable_tokens(llama, tmp_path):
