@@ -54,7 +54,7 @@ from typing import Any
 from xtrain import atomic
 from xtrain.builtin.chat import chat_examples
 from xtrain.builtin.preference import preference_examples
-from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples
+from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples, tiny_llama_config
 from xtrain.errors import XtrainError
 
 PREFIX = "builtin:"
@@ -248,7 +248,7 @@ def builtin_data_file(name: str, split: str, cache_dir: str | os.PathLike | None
 
 def _build_model(short: str, folder: Path) -> None:
     import torch
-    from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
+    from transformers import BertConfig, BertModel, LlamaForCausalLM
 
     kind = "bert" if short == "tiny-bert" else "llama"
     tokenizer = build_tokenizer(kind)
@@ -272,17 +272,7 @@ def _build_model(short: str, folder: Path) -> None:
             )
             model = BertModel(config, add_pooling_layer=True)
         else:
-            config = LlamaConfig(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=512,
-                tie_word_embeddings=False,
-                initializer_range=0.1,  # logits large enough for LoRA alone to make confident predictions
-                **ids,
-            )
+            config = tiny_llama_config(max_position_embeddings=512, **ids)
             model = LlamaForCausalLM(config)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)

@@ -195,20 +195,15 @@ def build_tiny_agent(folder: Path) -> None:
     """``builtin:tiny-agent``: the tiny llama's shape (2 layers, hidden 64) with 1024 positions,
     random weights, and the tokenizer above."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    from xtrain.builtin.text import tiny_llama_config
 
     tokenizer = build_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1234)
-        config = LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
+        config = tiny_llama_config(
             max_position_embeddings=1024,
-            tie_word_embeddings=False,
-            initializer_range=0.1,
             vocab_size=len(tokenizer),
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=tokenizer.eos_token_id,

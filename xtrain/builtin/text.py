@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<mask>"]
 
@@ -177,3 +177,21 @@ def fast_tokenizer(tok: Tokenizer, model_max_length: int, **special: Any) -> Pre
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, model_max_length=model_max_length, padding_side="right", **special
     )
+
+
+def tiny_llama_config(**overrides: object) -> LlamaConfig:
+    """The built-in tiny llamas' shape (2 layers, hidden 64, 4 heads, 2 key/value heads), untied,
+    initialised wide enough (0.1) that LoRA alone makes confident predictions; ``overrides`` set the
+    positions and the tokenizer's ids."""
+    from transformers import LlamaConfig
+
+    shape = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.1,
+    }
+    return LlamaConfig(**{**shape, **overrides})
