@@ -15,8 +15,10 @@ at a time):
 from __future__ import annotations
 
 import gc
+import time
 from typing import TYPE_CHECKING, Any
 
+from xtrain.data.rows import chat as chat_data
 from xtrain.export import answers, gguf, llamacpp, parity
 from xtrain.export.parity import Check, ParityError
 
@@ -63,6 +65,7 @@ TOOL_PROBES = (
         True,
     ),
 )
+_DATE = "date_string"  # Llama 3.1's template variable, which llama.cpp sets to today's date
 RUNTIME_CONTEXT = 4096  # llama.cpp's context for the checks (the model's own when shorter)
 
 
@@ -98,6 +101,11 @@ def template_in_llamacpp(
     first difference, or naming what llama.cpp cannot run."""
     cases = probes(render, template)
     bos = tokenizer.bos_token if add_bos and tokenizer.bos_token else ""
+    dated = _DATE in template and hasattr(render, "kwargs")
+    if dated:  # llama.cpp gives Llama 3's templates today's date (training: the template's default)
+        render = chat_data.renderer(
+            render.owner, render.template, render.setting, {**render.kwargs, _DATE: time.strftime("%d %b %Y")}
+        )
     for messages, tools, generation in cases:
         expected = _training(render, messages, tools, generation)
         try:
@@ -121,18 +129,16 @@ def template_in_llamacpp(
             )
     tools = sum(t is not None for _, t, _ in cases)
     with_tools = f", {tools} with tools, a call and its result" if tools else ""
-    version = llamacpp.version()
+    date = " (llama.cpp writes today's date into the template's date_string)" if dated else ""
     return Check(
         "template",
         f"{where}: {len(cases)} conversations{with_tools} render and tokenize in llama.cpp "
-        f"(xllamacpp {version}) as in training",
+        f"(xllamacpp {llamacpp.version()}) as in training{date}",
     )
 
 
 def template_in_jinja2(render: Render, stored: str, tokenizer: PreTrainedTokenizerBase, where: str) -> Check:
     """Without llama.cpp: the file's template rendered by Jinja2 (transformers'), as before."""
-    from xtrain.data.rows import chat as chat_data
-
     again = chat_data.renderer(tokenizer, stored, None, getattr(render, "kwargs", None))
     cases = probes(render, stored)
     expected = [_training(render, m, t, g) for m, t, g in cases]

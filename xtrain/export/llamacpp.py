@@ -136,16 +136,19 @@ class Runtime:
         found = self._post("/tokenize", {"content": text, "add_special": True, "parse_special": True})
         return [int(t) for t in found["tokens"]]
 
-    def chat(self, messages: list[dict[str, Any]], tools: Tools = None, max_tokens: int = 32) -> Reply:
-        """The greedy answer to a conversation (``tools``: the schemas it may call)."""
+    def chat(
+        self, messages: list[dict[str, Any]], tools: Tools = None, max_tokens: int = 32, choice: str = "auto"
+    ) -> Reply:
+        """The greedy answer to a conversation (``tools``: the schemas it may call; ``choice``: the
+        request's ``tool_choice``, ``required`` holds the answer to a call by llama.cpp's grammar)."""
         body: dict[str, Any] = {
             "messages": openai_messages(messages), "max_tokens": max_tokens, "temperature": 0,
         }  # fmt: skip
         if tools:
-            body["tools"] = tools
+            body.update(tools=tools, tool_choice=choice)
         try:
             found = self._server.handle_chat_completions(body)
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:  # a template it cannot run; output its parser cannot read
             raise Refused(str(e)) from None
         if "error" in found:
             raise Refused(_message(json.dumps(found).encode()))
