@@ -284,7 +284,16 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
             folder = tmp / MERGED_BESIDE_GGUF if req.writes_gguf else tmp
             checks += _write_merged(plan, model, folder, progress)
         if kinds:
-            files = {kind: _write_gguf(plan, model, kind, tmp, progress) for kind in kinds}
+            files = {}
+            for kind in kinds:
+                path = gguf.gguf_name(tmp, kind)
+                progress.stage(f"writing {path.name}")
+                files[kind] = path, gguf.write_gguf(
+                    model, plan.tokenizer, path, kind, plan.template, plan.eot, plan.src.name,
+                    progress.advance, plan.chat_bos,
+                )  # fmt: skip
+            # in float32, as the reader computes the file's (a bf16 forward on the CPU is ~2% off
+            # float32 on a 300M Llama: bf16 arithmetic, not the file), one module upcast at a time
             reference = parity.logits_float32(model, prompts)
             asked, why = answers.eval_prompts(plan.src, req.eval_prompts)
             notes += [why] if why else []
@@ -346,23 +355,6 @@ def _write_merged(plan: _Plan, model: PreTrainedModel, tmp: Path, progress: Prog
     return [
         parity.same_text("template", "the merged folder", expected, parity.rendered(again, conversations))
     ]
-
-
-def _write_gguf(
-    plan: _Plan, model: PreTrainedModel, kind: str, tmp: Path, progress: Progress
-) -> tuple[Path, list[gguf.Written]]:
-    """The GGUF file of one type, and its tensors as they were meant (``gguf.Written``), for the
-    check of the file read back (``file_checks``). The merged model's reference logits are
-    computed in float32, as the reader computes the file's (a bf16 model's own forward on the CPU
-    differs from float32 by ~2% of the largest logit on a 300M Llama: that is bf16 arithmetic,
-    not the file), one module upcast at a time (no float32 copy of the model)."""
-    path = gguf.gguf_name(tmp, kind)
-    progress.stage(f"writing {path.name}")
-    written = gguf.write_gguf(
-        model, plan.tokenizer, path, kind, plan.template, plan.eot, plan.src.name, progress.advance,
-        plan.chat_bos,
-    )  # fmt: skip
-    return path, written
 
 
 def _write_modelfile(req: ExportRequest, plan: _Plan, tmp: Path, checks: list[Check]) -> dict[str, str]:
