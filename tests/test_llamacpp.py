@@ -102,12 +102,12 @@ def test_llamacpps_parser_returns_the_call_the_template_renders(name, tiny, tmp_
     model, tokenizer = LlamaForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
     template = _templates()[name]
     path, _ = _gguf(model, tokenizer, template, tmp_path)
-    render = chat_data.renderer(tokenizer, template).with_tools(file_checks._TOOLS)
-    message = {"role": "assistant", "content": "", "tool_calls": [file_checks._CALL]}
+    render = chat_data.renderer(tokenizer, template).with_tools(file_checks.PROBE_TOOLS)
+    message = {"role": "assistant", "content": "", "tool_calls": [file_checks.PROBE_CALL]}
     text = _call_text(render, message)
     call = text[: text.index("</tool_call>") + len("</tool_call>")]
     question = [{"role": "user", "content": "Weather in Paris?"}]
-    tools = file_checks._TOOLS
+    tools = file_checks.PROBE_TOOLS
     with llamacpp.Runtime(path, 1024, prefill=True) as llama:
         reply = llama.chat([*question, {"role": "assistant", "content": call}], tools, 1, "required")
         assert reply.calls[0] == {"name": "get_weather", "arguments": {"city": "paris"}}
@@ -211,6 +211,22 @@ def test_quantizations_cost_alone_warns_and_several_types_share_one_merge(
         assert f"cost {kind}: logits within" in printed and f"warning {kind} moves this model" in printed
         assert f"llama.cpp {kind}" in printed  # a column of the answers table
     assert "of 4 eval prompts answered as the merged model (llama.cpp" in printed
+
+
+def test_without_llamacpp_the_template_is_checked_with_jinja2_and_says_so(chat_model, tmp_path, monkeypatch):
+    """Where xllamacpp is not installed (macOS): the same checks, the template rendered by Jinja2
+    (the line says so and how to install llama.cpp), the eval prompts answered by transformers'
+    reading of the file."""
+    from xtrain.export import llamacpp
+    from xtrain.export.pipeline import ExportRequest, export
+
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    result = export(ExportRequest(str(chat_model), "gguf", tmp_path / "out", eval_prompts=2))
+    template = next(c.detail for c in result.checks if c.name == "template")
+    assert "(Jinja2; llama.cpp itself checks it once xllamacpp is installed: pip install" in template
+    (cost,) = result.costs
+    assert cost.runtime == "transformers' GGUF reader" and cost.answered == 2
+    assert result.prompts is not None and len(result.prompts.files["q8_0"]) == 2
 
 
 @pytest.fixture(scope="module")

@@ -67,8 +67,8 @@ def eval_prompts(src: Source, count: int) -> tuple[Prompts | None, str | None]:
     """(the first ``count`` prompts of the run's eval data, None) or (None, why there are none)."""
     if count <= 0:
         return None, None
-    if src.task != "causal-lm":
-        return None, f"no eval prompts answered: a {src.task or 'model'} result is not a text generator"
+    if src.task is not None and src.task != "causal-lm":
+        return None, f"no eval prompts answered: a {src.task} run's eval rows are not prompts to answer"
     file = eval_file(src)
     if file is None:
         return None, "no eval prompts answered: the run's record names no eval file on this machine"

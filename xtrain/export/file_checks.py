@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from xtrain.data.rows.chat import Render
     from xtrain.export.source import Source
 
-_TOOLS = [
+PROBE_TOOLS = [
     {
         "type": "function",
         "function": {
@@ -45,7 +45,7 @@ _TOOLS = [
         },
     }
 ]
-_CALL = {  # an id of 9 letters and digits: Mistral's template wants it
+PROBE_CALL = {  # an id of 9 letters and digits: Mistral's template wants it
     "id": "call00001",
     "type": "function",
     "function": {"name": "get_weather", "arguments": {"city": "paris"}},
@@ -57,7 +57,7 @@ TOOL_PROBES = (
         [
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+            {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]},
             {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": "sunny"},
             {"role": "assistant", "content": "Sunny."},
             {"role": "user", "content": "Thanks"},
@@ -83,7 +83,7 @@ def probes(render: Render, template: str) -> list[Probe]:
     system = any(c[0]["role"] == "system" for c, _, _ in out)
     for messages, generation in TOOL_PROBES:
         turns = messages if system else [m for m in messages if m["role"] != "system"]
-        out.append((turns, _TOOLS, generation))
+        out.append((turns, PROBE_TOOLS, generation))
     return out
 
 
