@@ -274,7 +274,7 @@ def test_every_type_of_the_quickstart_run_answers_in_llamacpp_as_xtrain_predict(
 def test_the_trained_agent_jobs_export_calls_tools_in_llamacpp(tmp_path):
     """examples/agent-tools.yaml trained (minutes), exported with the default type, asked each of
     its 100 eval rows with the row's tools in llama.cpp: the calls its parser returns are the
-    reference calls for at least 80% of them (``xtrain predict --tools`` gets 94%)."""
+    reference calls for at least 90% of them (measured 94, as ``xtrain predict``: docs/export.md)."""
     import subprocess
     import sys
     import time
@@ -301,4 +301,4 @@ def test_the_trained_agent_jobs_export_calls_tools_in_llamacpp(tmp_path):
             exact += reply.calls == json.loads(e.reference)
     share = exact / len(examples)
     print(f"agent job: trained in {trained:.0f} s; llama.cpp calls exact {exact}/{len(examples)}")
-    assert share >= 0.8, (exact, result.costs)
+    assert share >= 0.9, (exact, result.costs)

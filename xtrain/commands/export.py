@@ -85,7 +85,7 @@ def export(
 
 def _print_answers(console: Console, result: ExportResult) -> None:
     """The first eval prompts answered by xtrain (the merged model) and by each file, side by side
-    (as the quickstart's closing table), and how many of all answered agree."""
+    (as the quickstart's closing table); the cost lines above say how many of all agree."""
     from rich.table import Table
     from rich.text import Text
 
