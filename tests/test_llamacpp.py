@@ -25,11 +25,10 @@ TYPES = ("f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
 def tiny(tmp_path_factory):
     """The built-in tiny llama with its tokenizer (bos ``<s>``, eos ``</s>``): a model to carry each
     template into a GGUF file (the templates' own markers are plain text to it, in both tokenizers)."""
+    from support.jobs import session_builtin
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from xtrain import builtin
-
-    folder = builtin.ensure_builtin_model("builtin:tiny-llama")
+    folder = session_builtin(tmp_path_factory, "builtin:tiny-llama")
     return LlamaForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
 
 
@@ -150,10 +149,10 @@ def test_a_template_llamacpp_cannot_run_is_refused_naming_the_construct(tmp_path
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory) -> Path:
     """The built-in chat model (untrained) as a run's model folder: a cheap export."""
-    from xtrain import builtin
+    from support.jobs import session_builtin
 
     folder = tmp_path_factory.mktemp("chat-model")
-    for f in builtin.ensure_builtin_model("builtin:tiny-llama-chat").iterdir():
+    for f in session_builtin(tmp_path_factory, "builtin:tiny-llama-chat").iterdir():
         (folder / f.name).write_bytes(f.read_bytes())
     record = {"task": "causal-lm", "chat": True, "data": {"eval": "builtin:chat"}}
     (folder / "xtrain_run.json").write_text(json.dumps(record))
@@ -243,9 +242,13 @@ def quickstart_export(tmp_path_factory):
 
     run = session_quickstart(tmp_path_factory)[1]
     out = tmp_path_factory.mktemp("quickstart-export") / "gguf"
-    result = export(ExportRequest(str(run), "gguf", out, gguf_type=list(TYPES), eval_prompts=40))
-    request = PredictRequest([], [], max_new_tokens=answers.ANSWER_TOKENS, batch_size=20)
-    predicted = lib.predict_file(run, builtin.builtin_data_file("builtin:chat", "eval"), request)
+    with (
+        pytest.MonkeyPatch.context() as patch
+    ):  # the session's built-ins (a module fixture: before private_caches)
+        patch.setenv("XTRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain"))
+        result = export(ExportRequest(str(run), "gguf", out, gguf_type=list(TYPES), eval_prompts=40))
+        request = PredictRequest([], [], max_new_tokens=answers.ANSWER_TOKENS, batch_size=20)
+        predicted = lib.predict_file(run, builtin.builtin_data_file("builtin:chat", "eval"), request)
     return result, [r["output"] for r in predicted.rows]
 
 
