@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import tasks
 from xtrain.config.schema import DataConfig
-from xtrain.data.sources import EXTENSIONS
+from xtrain.data.files import builder_of
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
 from xtrain.model import quantization
@@ -300,7 +300,7 @@ def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> Train
     that format (``data.format`` is for the training files' names)."""
     known = {f.name for f in dataclasses.fields(DataConfig)}  # a record from another xtrain version
     data = {k: v for k, v in settings.items() if k in known}
-    if Path(file).suffix.lower() in EXTENSIONS:  # a CSV to predict after training on JSON lines
+    if builder_of(Path(file)) is not None:  # a CSV to predict after training on JSON lines
         data["format"] = "auto"
     data.update(
         train=str(file), eval=str(file), eval_fraction=0.0, chat_template=None, packing="off",
