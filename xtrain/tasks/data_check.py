@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 ROWS = 100  # rows of each data source the check reads: about a second on any data
 NO_CUT = 1 << 30  # a max_length that cuts nothing: each row's whole length
-REPEAT = 4  # a token repeated this often in a row (expanded image placeholders) is written once
+REPEAT = 4  # a special token repeated this often (expanded image placeholders) is written once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,33 +144,43 @@ def loaded_or_note(cfg: TrainConfig, notes: list[str], load: Callable[[], T]) ->
 def pieces(
     tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int] | None = None
 ) -> list[Piece]:
-    """Token ids as text pieces: each run of tokens with loss (a label other than -100) or without
-    decoded together, special tokens shown; a token repeated ``REPEAT`` times or more (an image
-    placeholder expanded into its patches) is written once with its count: ``<|image_pad|>*64``."""
+    """Token ids as text pieces, exactly as the model gets them: each run of tokens with loss (a
+    label other than -100) or without decoded together, special tokens shown. Only a run of
+    ``REPEAT`` or more of one special token (an image placeholder expanded into its patches) is
+    cut, to its first token and a count (``Piece.more``: the renderer's marker); text is never
+    cut, so a row's ``}}}}}`` reads as it is."""
     flags = [False] * len(ids) if labels is None else [t != IGNORE_INDEX for t in labels[: len(ids)]]
+    special = _special_ids(tokenizer)
     out: list[Piece] = []
-    start = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or flags[i] != flags[start]:
-            out.append(Piece(_decode(tokenizer, ids[start:i]), flags[start]))
+    start = i = 0
+    while i < len(ids):
+        j = i
+        while j < len(ids) and ids[j] == ids[i] and flags[j] == flags[i]:
+            j += 1
+        if ids[i] in special and j - i >= REPEAT:  # written once, with how many more follow
+            out += _plain(tokenizer, ids, flags, start, i)
+            out.append(Piece(_text(tokenizer, ids[i : i + 1]), flags[i], more=j - i - 1))
+            start = j
+        i = j
+    return out + _plain(tokenizer, ids, flags, start, len(ids))
+
+
+def _plain(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], flags: list[bool], start: int, end: int
+) -> list[Piece]:
+    """``ids[start:end]`` as pieces, one for each run of tokens with loss or without."""
+    out = []
+    for i in range(start + 1, end + 1):
+        if i == end or flags[i] != flags[start]:
+            out.append(Piece(_text(tokenizer, ids[start:i]), flags[start]))
             start = i
     return out
 
 
-def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
-    text, plain, i = [], [], 0
-    while i < len(ids):
-        j = i
-        while j < len(ids) and ids[j] == ids[i]:
-            j += 1
-        if j - i >= REPEAT:
-            text.append(_text(tokenizer, plain))
-            text.append(f"{_text(tokenizer, ids[i : i + 1])}*{j - i}")
-            plain = []
-        else:
-            plain += ids[i:j]
-        i = j
-    return "".join(text) + _text(tokenizer, plain)
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The ids of the tokenizer's special tokens (its added ones marked special too)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
 
 
 def _text(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
