@@ -38,10 +38,10 @@ def results_line(row: dict[str, Any], fmt: str) -> str:
 def template_note(model: Path) -> str | None:
     """The line that says a base model is prompted through its own chat template (no xtrain run
     says how it was trained), or None."""
-    from xtrain import predict as lib
+    from xtrain.trained import model_folder, run_task
 
-    folder = lib.model_folder(model)
-    if not lib.run_task(folder).templated:
+    folder = model_folder(model)
+    if not run_task(folder).templated:
         return None
     return (
         f"note: {folder} is not an xtrain run; its tokenizer has a chat template, so each prompt is "
