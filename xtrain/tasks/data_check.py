@@ -17,6 +17,7 @@ the run's banner shows ``DataReport.summary()``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from xtrain.data.rows.images import describe, image_size
 from xtrain.data.sources import first_rows
 from xtrain.errors import XtrainError
 from xtrain.model.configs import read_config_offline
-from xtrain.tasks.common import base_dir, media_dirs
+from xtrain.tasks.common import base_dir, media_dirs, prepare_tokenizer
 from xtrain.tasks.data_report import Example, Piece, SourceCheck
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
     # what ``labels_of`` returns: (label -> id or None, num_labels, id -> name)
     LabelMapping = tuple[dict[str, int] | None, int, dict[int, str] | None]
+    # what a text task's check found of its model (``text_check``): (source, tokenizer), or None
+    Tokenizer = tuple[str, PreTrainedTokenizerBase] | None
 
 T = TypeVar("T")
 ROWS = 100  # rows of each data source the check reads: about a second on any data
@@ -135,6 +138,14 @@ def loaded_or_note(cfg: TrainConfig, notes: list[str], load: Callable[[], T]) ->
             raise
         notes.append(f"rows checked without tokenizing them, no example: {e.message}")
         return None
+
+
+def text_check(cfg: TrainConfig, limit: int) -> tuple[Tokenizer, list[Sample], list[str]]:
+    """What a text task's ``check_data`` reads: (the model's source and tokenizer, or None where
+    it cannot load here: ``loaded_or_note``), the first ``limit`` rows of each source and the
+    notes."""
+    samples, notes = first_samples(cfg, limit)
+    return loaded_or_note(cfg, notes, lambda: prepare_tokenizer(cfg, contextlib.nullcontext)), samples, notes
 
 
 # ---------------------------------------------------------------------------------------------
