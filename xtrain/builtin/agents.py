@@ -36,43 +36,17 @@ _CITIES = ["paris", "tokyo", "lima", "oslo", "cairo", "delhi", "rome", "quito", 
 _MINUTES = [5, 10, 15, 20, 25, 30, 45, 60]
 _SKIES = ["sunny", "cloudy", "rainy", "windy", "snowy"]
 
+
+def _tool(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """One function the rows may call, in the OpenAI tools shape chat templates take."""
+    return {"type": "function", "function": dict(name=name, description=description, parameters=parameters)}
+
+
+_TIMER = {"type": "object", "properties": {"minutes": {"type": "integer"}}, "required": ["minutes"]}
 TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "the weather now in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "description": "the local time in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "set_timer",
-            "description": "start a timer",
-            "parameters": {
-                "type": "object",
-                "properties": {"minutes": {"type": "integer"}},
-                "required": ["minutes"],
-            },
-        },
-    },
+    _tool("get_weather", "the weather now in a city", _CITY),
+    _tool("get_time", "the local time in a city", _CITY),
+    _tool("set_timer", "start a timer", _TIMER),
 ]
 
 _ASK = {

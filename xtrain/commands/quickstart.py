@@ -28,25 +28,8 @@ if TYPE_CHECKING:
     from xtrain.tasks.contract import Quickstart
 
 DEFAULT_DIR = Path("xtrain-quickstart")
-JOBS_DIR = Path(__file__).resolve().parent.parent / "builtin" / "jobs"
 SHOWN = 3  # eval prompts shown answered before and after
 COMPARE_TOKENS = 24  # the longest answer generated for the before/after comparison
-
-
-def quickstart_tasks() -> dict[str, Any]:
-    """``{task name: its Quickstart}`` of the tasks that have a built-in job (the registry's)."""
-    from xtrain import tasks
-
-    return {name: t.quickstart for name, t in tasks.all_tasks().items() if t.quickstart is not None}
-
-
-def default_task(jobs: dict[str, Quickstart]) -> str:
-    """The task whose built-in job runs without --task (its ``Quickstart.default``)."""
-    return next(name for name, q in jobs.items() if q.default)
-
-
-def job_file(quickstart: Quickstart) -> Path:
-    return JOBS_DIR / quickstart.job
 
 
 def next_line(
@@ -220,9 +203,9 @@ def quickstart(
     from xtrain.tasks.validation import load_config
 
     console = make_console()
-    jobs = quickstart_tasks()
+    jobs = tasks.quickstarts()
     if task is None:
-        task = default_task(jobs)
+        task = tasks.default_quickstart()
     if task not in jobs:
         listed = "; ".join(
             f"--task {name} ({q.about}{', the default' if q.default else ''})" for name, q in jobs.items()
@@ -231,7 +214,7 @@ def quickstart(
             console.print(f"built-in jobs: {listed}", soft_wrap=True, markup=False)
             return
         raise XtrainError(f"unknown quickstart task '{task}'", f"use one of: {listed}")
-    job = job_file(jobs[task])
+    job = tasks.job_file(jobs[task])
     n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
     diagnosis = resolve(processes=n, platform=platform, full_probe=True)
     worst = {s: sum(f.severity == s for f in diagnosis.findings) for s in ("warn", "error")}

@@ -152,6 +152,13 @@ def _no_check(cfg: TrainConfig) -> None:
     return None
 
 
+def recognizes_none(config: dict[str, Any]) -> bool:
+    """``Task.recognizes`` of a task whose result, saved without xtrain's record, is another
+    task's to read: preference tuning and GRPO train a causal LM (causal-lm reads it), vision
+    preference a vision-language model."""
+    return False
+
+
 @dataclass(frozen=True)
 class Task:
     """Everything xtrain knows about one task."""
