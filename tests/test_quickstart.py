@@ -52,6 +52,7 @@ def test_quickstart_learns_to_chat_and_shows_answers_before_and_after(one_proces
     assert found is not None, out[-2000:]
     assert float(found[1]) == 0.0 and float(found[2]) >= 0.4  # measured 0.55 (token accuracy 0.94)
     assert f"xtrain chat {run}" in out and "--prompt" in out  # Next: predict and chat with it
+    assert f"xtrain export {run} --to gguf -o {run}-gguf" in out  # and export it (test_llamacpp.py runs it)
     assert "Traceback" not in proc.stderr
 
 

@@ -59,7 +59,7 @@ from xtrain.errors import XtrainError
 
 PREFIX = "builtin:"
 # Bump when a generator changes: stale folders are rebuilt instead of silently reused.
-VERSION = 3
+VERSION = 4  # 4: builtin:tiny-agent's template in the Jinja llama.cpp runs (same rendering)
 MARKER = "xtrain_builtin.json"
 
 MODELS = (

@@ -4,8 +4,10 @@ tiny llama whose tokenizer carries its own tools-aware chat template, for the bu
 listed in one short system line (``tools: get_weather(city) ...``) and calls written as Qwen
 writes them (``<tool_call>{"name", "arguments"}</tool_call>``, which ``xtrain predict`` parses):
 a real template's instructions would make every row ~350 tokens of the tiny model's vocabulary,
-and the job minutes long on a CPU. The families' real templates are tested apart
-(tests/test_agents.py, xtrain/data/templates).
+and the job minutes long on a CPU. The template keeps to the Jinja llama.cpp implements (its
+engine has no ``list`` filter on a mapping: the argument names come from ``.keys()``), so the
+exported GGUF answers tool requests in llama.cpp too (tests/test_llamacpp.py). The families' real
+templates are tested apart (tests/test_agents.py, xtrain/data/templates).
 
 Each row is one OpenAI-style conversation with the three tools it may call::
 
@@ -70,7 +72,7 @@ _ASK = {
 
 TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\ntools:' }}{%- for tool in tools %}"
-    "{{- ' ' + tool.function.name + '(' + (tool.function.parameters.properties | list | join(', ')) + ')' }}"
+    "{{- ' ' + tool.function.name + '(' + (tool.function.parameters.properties.keys() | join(', ')) + ')' }}"
     "{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"

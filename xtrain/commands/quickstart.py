@@ -32,10 +32,12 @@ SHOWN = 3  # eval prompts shown answered before and after
 COMPARE_TOKENS = 24  # the longest answer generated for the before/after comparison
 
 
-def next_line(quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False) -> str:
+def next_line(
+    quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False, exports: bool = False
+) -> str:
     """The closing ``Next:`` line: predict with the run just trained (tasks with a predict on
-    their built-in data), chat with it (``chats``: its task's results chat), then train on your
-    own data."""
+    their built-in data), chat with it (``chats``: its task's results chat), export it as a GGUF
+    file (``exports``: its task trains a causal LM), then train on your own data."""
     from xtrain.shell import quote
 
     own = f"`{quickstart.next_command}` for your own data (docs/configuration.md)."
@@ -44,7 +46,14 @@ def next_line(quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = F
     args = quickstart.predict_args()
     predict = " ".join(quote(shell, a) for a in ["xtrain", "predict", str(run_dir), *args])
     chat = f", `xtrain chat {quote(shell, str(run_dir))}` talks to it" if chats else ""
-    return f"Next: `{predict}` runs the adapter just trained{chat}; {own}"
+    gguf = ["xtrain", "export", str(run_dir), "--to", "gguf", "-o", f"{run_dir}-gguf"]
+    export = (
+        f", `{' '.join(quote(shell, a) for a in gguf)}` writes it for llama.cpp, LM Studio and Ollama "
+        "(docs/export.md)"
+        if exports
+        else ""
+    )
+    return f"Next: `{predict}` runs the adapter just trained{chat}{export}; {own}"
 
 
 def compare_answers(base: str, run_dir: Path, file: Path) -> tuple[FileResults, FileResults]:
@@ -244,4 +253,5 @@ def quickstart(
     shell = shell_for(diagnosis.plan.os_kind)
     predicts = tasks.get(task).predicts
     chats = predicts is not None and predicts.chat is not None
-    console.print(next_line(jobs[task], run_dir, shell, chats), soft_wrap=True, markup=False)
+    exports = tasks.get(task).model_class == "AutoModelForCausalLM"  # what GGUF export writes
+    console.print(next_line(jobs[task], run_dir, shell, chats, exports), soft_wrap=True, markup=False)
