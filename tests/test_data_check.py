@@ -118,6 +118,33 @@ def test_dry_run_refuses_rows_with_nothing_left_to_learn_and_names_the_length_th
     assert code == 0, err
 
 
+def test_a_model_folder_without_tokenizer_files_is_planned_untokenized_and_refused_by_the_run(
+    tmp_path, capsys
+):
+    """A config.json alone (the memory plan of a model not downloaded yet): transformers 5 builds
+    its tokenizer class with an empty vocabulary, every row tokenizing to nothing. The dry run
+    checks the rows untokenized and says why (no "nothing to learn" refusal); loading it for a run
+    is one line naming the folder."""
+    from xtrain.errors import NoTokenizer
+    from xtrain.model.load import load_tokenizer
+
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 1000,
+              "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model:\n  name_or_path: {folder.as_posix()}\n  task: causal-lm\n"
+                   "data:\n  train: builtin:tiny-stories\n")  # fmt: skip
+    code, out, err = _dry_run(capsys, job)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "rows checked without tokenizing them" in text and "has no vocabulary" in text, text
+    with pytest.raises(NoTokenizer, match="copy the model's tokenizer files into that folder"):
+        load_tokenizer(str(folder), trust_remote_code=False)
+
+
 def _vqa_rows(tmp_path: Path, n: int) -> list[dict]:
     from xtrain.builtin import vision_language as builtin_vl
 

@@ -32,7 +32,7 @@ from xtrain.data.labels import label_key, label_values, labels_of
 from xtrain.data.rows.formats import text_names
 from xtrain.data.rows.images import describe, image_size
 from xtrain.data.sources import first_rows
-from xtrain.errors import XtrainError
+from xtrain.errors import NoTokenizer, XtrainError
 from xtrain.model.configs import read_config_offline
 from xtrain.tasks.common import base_dir, media_dirs, prepare_tokenizer
 from xtrain.tasks.data_report import Example, Piece, SourceCheck
@@ -128,13 +128,15 @@ def loaded_samples(
 
 def loaded_or_note(cfg: TrainConfig, notes: list[str], load: Callable[[], T]) -> T | None:
     """``load()`` (the tokenizer or processor); where it fails for a hub model (not on this
-    machine, no network), None and a note: the rows are then checked without tokenising them.
-    A local or built-in model that fails to load is the run's own error."""
+    machine, no network; a folder with a config.json and no tokenizer files, as for a memory plan),
+    None and a note: the rows are then checked without tokenising them. A local or built-in model
+    that fails to load otherwise is the run's own error."""
     try:
         return load()
     except XtrainError as e:
         name = cfg.model.name_or_path
-        if builtin.is_builtin(name) or Path(name).expanduser().exists():
+        local = builtin.is_builtin(name) or Path(name).expanduser().exists()
+        if local and not isinstance(e, NoTokenizer):
             raise
         notes.append(f"rows checked without tokenizing them, no example: {e.message}")
         return None
