@@ -152,6 +152,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         chat=encoder.render is not None,
         main_metric=METRIC,
         forward=forward,
+        trained_tokens=pl.sft_tokens if settings.sft_weight else None,  # the SFT term's (token_sum)
         notes=notes,
         evaluate=PreferenceEval(forward, splits["eval"], tokenizer, parts[0]) if "eval" in splits else None,
         data_report=report,

@@ -73,6 +73,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         tokenizer=processor,
         main_metric=preference.METRIC,
         forward=forward,
+        trained_tokens=pl.sft_tokens if settings.sft_weight else None,  # the SFT term's (token_sum)
         notes=preference.notes,
         shared_pass=_precompute(run, forward, model, train_rows, eval_rows, collator),
     )
