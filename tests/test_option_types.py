@@ -18,10 +18,27 @@ READ_AS_NUMBER = re.compile(
 )
 
 
+# option factories shared by several commands (``xtrain/commands/options.py``: ``seed_option()``, ...)
+SHARED = COMMANDS / "options.py"
+FACTORY = re.compile(r"^def (\w+_option)\(", re.MULTILINE)
+
+
 def _numeric_flags() -> dict[str, set[str]]:
+    """{command: its numeric flags}; a shared option factory's flags count for each command that
+    calls it."""
+    shared_text = SHARED.read_text(encoding="utf-8")
+    factories = {}
+    for name, body in zip(FACTORY.findall(shared_text), FACTORY.split(shared_text)[2::2], strict=True):
+        factories[name] = set(READ_AS_NUMBER.findall(body))
     flags: dict[str, set[str]] = {}
     for module in sorted(COMMANDS.glob("*.py")):
-        found = set(READ_AS_NUMBER.findall(module.read_text(encoding="utf-8")))
+        if module == SHARED:
+            continue
+        text = module.read_text(encoding="utf-8")
+        found = set(READ_AS_NUMBER.findall(text))
+        for name, numeric in factories.items():
+            if f"{name}(" in text:
+                found |= numeric
         if found:
             flags[module.stem] = found
     return flags

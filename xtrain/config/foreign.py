@@ -37,9 +37,9 @@ _TRAIN = "data.train: a file, a folder, a hub id or builtin:NAME, or a list of t
 _CACHED = "tokenized data is cached by datasets (HF_DATASETS_CACHE) and reused by the next run"
 _UNUSED = "xtrain freezes what does not train, so DDP needs no search (no key)"
 _SFT_TERM = (
-    "the same weight; preference.sft_weight takes the chosen answers' NLL per token over each "
-    "micro-batch's chosen tokens (as TRL's rpo_alpha), pref_ftx each answer's per-token NLL averaged "
-    "(the same for answers of one length)"
+    "the same weight; preference.sft_weight takes the chosen answers' NLL per token over the "
+    "step's chosen tokens (TRL's rpo_alpha: over each micro-batch's), pref_ftx each answer's "
+    "per-token NLL averaged (the same for answers of one length)"
 )
 
 # fmt: off

@@ -122,6 +122,11 @@ def label_values(ds: Dataset, column: str, source: str) -> list[Any]:
     feature = ds.features.get(column)
     if getattr(feature, "dtype", None) is not None or hasattr(feature, "names"):
         return ds.unique(column)
+    if isinstance(feature, dict):  # a struct (JSON objects): its rows may not even convert to Python
+        raise XtrainError(
+            f"the label column of {source} holds objects, not labels",
+            "use one integer (0..n-1) or one name per row",
+        )
     seen: dict[tuple[str, str], Any] = {}
     for i, value in enumerate(ds[column]):
         if isinstance(value, (list, dict)):

@@ -61,6 +61,8 @@ def _not_text(ds: Dataset, col: str) -> str | None:
         return None if dtype in ("string", "large_string", "null") else f"{dtype} values"
     if type(feature).__name__ in ("List", "LargeList", "Sequence"):
         return "lists"
+    if isinstance(feature, dict):  # a struct (JSON objects): its rows may not even convert to Python
+        return "objects"
     for i, value in enumerate(ds[col]):  # Json and other features: the first value that is no text
         if value is not None and not isinstance(value, str):
             return f"a{'n' if value_kind(value)[0] in 'aeiou' else ''} {value_kind(value)} in row {i}"

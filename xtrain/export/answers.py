@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain import builtin, predict
+from xtrain import builtin, predict, tasks
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ def eval_prompts(src: Source, count: int) -> tuple[Prompts | None, str | None]:
     """(the first ``count`` prompts of the run's eval data, None) or (None, why there are none)."""
     if count <= 0:
         return None, None
-    if src.task is not None and src.task != "causal-lm":
+    predicts = tasks.get(src.task).predicts if src.task in tasks.all_tasks() else None
+    if src.task is not None and (predicts is None or predicts.file is None):
+        # (a preference or GRPO run's rows: pairs or prompts without xtrain predict --data's reader)
         return None, f"no eval prompts answered: a {src.task} run's eval rows are not prompts to answer"
     file = eval_file(src)
     if file is None:
