@@ -411,14 +411,19 @@ def ocr_straight(ocr_job):
 
 @pytest.mark.slow
 def test_one_and_two_processes_give_the_same_cer(ocr_job, ocr_straight):
+    """Two spawned ranks as on Windows (the Windows plan, the CPU-staged all-reduce), each with a
+    loader worker of its own (spawned by a spawned rank), against one process without one."""
     from support.jobs import assert_same_training, python_run, run_xtrain
 
     out = ocr_job.root / "two"
+    env = {**ocr_job.env, "XTRAIN_PLATFORM": "windows", "XTRAIN_FORCE_CPU_STAGED": "1"}
     args = ("--processes", "2", "--config", str(ocr_job.config), f"run.output_dir={out}")
-    proc = run_xtrain(python_run(*args), ocr_job.env)
+    args = (*args, "data.num_workers=1")
+    proc = run_xtrain(python_run(*args), env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     one = json.loads((ocr_straight / "train_result.json").read_text())
     two = json.loads((out / "train_result.json").read_text())
+    assert two["run_info"]["cpu_staged_allreduce"] is True and two["run_info"]["plan_os"] == "windows"
     assert (two["world_size"], two["accumulation"], one["accumulation"]) == (2, 1, 2)
     for a, b in zip(one["eval_history"], two["eval_history"], strict=True):  # step 0 and the end
         assert (a["step"], a["cer"], a["wer"]) == (b["step"], b["cer"], b["wer"])
@@ -470,12 +475,10 @@ LAUNCHERS = {
 }  # fmt: skip
 
 
-@pytest.mark.slow
-# the Windows path (spawned ranks that spawn their own loader workers) runs by default; the other
-# two launchers, which test_launch_modes covers on the text job, with `pytest -m soak`
-@pytest.mark.parametrize(
-    "mode", [pytest.param(m, marks=pytest.mark.soak) if m != "windows" else m for m in LAUNCHERS]
-)
+# The Windows path (spawned ranks that spawn their own loader workers) runs by default in
+# test_one_and_two_processes_give_the_same_cer; every launcher with loader workers with `pytest -m soak`
+@pytest.mark.soak
+@pytest.mark.parametrize("mode", list(LAUNCHERS))
 def test_launchers_with_loader_workers_give_the_same_cer(ocr_job, ocr_straight, mode):
     import sys
 

@@ -53,7 +53,15 @@ def reference(job: Job) -> Path:
     return out
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+# Covered by default elsewhere, so run with `pytest -m soak`: spawn by the `windows` mode (the same
+# launcher, plus the Windows plan and the CPU-staged all-reduce), accelerate's --multi_gpu flags by
+# test_train_cli (`xtrain train -n 2` against `accelerate launch --multi_gpu` on the seq-cls job)
+SOAK_MODES = ("spawn", "accelerate")
+
+
+@pytest.mark.parametrize(
+    "mode", [pytest.param(m, marks=pytest.mark.soak) if m in SOAK_MODES else m for m in MODES]
+)
 def test_two_processes_match_one(mode: str, job, reference: Path) -> None:
     out = job.root / mode
     env = dict(job.env)

@@ -448,13 +448,28 @@ def pref_straight(pref_job):
 
 @pytest.mark.slow
 def test_one_and_two_processes_train_the_same_dpo(pref_job, pref_straight):
-    from support.jobs import assert_same_training, one_and_two_processes
+    """`accelerate launch --multi_gpu -m xtrain.run` (2 gloo processes on CPU) against one process
+    with the same global batch: the same eval metrics and adapter. The two processes precompute the
+    reference, each its half of the rows (gathered), against the one process's live reference (the
+    adapters off at every step). (torchrun and the other launchers: test_launch_modes.)"""
+    from support.jobs import assert_same_training, run_xtrain, two_process_command
 
-    out, one, two = one_and_two_processes(pref_job, pref_straight)
+    out = pref_job.root / "two"
+    command, env = two_process_command("accelerate", pref_job.root, pref_job.env)
+    extra = "preference.precompute_reference=true"
+    proc = run_xtrain([*command, "--config", str(pref_job.config), f"run.output_dir={out}", extra], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one = json.loads((pref_straight / "train_result.json").read_text())
+    two = json.loads((out / "train_result.json").read_text())
+    assert (two["world_size"], two["accumulation"], one["accumulation"]) == (2, 1, 2)
+    assert two["run_info"]["backend"] == "gloo"
     for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
         assert b["rewards/accuracy"] == a["rewards/accuracy"]
         assert b["rewards/margin"] == pytest.approx(a["rewards/margin"], rel=1e-4, abs=1e-6)
     assert_same_training(pref_straight, out)
+    (stored,) = (out / "preference-reference").glob("*.pt")
+    values = torch.load(stored, weights_only=True)
+    assert [len(values[s]) for s in ("eval", "train")] == [6, 24]  # 3 + 3 eval rows, 12 + 12 train
 
 
 @pytest.mark.slow
@@ -476,27 +491,6 @@ def test_one_and_two_processes_train_the_same_kto(pref_job):
         assert b["rewards/accuracy"] == a["rewards/accuracy"]
         assert b["kl"] == pytest.approx(a["kl"], rel=1e-4, abs=1e-6)
     assert_same_training(*outs)
-
-
-@pytest.mark.slow
-def test_torchrun_and_accelerate_launch_train_the_same_dpo(pref_job, pref_straight):
-    """`torchrun -m xtrain.run` and `accelerate launch --multi_gpu -m xtrain.run` (2 gloo
-    processes on CPU) against one process with the same global batch (support.jobs.TWO_PROCESSES).
-    The accelerate run precomputes the reference, each process its half of the rows (gathered),
-    against the one process's live reference (the adapters off at every step)."""
-    from support.jobs import assert_same_training, run_xtrain, two_process_command
-
-    for mode, extra in (("torchrun", []), ("accelerate", ["preference.precompute_reference=true"])):
-        out = pref_job.root / mode
-        command, env = two_process_command(mode, pref_job.root, pref_job.env)
-        proc = run_xtrain([*command, "--config", str(pref_job.config), f"run.output_dir={out}", *extra], env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        two = json.loads((out / "train_result.json").read_text())
-        assert (two["world_size"], two["accumulation"], two["run_info"]["backend"]) == (2, 1, "gloo"), mode
-        assert_same_training(pref_straight, out)
-    (stored,) = (pref_job.root / "accelerate" / "preference-reference").glob("*.pt")
-    values = torch.load(stored, weights_only=True)
-    assert [len(values[s]) for s in ("eval", "train")] == [6, 24]  # 3 + 3 eval rows, 12 + 12 train
 
 
 @pytest.mark.slow
