@@ -21,9 +21,9 @@ from xtrain.model.decoding import (
     Sampling,
     completion_mask,
     decode_settings,
+    draws,
     generate,
     pick,
-    top_p_filter,
 )
 
 pytestmark = pytest.mark.usefixtures("private_caches")
@@ -51,30 +51,31 @@ def lm(tmp_path_factory):
 
 
 class _DrawnByRow:
-    """The reference's sampling inside ``generate``: each row's token drawn from its own generator
-    (as ``pick`` draws it), every other token's score -inf (``generate`` then runs greedily)."""
+    """The reference's sampling inside ``generate``: each row's token picked with its own draws
+    (as the decoder picks it), every other token's score -inf (``generate`` then runs greedily)."""
 
-    def __init__(self, seeds: list[int], sampling: Sampling) -> None:
-        self.sampling = sampling
-        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+    def __init__(self, seeds: list[int], sampling: Sampling, steps: int) -> None:
+        self.sampling, self.u, self.t = sampling, draws(seeds, steps, "cpu"), 0
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        token = pick(scores, self.sampling, self.generators)
+        token = pick(scores, self.sampling, self.u[:, self.t])
+        self.t += 1
         return torch.full_like(scores, float("-inf")).scatter_(1, token.unsqueeze(1), 0.0)
 
 
-def test_sampling_and_filters_are_per_row():
-    scores = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
-    s = Sampling(1.0, 0.9)
-    alone = [torch.Generator().manual_seed(11)]
-    together = [torch.Generator().manual_seed(x) for x in (7, 11, 9)]
-    assert [int(pick(scores[1:2], s, alone)[0]) for _ in range(5)] == [
-        int(pick(scores, s, together)[1]) for _ in range(5)
-    ]
-    assert pick(scores, None, None).tolist() == scores.argmax(-1).tolist()
-    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    torch.testing.assert_close(top_p_filter(probs, 0.7), torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
-    torch.testing.assert_close(top_p_filter(probs, 0.1), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+def test_draws_and_picks_are_per_row():
+    """A row's draws depend on its seed alone; a pick is the inverse of the cumulative distribution
+    at the row's draw, within the top-p set (HF's: the most likely tokens whose mass before them is
+    under top_p); greedy is the argmax."""
+    assert torch.equal(draws([7, 11, 9], 5, "cpu")[1], draws([11], 5, "cpu")[0])
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 4))
+    u = torch.tensor([0.1, 0.6, 0.9, 0.999])
+    assert pick(logits, Sampling(1.0, 1.0), u).tolist() == [0, 1, 2, 3]
+    assert pick(logits, Sampling(1.0, 0.7), u).tolist() == [0, 0, 1, 1]  # {0, 1}, renormalised 0.625
+    assert pick(logits, Sampling(1.0, 0.1), u).tolist() == [0, 0, 0, 0]
+    assert pick(logits, None, None).tolist() == [0, 0, 0, 0]
+    hot = pick(logits, Sampling(100.0, 1.0), torch.tensor([0.2, 0.4, 0.6, 0.8]))  # ~uniform
+    assert hot.tolist() == [0, 1, 2, 3]
     mask, truncated = completion_mask(torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8]]), [2])
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]] and truncated.tolist() == [False, True]
     # the rule: CUDA on a static cache, compiled where torch.compile runs; CPU and sharded weights not
@@ -93,7 +94,7 @@ def test_one_prefill_a_group_gives_generate_s_completions(lm):
     model, tok, ids, mask = lm
     group, sampling, stop, pad = 4, Sampling(0.9, 0.95), [tok.eos_token_id], tok.pad_token_id
     seeds = [1000 + i for i in range(len(PROMPTS) * group)]
-    drawn = LogitsProcessorList([_DrawnByRow(seeds, sampling)])
+    drawn = LogitsProcessorList([_DrawnByRow(seeds, sampling, 24)])
     with torch.no_grad():
         ref = model.generate(
             input_ids=ids.repeat_interleave(group, 0), attention_mask=mask.repeat_interleave(group, 0),
@@ -118,15 +119,15 @@ def test_one_prefill_a_group_gives_generate_s_completions(lm):
         assert torch.equal(again.ids, got.ids)
 
 
-def _no_cache(model, ids, mask, steps: int, generators, sampling, stop, pad):
+def _no_cache(model, ids, mask, steps: int, seeds, sampling, stop, pad):
     """The plainest loop: the whole context through the model at every step (no cache)."""
     done = torch.zeros(ids.size(0), dtype=torch.bool)
-    out = []
-    for _ in range(steps):
+    u, out = draws(seeds, steps, "cpu"), []
+    for t in range(steps):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
-        token = torch.where(done, torch.full((ids.size(0),), pad), pick(logits, sampling, generators))
+        token = torch.where(done, torch.full((ids.size(0),), pad), pick(logits, sampling, u[:, t]))
         out.append(token)
         ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, (~done).long()[:, None]], 1)
         done = done | torch.isin(token, torch.tensor(stop))
@@ -145,9 +146,8 @@ def test_a_multi_turn_episode_equals_a_loop_without_cache(lm, static):
     d.prefill(ids, mask, group=2)
     seeds = [[7 * turn + row for row in range(6)] for turn in range(3)]
     first = d.decode(6, s, seeds[0])
-    ref_gen = [torch.Generator().manual_seed(x) for x in seeds[0]]
     ref, ctx, ctx_mask = _no_cache(
-        model, ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), 6, ref_gen, s, stop, pad
+        model, ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), 6, seeds[0], s, stop, pad
     )
     assert torch.equal(first.ids, ref.masked_fill(first.mask == 0, pad))
     tool = [tok(f" result {'x' * r}")["input_ids"][1:] for r in range(6)]
@@ -157,14 +157,13 @@ def test_a_multi_turn_episode_equals_a_loop_without_cache(lm, static):
     d.extend(tool_ids, tool_mask)
     second = d.decode(5, s, seeds[1])
     ctx, ctx_mask = torch.cat([ctx, tool_ids], 1), torch.cat([ctx_mask, tool_mask], 1)
-    ref_gen = [torch.Generator().manual_seed(x) for x in seeds[1]]
-    ref, ctx, ctx_mask = _no_cache(model, ctx, ctx_mask, 5, ref_gen, s, stop, pad)
+    ref, ctx, ctx_mask = _no_cache(model, ctx, ctx_mask, 5, seeds[1], s, stop, pad)
     assert torch.equal(second.ids, ref.masked_fill(second.mask == 0, pad))
     rows = torch.tensor([0, 2, 3, 5])
     d.keep(rows)
     third = d.decode(4, s, [seeds[2][r] for r in rows.tolist()])
-    ref_gen = [torch.Generator().manual_seed(seeds[2][r]) for r in rows.tolist()]
-    ref, ctx, ctx_mask = _no_cache(model, ctx[rows], ctx_mask[rows], 4, ref_gen, s, stop, pad)
+    kept = [seeds[2][r] for r in rows.tolist()]
+    ref, ctx, ctx_mask = _no_cache(model, ctx[rows], ctx_mask[rows], 4, kept, s, stop, pad)
     assert torch.equal(third.ids, ref.masked_fill(third.mask == 0, pad))
     seen, seen_mask = d.sequence()
     # the no-cache loop appended every drawn token; the decoder holds the same context, the tokens

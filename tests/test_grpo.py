@@ -280,6 +280,8 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
 
     capture = xtrain_gradients(cfg, on_workload=record)
     assert len(batches) == 2 and seen["step"].chunks is not None  # the log-probs ran chunked
+    # each group's prompt went through the model once, the completions continued its cache
+    assert sum("cache" in inputs for inputs, _ in capture.inputs) == 2
     tok, ref = seen["tokenizer"], reference_model(capture).train()
     sums, tokens = [], 0.0
     for batch in batches:

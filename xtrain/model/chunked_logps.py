@@ -111,7 +111,7 @@ def _with_head(model: torch.nn.Module, inputs: dict[str, Any], compute: Compute)
 
     head.forward = head_call  # this call only: the instance attribute shadows the class's
     try:
-        model(**inputs, use_cache=False)
+        model(**{"use_cache": False, **inputs})
     finally:
         restore()
     if not found:

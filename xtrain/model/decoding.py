@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = [
-    "Completions", "DecodeSettings", "Decoder", "Sampling", "completion_mask", "decode_settings",
-    "generate", "pick", "top_p_filter",
+    "CacheCall", "Completions", "DecodeSettings", "Decoder", "Sampling", "completion_mask",
+    "decode_settings", "draws", "generate", "pick",
 ]  # fmt: skip
 
 
@@ -79,29 +79,35 @@ def decode_settings(
     return DecodeSettings(static=True, compiled=compiled, max_length=max_length)
 
 
-def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The smallest set of most likely tokens whose probability reaches ``top_p`` (at least one),
-    renormalised (HF's ``TopPLogitsWarper``'s set)."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above
-    keep_sorted = before < top_p
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    kept = probs * keep
-    return kept / kept.sum(dim=-1, keepdim=True)
+def draws(seeds: Sequence[int], count: int, device: torch.device | str) -> torch.Tensor:
+    """[N, count] uniforms in [0, 1): row i's ``count`` draws from a generator seeded by
+    ``seeds[i]`` (drawn before the steps: one call a row, not one a row a token)."""
+    out = [torch.rand(count, generator=torch.Generator(device=device).manual_seed(int(s)), device=device)
+           for s in seeds]  # fmt: skip
+    return torch.stack(out) if out else torch.empty(0, count, device=device)
 
 
-def pick(
-    logits: torch.Tensor, sampling: Sampling | None, generators: Sequence[torch.Generator] | None
-) -> torch.Tensor:
-    """[N] next tokens from [N, V] logits: the most likely (``sampling`` None), else each row's draw
-    from its own generator at ``sampling``'s temperature within its top-p."""
+def pick(logits: torch.Tensor, sampling: Sampling | None, u: torch.Tensor | None) -> torch.Tensor:
+    """[N] next tokens from [N, V] logits: the most likely (``sampling`` None), else each row's
+    token at its uniform ``u`` [N] on the cumulative distribution at ``sampling``'s temperature
+    within its top-p (inverse transform sampling: one batched search, each row's own draw)."""
     if sampling is None:
         return logits.argmax(dim=-1)
-    assert generators is not None and len(generators) == logits.size(0)
+    assert u is not None and u.shape == logits.shape[:1]
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        probs = top_p_filter(probs, sampling.top_p)
-    return torch.stack([torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(generators)])
+    order = None
+    if sampling.top_p < 1.0:  # in the sorted order, where top-p's set is a prefix
+        probs, order = probs.sort(dim=-1, descending=True)
+        kept = (probs.cumsum(dim=-1) - probs) < sampling.top_p  # mass ranked above below top_p
+        probs = probs * kept
+    cdf = probs.cumsum(dim=-1)
+    # u < 1: the target lies below the total, so the token found has mass (cdf rises at it)
+    token = torch.searchsorted(cdf, (u.to(cdf) * cdf[:, -1]).unsqueeze(1), right=True)
+    token = token.clamp(max=cdf.size(-1) - 1)
+    if order is not None:
+        token = torch.minimum(token, kept.sum(-1, keepdim=True) - 1)
+        token = order.gather(1, token)
+    return token.squeeze(1)
 
 
 @dataclass
@@ -126,7 +132,7 @@ def completion_mask(ids: torch.Tensor, stop: Sequence[int]) -> tuple[torch.Tenso
 
 
 @dataclass(frozen=True)
-class _Call:
+class CacheCall:
     """How this model's forward takes its cache (transformers 5: ``cache``; 4: ``past_key_values``)
     and whether it computes the last position's logits alone (``logits_to_keep``)."""
 
@@ -134,7 +140,7 @@ class _Call:
     keep_last: bool
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> _Call:
+    def of(cls, model: torch.nn.Module) -> CacheCall:
         base = model
         while hasattr(base, "get_base_model"):  # peft's wrapper: the model it adapts
             base = base.get_base_model()
@@ -168,7 +174,7 @@ class Decoder:
     ) -> None:
         self.model, self.pad_id, self.stop, self.synced = model, pad_id, list(stop), synced
         self.settings = settings or DecodeSettings()
-        self.call = _Call.of(model)
+        self.call = CacheCall.of(model)
         self.cache: Any = None
         self.ids = self.mask = self.logits = self.pending = self._pending_mask = torch.empty(0)
         self.next_position = torch.empty(0)  # [N] the position of each row's next token
@@ -255,19 +261,20 @@ class Decoder:
     def decode(
         self, max_new_tokens: int, sampling: Sampling | None = None, seeds: Sequence[int] | None = None
     ) -> Completions:
-        """Up to ``max_new_tokens`` a row, drawn at ``sampling`` from generators seeded by ``seeds``
-        (one a row), greedy without; a row stops at its first stop token. The last token drawn is
-        not encoded until ``extend`` (nothing reads its cache before)."""
+        """Up to ``max_new_tokens`` a row, drawn at ``sampling`` with the uniforms of generators
+        seeded by ``seeds`` (one a row: ``draws``), greedy without; a row stops at its first stop
+        token. The last token drawn is not encoded until ``extend`` (nothing reads its cache
+        before)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens}: at least one token")
         if self.pending.size(1):  # the last decode's final tokens: into the context first
             self.extend(self.pending[:, :0], self.pending[:, :0])
         n, device = self.logits.size(0), self.logits.device
-        generators = None
+        uniforms = None
         if sampling is not None:
             if seeds is None or len(seeds) != n:
                 raise ValueError(f"sampling {n} rows needs {n} seeds, got {len(seeds or [])}")
-            generators = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+            uniforms = draws(seeds, max_new_tokens, device)
         stop = torch.tensor(self.stop, device=device)
         done = torch.zeros(n, dtype=torch.bool, device=device)
         static = self._static(max_new_tokens) if self.settings.static else None
@@ -276,7 +283,7 @@ class Decoder:
         logits = self.logits
         with torch.no_grad():
             for t in range(max_new_tokens):
-                token = pick(logits, sampling, generators)
+                token = pick(logits, sampling, None if uniforms is None else uniforms[:, t])
                 live = ~done
                 token = torch.where(live, token, torch.full_like(token, self.pad_id))
                 drawn.append(token)
@@ -327,8 +334,8 @@ def generate(
     settings: DecodeSettings | None = None,
 ) -> Completions:
     """``group`` completions of each left-padded prompt (rows ``b * group + k``), each prompt
-    encoded once: sampled at ``sampling`` from generators seeded by ``seeds`` (one a completion),
-    greedy without. See ``Decoder``."""
+    encoded once: sampled at ``sampling`` with the draws of generators seeded by ``seeds`` (one a
+    completion), greedy without. See ``Decoder``."""
     decoder = Decoder(model, pad_id, stop, synced=synced, settings=settings)
     decoder.prefill(prompt_ids, prompt_mask, group)
     return decoder.decode(max_new_tokens, sampling, seeds)

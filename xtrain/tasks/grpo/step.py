@@ -131,8 +131,9 @@ class GrpoStep:
         s = self.settings
         width = batch["completion_mask"].size(1)
         logps = token_logps(
-            model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks
-        )
+            model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
+            self.g.num_generations,
+        )  # fmt: skip
         per_token, clipped, kl = gl.per_token_loss(
             s, logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"]
         )
@@ -258,7 +259,8 @@ class GrpoStep:
     def _side_logps(self, model: torch.nn.Module, batch: Batch) -> None:
         """The old policy's (``num_iterations`` > 1) and the reference's (``beta`` > 0) log-probs."""
         width = batch["completion_mask"].size(1)
-        args = (batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks)
+        args = (batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
+                self.g.num_generations)  # fmt: skip
         with torch.no_grad():
             if self.g.num_iterations > 1:
                 batch["old_logps"] = token_logps(model, *args)
