@@ -400,10 +400,34 @@ def test_num_iterations_reuses_one_generation_with_the_old_log_probs(tmp_path, r
         workload.forward = recorded
         return workload
 
+    from support.gradients import jsonl
+
+    evals = jsonl(tmp_path / "data" / "eval.jsonl", _prompts(3, seed=9))
     cfg = _cfg(tmp_path, reward_file, "grpo.num_iterations=2", "run.max_steps=2", "optim.lr=0.5",
-               "grpo.epsilon=0.01")  # fmt: skip
-    train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
+               "grpo.epsilon=0.01", f"data.eval={evals}")  # fmt: skip
+    result = train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
     assert len(seen) == 4  # 2 steps x 2 micro-batches
     for first, again in zip(seen[:2], seen[2:], strict=True):
         assert torch.equal(first["ids"], again["ids"]) and torch.equal(first["old"], again["old"])
     assert all(s["clip"] == 0 for s in seen[:2]) and any(s["clip"] > 0 for s in seen[2:])
+    # the final evaluation (issue 46): the reward and each function's by its name, no eval loss;
+    # its samples are prompts and completions
+    assert set(result.eval_metrics) == {"reward", "rewards/letters", "completion_length"}
+    sample = result.predictions[0]
+    assert tuple(sample["labels"]) == ("prompt", "completion")
+    assert sample["reference"].startswith("question: ")
+
+
+def test_reward_metrics_are_named_by_function_and_files_found_next_to_the_config(tmp_path, reward_file):
+    """TRL's names (``rewards/correct``), a name two files share kept apart by the file's; a
+    reward file written relative to the config file is found from any current folder."""
+    from xtrain.tasks.validation import load_config
+
+    assert rw.labels(["exact_match", "/x/a.py:score", "pkg.mod:other", "b.py:score"]) == [
+        "exact_match", "a.score", "other", "b.score"
+    ]  # fmt: skip
+    job = _job(tmp_path, f"[format, {reward_file.name}:letters]")
+    job.write_text(job.read_text().replace("rewards:", "format_pattern: x, rewards:"))
+    cfg = load_config(job, [])
+    assert cfg.grpo.rewards == ["format", f"{reward_file.resolve()}:letters"]
+    assert [r.metric for r in rw.resolve(cfg.grpo)] == ["format", "letters"]

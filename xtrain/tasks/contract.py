@@ -229,13 +229,16 @@ ReduceFn = Callable[[dict[str, "torch.Tensor"]], dict[str, float]]
 
 @dataclass
 class Prediction:
-    """One sample of a generative eval: what the model should write and what it wrote."""
+    """One sample of a generative eval: what the model should write and what it wrote, or, where
+    there is nothing it should write (GRPO), what it was given; ``labels`` name the two."""
 
     reference: str
     prediction: str
+    labels: tuple[str, str] = ("reference", "prediction")
 
 
-# evaluate(accelerator, model, eval_loader) -> (metrics with "eval_loss", sample predictions).
+# evaluate(accelerator, model, eval_loader) -> (metrics, sample predictions): "eval_loss" among the
+# metrics where the task has a loss to evaluate (GRPO's reward is its metric, there is no eval loss).
 # Replaces the loop's forward-only evaluation (eval_batch/reduce_metrics) when a task evaluates by
 # generating (image-to-text: CER/WER); it runs on every rank and must gather in data order.
 EvaluateFn = Callable[["Accelerator", "Module", "DataLoader"], tuple[dict[str, float], list[Prediction]]]

@@ -308,6 +308,7 @@ TASK = Task(
             "mean reward",
             "eval prompts answered greedily, scored by the reward functions; 1 is best",
         ),
+        samples=("prompt", "the trained model's completion [its reward]"),
         predict_args=_quickstart_prompt,
     ),
     check_data=check_data,

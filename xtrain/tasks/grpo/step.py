@@ -246,8 +246,8 @@ class GrpoStep:
         out = {"reward": rewards.mean(), "reward_std": rewards.std(), "frac_reward_zero_std": zero}
         for r, column in zip(self.rewards, per_fn.T, strict=True):
             given = column[~column.isnan()]
-            out[f"rewards/{r.name}/mean"] = given.mean() if len(given) else torch.tensor(0.0)
-            out[f"rewards/{r.name}/std"] = given.std() if len(given) > 1 else torch.tensor(0.0)
+            out[f"rewards/{r.metric}/mean"] = given.mean() if len(given) else torch.tensor(0.0)
+            out[f"rewards/{r.metric}/std"] = given.std() if len(given) > 1 else torch.tensor(0.0)
         out["completions/mean_length"] = lengths.mean()
         out["completions/max_length"] = lengths.max()
         out["completions/clipped_ratio"] = truncated.mean()
