@@ -190,6 +190,10 @@ class Task:
     # prompt), on top of which ``generation.max_new_tokens`` must fit the positions; None: it
     # does not generate
     generation_prompt: Callable[[TrainConfig], int] | None = None
+    # Tokens a training sequence holds in a KV cache while the task generates during training
+    # (GRPO's rollout: its prompt and completion): the memory estimate counts that cache; None:
+    # it does not generate in training
+    kv_cache_tokens: Callable[[TrainConfig], int] | None = None
     # its rows decode images or audio when read: the plan's media DataLoader workers serve it
     decodes_media: bool = False
     # Its training loss is the model's cross-entropy over the vocabulary at its output head
