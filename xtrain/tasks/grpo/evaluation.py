@@ -53,8 +53,8 @@ class GrpoEval:
                         inner, batch["input_ids"].to(accelerator.device),
                         batch["attention_mask"].to(accelerator.device),
                         max_new_tokens=s.g.max_completion_length, pad_id=s.pad_id, stop=eos,
-                        synced=bool(generate_kwargs(accelerator)), settings=s.decode,
-                    )  # fmt: skip
+                        synced=bool(generate_kwargs(accelerator)),
+                    )  # fmt: skip (the model's own cache: a compiled step would recompile per batch size)
                 texts = s.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
                 values = s.score(rows, texts, s.step, self.rows)
                 if len(shown) < SAMPLES:
