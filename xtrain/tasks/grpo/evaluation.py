@@ -48,13 +48,14 @@ class GrpoEval:
         with torch.no_grad():
             for batch in loader:
                 rows = batch["row"].tolist()
+                # the model's own cache: a compiled step would compile again for each eval batch size
                 with accelerator.autocast():
                     done = generate(
                         inner, batch["input_ids"].to(accelerator.device),
                         batch["attention_mask"].to(accelerator.device),
                         max_new_tokens=s.g.max_completion_length, pad_id=s.pad_id, stop=eos,
                         synced=bool(generate_kwargs(accelerator)),
-                    )  # fmt: skip (the model's own cache: a compiled step would recompile per batch size)
+                    )  # fmt: skip
                 texts = s.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
                 values = s.score(rows, texts, s.step, self.rows)
                 if len(shown) < SAMPLES:
