@@ -164,10 +164,9 @@ class GrpoStep:
         each = [r for r in rows for _ in range(G)]
         texts = self.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
         values = self.score(each, texts, step)
-        self.completions = [
-            (each[i], self._prompt_text(each[i]), texts[i], float(values[i].nansum()))
-            for i in range(len(texts))
-        ]
+        prompts = {r: self._prompt_text(r) for r in rows}  # rendered once a prompt, not a completion
+        totals = values.nansum(1).tolist()
+        self.completions = [(each[i], prompts[each[i]], texts[i], totals[i]) for i in range(len(texts))]
         loss_mask = (
             done.mask * (~done.truncated).long().unsqueeze(1)
             if self.g.mask_truncated_completions
