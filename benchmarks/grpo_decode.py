@@ -63,22 +63,20 @@ def measure(device: str = "cuda", size: str = "512", prompt: int = 256, new: int
         variants["xtrain, static cache, compiled step"] = lambda: generate(
             model, ids, mask, **common, settings=DecodeSettings(True, True, prompt + new)
         )
+    def seconds_of(fn: Any) -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":  # the GPU's work done, not just queued
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
     rows = {}
     for name, fn in variants.items():
-        times = []
         with torch.no_grad(), autocast:
-            warm = time.perf_counter()
-            fn()
-            warm = time.perf_counter() - warm
-            for _ in range(repeats):
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                fn()
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
-        seconds = statistics.median(times)
+            warm = seconds_of(fn)  # the compiled variant compiles here
+            seconds = statistics.median(seconds_of(fn) for _ in range(repeats))
         rows[name] = {"seconds": seconds, "tokens_per_s": groups * group * new / seconds, "first": warm}
         log(f"grpo_decode {size} {device}: {name}: {seconds:.3f} s, {rows[name]['tokens_per_s']:.0f} tok/s "
             f"(first call {warm:.1f} s)")  # fmt: skip

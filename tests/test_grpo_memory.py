@@ -5,12 +5,10 @@ and the reference's log-probs without gradients, the head run in chunks on the c
 (``GrpoStep`` with ``Workload.use_chunked_loss``, as the loop's levers set it). The chunks bound
 the peak whatever the completions' length (the run's own chunks: 220 positions of this vocabulary,
 128 MiB of float32 logits; here 64, to keep the test's arithmetic small). The peak is the CPU
-allocator's, as PyTorch's profiler records it at every allocation (benchmarks/chunked_loss.py's
-measure)."""
+allocator's, from PyTorch's profiler's record of every allocation and free."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import torch
@@ -19,19 +17,17 @@ VOCAB, ROWS, PROMPT, COMPLETION, CHUNK = 152_064, 8, 16, 128, 64
 
 
 def _allocated_peak(fn) -> int:
-    """Peak allocated bytes on the CPU above the start while ``fn`` runs (the profiler's count)."""
-    import tempfile
-    from pathlib import Path
+    """Peak bytes the CPU allocator holds above the start while ``fn`` runs: the running sum of
+    the profiler's memory events (allocations positive, frees negative), in time order."""
+    from itertools import accumulate
 
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    with tempfile.TemporaryDirectory() as folder:
-        trace = Path(folder) / "trace.json"
-        prof.export_chrome_trace(str(trace))
-        events = json.loads(trace.read_text(encoding="utf-8"))["traceEvents"]
-    return max((e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"), default=0)
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())  # fmt: skip
+    return max(accumulate(e.nbytes() for e in events), default=0)
 
 
 def test_a_grpo_step_on_a_152k_vocabulary_never_holds_the_full_logits():

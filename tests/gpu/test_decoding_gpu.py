@@ -1,7 +1,7 @@
 """xtrain's decode loop on CUDA (issue 48): the static cache and the compiled step (CUDA graphs)
 that ``decoding.decode_settings`` picks there give the completions of the model's own cache; the
 compiled step serves batch after batch of one shape (its cache and mask buffer reused); a GRPO
-run on the GPU decodes that way and learns. Timings: benchmarks/grpo_decode.py (gpu_session.sh)."""
+run on the GPU decodes that way. Timings: benchmarks/grpo_decode.py (gpu_session.sh)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,13 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.usefixtures("private_caches")
-PROMPTS = ["question: where did tom play with the cat? answer: ", "question: who? answer: ", "hi"]
 
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
-    from peft import LoraConfig, get_peft_model
-    from support.jobs import session_builtin
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from support.decoding import lora_lm
 
-    folder = session_builtin(tmp_path_factory, "builtin:tiny-llama-grpo")
-    tok = AutoTokenizer.from_pretrained(folder)
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).cuda()
-    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    model = get_peft_model(base, lora).eval()
-    enc = [tok(p)["input_ids"] for p in PROMPTS]
-    width, pad = max(map(len, enc)), tok.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc]).cuda()
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc]).cuda()
-    return model, tok, ids, mask
+    return lora_lm(tmp_path_factory, "cuda")
 
 
 @pytest.mark.parametrize("compiled", [False, True])
