@@ -7,8 +7,11 @@ entries would be 2.3 GiB of float32 logits, and as much again for their log-soft
 
 Each chunk of ``rows`` positions is checkpointed under autograd (its logits recomputed in the
 backward): every sequence's sum, every token's log-prob, gets its own gradient, which the forward
-does not know yet. ``sequence_logps_call`` and ``token_logps_call`` put them in place of a model's
-head for one forward (``_with_head``). The token one does it as ``chunked_loss.ChunkedLoss`` does:
+does not know yet. Positions that fit one chunk run as one, not checkpointed: keeping its logits
+for the backward holds no more than a chunk, and the head runs once instead of twice.
+
+``sequence_logps_call`` and ``token_logps_call`` put them in place of a model's head for one
+forward (``_with_head``). The token one does it as ``chunked_loss.ChunkedLoss`` does:
 the chunks call the head's own ``forward`` (its module hooks fire once, for the model's call), and
 what the head returns instead of logits is an empty tensor computed from the log-probs, which the
 returned log-probs depend on, so that the hooks on the head's output (FSDP2's pre-backward
@@ -51,9 +54,10 @@ def _labelled(
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)
     y = flat.index_select(0, keep)
     parts = [h[:0].float().sum(-1)]  # empty, in the graph
+    recompute = torch.is_grad_enabled() and y.numel() > rows  # one chunk: its logits kept, not redone
     for start in range(0, y.numel(), rows):
         chunk = (h[start : start + rows], y[start : start + rows])
-        if torch.is_grad_enabled():
+        if recompute:
             parts.append(checkpoint(_chunk, head, *chunk, mapping, temperature, use_reentrant=False))
         else:
             parts.append(_chunk(head, *chunk, mapping, temperature))

@@ -29,7 +29,10 @@ import torch
 if TYPE_CHECKING:
     from xtrain.model.chunked_loss import LogitMap
 
-_WHOLE_ROWS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # models whose cache cannot be shared
+# the model each prepared model wraps, and whether each model can share its prompts' cache: found
+# once (accelerate's unwrapping asks the package index about DeepSpeed at every call)
+_INNER: weakref.WeakKeyDictionary[torch.nn.Module, torch.nn.Module] = weakref.WeakKeyDictionary()
+_SHARES: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def token_logps(
@@ -66,18 +69,23 @@ def token_logps(
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    from accelerate.utils import extract_model_from_parallel
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a DDP/FSDP/DeepSpeed wrapper calls (accelerate's ``extract_model_from_parallel``,
+    its autocast kept), found once a model."""
+    found = _INNER.get(model)
+    if found is None:
+        from accelerate.utils import extract_model_from_parallel
 
-    return extract_model_from_parallel(model, keep_torch_compile=False)
+        found = _INNER[model] = extract_model_from_parallel(model, keep_torch_compile=False)
+    return found
 
 
 def _shares_prompts(model: torch.nn.Module) -> bool:
-    inner = _unwrapped(model)
-    if inner in _WHOLE_ROWS:
-        return False
-    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in inner.modules())
-    return not checkpointing and not any(hasattr(p, "ds_id") for p in inner.parameters())
+    inner = unwrapped(model)
+    if inner not in _SHARES:  # (gradient checkpointing and DeepSpeed are set before the first step)
+        checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in inner.modules())
+        _SHARES[inner] = not checkpointing and not any(hasattr(p, "ds_id") for p in inner.parameters())
+    return _SHARES[inner]
 
 
 def _shared_prompt(
@@ -91,7 +99,7 @@ def _shared_prompt(
     attention (the model is then remembered and runs whole rows)."""
     from xtrain.model.decoding import CacheCall
 
-    inner = _unwrapped(model)
+    inner = unwrapped(model)
     call = CacheCall.of(inner)
     P = input_ids.size(1) - width
     prompt, prompt_mask = input_ids[::group, :P], attention_mask[::group, :P]
@@ -100,7 +108,7 @@ def _shared_prompt(
     out = inner(input_ids=prompt, attention_mask=prompt_mask, position_ids=positions, use_cache=True, **keep)
     cache = getattr(out, "cache", None) or out.past_key_values
     if not getattr(cache, "layers", None) or any(type(x).__name__ != "DynamicLayer" for x in cache.layers):
-        _WHOLE_ROWS.add(inner)
+        _SHARES[inner] = False
         return None
     cache.batch_repeat_interleave(group)
     completion, mask = input_ids[:, P:], attention_mask[:, P:]

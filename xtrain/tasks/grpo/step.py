@@ -49,9 +49,9 @@ class StepOutput:
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    from accelerate.utils import extract_model_from_parallel
+    from xtrain.tasks.grpo.rollout import unwrapped
 
-    return extract_model_from_parallel(model, keep_torch_compile=False)
+    return unwrapped(model)
 
 
 def _rank() -> int:
