@@ -304,6 +304,8 @@ class Decoder:
             self.ids = torch.cat([self.ids, ids[:, :-1]], 1)
             self.mask = torch.cat([self.mask, torch.stack(alive[:-1], 1)], 1) if len(alive) > 1 else self.mask
             self._dynamic, self.cache = self.cache, static.cache
+            if static.shared:  # the next batch of this shape decodes on it: the context copied out now
+                self._own_cache()
         self.logits = logits
         self.pending, self._pending_mask = ids[:, -1:], alive[-1].unsqueeze(1)
         mask, truncated = completion_mask(ids, self.stop)

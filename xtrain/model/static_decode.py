@@ -23,7 +23,7 @@ class StaticSteps:
 
     def __init__(self, cache: Any, mask: torch.Tensor, step: Any) -> None:
         self.cache, self.mask, self.step_fn = cache, mask, step
-        self.column, self.cache_key = 0, "cache"
+        self.column, self.cache_key, self.shared = 0, "cache", False
         self.model: torch.nn.Module | None = None
 
     @classmethod
@@ -58,6 +58,7 @@ class StaticSteps:
             mask = torch.zeros(n, length, dtype=torch.long, device=keys.device)
             step = _compiled_step() if compiled else _plain_step
             steps = kept[key] = cls(cache, mask, step)
+            steps.shared = compiled  # kept for the next batch
         steps.cache.reset()
         for static, dynamic in zip(steps.cache.layers, layers, strict=True):
             static.keys[:, :, :width].copy_(dynamic.keys)
