@@ -95,6 +95,56 @@ def test_dry_run_refuses_a_missing_column_in_one_line(tmp_path, capsys):
     _one_line_refusal(code, err, *says)
 
 
+def test_dry_run_refuses_rows_with_nothing_left_to_learn_and_names_the_length_that_keeps_them(
+    tmp_path, capsys
+):
+    """Every row's answer past data.max_length (tool schemas in the system turn): the run would
+    stop with "no training examples left", so the dry run says so in one line with the fix (exit
+    2); where some rows still have an answer, the Data line counts the others and the run goes on."""
+    system = {"role": "system", "content": "tools: " + json.dumps([{"type": "string"}] * 20)}
+    long = {"messages": [system, *_chat("q?", "yes")["messages"]]}
+    template = "  chat_template: '" + TEMPLATE + "'"
+    code, _, err = _dry_run(capsys, _chat_job(tmp_path, [long] * 4, template))
+    _one_line_refusal(code, err, f"nothing to learn in data.train {tmp_path / 'train.jsonl'}: all 4 rows are")
+    length = int(err.split("rows are ")[1].split(" ")[0])
+    assert length > 64 and "data.max_length=64 cuts off all their trained tokens" in err, err
+    assert f"set data.max_length={length} to keep every checked row whole" in err, err
+    code, out, err = _dry_run(capsys, _chat_job(tmp_path, [long, _chat("q?", "yes")] * 2, template))
+    assert code == 0, err
+    assert "2 longer than data.max_length=64, 2 with nothing left to learn (the run leaves them out)" in out
+    config = _chat_job(tmp_path, [long] * 4, template)
+    config.write_text(config.read_text().replace("max_length: 64", f"max_length: {length}"))
+    code, _, err = _dry_run(capsys, config)  # the fix it names
+    assert code == 0, err
+
+
+def test_a_model_folder_without_tokenizer_files_is_planned_untokenized_and_refused_by_the_run(
+    tmp_path, capsys
+):
+    """A config.json alone (the memory plan of a model not downloaded yet): transformers 5 builds
+    its tokenizer class with an empty vocabulary, every row tokenizing to nothing. The dry run
+    checks the rows untokenized and says why (no "nothing to learn" refusal); loading it for a run
+    is one line naming the folder."""
+    from xtrain.errors import NoTokenizer
+    from xtrain.model.load import load_tokenizer
+
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 1000,
+              "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    job = tmp_path / "job.yaml"
+    job.write_text(f"model:\n  name_or_path: {folder.as_posix()}\n  task: causal-lm\n"
+                   "data:\n  train: builtin:tiny-stories\n")  # fmt: skip
+    code, out, err = _dry_run(capsys, job)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "rows checked without tokenizing them" in text and "has no vocabulary" in text, text
+    with pytest.raises(NoTokenizer, match="copy the model's tokenizer files into that folder"):
+        load_tokenizer(str(folder), trust_remote_code=False)
+
+
 def _vqa_rows(tmp_path: Path, n: int) -> list[dict]:
     from xtrain.builtin import vision_language as builtin_vl
 
@@ -125,7 +175,7 @@ def test_dry_run_refuses_a_missing_image_and_shows_the_expanded_example(tmp_path
     assert code == 0, err
     assert "images per row 1" in out and f"image {tmp_path / 'img' / '0.png'} (" in out
     # the processor's expansion of the image placeholder, and the answer as the trained span
-    assert "<|image_pad|>*" in out and f"[[{rows[0]['messages'][1]['content']}<|im_end|>]]" in out, out
+    assert "<|image_pad|>[... " in out and f"[[{rows[0]['messages'][1]['content']}<|im_end|>]]" in out, out
     (tmp_path / "img" / "2.png").unlink()
     code, _, err = _dry_run(capsys, _vqa_job(tmp_path, rows))
     _one_line_refusal(code, err, f"image {tmp_path / 'img' / '2.png'} (row 2 of", "vqa.jsonl) not found")
@@ -169,6 +219,33 @@ def test_the_example_is_the_runs_first_training_row(tmp_path):
     assert workload.data_report is not None
     line = f"train {cfg.data.train} (2 rows checked, messages, 0 cut at data.max_length)"
     assert workload.data_report.summary() == line
+
+
+def test_the_example_is_the_text_as_it_is_and_only_a_special_tokens_run_is_cut():
+    """`}}}}}` in an answer reads as it is (it once read `}*5`, valid JSON shown broken); a
+    special token the model gets many times over (an image's patches) is written once with a
+    count that the renderer marks as no part of the text."""
+    from transformers import AutoTokenizer
+
+    from xtrain.commands.render_data import example_lines
+    from xtrain.data.collate import IGNORE_INDEX
+    from xtrain.tasks.data_check import pieces
+    from xtrain.tasks.data_report import Example
+
+    tok = AutoTokenizer.from_pretrained(builtin.ensure_builtin_model("builtin:tiny-llama"))
+    answer = '{"a": {"b": {"c": {"d": {"type": "string"}}}}}'
+    prompt = tok("call:", add_special_tokens=False)["input_ids"]
+    ids = prompt + [tok.eos_token_id] * 9 + tok(answer, add_special_tokens=False)["input_ids"]
+    labels = [IGNORE_INDEX] * (len(ids) - len(ids[len(prompt) + 9 :])) + ids[len(prompt) + 9 :]
+    shown = pieces(tok, ids, labels)
+    assert [p.more for p in shown] == [0, 8, 0] and shown[1].text == tok.eos_token
+    assert shown[2].trained and shown[2].text.strip() == answer
+    example = Example("f.jsonl", 0, shown, tokens=len(ids))
+    (plain,) = [line.plain for line in example_lines(example, styled=False)[1:]]
+    assert plain.endswith(f"{tok.eos_token}[... 8 more ...][[{shown[2].text}]]"), plain
+    styled = example_lines(example, styled=True)[-1]
+    assert any(span.style == "dim" and styled.plain[span.start : span.end] == "[... 8 more ...]"
+               for span in styled.spans)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""How data files are read (issue 41 §3.2, 3.3, 9): text cells read as text whatever they look
-like, in JSON, CSV and Parquet alike (a property test); a file without its row format's columns
+"""How data files are read (issue 41 §3.2, 3.3, 9; issue 46 §3): text cells read as text whatever
+they look like, in JSON lines, JSON arrays, JSON objects holding their rows under a key, CSV and
+Parquet alike (a property test); a file without its row format's columns
 named in one line with the closest column and the key the user set; several files mixed and cut
 by data.max_samples; another trainer's names at the command line answered."""
 
@@ -41,7 +42,10 @@ def _write(folder: Path, cells: list[str]) -> dict[str, Path]:
 
     rows = [{"instruction": f"q{i}", "input": c, "output": c} for i, c in enumerate(cells)]
     out = {"jsonl": folder / "d.jsonl", "csv": folder / "d.csv", "parquet": folder / "d.parquet"}
+    out |= {"array": folder / "a.json", "keyed": folder / "k.json"}
     out["jsonl"].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out["array"].write_text(json.dumps(rows, indent=2))  # alpaca_data.json's shape
+    out["keyed"].write_text(json.dumps({"version": "1", "data": rows}))  # the rows under one key
     lines = ["instruction,input,output"]
     lines += [f'{r["instruction"]},"{r["input"]}","{r["output"]}"' for r in rows]
     out["csv"].write_text("\n".join(lines) + "\n")
@@ -59,10 +63,28 @@ def test_text_cells_are_read_as_written_in_every_format(cells, day, kind) -> Non
     text = text_names(DataConfig())
     with tempfile.TemporaryDirectory() as folder:
         for fmt, path in _write(Path(folder), cells).items():
+            # the first rows first: once datasets has read a file whole, it knows its types
+            first = first_rows(str(path), "auto", 10, text=text)[0] if fmt != "parquet" else None
             whole = load_source(str(path), text=text)
-            first = first_rows(str(path), "auto", 10, text=text)[0] if fmt != "parquet" else whole
-            for ds in (whole, first):  # (Parquet stores its types: nothing is guessed)
+            for ds in (whole, first or whole):  # (Parquet stores its types: nothing is guessed)
                 assert ds["input"] == cells and ds["output"] == cells, fmt
+
+
+def test_compressed_files_and_one_object_files_are_read_as_meant(tmp_path: Path) -> None:
+    import gzip
+
+    rows = [{"instruction": f"q{i}", "input": "2019-02-15", "output": "a"} for i in range(3)]
+    text = text_names(DataConfig())
+    (tmp_path / "r.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    (tmp_path / "r.json.gz").write_bytes(gzip.compress(json.dumps(rows).encode()))
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    (tmp_path / "one.json").write_text(json.dumps(chat, indent=2))  # one conversation, not rows
+    for name in ("r.jsonl.gz", "r.json.gz"):
+        ds, total = first_rows(str(tmp_path / name), "auto", 10, text=text)
+        assert ds["input"] == ["2019-02-15"] * 3 and total == 3, name
+        assert load_source(str(tmp_path / name), text=text)["instruction"] == ["q0", "q1", "q2"], name
+    ds = load_source(str(tmp_path / "one.json"), text=text)
+    assert ds.column_names == ["messages"] and len(ds) == 1 and ds[0] == chat
 
 
 def _cfg(*overrides: str) -> TrainConfig:

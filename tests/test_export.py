@@ -204,18 +204,22 @@ def test_save_merged_is_the_same_merge(llama_run, tmp_path):
 def test_gguf_reads_back_as_the_merged_model(run, kind, request, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from xtrain.export.parity import TOLERANCE, gguf_template
+    from xtrain.export.parity import gguf_template
 
     folder = request.getfixturevalue(run)
     result = _export(folder, "gguf", tmp_path / "g", gguf_type=kind)
     quantized = ["quantized"] if kind == "q8_0" else []
-    assert [c.name for c in result.checks] == ["weights", "merged", *quantized, "gguf", "template"]
+    assert [c.name for c in result.checks] == ["weights", "merged", "file", *quantized, "template"]
+    assert [c.kind for c in result.costs] == [kind] and not result.warnings
     path = tmp_path / "g" / f"model-{kind}.gguf"
     assert list(result.files) == [path.name]
     assert gguf_template(path) == CHATML
     back = AutoModelForCausalLM.from_pretrained(tmp_path / "g", gguf_file=path.name).eval()
     expected = _logits(_base_plus_adapter(folder), IDS)
-    assert (_logits(back, IDS) - expected).abs().max() <= TOLERANCE[kind] * expected.abs().max()
+    # these random models' logits move by at most (measured: docs/export.md#types) 0.2% f16, 4% q8_0
+    allowed = {"f16": 2e-2, "q8_0": 1.2e-1}[kind]
+    assert (_logits(back, IDS) - expected).abs().max() <= allowed * expected.abs().max()
+    assert result.costs[0].logits <= allowed
 
 
 def test_gguf_tokenizer_metadata(qwen2_run, tmp_path):
@@ -251,7 +255,7 @@ def test_ollama_modelfile_template_stops_and_create_line(qwen2_run, tmp_path):
         qwen2_run, "ollama", tmp_path / "o", gguf_type="q8_0", name="my-model", system="Be brief."
     )
     names = [c.name for c in result.checks]
-    assert names == ["weights", "merged", "quantized", "gguf", "template", "template"]
+    assert names == ["weights", "merged", "file", "quantized", "template", "template"]
     text = (tmp_path / "o" / "Modelfile").read_text()
     assert text.splitlines()[0] == "FROM ./model-q8_0.gguf"
     assert (
@@ -286,7 +290,7 @@ def test_several_targets_share_one_merge(llama_run, tmp_path, monkeypatch, capsy
     printed = capsys.readouterr().out
     assert len(merges) == 1
     names = [line.split(":")[0][3:] for line in printed.splitlines() if line.startswith("ok ")]
-    assert names == ["weights", "merged", "template", "quantized", "gguf", "template", "template"]
+    assert names == ["weights", "merged", "template", "file", "quantized", "template", "template"]
     assert str(out / "merged" / "model.safetensors") in printed and "ollama create" in printed
     assert (out / "Modelfile").read_text().startswith("FROM ./model-q4_0.gguf")
     assert sorted(p.name for p in out.glob("*.gguf")) == ["model-q4_0.gguf"]
@@ -402,6 +406,10 @@ def test_refusals_are_one_line_with_exit_2(llama_run, tmp_path, capsys, monkeypa
             "not a GGUF",
         ),
         (["export", str(llama_run), "--to", "gguf", "-o", str(out)], "already exists"),
+        (
+            ["export", str(llama_run), "--to", "ollama", "--type", "q8_0,q4_0", "-o", str(tmp_path / "a")],
+            "pass one --type for ollama",
+        ),
         (["export", str(tmp_path / "nothing"), "--to", "gguf", "-o", str(tmp_path / "a")], "is not a folder"),
     ]
     for argv, words in cases:
@@ -447,7 +455,8 @@ def test_the_cli_exports_and_prints_the_checks_files_and_next_command(llama_run,
     code = main(["export", str(llama_run), "--to", "ollama", "--output", str(tmp_path / "o")])
     printed = capsys.readouterr().out
     assert code == 0
-    assert "ok merged:" in printed and "ok gguf:" in printed and "ok template:" in printed
+    assert "ok merged:" in printed and "ok file:" in printed and "ok template:" in printed
+    assert "cost q8_0: logits within" in printed
     assert "model-q8_0.gguf" in printed and "Modelfile" in printed
     assert f"ollama create {llama_run.name} -f Modelfile" in printed
 

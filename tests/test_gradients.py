@@ -287,9 +287,10 @@ def test_vision_language_adapters_and_projector(data, tmp_path):
 # -- preference: DPO's loss (and its SFT term) by hand from the model's logits -----------------------
 def test_dpo_gradients_equal_the_loss_by_hand_from_the_logits(data, tmp_path):
     """The preference task's forward (policy log-probs, the reference with the adapters off, the
-    DPO loss plus ``preference.sft_weight`` times TRL's ``nll_loss``: the cross-entropy over the
-    micro-batch's chosen tokens) against the formulas written out over a plain peft model's logits,
-    with the adapters moved off zero first so the policy and its reference differ."""
+    DPO loss, a mean over the step's pairs, plus ``preference.sft_weight`` times the cross-entropy
+    over the chosen tokens of the whole step: both micro-batches, xtrain/train/step_loss.py)
+    against the formulas written out over a plain peft model's logits, with the adapters moved off
+    zero first so the policy and its reference differ."""
     import torch.nn.functional as F
     from support.gradients import reference_model
 
@@ -322,6 +323,8 @@ def test_dpo_gradients_equal_the_loss_by_hand_from_the_logits(data, tmp_path):
         return (logp * (target != -100)).sum(-1)
 
     ref = reference_model(capture).train()
+    chosen = [int((b["labels"][: len(b["labels"]) // 2, 1:] != -100).sum()) for b in batches]
+    assert len(set(chosen)) > 1, chosen  # the micro-batches' chosen tokens differ: the step's count matters
     for batch in batches:
         inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
         logits = ref(**inputs).logits
@@ -332,8 +335,9 @@ def test_dpo_gradients_equal_the_loss_by_hand_from_the_logits(data, tmp_path):
         z = (policy[:b] - policy[b:]) - (reference[:b] - reference[b:])
         assert float(z.abs().max()) > 1e-3, "the policy differs from its reference"
         chosen_logits, chosen_labels = logits[:b, :-1], batch["labels"][:b, 1:]
-        nll = F.cross_entropy(chosen_logits.flatten(0, 1), chosen_labels.flatten(), ignore_index=-100)
-        ((-F.logsigmoid(beta * z).mean() + sft_weight * nll) / len(batches)).backward()
+        nll = F.cross_entropy(chosen_logits.flatten(0, 1), chosen_labels.flatten(), ignore_index=-100,
+                              reduction="sum")  # fmt: skip
+        (-F.logsigmoid(beta * z).mean() / len(batches) + sft_weight * nll / sum(chosen)).backward()
     want = {n: p.grad.detach().float().cpu() for n, p in ref.named_parameters() if p.grad is not None}
     assert_same_gradients(capture.grads, want)
 

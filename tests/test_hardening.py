@@ -15,6 +15,7 @@ import pytest
 from support import warm
 
 from xtrain import atomic
+from xtrain.config.loading import QUICKSTART_CONFIG
 from xtrain.errors import XtrainError
 from xtrain.runtime import lock as run_lock
 
@@ -78,8 +79,9 @@ def test_second_xtrain_run_exits_with_one_line(tmp_path: Path) -> None:
     holder = hold_lock(out)
     try:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "XTRAIN_CACHE": str(tmp_path / "cache")}
+        job = ["--config", str(QUICKSTART_CONFIG)]  # the small BERT job: its built-in assets build fastest
         proc = warm.run(
-            [sys.executable, "-m", "xtrain.run", f"run.output_dir={out}", "run.max_steps=1"],
+            [sys.executable, "-m", "xtrain.run", *job, f"run.output_dir={out}", "run.max_steps=1"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
     finally:

@@ -23,7 +23,7 @@ LAYERS = (
     ("model",),
     ("tasks",),
     ("train",),
-    ("predict", "run"),
+    ("trained", "predict", "run"),
     ("export",),
     ("bench",),
     ("commands",),

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xtrain import builtin
+from xtrain import builtin, trained
 from xtrain import predict as lib
 from xtrain.cli import main
 from xtrain.errors import XtrainError
@@ -60,12 +60,12 @@ def test_the_run_record_keeps_the_data_settings_a_data_file_is_read_with(cls_run
 
     record = json.loads((cls_run / "adapter" / "xtrain_run.json").read_text(encoding="utf-8"))
     assert record["data"]["text_column"] == "text" and record["data"]["label_column"] == "label"
-    found = lib.run_task(cls_run / "adapter")
-    assert lib.run_data(cls_run / "adapter", found) == record["data"]
+    found = trained.run_task(cls_run / "adapter")
+    assert trained.run_data(cls_run / "adapter", found) == record["data"]
     old = shutil.copytree(cls_run, tmp_path / "old")  # a run from before the record kept them
     del record["data"]
     (old / "adapter" / "xtrain_run.json").write_text(json.dumps(record), encoding="utf-8")
-    settings = lib.run_data(old / "adapter", lib.run_task(old / "adapter"))
+    settings = trained.run_data(old / "adapter", trained.run_task(old / "adapter"))
     assert settings["label_column"] == "label" and settings["train"] == "builtin:sentiment"  # the checkpoint
     cfg = lib.file_config(tasks.get("seq-cls"), {**settings, "from_a_newer_xtrain": 1}, tmp_path / "f.csv")
     assert cfg.data.train == cfg.data.eval == str(tmp_path / "f.csv") and cfg.data.label_column == "label"
@@ -79,19 +79,19 @@ def _write(path: Path, data: dict) -> None:
 def test_the_task_is_read_from_the_record_then_the_checkpoints_then_the_head(tmp_path):
     run = tmp_path / "run"
     _write(run / "adapter" / "adapter_config.json", {"task_type": "CAUSAL_LM"})
-    assert lib.run_task(run / "adapter") == lib.RunTask(None)
+    assert trained.run_task(run / "adapter") == trained.RunTask(None)
     state = run / "checkpoints" / "step-2" / "xtrain_state.json"
     _write(state, {"config": {"model": {"task": "custom"}}})
-    assert lib.run_task(run / "adapter") == lib.RunTask("custom")
+    assert trained.run_task(run / "adapter") == trained.RunTask("custom")
     with pytest.raises(XtrainError, match="custom result"):
         lib.predicting_task(run / "adapter")
     _write(run / "adapter" / "xtrain_run.json", {"task": "causal-lm", "chat": True})
     task, found = lib.predicting_task(run / "adapter")
-    assert task.name == "causal-lm" and found == lib.RunTask("causal-lm", chat=True)
+    assert task.name == "causal-lm" and found == trained.RunTask("causal-lm", chat=True)
     _write(tmp_path / "full" / "config.json", {"architectures": ["BertForSequenceClassification"]})
-    assert lib.run_task(tmp_path / "full") == lib.RunTask("seq-cls")
+    assert trained.run_task(tmp_path / "full") == trained.RunTask("seq-cls")
     _write(tmp_path / "vit" / "config.json", {"architectures": ["ViTForImageClassification"]})
-    assert lib.run_task(tmp_path / "vit") == lib.RunTask("image-classification")
+    assert trained.run_task(tmp_path / "vit") == trained.RunTask("image-classification")
     _write(tmp_path / "what" / "config.json", {"architectures": ["BertForTokenClassification"]})
     with pytest.raises(XtrainError, match="cannot tell which task"):
         lib.predicting_task(tmp_path / "what")
@@ -157,9 +157,10 @@ def test_an_unreadable_input_names_the_file_not_a_row(tmp_path, kind):
 def test_quickstart_offers_predict_on_real_built_in_inputs(task, tmp_path):
     import shlex
 
-    from xtrain.commands.quickstart import next_line, quickstart_tasks
+    from xtrain.commands.quickstart import next_line
+    from xtrain.tasks import quickstarts
 
-    line = next_line(quickstart_tasks()[task], tmp_path / "run", "bash")
+    line = next_line(quickstarts()[task], tmp_path / "run", "bash")
     words = shlex.split(line.split("`")[1])
     assert words[:3] == ["xtrain", "predict", str(tmp_path / "run")]
     assert Path(words[3]).is_file()  # an eval image or clip of the built-in data the job trained on
@@ -167,9 +168,10 @@ def test_quickstart_offers_predict_on_real_built_in_inputs(task, tmp_path):
 
 
 def test_quickstart_seq_cls_offers_no_predict(tmp_path):
-    from xtrain.commands.quickstart import next_line, quickstart_tasks
+    from xtrain.commands.quickstart import next_line
+    from xtrain.tasks import quickstarts
 
-    line = next_line(quickstart_tasks()["seq-cls"], tmp_path, "bash")
+    line = next_line(quickstarts()["seq-cls"], tmp_path, "bash")
     assert "predict" not in line and "xtrain train examples/seq-cls.yaml" in line
 
 
@@ -182,9 +184,9 @@ def test_a_base_model_with_a_chat_template_is_prompted_through_it(tmp_path_facto
     from support.jobs import session_builtin
 
     base = session_builtin(tmp_path_factory, "builtin:tiny-llama-chat")
-    assert lib.run_task(base) == lib.RunTask("causal-lm", chat=True, templated=True)
+    assert trained.run_task(base) == trained.RunTask("causal-lm", chat=True, templated=True)
     plain = session_builtin(tmp_path_factory, "builtin:tiny-llama")  # no template: text as it is
-    assert lib.run_task(plain) == lib.RunTask("causal-lm")
+    assert trained.run_task(plain) == trained.RunTask("causal-lm")
     question, system = "where is the frog?", "you answer in one sentence."
     capsys.readouterr()
     args = ["predict", str(base), "-p", question, "--system", system, "--max-new-tokens", "5"]

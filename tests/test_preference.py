@@ -333,7 +333,8 @@ def test_the_logging_window_averages_a_task_s_metrics_per_micro_batch():
 
     window = LogWindow(torch.device("cpu"))
     for accuracy in (0.5, 1.0, 0.75, 0.25):
-        window.add(torch.tensor(0.7), None, {"rewards/accuracy": torch.tensor(accuracy)})
+        # each micro-batch's share of its step's loss (train/step_loss.py): the step's loss is 0.7
+        window.add(torch.tensor(0.35), None, {"rewards/accuracy": torch.tensor(accuracy)})
         if accuracy in (1.0, 0.25):
             window.end_step()
     stats = window.close(OneRank(), micro_batches_per_step=2, global_batch=4)

@@ -315,7 +315,7 @@ def test_predict_loads_a_quantized_runs_base_in_4bit_as_training_did(qstraight):
 
 def test_a_run_recorded_without_its_quantization_is_read_from_its_checkpoints(qstraight):
     """Runs saved before the record named ``quantization``: the newest checkpoint's config says it."""
-    from xtrain.predict import RunTask, trained_quantization
+    from xtrain.trained import RunTask, trained_quantization
 
     assert trained_quantization(qstraight / "adapter", RunTask("causal-lm")) == "4bit"
     assert (

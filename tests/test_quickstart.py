@@ -52,6 +52,7 @@ def test_quickstart_learns_to_chat_and_shows_answers_before_and_after(one_proces
     assert found is not None, out[-2000:]
     assert float(found[1]) == 0.0 and float(found[2]) >= 0.4  # measured 0.55 (token accuracy 0.94)
     assert f"xtrain chat {run}" in out and "--prompt" in out  # Next: predict and chat with it
+    assert f"xtrain export {run} --to gguf -o {run}-gguf" in out  # and export it (test_llamacpp.py runs it)
     assert "Traceback" not in proc.stderr
 
 
@@ -68,15 +69,27 @@ def test_quickstart_two_processes_same_global_batch(one_process, tmp_path_factor
     assert abs(one["eval_metrics"]["token_accuracy"] - two["eval_metrics"]["token_accuracy"]) <= 0.01
 
 
-def test_the_default_job_is_chat_and_every_task_job_is_named(capsys) -> None:
+def test_the_default_job_is_chat_and_every_task_job_is_named(capsys, monkeypatch) -> None:
+    from xtrain import run
     from xtrain.cli import main
-    from xtrain.commands.quickstart import default_task, job_file, quickstart_tasks
+    from xtrain.errors import XtrainError
+    from xtrain.tasks import default_job, default_quickstart, job_file, quickstarts
 
-    jobs = quickstart_tasks()
-    assert default_task(jobs) == "causal-lm" and sum(q.default for q in jobs.values()) == 1
+    jobs = quickstarts()
+    assert default_quickstart() == "causal-lm" and sum(q.default for q in jobs.values()) == 1
     assert job_file(jobs["causal-lm"]).name == "quickstart-chat.yaml"
     assert job_file(jobs["seq-cls"]).name == "quickstart.yaml"  # `--task seq-cls`: the BERT classifier
     assert all(job_file(q).is_file() for q in jobs.values())
     assert main(["quickstart", "--task", "list"]) == 0
     listed = capsys.readouterr().out
     assert "--task causal-lm" in listed and "--task seq-cls" in listed
+    # `python -m xtrain.run` without --config trains the same job (it once trained the BERT one)
+    loaded = []
+
+    def load_config(path, overrides=()):
+        loaded.append(path)
+        raise XtrainError("loaded")
+
+    monkeypatch.setattr("xtrain.tasks.validation.load_config", load_config)
+    assert run.main(["run.max_steps=1"]) == 2 and loaded == [str(default_job())]
+    assert "error: loaded" in capsys.readouterr().err

@@ -6,26 +6,9 @@ from __future__ import annotations
 import pytest
 
 from xtrain.data import templates
+from xtrain.export.file_checks import PROBE_CALL as CALL  # the export's own tool probes
+from xtrain.export.file_checks import PROBE_TOOLS as TOOLS
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    }
-]
-CALL = {
-    "id": "call00001",  # Mistral's template wants 9 letters and digits
-    "type": "function",
-    "function": {"name": "get_weather", "arguments": {"city": "paris"}},
-}
 PLAIN = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Hello"},

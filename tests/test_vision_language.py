@@ -458,9 +458,10 @@ def test_the_quickstart_next_line_is_a_working_predict(vqa_straight, capsys):
     import shlex
 
     from xtrain.cli import main
-    from xtrain.commands.quickstart import next_line, quickstart_tasks
+    from xtrain.commands.quickstart import next_line
+    from xtrain.tasks import quickstarts
 
-    line = next_line(quickstart_tasks()["vision-language"], vqa_straight, "bash")
+    line = next_line(quickstarts()["vision-language"], vqa_straight, "bash")
     words = shlex.split(line.split("`")[1])
     assert words[:3] == ["xtrain", "predict", str(vqa_straight)] and "--question" in words
     assert main([*words[1:], "--max-new-tokens", "3"]) == 0

@@ -289,7 +289,7 @@ def test_a_read_only_home_or_cache_is_one_line_from_the_cli(
     """Issue 41: the built-in job's first build on a read-only HOME (nothing cached) or an empty
     read-only XTRAIN_CACHE ended in a PermissionError traceback."""
     from xtrain.cli import main
-    from xtrain.commands.quickstart import JOBS_DIR
+    from xtrain.tasks import JOBS_DIR
 
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -23,6 +23,11 @@ class XtrainError(Exception):
         return self.one_line()
 
 
+class NoTokenizer(XtrainError):
+    """A model folder without tokenizer files (a config.json alone: the memory plan of a model not
+    downloaded yet). The run cannot tokenize; the dry run's data check reads the rows untokenized."""
+
+
 class RowError(XtrainError):
     """A bad row of a data set: one line with the row and the file. A subclass names its ``HINT``
     (used when no hint is given).

@@ -1,6 +1,6 @@
 """Run a trained result with its task's own predict: an adapter, a full model, or a run's output
-folder. ``xtrain predict`` dispatches on the task the run recorded (``xtrain_run.json`` next to
-the adapter, else the config in its checkpoints, else the head its config names) to that task's
+folder. ``xtrain predict`` dispatches on the task the run was trained for (``xtrain.trained``:
+the run's record, its checkpoints' config, or the head its config names) to that task's
 ``Task.predicts`` (``xtrain.tasks``): its loader (the same processors training used) and
 its ``run``. Results of tasks without one (seq-cls, custom) are refused in one line.
 ``predict_file`` runs every row of a data file, read by the task's ``Predicts.file`` readers
@@ -10,10 +10,10 @@ the outputs against the rows' references. Images are read within the run's own
 
 An adapter folder loads its base model from ``base_model_name_or_path`` (peft's own record) and the
 processor/tokenizer saved next to the adapter. The base of a run trained with
-``model.quantization`` (its record's ``quantization``, else its checkpoints' config) loads in 4 or
-8 bits as training loaded it (``quantization.predict_kwargs``, passed to the task's loader as the
-record's ``BASE_LOAD``), on the GPU and on the CPU alike: a 14B QLoRA run predicts on the card
-it trained on. Library code: returns data, prints nothing.
+``model.quantization`` (``trained.trained_quantization``) loads in 4 or 8 bits as training loaded
+it (``quantization.predict_kwargs``, passed to the task's loader as the record's ``BASE_LOAD``),
+on the GPU and on the CPU alike: a 14B QLoRA run predicts on the card it trained on. Library
+code: returns data, prints nothing.
 """
 
 from __future__ import annotations
@@ -21,138 +21,33 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import tasks
 from xtrain.config.schema import DataConfig
-from xtrain.data.sources import EXTENSIONS
+from xtrain.data.files import builder_of
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
 from xtrain.model import quantization
 from xtrain.tasks.contract import BASE_LOAD, Example, Loaded, PredictRequest, Task
 from xtrain.tasks.predicting import IMAGE_LIMIT, in_batches
 from xtrain.tasks.validation import config_from_dict
-from xtrain.train.checkpoint.layout import STATE_FILE, list_checkpoints
-from xtrain.train.result import RUN_FILE
+from xtrain.trained import (
+    OUTPUT_FOLDERS,
+    RunTask,
+    model_folder,
+    read_json_object,
+    run_data,
+    run_task,
+    trained_quantization,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from xtrain.config.schema import TrainConfig
-
-_OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
-
-
-@dataclass
-class RunTask:
-    """What a result was trained for: ``task`` (None: not recorded) and chat conversations;
-    ``templated``: a folder xtrain did not train (no record, no checkpoints) whose tokenizer has
-    a chat template, so its prompts are rendered through it (``chat`` is then true)."""
-
-    task: str | None
-    chat: bool = False
-    record: dict[str, Any] = field(default_factory=dict, compare=False)
-    templated: bool = False
-
-
-# where ``save_pretrained`` keeps a tokenizer's chat template: its own file (transformers >= 4.47)
-# or a key of tokenizer_config.json (older saves, and most models on the hub)
-_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
-
-
-def has_chat_template(folder: Path) -> bool:
-    """The tokenizer saved in ``folder`` carries a chat template."""
-    if any((folder / name).is_file() for name in _TEMPLATE_FILES):
-        return True
-    return bool(read_json_object(folder / "tokenizer_config.json").get("chat_template"))
-
-
-def model_folder(path: str | Path) -> Path:
-    """``path`` itself when it holds a model or an adapter, else the result inside a run folder."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise XtrainError(
-            f"{folder} is not a folder", "pass a run's output_dir, its adapter/ or a model folder"
-        )
-    if (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file():
-        return folder
-    for name in _OUTPUT_FOLDERS:
-        if (folder / name / "adapter_config.json").is_file() or (folder / name / "config.json").is_file():
-            return folder / name
-    raise XtrainError(
-        f"{folder} holds no adapter or model",
-        "pass a finished run's output_dir (with adapter/ or model/), or the adapter folder itself",
-    )
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; {} when it is missing, unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _checkpoint_section(folder: Path, section: str) -> dict[str, Any]:
-    """A section (``model``, ``data``) of the config saved in the newest checkpoint of the run
-    ``folder`` is in ({} when there is none)."""
-    if folder.name not in _OUTPUT_FOLDERS:
-        return {}
-    found = list_checkpoints(folder.parent)
-    config = read_json_object(found[-1][1] / STATE_FILE).get("config") if found else None
-    part = config.get(section) if isinstance(config, dict) else None
-    return part if isinstance(part, dict) else {}
-
-
-def _checkpoint_model(folder: Path) -> dict[str, Any]:
-    return _checkpoint_section(folder, "model")
-
-
-def _checkpoint_task(folder: Path) -> str | None:
-    """The ``model.task`` of the config saved in the newest checkpoint of the run ``folder`` is in."""
-    task = _checkpoint_model(folder).get("task")
-    return task if isinstance(task, str) else None
-
-
-def trained_quantization(folder: Path, trained: RunTask) -> str | None:
-    """How the run loaded the base of the adapter in ``folder`` (``model.quantization``: 4bit,
-    8bit, None): its record's word, else its newest checkpoint's config (runs recorded before
-    the record said it)."""
-    if "quantization" in trained.record:
-        found = trained.record["quantization"]
-    else:
-        found = _checkpoint_model(folder).get("quantization")
-    return found if found in ("4bit", "8bit") else None
-
-
-def _head_task(folder: Path) -> str | None:
-    """The task whose head a result's config names (``architectures``, peft's ``task_type``):
-    the first task of the registry that ``recognizes`` it."""
-    config = {**read_json_object(folder / "config.json"), **read_json_object(folder / "adapter_config.json")}
-    base = config.get("base_model_name_or_path")
-    if isinstance(base, str) and Path(base).is_dir():  # an adapter: its base's architectures
-        config = {**read_json_object(Path(base) / "config.json"), **config}
-    for task in tasks.all_tasks().values():
-        if task.recognizes is not None and task.recognizes(config):
-            return task.name
-    return None
-
-
-def run_task(folder: Path) -> RunTask:
-    """What the result in ``folder`` was trained for: the run's own record first (``RUN_FILE``,
-    saved with the adapter), then its checkpoints' config, then the model's head."""
-    record = read_json_object(folder / RUN_FILE)
-    if isinstance(record.get("task"), str):
-        return RunTask(record["task"], bool(record.get("chat")), record)
-    trained = _checkpoint_task(folder)
-    if trained is not None:
-        return RunTask(trained)
-    # a base model (or a bare adapter) that xtrain did not train: a chat model is prompted as one
-    templated = has_chat_template(folder)  # the tokenizer predict loads is the one saved here
-    return RunTask(_head_task(folder), chat=templated, templated=templated)
 
 
 def predicting_task(folder: Path) -> tuple[Task, RunTask]:
@@ -280,17 +175,8 @@ def default_output(path: str | Path, file: str | Path) -> Path:
     """Where ``--data FILE`` writes without ``--output``: ``predictions-<FILE's stem>.jsonl`` in
     the run's output_dir (the folder given, or the run holding the adapter/model/best folder given)."""
     folder = Path(path).expanduser()
-    run = folder.parent if folder.name in _OUTPUT_FOLDERS else folder
+    run = folder.parent if folder.name in OUTPUT_FOLDERS else folder
     return run / f"{RESULTS_PREFIX}{Path(file).stem}.jsonl"
-
-
-def run_data(folder: Path, trained: RunTask) -> dict[str, Any]:
-    """The run's data settings (columns, row format, media roots, ...): its record's, else its
-    newest checkpoint's config's; {} (the defaults) when neither says."""
-    found = trained.record.get("data")
-    if not isinstance(found, dict):
-        found = _checkpoint_section(folder, "data")
-    return found if isinstance(found, dict) else {}
 
 
 def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> TrainConfig:
@@ -300,7 +186,7 @@ def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> Train
     that format (``data.format`` is for the training files' names)."""
     known = {f.name for f in dataclasses.fields(DataConfig)}  # a record from another xtrain version
     data = {k: v for k, v in settings.items() if k in known}
-    if Path(file).suffix.lower() in EXTENSIONS:  # a CSV to predict after training on JSON lines
+    if builder_of(Path(file)) is not None:  # a CSV to predict after training on JSON lines
         data["format"] = "auto"
     data.update(
         train=str(file), eval=str(file), eval_fraction=0.0, chat_template=None, packing="off",

@@ -57,7 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m xtrain.run",
         description="Train with LoRA as the config says (same result under every launcher).",
     )
-    p.add_argument("--config", "-c", help="YAML train config (default: the built-in example job)")
+    p.add_argument(
+        "--config", "-c", help="YAML train config (default: the built-in job `xtrain quickstart` runs)"
+    )
     p.add_argument(
         "--processes",
         "-n",
@@ -87,7 +89,7 @@ def _spawn(args: argparse.Namespace, run: Run, fitted: list[str]) -> int:
     ``xtrain train``'s spawn launcher does (one worker entry: ``launch.spawn.run_module``; one
     report channel: ``runtime.report``). ``fitted``: the lengths fitted here, handed to the ranks
     as overrides (said once, here). Returns the exit code when a rank said how it ended."""
-    argv = [*(["--config", args.config] if args.config else []), *args.overrides, *fitted]
+    argv = ["--config", args.config, *args.overrides, *fitted]
     if args.platform:
         argv = ["--platform", args.platform, *argv]
     out = run.cfg.run.output_dir
@@ -128,8 +130,10 @@ def _main(argv: list[str] | None) -> tuple[int, LaunchContext | None]:
     cfg = None
     try:
         from xtrain.model.configs import checkpoint_dtype
+        from xtrain.tasks import default_job
         from xtrain.tasks.validation import load_config
 
+        args.config = args.config or str(default_job())  # none named: the job `xtrain quickstart` runs
         cfg = load_config(args.config, args.overrides)
         fitted = _fit_defaults(cfg, context)  # lengths the user did not set, from the model's positions
         # the launch mode, in one place: a rank of a launcher, accelerate's one-process launch

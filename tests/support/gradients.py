@@ -11,8 +11,9 @@ states the loop seeded for its dropout).
 The reference knows nothing of xtrain: the model's class built from its config (no quantization),
 peft's ``get_peft_model`` with the same adapter config, every weight as xtrain's model held it
 when built (4-bit and 8-bit weights dequantized with bitsandbytes' own functions), the recorded
-inputs through it in training mode with the LoRA dropout masks xtrain's run drew, the model's own
-``.loss`` over the accumulation, backward.
+inputs through it in training mode with the LoRA dropout masks xtrain's run drew, the step's loss
+written out (every token's cross-entropy summed over the step's trained tokens; a sequence loss's
+mean), backward.
 """
 
 from __future__ import annotations
@@ -218,29 +219,53 @@ def reference_model(capture: Capture, device: torch.device | str = "cpu") -> Any
     return ref.to(device)
 
 
+def token_losses(logits: torch.Tensor, labels: torch.Tensor, shift: int) -> tuple[torch.Tensor, int]:
+    """(the summed cross-entropy of ``logits`` against ``labels``, the labels that count): every
+    label not -100, position t's logits predicting label t + ``shift`` (1: a decoder-only model's
+    next token; 0: an encoder-decoder's decoder positions), in float32 as transformers' loss takes it."""
+    labels = labels.to(logits.device)
+    logits = logits[..., : logits.shape[-2] - shift, :].float()
+    target = labels[..., shift:]
+    summed = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    return summed, int((target != -100).sum())
+
+
 def reference_gradients(
     capture: Capture,
     adjust: Callable[[Any], None] | None = None,
     max_grad_norm: float | None = None,
     autocast: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The reference's gradients over the captured micro-batches: each one's ``.loss`` divided
-    by their number (the accumulation), the generators as the loop had them; ``adjust(model)``
-    adds what the reference must do by hand (NEFTune's noise); ``max_grad_norm`` clips as torch's
-    ``clip_grad_norm_`` does; ``autocast``: the forwards under torch's autocast in that dtype (the
-    same arithmetic as a mixed-precision run, to tell its rounding from a wrong path)."""
+    """The reference's gradients of the step's loss over the captured micro-batches, written out
+    plainly: with a label per token, the sum of every token's cross-entropy over all of them
+    divided by their number (``token_losses``: shifted by one unless the model is an
+    encoder-decoder, transformers' convention); with a label per sequence, the mean of the
+    micro-batches' own ``.loss`` (each holds as many sequences). The generators as the loop had
+    them; ``adjust(model)`` adds what the reference must do by hand (NEFTune's noise);
+    ``max_grad_norm`` clips as torch's ``clip_grad_norm_`` does; ``autocast``: the forwards under
+    torch's autocast in that dtype (the same arithmetic as a mixed-precision run, to tell its
+    rounding from a wrong path)."""
     device = next(v.device for v in capture.inputs[0][0].values() if torch.is_tensor(v))
     ref = reference_model(capture, device)
     if adjust is not None:
         adjust(ref)
     ref.train()
+    per_token = all(torch.is_tensor(k.get("labels")) and k["labels"].dim() > 1 for k, _ in capture.inputs)
+    shift = 0 if getattr(ref.config, "is_encoder_decoder", False) else 1
+    total = sum(int((k["labels"][..., shift:] != -100).sum()) for k, _ in capture.inputs) if per_token else 0
     for kwargs, (cpu_state, cuda_state) in capture.inputs:
         torch.set_rng_state(cpu_state)
         if cuda_state is not None:
             torch.cuda.set_rng_state(cuda_state, device)
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            loss = ref(**kwargs).loss
-        (loss / len(capture.inputs)).backward()
+            out = ref(**kwargs)
+            if per_token:
+                loss = token_losses(out.logits, kwargs["labels"], shift)[0] / max(total, 1)
+            else:
+                loss = out.loss / len(capture.inputs)
+        loss.backward()
     trained = [p for p in ref.parameters() if p.requires_grad]
     if max_grad_norm:
         torch.nn.utils.clip_grad_norm_(trained, max_grad_norm)

@@ -272,21 +272,40 @@ def assert_same_training(ref: Path, out: Path, exact: bool = False) -> None:
 _QUICKSTARTS: dict[tuple[Path, tuple[str, ...]], tuple[subprocess.CompletedProcess, Path]] = {}
 
 
+def session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every test process of this session shares: the session's base temporary folder,
+    or under xdist the one above the workers' own (pytest-xdist's recipe for a session fixture
+    built once)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def session_quickstart(
     tmp_path_factory: pytest.TempPathFactory, *args: str
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    """``xtrain quickstart [args]`` run once for the test session (offline, the session's shared
-    built-in cache): its output and its run folder, for every module that tests on it (the
-    quickstart's own checks, ``xtrain chat``, predict on a chat run)."""
-    base = tmp_path_factory.getbasetemp()
-    key = (base, args)
-    if key not in _QUICKSTARTS:
-        root = base / ("quickstart" + "".join(f"-{a.strip('-')}" for a in args))
-        root.mkdir(parents=True, exist_ok=True)
-        env = {**offline_env(root, base / "offline-caches" / "xtrain"), "COLUMNS": "160"}
-        cmd = [sys.executable, "-m", "xtrain", "quickstart", "--output-dir", str(root / "qs"), *args]
-        proc = run_xtrain(cmd, env, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        (run,) = sorted((root / "qs").glob("run-*"))
-        _QUICKSTARTS[key] = (proc, run)
+    """``xtrain quickstart [args]`` run once for the test session, whichever test process asks
+    first (the others wait on a lock and read its output), offline, with the session's shared
+    built-in cache: its output and its run folder, for every module that tests on it (the
+    quickstart's own checks, ``xtrain chat``, predict on a chat run, the llama.cpp export)."""
+    from filelock import FileLock
+
+    root = session_root(tmp_path_factory)
+    key = (root, args)
+    if key in _QUICKSTARTS:
+        return _QUICKSTARTS[key]
+    folder = root / ("quickstart" + "".join(f"-{a.strip('-')}" for a in args))
+    folder.mkdir(parents=True, exist_ok=True)
+    done = folder / "done.json"
+    with FileLock(str(folder / "lock")):
+        if not done.is_file():
+            env = {**offline_env(folder, root / "offline-caches" / "xtrain"), "COLUMNS": "160"}
+            cmd = [sys.executable, "-m", "xtrain", "quickstart", "--output-dir", str(folder / "qs"), *args]
+            proc = run_xtrain(cmd, env, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            saved = {"args": proc.args, "stdout": proc.stdout, "stderr": proc.stderr}
+            done.write_text(json.dumps(saved), encoding="utf-8")
+    saved = json.loads(done.read_text(encoding="utf-8"))
+    proc = subprocess.CompletedProcess(saved["args"], 0, saved["stdout"], saved["stderr"])
+    (run,) = sorted((folder / "qs").glob("run-*"))
+    _QUICKSTARTS[key] = (proc, run)
     return _QUICKSTARTS[key]

@@ -59,7 +59,7 @@ from xtrain.errors import XtrainError
 
 PREFIX = "builtin:"
 # Bump when a generator changes: stale folders are rebuilt instead of silently reused.
-VERSION = 3
+VERSION = 4  # 4: builtin:tiny-agent's template in the Jinja llama.cpp runs (same rendering)
 MARKER = "xtrain_builtin.json"
 
 MODELS = (
@@ -188,51 +188,52 @@ def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
             f.write(json.dumps(row, sort_keys=True) + "\n")
 
 
-def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Write a built-in data set once; returns its folder holding ``train.jsonl`` and ``eval.jsonl``."""
-    short = _check_name(name, DATASETS, "data set")
+def _data_writer(short: str) -> Callable[[Path, int], None]:
+    """The function that writes the built-in data set ``short`` into a folder (its arguments: the
+    folder, ``VERSION``): the module of its own kind for images, audio, conversations and tool
+    calls (imported only then), else the text sets' jsonl writer (``_DATA_SPECS``)."""
     if short in IMAGE_ASSETS:
         from xtrain.builtin import image as builtin_image
 
-        final = cache_root(cache_dir) / "data" / short
-        return _build_atomically(
-            final, lambda tmp: builtin_image.build_ocr_lines(tmp, VERSION), PREFIX + short
-        )
+        return builtin_image.build_ocr_lines
     if short in AUDIO_ASSETS:
         from xtrain.builtin import audio as builtin_audio
 
-        final = cache_root(cache_dir) / "data" / short
-        return _build_atomically(
-            final, lambda tmp: builtin_audio.build_spoken_words(tmp, VERSION), PREFIX + short
-        )
+        return builtin_audio.build_spoken_words
     if short in VL_ASSETS:
         from xtrain.builtin import vision_language as builtin_vl
 
-        final = cache_root(cache_dir) / "data" / short
-        make = builtin_vl.build_shapes_vqa if short == "shapes-vqa" else builtin_vl.build_shapes_preference
-        return _build_atomically(final, lambda tmp: make(tmp, VERSION), PREFIX + short)
+        return builtin_vl.build_shapes_vqa if short == "shapes-vqa" else builtin_vl.build_shapes_preference
     if short in AGENT_ASSETS:
         from xtrain.builtin import agents as builtin_agents
 
-        final = cache_root(cache_dir) / "data" / short
-        return _build_atomically(
-            final, lambda tmp: builtin_agents.build_tool_calls(tmp, VERSION), PREFIX + short
-        )
+        return builtin_agents.build_tool_calls
     if short in IMAGE_CLASS_ASSETS:
         from xtrain.builtin import image_classes as builtin_classes
 
-        final = cache_root(cache_dir) / "data" / short
-        return _build_atomically(
-            final, lambda tmp: builtin_classes.build_color_shapes(tmp, VERSION), PREFIX + short
-        )
+        return builtin_classes.build_color_shapes
     gen, n_train, n_eval = _DATA_SPECS[short]
 
-    def build(tmp: Path) -> None:
+    def write(tmp: Path, version: int) -> None:
         # Different seeds per split: eval sentences are fresh draws, not copies of training ones.
-        _write_jsonl(tmp / "train.jsonl", gen(n_train, 1000 + VERSION))
-        _write_jsonl(tmp / "eval.jsonl", gen(n_eval, 2000 + VERSION))
+        _write_jsonl(tmp / "train.jsonl", gen(n_train, 1000 + version))
+        _write_jsonl(tmp / "eval.jsonl", gen(n_eval, 2000 + version))
 
-    return _build_atomically(cache_root(cache_dir) / "data" / short, build, PREFIX + short)
+    return write
+
+
+def ensure_builtin_data(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Write a built-in data set once; returns its folder holding ``train.jsonl`` and ``eval.jsonl``."""
+    short = _check_name(name, DATASETS, "data set")
+    write, final = _data_writer(short), cache_root(cache_dir) / "data" / short
+    return _build_atomically(final, lambda tmp: write(tmp, VERSION), PREFIX + short)
+
+
+def first_eval_row(name: str) -> tuple[Path, dict[str, Any]]:
+    """(the folder of the built-in data set ``name``, the first row of its eval split): what a
+    quickstart shows ``xtrain predict`` run on (its media paths are relative to the folder)."""
+    folder = ensure_builtin_data(name)  # built by the run before
+    return folder, json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
 
 
 def builtin_data_file(name: str, split: str, cache_dir: str | os.PathLike | None = None) -> Path:
@@ -278,43 +279,45 @@ def _build_model(short: str, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Build a built-in model + tokenizer once; returns the folder ``from_pretrained`` loads."""
-    short = _check_name(name, MODELS, "model")
-    final = cache_root(cache_dir) / short
+def _model_builder(short: str, cache_dir: str | os.PathLike | None) -> Callable[[Path], None]:
+    """The function that writes the built-in model ``short`` (and its tokenizer or processor) into
+    a folder: the module of its own kind (imported only then), a tiny llama's variant built from
+    the tiny llama (built first), else ``_build_model``."""
     if short in IMAGE_ASSETS:
         from xtrain.builtin import image as builtin_image
 
-        return _build_atomically(final, builtin_image.build_tiny_trocr, PREFIX + short)
+        return builtin_image.build_tiny_trocr
     if short in AUDIO_ASSETS:
         from xtrain.builtin import audio as builtin_audio
 
-        return _build_atomically(final, builtin_audio.build_tiny_whisper, PREFIX + short)
+        return builtin_audio.build_tiny_whisper
     if short in VL_ASSETS:
         from xtrain.builtin import vision_language as builtin_vl
 
-        return _build_atomically(final, builtin_vl.build_tiny_qwen2_vl, PREFIX + short)
+        return builtin_vl.build_tiny_qwen2_vl
     if short in IMAGE_CLASS_ASSETS:
         from xtrain.builtin import image_classes as builtin_classes
 
-        return _build_atomically(final, builtin_classes.build_tiny_vit, PREFIX + short)
+        return builtin_classes.build_tiny_vit
     if short in AGENT_ASSETS:
         from xtrain.builtin import agents as builtin_agents
 
-        return _build_atomically(final, builtin_agents.build_tiny_agent, PREFIX + short)
-    if short == "tiny-llama-sft":  # the tiny llama after a short SFT (xtrain.builtin.preference)
+        return builtin_agents.build_tiny_agent
+    if short in ("tiny-llama-sft", "tiny-llama-grpo", "tiny-llama-chat"):
+        # the tiny llama after a short SFT (xtrain.builtin.preference, .grpo), or with a chat
+        # template (xtrain.builtin.chat)
+        from xtrain.builtin.chat import build_tiny_llama_chat
+        from xtrain.builtin.grpo import build_tiny_llama_grpo
         from xtrain.builtin.preference import build_tiny_llama_sft
 
+        derive = {"tiny-llama-sft": build_tiny_llama_sft, "tiny-llama-grpo": build_tiny_llama_grpo}
+        build = derive.get(short, build_tiny_llama_chat)
         base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
-        return _build_atomically(final, lambda tmp: build_tiny_llama_sft(base, tmp), PREFIX + short)
-    if short == "tiny-llama-grpo":  # the tiny llama after a short SFT (xtrain.builtin.grpo)
-        from xtrain.builtin.grpo import build_tiny_llama_grpo
+        return lambda tmp: build(base, tmp)
+    return lambda tmp: _build_model(short, tmp)
 
-        base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
-        return _build_atomically(final, lambda tmp: build_tiny_llama_grpo(base, tmp), PREFIX + short)
-    if short == "tiny-llama-chat":  # the tiny llama with a chat template (xtrain.builtin.chat)
-        from xtrain.builtin.chat import build_tiny_llama_chat
 
-        base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
-        return _build_atomically(final, lambda tmp: build_tiny_llama_chat(base, tmp), PREFIX + short)
-    return _build_atomically(final, lambda tmp: _build_model(short, tmp), PREFIX + short)
+def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Build a built-in model + tokenizer once; returns the folder ``from_pretrained`` loads."""
+    short = _check_name(name, MODELS, "model")
+    return _build_atomically(cache_root(cache_dir) / short, _model_builder(short, cache_dir), PREFIX + short)

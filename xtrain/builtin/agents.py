@@ -4,8 +4,10 @@ tiny llama whose tokenizer carries its own tools-aware chat template, for the bu
 listed in one short system line (``tools: get_weather(city) ...``) and calls written as Qwen
 writes them (``<tool_call>{"name", "arguments"}</tool_call>``, which ``xtrain predict`` parses):
 a real template's instructions would make every row ~350 tokens of the tiny model's vocabulary,
-and the job minutes long on a CPU. The families' real templates are tested apart
-(tests/test_agents.py, xtrain/data/templates).
+and the job minutes long on a CPU. The template keeps to the Jinja llama.cpp implements (its
+engine has no ``list`` filter on a mapping: the argument names come from ``.keys()``), so the
+exported GGUF answers tool requests in llama.cpp too (tests/test_llamacpp.py). The families' real
+templates are tested apart (tests/test_agents.py, xtrain/data/templates).
 
 Each row is one OpenAI-style conversation with the three tools it may call::
 
@@ -34,43 +36,17 @@ _CITIES = ["paris", "tokyo", "lima", "oslo", "cairo", "delhi", "rome", "quito", 
 _MINUTES = [5, 10, 15, 20, 25, 30, 45, 60]
 _SKIES = ["sunny", "cloudy", "rainy", "windy", "snowy"]
 
+
+def _tool(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """One function the rows may call, in the OpenAI tools shape chat templates take."""
+    return {"type": "function", "function": dict(name=name, description=description, parameters=parameters)}
+
+
+_TIMER = {"type": "object", "properties": {"minutes": {"type": "integer"}}, "required": ["minutes"]}
 TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "the weather now in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "get_time",
-            "description": "the local time in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "set_timer",
-            "description": "start a timer",
-            "parameters": {
-                "type": "object",
-                "properties": {"minutes": {"type": "integer"}},
-                "required": ["minutes"],
-            },
-        },
-    },
+    _tool("get_weather", "the weather now in a city", _CITY),
+    _tool("get_time", "the local time in a city", _CITY),
+    _tool("set_timer", "start a timer", _TIMER),
 ]
 
 _ASK = {
@@ -96,7 +72,7 @@ _ASK = {
 
 TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\ntools:' }}{%- for tool in tools %}"
-    "{{- ' ' + tool.function.name + '(' + (tool.function.parameters.properties | list | join(', ')) + ')' }}"
+    "{{- ' ' + tool.function.name + '(' + (tool.function.parameters.properties.keys() | join(', ')) + ')' }}"
     "{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- elif messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from xtrain.builtin.preference import preference_examples
 
-QUICKSTART_PROMPT = "question: where did tom play with the cat? answer: "
 # the quickstart's reward (grpo.format_pattern): a whole sentence naming who, as the friendly
 # answers of builtin:preference-pairs are; the curt ones ("park. no idea.") do not match
 FORMAT_PATTERN = r"[a-z]+ (played with|found) .+, and .+\."

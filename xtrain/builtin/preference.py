@@ -13,8 +13,14 @@ from pathlib import Path
 
 from xtrain.builtin.text import _ANIMALS, _NAMES, _PLACES, _THINGS
 
-# the prompt ``xtrain predict`` is shown after the quickstart (one of the eval split's shape)
+# the prompt ``xtrain predict`` is shown after the quickstart (one of the eval split's shape); the
+# GRPO quickstart's rows are these prompts too (``builtin.grpo``)
 QUICKSTART_PROMPT = "question: where did tom play with the cat? answer: "
+
+
+def quickstart_predict_args() -> list[str]:
+    """``xtrain predict RUN ...`` arguments after the preference and GRPO quickstarts."""
+    return ["--prompt", QUICKSTART_PROMPT]
 
 
 def preference_examples(n: int, seed: int) -> list[dict[str, str]]:

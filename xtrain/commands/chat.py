@@ -12,7 +12,13 @@ from pathlib import Path
 
 import typer
 
-from xtrain.commands.options import number, whole
+from xtrain.commands.options import (
+    max_new_tokens_option,
+    num_beams_option,
+    seed_option,
+    temperature_option,
+    top_p_option,
+)
 from xtrain.commands.predict import _request
 
 PROMPT = "you> "
@@ -23,27 +29,11 @@ RESET, EXIT = "/reset", "/exit"
 def chat(
     model: Path = typer.Argument(..., help="A run's output_dir, its adapter/ or best/, or a model folder."),
     system: str = typer.Option(None, "--system", help="A system turn first in every conversation."),
-    max_new_tokens: int = typer.Option(
-        128, "--max-new-tokens", parser=whole("--max-new-tokens"), help="Longest answer (tokens)."
-    ),
-    num_beams: int = typer.Option(
-        1, "--num-beams", parser=whole("--num-beams"), help="Beam width (1: greedy)."
-    ),
-    temperature: float = typer.Option(
-        None,
-        "--temperature",
-        parser=number("--temperature"),
-        help="Sample at this temperature (0 or unset: greedy).",
-    ),
-    top_p: float = typer.Option(
-        None,
-        "--top-p",
-        parser=number("--top-p"),
-        help="Sample from the fewest tokens holding this share of the probability.",
-    ),
-    seed: int = typer.Option(
-        None, "--seed", parser=whole("--seed"), help="Seed of the sampling: the same seed, the same answers."
-    ),
+    max_new_tokens: int = max_new_tokens_option(),
+    num_beams: int = num_beams_option(),
+    temperature: float = temperature_option(),
+    top_p: float = top_p_option(),
+    seed: int = seed_option(),
 ) -> None:
     """Chat with a result trained on conversations, or a model with a chat template: each line
     you type is a user turn; /reset starts over, /exit or Ctrl+D leaves."""

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import Any
+
+import typer
 
 from xtrain.errors import XtrainError
 
@@ -82,3 +85,42 @@ def parse_float(
         given = text.strip() if isinstance(text, str) else f"{value:g}"
         raise XtrainError(f"{flag} must be {span}, got {given}", example or None)
     return value
+
+
+# The generation options of `xtrain predict` and `xtrain chat`: one spelling, parser and default
+# (each a fresh typer declaration: a command's parameter default)
+
+
+def max_new_tokens_option() -> Any:
+    return typer.Option(
+        128, "--max-new-tokens", parser=whole("--max-new-tokens"), help="Longest generated text (tokens)."
+    )
+
+
+def num_beams_option() -> Any:
+    return typer.Option(1, "--num-beams", parser=whole("--num-beams"), help="Beam width (1: greedy).")
+
+
+def temperature_option(tasks: str = "") -> Any:
+    """``tasks``: the results that sample, where the command runs others too."""
+    return typer.Option(
+        None,
+        "--temperature",
+        parser=number("--temperature"),
+        help=f"Sample at this temperature ({f'{tasks}; ' if tasks else ''}0 or unset: greedy).",
+    )
+
+
+def top_p_option() -> Any:
+    return typer.Option(
+        None,
+        "--top-p",
+        parser=number("--top-p"),
+        help="Sample from the fewest tokens holding this share of the probability.",
+    )
+
+
+def seed_option() -> Any:
+    return typer.Option(
+        None, "--seed", parser=whole("--seed"), help="Seed of the sampling: the same seed, the same samples."
+    )

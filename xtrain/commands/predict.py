@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from xtrain.commands.options import number, parse_float, parse_int, whole
+from xtrain.commands.options import (
+    max_new_tokens_option,
+    num_beams_option,
+    parse_float,
+    parse_int,
+    seed_option,
+    temperature_option,
+    top_p_option,
+    whole,
+)
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -38,10 +47,10 @@ def results_line(row: dict[str, Any], fmt: str) -> str:
 def template_note(model: Path) -> str | None:
     """The line that says a base model is prompted through its own chat template (no xtrain run
     says how it was trained), or None."""
-    from xtrain import predict as lib
+    from xtrain.trained import model_folder, run_task
 
-    folder = lib.model_folder(model)
-    if not lib.run_task(folder).templated:
+    folder = model_folder(model)
+    if not run_task(folder).templated:
         return None
     return (
         f"note: {folder} is not an xtrain run; its tokenizer has a chat template, so each prompt is "
@@ -140,27 +149,11 @@ def predict(
     batch_size: int = typer.Option(
         8, "--batch-size", "-b", parser=whole("--batch-size"), help="Inputs per generate/forward call."
     ),
-    max_new_tokens: int = typer.Option(
-        128, "--max-new-tokens", parser=whole("--max-new-tokens"), help="Longest generated text (tokens)."
-    ),
-    num_beams: int = typer.Option(
-        1, "--num-beams", parser=whole("--num-beams"), help="Beam width (1: greedy)."
-    ),
-    temperature: float = typer.Option(
-        None,
-        "--temperature",
-        parser=number("--temperature"),
-        help="Sample at this temperature (causal-lm, vision-language; 0 or unset: greedy).",
-    ),
-    top_p: float = typer.Option(
-        None,
-        "--top-p",
-        parser=number("--top-p"),
-        help="Sample from the fewest tokens holding this share of the probability.",
-    ),
-    seed: int = typer.Option(
-        None, "--seed", parser=whole("--seed"), help="Seed of the sampling: the same seed, the same samples."
-    ),
+    max_new_tokens: int = max_new_tokens_option(),
+    num_beams: int = num_beams_option(),
+    temperature: float = temperature_option("causal-lm, vision-language"),
+    top_p: float = top_p_option(),
+    seed: int = seed_option(),
     output: Path = typer.Option(
         None, "--output", "-o", help="Write the results as JSON lines here ('-': stdout, with --data)."
     ),

@@ -28,31 +28,16 @@ if TYPE_CHECKING:
     from xtrain.tasks.contract import Quickstart
 
 DEFAULT_DIR = Path("xtrain-quickstart")
-JOBS_DIR = Path(__file__).resolve().parent.parent / "builtin" / "jobs"
 SHOWN = 3  # eval prompts shown answered before and after
 COMPARE_TOKENS = 24  # the longest answer generated for the before/after comparison
 
 
-def quickstart_tasks() -> dict[str, Any]:
-    """``{task name: its Quickstart}`` of the tasks that have a built-in job (the registry's)."""
-    from xtrain import tasks
-
-    return {name: t.quickstart for name, t in tasks.all_tasks().items() if t.quickstart is not None}
-
-
-def default_task(jobs: dict[str, Quickstart]) -> str:
-    """The task whose built-in job runs without --task (its ``Quickstart.default``)."""
-    return next(name for name, q in jobs.items() if q.default)
-
-
-def job_file(quickstart: Quickstart) -> Path:
-    return JOBS_DIR / quickstart.job
-
-
-def next_line(quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False) -> str:
+def next_line(
+    quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False, exports: bool = False
+) -> str:
     """The closing ``Next:`` line: predict with the run just trained (tasks with a predict on
-    their built-in data), chat with it (``chats``: its task's results chat), then train on your
-    own data."""
+    their built-in data), chat with it (``chats``: its task's results chat), export it as a GGUF
+    file (``exports``: its task trains a causal LM), then train on your own data."""
     from xtrain.shell import quote
 
     own = f"`{quickstart.next_command}` for your own data (docs/configuration.md)."
@@ -61,7 +46,14 @@ def next_line(quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = F
     args = quickstart.predict_args()
     predict = " ".join(quote(shell, a) for a in ["xtrain", "predict", str(run_dir), *args])
     chat = f", `xtrain chat {quote(shell, str(run_dir))}` talks to it" if chats else ""
-    return f"Next: `{predict}` runs the adapter just trained{chat}; {own}"
+    gguf = ["xtrain", "export", str(run_dir), "--to", "gguf", "-o", f"{run_dir}-gguf"]
+    export = (
+        f", `{' '.join(quote(shell, a) for a in gguf)}` writes it for llama.cpp, LM Studio and Ollama "
+        "(docs/export.md)"
+        if exports
+        else ""
+    )
+    return f"Next: `{predict}` runs the adapter just trained{chat}{export}; {own}"
 
 
 def compare_answers(base: str, run_dir: Path, file: Path) -> tuple[FileResults, FileResults]:
@@ -211,9 +203,9 @@ def quickstart(
     from xtrain.tasks.validation import load_config
 
     console = make_console()
-    jobs = quickstart_tasks()
+    jobs = tasks.quickstarts()
     if task is None:
-        task = default_task(jobs)
+        task = tasks.default_quickstart()
     if task not in jobs:
         listed = "; ".join(
             f"--task {name} ({q.about}{', the default' if q.default else ''})" for name, q in jobs.items()
@@ -222,7 +214,7 @@ def quickstart(
             console.print(f"built-in jobs: {listed}", soft_wrap=True, markup=False)
             return
         raise XtrainError(f"unknown quickstart task '{task}'", f"use one of: {listed}")
-    job = job_file(jobs[task])
+    job = tasks.job_file(jobs[task])
     n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
     diagnosis = resolve(processes=n, platform=platform, full_probe=True)
     worst = {s: sum(f.severity == s for f in diagnosis.findings) for s in ("warn", "error")}
@@ -261,4 +253,5 @@ def quickstart(
     shell = shell_for(diagnosis.plan.os_kind)
     predicts = tasks.get(task).predicts
     chats = predicts is not None and predicts.chat is not None
-    console.print(next_line(jobs[task], run_dir, shell, chats), soft_wrap=True, markup=False)
+    exports = tasks.get(task).model_class == "AutoModelForCausalLM"  # what GGUF export writes
+    console.print(next_line(jobs[task], run_dir, shell, chats, exports), soft_wrap=True, markup=False)

@@ -1,7 +1,8 @@
 """`xtrain train --dry-run`'s data check: the task's ``check_data`` hook (``tasks/data_check.py``)
 run on the first rows of the data, and its report rendered: a summary per data source and one
 example as the model gets it, its trained (loss) tokens styled on a terminal and between
-``[[`` and ``]]`` in a file or a pipe (``console.make_console``: no colour there)."""
+``[[`` and ``]]`` in a file or a pipe (``console.make_console``: no colour there), a special token
+repeated many times (an image's placeholder) written once and followed by ``[... N more ...]``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ if TYPE_CHECKING:
 
 TRAINED_STYLE = "bold green underline"
 MARKS = ("[[", "]]")  # around the trained tokens where there is no styling
+# after a special token the model gets many times over (an image's patches): how many more, dim
+# on a terminal; the text itself is never cut, so this follows a special token only
+CUT, CUT_STYLE = "[... {} more ...]", "dim"
 
 
 def render(report: DataReport | str, console: Console) -> None:
@@ -50,12 +54,15 @@ def example_lines(example: Example, styled: bool) -> list[Text]:
     if example.pieces:
         text = Text()
         for piece in example.pieces:
+            shown = piece.text + (CUT.format(piece.more) if piece.more and not styled else "")
             if not piece.trained:
-                text.append(piece.text)
+                text.append(shown)
             elif styled:
-                text.append(piece.text, style=TRAINED_STYLE)
+                text.append(shown, style=TRAINED_STYLE)
             else:
-                text.append(f"{MARKS[0]}{piece.text}{MARKS[1]}")
+                text.append(f"{MARKS[0]}{shown}{MARKS[1]}")
+            if piece.more and styled:
+                text.append(CUT.format(piece.more), style=CUT_STYLE)
         out.append(text)
     if example.label is not None:
         label = Text("  label: ")

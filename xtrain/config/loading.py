@@ -2,7 +2,9 @@
 
 - ``load_config(path, overrides)``: YAML (``xtrain.structured``: safe loading, no key twice) ->
   defaults -> overrides -> checks.
-  ``path=None`` is the built-in quickstart job (``xtrain/builtin/jobs/quickstart.yaml``).
+  ``path=None`` starts from the small built-in BERT job (``xtrain/builtin/jobs/quickstart.yaml``,
+  seq-cls's quickstart): the base of configs made in code. The job a user runs without naming one
+  (``python -m xtrain.run``, ``xtrain quickstart``) is the quickstart's default: ``xtrain.tasks.default_job``.
 - Unknown sections and keys are refused with the closest valid name; values are type-checked
   and range-checked (``values.py``); every mistake is one ``XtrainError`` line.
 - ``config_to_dict`` / ``config_from_dict`` round-trip for checkpoints; ``flat_config`` for
@@ -23,7 +25,7 @@ from xtrain.config.values import closest, resolve_key, set_value, show
 from xtrain.encoding import read_text
 from xtrain.errors import XtrainError, shown
 
-QUICKSTART_CONFIG = Path(__file__).resolve().parents[1] / "builtin" / "jobs" / "quickstart.yaml"
+QUICKSTART_CONFIG = Path(__file__).resolve().parents[1] / "builtin" / "jobs" / "quickstart.yaml"  # seq-cls's
 # Input paths in a config file are looked up next to the file first (then the current folder).
 _INPUT_PATHS = (
     "model.name_or_path",
@@ -165,7 +167,7 @@ def _reward_next_to(base: Path, value: str) -> str:
 
 
 def read_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:
-    """``path`` (YAML) or the built-in quickstart job when ``None``, then ``overrides``
+    """``path`` (YAML) or the built-in BERT job when ``None``, then ``overrides``
     (``section.key=value``, the value read as YAML): every value typed and checked, the keys the
     user wrote marked (``schema.given_keys``). The checks of the whole config against its task
     follow in ``xtrain.tasks.validation.load_config``, the one way in."""

@@ -14,6 +14,7 @@ name only when complete (``NAME.tmp``, then replaced).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,38 @@ class PlannedTensor:
         return kquants.nbytes(self.shape, self.qtype)
 
 
+@dataclass(frozen=True)
+class Written:
+    """One tensor as the writer meant it: what the file must hold under its name (type, shape, the
+    bytes' sha256) and, for a quantized type, how the format's own reader (the ``gguf`` package's
+    dequantizer) reads those bytes back."""
+
+    name: str
+    qtype: str
+    shape: tuple[int, ...]
+    digest: str
+    error: float | None = None  # relative rms error against the merged weights (quantized types)
+    differs_at: int | None = None  # K-quants: the first value read back unlike xtrain's quantizer's
+
+
+def digest(data: np.ndarray) -> str:
+    import numpy as np
+
+    return hashlib.sha256(memoryview(np.ascontiguousarray(data)).cast("B")).hexdigest()
+
+
+def read_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    """Every tensor of a GGUF file as the ``gguf`` package's reader finds it: name -> (type, shape
+    in the model's order, the bytes' sha256)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    return {
+        t.name: (t.tensor_type.name, tuple(int(n) for n in reversed(t.shape.tolist())), digest(t.data))
+        for t in reader.tensors
+    }
+
+
 def plan_tensors(model: Module, kind: str) -> tuple[list[PlannedTensor], dict[str, np.ndarray]]:
     """Every tensor the file holds, in order, and the extra arrays (rope factors) by name."""
     gguf = require_gguf()
@@ -90,17 +123,19 @@ def plan_tensors(model: Module, kind: str) -> tuple[list[PlannedTensor], dict[st
 
 def _array(
     model_state: dict[str, Tensor], t: PlannedTensor, config: PretrainedConfig, family: families.Family
-) -> tuple[np.ndarray, float | None]:
-    """The tensor's data, converted for llama.cpp and in its file type, and for a quantized type its
-    relative rms error as the gguf package reads it back (``kquants.error``)."""
+) -> tuple[np.ndarray, Written]:
+    """The tensor's data, converted for llama.cpp and in its file type, and the record of it
+    (``Written``; a quantized type read back by the gguf package: ``kquants.read_back``)."""
     data = model_state[t.source].detach().float().cpu().numpy()
     data = families.convert_tensor(t.source or "", data, config, family)
     if t.qtype == "F32":
-        return data.astype("float32"), None
-    quantized = kquants.quantize(data, t.qtype)
+        data = data.astype("float32")
+        return data, Written(t.name, t.qtype, t.shape, digest(data))
+    quantized, meant = kquants.quantize_meant(data, t.qtype)
     if t.qtype in ("F16", "BF16"):
-        return quantized, None
-    return quantized, kquants.error(data, quantized, t.qtype)
+        return quantized, Written(t.name, t.qtype, t.shape, digest(quantized))
+    error, differs_at = kquants.read_back(data, quantized, t.qtype, meant)
+    return quantized, Written(t.name, t.qtype, t.shape, digest(quantized), error, differs_at)
 
 
 _FILE_TYPES = {
@@ -124,16 +159,17 @@ def write_gguf(
     eot: int | None,
     name: str,
     progress: Progress | None = None,
-) -> dict[str, tuple[str, float]]:
+    chat_bos: bool | None = None,
+) -> list[Written]:
     """``model`` (merged, any dtype) with ``tokenizer`` and the chat ``template`` as one GGUF file
-    at ``path``; ``eot``: the template's end-of-turn token. Returns each quantized tensor's type
-    and relative rms error as the gguf package's dequantizer reads it (name -> (type, error)): the
-    writer checked against the format's own reader, tensor by tensor."""
+    at ``path``; ``eot``: the template's end-of-turn token, ``chat_bos``: whether it writes the
+    bos token (``read_vocab``). Returns every tensor as it was meant (``Written``), for the check
+    of the file read back (``parity.written``)."""
     gguf = require_gguf()
     config = model.config
     family = families.family_of(config)
     planned, extra = plan_tensors(model, kind)
-    vocab = read_vocab(tokenizer, int(config.vocab_size), eot)
+    vocab = read_vocab(tokenizer, int(config.vocab_size), eot, chat_bos)
     writer = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[family.arch]])
     writer.add_type("model")
     writer.add_name(name)
@@ -151,16 +187,19 @@ def write_gguf(
         writer.add_tensor_info(t.name, shape, _np_dtype(dtype), t.nbytes, gguf.GGMLQuantizationType[t.qtype])
     tmp = path.with_name(path.name + ".tmp")
     total, done = sum(t.nbytes for t in planned), 0
-    errors: dict[str, tuple[str, float]] = {}
+    written: list[Written] = []
     state = model.state_dict()
     try:
         writer.write_header_to_file(path=tmp)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for t in planned:
-            data, error = (extra[t.name], None) if t.source is None else _array(state, t, config, family)
-            if error is not None:
-                errors[t.name] = (t.qtype, error)
+            if t.source is None:
+                data = extra[t.name]
+                record = Written(t.name, t.qtype, t.shape, digest(data))
+            else:
+                data, record = _array(state, t, config, family)
+            written.append(record)
             writer.write_tensor_data(data)
             done += t.nbytes
             if progress is not None:
@@ -171,7 +210,7 @@ def write_gguf(
         writer.close()
         tmp.unlink(missing_ok=True)
         raise
-    return errors
+    return written
 
 
 def _np_dtype(name: str) -> np.dtype:

@@ -116,41 +116,65 @@ def quantize(data: np.ndarray, qtype: str) -> np.ndarray:
     """``data`` (float32, last axis the rows) as the bytes of ``qtype``: uint8 of shape
     (rows..., width // block * block bytes), what ``GGUFWriter`` writes. Q4_K/Q5_K/Q6_K here,
     the other types by the ``gguf`` package."""
+    return quantize_meant(data, qtype)[0]
+
+
+def quantize_meant(data: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(``quantize``'s bytes, the values they are meant to read back as): for the K-quants written
+    here, each value as this quantizer computed it from its own scales and levels before packing
+    them (float32, ``data``'s shape), which the format's reader must give back exactly; None for
+    the types the ``gguf`` package quantizes itself."""
     import numpy as np
 
     if qtype not in _BLOCKS:
         import gguf
 
-        return gguf.quants.quantize(data, gguf.GGMLQuantizationType[qtype])
+        return gguf.quants.quantize(data, gguf.GGMLQuantizationType[qtype]), None
     data = np.ascontiguousarray(data, dtype=np.float32)
     width = data.shape[-1]
     if width % QK_K:
         raise ValueError(f"rows of {width} values do not divide into {qtype}'s blocks of {QK_K}")
     blocks = data.reshape(-1, QK_K)
     step = max(1, _VALUES_AT_ONCE // QK_K)
-    out = np.concatenate([_BLOCKS[qtype](blocks[i : i + step]) for i in range(0, len(blocks), step)])
-    return out.reshape(*data.shape[:-1], width // QK_K * SIZES[qtype][1])
+    parts = [_BLOCKS[qtype](blocks[i : i + step]) for i in range(0, len(blocks), step)]
+    packed = np.concatenate([p for p, _ in parts])
+    values = np.concatenate([v for _, v in parts]).reshape(data.shape)
+    return packed.reshape(*data.shape[:-1], width // QK_K * SIZES[qtype][1]), values
 
 
-def error(data: np.ndarray, quantized: np.ndarray, qtype: str) -> float:
-    """The relative rms error of ``quantized`` (``qtype``'s bytes of ``data``) as the ``gguf``
-    package's dequantizer reads it: sqrt(sum (read - data)^2 / sum data^2), a few rows at a time
-    (no float32 copy of the whole tensor); 0 for an all-zero tensor read back as zeros."""
+def read_back(
+    data: np.ndarray, quantized: np.ndarray, qtype: str, meant: np.ndarray | None = None
+) -> tuple[float, int | None]:
+    """``quantized`` (``qtype``'s bytes of ``data``) read by the ``gguf`` package's dequantizer, a
+    few rows at a time (no float32 copy of the whole tensor): (its relative rms error against
+    ``data``: sqrt(sum (read - data)^2 / sum data^2), 0 for an all-zero tensor read back as zeros;
+    the flat index of the first value that differs from ``meant``, None when all are equal or
+    nothing is meant)."""
     import gguf
     import numpy as np
 
     rows = data.reshape(-1, data.shape[-1])
     packed = quantized.reshape(len(rows), -1)
+    expected = None if meant is None else meant.reshape(len(rows), -1)
     step = max(1, _VALUES_AT_ONCE // rows.shape[1])
     wrong = total = 0.0
+    first = None
     for i in range(0, len(rows), step):
         back = gguf.quants.dequantize(packed[i : i + step], gguf.GGMLQuantizationType[qtype])
         part = rows[i : i + step].astype(np.float32)
         wrong += float(np.square(back - part, dtype=np.float64).sum())
         total += float(np.square(part, dtype=np.float64).sum())
+        if expected is not None and first is None:
+            differs = np.flatnonzero(back.reshape(-1) != expected[i : i + step].reshape(-1))
+            first = int(differs[0]) + i * rows.shape[1] if len(differs) else None
     if total == 0:
-        return 0.0 if wrong == 0 else float("inf")
-    return (wrong / total) ** 0.5
+        return (0.0 if wrong == 0 else float("inf")), first
+    return (wrong / total) ** 0.5, first
+
+
+def error(data: np.ndarray, quantized: np.ndarray, qtype: str) -> float:
+    """The relative rms error of ``quantized`` as the ``gguf`` package reads it (``read_back``)."""
+    return read_back(data, quantized, qtype)[0]
 
 
 def _f16(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,30 +259,31 @@ def _scale_min_k4(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: i
     shift = (dmin[:, None] * lm).reshape(n * 8, 1)
     with np.errstate(divide="ignore", invalid="ignore"):
         again = np.clip(np.rint((sub + shift) / step), 0, nmax)
-    levels = np.where(step != 0, again, levels).astype(np.uint8).reshape(n, 8, 32)
-    return np.concatenate([d_bytes, m_bytes, packed], axis=1), levels
+    levels = np.where(step != 0, again, levels).astype(np.uint8).reshape(n * 8, 32)
+    values = (step * levels.astype(np.float32) - shift).reshape(n, QK_K)  # the reader's arithmetic
+    return np.concatenate([d_bytes, m_bytes, packed], axis=1), levels.reshape(n, 8, 32), values
 
 
-def _q4_k(x: np.ndarray) -> np.ndarray:
+def _q4_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import numpy as np
 
-    head, levels = _scale_min_k4(x, 15, -1.0, 0.1, 20)
+    head, levels, values = _scale_min_k4(x, 15, -1.0, 0.1, 20)
     pairs = levels.reshape(len(x), 4, 2, 32)
     qs = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(len(x), 128)
-    return np.concatenate([head, qs], axis=1)
+    return np.concatenate([head, qs], axis=1), values
 
 
-def _q5_k(x: np.ndarray) -> np.ndarray:
+def _q5_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import numpy as np
 
-    head, levels = _scale_min_k4(x, 31, -0.5, 0.1, 15)
+    head, levels, values = _scale_min_k4(x, 31, -0.5, 0.1, 15)
     pairs = levels.reshape(len(x), 4, 2, 32)
     qs = ((pairs[:, :, 0] & 0xF) | ((pairs[:, :, 1] & 0xF) << 4)).reshape(len(x), 128)
     high = (levels.reshape(len(x), 8, 32) >> 4).astype(np.uint8)  # sub-block j's fifth bit: bit j
     qh = np.zeros((len(x), 32), dtype=np.uint8)
     for j in range(8):
         qh |= high[:, j] << j
-    return np.concatenate([head, qh, qs], axis=1)
+    return np.concatenate([head, qh, qs], axis=1), values
 
 
 def _qx(x: np.ndarray, nmax: int):
@@ -291,7 +316,7 @@ def _qx(x: np.ndarray, nmax: int):
     return scale, levels
 
 
-def _q6_k(x: np.ndarray) -> np.ndarray:
+def _q6_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import numpy as np
 
     n = len(x)
@@ -312,11 +337,16 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     levels[empty] = 0  # an all-zero super-block is all zero bytes
     d_bytes = np.where(empty[:, None], 0, d_bytes).astype(np.uint8)
     small = np.where(empty[:, None], 0, small).astype(np.int8)
+    # what the block stores, as the reader computes it: d x scale x (level - 32)
+    scale = (d_bytes.view(np.float16).astype(np.float32) * small.astype(np.float32)).reshape(n, 16, 1)
+    signed = (levels.reshape(n, 16, 16).astype(np.int8) - np.int8(32)).astype(np.float32)
+    values = (scale * signed).reshape(n, QK_K)
     low = levels & 0xF
     ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=2)
     high = levels >> 4
     qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
-    return np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), small.view(np.uint8), d_bytes], axis=1)
+    packed = np.concatenate([ql.reshape(n, 128), qh.reshape(n, 64), small.view(np.uint8), d_bytes], axis=1)
+    return packed, values
 
 
 _BLOCKS = {"Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}

@@ -10,12 +10,15 @@
    renamed to ``OUTPUT`` at the end: a failed check leaves nothing behind, and an existing
    ``OUTPUT`` is never touched;
 4. merged safetensors (+ the tokenizer/processor files, chat template and run record saved
-   with the result), and/or the GGUF file, read back and compared (the merged model freed
-   first: one model in memory at a time), and the Modelfile.
+   with the result), and/or a GGUF file for each ``--type``; the run's eval prompts answered by
+   the merged model; then the merged model freed (one model in memory at a time) and each file
+   checked and measured (``file_checks``: read back exactly as written, its template in llama.cpp,
+   its logits and answers against the merged model's), and the Modelfile.
 
-Several targets in one call (``targets``) share steps 1-3: one merge, one check of it, one GGUF
-for ``gguf`` and ``ollama`` (the Ollama folder is the GGUF + its Modelfile); the merged folder
-goes to ``OUTPUT/merged/`` when a GGUF is written beside it.
+Several targets in one call (``targets``) and several GGUF types (``types``) share steps 1-3:
+one merge, one check of it, one GGUF per type for ``gguf`` and ``ollama`` (the Ollama folder is
+the GGUF + its Modelfile: one type); the merged folder goes to ``OUTPUT/merged/`` when a GGUF is
+written beside it.
 
 Library code: progress goes through the ``Progress`` callbacks; nothing is printed.
 """
@@ -27,12 +30,12 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain import atomic
 from xtrain.data.rows import chat as chat_data
 from xtrain.errors import XtrainError
-from xtrain.export import families, gguf, memory, ollama, parity, source, templates
+from xtrain.export import answers, families, file_checks, gguf, memory, ollama, parity, source, templates
 from xtrain.export.gguf import TYPES
 from xtrain.export.parity import Check
 from xtrain.export.vocab import read_vocab
@@ -63,19 +66,40 @@ def targets(to: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(t for t in TARGETS if t in found)
 
 
+def types(given: str | Sequence[str]) -> tuple[str, ...]:
+    """The GGUF types ``--type`` asks for (one, a comma list, or several ``--type``), each once, in
+    the order given; an unknown one is refused in one line."""
+    found: list[str] = []
+    for part in [given] if isinstance(given, str) else list(given):
+        for one in (p.strip() for p in part.split(",")):
+            if one not in TYPES:
+                raise XtrainError(f"--type {one}: not a GGUF type", f"use one or more of {', '.join(TYPES)}")
+            if one not in found:
+                found.append(one)
+    if not found:
+        raise XtrainError("--type: no GGUF type given", f"use one or more of {', '.join(TYPES)}")
+    return tuple(found)
+
+
 @dataclass
 class ExportRequest:
     path: str
     to: str | Sequence[str]  # merged | gguf | ollama, or several ("merged,ollama", ["merged", "gguf"])
     output: Path
     base: str | None = None
-    gguf_type: str = "q8_0"  # gguf.TYPES: f16 | bf16 | q8_0 | q4_0 | q4_k_m | q5_k_m | q6_k
+    # gguf.TYPES: f16 | bf16 | q8_0 | q4_0 | q4_k_m | q5_k_m | q6_k, or several ("q8_0,q4_k_m", [...])
+    gguf_type: str | Sequence[str] = "q8_0"
     name: str | None = None  # the Ollama model's name
     system: str | None = None  # the Modelfile's system prompt
+    eval_prompts: int = answers.ANSWERED  # the run's eval prompts answered by the merged model and each file
 
     @property
     def targets(self) -> tuple[str, ...]:
         return targets(self.to)
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        return types(self.gguf_type)
 
     @property
     def writes_gguf(self) -> bool:
@@ -89,6 +113,9 @@ class ExportResult:
     checks: list[Check]
     ollama: dict[str, str] | None = None  # shell -> ollama create line
     notes: list[str] = field(default_factory=list)
+    costs: list[parity.Cost] = field(default_factory=list)  # what each GGUF type costs the model
+    warnings: list[str] = field(default_factory=list)
+    prompts: answers.Prompts | None = None  # eval prompts answered by the merged model and each file
 
 
 class Progress:
@@ -104,8 +131,12 @@ class Progress:
 def _check_request(req: ExportRequest) -> None:
 
     targets(req.to)  # an unknown target is refused here
-    if req.gguf_type not in TYPES:
-        raise XtrainError(f"--type {req.gguf_type}: not a GGUF type", f"use one of {', '.join(TYPES)}")
+    types(req.gguf_type)  # and an unknown type
+    if len(req.types) > 1 and "ollama" in req.targets:
+        raise XtrainError(
+            f"--to ollama writes one model and --type names {len(req.types)} ({', '.join(req.types)})",
+            "pass one --type for ollama, or --to gguf for a file of each type",
+        )
     if req.output.exists() and (not req.output.is_dir() or any(req.output.iterdir())):
         raise XtrainError(
             f"{req.output} already exists and is not empty: export writes a new folder",
@@ -123,6 +154,9 @@ class _Plan:
     render: chat_data.Render | None  # the training renderer, None for a plain run
     turns: ollama.OllamaTurns | None = None
     eot: int | None = None
+    chat_bos: bool | None = None  # a chat run's: whether its template writes the bos token first
+    add_bos: bool = False  # the GGUF adds bos to what it tokenizes (``vocab.read_vocab``)
+    context: int = 2048  # the model's positions
 
 
 def prepare(req: ExportRequest) -> _Plan:
@@ -147,7 +181,12 @@ def prepare(req: ExportRequest) -> _Plan:
     families.rope_scaling(config, families.family_of(config))
     memory.check_memory(memory.model_sizes(src.model_class, config), memory.available_bytes())
     plan.eot = _end_of_turn(render, tokenizer)
-    vocab = read_vocab(tokenizer, int(config.vocab_size), plan.eot)
+    plan.context = int(getattr(config, "max_position_embeddings", None) or plan.context)
+    if render is not None:
+        bos = tokenizer.bos_token
+        plan.chat_bos = bool(bos) and render(list(parity.PROBES[0]), True).startswith(bos)
+    vocab = read_vocab(tokenizer, int(config.vocab_size), plan.eot, plan.chat_bos)
+    plan.add_bos = vocab.add_bos
     if "ollama" in req.targets:
         plan.turns = _ollama_turns(req, plan, vocab.add_bos)
     return plan
@@ -229,24 +268,49 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
     plan = prepare(req)
     prompts = parity.prompt_ids(plan.tokenizer, plan.render)
     model, _, checks = merged_model(plan, prompts, progress)
+    kinds = req.types if req.writes_gguf else ()
     need = _weights_bytes(model) if "merged" in req.targets else 0
-    need += gguf.estimate_bytes(model, req.gguf_type) if req.writes_gguf else 0
+    need += sum(gguf.estimate_bytes(model, kind) for kind in kinds)
     req.output.parent.mkdir(parents=True, exist_ok=True)
     gguf.check_disk(req.output.parent, need)
     tmp = req.output.with_name(req.output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     notes: list[str] = []
+    costs: list[parity.Cost] = []
+    asked = None
     try:
         if "merged" in req.targets:
             folder = tmp / MERGED_BESIDE_GGUF if req.writes_gguf else tmp
             checks += _write_merged(plan, model, folder, progress)
-        if req.writes_gguf:
-            path, reference, written = _write_gguf(req, plan, model, prompts, tmp, progress)
-            checks += written
-            del model  # the last reference: the file is read back without the merged model held
+        if kinds:
+            files = {}
+            for kind in kinds:
+                path = gguf.gguf_name(tmp, kind)
+                progress.stage(f"writing {path.name}")
+                files[kind] = path, gguf.write_gguf(
+                    model, plan.tokenizer, path, kind, plan.template, plan.eot, plan.src.name,
+                    progress.advance, plan.chat_bos,
+                )  # fmt: skip
+            # in float32, as the reader computes the file's (a bf16 forward on the CPU is ~2% off
+            # float32 on a 300M Llama: bf16 arithmetic, not the file), one module upcast at a time
+            reference = parity.logits_float32(model, prompts)
+            asked, why = answers.eval_prompts(plan.src, req.eval_prompts)
+            notes += [why] if why else []
+            if asked is not None:
+                progress.stage(f"answering {len(asked.examples)} eval prompts with the merged model")
+                with parity.float32_forward(model):  # as the reference logits: the float32 model's answers
+                    asked.merged = answers.with_model(model, plan.tokenizer, plan.src, asked)
+            del model  # the last reference: the files are read back without the merged model held
             gc.collect()
-            checks += _check_gguf(req, plan, path, reference, prompts, progress)
+            for kind, (path, written) in files.items():
+                progress.stage(f"checking {path.name}")
+                found, cost = file_checks.check_file(
+                    path, kind, written, plan.src, plan.tokenizer, plan.render, plan.add_bos,
+                    reference, prompts, asked, plan.context,
+                )  # fmt: skip
+                checks += found
+                costs.append(cost)
         else:
             del model
         lines = _write_modelfile(req, plan, tmp, checks) if "ollama" in req.targets else None
@@ -257,7 +321,7 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    files = {
+    files_out = {
         p.relative_to(req.output).as_posix(): p.stat().st_size
         for p in sorted(req.output.rglob("*"))
         if p.is_file()
@@ -268,7 +332,8 @@ def export(req: ExportRequest, progress: Progress | None = None) -> ExportResult
         notes.append(
             f"the run trained on a {plan.src.quantization} base; the export merged into its 16-bit weights"
         )
-    return ExportResult(req.output, files, checks, lines, notes)
+    warnings = [w for w in (c.warning() for c in costs) if w]
+    return ExportResult(req.output, files_out, checks, lines, notes, costs, warnings, asked)
 
 
 def _write_merged(plan: _Plan, model: PreTrainedModel, tmp: Path, progress: Progress) -> list[Check]:
@@ -292,55 +357,6 @@ def _write_merged(plan: _Plan, model: PreTrainedModel, tmp: Path, progress: Prog
     ]
 
 
-def _write_gguf(
-    req: ExportRequest,
-    plan: _Plan,
-    model: PreTrainedModel,
-    prompts: list[list[int]],
-    tmp: Path,
-    progress: Progress,
-) -> tuple[Path, list[Any], list[Check]]:
-    """The GGUF file, the reference its read-back is compared with, and the check of its quantized
-    tensors (``parity.quantized``). The reference: the merged weights' logits computed in float32,
-    as the reader computes the file's (a bf16 model's own forward on the CPU differs from float32
-    by ~2% of the largest logit on a 300M Llama: that is bf16 arithmetic, not the file), one module
-    upcast at a time (no float32 copy of the model)."""
-    path = gguf.gguf_name(tmp, req.gguf_type)
-    progress.stage(f"writing {path.name}")
-    errors = gguf.write_gguf(
-        model, plan.tokenizer, path, req.gguf_type, plan.template, plan.eot, plan.src.name, progress.advance
-    )
-    check = parity.quantized(errors)
-    return path, parity.logits_float32(model, prompts), [check] if check else []
-
-
-def _check_gguf(
-    req: ExportRequest,
-    plan: _Plan,
-    path: Path,
-    reference: list[Tensor],
-    prompts: list[list[int]],
-    progress: Progress,
-) -> list[Check]:
-    """The GGUF file read back (the merged model already freed: one model in memory at a time),
-    its logits against ``reference``, and its chat template against training's rendering."""
-    progress.stage(f"reading {path.name} back")
-    loaded = parity.load_gguf(path, req.gguf_type)
-    got = parity.logits_float32(loaded, prompts)
-    del loaded
-    gc.collect()
-    checks = [parity.compare("gguf", f"{path.name} vs merged logits", reference, got, req.gguf_type)]
-    if plan.render is not None:
-        stored = parity.gguf_template(path) or ""
-        again = chat_data.renderer(plan.tokenizer, stored, None, getattr(plan.render, "kwargs", None))
-        conversations = parity.probe_conversations(plan.render)
-        expected = parity.rendered(plan.render, conversations)
-        checks.append(
-            parity.same_text("template", path.name, expected, parity.rendered(again, conversations))
-        )
-    return checks
-
-
 def _write_modelfile(req: ExportRequest, plan: _Plan, tmp: Path, checks: list[Check]) -> dict[str, str]:
     """The Modelfile next to the GGUF, its template checked against training's rendering."""
     template = None
@@ -350,7 +366,7 @@ def _write_modelfile(req: ExportRequest, plan: _Plan, tmp: Path, checks: list[Ch
         stops = _stops(plan)
         checks.append(_ollama_check(plan))
     modelfile = ollama.Modelfile(
-        gguf.gguf_name(tmp, req.gguf_type).name, template, stops, req.system,
+        gguf.gguf_name(tmp, req.types[0]).name, template, stops, req.system,
         ollama.sampling(source.generation_config(plan.src)),
     )  # fmt: skip
     atomic.write_text(tmp / ollama.MODELFILE, modelfile.text())

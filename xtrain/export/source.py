@@ -1,5 +1,5 @@
 """What is exported: a run folder, an adapter folder (its base from peft's record, or ``--base``),
-or a full fine-tune's model folder, read with ``xtrain predict``'s own readers (``predict.py``:
+or a full fine-tune's model folder, read with ``xtrain predict``'s own readers (``trained.py``:
 ``model_folder``, ``run_task``, ``trained_quantization``): the run's task, whether it trained on
 chat conversations, how it loaded its base. The chat template is the one saved with the adapter
 (training saved the one it rendered with there)."""
@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain import predict, tasks
+from xtrain import tasks
 from xtrain.data.rows import chat as chat_data
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
 from xtrain.model import merge
-from xtrain.predict import read_json_object
+from xtrain.trained import OUTPUT_FOLDERS, model_folder, read_json_object, run_task, trained_quantization
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -67,22 +67,22 @@ def _model_class(task: str | None, folder: Path, adapter: bool) -> type[PreTrain
 
 def find_source(path: str | Path, base: str | None = None) -> Source:
     """The result at ``path`` (a run's output_dir, its adapter/, or a model folder)."""
-    folder = predict.model_folder(path)
+    folder = model_folder(path)
     adapter = (folder / "adapter_config.json").is_file()
     if base is not None and not adapter:
         raise XtrainError(f"{folder} is a whole model, not an adapter: it has no base", "leave out --base")
-    trained = predict.run_task(folder)
+    trained = run_task(folder)
     source = None
     if adapter:
         source = models.resolve_model(base) if base is not None else merge.base_source(folder)
-    run = folder.parent if folder.name in ("adapter", "model", "merged", "best") else folder
+    run = folder.parent if folder.name in OUTPUT_FOLDERS else folder
     return Source(
         folder=folder,
         adapter=adapter,
         base=source,
         task=trained.task,
         chat=trained.chat,
-        quantization=predict.trained_quantization(folder, trained),
+        quantization=trained_quantization(folder, trained),
         model_class=_model_class(trained.task, folder, adapter),
         name=run.name,
         record=trained.record,

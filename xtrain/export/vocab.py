@@ -11,7 +11,10 @@ tokenizer the run trained with (``tokenizer.ggml.*``), read off that tokenizer's
 
 Token types: special added tokens are control tokens, other added tokens user-defined; bos, eos,
 unk, pad and the chat template's end-of-turn token (``eot``) by id; ``add_bos_token`` /
-``add_eos_token`` as the tokenizer adds them to a plain text.
+``add_eos_token`` as the tokenizer adds them to a plain text, and for a chat run as training fed
+its rendered conversations (tokenized without added specials: the template writes them): llama.cpp
+renders the template, takes a leading bos off its text and adds bos when the file says so, so the
+file adds bos only where the template writes it (``chat_bos``) and eos never.
 """
 
 from __future__ import annotations
@@ -107,9 +110,12 @@ def _adds(tokenizer: PreTrainedTokenizerBase) -> tuple[bool, bool]:
     return bool(ids and bos is not None and ids[0] == bos), bool(ids and eos is not None and ids[-1] == eos)
 
 
-def read_vocab(tokenizer: PreTrainedTokenizerBase, vocab_size: int, eot: int | None = None) -> Vocab:
+def read_vocab(
+    tokenizer: PreTrainedTokenizerBase, vocab_size: int, eot: int | None = None, chat_bos: bool | None = None
+) -> Vocab:
     """The GGUF vocabulary of a fast transformers tokenizer, padded to the model's ``vocab_size``
-    (embedding rows past the tokenizer's own are unused pieces, as llama.cpp's converter writes)."""
+    (embedding rows past the tokenizer's own are unused pieces, as llama.cpp's converter writes);
+    ``chat_bos``: a chat run's, whether its template writes the bos token first (None: a plain run)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise XtrainError(
@@ -143,6 +149,8 @@ def read_vocab(tokenizer: PreTrainedTokenizerBase, vocab_size: int, eot: int | N
         else:
             types.append(NORMAL)
     add_bos, add_eos = _adds(tokenizer)
+    if chat_bos is not None:  # training tokenized the rendered text as it is
+        add_bos, add_eos = add_bos and chat_bos, False
     common = {"special": _special_ids(tokenizer, eot), "add_bos": add_bos, "add_eos": add_eos}
     if model.get("byte_fallback"):
         # SentencePiece BPE: llama.cpp merges the pair whose result scores highest; pieces are

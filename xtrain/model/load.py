@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import atomic, builtin
-from xtrain.errors import XtrainError
+from xtrain.errors import NoTokenizer, XtrainError
 from xtrain.model import hub
 
 if TYPE_CHECKING:
@@ -84,6 +84,14 @@ def load_tokenizer(source: str, trust_remote_code: bool) -> PreTrainedTokenizerB
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except Exception as e:
         raise load_error("tokenizer", source, Path(source).exists(), e) from None
+    if not tokenizer("a b", add_special_tokens=False)["input_ids"]:
+        # transformers 5 builds a tokenizer class with an empty vocabulary from a folder that has
+        # a config.json but no tokenizer files: every row would tokenize to nothing
+        raise NoTokenizer(
+            f"the tokenizer of {source} has no vocabulary (no tokenizer.json, tokenizer.model or "
+            "vocabulary files there)",
+            "copy the model's tokenizer files into that folder, next to its config.json",
+        )
     if tokenizer.pad_token_id is None:
         fallback = tokenizer.eos_token or tokenizer.unk_token
         if fallback is None:

@@ -107,7 +107,7 @@ def quiet_progress_bars() -> None:
 def quiet_data_read_errors() -> None:
     """Drop datasets' own log line about a data file it cannot parse ("Failed to load JSON from
     file ... with error ..."): it always raises next, and xtrain says that error in one line
-    naming the file and the line (``xtrain.data.sources``). Idempotent; nothing with
+    naming the file and the line (``xtrain.data.read_errors``). Idempotent; nothing with
     ``XTRAIN_VERBOSE=1``."""
     if os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0"):
         return

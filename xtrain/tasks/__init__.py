@@ -30,6 +30,7 @@ import contextlib
 import difflib
 import importlib
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
@@ -37,7 +38,9 @@ from xtrain.tasks.contract import MainProcessFirst, Task
 
 if TYPE_CHECKING:
     from xtrain.planning.run import Run
-    from xtrain.tasks.contract import Workload
+    from xtrain.tasks.contract import Quickstart, Workload
+
+JOBS_DIR = Path(__file__).resolve().parent.parent / "builtin" / "jobs"  # the tasks' built-in jobs
 
 # The registry: the modules under xtrain.tasks (family.module) that export a TASK, in help's order.
 REGISTRY = (
@@ -88,6 +91,27 @@ def get(name: str) -> Task:
             f"did you mean '{close[0]}'?" if close else None,
         )
     return tasks[name]
+
+
+def quickstarts() -> dict[str, Quickstart]:
+    """``{task name: its Quickstart}`` of the tasks that have a built-in job."""
+    return {name: t.quickstart for name, t in all_tasks().items() if t.quickstart is not None}
+
+
+def default_quickstart() -> str:
+    """The task whose built-in job runs where none is named: ``xtrain quickstart`` without
+    --task and ``python -m xtrain.run`` without --config (the one ``Quickstart.default``)."""
+    return next(name for name, q in quickstarts().items() if q.default)
+
+
+def job_file(quickstart: Quickstart) -> Path:
+    """A task's built-in job (``xtrain/builtin/jobs/*.yaml``)."""
+    return JOBS_DIR / quickstart.job
+
+
+def default_job() -> Path:
+    """The built-in job run where none is named (``default_quickstart``'s)."""
+    return job_file(quickstarts()[default_quickstart()])
 
 
 def build_workload(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:

@@ -152,6 +152,13 @@ def _no_check(cfg: TrainConfig) -> None:
     return None
 
 
+def recognizes_none(config: dict[str, Any]) -> bool:
+    """``Task.recognizes`` of a task whose result, saved without xtrain's record, is another
+    task's to read: preference tuning and GRPO train a causal LM (causal-lm reads it), vision
+    preference a vision-language model."""
+    return False
+
+
 @dataclass(frozen=True)
 class Task:
     """Everything xtrain knows about one task."""
@@ -203,7 +210,13 @@ class Task:
     # the task's own forward reads per-sequence log-probs of the next tokens off the head (preference
     # tuning) and runs them chunk-wise itself when told (``Workload.use_chunked_loss``); ``logps``:
     # the same with per-token log-probs (GRPO's completions). None: not such a loss (classifiers,
-    # custom tasks)
+    # custom tasks).
+    # It also says what the step's loss is (xtrain/train/step_loss.py, the one place): for
+    # ``next-token`` and ``decoder`` the model's ``.loss`` is the mean over a micro-batch's trained
+    # tokens (its labels not -100, after the shift), and the step's loss the sum of every token's
+    # loss over the trained tokens of the whole step; otherwise ``.loss`` is a mean over the
+    # micro-batch's sequences (or already the step's: GRPO), averaged over the step's micro-batches
+    # (a forward's ``token_sum`` adds a token term: ``Workload.trained_tokens``)
     token_loss: str | None = None
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
     # the head of a result saved without xtrain's record: architectures' suffix / peft task type
@@ -248,13 +261,22 @@ class Prediction:
 EvaluateFn = Callable[["Accelerator", "Module", "DataLoader"], tuple[dict[str, float], list[Prediction]]]
 
 
-# forward(model, batch) -> what has ``.loss`` (the micro-batch's loss to back-propagate) and may
-# carry ``.metrics``: {name: scalar tensor} of the micro-batch, averaged by the loop's logging
-# window without a host sync and logged with its loss. A task whose loss is not the model's own
-# (preference tuning: log-probabilities of two answers, a reference model) computes it here; the
-# loop and the evaluation call it in place of ``model(**batch)``. ``model`` is as the loop holds it
-# (wrapped by DDP/FSDP), so its forward is the one the gradients are synchronised for.
-ForwardFn = Callable[["Module", Batch], Any]  # returns what has .loss (and maybe .metrics)
+# forward(model, batch) -> what has ``.loss`` (the micro-batch's loss: a mean over its sequences,
+# see ``Task.token_loss``) and may carry ``.token_sum``: the sum of its token losses over the
+# micro-batch's ``Workload.trained_tokens``, which the loop divides by the trained tokens of the
+# whole step (preference's SFT term; xtrain/train/step_loss.py), and ``.metrics``: {name: scalar
+# tensor} of the micro-batch, averaged by the loop's logging window without a host sync and logged
+# with its loss. A task whose loss is not the model's own (preference tuning: log-probabilities of
+# two answers, a reference model) computes it here; the loop and the evaluation call it in place of
+# ``model(**batch)``. ``model`` is as the loop holds it (wrapped by DDP/FSDP), so its forward is the
+# one the gradients are synchronised for.
+ForwardFn = Callable[["Module", Batch], Any]  # returns what has .loss (and maybe .token_sum, .metrics)
+
+
+# trained_tokens(a collated micro-batch, on the host) -> how many trained tokens its forward's
+# ``token_sum`` is over (preference's SFT term: the chosen answers' labelled tokens), counted from
+# the host tensors (no device sync); the loop sums them over the step's micro-batches and processes.
+TrainedTokensFn = Callable[[Batch], int]
 
 
 # step_start(model, this process's micro-batches of the step (on the device), gather) -> None:
@@ -312,6 +334,9 @@ class Workload:
     # summary is a line of the run's banner
     data_report: DataReport | None = None
     forward: ForwardFn | None = None  # None: ``model(**batch)``, whose ``.loss`` is the loss
+    # what a forward's ``token_sum`` is over (None: it has none; the tokens of a ``next-token`` or
+    # ``decoder`` ``Task.token_loss`` are counted from the labels by the loop)
+    trained_tokens: TrainedTokensFn | None = None
     notes: NotesFn | None = None  # warnings the task reads off its eval metrics
     step_start: StepStartFn | None = None  # the whole step's micro-batches first (KTO's KL)
     shared_pass: SharedPassFn | None = None  # on every process after the build

@@ -17,6 +17,7 @@ the run's banner shows ``DataReport.summary()``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -31,9 +32,9 @@ from xtrain.data.labels import label_key, label_values, labels_of
 from xtrain.data.rows.formats import text_names
 from xtrain.data.rows.images import describe, image_size
 from xtrain.data.sources import first_rows
-from xtrain.errors import XtrainError
+from xtrain.errors import NoTokenizer, XtrainError
 from xtrain.model.configs import read_config_offline
-from xtrain.tasks.common import base_dir, media_dirs
+from xtrain.tasks.common import base_dir, media_dirs, prepare_tokenizer
 from xtrain.tasks.data_report import Example, Piece, SourceCheck
 
 if TYPE_CHECKING:
@@ -44,11 +45,13 @@ if TYPE_CHECKING:
 
     # what ``labels_of`` returns: (label -> id or None, num_labels, id -> name)
     LabelMapping = tuple[dict[str, int] | None, int, dict[int, str] | None]
+    # what a text task's check found of its model (``text_check``): (source, tokenizer), or None
+    Tokenizer = tuple[str, PreTrainedTokenizerBase] | None
 
 T = TypeVar("T")
 ROWS = 100  # rows of each data source the check reads: about a second on any data
 NO_CUT = 1 << 30  # a max_length that cuts nothing: each row's whole length
-REPEAT = 4  # a token repeated this often in a row (expanded image placeholders) is written once
+REPEAT = 4  # a special token repeated this often (expanded image placeholders) is written once
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,16 +128,26 @@ def loaded_samples(
 
 def loaded_or_note(cfg: TrainConfig, notes: list[str], load: Callable[[], T]) -> T | None:
     """``load()`` (the tokenizer or processor); where it fails for a hub model (not on this
-    machine, no network), None and a note: the rows are then checked without tokenising them.
-    A local or built-in model that fails to load is the run's own error."""
+    machine, no network; a folder with a config.json and no tokenizer files, as for a memory plan),
+    None and a note: the rows are then checked without tokenising them. A local or built-in model
+    that fails to load otherwise is the run's own error."""
     try:
         return load()
     except XtrainError as e:
         name = cfg.model.name_or_path
-        if builtin.is_builtin(name) or Path(name).expanduser().exists():
+        local = builtin.is_builtin(name) or Path(name).expanduser().exists()
+        if local and not isinstance(e, NoTokenizer):
             raise
         notes.append(f"rows checked without tokenizing them, no example: {e.message}")
         return None
+
+
+def text_check(cfg: TrainConfig, limit: int) -> tuple[Tokenizer, list[Sample], list[str]]:
+    """What a text task's ``check_data`` reads: (the model's source and tokenizer, or None where
+    it cannot load here: ``loaded_or_note``), the first ``limit`` rows of each source and the
+    notes."""
+    samples, notes = first_samples(cfg, limit)
+    return loaded_or_note(cfg, notes, lambda: prepare_tokenizer(cfg, contextlib.nullcontext)), samples, notes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,33 +157,43 @@ def loaded_or_note(cfg: TrainConfig, notes: list[str], load: Callable[[], T]) ->
 def pieces(
     tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int] | None = None
 ) -> list[Piece]:
-    """Token ids as text pieces: each run of tokens with loss (a label other than -100) or without
-    decoded together, special tokens shown; a token repeated ``REPEAT`` times or more (an image
-    placeholder expanded into its patches) is written once with its count: ``<|image_pad|>*64``."""
+    """Token ids as text pieces, exactly as the model gets them: each run of tokens with loss (a
+    label other than -100) or without decoded together, special tokens shown. Only a run of
+    ``REPEAT`` or more of one special token (an image placeholder expanded into its patches) is
+    cut, to its first token and a count (``Piece.more``: the renderer's marker); text is never
+    cut, so a row's ``}}}}}`` reads as it is."""
     flags = [False] * len(ids) if labels is None else [t != IGNORE_INDEX for t in labels[: len(ids)]]
+    special = _special_ids(tokenizer)
     out: list[Piece] = []
-    start = 0
-    for i in range(1, len(ids) + 1):
-        if i == len(ids) or flags[i] != flags[start]:
-            out.append(Piece(_decode(tokenizer, ids[start:i]), flags[start]))
+    start = i = 0
+    while i < len(ids):
+        j = i
+        while j < len(ids) and ids[j] == ids[i] and flags[j] == flags[i]:
+            j += 1
+        if ids[i] in special and j - i >= REPEAT:  # written once, with how many more follow
+            out += _plain(tokenizer, ids, flags, start, i)
+            out.append(Piece(_text(tokenizer, ids[i : i + 1]), flags[i], more=j - i - 1))
+            start = j
+        i = j
+    return out + _plain(tokenizer, ids, flags, start, len(ids))
+
+
+def _plain(
+    tokenizer: PreTrainedTokenizerBase, ids: list[int], flags: list[bool], start: int, end: int
+) -> list[Piece]:
+    """``ids[start:end]`` as pieces, one for each run of tokens with loss or without."""
+    out = []
+    for i in range(start + 1, end + 1):
+        if i == end or flags[i] != flags[start]:
+            out.append(Piece(_text(tokenizer, ids[start:i]), flags[start]))
             start = i
     return out
 
 
-def _decode(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:
-    text, plain, i = [], [], 0
-    while i < len(ids):
-        j = i
-        while j < len(ids) and ids[j] == ids[i]:
-            j += 1
-        if j - i >= REPEAT:
-            text.append(_text(tokenizer, plain))
-            text.append(f"{_text(tokenizer, ids[i : i + 1])}*{j - i}")
-            plain = []
-        else:
-            plain += ids[i:j]
-        i = j
-    return "".join(text) + _text(tokenizer, plain)
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """The ids of the tokenizer's special tokens (its added ones marked special too)."""
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return set(tokenizer.all_special_ids) | {i for i, t in added.items() if getattr(t, "special", False)}
 
 
 def _text(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> str:

@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    pass
+from xtrain.errors import XtrainError
 
 
 @dataclass(frozen=True)
 class Piece:
-    """Consecutive tokens of the example, decoded together: with loss (``trained``) or without."""
+    """Consecutive tokens of the example, decoded together: with loss (``trained``) or without.
+    ``more``: the piece is one special token that the model gets ``more`` times again right
+    after it (an image placeholder expanded into its patches), not written out."""
 
     text: str
     trained: bool
+    more: int = 0
 
 
 @dataclass
@@ -99,6 +100,38 @@ class DataReport:
             cut = f", {s.truncated} cut at data.max_length" if s.lengths else ""
             parts.append(f"{s.role} {s.source} ({s.rows()} checked{fmt}{cut})")
         return "; ".join(parts) or "not checked"
+
+
+def nothing_to_learn(report: DataReport) -> XtrainError | None:
+    """The one line for a source none of whose checked rows has a token left to learn (the run
+    would stop with "no ... examples left"): the rows' lengths and the ``data.max_length`` that
+    keeps them whole where the cut is why; None when every source has rows to learn from (some
+    rows left out is the Data line's fact, not a refusal)."""
+    for s in report.sources:
+        if not s.checked or s.dropped < s.checked:
+            continue
+        rows = f"all {s.checked} rows" if s.total == s.checked else f"the first {s.checked} rows"
+        where = f"data.{s.role} {s.source}"
+        if not s.truncated or not s.lengths:
+            return XtrainError(
+                f"nothing to learn in {where}: {rows} have no token with loss (no answer the run trains on)",
+                "give the rows answers (assistant turns, a response or output) or check data.train_on",
+            )
+        low, mid, high = min(s.lengths), int(statistics.median(s.lengths)), max(s.lengths)
+        tokens = f"{low}" if low == high else f"{low}-{high} (median {mid})"
+        cut = f"data.max_length={report.max_length} cuts off"
+        why = (
+            f"{cut} all their trained tokens"
+            if s.truncated == s.checked
+            else f"{s.truncated} are longer: {cut} their trained tokens, the others have none"
+        )
+        return XtrainError(
+            f"nothing to learn in {where}: {rows} are {tokens} tokens long and {why} "
+            f"(the run would stop: no {'training' if s.role == 'train' else 'eval'} examples left)",
+            f"set data.max_length={high} to keep every checked row whole, or shorten the rows' prompts: "
+            "long system turns, tool schemas",
+        )
+    return None
 
 
 def _span(values: list[int]) -> str:

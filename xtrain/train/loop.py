@@ -10,8 +10,9 @@ evaluate, save, finish.
     setup        one named builder per part (parts.py): workload (the task's model with LoRA,
                  datasets, collator), data order, optimizer, scheduler, prepare, loaders, resume
     for step in steps:                      # one optimizer step = global_batch samples
+        this rank's micro-batches read ahead: the step's trained tokens counted  step_loss.py
         for micro-batch in this rank's share:
-            forward, backward               # no_sync on all but the last micro-batch
+            forward, backward of its share of the step's loss  # no_sync on all but the last
         optimizer_step: clip, update, schedule (an fp16 overflow drops the update and the lr step)
         what is due (state.Due): every log_every one host sync (loss, throughput)   window.py
             every eval_every / save_every: evaluate / checkpoint     evaluation.py, checkpoint/
@@ -69,6 +70,7 @@ from xtrain.train.precision import SkipDetector, frequent_overflow
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.result import TrainResult, run_info, run_record, session_result
 from xtrain.train.state import Due, RunState
+from xtrain.train.step_loss import StepLoss
 from xtrain.train.window import LogWindow, peak_memory
 
 if TYPE_CHECKING:
@@ -154,6 +156,7 @@ class Recipe:
     memory: MemoryCheck | None  # CUDA: the estimate for this card
     cpu_staged: bool  # DDP's all-reduce staged through the CPU (gloo on GPUs)
     stop_group: ProcessGroup | None  # the CPU group ranks agree to stop in (None: one process)
+    step_loss: StepLoss  # what a step's loss is: its token sums over its trained tokens, its means
     pin: bool
     workers: tuple[int, str]  # DataLoader workers per process, and why
     eval_loader: DataLoader | None
@@ -253,6 +256,10 @@ class Recipe:
         self.memory = self._check_memory(model)
         self.cpu_staged = stage_allreduce_on_cpu(self.model, self.run.plan, self.world)
         self.stop_group = stop_group(self.world, self.run.plan.backend)
+        self.step_loss = StepLoss.of(
+            tasks.get(cfg.model.task).token_loss, self.workload.trained_tokens,
+            self.settings.accumulation, self.world, self.stop_group,
+        )  # fmt: skip
         self.pin = self.settings.pin_memory and self.device.type == "cuda"
         self.workers = self.settings.workers_for(tasks.get(cfg.model.task).decodes_media)  # (count, why)
         loading = parts.loading(self.workload, self.workers[0], self.pin)
@@ -324,17 +331,22 @@ class Recipe:
 
     # -- the hot path -------------------------------------------------------------------------------
     def train_step(self, step: int, batches: Iterator[Batch]) -> None:
-        """One optimizer step: ``accumulation`` micro-batches of this rank's share, gradients
-        all-reduced once (on the last backward), then ``optimizer_step``. No host sync."""
+        """One optimizer step: this rank's ``accumulation`` micro-batches read ahead and their
+        trained tokens counted on the host, summed over the processes (``step_loss``); each one's
+        share of the step's loss back-propagated, gradients all-reduced once (on the last
+        backward), then ``optimizer_step``. No device sync."""
         acc, model, device, window = self.accelerator, self.model, self.device, self.window
         accumulation, tokens_key = self.settings.accumulation, self.workload.tokens_key
         rank = acc.process_index
         forward = self.workload.forward
         if self.workload.at_step is not None:  # the task told the step's number (GRPO's sampling seeds)
             self.workload.at_step(step)
-        ahead = self._whole_step(batches) if self.workload.step_start is not None else None
+        ahead = [window.next_batch(batches) for _ in range(accumulation)]  # collated, on the host
+        counts, total = self.step_loss.tokens(ahead)  # (one CPU all-reduce with several processes)
+        if self.workload.step_start is not None:
+            ahead = self._whole_step(ahead)
         for micro in range(accumulation):
-            batch = ahead[micro] if ahead else _to_device(window.next_batch(batches), device, self.pin)
+            batch = _to_device(ahead[micro], device, self.pin)
             _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(rank, micro)), device)
             last = micro == accumulation - 1
             # accelerate's own flag (public setter): DeepSpeed's backward ends its accumulation and
@@ -342,23 +354,20 @@ class Recipe:
             acc.sync_gradients = last
             with contextlib.nullcontext() if last else acc.no_sync(model):  # DDP/FSDP: sync on the last only
                 out = forward(model, batch) if forward else model(**batch)  # the task's loss, or the model's
-                loss = out.loss
+                loss, share = self.step_loss.micro(out, counts[micro], total)
                 acc.backward(loss)  # divides by the accumulation (and scales the loss for fp16)
             # packed rows: no mask, every id a token; a task's own per-micro-batch metrics (Workload.forward)
-            window.add(loss, batch_tokens(batch, tokens_key), getattr(out, "metrics", None))
+            window.add(share, batch_tokens(batch, tokens_key), getattr(out, "metrics", None))
         self.optimizer_step()
         window.end_step()
 
-    def _whole_step(self, batches: Iterator[Batch]) -> list[dict[str, torch.Tensor]]:
+    def _whole_step(self, ahead: list[Batch]) -> list[dict[str, torch.Tensor]]:
         """This rank's micro-batches of the step, on the device, handed to the task's
         ``step_start`` before the first forward (KTO: the KL estimate over the global batch)."""
-        ahead = [
-            _to_device(self.window.next_batch(batches), self.device, self.pin)
-            for _ in range(self.settings.accumulation)
-        ]
+        on_device = [_to_device(batch, self.device, self.pin) for batch in ahead]
         assert self.workload.step_start is not None
-        self.workload.step_start(self.model, ahead, self.accelerator.gather)
-        return ahead
+        self.workload.step_start(self.model, on_device, self.accelerator.gather)
+        return on_device
 
     def optimizer_step(self) -> None:
         """Clip, update, schedule: the one place an update is counted as done or dropped (fp16

@@ -1,6 +1,9 @@
 """The logging window: loss, tokens and non-finite steps summed on the device, read once.
 
-Per micro-batch the loop only adds device tensors (no host sync). When a window closes (every
+Per micro-batch the loop only adds device tensors (no host sync): its share of the step's loss
+(``step_loss.StepLoss.micro``: its token sum over the step's trained tokens, its sequence mean over
+the step's micro-batches), so a step's shares, summed over the processes, are the step's loss (the
+step's token mean for a token loss). When a window closes (every
 ``run.log_every`` steps, before an eval, a save or a stop) one ``gather`` brings every rank's
 [loss sum, tokens, non-finite streak] to the host: the only sync of the window.
 """
@@ -25,7 +28,7 @@ if TYPE_CHECKING:
 class WindowStats:
     """A closed window, on the host."""
 
-    loss: float  # mean loss per micro-batch over the window and all ranks
+    loss: float  # the mean of the window's step losses (train/step_loss.py)
     tokens: int
     samples: int
     seconds: float
@@ -86,7 +89,8 @@ class LogWindow:
     def add(
         self, loss: torch.Tensor, tokens: torch.Tensor | None, task: dict[str, torch.Tensor] | None = None
     ) -> None:
-        """One micro-batch's loss (and token count, and the task's metrics), device-side."""
+        """One micro-batch's share of its step's loss (and token count, and the task's
+        metrics), device-side."""
         for name, value in (task or {}).items():
             total = self.task.setdefault(name, torch.zeros((), device=self.loss.device))
             total += value.detach().float()
@@ -113,7 +117,7 @@ class LogWindow:
         micro_batches = max(1, self.steps * micro_batches_per_step)
         task = {n: float(v) / micro_batches for n, v in zip(names, stats[:, 3:].sum(0).tolist(), strict=True)}
         return WindowStats(
-            loss=float(sums[0]) / (self.steps * micro_batches_per_step),
+            loss=float(sums[0]) / max(1, self.steps),  # every rank's shares of every step
             tokens=int(sums[1]),
             samples=self.steps * global_batch,
             seconds=time.perf_counter() - self.started,

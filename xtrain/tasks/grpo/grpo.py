@@ -14,24 +14,24 @@ adapter: ``xtrain predict`` continues prompts as causal-lm does, ``xtrain export
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
 from xtrain.tasks import prompt_predict
-from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task
+from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
+from xtrain.tasks.text.causal_lm import load_for_predict
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from torch.nn import Module
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
     from xtrain.model.decoding import DecodeSettings
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
-    from xtrain.tasks.data_check import Sample
+    from xtrain.tasks.data_check import Sample, Tokenizer
     from xtrain.tasks.data_report import DataReport
     from xtrain.tasks.grpo.rows import PromptEncoder
 
@@ -115,11 +115,8 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     (a bad row raises its line), the first prompt as the model reads it, the generation settings
     and the reward functions found (their import already checked with the config)."""
     from xtrain.tasks import data_check
-    from xtrain.tasks.common import prepare_tokenizer
 
-    samples, found_notes = data_check.first_samples(cfg, limit)
-    load = lambda: prepare_tokenizer(cfg, contextlib.nullcontext)  # noqa: E731
-    return inspect(cfg, data_check.loaded_or_note(cfg, found_notes, load), samples, found_notes)
+    return inspect(cfg, *data_check.text_check(cfg, limit))
 
 
 def settings_line(cfg: TrainConfig) -> str:
@@ -158,12 +155,7 @@ def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     )
 
 
-def inspect(
-    cfg: TrainConfig,
-    found: tuple[str, PreTrainedTokenizerBase] | None,
-    samples: list[Sample],
-    notes: list[str],
-) -> DataReport:
+def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: list[str]) -> DataReport:
     """``check_data``'s report of ``samples`` with ``found`` = (source, tokenizer), or None."""
     from xtrain.tasks import data_check
     from xtrain.tasks.data_report import DataReport
@@ -231,24 +223,6 @@ def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     return [replace(s, positions=s.positions + extra) for s in text_stacks(model, cfg)]
 
 
-def _never(config: dict[str, Any]) -> bool:
-    return False  # a result saved without a record is a causal LM: causal-lm reads it
-
-
-def _quickstart_prompt() -> list[str]:
-    from xtrain.builtin.grpo import QUICKSTART_PROMPT
-
-    return ["--prompt", QUICKSTART_PROMPT]
-
-
-def _load(
-    folder: Path, base: str, record: dict[str, Any]
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
-    from xtrain.tasks.text.causal_lm import load_for_predict
-
-    return load_for_predict(folder, base, record)
-
-
 TASK = Task(
     name=NAME,
     about="prompts and reward functions on a causal LM: GRPO, Dr. GRPO, DAPO (RL with verifiable "
@@ -289,8 +263,10 @@ TASK = Task(
     token_loss="logps",  # its forward reads the completions' log-probs, chunked (rollout.token_logps)
     kv_cache_tokens=kv_cache_tokens,
     resume_keys=("grpo.num_generations",),
-    recognizes=_never,
-    predicts=Predicts(takes="--prompt TEXT", load=_load, run=prompt_predict.text_predict, samples=True),
+    recognizes=recognizes_none,
+    predicts=Predicts(
+        takes="--prompt TEXT", load=load_for_predict, run=prompt_predict.text_predict, samples=True
+    ),
     quickstart=Quickstart(
         job="quickstart-grpo.yaml",
         about="GRPO: whole-sentence answers rewarded by a regex, learnt from the model's own samples",
@@ -301,7 +277,7 @@ TASK = Task(
             "eval prompts answered greedily, scored by the reward functions; 1 is best",
         ),
         samples=("prompt", "the trained model's completion [its reward]"),
-        predict_args=_quickstart_prompt,
+        predict_args=builtin_preference.quickstart_predict_args,
     ),
     check_data=check_data,
 )

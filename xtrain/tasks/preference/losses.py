@@ -13,7 +13,8 @@ of chosen and rejected answers with how many of each the example holds (``chosen
 and ``gap``: the reference's log-probability minus the policy's, averaged over the answers
 (positive: the policy moved probability away from both, the pattern of a broken run), and
 ``nll_sum``/``nll_tokens``: the chosen answer's negative log-likelihood and its token count (0 for
-a KTO row that is not desirable), whose ratio over a batch is the metric ``nll/chosen``.
+a KTO row that is not desirable), whose ratio over a batch is the metric ``nll/chosen``; ``nll_sum``
+keeps its gradient: in training it is the SFT term's token sum (``sft_weight``, below).
 
 The formulas are the papers' as TRL writes them (trl/trainer/dpo_trainer.py, cpo_trainer.py,
 orpo_trainer.py, kto_trainer.py), facts not code:
@@ -31,11 +32,14 @@ orpo_trainer.py, kto_trainer.py), facts not code:
   whole global batch (every process, every micro-batch of the accumulation window:
   ``reference.PreferenceForward.step_start``), which no process count changes.
 - The SFT term (``sft_weight``, TRL's ``rpo_alpha``, LLaMA-Factory's ``pref_ftx``):
-  ``loss + sft_weight * NLL``, with ``NLL`` normalised as TRL's ``nll_loss``: the cross-entropy
-  over every chosen token of the micro-batch, ``-sum(pi_c) / sum(n_c)`` (the mean over the
-  micro-batch's tokens, not over its answers). Each pair carries its share, ``-pi_c * B / sum(n_c)``,
-  so the mean over the B pairs is that term. KTO: over the desirable rows' completions. ORPO's loss
-  holds the NLL already (the task's validate refuses a weight on top).
+  ``loss + sft_weight * NLL``, with ``NLL`` the cross-entropy over every chosen token,
+  ``-sum(pi_c) / sum(n_c)`` (the mean over the tokens, not over the answers). In training the sums
+  run over the whole step (every micro-batch, every process: ``sft_weight * nll_sum`` is the
+  forward's ``token_sum``, ``sft_tokens`` its count, xtrain/train/step_loss.py), where TRL's
+  ``nll_loss`` takes each micro-batch's. Here, in a batch's own statistics (evaluation), each pair
+  carries its share, ``-pi_c * B / sum(n_c)``, so the mean over the B pairs is the batch's term.
+  KTO: over the desirable rows' completions. ORPO's loss holds the NLL already (the task's validate
+  refuses a weight on top).
 """
 
 from __future__ import annotations
@@ -98,6 +102,17 @@ def sft_shares(logps: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return -logps * (counts > 0).to(logps.dtype) * len(logps) / tokens
 
 
+def sft_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The SFT term's trained tokens of a collated micro-batch of 2B sequences, on the host
+    (``Workload.trained_tokens``): the labelled tokens (after the next-token shift) of the first B,
+    the chosen answers (KTO: the completions of the desirable rows), as ``sequence_logps`` counts."""
+    labels = batch["labels"]
+    per_row = (labels[: len(labels) // 2, 1:] != IGNORE_INDEX).sum(-1)
+    if "desirable" in batch:
+        per_row = per_row * batch["desirable"].to(per_row.dtype)
+    return int(per_row.sum())
+
+
 def _correct(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
     return (chosen > rejected).float() + 0.5 * (chosen == rejected).float()
 
@@ -154,7 +169,7 @@ def paired_loss(
         "logp_rejected": pr.detach(),
         "correct": _correct(reward_c, reward_r),
         "gap": gap.detach(),
-        "nll_sum": -pc.detach(),
+        "nll_sum": -pc,  # (with its gradient: the SFT term's token sum in training)
         "nll_tokens": _halves(counts)[0].to(pc.dtype),
     }
 
@@ -213,7 +228,7 @@ def kto_loss(
         "correct": correct,
         "gap": (ref - pol).detach(),
         "kl": kl.expand_as(losses),
-        "nll_sum": -pol.detach() * (tokens > 0),
+        "nll_sum": -pol * (tokens > 0),  # (with its gradient, as paired_loss's)
         "nll_tokens": tokens,
     }
 

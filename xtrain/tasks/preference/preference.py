@@ -15,23 +15,23 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
 from xtrain.tasks import prompt_predict
-from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task
+from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
+from xtrain.tasks.text.causal_lm import load_for_predict
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from datasets import Dataset
     from torch.nn import Module
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
     from xtrain.data.rows.preference import Encoder, PreferenceRow
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
-    from xtrain.tasks.data_check import Sample
+    from xtrain.tasks.data_check import Sample, Tokenizer
     from xtrain.tasks.data_report import DataReport
     from xtrain.tasks.preference.losses import LossSettings
 
@@ -152,6 +152,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         chat=encoder.render is not None,
         main_metric=METRIC,
         forward=forward,
+        trained_tokens=pl.sft_tokens if settings.sft_weight else None,  # the SFT term's (token_sum)
         notes=notes,
         evaluate=PreferenceEval(forward, splits["eval"], tokenizer, parts[0]) if "eval" in splits else None,
         data_report=report,
@@ -166,19 +167,11 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     reads them (a bad row raises its line), their longest answer's tokens before the cut, and
     the first pair's chosen answer as the model gets it (without a tokenizer: the rows only)."""
     from xtrain.tasks import data_check
-    from xtrain.tasks.common import prepare_tokenizer
 
-    samples, found_notes = data_check.first_samples(cfg, limit)
-    load = lambda: prepare_tokenizer(cfg, contextlib.nullcontext)  # noqa: E731
-    return inspect(cfg, data_check.loaded_or_note(cfg, found_notes, load), samples, found_notes)
+    return inspect(cfg, *data_check.text_check(cfg, limit))
 
 
-def inspect(
-    cfg: TrainConfig,
-    found: tuple[str, PreTrainedTokenizerBase] | None,
-    samples: list[Sample],
-    notes: list[str],
-) -> DataReport:
+def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: list[str]) -> DataReport:
     """``check_data``'s report of ``samples`` with ``found`` = (source, tokenizer), or None: the
     rows' shapes only. ``build`` runs it on the first rows it loaded (``Workload.data_report``)."""
     from xtrain.data.rows import preference as rows_
@@ -302,24 +295,6 @@ def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     return [replace(s, positions=2 * s.positions) for s in text_stacks(model, cfg)]
 
 
-def _never(config: dict[str, Any]) -> bool:
-    return False  # a result saved without a record is a causal LM: causal-lm reads it
-
-
-def _quickstart_prompt() -> list[str]:
-    from xtrain.builtin.preference import QUICKSTART_PROMPT
-
-    return ["--prompt", QUICKSTART_PROMPT]
-
-
-def _load(
-    folder: Path, base: str, record: dict[str, Any]
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
-    from xtrain.tasks.text.causal_lm import load_for_predict
-
-    return load_for_predict(folder, base, record)
-
-
 TASK = Task(
     name=NAME,
     about="preference pairs (or KTO's labelled completions) on a causal LM: DPO, IPO, ORPO, SimPO, KTO; "
@@ -348,10 +323,10 @@ TASK = Task(
     token_loss="sequence",  # its forward's log-probs chunk-wise (preference_reference.PreferenceForward)
     stacks=stacks,
     resume_keys=("preference.loss",),
-    recognizes=_never,
+    recognizes=recognizes_none,
     predicts=Predicts(
         takes="--prompt TEXT",
-        load=_load,
+        load=load_for_predict,
         run=prompt_predict.text_predict,
         samples=True,
         chat=prompt_predict.chat_reply,
@@ -365,7 +340,7 @@ TASK = Task(
             "reward accuracy",
             "share of pairs whose chosen answer the policy ranks higher; 0.5 is chance",
         ),
-        predict_args=_quickstart_prompt,
+        predict_args=builtin_preference.quickstart_predict_args,
         samples=("chosen answer", "the model's greedy answer after training"),
         samples_metric=(MATCH, "greedy answers equal to the chosen one (share of the first 64 eval prompts)"),
     ),

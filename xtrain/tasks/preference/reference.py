@@ -13,8 +13,10 @@ reference's come from, in this order:
   ``no_grad``: no second copy in memory (LLaMA-Factory's and TRL's way).
 
 ORPO and SimPO read no reference. The SFT term (``preference.sft_weight``) reads the chosen
-answers' summed log-probs and token counts of the same forward (``losses.sft_shares``): no extra
-pass, and the chunked path's log-probs serve it as they serve the preference loss. Dropout is off
+answers' summed log-probs and token counts of the same forward: no extra pass, and the chunked
+path's log-probs serve it as they serve the preference loss. In training it is the output's
+``token_sum`` (the loop divides it by the step's chosen tokens: xtrain/train/step_loss.py); in an
+evaluation each pair's share of the batch's term (``losses.sft_shares``). Dropout is off
 in the whole model (``no_dropout``, TRL's default): the reference is then the same function whether
 computed now or before training.
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,9 +55,10 @@ class PreferenceOutput:
     """What the loop reads off a preference forward: the loss to back-propagate, the micro-batch's
     metrics for the logging window, and the per-example statistics the evaluation gathers."""
 
-    loss: torch.Tensor
+    loss: torch.Tensor  # the mean over the micro-batch's sequences
     stats: dict[str, torch.Tensor]
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    token_sum: torch.Tensor | None = None  # training: the SFT term's sum over the chosen tokens
 
 
 def autocast_for(run: Run) -> Autocast:
@@ -172,12 +175,13 @@ class PreferenceForward:
                 ref = torch.cat([batch["ref_first"], batch["ref_second"]]).to(logps.device)
             else:
                 ref = self.reference_logps(model, batch)
+        s = self._losses(model.training)
         if s.loss in pl.UNPAIRED:
             assert ref is not None
             stats = pl.kto_loss(s, logps, ref, batch["desirable"], counts=counts)
         else:
             stats = pl.paired_loss(s, logps, counts, ref)
-        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
+        return self._output(stats, model.training)
 
     def _kto_in_step(self, model: torch.nn.Module, batch: Batch, kl: torch.Tensor) -> PreferenceOutput:
         """KTO in a training step: the B completions alone, against the step's KL estimate (an
@@ -188,8 +192,19 @@ class PreferenceForward:
             ref = batch["ref_first"].to(logps.device)
         else:
             ref = self.reference_logps(model, completions)
-        stats = pl.kto_loss(self.settings, logps, ref, batch["desirable"], kl.to(logps.device), counts)
-        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats))
+        s = self._losses(training=True)
+        stats = pl.kto_loss(s, logps, ref, batch["desirable"], kl.to(logps.device), counts)
+        return self._output(stats, training=True)
+
+    def _losses(self, training: bool) -> pl.LossSettings:
+        """The loss's settings: in training without the SFT term, which is the output's
+        ``token_sum`` then (the step's, ``_output``)."""
+        return replace(self.settings, sft_weight=0.0) if training else self.settings
+
+    def _output(self, stats: dict[str, torch.Tensor], training: bool) -> PreferenceOutput:
+        weight = self.settings.sft_weight
+        token_sum = weight * stats["nll_sum"].sum() if training and weight else None
+        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats), token_sum)
 
 
 def eval_stats(outputs: PreferenceOutput, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

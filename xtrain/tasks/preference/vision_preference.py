@@ -12,7 +12,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from xtrain.errors import XtrainError
-from xtrain.tasks.contract import MainProcessFirst, Quickstart, Task
+from xtrain.tasks.contract import MainProcessFirst, Quickstart, Task, recognizes_none
 from xtrain.tasks.preference import preference
 from xtrain.tasks.vision import vision_language
 
@@ -73,6 +73,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         tokenizer=processor,
         main_metric=preference.METRIC,
         forward=forward,
+        trained_tokens=pl.sft_tokens if settings.sft_weight else None,  # the SFT term's (token_sum)
         notes=preference.notes,
         shared_pass=_precompute(run, forward, model, train_rows, eval_rows, collator),
     )
@@ -143,7 +144,7 @@ TASK = Task(
     image_tokens=True,
     stacks=stacks,
     resume_keys=(*VL.resume_keys, "preference.loss"),
-    recognizes=lambda config: False,  # a result without a record is vision-language's
+    recognizes=recognizes_none,
     predicts=VL.predicts,
     quickstart=Quickstart(
         job="quickstart-vision-preference.yaml",

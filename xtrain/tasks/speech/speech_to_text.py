@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -206,8 +205,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 
 
 def _quickstart_inputs() -> list[str]:
-    folder = builtin.ensure_builtin_data("builtin:spoken-words")  # already built by the run
-    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    folder, row = builtin.first_eval_row("builtin:spoken-words")
     return [str(folder / row["audio"])]
 
 

@@ -179,10 +179,8 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     from xtrain.tasks import data_check
-    from xtrain.tasks.common import prepare_tokenizer
 
-    samples, notes = data_check.first_samples(cfg, limit)
-    found = data_check.loaded_or_note(cfg, notes, lambda: prepare_tokenizer(cfg, contextlib.nullcontext))
+    found, samples, notes = data_check.text_check(cfg, limit)
     source, tokenizer = found if found is not None else (cfg.model.name_or_path, None)
     return inspect(cfg, tokenizer, source, samples, notes)
 

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -273,8 +272,7 @@ def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
 
 
 def _quickstart_inputs() -> list[str]:
-    folder = builtin.ensure_builtin_data("builtin:color-shapes")  # already built by the run
-    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    folder, row = builtin.first_eval_row("builtin:color-shapes")
     return [str(folder / row["image"])]
 
 

@@ -15,7 +15,6 @@ write the text of an image; evaluated by generating (CER, WER, eval loss).
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -327,8 +326,7 @@ def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
 
 
 def _quickstart_inputs() -> list[str]:
-    folder = builtin.ensure_builtin_data("builtin:ocr-lines")  # already built by the run
-    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    folder, row = builtin.first_eval_row("builtin:ocr-lines")
     return [str(folder / row["image"])]
 
 

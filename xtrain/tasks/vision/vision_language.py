@@ -23,7 +23,6 @@ text conversations; evaluated by eval loss and by generating answers (normalised
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -270,8 +269,7 @@ def _image_text_to_text(model_type: str | None) -> bool:
 def quickstart_inputs(data: str = "builtin:shapes-vqa", turns: str = "messages") -> list[str]:
     """``xtrain predict``'s arguments for a built-in job: the image and question of the first
     user turn of ``data``'s first eval row (its conversation under ``turns``)."""
-    folder = builtin.ensure_builtin_data(data)  # already built by the run
-    row = json.loads((folder / "eval.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    folder, row = builtin.first_eval_row(data)
     parts_ = row[turns][0]["content"]
     image = next(p["image"] for p in parts_ if p["type"] == "image")
     return [str(folder / image), "--question", next(p["text"] for p in parts_ if p["type"] == "text")]

@@ -1,6 +1,7 @@
 """The checks that look at the run's inputs: where the model is (``_model_source``: a local path
 that is not there, a hub model neither cached nor reachable), the config against the model's
-config (``--dry-run``) and the task's data check on the first rows (``--dry-run``)."""
+config (``--dry-run``) and the task's data check on the first rows (``--dry-run``: refused where
+no checked row has anything left to learn)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,13 @@ def _data(run: Run, where: Where) -> list[Note]:
     if not where.dry_run:
         return []
     from xtrain.tasks.data_check import ROWS
+    from xtrain.tasks.data_report import nothing_to_learn
 
     task = tasks.get(run.cfg.model.task)
     if task.check_data is None:
         return [Note("Data", "", data=f"skipped: task {task.name} reads its own data")]
     quiet_libraries()  # tokenizer and builder chatter
-    return [Note("Data", "", data=task.check_data(run.cfg, ROWS))]
+    report = task.check_data(run.cfg, ROWS)
+    if (refused := nothing_to_learn(report)) is not None:  # the run would stop after loading it all
+        raise refused
+    return [Note("Data", "", data=report)]

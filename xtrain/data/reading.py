@@ -1,0 +1,149 @@
+"""One data file read by its ``datasets`` builder, whole (``load_file``: what the run trains on)
+or its first rows (``stream_file``: the data check), the two alike.
+
+Before the builder reads it, a file with a BOM or in UTF-16 gets a cached UTF-8 copy and an
+empty one is refused (``readable``); text cells are kept as written (``as_written``). JSON is
+read in every shape it comes in: JSON lines, one array of rows (alpaca_data.json's shape), and
+one object holding its rows as a list under one key (``{"data": [{...}, ...]}``: ``rows_key``).
+``datasets`` reads a JSON document (an array, an object) whole even to stream it, so its first
+rows are the whole read's first rows: the same rows, the same types, as the run will read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xtrain import encoding
+from xtrain.data import as_written
+from xtrain.data.files import compression, format_suffix
+from xtrain.data.read_errors import read_error
+from xtrain.errors import XtrainError
+from xtrain.runtime.quiet import quiet_data_read_errors
+
+if TYPE_CHECKING:
+    from datasets import Dataset, IterableDataset
+
+
+def load_file(path: Path, builder: str, source: str, text: Collection[str] = ()) -> Dataset:
+    """All the rows of the file at ``path`` (``source``: the name the user gave it); ``text``:
+    the columns the config reads as text."""
+    import datasets
+
+    original, (path, kwargs) = path, readable(path, builder, source, whole=True, text=text)
+    quiet_data_read_errors()  # datasets' own line about a file it cannot parse: xtrain says it once
+    try:
+        ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+        kept = as_written.dated(ds.features) if builder == "json" else None
+        if builder == "json" and (key := rows_key(ds, text)) is not None:
+            # one object holding the rows under a key: datasets reads that list (its `field`)
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train", field=key)
+        elif kept is not None:  # dates typed as timestamps: read again, each cell as the file has it
+            ds = datasets.load_dataset(builder, data_files=str(path), split="train", features=kept, **kwargs)
+            ds = as_written.json_as_text(ds)
+    except Exception as e:
+        raise read_error(e, original, source, builder) from None
+    if len(ds) == 0:
+        raise XtrainError(f"data file {source} has no rows", "add examples to it")
+    return ds
+
+
+def stream_file(
+    path: Path, builder: str, source: str, limit: int, text: Collection[str] = ()
+) -> tuple[Dataset, int | None]:
+    """``load_file``'s first ``limit`` rows, streamed by the same builder (``first_rows``), and
+    the row count where that is known."""
+    import datasets
+
+    original, (path, kwargs) = path, readable(path, builder, source, whole=False, text=text)
+    quiet_data_read_errors()
+    try:
+        stream = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
+        if builder != "json":
+            return first_of_stream(stream, limit, source)
+        if stream.features is None:  # a JSON document that datasets cannot type from its first lines
+            return _head(load_file(original, builder, source, text), limit)
+        ds, total = first_of_stream(stream, limit, source)
+        if total == 1:  # one JSON object: its rows may be under one of its keys
+            return _head(load_file(original, builder, source, text), limit)
+        kept = as_written.dated(stream.features)
+        if kept is None:
+            return ds, total
+        stream = datasets.load_dataset(
+            builder, data_files=str(path), split="train", streaming=True, features=kept, **kwargs
+        )
+        ds, total = first_of_stream(stream, limit, source)
+        return as_written.json_as_text(ds), total
+    except XtrainError:
+        raise
+    except Exception as e:
+        raise read_error(e, original, source, builder) from None
+
+
+def _head(ds: Dataset, limit: int) -> tuple[Dataset, int]:
+    return ds.select(range(min(limit, len(ds)))), len(ds)
+
+
+def readable(
+    path: Path, builder: str, source: str, whole: bool, text: Collection[str] = ()
+) -> tuple[Path, dict[str, Any]]:
+    """(the path datasets reads: a cached UTF-8 copy of a file with a BOM or in UTF-16, its
+    ``load_dataset`` keywords: a CSV's ``text`` columns as text); an empty file is refused.
+    ``whole``: the UTF-8 check reads it all, else its first piece (the rest is checked when the
+    run reads it). A compressed file is handed over as it is: datasets decompresses it, and says
+    in its error where it is not UTF-8."""
+    kwargs: dict[str, Any] = {}
+    if builder == "csv" and format_suffix(path) == ".tsv":
+        kwargs["delimiter"] = "\t"
+    if builder in ("json", "csv", "text") and compression(path) is None:
+        # datasets reads text as UTF-8: a BOM or UTF-16 (PowerShell's `>`) gets a cached UTF-8 copy
+        path = encoding.utf8_copy(path, "data file", whole=whole)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = -1
+    if size == 0:
+        raise XtrainError(
+            f"data file {source} is empty", "point data.train/data.eval at a file with examples"
+        )
+    if builder == "csv" and text:
+        kwargs.update(as_written.text_options(path, kwargs.get("delimiter", ","), text))
+    return path, kwargs
+
+
+def first_of_stream(stream: IterableDataset, limit: int, source: str) -> tuple[Dataset, int | None]:
+    """(the first ``limit`` rows of an ``IterableDataset`` as a ``Dataset``, the row count when
+    that is all of them). Image and audio columns stay undecoded, as the run reads them."""
+    import itertools
+
+    import datasets
+
+    features = stream.features
+    if features is not None:
+        for name, feature in features.items():
+            if isinstance(feature, (datasets.Image, datasets.Audio)) and feature.decode:
+                stream = stream.cast_column(name, type(feature)(decode=False))
+        features = stream.features
+    rows = list(itertools.islice(stream, limit + 1))
+    if not rows:
+        raise XtrainError(f"data file {source} has no rows", "add examples to it")
+    ds = datasets.Dataset.from_list(rows[:limit], features=features)
+    return ds, (len(rows) if len(rows) <= limit else None)
+
+
+def rows_key(ds: Dataset, text: Collection[str]) -> str | None:
+    """The key under which a JSON file that is one object holds its rows as a list
+    (``{"data": [{"instruction": ...}, ...]}``, maybe beside other keys such as a version); None
+    for any other file. Only where nothing else is meant: the file reads as one row, none of its
+    keys is a column the config reads (``text``), and exactly one of them holds a list of objects
+    that carry such a column (a conversation's turns do not: ``{"messages": [...]}`` is one
+    conversation). Its rows are read by pandas (datasets' ``field``), which keeps text as written
+    and types as dates only the columns whose names say so (``date``, ``*_at``, ...)."""
+    if len(ds) != 1 or not text or any(c in text for c in ds.column_names):
+        return None
+    row = ds[0]
+    lists = [n for n, v in row.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+    if len(lists) != 1 or not any(name in row[lists[0]][0] for name in text):
+        return None
+    return lists[0]
