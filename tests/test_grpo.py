@@ -1,5 +1,5 @@
 """The grpo task (issue 42): its numbers against hand formulas (advantages, the three loss
-normalisations, clip and KL), the seeded sampling, the rows and the reward functions (built-ins,
+normalisations, clip and KL), the rows and the reward functions (built-ins,
 the user's own, and every way they fail in one line), the gradients of a real step against the
 loss written by hand over a plain peft model, and a failing reward mid-run leaving the last
 checkpoint intact. The multi-process guarantees are in tests/test_grpo_processes.py."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,6 @@ from xtrain.errors import XtrainError
 from xtrain.tasks.grpo import grpo as grpo_task
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
-from xtrain.tasks.grpo.rollout import SeededSampling, completion_mask, top_p_filter
 
 REWARDS = '''\
 def letters(prompts, completions, **columns):
@@ -118,20 +118,6 @@ def test_the_clipped_surrogate_and_kl_by_hand():
     # one update per generation: old = current (detached), ratio 1, the gradient is A's
     loss, _, kl = gl.per_token_loss(gl.LossSettings(), logps, None, None, torch.tensor([2.0]))
     assert kl is None and loss.tolist() == [[-2.0, -2.0, -2.0]]
-
-
-def test_sampling_is_seeded_per_row_whatever_shares_its_batch():
-    scores = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
-    alone = SeededSampling([11], 1.0, 0.9, torch.device("cpu"))
-    together = SeededSampling([7, 11, 9], 1.0, 0.9, torch.device("cpu"))
-    picks_alone = [alone(None, scores[1:2]).argmax(-1) for _ in range(5)]
-    picks_together = [together(None, scores).argmax(-1)[1] for _ in range(5)]
-    assert [int(x) for x in picks_alone] == [int(x) for x in picks_together]
-    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    torch.testing.assert_close(top_p_filter(probs, 0.7), torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
-    torch.testing.assert_close(top_p_filter(probs, 0.1), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
-    mask, truncated = completion_mask(torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8]]), [2])
-    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]] and truncated.tolist() == [False, True]
 
 
 # -- rows -------------------------------------------------------------------------------------------
@@ -281,7 +267,7 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
 
     def record(workload):
         forward = workload.forward
-        seen["tokenizer"] = workload.tokenizer
+        seen["tokenizer"], seen["step"] = workload.tokenizer, forward
         with torch.no_grad():
             for name, p in workload.model.named_parameters():
                 if "lora_B" in name:
@@ -294,7 +280,9 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
         workload.forward = recorded
 
     capture = xtrain_gradients(cfg, on_workload=record)
-    assert len(batches) == 2
+    assert len(batches) == 2 and seen["step"].chunks is not None  # the log-probs ran chunked
+    # each group's prompt went through the model once, the completions continued its cache
+    assert sum("cache" in inputs for inputs, _ in capture.inputs) == 2
     tok, ref = seen["tokenizer"], reference_model(capture).train()
     sums, tokens = [], 0.0
     for batch in batches:
@@ -367,11 +355,18 @@ def _job(tmp_path: Path, rewards: str) -> Path:
 
 
 def test_the_dry_run_shows_a_prompt_the_generation_the_rewards_and_the_kv_cache(
-    tmp_path, reward_file, capsys
+    tmp_path, reward_file, capsys, machines_dir
 ):
+    """The data check's lines, and on a CUDA machine the plan's: the log-probs chunked, the memory
+    estimate with generation's KV cache in it (the estimate's term checked by its numbers)."""
     from xtrain.cli import main
+    from xtrain.model import memory
+    from xtrain.tasks.sizes import offline_sizes
+    from xtrain.tasks.validation import load_config
 
-    code = main(["train", str(_job(tmp_path, f"[exact_match, {reward_file}:letters]")), "--dry-run"])
+    job = _job(tmp_path, f"[exact_match, {reward_file}:letters]")
+    facts = str(machines_dir / "linux-1xh100.json")
+    code = main(["train", str(job), "--dry-run", "--facts", facts])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "question: " in out  # the first prompt, rendered
@@ -379,6 +374,13 @@ def test_the_dry_run_shows_a_prompt_the_generation_the_rewards_and_the_kv_cache(
     assert f"rewards: exact_match x1, {reward_file}:letters x1" in out
     # tiny llama: 2 layers, 2 KV heads of 16: 8 x 64 tokens x 2 x 2 x 2 x 16 x 2 bytes
     assert "generation's KV cache: 8 completions x up to 64 tokens" in out and "0.00 GiB" in out
+    assert "Loss: per-token log-probs of the completions, chunked (model.chunked_loss=auto" in out
+    assert "generation's KV cache ~0 MiB of it" in out  # the plan's Memory line
+    sizes = offline_sizes(load_config(job, []))
+    assert (sizes.kv_tokens, sizes.kv_values) == (48 + 16, 2 * 2 * 2 * 16)
+    without = replace(sizes, kv_tokens=0)
+    gib = [memory.estimate_run(s, 8, 48, False, "bf16")[0] for s in (sizes, without)]
+    assert gib[0] - gib[1] == pytest.approx(1.1 * 8 * 64 * 128 * 2 / 2**30)
 
 
 def test_a_bad_reward_function_stops_the_dry_run_in_one_line(tmp_path, reward_file, capsys):
@@ -413,10 +415,34 @@ def test_num_iterations_reuses_one_generation_with_the_old_log_probs(tmp_path, r
         workload.forward = recorded
         return workload
 
+    from support.gradients import jsonl
+
+    evals = jsonl(tmp_path / "data" / "eval.jsonl", _prompts(3, seed=9))
     cfg = _cfg(tmp_path, reward_file, "grpo.num_iterations=2", "run.max_steps=2", "optim.lr=0.5",
-               "grpo.epsilon=0.01")  # fmt: skip
-    train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
+               "grpo.epsilon=0.01", f"data.eval={evals}")  # fmt: skip
+    result = train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
     assert len(seen) == 4  # 2 steps x 2 micro-batches
     for first, again in zip(seen[:2], seen[2:], strict=True):
         assert torch.equal(first["ids"], again["ids"]) and torch.equal(first["old"], again["old"])
     assert all(s["clip"] == 0 for s in seen[:2]) and any(s["clip"] > 0 for s in seen[2:])
+    # the final evaluation (issue 46): the reward and each function's by its name, no eval loss;
+    # its samples are prompts and completions
+    assert set(result.eval_metrics) == {"reward", "rewards/letters", "completion_length"}
+    sample = result.predictions[0]
+    assert tuple(sample["labels"]) == ("prompt", "completion")
+    assert sample["reference"].startswith("question: ")
+
+
+def test_reward_metrics_are_named_by_function_and_files_found_next_to_the_config(tmp_path, reward_file):
+    """TRL's names (``rewards/correct``), a name two files share kept apart by the file's; a
+    reward file written relative to the config file is found from any current folder."""
+    from xtrain.tasks.validation import load_config
+
+    assert rw.labels(["exact_match", "/x/a.py:score", "pkg.mod:other", "b.py:score"]) == [
+        "exact_match", "a.score", "other", "b.score"
+    ]  # fmt: skip
+    job = _job(tmp_path, f"[format, {reward_file.name}:letters]")
+    job.write_text(job.read_text().replace("rewards:", "format_pattern: x, rewards:"))
+    cfg = load_config(job, [])
+    assert cfg.grpo.rewards == ["format", f"{reward_file.resolve()}:letters"]
+    assert [r.metric for r in rw.resolve(cfg.grpo)] == ["format", "letters"]

@@ -35,6 +35,7 @@ _INPUT_PATHS = (
     "data.chat_template",
     "data.image_root",
     "data.audio_root",
+    "grpo.rewards",  # the file of a path/to/file.py:function
 )
 
 
@@ -141,10 +142,11 @@ def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
             continue
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        if isinstance(value, list):  # data.train: several files
-            setattr(getattr(cfg, section), name, [_next_to(base, v) for v in value])
+        resolve = _reward_next_to if key == "grpo.rewards" else _next_to
+        if isinstance(value, list):  # data.train: several files; grpo.rewards: several functions
+            setattr(getattr(cfg, section), name, [resolve(base, v) for v in value])
         elif value:
-            setattr(getattr(cfg, section), name, _next_to(base, value))
+            setattr(getattr(cfg, section), name, resolve(base, value))
 
 
 def _next_to(base: Path, value: str) -> str:
@@ -155,6 +157,13 @@ def _next_to(base: Path, value: str) -> str:
         return value
     candidate = base / value
     return str(candidate.resolve()) if candidate.exists() else value
+
+
+def _reward_next_to(base: Path, value: str) -> str:
+    """A reward function ``path/to/file.py:function`` with its file next to the config file when
+    it is there (a built-in or ``package.module:function`` as it is)."""
+    where, colon, name = value.rpartition(":")
+    return f"{_next_to(base, where)}:{name}" if colon and where.endswith(".py") else value
 
 
 def read_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:

@@ -197,6 +197,10 @@ class Task:
     # prompt), on top of which ``generation.max_new_tokens`` must fit the positions; None: it
     # does not generate
     generation_prompt: Callable[[TrainConfig], int] | None = None
+    # Tokens a training sequence holds in a KV cache while the task generates during training
+    # (GRPO's rollout: its prompt and completion): the memory estimate counts that cache; None:
+    # it does not generate in training
+    kv_cache_tokens: Callable[[TrainConfig], int] | None = None
     # its rows decode images or audio when read: the plan's media DataLoader workers serve it
     decodes_media: bool = False
     # Its training loss is the model's cross-entropy over the vocabulary at its output head
@@ -204,8 +208,9 @@ class Task:
     # ``decoder`` (an encoder-decoder, labels at the decoder's positions, its inputs made from them).
     # The chunked loss can run it (``model.chunked_loss``, xtrain/model/chunked_loss.py). ``sequence``:
     # the task's own forward reads per-sequence log-probs of the next tokens off the head (preference
-    # tuning) and runs them chunk-wise itself when told (``Workload.use_chunked_loss``). None: not
-    # such a loss (classifiers, custom tasks).
+    # tuning) and runs them chunk-wise itself when told (``Workload.use_chunked_loss``); ``logps``:
+    # the same with per-token log-probs (GRPO's completions). None: not such a loss (classifiers,
+    # custom tasks).
     # It also says what the step's loss is (xtrain/train/step_loss.py, the one place): for
     # ``next-token`` and ``decoder`` the model's ``.loss`` is the mean over a micro-batch's trained
     # tokens (its labels not -100, after the shift), and the step's loss the sum of every token's
@@ -241,13 +246,16 @@ ReduceFn = Callable[[dict[str, "torch.Tensor"]], dict[str, float]]
 
 @dataclass
 class Prediction:
-    """One sample of a generative eval: what the model should write and what it wrote."""
+    """One sample of a generative eval: what the model should write and what it wrote, or, where
+    there is nothing it should write (GRPO), what it was given; ``labels`` name the two."""
 
     reference: str
     prediction: str
+    labels: tuple[str, str] = ("reference", "prediction")
 
 
-# evaluate(accelerator, model, eval_loader) -> (metrics with "eval_loss", sample predictions).
+# evaluate(accelerator, model, eval_loader) -> (metrics, sample predictions): "eval_loss" among the
+# metrics where the task has a loss to evaluate (GRPO's reward is its metric, there is no eval loss).
 # Replaces the loop's forward-only evaluation (eval_batch/reduce_metrics) when a task evaluates by
 # generating (image-to-text: CER/WER); it runs on every rank and must gather in data order.
 EvaluateFn = Callable[["Accelerator", "Module", "DataLoader"], tuple[dict[str, float], list[Prediction]]]
@@ -336,5 +344,6 @@ class Workload:
     # Samples one data set item trains (GRPO: a prompt's num_generations completions): the batch
     # sizes count samples, the data order draws global_batch / samples_per_item items a step
     samples_per_item: int = 1
-    # token_loss ``sequence``: (the head's logit map, positions a chunk) when the chunked loss runs
+    # token_loss ``sequence``/``logps``: (the head's logit map, positions a chunk) when the chunked
+    # loss runs
     use_chunked_loss: Callable[[LogitMap, int], None] | None = None

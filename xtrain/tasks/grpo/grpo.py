@@ -14,7 +14,7 @@ adapter: ``xtrain predict`` continues prompts as causal-lm does, ``xtrain export
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
+    from xtrain.model.decoding import DecodeSettings
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample, Tokenizer
@@ -75,7 +76,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         model.config.pad_token_id = tokenizer.pad_token_id
     model = finish_model(model, cfg, TASK)
     no_dropout(model)  # TRL's default: the old policy and the reference are the same function
-    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed)
+    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed, decoding_of(run))
     pad = step.pad_id
     return Workload(
         model=model,
@@ -92,7 +93,21 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         step_start=step.step_start,
         at_step=step.at_step,
         samples_per_item=cfg.grpo.num_generations,
+        use_chunked_loss=step.use_chunked_loss,
     )
+
+
+def decoding_of(run: Run) -> DecodeSettings:
+    """How this process's decode steps run (``decoding.decode_settings``): a static cache as long as
+    the longest prompt and completion on CUDA, compiled where torch.compile can run."""
+    from xtrain.model.decoding import decode_settings
+
+    cfg = run.cfg
+    sharded = run.context.sharding is not None and run.world_size > 1
+    return decode_settings(
+        run.device_type, sharded, cfg.model.quantization is not None, run.plan.compile_blocker,
+        cfg.data.max_length + cfg.grpo.max_completion_length,
+    )  # fmt: skip
 
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
@@ -116,36 +131,27 @@ def settings_line(cfg: TrainConfig) -> str:
     )
 
 
-def kv_cache_bytes(config: Any, sequences: int, tokens: int, precision_bytes: int) -> int:
-    """Generation's KV cache: ``sequences`` x ``tokens`` x 2 (K and V) x layers x KV heads x head
-    size x ``precision_bytes`` (the model's text config; 0 when it does not say its shape)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(text, "num_hidden_layers", None)
-    heads = getattr(text, "num_attention_heads", None)
-    hidden = getattr(text, "hidden_size", None)
-    if not (layers and heads and hidden):
-        return 0
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    return sequences * tokens * 2 * layers * kv_heads * head_dim * precision_bytes
+def kv_cache_tokens(cfg: TrainConfig) -> int:
+    """``Task.kv_cache_tokens``: a completion's prompt and the completion, at their longest."""
+    return cfg.data.max_length + cfg.grpo.max_completion_length
 
 
 def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     """The dry run's line on generation's KV cache of one micro-batch, from the model's config."""
     from xtrain.model import load as models
+    from xtrain.model.estimate import kv_cache_bytes, kv_values
 
-    g, b = cfg.grpo, cfg.batch
-    tokens = cfg.data.max_length + g.max_completion_length
+    b, tokens = cfg.batch, kv_cache_tokens(cfg)
     try:
         config = models.load_config(source, cfg.model.trust_remote_code)
     except Exception:  # noqa: BLE001 - the config is not on this machine: no figure, the rule only
         config = None
-    size = kv_cache_bytes(config, b.per_device, tokens, 2) if config is not None else 0
+    size = kv_cache_bytes(b.per_device, tokens, kv_values(config), 2) if config is not None else 0
     figure = f"{size / 2**30:.2f} GiB in 16-bit" if size else "its size needs the model's config"
     return (
         f"generation's KV cache: {b.per_device} completions x up to {tokens} tokens (data.max_length + "
-        f"grpo.max_completion_length) a micro-batch: {figure} (x2 in float32), held while generating "
-        "and freed before the training forward"
+        f"grpo.max_completion_length) a micro-batch: {figure} (x2 in float32); the memory estimate "
+        "counts it"
     )
 
 
@@ -254,6 +260,8 @@ TASK = Task(
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     stacks=stacks,
+    token_loss="logps",  # its forward reads the completions' log-probs, chunked (rollout.token_logps)
+    kv_cache_tokens=kv_cache_tokens,
     resume_keys=("grpo.num_generations",),
     recognizes=recognizes_none,
     predicts=Predicts(
@@ -268,6 +276,7 @@ TASK = Task(
             "mean reward",
             "eval prompts answered greedily, scored by the reward functions; 1 is best",
         ),
+        samples=("prompt", "the trained model's completion [its reward]"),
         predict_args=builtin_preference.quickstart_predict_args,
     ),
     check_data=check_data,

@@ -25,14 +25,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xtrain.data.sampler import mix_seed
+from xtrain.model.decoding import DecodeSettings, Sampling, generate
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
-from xtrain.tasks.grpo.rollout import SeededSampling, generate, token_logps
+from xtrain.tasks.grpo.rollout import token_logps
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import GrpoConfig
+    from xtrain.model.chunked_loss import LogitMap
     from xtrain.tasks.grpo.rows import PromptEncoder, PromptRow
 
 Batch = dict[str, Any]
@@ -47,9 +49,9 @@ class StepOutput:
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    from accelerate.utils import extract_model_from_parallel
+    from xtrain.tasks.grpo.rollout import unwrapped
 
-    return extract_model_from_parallel(model, keep_torch_compile=False)
+    return unwrapped(model)
 
 
 def _rank() -> int:
@@ -76,8 +78,11 @@ class GrpoStep:
         rows: list[PromptRow],
         encoder: PromptEncoder,
         seed: int,
+        decode: DecodeSettings | None = None,
     ) -> None:
         self.g, self.rewards, self.rows, self.encoder, self.seed = g, rewards, rows, encoder, seed
+        self.decode = decode or DecodeSettings()  # how the decode steps run (decoding.decode_settings)
+        self.chunks: tuple[LogitMap, int] | None = None  # the chunked log-probs (use_chunked_loss)
         self.settings = gl.LossSettings(
             g.loss, g.epsilon, g.epsilon_high if g.epsilon_high is not None else g.epsilon, g.beta,
             g.max_completion_length,
@@ -95,6 +100,11 @@ class GrpoStep:
         ] = []  # the last step's (row, prompt, text, reward)
 
     # -- hooks ----------------------------------------------------------------------------------
+    def use_chunked_loss(self, mapping: LogitMap, rows: int) -> None:
+        """``Workload.use_chunked_loss``: log-probs from the head on the completions' tokens only,
+        ``rows`` at a time (``model.chunked_loss``)."""
+        self.chunks = (mapping, rows)
+
     def at_step(self, step: int) -> None:
         """``Workload.at_step``: the optimizer step about to run (seeds the sampling)."""
         self.step = step
@@ -120,7 +130,10 @@ class GrpoStep:
         """``Workload.forward``: the micro-batch's loss (``loss.micro_batch_loss``) and metrics."""
         s = self.settings
         width = batch["completion_mask"].size(1)
-        logps = token_logps(model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature)
+        logps = token_logps(
+            model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
+            self.g.num_generations,
+        )  # fmt: skip
         per_token, clipped, kl = gl.per_token_loss(
             s, logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"]
         )
@@ -138,22 +151,22 @@ class GrpoStep:
     def _rollout(self, model: torch.nn.Module, batch: Batch, step: int) -> torch.Tensor:
         """One micro-batch generated and scored in place; returns its [N, F] rewards (NaN: None)."""
         G, rows = self.g.num_generations, batch["row"].tolist()
-        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)
-        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
         seeds = [mix_seed(self.seed, step, r, k) for r in rows for k in range(G)]
-        sampling = SeededSampling(seeds, self.g.temperature, self.g.top_p, prompt_ids.device)
         inner = _unwrapped(model)
         done = generate(
-            inner, prompt_ids, prompt_mask, self.g.max_completion_length, self.pad_id,
-            eos_ids(self.encoder.tokenizer, inner), sampling, **_synced(model),
+            inner, batch["input_ids"], batch["attention_mask"], max_new_tokens=self.g.max_completion_length,
+            pad_id=self.pad_id, stop=eos_ids(self.encoder.tokenizer, inner), group=G,
+            sampling=Sampling(self.g.temperature, self.g.top_p), seeds=seeds, synced=synced(model),
+            settings=self.decode,
         )  # fmt: skip
+        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)
+        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
         each = [r for r in rows for _ in range(G)]
         texts = self.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
         values = self.score(each, texts, step)
-        self.completions = [
-            (each[i], self._prompt_text(each[i]), texts[i], float(values[i].nansum()))
-            for i in range(len(texts))
-        ]
+        prompts = {r: self._prompt_text(r) for r in rows}  # rendered once a prompt, not a completion
+        totals = values.nansum(1).tolist()
+        self.completions = [(each[i], prompts[each[i]], texts[i], totals[i]) for i in range(len(texts))]
         loss_mask = (
             done.mask * (~done.truncated).long().unsqueeze(1)
             if self.g.mask_truncated_completions
@@ -232,8 +245,8 @@ class GrpoStep:
         out = {"reward": rewards.mean(), "reward_std": rewards.std(), "frac_reward_zero_std": zero}
         for r, column in zip(self.rewards, per_fn.T, strict=True):
             given = column[~column.isnan()]
-            out[f"rewards/{r.name}/mean"] = given.mean() if len(given) else torch.tensor(0.0)
-            out[f"rewards/{r.name}/std"] = given.std() if len(given) > 1 else torch.tensor(0.0)
+            out[f"rewards/{r.metric}/mean"] = given.mean() if len(given) else torch.tensor(0.0)
+            out[f"rewards/{r.metric}/std"] = given.std() if len(given) > 1 else torch.tensor(0.0)
         out["completions/mean_length"] = lengths.mean()
         out["completions/max_length"] = lengths.max()
         out["completions/clipped_ratio"] = truncated.mean()
@@ -245,7 +258,8 @@ class GrpoStep:
     def _side_logps(self, model: torch.nn.Module, batch: Batch) -> None:
         """The old policy's (``num_iterations`` > 1) and the reference's (``beta`` > 0) log-probs."""
         width = batch["completion_mask"].size(1)
-        args = (batch["input_ids"], batch["attention_mask"], width, self.g.temperature)
+        args = (batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
+                self.g.num_generations)  # fmt: skip
         with torch.no_grad():
             if self.g.num_iterations > 1:
                 batch["old_logps"] = token_logps(model, *args)
@@ -279,13 +293,14 @@ class GrpoStep:
 _NOT_SHOWN = ("stat/total_tokens", "stat/micro_batches")
 
 
-def _synced(model: torch.nn.Module) -> dict[str, Any]:
-    """Sharded weights over several processes: every rank steps ``generate`` until all are done."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover
-        return {}
+def synced(model: torch.nn.Module) -> bool:
+    """Weights sharded over several processes (FSDP2, DeepSpeed ZeRO-3): every forward is a
+    collective, so every rank steps the decode loop until all are done."""
     import torch.distributed as dist
 
-    sharded = any(isinstance(m, FSDPModule) for m in model.modules())
-    return {"synced_gpus": True} if sharded and dist.is_initialized() and dist.get_world_size() > 1 else {}
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp = any(isinstance(m, FSDPModule) for m in model.modules())
+    return fsdp or any(hasattr(p, "ds_id") for p in model.parameters())  # ZeRO-3's partitioned params
