@@ -31,6 +31,9 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:tiny-agent`` / ``builtin:tool-calls``: a tiny llama whose tokenizer carries Qwen2.5's
   tools-aware chat template, and conversations that call one of three tools and answer from the
   result, for agent training under causal-lm (``xtrain.builtin.agents``, docs/agents.md).
+- ``builtin:tiny-agent-grpo`` / ``builtin:arithmetic``: the tiny agent after a short SFT that calls
+  a calculator tool now and then and otherwise guesses, and questions whose exact answer needs the
+  tool, for agents trained by reward (``xtrain.builtin.agent_grpo``, docs/grpo.md).
 - ``builtin:tiny-vit`` / ``builtin:color-shapes``: a tiny ViT image classifier with its image
   processor and images of coloured shapes labelled by shape, for image classification
   (``xtrain.builtin.image_classes``).
@@ -52,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import atomic
+from xtrain.builtin.agent_grpo import arithmetic_examples
 from xtrain.builtin.chat import chat_examples
 from xtrain.builtin.preference import preference_examples
 from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples, tiny_llama_config
@@ -73,6 +77,7 @@ MODELS = (
     "tiny-qwen2-vl",
     "tiny-vit",
     "tiny-agent",
+    "tiny-agent-grpo",
 )
 DATASETS = (
     "sentiment",
@@ -85,6 +90,7 @@ DATASETS = (
     "shapes-preference",
     "color-shapes",
     "tool-calls",
+    "arithmetic",
 )
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
@@ -179,6 +185,7 @@ _DATA_SPECS: dict[str, tuple[Callable[[int, int], list[dict[str, Any]]], int, in
     "tiny-stories": (story_examples, 2000, 200),
     "preference-pairs": (preference_examples, 400, 100),
     "chat": (chat_examples, 1000, 40),
+    "arithmetic": (arithmetic_examples, 400, 100),
 }
 
 
@@ -312,6 +319,11 @@ def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) 
 
         base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
         return _build_atomically(final, lambda tmp: build_tiny_llama_grpo(base, tmp), PREFIX + short)
+    if short == "tiny-agent-grpo":  # the tiny agent after a short SFT (xtrain.builtin.agent_grpo)
+        from xtrain.builtin.agent_grpo import build_tiny_agent_grpo
+
+        base = ensure_builtin_model(PREFIX + "tiny-agent", cache_dir)
+        return _build_atomically(final, lambda tmp: build_tiny_agent_grpo(base, tmp), PREFIX + short)
     if short == "tiny-llama-chat":  # the tiny llama with a chat template (xtrain.builtin.chat)
         from xtrain.builtin.chat import build_tiny_llama_chat
 

@@ -34,6 +34,8 @@ _INPUT_PATHS = (
     "data.image_root",
     "data.audio_root",
 )
+# Function specs (``path/to/file.py:function``) whose file is looked up the same way.
+_FUNCTION_SPECS = ("grpo.tools",)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -135,6 +137,8 @@ def _no_section(name: str, raw: str, text: str) -> None:
 def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
     """Relative input paths in a config file: next to the file when they exist there."""
     for key in keys:
+        if key in _FUNCTION_SPECS:
+            _resolve_specs(cfg, base, key)
         if key not in _INPUT_PATHS:
             continue
         section, name = key.split(".")
@@ -143,6 +147,19 @@ def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
             setattr(getattr(cfg, section), name, [_next_to(base, v) for v in value])
         elif value:
             setattr(getattr(cfg, section), name, _next_to(base, value))
+
+
+def _resolve_specs(cfg: TrainConfig, base: Path, key: str) -> None:
+    """``file.py:function`` specs (one or a list): the file next to the config file when it is
+    there; ``package.module:function`` and built-in names unchanged."""
+    section, name = key.split(".")
+    value = getattr(getattr(cfg, section), name)
+
+    def spec(text: str) -> str:
+        where, colon, function = text.rpartition(":")
+        return f"{_next_to(base, where)}:{function}" if colon and where.endswith(".py") else text
+
+    setattr(getattr(cfg, section), name, [spec(v) for v in value] if isinstance(value, list) else spec(value))
 
 
 def _next_to(base: Path, value: str) -> str:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
+    from xtrain.tasks.grpo.episodes import Agent
     from xtrain.tasks.grpo.rows import PromptEncoder
 
 NAME = "grpo"
@@ -41,12 +42,48 @@ LOSSES = ("grpo", "dr_grpo", "dapo")  # grpo.loss: TRL's normalisations (xtrain.
 
 def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptEncoder:
     """Prompts rendered by the chat template (``data.chat_template`` or the tokenizer's) where
-    there is one (conversational and alpaca rows), else as text."""
+    there is one (conversational and alpaca rows), else as text; with ``grpo.tools``' schemas."""
     from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks.grpo import tools as tools_
     from xtrain.tasks.grpo.rows import PromptEncoder
 
     template = chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None)
-    return PromptEncoder(tokenizer, cfg.data.max_length, template)
+    schemas = [t.schema for t in tools_.from_config(cfg)] or None
+    return PromptEncoder(tokenizer, cfg.data.max_length, template, schemas)
+
+
+def agent_of(cfg: TrainConfig, encoder: PromptEncoder, rows: list[Any], eos: list[int]) -> Agent | None:
+    """``grpo.tools``' episodes (None without tools): conversational prompts under a template
+    that renders tools, checked here in one line each."""
+    from xtrain.data import templates
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks.grpo import episodes
+    from xtrain.tasks.grpo import tools as tools_
+
+    found = tools_.from_config(cfg)
+    if not found:
+        return None
+    g = cfg.grpo
+    if encoder.template is None or not rows[0].conversational:
+        raise XtrainError(
+            "grpo.tools needs conversational prompts under a chat template: the tools and their "
+            "results are turns the template renders",
+            'write the prompts as turns ({"prompt": [{"role": "user", "content": ...}]}) and set '
+            "data.chat_template if the tokenizer has none",
+        )
+    if not templates.renders_tools(encoder.template):
+        raise XtrainError(
+            "grpo.tools: the chat template cannot render tools (no 'tools' in its source)",
+            "set data.chat_template to a tools-aware template: qwen2.5, qwen3, llama3.1, llama3.2, "
+            "mistral, or a file (docs/agents.md)",
+        )
+    render = chat_data.renderer(encoder.tokenizer, encoder.template, cfg.data.chat_template)
+    turns = episodes.ToolTurns(encoder.tokenizer, render, eos)
+    turns.ids(
+        [{"role": "tool", "content": "1", "tool_call_id": "call00001", "name": found[0].name}]
+    )  # renders
+    limits = episodes.Limits(g.max_turns, g.max_completion_length, g.max_episode_length, g.max_tool_calls)
+    return episodes.Agent(encoder.tokenizer, turns, tools_.Runner(found, g.tool_timeout), limits)
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
@@ -55,12 +92,14 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.grpo import rewards as rw
     from xtrain.tasks.grpo import rows as rows_
+    from xtrain.tasks.grpo import tools as tools_
     from xtrain.tasks.grpo.evaluation import GrpoEval
-    from xtrain.tasks.grpo.step import GrpoStep
+    from xtrain.tasks.grpo.step import GrpoStep, eos_ids
     from xtrain.tasks.preference.reference import no_dropout
 
     cfg = run.cfg
-    rewards = rw.resolve(cfg.grpo)  # (checked when the config was; imported once per process)
+    # (checked when the config was; imported once per process)
+    rewards = rw.resolve(cfg.grpo, [t.schema for t in tools_.from_config(cfg)])
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
@@ -75,7 +114,8 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         model.config.pad_token_id = tokenizer.pad_token_id
     model = finish_model(model, cfg, TASK)
     no_dropout(model)  # TRL's default: the old policy and the reference are the same function
-    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed)
+    agent = agent_of(cfg, encoder, train_rows, eos_ids(tokenizer, model))
+    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed, agent)
     pad = step.pad_id
     return Workload(
         model=model,
@@ -109,14 +149,35 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
 
 def settings_line(cfg: TrainConfig) -> str:
     g = cfg.grpo
+    from xtrain.tasks.grpo import tools as tools_
     from xtrain.tasks.grpo.rewards import named_weights
 
     named = ", ".join(f"{n} x{w:g}" for n, w in named_weights(g))
+    episodes = ""
+    if tools_.specs(g.tools):
+        shown = ", ".join(_signature(t.schema) for t in tools_.from_config(cfg))
+        episodes = (
+            f"; episodes of up to {g.max_turns} turns and {g.max_episode_length} tokens, "
+            f"{g.max_tool_calls} tool calls of up to {g.tool_timeout:g} s each; tools: {shown}"
+        )
     return (
         f"generation: {g.num_generations} completions a prompt, up to {g.max_completion_length} tokens, "
         f"temperature {g.temperature:g}, top_p {g.top_p:g}; loss {g.loss}, scale_rewards {g.scale_rewards}, "
-        f"beta {g.beta:g}; rewards: {named}"
+        f"beta {g.beta:g}; rewards: {named}{episodes}"
     )
+
+
+def _signature(schema: dict[str, Any]) -> str:
+    f = schema["function"]
+    return f"{f['name']}({', '.join((f.get('parameters') or {}).get('properties') or {})})"
+
+
+def sequence_tokens(cfg: TrainConfig) -> int:
+    """A completion's tokens after its prompt: the episode's with tools, else one completion's."""
+    from xtrain.tasks.grpo import tools as tools_
+
+    g = cfg.grpo
+    return g.max_episode_length if tools_.specs(g.tools) else g.max_completion_length
 
 
 def kv_cache_bytes(config: Any, sequences: int, tokens: int, precision_bytes: int) -> int:
@@ -136,9 +197,10 @@ def kv_cache_bytes(config: Any, sequences: int, tokens: int, precision_bytes: in
 def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     """The dry run's line on generation's KV cache of one micro-batch, from the model's config."""
     from xtrain.model import load as models
+    from xtrain.tasks.grpo import tools as tools_
 
-    g, b = cfg.grpo, cfg.batch
-    tokens = cfg.data.max_length + g.max_completion_length
+    b = cfg.batch
+    tokens = cfg.data.max_length + sequence_tokens(cfg)
     try:
         config = models.load_config(source, cfg.model.trust_remote_code)
     except Exception:  # noqa: BLE001 - the config is not on this machine: no figure, the rule only
@@ -147,7 +209,8 @@ def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     figure = f"{size / 2**30:.2f} GiB in 16-bit" if size else "its size needs the model's config"
     return (
         f"generation's KV cache: {b.per_device} completions x up to {tokens} tokens (data.max_length + "
-        f"grpo.max_completion_length) a micro-batch: {figure} (x2 in float32), held while generating "
+        f"grpo.{'max_episode_length' if tools_.specs(cfg.grpo.tools) else 'max_completion_length'}) a "
+        f"micro-batch: {figure} (x2 in float32), held while generating "
         "and freed before the training forward"
     )
 
@@ -178,10 +241,14 @@ def inspect(
         check.lengths.extend(len(x["input_ids"]) for x in ids)
         if report.example is None and s.role == "train":
             report.example = data_check.example_of(s, 0, found[1], ids[0]["input_ids"], None)
+            follow = (
+                f"episodes of up to {cfg.grpo.max_episode_length} tokens"
+                if encoder.tools
+                else f"completions of up to {cfg.grpo.max_completion_length} tokens"
+            )
             report.example.note = (
-                f"the prompt; {cfg.grpo.num_generations} completions of up to "
-                f"{cfg.grpo.max_completion_length} tokens follow it; other columns to the rewards: "
-                f"{', '.join(sorted(rows[0].columns)) or 'none'}"
+                f"the prompt; {cfg.grpo.num_generations} {follow} follow it; other columns to the "
+                f"rewards: {', '.join(sorted(rows[0].columns)) or 'none'}"
             )
     return report
 
@@ -189,6 +256,7 @@ def inspect(
 def validate(cfg: TrainConfig) -> None:
     from xtrain.config.values import choose
     from xtrain.tasks.grpo import rewards as rw
+    from xtrain.tasks.grpo import tools as tools_
 
     g, b = cfg.grpo, cfg.batch
     g.loss = choose("grpo.loss", g.loss, LOSSES, {})  # here: its choices are this task's
@@ -211,17 +279,24 @@ def validate(cfg: TrainConfig) -> None:
             f"grpo.num_iterations={g.num_iterations}",
             "checkpoints at generation boundaries keep a resume exact: use a multiple",
         )
-    rw.resolve(g)  # the reward functions imported and checked: before any model loads
+    if cfg.data.tools and not tools_.specs(g.tools):
+        raise XtrainError(
+            "data.tools gives tool schemas, and grpo.tools names no functions to run",
+            "name the functions in grpo.tools (path/to/tools.py:function)",
+        )
+    # the tools and the reward functions imported and checked: before any model loads
+    rw.resolve(g, [t.schema for t in tools_.from_config(cfg)])
 
 
 def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     """The memory estimate's stacks: a sample is a prompt (up to ``data.max_length``) and its
-    completion (``grpo.max_completion_length``) through the text layers."""
+    completion (``grpo.max_completion_length``; with tools its episode, ``grpo.max_episode_length``)
+    through the text layers."""
     from dataclasses import replace
 
     from xtrain.tasks.stacks import text_stacks
 
-    extra = cfg.grpo.max_completion_length
+    extra = sequence_tokens(cfg)
     return [replace(s, positions=s.positions + extra) for s in text_stacks(model, cfg)]
 
 
@@ -252,6 +327,7 @@ TASK = Task(
         {
             "model.quantization",
             "data.chat_template",
+            "data.tools",
             *(
                 f"grpo.{k}"
                 for k in (
@@ -272,6 +348,11 @@ TASK = Task(
                     "beta",
                     "num_iterations",
                     "mask_truncated_completions",
+                    "tools",
+                    "max_turns",
+                    "max_episode_length",
+                    "max_tool_calls",
+                    "tool_timeout",
                 )
             ),  # fmt: skip
         }
