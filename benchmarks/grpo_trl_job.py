@@ -1,10 +1,12 @@
 """TRL's GRPOTrainer (no vLLM: plain ``generate``) on the job `benchmarks/grpo_vs_trl.py` gives
 xtrain: the same model folder, the same prompts (jsonl ``{prompt}`` strings), the same regex
 reward, LoRA r=8 / alpha 16 on q/k/v/o, 8 completions a prompt, the same batch, completion
-length, steps, learning rate and loss. Prints one ``RESULT`` JSON line: (wall, CPU) seconds at
-each optimizer step (torch's global optimizer-step pre-hook, the same stamp as xtrain's side),
-the seconds of each generation and scoring (TRL's ``_generate_and_score_completions``) and the
-mean reward of each step. Runs in an environment with TRL (never a dependency of xtrain):
+length, steps, learning rate and loss, in float32 (``bf16=False``: GRPOConfig's default bf16 on
+a CPU is emulated) without gradient checkpointing (its default on). Prints one ``RESULT`` JSON
+line: (wall, CPU) seconds at each optimizer step (torch's global optimizer-step pre-hook, the same
+stamp as xtrain's side) and (wall, CPU seconds, completion tokens) of each generation and scoring
+(TRL's ``_generate_and_score_completions``). Runs in an environment with TRL (never a dependency
+of xtrain):
 
     .venv-trl/bin/python benchmarks/grpo_trl_job.py --model DIR --train FILE --out DIR --pattern REGEX
 """
@@ -50,18 +52,16 @@ def main() -> None:
     stamps: list[tuple[float, float]] = []  # (wall, this process's CPU) at each optimizer step
     register_optimizer_step_pre_hook(lambda *_: stamps.append((time.perf_counter(), time.process_time())))
     pattern = re.compile(a.pattern, re.DOTALL)
-    rewards: list[float] = []
 
     def regex(prompts, completions, **kwargs):
-        out = [1.0 if pattern.fullmatch(c.strip()) else 0.0 for c in completions]
-        rewards.extend(out)
-        return out
+        return [1.0 if pattern.fullmatch(c.strip()) else 0.0 for c in completions]
 
     config = trl.GRPOConfig(
         output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=a.per_device,
         gradient_accumulation_steps=a.accumulation, num_generations=a.generations,
         max_completion_length=a.completion_length, learning_rate=a.lr, lr_scheduler_type="linear",
         warmup_steps=2, loss_type="dapo", beta=0.0, temperature=1.0, disable_dropout=True,
+        bf16=False,  # float32 as xtrain on the CPU (GRPOConfig's default bf16: emulated there)
         gradient_checkpointing=False,  # (TRL's default turns it on; xtrain's job runs without)
         logging_steps=4, save_strategy="no", report_to=[], use_cpu=True, seed=42, dataloader_num_workers=0,
     )  # fmt: skip
@@ -71,21 +71,19 @@ def main() -> None:
         model=model, reward_funcs=[regex], args=config, train_dataset=data, processing_class=tokenizer,
         peft_config=lora,
     )  # fmt: skip
-    generating: list[float] = []  # seconds each generation took
+    generating: list[tuple[float, float, int]] = []  # (wall, CPU seconds, completion tokens) each
     inner = trainer._generate_and_score_completions
 
     def timed(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            generating.append(time.perf_counter() - start)
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = inner(*args, **kwargs)
+        tokens = int(out["completion_mask"].sum())
+        generating.append((time.perf_counter() - wall, time.process_time() - cpu, tokens))
+        return out
 
     trainer._generate_and_score_completions = timed
     trainer.train()
-    n = a.per_device * a.accumulation
-    per_step = [sum(rewards[i : i + n]) / n for i in range(0, len(rewards), n)]
-    print("RESULT " + json.dumps({"stamps": stamps, "generating": generating, "rewards": per_step}))
+    print("RESULT " + json.dumps({"stamps": stamps, "generating": generating}))
 
 
 if __name__ == "__main__":

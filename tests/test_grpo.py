@@ -1,5 +1,5 @@
 """The grpo task (issue 42): its numbers against hand formulas (advantages, the three loss
-normalisations, clip and KL), the seeded sampling, the rows and the reward functions (built-ins,
+normalisations, clip and KL), the rows and the reward functions (built-ins,
 the user's own, and every way they fail in one line), the gradients of a real step against the
 loss written by hand over a plain peft model, and a failing reward mid-run leaving the last
 checkpoint intact. The multi-process guarantees are in tests/test_grpo_processes.py."""
@@ -17,7 +17,6 @@ from xtrain.errors import XtrainError
 from xtrain.tasks.grpo import grpo as grpo_task
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
-from xtrain.tasks.grpo.rollout import SeededSampling, completion_mask, top_p_filter
 
 REWARDS = '''\
 def letters(prompts, completions, **columns):
@@ -118,20 +117,6 @@ def test_the_clipped_surrogate_and_kl_by_hand():
     # one update per generation: old = current (detached), ratio 1, the gradient is A's
     loss, _, kl = gl.per_token_loss(gl.LossSettings(), logps, None, None, torch.tensor([2.0]))
     assert kl is None and loss.tolist() == [[-2.0, -2.0, -2.0]]
-
-
-def test_sampling_is_seeded_per_row_whatever_shares_its_batch():
-    scores = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
-    alone = SeededSampling([11], 1.0, 0.9, torch.device("cpu"))
-    together = SeededSampling([7, 11, 9], 1.0, 0.9, torch.device("cpu"))
-    picks_alone = [alone(None, scores[1:2]).argmax(-1) for _ in range(5)]
-    picks_together = [together(None, scores).argmax(-1)[1] for _ in range(5)]
-    assert [int(x) for x in picks_alone] == [int(x) for x in picks_together]
-    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
-    torch.testing.assert_close(top_p_filter(probs, 0.7), torch.tensor([[0.625, 0.375, 0.0, 0.0]]))
-    torch.testing.assert_close(top_p_filter(probs, 0.1), torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
-    mask, truncated = completion_mask(torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8]]), [2])
-    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]] and truncated.tolist() == [False, True]
 
 
 # -- rows -------------------------------------------------------------------------------------------
@@ -281,7 +266,7 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
 
     def record(workload):
         forward = workload.forward
-        seen["tokenizer"] = workload.tokenizer
+        seen["tokenizer"], seen["step"] = workload.tokenizer, forward
         with torch.no_grad():
             for name, p in workload.model.named_parameters():
                 if "lora_B" in name:
@@ -294,7 +279,9 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
         workload.forward = recorded
 
     capture = xtrain_gradients(cfg, on_workload=record)
-    assert len(batches) == 2
+    assert len(batches) == 2 and seen["step"].chunks is not None  # the log-probs ran chunked
+    # each group's prompt went through the model once, the completions continued its cache
+    assert sum("cache" in inputs for inputs, _ in capture.inputs) == 2
     tok, ref = seen["tokenizer"], reference_model(capture).train()
     sums, tokens = [], 0.0
     for batch in batches:

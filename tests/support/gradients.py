@@ -94,9 +94,15 @@ def _record(capture: Capture, module: Any, args: tuple, kwargs: dict[str, Any]) 
         return
     assert not args, "the loop calls the model with keyword arguments only"
     device = next(v.device for v in kwargs.values() if torch.is_tensor(v))
-    inputs = {k: v.detach().clone() if torch.is_tensor(v) else copy.deepcopy(v) for k, v in kwargs.items()}
+    inputs = {k: v.detach().clone() if torch.is_tensor(v) else _copy(v) for k, v in kwargs.items()}
     capture.inputs.append((inputs, _rng_states(device)))
     capture.in_forward = True
+
+
+def _copy(value: Any) -> Any:
+    """A copy of a non-tensor input; a KV cache (GRPO's completions continue their prompt's, in the
+    graph: no copy protocol) as it is."""
+    return value if hasattr(value, "batch_repeat_interleave") else copy.deepcopy(value)
 
 
 def _width(capture: Capture, module: Any, args: tuple, output: Any) -> None:

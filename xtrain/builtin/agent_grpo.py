@@ -7,10 +7,11 @@ the rows ask for the square or the cube of a number, which the tiny model cannot
 exact answer comes from calling the right tool with the number and copying its result.
 
 ``builtin:tiny-agent-grpo`` is ``builtin:tiny-agent`` after a short SFT (plain PyTorch,
-deterministic) on conversations rendered by its own template, where ``CALL_SHARE`` of the answers
-call the right tool and answer with its result, and the rest guess in a sentence of their own
-(``i think it is 57.``). Greedy decoding starts on the guess (exact answer near 0), while sampling
-calls a tool now and then: GRPO's groups learn from those episodes to call and answer exactly.
+deterministic) on conversations rendered by its own template, where about a quarter of the
+answers open with a call of the right tool and answer with its result, and the rest guess in a
+sentence of their own (``i think it is 57.``). Greedy decoding starts on the guess (exact answer
+near 0), while sampling calls a tool now and then: GRPO's groups learn from those episodes to call
+and answer exactly.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 TOOLS = ["xtrain.builtin.agent_grpo:square", "xtrain.builtin.agent_grpo:cube"]
-CALL_SHARE = 0.25  # of the SFT answers: sampled now and then, never greedy
-SFT_STEPS = 400
+CALL_SHARE = 0.5  # of the SFT conversations: a call, its result and the answer (else a guess)
+DECIDE_SHARE = 1 / 3  # of those, the ones whose choice to call trains: a call opens ~1/4 of answers
+SFT_STEPS = 800
 QUICKSTART_PROMPT = "what is 17 squared?"
 _NUMBERS = range(2, 36)  # one token each (with its space) in the tiny agent's vocabulary
 
@@ -122,7 +124,10 @@ def _labelled(
 
 
 def build_tiny_agent_grpo(base: Path, folder: Path) -> None:
-    """``builtin:tiny-agent`` at ``base`` trained whole for ``SFT_STEPS`` on ``sft_conversation``s."""
+    """``builtin:tiny-agent`` at ``base`` trained whole for ``SFT_STEPS`` on fresh
+    ``sft_conversation``s (the learning rate falling linearly to 0): half of them call, a third of
+    those with their first token (the choice to call) trained, so that a call opens about a
+    quarter of the answers while every call teaches the arguments and the copy of the result."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -132,18 +137,26 @@ def build_tiny_agent_grpo(base: Path, folder: Path) -> None:
         torch.manual_seed(4242)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, trust_remote_code=False)
         rng = random.Random(4242)
-        rows = [_labelled(tokenizer, sft_conversation(rng), tools) for _ in range(1600)]
+        rows = []
+        for _ in range(SFT_STEPS * 8):
+            messages = sft_conversation(rng)
+            ids, labels = _labelled(tokenizer, messages, tools)
+            if len(messages) > 2 and rng.random() >= DECIDE_SHARE:
+                labels[next(i for i, y in enumerate(labels) if y != -100)] = -100
+            rows.append((ids, labels))
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / SFT_STEPS)
         model.train()
         pad = tokenizer.pad_token_id
         for step in range(SFT_STEPS):
-            batch = [rows[(step * 16 + k) % len(rows)] for k in range(16)]
+            batch = [rows[(step * 16 + k) % len(rows)] for k in range(16)]  # two passes over the rows
             width = max(len(ids) for ids, _ in batch)
             input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])
             mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
             target = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
             model(input_ids=input_ids, attention_mask=mask, labels=target).loss.backward()
             optimizer.step()
+            schedule.step()
             optimizer.zero_grad(set_to_none=True)
     model.save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)

@@ -58,10 +58,7 @@ if TYPE_CHECKING:
 
 IGNORE_INDEX = -100
 HOWS = ("eager", "checkpoint")
-__all__ = [
-    "CHUNK_ENTRIES", "ChunkedLoss", "LogitMap", "chunk_rows", "chunked_cross_entropy",
-    "chunked_sequence_logps", "logit_map", "sequence_logps_call",
-]  # fmt: skip
+__all__ = ["CHUNK_ENTRIES", "ChunkedLoss", "LogitMap", "chunk_rows", "chunked_cross_entropy", "logit_map"]
 
 
 @dataclass(frozen=True)
@@ -210,80 +207,6 @@ def chunked_cross_entropy(
     else:
         raise ValueError(f"how={how!r}: one of {HOWS}")
     return total / count if count else total * math.nan
-
-
-def _chunk_logps(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, y: torch.Tensor,
-                 mapping: LogitMap) -> torch.Tensor:  # fmt: skip
-    logits = mapping(head(h).float())
-    return -F.cross_entropy(logits, y, reduction="none")
-
-
-def chunked_sequence_logps(
-    head: Callable[[torch.Tensor], torch.Tensor],
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    *,
-    rows: int,
-    mapping: LogitMap | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(each sequence's summed log-probability of its labelled tokens, their count), a causal LM's
-    ``hidden`` [N, T, width] against ``labels`` [N, T] shifted by one, -100 skipped: what
-    ``log_softmax(head(hidden))`` gathered at the labels and summed gives, in float32, with the
-    head run on the labelled positions only, ``rows`` at a time. Each chunk is checkpointed (its
-    logits recomputed in the backward): a sequence's sum is scaled by its own incoming gradient,
-    which the forward does not know yet (preference losses weigh every sequence differently)."""
-    from torch.utils.checkpoint import checkpoint
-
-    mapping = mapping or LogitMap()
-    labels = F.pad(labels.to(hidden.device), (0, 1), value=IGNORE_INDEX)[..., 1:]
-    flat = labels.reshape(-1)
-    keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)  # the one host sync
-    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)
-    y = flat.index_select(0, keep)
-    parts = [h[:0].float().sum(-1)]  # empty, in the graph
-    for start in range(0, y.numel(), rows):
-        chunk = (h[start : start + rows], y[start : start + rows])
-        if torch.is_grad_enabled():
-            parts.append(checkpoint(_chunk_logps, head, *chunk, mapping, use_reentrant=False))
-        else:
-            parts.append(_chunk_logps(head, *chunk, mapping))
-    sequence = torch.div(keep, labels.shape[-1], rounding_mode="floor")
-    n = labels.shape[0]
-    sums = torch.zeros(n, dtype=torch.float32, device=hidden.device).index_add(0, sequence, torch.cat(parts))
-    return sums, (labels != IGNORE_INDEX).sum(-1)
-
-
-def sequence_logps_call(
-    model: torch.nn.Module,
-    inputs: dict[str, Any],
-    labels: torch.Tensor,
-    rows: int,
-    mapping: LogitMap | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``model(**inputs)`` with its output head (``get_output_embeddings()`` of ``model`` or of
-    the module it wraps) replaced, for this call, by ``chunked_sequence_logps``: no logits at
-    every position, the per-sequence sums instead."""
-    from accelerate.utils import extract_model_from_parallel
-
-    inner = extract_model_from_parallel(model)  # DDP's or FSDP's wrapper: the model it calls
-    head = inner.get_output_embeddings()
-    found: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def head_call(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        head.__dict__.pop("forward", None)  # the head itself again: the chunks call the module
-        found.append(chunked_sequence_logps(head, hidden, labels, rows=rows, mapping=mapping))
-        return hidden[..., :0]
-
-    head.forward = head_call  # this call only: the instance attribute shadows the class's
-    try:
-        model(**inputs, use_cache=False)
-    finally:
-        head.__dict__.pop("forward", None)
-    if not found:
-        raise RuntimeError(
-            f"{type(inner).__name__}'s forward never called its output head: set model.chunked_loss=off"
-        )
-    return found[0]
 
 
 def shift_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:

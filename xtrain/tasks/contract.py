@@ -197,8 +197,9 @@ class Task:
     # ``decoder`` (an encoder-decoder, labels at the decoder's positions, its inputs made from them).
     # The chunked loss can run it (``model.chunked_loss``, xtrain/model/chunked_loss.py). ``sequence``:
     # the task's own forward reads per-sequence log-probs of the next tokens off the head (preference
-    # tuning) and runs them chunk-wise itself when told (``Workload.use_chunked_loss``). None: not
-    # such a loss (classifiers, custom tasks)
+    # tuning) and runs them chunk-wise itself when told (``Workload.use_chunked_loss``); ``logps``:
+    # the same with per-token log-probs (GRPO's completions). None: not such a loss (classifiers,
+    # custom tasks)
     token_loss: str | None = None
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
     # the head of a result saved without xtrain's record: architectures' suffix / peft task type
@@ -311,5 +312,6 @@ class Workload:
     # Samples one data set item trains (GRPO: a prompt's num_generations completions): the batch
     # sizes count samples, the data order draws global_batch / samples_per_item items a step
     samples_per_item: int = 1
-    # token_loss ``sequence``: (the head's logit map, positions a chunk) when the chunked loss runs
+    # token_loss ``sequence``/``logps``: (the head's logit map, positions a chunk) when the chunked
+    # loss runs
     use_chunked_loss: Callable[[LogitMap, int], None] | None = None

@@ -32,10 +32,16 @@ class Levers:
         return {"chunked_loss": self.chunked_loss, "activation_offload": self.activation_offload}
 
 
+# token losses whose task reads log-probs off the head itself and chunks them when told
+OWN_CHUNKS = ("sequence", "logps")
+
+
 def loss_words(token_loss: str | None, chunked: bool) -> str:
     """What loss a run of a task with ``token_loss`` trains with (the plan's ``Loss:`` line)."""
     if token_loss == "sequence":  # preference: log-probs of two answers, not the model's own loss
         return "per-sequence log-probs of the trained tokens, " + ("chunked" if chunked else "all logits")
+    if token_loss == "logps":  # GRPO: each completion token's log-prob
+        return "per-token log-probs of the completions, " + ("chunked" if chunked else "all logits")
     return "chunked cross-entropy over the trained tokens" if chunked else "the model's own, every position"
 
 
@@ -49,7 +55,7 @@ def attach(
     """Attach what ``settings`` chose to ``model`` (the task's, not yet prepared).
     ``distributed_type``: accelerate's (DeepSpeed partitions the head's weights in its own hooks:
     neither lever runs under it). ``own_chunks``: the workload's ``use_chunked_loss`` (a task
-    whose forward reads per-sequence log-probs: told to chunk them instead of a hook)."""
+    whose forward reads log-probs off the head: told to chunk them instead of a hook)."""
     from xtrain import tasks
     from xtrain.model import chunked_loss, offload
 
@@ -69,15 +75,15 @@ def attach(
         assert isinstance(mapping, chunked_loss.LogitMap) and task.token_loss is not None
         vocab = int(getattr(head, "out_features", 0) or head.weight.shape[0])
         rows = chunked_loss.chunk_rows(vocab)
-        if task.token_loss == "sequence":
-            assert own_chunks is not None, "a sequence token_loss needs Workload.use_chunked_loss"
+        if task.token_loss in OWN_CHUNKS:
+            assert own_chunks is not None, f"token_loss {task.token_loss} needs Workload.use_chunked_loss"
             own_chunks(mapping, rows)
         else:
             chunked_loss.ChunkedLoss(model, task.token_loss, mapping, rows).attach()
         what = loss_words(task.token_loss, True)
         lines = [f"loss: {what}, {rows} positions of {vocab:,} logits a chunk ({why})"]
-    elif task.token_loss == "sequence":
-        lines = [f"loss: per-sequence log-probs from every position's logits ({why})"]
+    elif task.token_loss in OWN_CHUNKS:
+        lines = [f"loss: {loss_words(task.token_loss, False)} ({why})"]
     else:
         lines = [f"loss: the model's own, logits at every position ({why})"]
     if settings.activation_offload:

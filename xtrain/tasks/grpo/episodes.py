@@ -11,17 +11,18 @@ and, between its turns, the template's text around the tool results, tokenized o
 conversation with and without the results, as TRL's ``_get_tool_suffix_ids`` does). Training reads
 the same sequence: ``trained`` marks the model's tokens (the loss), the rest is context only.
 
-Sampling is seeded per episode and turn: turn 0 by (seed, step, row, sample) as a plain completion,
-turn t by that seed mixed with t; each turn generates the episodes still going of one micro-batch
-together, the same ones at any process count, so 1 and 2 processes and a resume draw the same
-episodes when the tools are deterministic. The first turn continues the group's prompt; a later
-turn re-reads each episode's prompt and turns so far (one prefill of the whole sequence per turn:
-docs/grpo.md says what a turn costs).
+Generation is xtrain's decode loop (``xtrain.model.decoding.Decoder``): a group's prompt encoded
+once and its cache shared by the group's episodes; after a turn the finished episodes leave the
+cache (``keep``) and the others' tool turns are appended to it (``extend``), so a later turn
+encodes only the new tokens (docs/grpo.md says what a turn costs). Sampling is seeded per episode
+and turn: turn 0 by (seed, step, row, sample) as a plain completion, turn t by that seed mixed
+with t; each turn generates the episodes still going of one micro-batch together, the same ones
+at any process count, so 1 and 2 processes and a resume draw the same episodes when the tools
+are deterministic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,12 +36,10 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.data.rows.chat import Render
-    from xtrain.tasks.grpo.rollout import Completions
+    from xtrain.model.decoding import Decoder, Sampling
     from xtrain.tasks.grpo.tools import Runner
 
 Message = dict[str, Any]
-# (ids [n, L] left-padded, mask, max new tokens, per-row seeds or None: greedy) -> the turn's tokens
-GenerateFn = Callable[[torch.Tensor, torch.Tensor, int, "list[int] | None"], "Completions"]
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,6 @@ class Episode:
     """One completion of a group: its tokens after the prompt, which of them the model wrote, its
     turns (OpenAI messages: the rewards' ``completions`` entry) and the calls it made."""
 
-    prompt: list[int]
     seed: int | None  # None: greedy (evaluation)
     ids: list[int] = field(default_factory=list)
     trained: list[int] = field(default_factory=list)  # 1: the model's token
@@ -116,41 +114,48 @@ class Agent:
 
     def run(
         self,
-        generate: GenerateFn,
+        decoder: Decoder,
         prompt_ids: torch.Tensor,
         prompt_mask: torch.Tensor,
+        group: int,
+        sampling: Sampling | None,
         seeds: list[int] | None,
     ) -> list[Episode]:
-        """Every prompt's episode (``seeds``: one per row; None: greedy), turn by turn (module
-        docstring): a turn generates the episodes still going together."""
+        """``group`` episodes of each left-padded prompt (rows ``b * group + k``), sampled at
+        ``sampling`` from ``seeds`` (one an episode) or greedy (None): the prompts encoded once,
+        then turn by turn the episodes still going, each turn's tool results appended to their
+        context in the decoder's cache (module docstring)."""
         lim = self.limits
-        prompts = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask, strict=True)]
-        episodes = [Episode(p, seeds[i] if seeds else None) for i, p in enumerate(prompts)]
+        decoder.prefill(prompt_ids, prompt_mask, group)
+        episodes = [Episode(seeds[i] if seeds else None) for i in range(prompt_ids.size(0) * group)]
         going, turn = list(episodes), 0
         with self.runner.session():
-            while going:
-                if turn == 0:
-                    ids, mask = prompt_ids, prompt_mask
-                else:
-                    ids, mask = left_padded([e.prompt + e.ids for e in going], self.pad, prompt_ids.device)
+            while True:
                 room = max(lim.max_episode_length - len(e.ids) for e in going)
                 turn_seeds = [mix_seed(e.seed, turn) if turn else e.seed for e in going] if seeds else None
-                done = generate(ids, mask, min(lim.max_completion_length, room), turn_seeds)
-                for k, e in enumerate(going):
-                    n = int(done.mask[k].sum())
-                    self._turn(e, done.ids[k, :n].tolist(), bool(done.truncated[k]))
-                going = [e for e in going if not e.done]
+                done = decoder.decode(min(lim.max_completion_length, room), sampling, turn_seeds)
+                between = [
+                    self._turn(e, done.ids[k, : int(done.mask[k].sum())].tolist(), bool(done.truncated[k]))
+                    for k, e in enumerate(going)
+                ]
+                kept = [k for k, e in enumerate(going) if not e.done]
+                if not kept:
+                    return episodes
+                if len(kept) < len(going):
+                    decoder.keep(torch.tensor(kept))
+                going = [going[k] for k in kept]
+                decoder.extend(*left_padded([between[k] for k in kept], self.pad, prompt_ids.device))
                 turn += 1
-        return episodes
 
     @property
     def pad(self) -> int:
         tok = self.tokenizer
         return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 
-    def _turn(self, e: Episode, tokens: list[int], cut: bool) -> None:
-        """One turn's ``tokens`` into the episode: its calls run and their results appended, or the
-        episode done (an answer, a turn cut, the last turn, no room left)."""
+    def _turn(self, e: Episode, tokens: list[int], cut: bool) -> list[int]:
+        """One turn's ``tokens`` into the episode: its calls run and their results appended (the
+        tokens the next turn reads first, returned), or the episode done (an answer, a turn cut,
+        the last turn, no room left: nothing returned)."""
         lim = self.limits
         room = lim.max_episode_length - len(e.ids)
         if len(tokens) > room:
@@ -164,7 +169,7 @@ class Agent:
         e.messages.append(message)
         if cut or not calls:
             e.truncated, e.done = cut, True
-            return
+            return []
         last = e.turns >= lim.max_turns  # its calls are recorded, not run: no turn would read them
         message["tool_calls"], results = [], []
         for c in calls:
@@ -176,14 +181,15 @@ class Agent:
             results.append({"role": "tool", "content": outcome, "tool_call_id": call_id, "name": c["name"]})
         if last:
             e.done = True
-            return
+            return []
         between = self.turns.ids(results)
         if len(e.ids) + len(between) >= lim.max_episode_length:  # no room for the next turn
             e.truncated = e.done = True
-            return
+            return []
         e.ids += between
         e.trained += [0] * len(between)
         e.messages += results
+        return between
 
     def _outcome(self, e: Episode, call: dict[str, Any]) -> str:
         """A call's result as the model reads it (the episode's calls counted against the limit)."""

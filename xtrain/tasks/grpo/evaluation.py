@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from xtrain.model.decoding import generate
 from xtrain.tasks.contract import Prediction
 from xtrain.tasks.grpo import loss as gl
-from xtrain.tasks.grpo.rollout import generate
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -56,8 +56,9 @@ class GrpoEval:
                 with accelerator.autocast():
                     done = generate(
                         inner, batch["input_ids"].to(accelerator.device),
-                        batch["attention_mask"].to(accelerator.device), s.g.max_completion_length,
-                        s.pad_id, eos, None, **generate_kwargs(accelerator),
+                        batch["attention_mask"].to(accelerator.device),
+                        max_new_tokens=s.g.max_completion_length, pad_id=s.pad_id, stop=eos,
+                        synced=bool(generate_kwargs(accelerator)), settings=s.decode,
                     )  # fmt: skip
                 texts = s.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
                 values = s.score(rows, texts, s.step, self.rows)
@@ -94,10 +95,10 @@ class GrpoEval:
 
         s = self.step
         assert s.agent is not None
-        turn = s.generator(model, False, **generate_kwargs(accelerator))
+        decoder = s.decoder(model, bool(generate_kwargs(accelerator)))
         ids, mask = batch["input_ids"].to(accelerator.device), batch["attention_mask"].to(accelerator.device)
         with accelerator.autocast():
-            done = s.agent.run(turn, ids, mask, None)
+            done = s.agent.run(decoder, ids, mask, 1, None, None)
         values = s.score_episodes(rows, done, s.step, self.rows)
         lengths = torch.tensor([[float(sum(e.trained))] for e in done])
         return [ep.shown(e) for e in done], values, lengths

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from xtrain.config.schema import TrainConfig
     from xtrain.model.activations import Stack
+    from xtrain.model.decoding import DecodeSettings
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
@@ -115,7 +116,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     model = finish_model(model, cfg, TASK)
     no_dropout(model)  # TRL's default: the old policy and the reference are the same function
     agent = agent_of(cfg, encoder, train_rows, eos_ids(tokenizer, model))
-    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed, agent)
+    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed, decoding_of(run), agent)
     pad = step.pad_id
     return Workload(
         model=model,
@@ -132,7 +133,21 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         step_start=step.step_start,
         at_step=step.at_step,
         samples_per_item=cfg.grpo.num_generations,
+        use_chunked_loss=step.use_chunked_loss,
     )
+
+
+def decoding_of(run: Run) -> DecodeSettings:
+    """How this process's decode steps run (``decoding.decode_settings``): a static cache as long as
+    the longest prompt and completion (or episode) on CUDA, compiled where torch.compile can run."""
+    from xtrain.model.decoding import decode_settings
+
+    cfg = run.cfg
+    sharded = run.context.sharding is not None and run.world_size > 1
+    return decode_settings(
+        run.device_type, sharded, cfg.model.quantization is not None, run.plan.compile_blocker,
+        cfg.data.max_length + sequence_tokens(cfg),
+    )  # fmt: skip
 
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
@@ -361,6 +376,7 @@ TASK = Task(
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     stacks=stacks,
+    token_loss="logps",  # its forward reads the completions' log-probs, chunked (rollout.token_logps)
     resume_keys=("grpo.num_generations",),
     recognizes=_never,
     predicts=Predicts(takes="--prompt TEXT", load=_load, run=prompt_predict.text_predict, samples=True),

@@ -1,101 +1,35 @@
-"""GRPO's generation and log-probabilities: completions sampled with the model's own ``generate``
-(its KV cache, LoRA adapters on, no merge, under the run's autocast and sharding), and the
-per-token log-probabilities of those completions under the policy, the old policy or the
-reference (adapters off).
+"""GRPO's log-probabilities: the per-token log-probabilities of the completions under the policy,
+the old policy or the reference (adapters off).
 
-Sampling is seeded per completion: the ``SeededSampling`` logits processor draws each row's next
-token from that row's own generator, seeded by (seed, step, data row, sample index), and leaves
-``generate`` only that token to pick (greedy over one finite score). So a completion does not
-depend on which other rows share its batch, on the process count, or on a resume: one micro-batch
-is generated at a time, the same micro-batches at any process count (``data.sampler``).
+- **A group's prompt once**: the ``group`` completions of a prompt share it, so the prompt goes
+  through the model once (its keys and values, gradients and all, expanded to the group in the
+  cache, as generation expands them) and only the completions' tokens after it
+  (``_shared_prompt``): the same function of the weights as every row's whole sequence (up to
+  float rounding), at a fraction of the tokens when prompts are long. Where the model's cache is
+  not one of plain full-attention layers, under gradient checkpointing (which turns the cache off)
+  or DeepSpeed (whose ZeRO-3 hooks trace one forward a backward) each row runs whole.
+- **The head in chunks** on the completion's tokens only under the run's chunked loss
+  (``model.chunked_loss``, told through ``Workload.use_chunked_loss``): no full-vocabulary
+  logits held (``chunked_logps``).
+
+The completions themselves come from xtrain's decode loop (``xtrain.model.decoding``: each prompt
+encoded once for its group, each completion drawn from its own generator seeded by (seed, step,
+data row, sample index)), so a completion does not depend on which other rows share its batch, on
+the process count, or on a resume: one micro-batch is generated at a time, the same micro-batches
+at any process count (``data.sampler``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from xtrain.model.chunked_loss import LogitMap
 
-
-class SeededSampling:
-    """A ``LogitsProcessor``: per row, temperature and top-p, then one token drawn from the row's
-    own generator; every other token's score set to -inf (``generate`` runs greedily on it)."""
-
-    def __init__(self, seeds: Sequence[int], temperature: float, top_p: float, device: torch.device) -> None:
-        self.temperature, self.top_p = temperature, top_p
-        self.generators = [torch.Generator(device=device).manual_seed(s) for s in seeds]
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
-        if self.top_p < 1.0:
-            probs = top_p_filter(probs, self.top_p)
-        picked = torch.stack(
-            [torch.multinomial(probs[i], 1, generator=g)[0] for i, g in enumerate(self.generators)]
-        )
-        out = torch.full_like(scores, float("-inf"))
-        return out.scatter_(1, picked.unsqueeze(1), 0.0)
-
-
-def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The smallest set of most likely tokens whose probability reaches ``top_p`` (at least one),
-    renormalised (HF's ``TopPLogitsWarper``'s set)."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of the tokens ranked above
-    keep_sorted = before < top_p
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    kept = probs * keep
-    return kept / kept.sum(dim=-1, keepdim=True)
-
-
-@dataclass
-class Completions:
-    """One micro-batch's completions: token ids, which tokens count (up to and with the first end
-    token), and which ran to the limit without one (truncated)."""
-
-    ids: torch.Tensor  # [N, L] (padding after the end token)
-    mask: torch.Tensor  # [N, L] 1 for the completion's tokens
-    truncated: torch.Tensor  # [N] bool
-
-
-def completion_mask(ids: torch.Tensor, eos: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """([N, L] mask through the first end token, [N] no end token) of generated ``ids``."""
-    is_end = torch.isin(ids, torch.tensor(list(eos), device=ids.device))
-    has_end = is_end.any(dim=1)
-    first = torch.where(
-        has_end, is_end.int().argmax(dim=1), torch.full_like(has_end, ids.size(1), dtype=torch.long)
-    )
-    positions = torch.arange(ids.size(1), device=ids.device).unsqueeze(0)
-    return (positions <= first.unsqueeze(1)).long(), ~has_end
-
-
-def generate(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    max_new_tokens: int,
-    pad_id: int,
-    eos: Sequence[int],
-    sampling: SeededSampling | None,
-    **more: object,
-) -> Completions:
-    """``model.generate`` on left-padded prompts: sampled by ``sampling``, greedy without it."""
-    from transformers import LogitsProcessorList
-
-    processors = LogitsProcessorList([sampling] if sampling is not None else [])
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
-            do_sample=False, num_beams=1, logits_processor=processors, pad_token_id=pad_id,
-            eos_token_id=list(eos), temperature=None, top_p=None, top_k=None, **more,
-        )  # fmt: skip
-    ids = out[:, prompt_ids.size(1) :]
-    mask, truncated = completion_mask(ids, eos)
-    ids = ids.masked_fill(mask == 0, pad_id)
-    return Completions(ids, mask, truncated)
+_WHOLE_ROWS: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()  # models whose cache cannot be shared
 
 
 def token_logps(
@@ -104,15 +38,85 @@ def token_logps(
     attention_mask: torch.Tensor,
     completion_len: int,
     temperature: float,
+    chunks: tuple[LogitMap, int] | None = None,
+    group: int = 1,
 ) -> torch.Tensor:
     """[N, completion_len] log-probabilities of the sequence's last ``completion_len`` tokens, the
-    logits divided by the sampling ``temperature`` (TRL's), only the completion's logits computed
-    (``logits_to_keep``); positions counted from each row's first real token (left padding)."""
+    logits divided by the sampling ``temperature`` (TRL's); positions counted from each row's
+    first real token (left padding). ``group``: consecutive rows that share their prompt (row
+    ``b * group + k``), encoded once. With ``chunks`` (the head's logit map, positions a chunk) the
+    head runs on the completion's tokens only (``attention_mask`` 1), chunk by chunk (0 at the
+    padding after a completion); without, on the completion's positions whole."""
+    if group > 1 and _shares_prompts(model):
+        found = _shared_prompt(model, input_ids, attention_mask, completion_len, temperature, chunks, group)
+        if found is not None:
+            return found
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-        logits_to_keep=completion_len + 1, use_cache=False,
-    ).logits[:, :-1].float()  # fmt: skip
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": positions}
+    if chunks is not None:
+        from xtrain.model.chunked_logps import token_logps_call
+
+        labels = input_ids.masked_fill(attention_mask == 0, -100)
+        labels[:, : input_ids.size(1) - completion_len] = -100
+        mapping, rows = chunks
+        return token_logps_call(model, inputs, labels, rows, mapping, temperature)[:, -completion_len:]
+    logits = model(**inputs, logits_to_keep=completion_len + 1, use_cache=False).logits[:, :-1].float()
     logits = logits / temperature
     targets = input_ids[:, -completion_len:]
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    from accelerate.utils import extract_model_from_parallel
+
+    return extract_model_from_parallel(model, keep_torch_compile=False)
+
+
+def _shares_prompts(model: torch.nn.Module) -> bool:
+    inner = _unwrapped(model)
+    if inner in _WHOLE_ROWS:
+        return False
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) is True for m in inner.modules())
+    return not checkpointing and not any(hasattr(p, "ds_id") for p in inner.parameters())
+
+
+def _shared_prompt(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, width: int,
+    temperature: float, chunks: tuple[LogitMap, int] | None, group: int,
+) -> torch.Tensor | None:  # fmt: skip
+    """``token_logps`` with each group's prompt through the model once: the prompts' forward (the
+    model unwrapped: one data-parallel forward a backward, the completions') keeps their cache and
+    the logits of their last position (the first completion token's); the cache expanded to the
+    group, the completions' forward continues it. None where the cache is not plain full
+    attention (the model is then remembered and runs whole rows)."""
+    from xtrain.model.decoding import CacheCall
+
+    inner = _unwrapped(model)
+    call = CacheCall.of(inner)
+    P = input_ids.size(1) - width
+    prompt, prompt_mask = input_ids[::group, :P], attention_mask[::group, :P]
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    keep = {"logits_to_keep": 1} if call.keep_last else {}
+    out = inner(input_ids=prompt, attention_mask=prompt_mask, position_ids=positions, use_cache=True, **keep)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    if not getattr(cache, "layers", None) or any(type(x).__name__ != "DynamicLayer" for x in cache.layers):
+        _WHOLE_ROWS.add(inner)
+        return None
+    cache.batch_repeat_interleave(group)
+    completion, mask = input_ids[:, P:], attention_mask[:, P:]
+    first = torch.log_softmax(out.logits[:, -1].float() / temperature, -1).repeat_interleave(group, 0)
+    first = first.gather(1, completion[:, :1])  # [N, 1]: the first token, from the prompt's last position
+    inputs = {
+        "input_ids": completion, "attention_mask": attention_mask, "use_cache": True, call.cache_key: cache,
+        "position_ids": positions[:, -1:].repeat_interleave(group, 0) + mask.cumsum(-1),
+    }  # fmt: skip
+    if chunks is not None:
+        from xtrain.model.chunked_logps import token_logps_call
+
+        mapping, rows = chunks
+        labels = completion.masked_fill(mask == 0, -100)
+        rest = token_logps_call(model, inputs, labels, rows, mapping, temperature)[:, 1:]
+    else:
+        logits = model(**inputs).logits[:, :-1].float() / temperature
+        rest = torch.log_softmax(logits, dim=-1).gather(-1, completion[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.cat([first, rest], 1)

@@ -25,15 +25,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xtrain.data.sampler import mix_seed
+from xtrain.model.decoding import Decoder, DecodeSettings, Sampling, generate
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
-from xtrain.tasks.grpo.rollout import SeededSampling, generate, token_logps
+from xtrain.tasks.grpo.rollout import token_logps
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import GrpoConfig
-    from xtrain.tasks.grpo.episodes import Agent, GenerateFn
+    from xtrain.model.chunked_loss import LogitMap
+    from xtrain.tasks.grpo.episodes import Agent
     from xtrain.tasks.grpo.rows import PromptEncoder, PromptRow
 
 Batch = dict[str, Any]
@@ -77,9 +79,12 @@ class GrpoStep:
         rows: list[PromptRow],
         encoder: PromptEncoder,
         seed: int,
+        decode: DecodeSettings | None = None,
         agent: Agent | None = None,
     ) -> None:
         self.g, self.rewards, self.rows, self.encoder, self.seed = g, rewards, rows, encoder, seed
+        self.decode = decode or DecodeSettings()  # how the decode steps run (decoding.decode_settings)
+        self.chunks: tuple[LogitMap, int] | None = None  # the chunked log-probs (use_chunked_loss)
         self.agent = agent  # grpo.tools: each completion is an episode (episodes.py)
         self.settings = gl.LossSettings(
             g.loss, g.epsilon, g.epsilon_high if g.epsilon_high is not None else g.epsilon, g.beta,
@@ -98,6 +103,11 @@ class GrpoStep:
         ] = []  # the last step's (row, prompt, text, reward)
 
     # -- hooks ----------------------------------------------------------------------------------
+    def use_chunked_loss(self, mapping: LogitMap, rows: int) -> None:
+        """``Workload.use_chunked_loss``: log-probs from the head on the completions' tokens only,
+        ``rows`` at a time (``model.chunked_loss``)."""
+        self.chunks = (mapping, rows)
+
     def at_step(self, step: int) -> None:
         """``Workload.at_step``: the optimizer step about to run (seeds the sampling)."""
         self.step = step
@@ -123,7 +133,10 @@ class GrpoStep:
         """``Workload.forward``: the micro-batch's loss (``loss.micro_batch_loss``) and metrics."""
         s = self.settings
         width = batch["completion_mask"].size(1)
-        logps = token_logps(model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature)
+        logps = token_logps(
+            model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
+            self.g.num_generations,
+        )  # fmt: skip
         per_token, clipped, kl = gl.per_token_loss(
             s, logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"]
         )
@@ -143,15 +156,16 @@ class GrpoStep:
         if self.agent is not None:
             return self._episodes(model, batch, step)
         G, rows = self.g.num_generations, batch["row"].tolist()
-        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)
-        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
         seeds = [mix_seed(self.seed, step, r, k) for r in rows for k in range(G)]
-        sampling = SeededSampling(seeds, self.g.temperature, self.g.top_p, prompt_ids.device)
         inner = _unwrapped(model)
         done = generate(
-            inner, prompt_ids, prompt_mask, self.g.max_completion_length, self.pad_id,
-            eos_ids(self.encoder.tokenizer, inner), sampling, **_synced(model),
+            inner, batch["input_ids"], batch["attention_mask"], max_new_tokens=self.g.max_completion_length,
+            pad_id=self.pad_id, stop=eos_ids(self.encoder.tokenizer, inner), group=G,
+            sampling=Sampling(self.g.temperature, self.g.top_p), seeds=seeds, synced=synced(model),
+            settings=self.decode,
         )  # fmt: skip
+        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)
+        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
         each = [r for r in rows for _ in range(G)]
         texts = self.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
         values = self.score(each, texts, step)
@@ -180,11 +194,13 @@ class GrpoStep:
 
         assert self.agent is not None
         G, rows = self.g.num_generations, batch["row"].tolist()
-        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)
-        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
         seeds = [mix_seed(self.seed, step, r, k) for r in rows for k in range(G)]
         self.agent.runner.where = f" (step {step}, rows {sorted(set(rows))})"
-        done = self.agent.run(self.generator(model, True), prompt_ids, prompt_mask, seeds)
+        sampling = Sampling(self.g.temperature, self.g.top_p)
+        decoder = self.decoder(model, synced(model))
+        done = self.agent.run(decoder, batch["input_ids"], batch["attention_mask"], G, sampling, seeds)
+        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)
+        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
         each = [r for r in rows for _ in range(G)]
         values = self.score_episodes(each, done, step)
         self.completions = [
@@ -193,26 +209,22 @@ class GrpoStep:
         ]
         t = ep.as_batch(done, self.pad_id, prompt_ids.device)
         keep = (~t["truncated"]).long().unsqueeze(1) if self.g.mask_truncated_completions else 1
+        stats = [[e.turns, len(e.calls), e.failures] for e in done]
         batch.update(
             input_ids=torch.cat([prompt_ids, t["ids"]], dim=1),
             attention_mask=torch.cat([prompt_mask, t["mask"]], dim=1),
             completion_mask=t["trained"],
             loss_mask=t["trained"] * keep,
             truncated=t["truncated"],
-            episode_stats=torch.tensor(
-                [[e.turns, len(e.calls), e.failures] for e in done],
-                dtype=torch.float32,
-                device=prompt_ids.device,
-            ),
+            episode_stats=torch.tensor(stats, dtype=torch.float32, device=prompt_ids.device),
         )
         return values.to(prompt_ids.device)
 
-    def generator(self, model: torch.nn.Module, sampled: bool, **more: Any) -> GenerateFn:
-        """An episode's turns generated by the unwrapped ``model``: sampled (seeded per row) or
-        greedy; sharded weights are refused (each process's episodes take their own turns, where
-        every forward of sharded weights is a collective)."""
-        inner = _unwrapped(model)
-        if _synced(model) or more.get("synced_gpus"):
+    def decoder(self, model: torch.nn.Module, sharded: bool) -> Decoder:
+        """A decode loop over the unwrapped ``model`` for episodes; ``sharded`` weights are refused
+        (each process's episodes take their own turns, where every forward of sharded weights is a
+        collective)."""
+        if sharded:
             from xtrain.errors import XtrainError
 
             raise XtrainError(
@@ -220,17 +232,8 @@ class GrpoStep:
                 "process's episodes take their own number of turns",
                 "train without sharding: LoRA's model is whole on each process",
             )
-        eos = eos_ids(self.encoder.tokenizer, inner)
-
-        def turn(ids: torch.Tensor, mask: torch.Tensor, max_new: int, seeds: list[int] | None) -> Any:
-            sampling = (
-                SeededSampling(seeds, self.g.temperature, self.g.top_p, ids.device)
-                if sampled and seeds
-                else None
-            )
-            return generate(inner, ids, mask, max_new, self.pad_id, eos, sampling)
-
-        return turn
+        inner = _unwrapped(model)
+        return Decoder(inner, self.pad_id, eos_ids(self.encoder.tokenizer, inner), settings=self.decode)
 
     def score_episodes(
         self, each: list[int], done: list[Any], step: int, rows: list[PromptRow] | None = None
@@ -331,7 +334,8 @@ class GrpoStep:
     def _side_logps(self, model: torch.nn.Module, batch: Batch) -> None:
         """The old policy's (``num_iterations`` > 1) and the reference's (``beta`` > 0) log-probs."""
         width = batch["completion_mask"].size(1)
-        args = (batch["input_ids"], batch["attention_mask"], width, self.g.temperature)
+        args = (batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
+                self.g.num_generations)  # fmt: skip
         with torch.no_grad():
             if self.g.num_iterations > 1:
                 batch["old_logps"] = token_logps(model, *args)
@@ -380,13 +384,14 @@ def _episode_stats(
     }
 
 
-def _synced(model: torch.nn.Module) -> dict[str, Any]:
-    """Sharded weights over several processes: every rank steps ``generate`` until all are done."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover
-        return {}
+def synced(model: torch.nn.Module) -> bool:
+    """Weights sharded over several processes (FSDP2, DeepSpeed ZeRO-3): every forward is a
+    collective, so every rank steps the decode loop until all are done."""
     import torch.distributed as dist
 
-    sharded = any(isinstance(m, FSDPModule) for m in model.modules())
-    return {"synced_gpus": True} if sharded and dist.is_initialized() and dist.get_world_size() > 1 else {}
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp = any(isinstance(m, FSDPModule) for m in model.modules())
+    return fsdp or any(hasattr(p, "ds_id") for p in model.parameters())  # ZeRO-3's partitioned params

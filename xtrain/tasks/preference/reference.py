@@ -103,7 +103,7 @@ class PreferenceForward:
 
     With ``chunked`` set (``use_chunked_loss``: the run's ``model.chunked_loss``, by the loop's
     levers) a training forward runs the output head on the labelled positions only, in chunks
-    recomputed in the backward (``chunked_loss.chunked_sequence_logps``); an evaluation runs the
+    recomputed in the backward (``chunked_logps.chunked_sequence_logps``); an evaluation runs the
     model's full logits."""
 
     def __init__(
@@ -128,7 +128,7 @@ class PreferenceForward:
         """(summed log-probs of each sequence's labelled tokens, their count) under ``model``."""
         inputs, labels = model_inputs(batch), batch["labels"]
         if self.chunked is not None and training:
-            from xtrain.model.chunked_loss import sequence_logps_call
+            from xtrain.model.chunked_logps import sequence_logps_call
 
             return sequence_logps_call(model, inputs, labels, self.chunked[1], self.chunked[0])
         return pl.sequence_logps(model(**inputs, use_cache=False).logits, labels)
