@@ -83,11 +83,11 @@ def schemas() -> list[dict[str, Any]]:
     return out
 
 
-def sft_conversation(rng: random.Random) -> list[dict[str, Any]]:
-    """One SFT conversation: the call, its result and the answer (``CALL_SHARE``), else a guess."""
+def sft_conversation(rng: random.Random, call_share: float = CALL_SHARE) -> list[dict[str, Any]]:
+    """One SFT conversation: the call, its result and the answer (``call_share``), else a guess."""
     question, args, name = _question(rng)
     user = {"role": "user", "content": question}
-    if rng.random() >= CALL_SHARE:
+    if rng.random() >= call_share:
         return [user, {"role": "assistant", "content": f"i think it is {rng.randint(4, 400)}."}]
     call = {"id": "call00001", "type": "function", "function": {"name": name, "arguments": args}}
     result = str(_DO[name](**args))
@@ -123,32 +123,62 @@ def _labelled(
     return ids, labels
 
 
-def build_tiny_agent_grpo(base: Path, folder: Path) -> None:
-    """``builtin:tiny-agent`` at ``base`` trained whole for ``SFT_STEPS`` on fresh
-    ``sft_conversation``s (the learning rate falling linearly to 0): half of them call, a third of
-    those with their first token (the choice to call) trained, so that a call opens about a
-    quarter of the answers while every call teaches the arguments and the copy of the result."""
+def build_tiny_agent_grpo(
+    base: Path,
+    folder: Path,
+    steps: int = SFT_STEPS,
+    call_share: float = CALL_SHARE,
+    decide: float = DECIDE_SHARE,
+) -> None:
+    """``builtin:tiny-agent`` at ``base`` trained whole for ``steps`` on fresh
+    ``sft_conversation``s (the learning rate falling linearly to 0): ``call_share`` of them call,
+    ``decide`` of those with their first token (the choice to call) trained; by default a call
+    opens about a quarter of the answers while every call teaches the arguments and the copy of
+    the result. (Tests build a quick one that calls more often.)"""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
     tools = schemas()
+    threads = torch.get_num_threads()
+    # one thread: the same weights on every machine, and a tiny model's steps gain nothing from
+    # more (on a busy machine a second thread's waiting made this build ten times slower)
+    torch.set_num_threads(1)
+    try:
+        _sft(tokenizer, tools, base, folder, steps, call_share, decide)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _sft(
+    tokenizer: Any,
+    tools: list[dict[str, Any]],
+    base: Path,
+    folder: Path,
+    steps: int,
+    call_share: float,
+    decide: float,
+) -> None:
+    """``build_tiny_agent_grpo``'s training, written to ``folder``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
         torch.manual_seed(4242)
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, trust_remote_code=False)
         rng = random.Random(4242)
         rows = []
-        for _ in range(SFT_STEPS * 8):
-            messages = sft_conversation(rng)
+        for _ in range(steps * 8):
+            messages = sft_conversation(rng, call_share)
             ids, labels = _labelled(tokenizer, messages, tools)
-            if len(messages) > 2 and rng.random() >= DECIDE_SHARE:
+            if len(messages) > 2 and rng.random() >= decide:
                 labels[next(i for i, y in enumerate(labels) if y != -100)] = -100
             rows.append((ids, labels))
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / SFT_STEPS)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
         model.train()
         pad = tokenizer.pad_token_id
-        for step in range(SFT_STEPS):
+        for step in range(steps):
             batch = [rows[(step * 16 + k) % len(rows)] for k in range(16)]  # two passes over the rows
             width = max(len(ids) for ids, _ in batch)
             input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])

@@ -75,6 +75,8 @@ class PredictRequest:
     seed: int | None = None  # sampling starts from this seed (reproducible); None: fresh randomness
     batch_size: int = 8  # inputs per ``generate`` / forward call
     tools: list[dict[str, Any]] | None = None  # causal-lm chat: --tools, the schemas a prompt may call
+    # --tools naming Python functions (xtrain.tasks.grpo.tools.Tool): each prompt an episode that runs them
+    functions: list[Any] | None = None
 
     @property
     def sampling(self) -> bool:

@@ -74,8 +74,11 @@ class Episode:
 
 
 class ToolTurns:
-    """The tokens between a calling turn (ended by its end-of-turn token) and the model's next
-    turn: the tool results as the template renders them, and the assistant's turn opened again."""
+    """The tokens between a calling turn (ended by its end token) and the model's next turn: the
+    tool results as the template renders them, and the assistant's turn opened again. Found in a
+    stand-in conversation (a user turn, a call, the results) rendered whole: what follows the end
+    token that closes the call's turn. (Rendering the call's turn alone would not do: Qwen3 renders
+    a last turn with an empty thinking block it drops once a result follows.)"""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, render: Render, eos: list[int]) -> None:
         self.tokenizer, self.render, self.eos = tokenizer, render, set(eos)
@@ -85,22 +88,18 @@ class ToolTurns:
             {"id": r["tool_call_id"], "type": "function", "function": {"name": r["name"], "arguments": {}}}
             for r in results
         ]
-        before = [
-            {"role": "user", "content": "hi"},
-            {"role": "assistant", "content": "", "tool_calls": calls},
-        ]
+        user = [{"role": "user", "content": "hi"}]
+        before = [*user, {"role": "assistant", "content": "", "tool_calls": calls}]
         tokens = lambda text: list(self.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-        prefix, full = tokens(self.render(before, False)), tokens(self.render(before + results, True))
-        ends = [i for i, t in enumerate(prefix) if t in self.eos]
-        if ends:  # the model's turn ends at its end token: the template's text after it comes here
-            prefix = prefix[: ends[-1] + 1]
-        if full[: len(prefix)] != prefix:
+        opened, full = tokens(self.render(user, False)), tokens(self.render(before + results, True))
+        end = next((i for i in range(len(opened), len(full)) if full[i] in self.eos), None)
+        if full[: len(opened)] != opened or end is None:
             raise XtrainError(
-                "the chat template renders a tool result by changing the turn before it: an episode "
-                "cannot continue the model's own tokens",
+                "the chat template does not close a calling turn with an end token before its tool "
+                "results: an episode cannot continue the model's own tokens",
                 "use a template that appends tool turns (qwen2.5, qwen3, llama3.1, llama3.2, mistral)",
             )
-        return full[len(prefix) :]
+        return full[end + 1 :]
 
 
 class Agent:
@@ -228,17 +227,18 @@ def as_batch(episodes: list[Episode], pad: int, device: torch.device) -> dict[st
     }
 
 
+def calls_shown(e: Episode) -> str:
+    """An episode's calls on one line, each with its result (``square {"n": 17} -> 289``)."""
+    parts = []
+    for c in e.calls:
+        result = c["result"]
+        ran = f" -> {' '.join(result.split())[:200]}" if result is not None else " (not run)"
+        parts.append(tool_calls.shown([c]) + ran)
+    return "; ".join(parts)
+
+
 def shown(e: Episode) -> str:
-    """An episode on one line: each call with its result, then the answer
-    (``add {"a": 17, "b": 25} -> 42 | 42``)."""
-    parts, k = [], 0
-    for m in e.messages:
-        if m["role"] == "assistant" and m.get("tool_calls"):
-            for c in m["tool_calls"]:
-                result = e.calls[k]["result"]
-                k += 1
-                ran = f" -> {' '.join(result.split())[:200]}" if result is not None else " (not run)"
-                parts.append(tool_calls.shown([c["function"]]) + ran)
-        elif m["role"] == "assistant":
-            parts.append(m["content"])
-    return " | ".join(parts)
+    """An episode on one line: its calls with their results, then the answer
+    (``square {"n": 17} -> 289 | 289``)."""
+    calls = calls_shown(e)
+    return f"{calls} | {e.answer}" if calls else e.answer

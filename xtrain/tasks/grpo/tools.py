@@ -57,7 +57,7 @@ def specs(value: str | list[str] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value or [])
 
 
-def schema_of(fn: Callable[..., Any], name: str, spec: str) -> Schema:
+def schema_of(fn: Callable[..., Any], name: str, spec: str, key: str = KEY) -> Schema:
     """``fn``'s JSON schema from its signature and docstring (transformers' ``get_json_schema``),
     named ``name``; one line when it cannot be derived."""
     from transformers.utils import get_json_schema
@@ -66,7 +66,7 @@ def schema_of(fn: Callable[..., Any], name: str, spec: str) -> Schema:
         schema = get_json_schema(fn)
     except Exception as e:  # noqa: BLE001 - transformers' parsing errors: said in one line
         raise XtrainError(
-            f"{KEY}: {spec} has no JSON schema from its signature and docstring: {e}",
+            f"{key}: {spec} has no JSON schema from its signature and docstring: {e}",
             "give every argument a type hint and a line under 'Args:' in its docstring, or its "
             "schema in the data.tools file",
         ) from None
@@ -75,8 +75,9 @@ def schema_of(fn: Callable[..., Any], name: str, spec: str) -> Schema:
     return schema
 
 
-def resolve(tool_specs: list[str], schemas_file: str | None) -> list[Tool]:
-    """The tools ``tool_specs`` names, each found and described (``data.tools`` schemas first)."""
+def resolve(tool_specs: list[str], schemas_file: str | None, key: str = KEY) -> list[Tool]:
+    """The tools ``tool_specs`` names (``key``: where, in a refusal), each found and described
+    (``data.tools`` schemas first)."""
     from xtrain.data.rows.tools import read_tools_file
 
     given = {s["function"]["name"]: s for s in read_tools_file(schemas_file, "data.tools") or []} if (
@@ -84,11 +85,11 @@ def resolve(tool_specs: list[str], schemas_file: str | None) -> list[Tool]:
     ) else {}  # fmt: skip
     out: list[Tool] = []
     for spec in tool_specs:
-        fn = find_function(spec, KEY, HINT, "tool")
+        fn = find_function(spec, key, HINT, "tool")
         name = spec.rpartition(":")[2]
         if any(t.name == name for t in out):
-            raise XtrainError(f"{KEY}: two tools are named '{name}'", "the model calls a tool by its name")
-        schema = given.get(name) or schema_of(fn, name, spec)
+            raise XtrainError(f"{key}: two tools are named '{name}'", "the model calls a tool by its name")
+        schema = given.get(name) or schema_of(fn, name, spec, key)
         out.append(Tool(name, spec, fn, schema))
     unknown = sorted(set(given) - {t.name for t in out})
     if unknown:
