@@ -80,3 +80,4 @@ def test_the_default_job_is_chat_and_every_task_job_is_named(capsys) -> None:
     assert main(["quickstart", "--task", "list"]) == 0
     listed = capsys.readouterr().out
     assert "--task causal-lm" in listed and "--task seq-cls" in listed
+    assert "--task grpo-tools (GRPO agents" in listed  # a task's other job, under its own name

@@ -34,10 +34,21 @@ COMPARE_TOKENS = 24  # the longest answer generated for the before/after compari
 
 
 def quickstart_tasks() -> dict[str, Any]:
-    """``{task name: its Quickstart}`` of the tasks that have a built-in job (the registry's)."""
+    """``{--task name: its Quickstart}``: each task's built-in job under the task's name, and a
+    task's other jobs under their own names (``Task.more_quickstarts``)."""
+    return {name: job for name, (_, job) in _jobs().items()}
+
+
+def _jobs() -> dict[str, tuple[str, Quickstart]]:
+    """``{--task name: (the task, its Quickstart)}`` (the registry's)."""
     from xtrain import tasks
 
-    return {name: t.quickstart for name, t in tasks.all_tasks().items() if t.quickstart is not None}
+    out = {}
+    for name, t in tasks.all_tasks().items():
+        if t.quickstart is not None:
+            out[name] = (name, t.quickstart)
+        out.update((more, (name, job)) for more, job in t.more_quickstarts)
+    return out
 
 
 def default_task(jobs: dict[str, Quickstart]) -> str:
@@ -259,6 +270,6 @@ def quickstart(
 
         _print_answers(console, *compare_answers(resolve_model(cfg.model.name_or_path), run_dir, compare()))
     shell = shell_for(diagnosis.plan.os_kind)
-    predicts = tasks.get(task).predicts
+    predicts = tasks.get(_jobs()[task][0]).predicts
     chats = predicts is not None and predicts.chat is not None
     console.print(next_line(jobs[task], run_dir, shell, chats), soft_wrap=True, markup=False)

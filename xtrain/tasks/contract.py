@@ -208,6 +208,8 @@ class Task:
     recognizes: Callable[[dict[str, Any]], bool] | None = None
     predicts: Predicts | None = None  # None: ``xtrain predict`` refuses its results
     quickstart: Quickstart | None = None
+    # More built-in jobs of this task, each (its ``xtrain quickstart --task`` name, the job)
+    more_quickstarts: tuple[tuple[str, Quickstart], ...] = ()
     # The data check (``xtrain train --dry-run``): (cfg, rows) -> what the first ``rows`` rows of
     # each data source hold, read by the task's own readers with its tokenizer or processor (never
     # the model weights); a row the run would refuse raises its line. Its ``build`` runs the same

@@ -325,6 +325,13 @@ def _quickstart_prompt() -> list[str]:
     return ["--prompt", QUICKSTART_PROMPT]
 
 
+def _tools_prompt() -> list[str]:
+    from xtrain.builtin.agent_grpo import QUICKSTART_PROMPT, TOOLS
+
+    names = ",".join([TOOLS[0], *(t.rpartition(":")[2] for t in TOOLS[1:])])  # module:square,cube
+    return ["--prompt", QUICKSTART_PROMPT, "--tools", names]
+
+
 def _load(
     folder: Path, base: str, record: dict[str, Any]
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
@@ -379,7 +386,9 @@ TASK = Task(
     token_loss="logps",  # its forward reads the completions' log-probs, chunked (rollout.token_logps)
     resume_keys=("grpo.num_generations",),
     recognizes=_never,
-    predicts=Predicts(takes="--prompt TEXT", load=_load, run=prompt_predict.text_predict, samples=True),
+    predicts=Predicts(
+        takes="--prompt TEXT", load=_load, run=prompt_predict.text_predict, samples=True, tools=True
+    ),
     quickstart=Quickstart(
         job="quickstart-grpo.yaml",
         about="GRPO: whole-sentence answers rewarded by a regex, learnt from the model's own samples",
@@ -390,6 +399,23 @@ TASK = Task(
             "eval prompts answered greedily, scored by the reward functions; 1 is best",
         ),
         predict_args=_quickstart_prompt,
+    ),
+    more_quickstarts=(
+        (
+            "grpo-tools",
+            Quickstart(
+                job="quickstart-grpo-tools.yaml",
+                about="GRPO agents: episodes that call a calculator tool, the exact answer rewarded",
+                next_command="xtrain train examples/grpo-tools.yaml",
+                headline=(
+                    "rewards/exact_match",
+                    "exact answer",
+                    "eval questions answered greedily by episodes that may call square and cube; 1 is best",
+                ),
+                samples=("the prompt", "the episode after training: its calls -> their results | its answer"),
+                predict_args=_tools_prompt,
+            ),
+        ),
     ),
     check_data=check_data,
 )
