@@ -36,9 +36,12 @@ suite test_cuda 300                   # each precision trains, the estimate, TF3
 suite test_lora_variants_gpu 150
 suite test_optim_8bit_gpu 150
 suite test_fsdp_gpu 300
+suite test_decoding_gpu 300           # GRPO's decode: static cache and compiled step, a GRPO run
 [ "${1:-all}" = tests ] && exit 0
 
 step chunked_loss 240 python3 benchmarks/chunked_loss.py --device cuda --json
+step grpo_decode_0.5b 300 python3 benchmarks/grpo_decode.py --device cuda --size 0.5b --json
+step grpo_decode_512 180 python3 benchmarks/grpo_decode.py --device cuda --size 512 --json
 step chunked_loss_7b 300 python3 benchmarks/chunked_loss.py --device cuda --size 7b
 step gpu_rows 600 python3 benchmarks/gpu.py --steps 30 --json
 step loops_fp16 300 python3 benchmarks/loops.py --size base --precision fp16 --repeats 5

@@ -27,27 +27,14 @@ from xtrain.model.decoding import (
 )
 
 pytestmark = pytest.mark.usefixtures("private_caches")
-PROMPTS = ["question: where did tom play with the cat? answer: ", "question: who? answer: ", "hi"]
 
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     """(peft model with random LoRA weights, tokenizer, left-padded prompt ids, their mask)."""
-    from peft import LoraConfig, get_peft_model
-    from support.jobs import session_builtin
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from support.decoding import lora_lm
 
-    folder = session_builtin(tmp_path_factory, "builtin:tiny-llama-grpo")
-    tok = AutoTokenizer.from_pretrained(folder)
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    model = get_peft_model(base, lora)
-    enc = [tok(p)["input_ids"] for p in PROMPTS]
-    width, pad = max(map(len, enc)), tok.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(e)) + e for e in enc])
-    mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
-    return model.eval(), tok, ids, mask
+    return lora_lm(tmp_path_factory)
 
 
 class _DrawnByRow:
@@ -93,7 +80,7 @@ def test_one_prefill_a_group_gives_generate_s_completions(lm):
 
     model, tok, ids, mask = lm
     group, sampling, stop, pad = 4, Sampling(0.9, 0.95), [tok.eos_token_id], tok.pad_token_id
-    seeds = [1000 + i for i in range(len(PROMPTS) * group)]
+    seeds = [1000 + i for i in range(3 * group)]
     drawn = LogitsProcessorList([_DrawnByRow(seeds, sampling, 24)])
     with torch.no_grad():
         ref = model.generate(
@@ -108,7 +95,7 @@ def test_one_prefill_a_group_gives_generate_s_completions(lm):
     m, _ = completion_mask(ref, stop)
     assert torch.equal(got.ids, ref.masked_fill(m == 0, pad)) and torch.equal(got.mask, m)
     texts = tok.batch_decode(got.ids, skip_special_tokens=True)
-    assert len(set(texts)) > len(PROMPTS), texts  # the completions of a group differ
+    assert len(set(texts)) > 3, texts  # the completions of a group differ
     g = generate(model, ids, mask, **args)
     m, _ = completion_mask(greedy, stop)
     assert torch.equal(g.ids, greedy.masked_fill(m == 0, pad))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -354,11 +355,18 @@ def _job(tmp_path: Path, rewards: str) -> Path:
 
 
 def test_the_dry_run_shows_a_prompt_the_generation_the_rewards_and_the_kv_cache(
-    tmp_path, reward_file, capsys
+    tmp_path, reward_file, capsys, machines_dir
 ):
+    """The data check's lines, and on a CUDA machine the plan's: the log-probs chunked, the memory
+    estimate with generation's KV cache in it (the estimate's term checked by its numbers)."""
     from xtrain.cli import main
+    from xtrain.model import memory
+    from xtrain.tasks.sizes import offline_sizes
+    from xtrain.tasks.validation import load_config
 
-    code = main(["train", str(_job(tmp_path, f"[exact_match, {reward_file}:letters]")), "--dry-run"])
+    job = _job(tmp_path, f"[exact_match, {reward_file}:letters]")
+    facts = str(machines_dir / "linux-1xh100.json")
+    code = main(["train", str(job), "--dry-run", "--facts", facts])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "question: " in out  # the first prompt, rendered
@@ -366,6 +374,13 @@ def test_the_dry_run_shows_a_prompt_the_generation_the_rewards_and_the_kv_cache(
     assert f"rewards: exact_match x1, {reward_file}:letters x1" in out
     # tiny llama: 2 layers, 2 KV heads of 16: 8 x 64 tokens x 2 x 2 x 2 x 16 x 2 bytes
     assert "generation's KV cache: 8 completions x up to 64 tokens" in out and "0.00 GiB" in out
+    assert "Loss: per-token log-probs of the completions, chunked (model.chunked_loss=auto" in out
+    assert "generation's KV cache ~0 MiB of it" in out  # the plan's Memory line
+    sizes = offline_sizes(load_config(job, []))
+    assert (sizes.kv_tokens, sizes.kv_values) == (48 + 16, 2 * 2 * 2 * 16)
+    without = replace(sizes, kv_tokens=0)
+    gib = [memory.estimate_run(s, 8, 48, False, "bf16")[0] for s in (sizes, without)]
+    assert gib[0] - gib[1] == pytest.approx(1.1 * 8 * 64 * 128 * 2 / 2**30)
 
 
 def test_a_bad_reward_function_stops_the_dry_run_in_one_line(tmp_path, reward_file, capsys):
@@ -400,10 +415,34 @@ def test_num_iterations_reuses_one_generation_with_the_old_log_probs(tmp_path, r
         workload.forward = recorded
         return workload
 
+    from support.gradients import jsonl
+
+    evals = jsonl(tmp_path / "data" / "eval.jsonl", _prompts(3, seed=9))
     cfg = _cfg(tmp_path, reward_file, "grpo.num_iterations=2", "run.max_steps=2", "optim.lr=0.5",
-               "grpo.epsilon=0.01")  # fmt: skip
-    train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
+               "grpo.epsilon=0.01", f"data.eval={evals}")  # fmt: skip
+    result = train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), build=build)
     assert len(seen) == 4  # 2 steps x 2 micro-batches
     for first, again in zip(seen[:2], seen[2:], strict=True):
         assert torch.equal(first["ids"], again["ids"]) and torch.equal(first["old"], again["old"])
     assert all(s["clip"] == 0 for s in seen[:2]) and any(s["clip"] > 0 for s in seen[2:])
+    # the final evaluation (issue 46): the reward and each function's by its name, no eval loss;
+    # its samples are prompts and completions
+    assert set(result.eval_metrics) == {"reward", "rewards/letters", "completion_length"}
+    sample = result.predictions[0]
+    assert tuple(sample["labels"]) == ("prompt", "completion")
+    assert sample["reference"].startswith("question: ")
+
+
+def test_reward_metrics_are_named_by_function_and_files_found_next_to_the_config(tmp_path, reward_file):
+    """TRL's names (``rewards/correct``), a name two files share kept apart by the file's; a
+    reward file written relative to the config file is found from any current folder."""
+    from xtrain.tasks.validation import load_config
+
+    assert rw.labels(["exact_match", "/x/a.py:score", "pkg.mod:other", "b.py:score"]) == [
+        "exact_match", "a.score", "other", "b.score"
+    ]  # fmt: skip
+    job = _job(tmp_path, f"[format, {reward_file.name}:letters]")
+    job.write_text(job.read_text().replace("rewards:", "format_pattern: x, rewards:"))
+    cfg = load_config(job, [])
+    assert cfg.grpo.rewards == ["format", f"{reward_file.resolve()}:letters"]
+    assert [r.metric for r in rw.resolve(cfg.grpo)] == ["format", "letters"]

@@ -136,6 +136,7 @@ def test_sampling_with_a_seed_is_reproducible_and_differs_from_greedy(text_run, 
 
     sampled = outputs(temperature=1.5, top_p=0.95, seed=3)
     assert sampled == outputs(temperature=1.5, top_p=0.95, seed=3)
+    assert sampled == outputs(temperature=1.5, top_p=0.95, seed=3, batch_size=1)  # a row's own draws
     assert sampled != outputs(temperature=1.5, top_p=0.95, seed=4)
     assert sampled != [plain[p] for p in PROMPTS] == outputs()  # greedy stays the default
     assert outputs(temperature=0.0) == outputs()  # temperature 0 is greedy

@@ -5,4 +5,5 @@
 - ``docs_commands``: reading, classifying and running the commands in docs/ and README.md;
 - ``ps_syntax``: the PowerShell syntax check for the lines xtrain prints;
 - ``warm``: ``python -m xtrain ...`` subprocesses forked from a warm interpreter (imports done).
+- ``decoding``: the decode loop's tests' tiny LoRA model and left-padded prompts.
 """

@@ -35,7 +35,7 @@ _INPUT_PATHS = (
     "data.audio_root",
 )
 # Function specs (``path/to/file.py:function``) whose file is looked up the same way.
-_FUNCTION_SPECS = ("grpo.tools",)
+_FUNCTION_SPECS = ("grpo.rewards", "grpo.tools")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -150,8 +150,8 @@ def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
 
 
 def _resolve_specs(cfg: TrainConfig, base: Path, key: str) -> None:
-    """``file.py:function`` specs (one or a list): the file next to the config file when it is
-    there; ``package.module:function`` and built-in names unchanged."""
+    """``file.py:function`` specs (one or a list: reward functions, tools): the file next to the
+    config file when it is there; ``package.module:function`` and built-in names unchanged."""
     section, name = key.split(".")
     value = getattr(getattr(cfg, section), name)
 

@@ -25,6 +25,11 @@ Under DDP every GPU holds the whole model. The estimate adds:
   Qwen2's 152k vocabulary. Under the chunked loss (``model.chunked_loss``) one chunk of them
   (``chunk_rows`` positions, 128 MiB of float32 entries) and the gathered hidden states of the
   trained tokens (``chunked_logits_bytes``);
+- generation's KV cache where the task generates in training (GRPO's completions): a micro-batch
+  of sequences of ``kv_tokens`` (its prompt and completion), 2 (keys and values) x layers x
+  key/value heads x head size values a token in the activations' precision (``kv_values``;
+  Qwen2.5-7B in bf16: 56 KiB a token). Counted on top of the rest: on CUDA the compiled decode
+  keeps its static cache from one step to the next;
 - 10 % for the CUDA context, allocator slack and temporary buffers.
 
 Quantized weights (``model.quantization``, bitsandbytes): the Linear layers that 4-bit or 8-bit
@@ -120,6 +125,7 @@ def estimate_gib(
     logits_bytes: float | None = None,
     offload: bool = False,
     recompute: float | None = None,
+    generation_bytes: float = 0.0,
 ) -> float:
     """Estimated peak GPU memory in GiB of one training process (see the module docstring).
     ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
@@ -134,7 +140,8 @@ def estimate_gib(
     ``offload``: what autograd saves lives in host memory, the device keeps ``OFFLOAD_LAYERS``
     layers' worth of it (the one computing, the one whose copy is in flight) and, with
     checkpointing, the layer recomputed in the backward (``recompute``: its bytes where ``saved``
-    gives the activations; else the per-token rule's)."""
+    gives the activations; else the per-token rule's); ``generation_bytes``: generation's KV cache
+    (``kv_cache_bytes``)."""
     if quantization is None:
         weights = params * weight_bytes
     else:
@@ -147,7 +154,27 @@ def estimate_gib(
                                intermediate, recompute)  # fmt: skip
         activations = again + (activations - again) * min(1.0, OFFLOAD_LAYERS / max(layers, 1))
     logits = tokens_per_device * vocab * 10 if logits_bytes is None else logits_bytes
-    return 1.1 * (weights + trained + activations + logits) / GIB
+    return 1.1 * (weights + trained + activations + logits + generation_bytes) / GIB
+
+
+def kv_values(config: object) -> int:
+    """Values a token holds in a KV cache: 2 (keys and values) x layers x key/value heads x head
+    size, from a model's (text) config; 0 when it does not say its shape."""
+    get_text = getattr(config, "get_text_config", None)
+    text = get_text() if callable(get_text) else config
+    layers = getattr(text, "num_hidden_layers", None)
+    heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    if not (isinstance(layers, int) and isinstance(heads, int) and isinstance(hidden, int) and heads):
+        return 0
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    return 2 * layers * kv_heads * head_dim
+
+
+def kv_cache_bytes(sequences: int, tokens: int, values: int, value_bytes: int) -> float:
+    """Generation's KV cache: ``sequences`` of ``tokens`` of ``values`` (``kv_values``) each."""
+    return float(sequences * tokens * values * value_bytes)
 
 
 @dataclass(frozen=True)
@@ -176,6 +203,10 @@ class ModelSizes:
     head_trains: bool = False
     lora_rank: int = 0
     lora_dropout: bool = False
+    # generation in training (``Task.kv_cache_tokens``): tokens a sequence holds in the KV cache
+    # (0: the task does not generate in training) and the values a token (``kv_values``)
+    kv_tokens: int = 0
+    kv_values: int = 0
 
 
 @dataclass(frozen=True)
@@ -288,6 +319,7 @@ def estimate_run(
         "quantization": sizes.quantization, "moments_8bit": sizes.moments_8bit,
         "small_trainable": sizes.small_trainable, "saved": saved, "logits_bytes": logits,
     }  # fmt: skip
+    more["generation_bytes"] = kv_cache_bytes(per_device, sizes.kv_tokens, sizes.kv_values, act)
     device = estimate_gib(*args, **more, offload=levers.offload, recompute=recompute)
     if not levers.offload:
         return device, 0.0

@@ -48,6 +48,8 @@ from xtrain.model.estimate import (
     activation_bytes,
     estimate_gib,
     estimate_run,
+    kv_cache_bytes,
+    kv_values,
     model_shape,
     quantized_bytes,
     saved_bytes,
@@ -62,8 +64,9 @@ __all__ = [
     "MIN_CHUNK_ROWS", "MOMENT_BYTES", "MOMENT_BYTES_8BIT", "MemoryCheck", "MemoryLevers",
     "ModelSizes", "NF4_BITS", "OFFLOAD_LAYERS", "Shape", "TIGHT", "TRAINED_BYTES",
     "activation_bytes", "activation_term", "alternatives", "check_memory", "chunk_rows",
-    "chunked_logits_bytes", "estimate_gib", "estimate_run", "memory_warning", "model_shape",
-    "quantized_bytes", "saved_bytes", "size", "smallest_gpu", "trained_bytes", "weight_bytes",
+    "chunked_logits_bytes", "estimate_gib", "estimate_run", "kv_cache_bytes", "kv_values",
+    "memory_warning", "model_shape", "quantized_bytes", "saved_bytes", "size", "smallest_gpu",
+    "trained_bytes", "weight_bytes",
 ]
 
 # above this share of the card a process is "tight": the allocator's fragmentation, a longer batch
@@ -125,10 +128,12 @@ class MemoryCheck:
     gpu_name: str
     warning: str | None  # one line when it does not fit
     host_gib: float = 0.0  # activations a process keeps in host memory (model.activation_offload)
+    kv_gib: float = 0.0  # of the estimate: generation's KV cache (a task that generates in training)
 
     def summary(self) -> str:
         host = f"; ~{size(self.host_gib, 1)} of activations in host memory" if self.host_gib else ""
-        return (f"~{size(self.estimate_gib, 1)} a process (estimate; {self.gpu_name}: "
+        kv = f", generation's KV cache ~{size(self.kv_gib, 2)} of it" if self.kv_gib else ""
+        return (f"~{size(self.estimate_gib, 1)} a process (estimate{kv}; {self.gpu_name}: "
                 f"{size(self.gpu_gib, 0)}){host}")  # fmt: skip
 
 
@@ -247,4 +252,6 @@ def check_memory(
             f"{size(levers.host_gib, 0)}"
         )
         warning = f"{warning}; and {ram}" if warning else ram
-    return MemoryCheck(gib, gpu_gib, gpu_name, warning, host)
+    act = activation_bytes(precision, sizes.weight_bytes)
+    kv = kv_cache_bytes(per_device, sizes.kv_tokens, sizes.kv_values, act) / GIB
+    return MemoryCheck(gib, gpu_gib, gpu_name, warning, host, kv)

@@ -192,6 +192,10 @@ class Task:
     # prompt), on top of which ``generation.max_new_tokens`` must fit the positions; None: it
     # does not generate
     generation_prompt: Callable[[TrainConfig], int] | None = None
+    # Tokens a training sequence holds in a KV cache while the task generates during training
+    # (GRPO's rollout: its prompt and completion): the memory estimate counts that cache; None:
+    # it does not generate in training
+    kv_cache_tokens: Callable[[TrainConfig], int] | None = None
     # its rows decode images or audio when read: the plan's media DataLoader workers serve it
     decodes_media: bool = False
     # Its training loss is the model's cross-entropy over the vocabulary at its output head
@@ -233,13 +237,16 @@ ReduceFn = Callable[[dict[str, "torch.Tensor"]], dict[str, float]]
 
 @dataclass
 class Prediction:
-    """One sample of a generative eval: what the model should write and what it wrote."""
+    """One sample of a generative eval: what the model should write and what it wrote, or, where
+    there is nothing it should write (GRPO), what it was given; ``labels`` name the two."""
 
     reference: str
     prediction: str
+    labels: tuple[str, str] = ("reference", "prediction")
 
 
-# evaluate(accelerator, model, eval_loader) -> (metrics with "eval_loss", sample predictions).
+# evaluate(accelerator, model, eval_loader) -> (metrics, sample predictions): "eval_loss" among the
+# metrics where the task has a loss to evaluate (GRPO's reward is its metric, there is no eval loss).
 # Replaces the loop's forward-only evaluation (eval_batch/reduce_metrics) when a task evaluates by
 # generating (image-to-text: CER/WER); it runs on every rank and must gather in data order.
 EvaluateFn = Callable[["Accelerator", "Module", "DataLoader"], tuple[dict[str, float], list[Prediction]]]

@@ -176,6 +176,7 @@ def predictions_markdown(samples: list[Prediction]) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ") or " "
 
-    rows = ["| reference | prediction |", "|---|---|"]
+    first, second = samples[0].labels if samples else ("reference", "prediction")
+    rows = [f"| {first} | {second} |", "|---|---|"]
     rows += [f"| {cell(s.reference)} | {cell(s.prediction)} |" for s in samples]
     return "\n".join(rows)

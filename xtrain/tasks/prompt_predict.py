@@ -2,8 +2,11 @@
 (text prompts; a chat run's turns rendered by its saved template) and vision-language (image +
 text turns rendered by the processor's template). Their ``--prompt``/``--question`` inputs and the
 rows of a ``--data`` file become ``Example``s, rendered as training rendered the prompts before
-its answers, left-padded into one ``generate`` call per batch, greedy or sampled
-(``PredictRequest.decoding``). Library code: returns data, prints nothing."""
+its answers, left-padded into one ``generate`` call per batch, greedy or beam search
+(``PredictRequest.decoding``); a causal LM's sampling runs xtrain's own decode loop
+(``xtrain.model.decoding``: each row drawn from its own generator, seeded by ``--seed`` and the
+row, so a row's sample does not depend on the batch it is in). Library code: returns data,
+prints nothing."""
 
 from __future__ import annotations
 
@@ -103,23 +106,45 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
         enc = tokenizer(text, return_tensors="pt", add_special_tokens=not chat)
         rows.append({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]})
     pad = pad_id(tokenizer)
-    batch = left_pad(rows, pad)
+    batch = to_model(left_pad(rows, pad), loaded.model)
     eos = [t for t in (stop, tokenizer.eos_token_id) if t is not None]
-    with torch.no_grad():
-        ids = loaded.model.generate(
-            **to_model(batch, loaded.model),
-            max_new_tokens=request.max_new_tokens,
-            pad_token_id=pad,
-            eos_token_id=eos or None,
-            **request.decoding(),
-        )
-    width = batch["input_ids"].shape[1]  # the output repeats the (left-padded) prompt
-    out = [{"output": tokenizer.decode(r[width:], skip_special_tokens=True).strip()} for r in ids]
+    if request.sampling and request.num_beams == 1:
+        ids = sampled(loaded.model, batch, request, [e.row for e in examples], pad, eos)
+    else:
+        with torch.no_grad():
+            ids = loaded.model.generate(
+                **batch, max_new_tokens=request.max_new_tokens, pad_token_id=pad, eos_token_id=eos or None,
+                **request.decoding(),
+            )[:, batch["input_ids"].shape[1] :]  # the output repeats the (left-padded) prompt
+    out = [{"output": tokenizer.decode(r, skip_special_tokens=True).strip()} for r in ids]
     for o in out:  # a call in the template's format, shown parsed (unparsed text as it is)
         calls = tool_calls.parse(o["output"]) if chat else None
         if calls:
             o["call"] = tool_calls.shown(calls)
     return out
+
+
+def sampled(
+    model: Any, batch: dict[str, Any], request: PredictRequest, rows: list[int], pad: int, stop: list[int]
+) -> Any:
+    """[N, L] sampled continuations of a left-padded ``batch`` (xtrain's decode loop): row ``i``
+    drawn from a generator seeded by (``request.seed``, ``rows[i]``), or from fresh seeds without
+    a ``--seed``."""
+    import torch
+
+    from xtrain.data.sampler import mix_seed
+    from xtrain.model.decoding import Sampling, generate
+
+    if request.seed is not None:
+        seeds = [mix_seed(request.seed, row) for row in rows]
+    else:
+        seeds = torch.randint(0, 2**62, (len(rows),)).tolist()
+    how = Sampling(request.temperature or 1.0, request.top_p if request.top_p is not None else 1.0)
+    done = generate(
+        model, batch["input_ids"], batch["attention_mask"], max_new_tokens=request.max_new_tokens,
+        pad_id=pad, stop=stop, sampling=how, seeds=seeds,
+    )  # fmt: skip
+    return done.ids
 
 
 def text_score(refs: list[str], outputs: list[str]) -> dict[str, float]:
@@ -222,7 +247,8 @@ def chat_reply(loaded: Loaded, messages: list[dict[str, str]], request: PredictR
         if length + request.max_new_tokens <= limit:
             break
         del turns[first : first + 2]  # the oldest user turn and its answer
-    return text_answer(loaded, [Example(0, {}, turns)], request)[0]["output"]
+    # the turn's number as its row: a seeded chat draws each turn from its own generator
+    return text_answer(loaded, [Example(len(messages), {}, turns)], request)[0]["output"]
 
 
 def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:

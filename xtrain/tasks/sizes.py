@@ -96,14 +96,19 @@ def step_stacks(model: Module, cfg: TrainConfig, adapted: list[str]) -> tuple[ac
 
 def lora_fields(cfg: TrainConfig, model: Module, stacks: tuple[activations.Stack, ...]) -> dict[str, Any]:
     """The ``ModelSizes`` fields of the activation term: the stacks, whether the output head
-    trains, LoRA's rank and dropout."""
+    trains, LoRA's rank and dropout; and generation's KV cache where the task generates in
+    training (``Task.kv_cache_tokens``)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     weight = getattr(head, "weight", None)
+    generates = tasks.get(cfg.model.task).kv_cache_tokens
+    kv_tokens = generates(cfg) if generates is not None else 0
     return {
         "stacks": stacks,
         "head_trains": bool(stacks) and weight is not None and bool(weight.requires_grad),
         "lora_rank": cfg.lora.r if cfg.lora.enabled else 0,
         "lora_dropout": cfg.lora.enabled and cfg.lora.dropout > 0,
+        "kv_tokens": kv_tokens,
+        "kv_values": memory.kv_values(getattr(model, "config", None)) if kv_tokens else 0,
     }
 
 

@@ -72,7 +72,8 @@ class Reporter(Protocol):
     def checkpoint_saved(self, step: int, path: str) -> None: ...
 
     def predictions(self, step: int, samples: list[dict[str, str]]) -> None:
-        """Sample predictions of a generative eval: [{"reference": ..., "prediction": ...}]."""
+        """Sample predictions of a generative eval: [{"reference": ..., "prediction": ...,
+        "labels": (what each is)}]."""
 
     def note(self, message: str) -> None:
         """Something the user should know (resumed, global batch changed, stopping, ...)."""
@@ -254,7 +255,8 @@ class RichReporter:
 
         for s in samples:
             ref, pred = escape(repr(s["reference"])), escape(repr(s["prediction"]))
-            self._print(f"    [dim]reference[/] {ref}  [dim]prediction[/] {pred}")
+            first, second = s.get("labels") or ("reference", "prediction")
+            self._print(f"    [dim]{first}[/] {ref}  [dim]{second}[/] {pred}")
 
     def note(self, message: str) -> None:
         self._print(f"  [yellow]note:[/] {_esc(message)}")

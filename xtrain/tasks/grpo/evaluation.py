@@ -1,8 +1,8 @@
 """GRPO's evaluation (``Workload.evaluate``): every eval prompt answered greedily (each process its
 share of the eval loader), scored by the run's reward functions, gathered in data order: the mean
-reward (``reward``, the weighted sum), each function's mean, the completions' mean length; and the
-first few completions next to their rewards. ``eval_loss`` is minus the mean reward (lower is
-better, as every task's eval loss)."""
+reward (``reward``, the weighted sum), each function's mean (``rewards/NAME``, NAME the function's
+name), the completions' mean length; and the first few prompts with their completion and reward.
+No ``eval_loss``: GRPO's loss has no meaning on prompts alone; ``reward`` is its metric."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SAMPLES = 4  # eval completions shown at each evaluation
 
 
 class GrpoEval:
-    """``evaluate(accelerator, model, eval_loader) -> (metrics with eval_loss, predictions)``."""
+    """``evaluate(accelerator, model, eval_loader) -> (metrics, predictions)``."""
 
     def __init__(self, step: GrpoStep, rows: list[PromptRow]) -> None:
         self.step, self.rows = step, rows
@@ -53,12 +53,13 @@ class GrpoEval:
                     gathered.append(self._gathered(accelerator, rows, values, lengths))
                     shown += self._shown(rows, texts, values, SAMPLES - len(shown))
                     continue
+                # the model's own cache: a compiled step would compile again for each eval batch size
                 with accelerator.autocast():
                     done = generate(
                         inner, batch["input_ids"].to(accelerator.device),
                         batch["attention_mask"].to(accelerator.device),
                         max_new_tokens=s.g.max_completion_length, pad_id=s.pad_id, stop=eos,
-                        synced=bool(generate_kwargs(accelerator)), settings=s.decode,
+                        synced=bool(generate_kwargs(accelerator)),
                     )  # fmt: skip
                 texts = s.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
                 values = s.score(rows, texts, s.step, self.rows)
@@ -73,14 +74,15 @@ class GrpoEval:
         per_fn = table[:, 1 : 1 + len(s.rewards)]
         weights = torch.tensor([r.weight for r in s.rewards])
         rewards = gl.total_rewards(per_fn, weights)
-        metrics = {"eval_loss": -float(rewards.mean()), "reward": float(rewards.mean())}
+        metrics = {"reward": float(rewards.mean())}
         for r, column in zip(s.rewards, per_fn.T, strict=True):
             given = column[~column.isnan()]
-            metrics[f"rewards/{r.name}"] = float(given.mean()) if len(given) else 0.0
+            metrics[f"rewards/{r.metric}"] = float(given.mean()) if len(given) else 0.0
         metrics["completion_length"] = float(table[:, -1].mean())
         samples = [
             Prediction(
-                reference=s.encoder.text(self.rows[row]), prediction=f"{text.strip()}  [reward {r:.2f}]"
+                reference=s.encoder.text(self.rows[row]), prediction=f"{text.strip()}  [reward {r:.2f}]",
+                labels=("prompt", "completion"),
             )
             for row, text, r in shown
         ]
@@ -95,7 +97,7 @@ class GrpoEval:
 
         s = self.step
         assert s.agent is not None
-        decoder = s.decoder(model, bool(generate_kwargs(accelerator)))
+        decoder = s.decoder(model, bool(generate_kwargs(accelerator)), trained=False)
         ids, mask = batch["input_ids"].to(accelerator.device), batch["attention_mask"].to(accelerator.device)
         with accelerator.autocast():
             done = s.agent.run(decoder, ids, mask, 1, None, None)

@@ -195,38 +195,29 @@ def sequence_tokens(cfg: TrainConfig) -> int:
     return g.max_episode_length if tools_.specs(g.tools) else g.max_completion_length
 
 
-def kv_cache_bytes(config: Any, sequences: int, tokens: int, precision_bytes: int) -> int:
-    """Generation's KV cache: ``sequences`` x ``tokens`` x 2 (K and V) x layers x KV heads x head
-    size x ``precision_bytes`` (the model's text config; 0 when it does not say its shape)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(text, "num_hidden_layers", None)
-    heads = getattr(text, "num_attention_heads", None)
-    hidden = getattr(text, "hidden_size", None)
-    if not (layers and heads and hidden):
-        return 0
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    return sequences * tokens * 2 * layers * kv_heads * head_dim * precision_bytes
+def kv_cache_tokens(cfg: TrainConfig) -> int:
+    """``Task.kv_cache_tokens``: a completion's prompt and the completion (with tools: the
+    episode), at their longest."""
+    return cfg.data.max_length + sequence_tokens(cfg)
 
 
 def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     """The dry run's line on generation's KV cache of one micro-batch, from the model's config."""
     from xtrain.model import load as models
+    from xtrain.model.estimate import kv_cache_bytes, kv_values
     from xtrain.tasks.grpo import tools as tools_
 
-    b = cfg.batch
-    tokens = cfg.data.max_length + sequence_tokens(cfg)
+    b, tokens = cfg.batch, kv_cache_tokens(cfg)
     try:
         config = models.load_config(source, cfg.model.trust_remote_code)
     except Exception:  # noqa: BLE001 - the config is not on this machine: no figure, the rule only
         config = None
-    size = kv_cache_bytes(config, b.per_device, tokens, 2) if config is not None else 0
+    size = kv_cache_bytes(b.per_device, tokens, kv_values(config), 2) if config is not None else 0
     figure = f"{size / 2**30:.2f} GiB in 16-bit" if size else "its size needs the model's config"
     return (
         f"generation's KV cache: {b.per_device} completions x up to {tokens} tokens (data.max_length + "
         f"grpo.{'max_episode_length' if tools_.specs(cfg.grpo.tools) else 'max_completion_length'}) a "
-        f"micro-batch: {figure} (x2 in float32), held while generating "
-        "and freed before the training forward"
+        f"micro-batch: {figure} (x2 in float32); the memory estimate counts it"
     )
 
 
@@ -384,6 +375,7 @@ TASK = Task(
     peft_task_type="CAUSAL_LM",
     stacks=stacks,
     token_loss="logps",  # its forward reads the completions' log-probs, chunked (rollout.token_logps)
+    kv_cache_tokens=kv_cache_tokens,
     resume_keys=("grpo.num_generations",),
     recognizes=_never,
     predicts=Predicts(
@@ -398,6 +390,7 @@ TASK = Task(
             "mean reward",
             "eval prompts answered greedily, scored by the reward functions; 1 is best",
         ),
+        samples=("prompt", "the trained model's completion [its reward]"),
         predict_args=_quickstart_prompt,
     ),
     more_quickstarts=(

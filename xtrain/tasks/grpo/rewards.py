@@ -6,7 +6,9 @@ the prompts and completions as lists (text, or turns for conversational rows: TR
 every other column of the rows as a keyword list, so a TRL reward function works unchanged.
 
 ``grpo.rewards`` names them: a built-in (``exact_match``, ``format``, ``length``), or the user's
-``path/to/rewards.py:function`` (a path from the current folder) or ``package.module:function``.
+``path/to/rewards.py:function`` (a path from the config file's folder, as data files are, else from
+the current folder) or ``package.module:function``. Their metrics are named by function, as TRL
+names them (``rewards/correct_number``; ``label``).
 They are imported when the config is checked (``resolve``, before any model loads, in every
 process): a missing file or function, a non-callable or a signature that cannot take
 ``(prompts=, completions=)`` is one line, exit 2, at ``xtrain train --dry-run``. A function that
@@ -47,9 +49,14 @@ class RewardError(XtrainError):
 
 @dataclass(frozen=True)
 class Reward:
-    name: str  # as grpo.rewards names it
+    name: str  # as grpo.rewards names it (its one-line errors say it)
     fn: RewardFn
     weight: float
+    label: str = ""  # its metrics' name: the function's (``labels``)
+
+    @property
+    def metric(self) -> str:
+        return self.label or self.name
 
 
 def _completion_text(completion: Any) -> str:
@@ -138,7 +145,10 @@ def _module_of(file: str) -> Any:
 def _load_file(path: str, key: str = "grpo.rewards", what: str = "reward") -> Any:
     file = Path(path).expanduser()
     if not file.is_file():
-        raise XtrainError(f"{key}: {what} file {path} not found", "give a path from the current folder")
+        raise XtrainError(
+            f"{key}: {what} file {path} not found",
+            "give a path from the config file's folder or from the current folder",
+        )
     try:
         return _module_of(str(file.resolve()))
     except Exception as e:
@@ -200,11 +210,27 @@ def named_weights(g: GrpoConfig) -> list[tuple[str, float]]:
     return [(n, float(w)) for n, w in zip(names, weights, strict=True)]
 
 
+def labels(names: list[str]) -> list[str]:
+    """The metric name of each ``grpo.rewards`` entry: a built-in's own, a user function's name
+    (``path/to/rewards.py:correct_number`` -> ``correct_number``, TRL's); a name two entries share
+    keeps its file's or module's name in front (``rewards.score``, ``other.score``)."""
+    short = [n.rpartition(":")[2] for n in names]
+    twice = {s for s in short if short.count(s) > 1}
+
+    def whole(name: str) -> str:
+        where, _, attr = name.rpartition(":")
+        return f"{Path(where).stem if where.endswith('.py') else where}.{attr}"
+
+    return [whole(n) if s in twice and ":" in n else s for n, s in zip(names, short, strict=True)]
+
+
 def resolve(g: GrpoConfig, tools: list[dict[str, Any]] | None = None) -> list[Reward]:
     """``grpo.rewards`` with their weights, each found and checked; ``tools``: the schemas of
     ``grpo.tools`` (the ``tool_call`` reward's)."""
     out = []
-    for name, weight in named_weights(g):
+    pairs = named_weights(g)
+    tags = labels([n for n, _ in pairs])
+    for (name, weight), label in zip(pairs, tags, strict=True):
         if name == "exact_match":
             fn = exact_match(g.answer_column, g.answer_pattern)
         elif name == "format":
@@ -219,7 +245,7 @@ def resolve(g: GrpoConfig, tools: list[dict[str, Any]] | None = None) -> list[Re
             fn = tool_call(tools)
         else:
             fn = load_user(name)
-        out.append(Reward(name, fn, float(weight)))
+        out.append(Reward(name, fn, float(weight), label))
     return out
 
 

@@ -169,10 +169,9 @@ class GrpoStep:
         each = [r for r in rows for _ in range(G)]
         texts = self.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
         values = self.score(each, texts, step)
-        self.completions = [
-            (each[i], self._prompt_text(each[i]), texts[i], float(values[i].nansum()))
-            for i in range(len(texts))
-        ]
+        prompts = {r: self._prompt_text(r) for r in rows}  # rendered once a prompt, not a completion
+        totals = values.nansum(1).tolist()
+        self.completions = [(each[i], prompts[each[i]], texts[i], totals[i]) for i in range(len(texts))]
         loss_mask = (
             done.mask * (~done.truncated).long().unsqueeze(1)
             if self.g.mask_truncated_completions
@@ -220,10 +219,11 @@ class GrpoStep:
         )
         return values.to(prompt_ids.device)
 
-    def decoder(self, model: torch.nn.Module, sharded: bool) -> Decoder:
-        """A decode loop over the unwrapped ``model`` for episodes; ``sharded`` weights are refused
-        (each process's episodes take their own turns, where every forward of sharded weights is a
-        collective)."""
+    def decoder(self, model: torch.nn.Module, sharded: bool, trained: bool = True) -> Decoder:
+        """A decode loop over the unwrapped ``model`` for episodes, in training (``trained``: the
+        run's decode settings) or evaluation (the model's own cache: a compiled step would compile
+        again for each eval batch size); ``sharded`` weights are refused (each process's episodes
+        take their own turns, where every forward of sharded weights is a collective)."""
         if sharded:
             from xtrain.errors import XtrainError
 
@@ -233,7 +233,8 @@ class GrpoStep:
                 "train without sharding: LoRA's model is whole on each process",
             )
         inner = _unwrapped(model)
-        return Decoder(inner, self.pad_id, eos_ids(self.encoder.tokenizer, inner), settings=self.decode)
+        settings = self.decode if trained else None
+        return Decoder(inner, self.pad_id, eos_ids(self.encoder.tokenizer, inner), settings=settings)
 
     def score_episodes(
         self, each: list[int], done: list[Any], step: int, rows: list[PromptRow] | None = None
@@ -321,8 +322,8 @@ class GrpoStep:
         out = {"reward": rewards.mean(), "reward_std": rewards.std(), "frac_reward_zero_std": zero}
         for r, column in zip(self.rewards, per_fn.T, strict=True):
             given = column[~column.isnan()]
-            out[f"rewards/{r.name}/mean"] = given.mean() if len(given) else torch.tensor(0.0)
-            out[f"rewards/{r.name}/std"] = given.std() if len(given) > 1 else torch.tensor(0.0)
+            out[f"rewards/{r.metric}/mean"] = given.mean() if len(given) else torch.tensor(0.0)
+            out[f"rewards/{r.metric}/std"] = given.std() if len(given) > 1 else torch.tensor(0.0)
         out["completions/mean_length"] = lengths.mean()
         out["completions/max_length"] = lengths.max()
         out["completions/clipped_ratio"] = truncated.mean()
