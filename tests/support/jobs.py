@@ -244,7 +244,8 @@ def adapter_weights(out: Path) -> dict:
 
 
 def assert_same_training(ref: Path, out: Path, exact: bool = False) -> None:
-    """Same loss trajectory, final eval loss and adapter weights (bitwise when ``exact``)."""
+    """Same loss trajectory, final eval loss (GRPO: reward) and adapter weights (bitwise when
+    ``exact``)."""
     import torch
 
     a = json.loads((ref / "train_result.json").read_text())
@@ -256,7 +257,8 @@ def assert_same_training(ref: Path, out: Path, exact: bool = False) -> None:
     else:
         for (_, la), (_, lb) in zip(a["losses"], b["losses"], strict=True):
             assert lb == pytest.approx(la, rel=LOSS_REL)
-        assert b["eval_metrics"]["eval_loss"] == pytest.approx(a["eval_metrics"]["eval_loss"], rel=LOSS_REL)
+        key = "eval_loss" if "eval_loss" in a["eval_metrics"] else "reward"  # GRPO's evaluation has no loss
+        assert b["eval_metrics"][key] == pytest.approx(a["eval_metrics"][key], rel=LOSS_REL)
     wa, wb = adapter_weights(ref), adapter_weights(out)
     assert wa.keys() == wb.keys()
     for k in wa:

@@ -167,8 +167,16 @@ def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]
             f"{loaded.source} is a causal-lm model: it continues text, it reads no images or audio",
             "give it text prompts with --prompt TEXT instead of files",
         )
-    if request.functions:
-        return agent_predict(loaded, request)
+    if request.functions:  # each prompt an episode: the calls run, the answer after them
+        from xtrain.tasks.grpo.episodes import predict_episodes
+
+        if not loaded.parts.get("chat"):
+            raise XtrainError(
+                f"{loaded.source} was not trained on chat conversations: it has no template for tools",
+                "leave out --tools",
+            )
+        texts = [chat_prompt(loaded, p, request.system, request.tools)[0] for p in request.prompts]
+        return predict_episodes(loaded, texts, *chat_render(loaded), request)
     examples = []
     for i, prompt in enumerate(request.prompts):
         text = chat_prompt(loaded, prompt, request.system, request.tools)[0]
@@ -178,52 +186,6 @@ def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]
     for e, o in zip(examples, outputs, strict=True):
         call = {"call": o["call"]} if "call" in o else {}
         rows.append({"input": e.shown["input"], "text": o["output"], **call})
-    return rows
-
-
-AGENT_TURNS, AGENT_CALLS, TOOL_SECONDS = 4, 8, 10.0  # an episode's limits in predict (grpo's defaults)
-
-
-def agent_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    """``--tools`` naming Python functions: each prompt an episode, as GRPO's (``grpo.episodes``):
-    the model's calls run (``grpo.tools``), their results given back in the template's tool turns,
-    until it answers or has taken ``AGENT_TURNS`` turns of up to ``max_new_tokens`` each; the
-    calls with their results, and the final answer."""
-    import random
-
-    from xtrain.data.sampler import mix_seed
-    from xtrain.model.decoding import Decoder, Sampling
-    from xtrain.tasks.grpo import episodes as ep
-    from xtrain.tasks.grpo import tools as tools_
-
-    if not loaded.parts.get("chat"):
-        raise XtrainError(
-            f"{loaded.source} was not trained on chat conversations: it has no template for tools",
-            "leave out --tools",
-        )
-    render, stop = chat_render(loaded)
-    tokenizer, model = loaded.tokenizer, loaded.model
-    eos = [t for t in (stop, tokenizer.eos_token_id) if t is not None]
-    n = request.max_new_tokens
-    limits = ep.Limits(AGENT_TURNS, n, AGENT_TURNS * n * 2, AGENT_CALLS)
-    agent = ep.Agent(
-        tokenizer,
-        ep.ToolTurns(tokenizer, render, eos),
-        tools_.Runner(request.functions, TOOL_SECONDS),
-        limits,
-    )
-    rows = []
-    for i, prompt in enumerate(request.prompts):
-        text = chat_prompt(loaded, prompt, request.system, request.tools)[0]
-        enc = to_model(dict(tokenizer(text, return_tensors="pt", add_special_tokens=False)), model)
-        sampling, seeds = None, None
-        if request.sampling:
-            sampling = Sampling(request.temperature or 1.0, request.top_p or 1.0)
-            base = request.seed if request.seed is not None else random.randrange(2**62)
-            seeds = [mix_seed(base, i)]
-        decoder = Decoder(model, pad_id(tokenizer), eos)
-        e = agent.run(decoder, enc["input_ids"], enc["attention_mask"], 1, sampling, seeds)[0]
-        rows.append({"input": prompt, "text": e.answer, "calls": ep.calls_shown(e)})
     return rows
 
 

@@ -35,8 +35,11 @@ from xtrain.tasks.text import tool_calls
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from xtrain.config.schema import TrainConfig
     from xtrain.data.rows.chat import Render
     from xtrain.model.decoding import Decoder, Sampling
+    from xtrain.tasks.contract import Loaded, PredictRequest
+    from xtrain.tasks.grpo.rows import PromptEncoder
     from xtrain.tasks.grpo.tools import Runner
 
 Message = dict[str, Any]
@@ -200,6 +203,39 @@ class Agent:
         return found.text
 
 
+def agent_of(cfg: TrainConfig, encoder: PromptEncoder, rows: list[Any], eos: list[int]) -> Agent | None:
+    """``grpo.tools``' episodes (None without tools): conversational prompts under a template
+    that renders tools, checked here in one line each."""
+    from xtrain.data import templates
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks.grpo import tools as tools_
+
+    found = tools_.from_config(cfg)
+    if not found:
+        return None
+    g = cfg.grpo
+    if encoder.template is None or not rows[0].conversational:
+        raise XtrainError(
+            "grpo.tools needs conversational prompts under a chat template: the tools and their "
+            "results are turns the template renders",
+            'write the prompts as turns ({"prompt": [{"role": "user", "content": ...}]}) and set '
+            "data.chat_template if the tokenizer has none",
+        )
+    if not templates.renders_tools(encoder.template):
+        raise XtrainError(
+            "grpo.tools: the chat template cannot render tools (no 'tools' in its source)",
+            "set data.chat_template to a tools-aware template: qwen2.5, qwen3, llama3.1, llama3.2, "
+            "mistral, or a file (docs/agents.md)",
+        )
+    render = chat_data.renderer(encoder.tokenizer, encoder.template, cfg.data.chat_template)
+    turns = ToolTurns(encoder.tokenizer, render, eos)
+    turns.ids(
+        [{"role": "tool", "content": "1", "tool_call_id": "call00001", "name": found[0].name}]
+    )  # renders
+    limits = Limits(g.max_turns, g.max_completion_length, g.max_episode_length, g.max_tool_calls)
+    return Agent(encoder.tokenizer, turns, tools_.Runner(found, g.tool_timeout), limits)
+
+
 def left_padded(rows: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device)
@@ -242,3 +278,39 @@ def shown(e: Episode) -> str:
     (``square {"n": 17} -> 289 | 289``)."""
     calls = calls_shown(e)
     return f"{calls} | {e.answer}" if calls else e.answer
+
+
+AGENT_TURNS, AGENT_CALLS, TOOL_SECONDS = 4, 8, 10.0  # an episode's limits in predict (grpo's defaults)
+
+
+def predict_episodes(
+    loaded: Loaded, texts: list[str], render: Render, stop: int | None, request: PredictRequest
+) -> list[dict[str, str]]:
+    """``xtrain predict --tools`` naming functions: each prompt (``texts``, rendered with the
+    tools) an episode as in training: the model's calls run (``request.functions``), their results
+    given back in the template's tool turns, until it answers or has taken ``AGENT_TURNS`` turns
+    of up to ``max_new_tokens`` each; greedy, or sampled from ``--seed`` and the prompt's index.
+    Each row: the prompt, the final answer, the calls with their results."""
+    import random
+
+    from xtrain.model.decoding import Decoder, Sampling
+    from xtrain.tasks.grpo.tools import Runner
+    from xtrain.tasks.predicting import pad_id, to_model
+
+    tokenizer, model = loaded.tokenizer, loaded.model
+    eos = [t for t in (stop, tokenizer.eos_token_id) if t is not None]
+    n = request.max_new_tokens
+    limits = Limits(AGENT_TURNS, n, AGENT_TURNS * n * 2, AGENT_CALLS)
+    agent = Agent(
+        tokenizer, ToolTurns(tokenizer, render, eos), Runner(request.functions or [], TOOL_SECONDS), limits
+    )
+    base = request.seed if request.seed is not None else random.randrange(2**62)
+    rows = []
+    for i, (prompt, text) in enumerate(zip(request.prompts, texts, strict=True)):
+        enc = to_model(dict(tokenizer(text, return_tensors="pt", add_special_tokens=False)), model)
+        sampling = Sampling(request.temperature or 1.0, request.top_p or 1.0) if request.sampling else None
+        seeds = [mix_seed(base, i)] if sampling else None
+        decoder = Decoder(model, pad_id(tokenizer), eos)
+        e = agent.run(decoder, enc["input_ids"], enc["attention_mask"], 1, sampling, seeds)[0]
+        rows.append({"input": prompt, "text": e.answer, "calls": calls_shown(e)})
+    return rows

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.data_check import Sample
     from xtrain.tasks.data_report import DataReport
-    from xtrain.tasks.grpo.episodes import Agent
     from xtrain.tasks.grpo.rows import PromptEncoder
 
 NAME = "grpo"
@@ -53,40 +52,6 @@ def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptEn
     return PromptEncoder(tokenizer, cfg.data.max_length, template, schemas)
 
 
-def agent_of(cfg: TrainConfig, encoder: PromptEncoder, rows: list[Any], eos: list[int]) -> Agent | None:
-    """``grpo.tools``' episodes (None without tools): conversational prompts under a template
-    that renders tools, checked here in one line each."""
-    from xtrain.data import templates
-    from xtrain.data.rows import chat as chat_data
-    from xtrain.tasks.grpo import episodes
-    from xtrain.tasks.grpo import tools as tools_
-
-    found = tools_.from_config(cfg)
-    if not found:
-        return None
-    g = cfg.grpo
-    if encoder.template is None or not rows[0].conversational:
-        raise XtrainError(
-            "grpo.tools needs conversational prompts under a chat template: the tools and their "
-            "results are turns the template renders",
-            'write the prompts as turns ({"prompt": [{"role": "user", "content": ...}]}) and set '
-            "data.chat_template if the tokenizer has none",
-        )
-    if not templates.renders_tools(encoder.template):
-        raise XtrainError(
-            "grpo.tools: the chat template cannot render tools (no 'tools' in its source)",
-            "set data.chat_template to a tools-aware template: qwen2.5, qwen3, llama3.1, llama3.2, "
-            "mistral, or a file (docs/agents.md)",
-        )
-    render = chat_data.renderer(encoder.tokenizer, encoder.template, cfg.data.chat_template)
-    turns = episodes.ToolTurns(encoder.tokenizer, render, eos)
-    turns.ids(
-        [{"role": "tool", "content": "1", "tool_call_id": "call00001", "name": found[0].name}]
-    )  # renders
-    limits = episodes.Limits(g.max_turns, g.max_completion_length, g.max_episode_length, g.max_tool_calls)
-    return episodes.Agent(encoder.tokenizer, turns, tools_.Runner(found, g.tool_timeout), limits)
-
-
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.tasks import data_check
     from xtrain.tasks.common import finish_model, load_seeded, prepare_tokenizer, raw_datasets
@@ -94,6 +59,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     from xtrain.tasks.grpo import rewards as rw
     from xtrain.tasks.grpo import rows as rows_
     from xtrain.tasks.grpo import tools as tools_
+    from xtrain.tasks.grpo.episodes import agent_of
     from xtrain.tasks.grpo.evaluation import GrpoEval
     from xtrain.tasks.grpo.step import GrpoStep, eos_ids
     from xtrain.tasks.preference.reference import no_dropout
@@ -115,7 +81,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         model.config.pad_token_id = tokenizer.pad_token_id
     model = finish_model(model, cfg, TASK)
     no_dropout(model)  # TRL's default: the old policy and the reference are the same function
-    agent = agent_of(cfg, encoder, train_rows, eos_ids(tokenizer, model))
+    agent = agent_of(cfg, encoder, train_rows, eos_ids(tokenizer, model))  # grpo.tools' episodes
     step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed, decoding_of(run), agent)
     pad = step.pad_id
     return Workload(
@@ -168,23 +134,12 @@ def settings_line(cfg: TrainConfig) -> str:
     from xtrain.tasks.grpo.rewards import named_weights
 
     named = ", ".join(f"{n} x{w:g}" for n, w in named_weights(g))
-    episodes = ""
-    if tools_.specs(g.tools):
-        shown = ", ".join(_signature(t.schema) for t in tools_.from_config(cfg))
-        episodes = (
-            f"; episodes of up to {g.max_turns} turns and {g.max_episode_length} tokens, "
-            f"{g.max_tool_calls} tool calls of up to {g.tool_timeout:g} s each; tools: {shown}"
-        )
+    episodes = tools_.settings(cfg)
     return (
         f"generation: {g.num_generations} completions a prompt, up to {g.max_completion_length} tokens, "
         f"temperature {g.temperature:g}, top_p {g.top_p:g}; loss {g.loss}, scale_rewards {g.scale_rewards}, "
         f"beta {g.beta:g}; rewards: {named}{episodes}"
     )
-
-
-def _signature(schema: dict[str, Any]) -> str:
-    f = schema["function"]
-    return f"{f['name']}({', '.join((f.get('parameters') or {}).get('properties') or {})})"
 
 
 def sequence_tokens(cfg: TrainConfig) -> int:

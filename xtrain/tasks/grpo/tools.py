@@ -105,6 +105,23 @@ def from_config(cfg: TrainConfig) -> list[Tool]:
     return resolve(specs(cfg.grpo.tools), cfg.data.tools)
 
 
+def settings(cfg: TrainConfig) -> str:
+    """The dry run's words on the episodes (after the generation settings; "" without tools)."""
+    g = cfg.grpo
+    if not specs(g.tools):
+        return ""
+    shown = ", ".join(_signature(t.schema) for t in from_config(cfg))
+    return (
+        f"; episodes of up to {g.max_turns} turns and {g.max_episode_length} tokens, "
+        f"{g.max_tool_calls} tool calls of up to {g.tool_timeout:g} s each; tools: {shown}"
+    )
+
+
+def _signature(schema: Schema) -> str:
+    f = schema["function"]
+    return f"{f['name']}({', '.join((f.get('parameters') or {}).get('properties') or {})})"
+
+
 # -- running ------------------------------------------------------------------------------------------
 _current = threading.local()  # .tool: the tool a thread runs (its prints are counted, not shown)
 
