@@ -430,24 +430,20 @@ def test_the_gradients_equal_the_episode_loss_by_hand_over_a_plain_peft_model(
     tool really runs): each sequence is the template's own rendering of the conversation so far and
     the last turn; the loss by hand trains the model's turns only (the tool turns and the template's
     text between them masked), with the advantages of rewards recomputed by hand."""
-    from support.gradients import assert_same_gradients, reference_model, xtrain_gradients
+    from support.gradients import (
+        assert_same_gradients,
+        grpo_token_loss,
+        record_forward,
+        reference_model,
+        xtrain_gradients,
+    )
 
     beta, temperature, batches = 0.2, 0.8, []
     cfg = _job(tmp_path, tools_file, f"grpo.beta={beta}", f"grpo.temperature={temperature}")
 
     def record(workload):
-        forward = workload.forward
-        scripted(forward)
-        with torch.no_grad():
-            for name, p in workload.model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
-
-        def recorded(model, batch):
-            batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()})
-            return forward(model, batch)
-
-        workload.forward = recorded
+        scripted(workload.forward)
+        record_forward(workload, batches)
 
     capture = xtrain_gradients(cfg, on_workload=record)
     assert len(batches) == 2
@@ -519,20 +515,7 @@ def test_the_gradients_equal_the_episode_loss_by_hand_over_a_plain_peft_model(
         r = torch.tensor(rewards).view(-1, 4)
         adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)).reshape(-1)
         torch.testing.assert_close(batch["advantages"], adv)
-        positions = (batch["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-
-        def logps(model, batch=batch, positions=positions, width=width):
-            logits = model(
-                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=positions
-            ).logits
-            logits = logits[:, -width - 1 : -1] / temperature
-            return logits.log_softmax(-1).gather(-1, batch["input_ids"][:, -width:].unsqueeze(-1)).squeeze(-1)
-
-        policy = logps(ref)
-        with torch.no_grad(), ref.disable_adapter():
-            reference = logps(ref)
-        kl = torch.exp(reference - policy) - (reference - policy) - 1
-        per_token = -torch.exp(policy - policy.detach()) * adv.unsqueeze(1) + beta * kl
+        per_token = grpo_token_loss(ref, batch, adv, temperature, beta)
         sums.append((per_token * mask).sum())
         tokens += float(mask.sum())
     (sum(sums) / tokens).backward()  # dapo: every trained token of the global batch

@@ -8,9 +8,9 @@ the end."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from support.jobs import logged_lines, logged_run
 
 pytestmark = [pytest.mark.usefixtures("private_caches"), pytest.mark.slow]
 
@@ -29,30 +29,14 @@ def logged(prompts, completions, tool_calls, split, **columns):
 """
 
 JOB = """\
-model:
-  name_or_path: {model}
-  task: grpo
-grpo:
-  tools: [xtrain.builtin.agent_grpo:square, xtrain.builtin.agent_grpo:cube]
-  num_generations: 4
-  max_completion_length: 24
-  max_episode_length: 64
-  rewards: [{root}/rewards.py:logged, exact_match]
-  beta: 0.1
-data:
-  train: {root}/train.jsonl
-  eval: {root}/eval.jsonl
-  max_length: 48
-optim:
-  lr: 1.0e-2
-batch:
-  per_device: 8
-  global_batch: 16
-run:
-  max_steps: 3
-  eval_every: 3
-  log_every: 1
-  seed: 7
+model: {{name_or_path: {model}, task: grpo}}
+grpo: {{tools: [xtrain.builtin.agent_grpo:square, xtrain.builtin.agent_grpo:cube], num_generations: 4,
+        max_completion_length: 24, max_episode_length: 64, rewards: [{root}/rewards.py:logged, exact_match],
+        beta: 0.1}}
+data: {{train: {root}/train.jsonl, eval: {root}/eval.jsonl, max_length: 48}}
+optim: {{lr: 1.0e-2}}
+batch: {{per_device: 8, global_batch: 16}}
+run: {{max_steps: 3, eval_every: 3, log_every: 1, seed: 7}}
 """
 
 
@@ -71,31 +55,18 @@ def tools_job(tmp_path_factory):
     return task_job(root, JOB, model, rows, n_train=24)  # 24 prompts, 4 eval
 
 
-def _run(job, name: str, *extra: str) -> tuple[Path, Path]:
-    from support.jobs import train_once
-
-    log = job.root / f"{name}-episodes"
-    log.mkdir()
-    job.env["GRPO_TEST_LOG"] = str(log)
-    return train_once(job, name, *extra)[0], log
-
-
-def _episodes(log: Path) -> list[str]:
-    return sorted(line for f in log.glob("rank*.txt") for line in f.read_text().splitlines())
-
-
 def test_one_and_two_processes_run_the_same_episodes_and_train_the_same(tools_job, capsys):
     from support.jobs import assert_same_training
 
     from xtrain.cli import main
 
-    one, one_log = _run(tools_job, "one")
-    two, two_log = _run(tools_job, "two", "--processes", "2")
+    one, one_log = logged_run(tools_job, "one")
+    two, two_log = logged_run(tools_job, "two", "--processes", "2")
     a, b = (json.loads((o / "train_result.json").read_text()) for o in (one, two))
     assert (a["accumulation"], b["world_size"], b["accumulation"]) == (2, 2, 1)
     assert len(list(two_log.glob("rank*.txt"))) == 2  # each process ran its share
-    episodes = _episodes(one_log)
-    assert episodes == _episodes(two_log)
+    episodes = logged_lines(one_log)
+    assert episodes == logged_lines(two_log)
     assert len(episodes) == 3 * 16  # 3 steps of 16 episodes
     called = [json.loads(e) for e in episodes if json.loads(e)[1]]
     assert any(
