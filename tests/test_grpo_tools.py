@@ -527,7 +527,9 @@ def test_a_hanging_tool_stops_the_run_in_one_line_and_the_run_resumes(tmp_path, 
     """A tool that stops returning at its 33rd call (the third step: 16 episodes a step, one call
     each): its calls time out (their results errors) until ``HUNG_LIMIT`` of them still run, then
     one line names it; the step-2 checkpoint is whole, and the same command resumes from it once
-    the tool returns again."""
+    the tool returns again: the same adapter, to the bit, as a run whose tool never hung."""
+    from support.jobs import adapter_weights
+
     from xtrain.machine.facts import Facts
     from xtrain.planning.rules import make_plan
     from xtrain.tasks import build_workload
@@ -569,3 +571,8 @@ def test_a_hanging_tool_stops_the_run_in_one_line_and_the_run_resumes(tmp_path, 
     train(cfg, plan, build=build)
     result = json.loads((tmp_path / "out" / "train_result.json").read_text())
     assert result["final_step"] == 4 and result["resumed_from"].endswith("step-2")
+    straight = tmp_path / "straight"
+    cfg = _job(tmp_path, sometimes, "run.max_steps=4", "run.save_every=2", f"run.output_dir={straight}")
+    train(cfg, plan, build=build)
+    resumed, whole = adapter_weights(tmp_path / "out"), adapter_weights(straight)
+    assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
