@@ -68,6 +68,15 @@ def floods(n: int) -> str:
     return "x" * 1_000_000
 
 
+async def later(n: int) -> int:
+    """A square, awaited.
+
+    Args:
+        n: a number
+    """
+    return n * n
+
+
 def prints(n: int) -> str:
     """Talks on stdout.
 
@@ -142,7 +151,7 @@ def test_tool_files_are_found_next_to_the_config(tools_file, tmp_path, monkeypat
 
 # -- run -----------------------------------------------------------------------------------------
 def test_a_raising_hanging_flooding_or_printing_tool_is_a_result_and_one_line(tools_file, capsys):
-    names = ("square", "raises", "hangs", "floods", "prints")
+    names = ("square", "raises", "hangs", "floods", "prints", "later")
     runner = tl.Runner(tl.resolve([f"{tools_file}:{n}" for n in names], None), timeout=0.05)
     runner.where = " (step 3)"
     with runner.session():
@@ -158,6 +167,7 @@ def test_a_raising_hanging_flooding_or_printing_tool_is_a_result_and_one_line(to
         assert flood.text.endswith(f"[cut: {1_000_000 - tl.RESULT_CHARS} more characters]")
         assert len(flood.text) < tl.RESULT_CHARS + 50
         assert runner.call("prints", {"n": 1}) == tl.Result("ok", True)
+        assert runner.call("later", {"n": 3}) == tl.Result("9", True)  # an async tool, awaited
     assert capsys.readouterr().out == ""  # what a tool prints is kept out of the console
     notes = runner.notes()
     assert notes == [
@@ -576,3 +586,28 @@ def test_a_hanging_tool_stops_the_run_in_one_line_and_the_run_resumes(tmp_path, 
     train(cfg, plan, build=build)
     resumed, whole = adapter_weights(tmp_path / "out"), adapter_weights(straight)
     assert resumed.keys() == whole.keys() and all(torch.equal(resumed[k], whole[k]) for k in whole)
+
+
+def test_the_dry_run_shows_the_tools_and_refuses_a_template_without_them(tmp_path, tools_file, capsys):
+    from support.gradients import jsonl
+
+    from xtrain.cli import main
+
+    rows = [{"prompt": [{"role": "user", "content": "what is 7 squared?"}], "answer": "49"}] * 4
+    train = jsonl(tmp_path / "train.jsonl", rows)
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "model: {name_or_path: builtin:tiny-agent, task: grpo}\n"
+        f"grpo: {{tools: [{tools_file}:square], num_generations: 4, rewards: [exact_match, tool_call]}}\n"
+        f"data: {{train: {train}, max_length: 64}}\nbatch: {{per_device: 8, global_batch: 8}}\n"
+    )
+    assert main(["train", str(job), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "episodes of up to 4 turns and 512 tokens, 8 tool calls of up to 10 s each; tools: square(n)" in out
+    )
+    assert "tools: square(n)<|im_end|>" in out  # the prompt rendered with its tools
+    assert main(["train", str(job), "--dry-run", "data.chat_template=chatml"]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.tools: the chat template cannot render tools (no 'tools' in its source)" in err
+    assert "Traceback" not in err

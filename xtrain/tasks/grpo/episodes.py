@@ -203,17 +203,11 @@ class Agent:
         return found.text
 
 
-def agent_of(cfg: TrainConfig, encoder: PromptEncoder, rows: list[Any], eos: list[int]) -> Agent | None:
-    """``grpo.tools``' episodes (None without tools): conversational prompts under a template
-    that renders tools, checked here in one line each."""
+def check_prompts(encoder: PromptEncoder, rows: list[Any]) -> None:
+    """Episodes' prompts: conversational rows under a template that renders tools (one line each
+    when not; the dry run and the build)."""
     from xtrain.data import templates
-    from xtrain.data.rows import chat as chat_data
-    from xtrain.tasks.grpo import tools as tools_
 
-    found = tools_.from_config(cfg)
-    if not found:
-        return None
-    g = cfg.grpo
     if encoder.template is None or not rows[0].conversational:
         raise XtrainError(
             "grpo.tools needs conversational prompts under a chat template: the tools and their "
@@ -227,13 +221,40 @@ def agent_of(cfg: TrainConfig, encoder: PromptEncoder, rows: list[Any], eos: lis
             "set data.chat_template to a tools-aware template: qwen2.5, qwen3, llama3.1, llama3.2, "
             "mistral, or a file (docs/agents.md)",
         )
+
+
+def agent_of(cfg: TrainConfig, encoder: PromptEncoder, rows: list[Any], eos: list[int]) -> Agent | None:
+    """``grpo.tools``' episodes (None without tools): conversational prompts under a template
+    that renders tools, checked here in one line each."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks.grpo import tools as tools_
+
+    found = tools_.from_config(cfg)
+    if not found:
+        return None
+    g = cfg.grpo
+    check_prompts(encoder, rows)
     render = chat_data.renderer(encoder.tokenizer, encoder.template, cfg.data.chat_template)
     turns = ToolTurns(encoder.tokenizer, render, eos)
-    turns.ids(
-        [{"role": "tool", "content": "1", "tool_call_id": "call00001", "name": found[0].name}]
-    )  # renders
+    probe = {"role": "tool", "content": "1", "tool_call_id": "call00001", "name": found[0].name}
+    turns.ids([probe])  # the template closes a calling turn: one line here when it does not
     limits = Limits(g.max_turns, g.max_completion_length, g.max_episode_length, g.max_tool_calls)
     return Agent(encoder.tokenizer, turns, tools_.Runner(found, g.tool_timeout), limits)
+
+
+def episode_stats(
+    turns: torch.Tensor, calls: torch.Tensor, failed: torch.Tensor, m: int
+) -> dict[str, torch.Tensor]:
+    """The step's episodes (``turns``, ``calls``, ``failed``: sums over the ``m`` micro-batches of
+    each completion slot): turns and calls an episode, the share of calls that failed (TRL's
+    ``tools/call_frequency``, ``tools/failure_frequency``)."""
+    episodes = float(turns.numel() * m)
+    made = float(calls.sum())
+    return {
+        "episodes/turns": turns.sum() / episodes,
+        "tools/call_frequency": calls.sum() / episodes,
+        "tools/failure_frequency": failed.sum() / made if made else torch.tensor(0.0),
+    }
 
 
 def left_padded(rows: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

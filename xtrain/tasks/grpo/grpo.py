@@ -186,6 +186,7 @@ def inspect(
     from xtrain.tasks import data_check
     from xtrain.tasks.data_report import DataReport
     from xtrain.tasks.grpo import rows as rows_
+    from xtrain.tasks.grpo.episodes import check_prompts
 
     report = DataReport(NAME, cfg.data.max_length, notes=[*notes, settings_line(cfg)])
     for s in samples:
@@ -198,6 +199,8 @@ def inspect(
         if report.example is None and s.role == "train":
             report.notes.append(kv_cache_line(cfg, found[0]))
         encoder = encoder_of(cfg, found[1])
+        if encoder.tools:  # episodes: prompts a template renders with the tools
+            check_prompts(encoder, rows)
         ids = rows_.encoded(rows, encoder, s.name)
         check.lengths.extend(len(x["input_ids"]) for x in ids)
         if report.example is None and s.role == "train":

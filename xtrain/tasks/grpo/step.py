@@ -28,6 +28,7 @@ from xtrain.data.sampler import mix_seed
 from xtrain.model.decoding import Decoder, DecodeSettings, Sampling, generate
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
+from xtrain.tasks.grpo.episodes import episode_stats
 from xtrain.tasks.grpo.rollout import token_logps
 
 if TYPE_CHECKING:
@@ -202,10 +203,9 @@ class GrpoStep:
         prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
         each = [r for r in rows for _ in range(G)]
         values = self.score_episodes(each, done, step)
-        self.completions = [
-            (each[i], self._prompt_text(each[i]), ep.shown(e), float(values[i].nansum()))
-            for i, e in enumerate(done)
-        ]
+        prompts = {r: self._prompt_text(r) for r in rows}  # rendered once a prompt
+        totals = values.nansum(1).tolist()
+        self.completions = [(each[i], prompts[each[i]], ep.shown(e), totals[i]) for i, e in enumerate(done)]
         t = ep.as_batch(done, self.pad_id, prompt_ids.device)
         keep = (~t["truncated"]).long().unsqueeze(1) if self.g.mask_truncated_completions else 1
         stats = [[e.turns, len(e.calls), e.failures] for e in done]
@@ -305,7 +305,7 @@ class GrpoStep:
         stats = self._stats(per_fn, rewards, lengths, truncated)
         if "episode_stats" in batches[0]:  # [turns, calls, failures] x n per micro-batch
             turns, calls, failed = everything[:, 2 + n * F + 2 * n : -1].reshape(-1, 3, n).sum(0)
-            stats.update(_episode_stats(turns, calls, failed, everything.size(0)))
+            stats.update(episode_stats(turns, calls, failed, everything.size(0)))
         stats.update(
             total_tokens=torch.tensor(total_tokens), micro_batches=torch.tensor(float(everything.size(0)))
         )
@@ -360,29 +360,17 @@ class GrpoStep:
                 "docs/grpo.md#a-broken-run)"
             )
         if seen and cut / seen > 0.5:
+            limit = f"grpo.max_completion_length={self.g.max_completion_length}"
+            if self.agent is not None:
+                limit = f"a turn's {limit} or grpo.max_episode_length={self.g.max_episode_length}"
             out.append(
-                f"grpo: {cut / seen:.0%} of completions ran to grpo.max_completion_length="
-                f"{self.g.max_completion_length} without ending (raise it, or reward shorter answers)"
+                f"grpo: {cut / seen:.0%} of completions ran to {limit} without ending (raise it, or "
+                "reward shorter answers)"
             )
         return out
 
 
 _NOT_SHOWN = ("stat/total_tokens", "stat/micro_batches")
-
-
-def _episode_stats(
-    turns: torch.Tensor, calls: torch.Tensor, failed: torch.Tensor, m: int
-) -> dict[str, torch.Tensor]:
-    """The step's episodes (``turns``, ``calls``, ``failed``: sums over the ``m`` micro-batches of
-    each completion slot): turns and calls an episode, the share of calls that failed (TRL's
-    ``tools/call_frequency``, ``tools/failure_frequency``)."""
-    episodes = float(turns.numel() * m)
-    made = float(calls.sum())
-    return {
-        "episodes/turns": turns.sum() / episodes,
-        "tools/call_frequency": calls.sum() / episodes,
-        "tools/failure_frequency": failed.sum() / made if made else torch.tensor(0.0),
-    }
 
 
 def synced(model: torch.nn.Module) -> bool:

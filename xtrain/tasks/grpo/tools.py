@@ -8,7 +8,8 @@ functions, found, described and run.
   ``get_json_schema``: type hints and an ``Args:`` line per argument), or the ``data.tools`` file's
   schema of that name, which wins; the schemas go to the chat template as ``tools=``.
 - run (``Runner.call``): in a thread of the training process (no sandbox: they are the user's own
-  functions), with a time limit per call. What the model reads back is text: a string returned as
+  functions; an ``async def`` tool runs in that thread's own event loop), with a time limit per
+  call. What the model reads back is text: a string returned as
   it is, anything else as JSON; an exception, an unknown function, arguments that do not fit, or a
   call past its time limit become an ``error: ...`` result, as a real agent would see them. A
   result longer than ``RESULT_CHARS`` is cut (a tool that floods), what a tool prints is kept out
@@ -19,7 +20,9 @@ functions, found, described and run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 import sys
 import threading
@@ -198,7 +201,8 @@ class Runner:
         def run() -> None:
             _current.tool = name
             try:
-                box["value"] = tool.fn(**arguments)
+                value = tool.fn(**arguments)
+                box["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value  # an async tool
             except BaseException as e:  # noqa: BLE001 - the model reads it (SystemExit too)
                 box["error"] = e
 
