@@ -140,6 +140,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         "tests/test_ollama_tools.py::test_an_agent_run_exports_a_modelfile_with_tools_and_a_gguf_with_its_template",
     ),
     (
+        "docs/grpo.md",
+        r"^xtrain predict xtrain-output/grpo-tools\b",  # needs a trained run: the test trains one
+        "tests/test_grpo_tools_processes.py::test_one_and_two_processes_run_the_same_episodes_and_train_the_same",
+    ),
+    (
         "docs/training.md",
         r"^xtrain predict xtrain-output/chat-sft\b",  # needs a trained chat run: the test trains one
         "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",

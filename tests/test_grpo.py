@@ -258,7 +258,13 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
     gradients against the loss written out over a plain peft model's logits of the run's
     completions, the rewards and advantages recomputed from the completions' text; 4-bit QLoRA
     against the plain model with the weights bitsandbytes dequantizes."""
-    from support.gradients import assert_same_gradients, reference_model, xtrain_gradients
+    from support.gradients import (
+        assert_same_gradients,
+        grpo_token_loss,
+        record_forward,
+        reference_model,
+        xtrain_gradients,
+    )
 
     beta, temperature, batches, seen = 0.3, 0.9, [], {}
     more = [f"model.quantization={quantization}"] if quantization else []
@@ -266,18 +272,8 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
     cfg = _cfg(tmp_path, reward_file, *options)
 
     def record(workload):
-        forward = workload.forward
-        seen["tokenizer"], seen["step"] = workload.tokenizer, forward
-        with torch.no_grad():
-            for name, p in workload.model.named_parameters():
-                if "lora_B" in name:
-                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
-
-        def recorded(model, batch):
-            batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()})
-            return forward(model, batch)
-
-        workload.forward = recorded
+        seen["tokenizer"], seen["step"] = workload.tokenizer, workload.forward
+        record_forward(workload, batches)
 
     capture = xtrain_gradients(cfg, on_workload=record)
     assert len(batches) == 2 and seen["step"].chunks is not None  # the log-probs ran chunked
@@ -291,20 +287,7 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
         rewards = torch.tensor([t.count("e") / max(len(t), 1) + len(t) / 100 for t in texts]).view(-1, 4)
         adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).reshape(-1)
         torch.testing.assert_close(batch["advantages"], adv)
-        mask = batch["attention_mask"]
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-
-        def logps(model, batch=batch, mask=mask, positions=positions, width=width):
-            logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions).logits
-            logits = logits[:, -width - 1 : -1] / temperature
-            return logits.log_softmax(-1).gather(-1, batch["input_ids"][:, -width:].unsqueeze(-1)).squeeze(-1)
-
-        policy = logps(ref)
-        with torch.no_grad(), ref.disable_adapter():
-            reference = logps(ref)
-        kl = torch.exp(reference - policy) - (reference - policy) - 1
-        assert float(kl.detach().abs().max()) > 1e-4, "the policy differs from its reference"
-        per_token = -torch.exp(policy - policy.detach()) * adv.unsqueeze(1) + beta * kl
+        per_token = grpo_token_loss(ref, batch, adv, temperature, beta)
         m = batch["completion_mask"].float()
         sums.append((per_token * m).sum())
         tokens += float(m.sum())

@@ -7,9 +7,9 @@ reward file that also logs every completion it scores."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from support.jobs import logged_lines, logged_run
 
 pytestmark = [pytest.mark.usefixtures("private_caches"), pytest.mark.slow]
 
@@ -66,29 +66,16 @@ def grpo_job(tmp_path_factory):
     return task_job(root, JOB, model, rows, n_train=24)  # 24 prompts, 4 eval prompts
 
 
-def _run(job, name: str, *extra: str) -> tuple[Path, Path]:
-    from support.jobs import train_once
-
-    log = job.root / f"{name}-completions"
-    log.mkdir()
-    job.env["GRPO_TEST_LOG"] = str(log)
-    return train_once(job, name, *extra)[0], log
-
-
-def _completions(log: Path) -> list[str]:
-    return sorted(line for f in log.glob("rank*.txt") for line in f.read_text().splitlines())
-
-
 def test_one_and_two_processes_sample_and_train_the_same(grpo_job):
     from support.jobs import assert_same_training
 
-    one, one_log = _run(grpo_job, "one")
-    two, two_log = _run(grpo_job, "two", "--processes", "2")
+    one, one_log = logged_run(grpo_job, "one")
+    two, two_log = logged_run(grpo_job, "two", "--processes", "2")
     a, b = (json.loads((o / "train_result.json").read_text()) for o in (one, two))
     assert (a["accumulation"], b["world_size"], b["accumulation"]) == (2, 2, 1)
     assert len(list(two_log.glob("rank*.txt"))) == 2  # each process generated its share
-    assert _completions(one_log) == _completions(two_log)
-    assert len(_completions(one_log)) == 4 * 16  # 4 steps of 16 completions
+    assert logged_lines(one_log) == logged_lines(two_log)
+    assert len(logged_lines(one_log)) == 4 * 16  # 4 steps of 16 completions
     for x, y in zip(a["eval_history"], b["eval_history"], strict=True):
         assert y["reward"] == pytest.approx(x["reward"], rel=1e-5)
     assert_same_training(one, two)
@@ -99,7 +86,7 @@ def test_kill_and_resume_mid_epoch_is_exact(grpo_job):
 
     straight = grpo_job.root / "one"
     if not straight.exists():
-        straight, _ = _run(grpo_job, "one")
+        straight, _ = logged_run(grpo_job, "one")
     out = grpo_job.root / "killed"
     (grpo_job.root / "killed-completions").mkdir()
     grpo_job.env["GRPO_TEST_LOG"] = str(grpo_job.root / "killed-completions")
@@ -117,7 +104,7 @@ def test_predict_continues_a_prompt_with_the_trained_run(grpo_job, capsys):
 
     straight = grpo_job.root / "one"
     if not straight.exists():
-        straight, _ = _run(grpo_job, "one")
+        straight, _ = logged_run(grpo_job, "one")
     code = main(["predict", str(straight), "--prompt", "question: where did tom play? answer: ",
                  "--max-new-tokens", "5"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
@@ -132,12 +119,12 @@ def test_lora_grpo_under_fsdp2_samples_and_trains_like_one_process(grpo_job):
 
     straight = grpo_job.root / "one"
     if not straight.exists():
-        straight, _ = _run(grpo_job, "one")
+        straight, _ = logged_run(grpo_job, "one")
     out, log = grpo_job.root / "fsdp", grpo_job.root / "fsdp-completions"
     log.mkdir()
     grpo_job.env["GRPO_TEST_LOG"] = str(log)
     fsdp_run(grpo_job, out)
     two = json.loads((out / "train_result.json").read_text())
     assert two["run_info"]["distributed_type"] == "DistributedType.FSDP"
-    assert _completions(log) == _completions(grpo_job.root / "one-completions")
+    assert logged_lines(log) == logged_lines(grpo_job.root / "one-log")
     assert_same_training(straight, out)

@@ -83,6 +83,7 @@ def test_the_default_job_is_chat_and_every_task_job_is_named(capsys, monkeypatch
     assert main(["quickstart", "--task", "list"]) == 0
     listed = capsys.readouterr().out
     assert "--task causal-lm" in listed and "--task seq-cls" in listed
+    assert "--task grpo-tools (GRPO agents" in listed  # a task's other job, under its own name
     # `python -m xtrain.run` without --config trains the same job (it once trained the BERT one)
     loaded = []
 

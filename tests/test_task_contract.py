@@ -51,12 +51,13 @@ def test_every_task_has_every_part_of_the_contract(task: Task):
         reads = task.predicts.file  # predict --data: its rows, one batch's answers, their metric
         assert reads is None or (reads.rows and all(map(callable, (reads.read, reads.answer, reads.score))))
         assert task.recognizes is not None, "a result saved without a record must still find its task"
-    if task.quickstart is not None:
-        assert (XTRAIN / "builtin" / "jobs" / task.quickstart.job).is_file()
-        cfg = load_config(XTRAIN / "builtin" / "jobs" / task.quickstart.job, [])
+    jobs = [task.quickstart] if task.quickstart is not None else []
+    for quickstart in [*jobs, *(job for _, job in task.more_quickstarts)]:
+        assert (XTRAIN / "builtin" / "jobs" / quickstart.job).is_file()
+        cfg = load_config(XTRAIN / "builtin" / "jobs" / quickstart.job, [])
         assert cfg.model.task == task.name, "a task's quickstart job trains that task"
-        assert task.quickstart.next_command.startswith("xtrain train examples/")
-        assert (REPO / task.quickstart.next_command.split()[-1]).is_file()
+        assert quickstart.next_command.startswith("xtrain train examples/")
+        assert (REPO / quickstart.next_command.split()[-1]).is_file()
     assert (REPO / "docs" / "architecture.md").read_text(encoding="utf-8").count("## Add a task") == 1
 
 

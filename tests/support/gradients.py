@@ -326,3 +326,44 @@ def jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def record_forward(workload: Any, batches: list[dict[str, Any]]) -> None:
+    """A task's ``Workload.forward`` (GRPO's: its micro-batches built in ``step_start``) that keeps
+    a copy of each micro-batch it runs in ``batches``, with every LoRA B matrix set to seeded
+    random values first (B starts at 0: then every adapter weight has a gradient)."""
+    forward = workload.forward
+    with torch.no_grad():
+        for name, p in workload.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+
+    def recorded(model: Any, batch: dict[str, Any]) -> Any:
+        batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in batch.items()})
+        return forward(model, batch)
+
+    workload.forward = recorded
+
+
+def grpo_token_loss(
+    ref: Any, batch: dict[str, Any], advantages: torch.Tensor, temperature: float, beta: float
+) -> torch.Tensor:
+    """GRPO's loss per completion token by hand over the plain ``ref`` model (one update per
+    generation: the ratio is 1, its gradient the log-prob's), the KL to ``ref`` with its adapters
+    off (k3) weighted by ``beta``: [N, width] over the batch's last ``completion_mask`` columns,
+    each row's positions counted from its first token."""
+    width = batch["completion_mask"].size(1)
+    mask = batch["attention_mask"]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def logps() -> torch.Tensor:
+        logits = ref(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions).logits
+        logits = logits[:, -width - 1 : -1] / temperature
+        return logits.log_softmax(-1).gather(-1, batch["input_ids"][:, -width:].unsqueeze(-1)).squeeze(-1)
+
+    policy = logps()
+    with torch.no_grad(), ref.disable_adapter():
+        reference = logps()
+    kl = torch.exp(reference - policy) - (reference - policy) - 1
+    assert float(kl.detach().abs().max()) > 1e-4 or beta == 0, "the policy differs from its reference"
+    return -torch.exp(policy - policy.detach()) * advantages.unsqueeze(1) + beta * kl

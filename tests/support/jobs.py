@@ -142,6 +142,20 @@ def train_once(job: Job, name: str = "straight", *extra: str) -> tuple[Path, sub
     return out, proc
 
 
+def logged_run(job: Job, name: str, *extra: str) -> tuple[Path, Path]:
+    """``train_once`` with a fresh folder ``<name>-log`` in ``GRPO_TEST_LOG``, where the job's
+    reward function writes what it scores (one file a rank): (the run's folder, the log's)."""
+    log = job.root / f"{name}-log"
+    log.mkdir()
+    job.env["GRPO_TEST_LOG"] = str(log)
+    return train_once(job, name, *extra)[0], log
+
+
+def logged_lines(log: Path) -> list[str]:
+    """Every rank's logged lines, sorted (the same set at any process count)."""
+    return sorted(line for f in log.glob("rank*.txt") for line in f.read_text().splitlines())
+
+
 def one_and_two_processes(job: Job, straight: Path) -> tuple[Path, dict, dict]:
     """``job`` again on 2 processes (into ``two``): (its folder, the one-process run's result, the
     two-process run's), both runs' global batch checked to be the same (2 x 1 against 1 x 2)."""

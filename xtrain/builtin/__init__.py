@@ -31,6 +31,9 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:tiny-agent`` / ``builtin:tool-calls``: a tiny llama whose tokenizer carries Qwen2.5's
   tools-aware chat template, and conversations that call one of three tools and answer from the
   result, for agent training under causal-lm (``xtrain.builtin.agents``, docs/agents.md).
+- ``builtin:tiny-agent-grpo`` / ``builtin:arithmetic``: the tiny agent after a short SFT that calls
+  a calculator tool now and then and otherwise guesses, and questions whose exact answer needs the
+  tool, for agents trained by reward (``xtrain.builtin.agent_grpo``, docs/grpo.md).
 - ``builtin:tiny-vit`` / ``builtin:color-shapes``: a tiny ViT image classifier with its image
   processor and images of coloured shapes labelled by shape, for image classification
   (``xtrain.builtin.image_classes``).
@@ -52,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import atomic
+from xtrain.builtin.agent_grpo import arithmetic_examples
 from xtrain.builtin.chat import chat_examples
 from xtrain.builtin.preference import preference_examples
 from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples, tiny_llama_config
@@ -76,6 +80,7 @@ MODELS = (
     "tiny-qwen2-vl",
     "tiny-vit",
     "tiny-agent",
+    "tiny-agent-grpo",
 )
 DATASETS = (
     "sentiment",
@@ -88,6 +93,7 @@ DATASETS = (
     "shapes-preference",
     "color-shapes",
     "tool-calls",
+    "arithmetic",
 )
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
@@ -182,6 +188,7 @@ _DATA_SPECS: dict[str, tuple[Callable[[int, int], list[dict[str, Any]]], int, in
     "tiny-stories": (story_examples, 2000, 200),
     "preference-pairs": (preference_examples, 400, 100),
     "chat": (chat_examples, 1000, 40),
+    "arithmetic": (arithmetic_examples, 400, 100),
 }
 
 
@@ -306,6 +313,11 @@ def _model_builder(short: str, cache_dir: str | os.PathLike | None) -> Callable[
         from xtrain.builtin import agents as builtin_agents
 
         return builtin_agents.build_tiny_agent
+    if short == "tiny-agent-grpo":  # the tiny agent after a short SFT (xtrain.builtin.agent_grpo)
+        from xtrain.builtin.agent_grpo import build_tiny_agent_grpo
+
+        agent = ensure_builtin_model(PREFIX + "tiny-agent", cache_dir)
+        return lambda tmp: build_tiny_agent_grpo(agent, tmp)
     if short in ("tiny-llama-sft", "tiny-llama-grpo", "tiny-llama-chat"):
         # the tiny llama after a short SFT (xtrain.builtin.preference, .grpo), or with a chat
         # template (xtrain.builtin.chat)

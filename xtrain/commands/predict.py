@@ -133,11 +133,13 @@ def predict(
         "--system",
         help="A system turn before the question (vision-language, or a causal-lm chat run; as in training).",
     ),
-    tools: Path = typer.Option(
+    tools: str = typer.Option(
         None,
         "--tools",
         help="A JSON file of tool schemas the prompt may call (a causal-lm chat run; docs/agents.md): "
-        "a call the model makes is shown parsed.",
+        "a call the model makes is shown parsed. Or Python functions (tools.py:f,g or "
+        "package.module:f): the calls run, their results go back to the model, and its calls and "
+        "final answer are shown (docs/grpo.md).",
     ),
     data: Path = typer.Option(
         None,
@@ -176,9 +178,7 @@ def predict(
     }  # fmt: skip
     request = _request(inputs, prompt, system, options)
     if tools is not None:
-        from xtrain.data.rows import tools as agent_rows
-
-        request.tools = agent_rows.read_tools_file(str(tools), "--tools")
+        _read_tools(request, tools)
     if fmt not in FORMATS:
         raise XtrainError(f"--format {fmt} is not known", f"use one of: {', '.join(FORMATS)}")
     if data is not None:
@@ -205,6 +205,26 @@ def predict(
         typer.echo(results_line(row, fmt))
     if output is not None:
         write_results(output, rows)
+
+
+def _read_tools(request: PredictRequest, given: str) -> None:
+    """``--tools``: a JSON file of schemas, or functions (``file.py:f,g``, ``module:f``; the part
+    before the colon carries over to the names after a comma), found and described as
+    ``grpo.tools`` finds them."""
+    from xtrain.data.rows import tools as agent_rows
+
+    if not (":" in given and not given.lower().endswith(".json")):
+        request.tools = agent_rows.read_tools_file(given, "--tools")
+        return
+    from xtrain.tasks.grpo import tools as tools_
+
+    specs, where = [], ""
+    for part in (p.strip() for p in given.split(",") if p.strip()):
+        if ":" in part:
+            where = part.rpartition(":")[0]
+        specs.append(part if ":" in part else f"{where}:{part}")
+    request.functions = tools_.resolve(specs, None, "--tools")
+    request.tools = [t.schema for t in request.functions]
 
 
 def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path | None, force: bool) -> None:

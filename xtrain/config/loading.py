@@ -35,8 +35,9 @@ _INPUT_PATHS = (
     "data.chat_template",
     "data.image_root",
     "data.audio_root",
-    "grpo.rewards",  # the file of a path/to/file.py:function
 )
+# Function specs (``path/to/file.py:function``) whose file is looked up the same way.
+_FUNCTION_SPECS = ("grpo.rewards", "grpo.tools")
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -138,15 +139,29 @@ def _no_section(name: str, raw: str, text: str) -> None:
 def _resolve_inputs(cfg: TrainConfig, base: Path, keys: Iterable[str]) -> None:
     """Relative input paths in a config file: next to the file when they exist there."""
     for key in keys:
+        if key in _FUNCTION_SPECS:
+            _resolve_specs(cfg, base, key)
         if key not in _INPUT_PATHS:
             continue
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
-        resolve = _reward_next_to if key == "grpo.rewards" else _next_to
-        if isinstance(value, list):  # data.train: several files; grpo.rewards: several functions
-            setattr(getattr(cfg, section), name, [resolve(base, v) for v in value])
+        if isinstance(value, list):  # data.train: several files
+            setattr(getattr(cfg, section), name, [_next_to(base, v) for v in value])
         elif value:
-            setattr(getattr(cfg, section), name, resolve(base, value))
+            setattr(getattr(cfg, section), name, _next_to(base, value))
+
+
+def _resolve_specs(cfg: TrainConfig, base: Path, key: str) -> None:
+    """``file.py:function`` specs (one or a list: reward functions, tools): the file next to the
+    config file when it is there; ``package.module:function`` and built-in names unchanged."""
+    section, name = key.split(".")
+    value = getattr(getattr(cfg, section), name)
+
+    def spec(text: str) -> str:
+        where, colon, function = text.rpartition(":")
+        return f"{_next_to(base, where)}:{function}" if colon and where.endswith(".py") else text
+
+    setattr(getattr(cfg, section), name, [spec(v) for v in value] if isinstance(value, list) else spec(value))
 
 
 def _next_to(base: Path, value: str) -> str:
@@ -157,13 +172,6 @@ def _next_to(base: Path, value: str) -> str:
         return value
     candidate = base / value
     return str(candidate.resolve()) if candidate.exists() else value
-
-
-def _reward_next_to(base: Path, value: str) -> str:
-    """A reward function ``path/to/file.py:function`` with its file next to the config file when
-    it is there (a built-in or ``package.module:function`` as it is)."""
-    where, colon, name = value.rpartition(":")
-    return f"{_next_to(base, where)}:{name}" if colon and where.endswith(".py") else value
 
 
 def read_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:

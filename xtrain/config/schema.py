@@ -245,6 +245,14 @@ class GrpoConfig:
     beta: float = 0.0  # the KL penalty to the reference (the model with its adapters off)
     num_iterations: int = 1  # optimizer steps on one generation (old log-probs for the ratio)
     mask_truncated_completions: bool = False  # completions cut at the limit add no loss
+    # agents (docs/grpo.md#agents-episodes-that-call-your-tools): each completion is an episode that
+    # may call these functions (path/to/tools.py:function, from the config's folder, or
+    # package.module:function; schemas from signatures and docstrings, or the data.tools file)
+    tools: str | list[str] = field(default_factory=list)
+    max_turns: int = 4  # the model's turns an episode may take (each up to max_completion_length)
+    max_episode_length: int = 512  # tokens after the prompt: the model's turns, tool results, template text
+    max_tool_calls: int = 8  # tool calls an episode may make; a later one gets an error as its result
+    tool_timeout: float = 10.0  # seconds a call may take; then an error is its result
 
 
 @dataclass

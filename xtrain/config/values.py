@@ -145,6 +145,10 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.epsilon_high": _POS_NUM,
     "grpo.beta": _NONNEG,
     "grpo.num_iterations": _between(1, 1024),
+    "grpo.max_turns": _between(1, 1024),
+    "grpo.max_episode_length": _between(1, 1 << 22),
+    "grpo.max_tool_calls": _between(0, 1 << 20),
+    "grpo.tool_timeout": _POS_NUM,
     "generation.sample_predictions": _between(0, 10_000),
 }
 

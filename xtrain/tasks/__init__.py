@@ -94,8 +94,24 @@ def get(name: str) -> Task:
 
 
 def quickstarts() -> dict[str, Quickstart]:
-    """``{task name: its Quickstart}`` of the tasks that have a built-in job."""
-    return {name: t.quickstart for name, t in all_tasks().items() if t.quickstart is not None}
+    """``{--task name: its Quickstart}``: each task's built-in job under the task's name, and a
+    task's other jobs under their own names (``Task.more_quickstarts``)."""
+    return {name: job for name, (_, job) in _quickstart_owners().items()}
+
+
+def quickstart_task(name: str) -> Task:
+    """The task whose built-in job ``name`` (a key of ``quickstarts``) is."""
+    return get(_quickstart_owners()[name][0])
+
+
+def _quickstart_owners() -> dict[str, tuple[str, Quickstart]]:
+    """``{--task name: (the task's name, the Quickstart)}``, in the registry's order."""
+    out: dict[str, tuple[str, Quickstart]] = {}
+    for name, t in all_tasks().items():
+        if t.quickstart is not None:
+            out[name] = (name, t.quickstart)
+        out.update((more, (name, job)) for more, job in t.more_quickstarts)
+    return out
 
 
 def default_quickstart() -> str:

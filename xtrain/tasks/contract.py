@@ -75,6 +75,8 @@ class PredictRequest:
     seed: int | None = None  # sampling starts from this seed (reproducible); None: fresh randomness
     batch_size: int = 8  # inputs per ``generate`` / forward call
     tools: list[dict[str, Any]] | None = None  # causal-lm chat: --tools, the schemas a prompt may call
+    # --tools naming Python functions (xtrain.tasks.grpo.tools.Tool): each prompt an episode that runs them
+    functions: list[Any] | None = None
 
     @property
     def sampling(self) -> bool:
@@ -223,6 +225,8 @@ class Task:
     recognizes: Callable[[dict[str, Any]], bool] | None = None
     predicts: Predicts | None = None  # None: ``xtrain predict`` refuses its results
     quickstart: Quickstart | None = None
+    # More built-in jobs of this task, each (its ``xtrain quickstart --task`` name, the job)
+    more_quickstarts: tuple[tuple[str, Quickstart], ...] = ()
     # The data check (``xtrain train --dry-run``): (cfg, rows) -> what the first ``rows`` rows of
     # each data source hold, read by the task's own readers with its tokenizer or processor (never
     # the model weights); a row the run would refuse raises its line. Its ``build`` runs the same

@@ -167,6 +167,16 @@ def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]
             f"{loaded.source} is a causal-lm model: it continues text, it reads no images or audio",
             "give it text prompts with --prompt TEXT instead of files",
         )
+    if request.functions:  # each prompt an episode: the calls run, the answer after them
+        from xtrain.tasks.grpo.episodes import predict_episodes
+
+        if not loaded.parts.get("chat"):
+            raise XtrainError(
+                f"{loaded.source} was not trained on chat conversations: it has no template for tools",
+                "leave out --tools",
+            )
+        texts = [chat_prompt(loaded, p, request.system, request.tools)[0] for p in request.prompts]
+        return predict_episodes(loaded, texts, *chat_render(loaded), request)
     examples = []
     for i, prompt in enumerate(request.prompts):
         text = chat_prompt(loaded, prompt, request.system, request.tools)[0]

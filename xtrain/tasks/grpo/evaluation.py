@@ -48,6 +48,11 @@ class GrpoEval:
         with torch.no_grad():
             for batch in loader:
                 rows = batch["row"].tolist()
+                if s.agent is not None:  # episodes: greedy turns with the tools
+                    texts, values, lengths = self._episodes(accelerator, model, batch, rows)
+                    gathered.append(self._gathered(accelerator, rows, values, lengths))
+                    shown += self._shown(rows, texts, values, SAMPLES - len(shown))
+                    continue
                 # the model's own cache: a compiled step would compile again for each eval batch size
                 with accelerator.autocast():
                     done = generate(
@@ -58,12 +63,9 @@ class GrpoEval:
                     )  # fmt: skip
                 texts = s.encoder.tokenizer.batch_decode(done.ids, skip_special_tokens=True)
                 values = s.score(rows, texts, s.step, self.rows)
-                if len(shown) < SAMPLES:
-                    total = gl.total_rewards(values, torch.tensor([r.weight for r in s.rewards]))
-                    shown += list(zip(rows, texts, total.tolist(), strict=True))[: SAMPLES - len(shown)]
+                shown += self._shown(rows, texts, values, SAMPLES - len(shown))
                 lengths = done.mask.sum(1).float().cpu().unsqueeze(1)
-                local = torch.cat([torch.tensor(rows, dtype=torch.float32).unsqueeze(1), values, lengths], 1)
-                gathered.append(accelerator.gather_for_metrics(local.to(accelerator.device)).cpu())
+                gathered.append(self._gathered(accelerator, rows, values, lengths))
         if was_training:
             model.train()
         if not gathered:
@@ -85,3 +87,33 @@ class GrpoEval:
             for row, text, r in shown
         ]
         return metrics, samples
+
+    def _episodes(
+        self, accelerator: Accelerator, model: torch.nn.Module, batch: dict, rows: list[int]
+    ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+        """A batch's eval episodes, greedy: (each on one line, [n, F] rewards, [n, 1] lengths)."""
+        from xtrain.model.sharding import generate_kwargs
+        from xtrain.tasks.grpo import episodes as ep
+
+        s = self.step
+        assert s.agent is not None
+        decoder = s.decoder(model, bool(generate_kwargs(accelerator)), trained=False)
+        ids, mask = batch["input_ids"].to(accelerator.device), batch["attention_mask"].to(accelerator.device)
+        with accelerator.autocast():
+            done = s.agent.run(decoder, ids, mask, 1, None, None)
+        values = s.score_episodes(rows, done, s.step, self.rows)
+        lengths = torch.tensor([[float(sum(e.trained))] for e in done])
+        return [ep.shown(e) for e in done], values, lengths
+
+    @staticmethod
+    def _gathered(
+        accelerator: Accelerator, rows: list[int], values: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        local = torch.cat([torch.tensor(rows, dtype=torch.float32).unsqueeze(1), values, lengths], 1)
+        return accelerator.gather_for_metrics(local.to(accelerator.device)).cpu()
+
+    def _shown(
+        self, rows: list[int], texts: list[str], values: torch.Tensor, room: int
+    ) -> list[tuple[int, str, float]]:
+        total = gl.total_rewards(values, torch.tensor([r.weight for r in self.step.rewards]))
+        return list(zip(rows, texts, total.tolist(), strict=True))[: max(0, room)]

@@ -42,12 +42,14 @@ LOSSES = ("grpo", "dr_grpo", "dapo")  # grpo.loss: TRL's normalisations (xtrain.
 
 def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptEncoder:
     """Prompts rendered by the chat template (``data.chat_template`` or the tokenizer's) where
-    there is one (conversational and alpaca rows), else as text."""
+    there is one (conversational and alpaca rows), else as text; with ``grpo.tools``' schemas."""
     from xtrain.data.rows import chat as chat_data
+    from xtrain.tasks.grpo import tools as tools_
     from xtrain.tasks.grpo.rows import PromptEncoder
 
     template = chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None)
-    return PromptEncoder(tokenizer, cfg.data.max_length, template)
+    schemas = [t.schema for t in tools_.from_config(cfg)] or None
+    return PromptEncoder(tokenizer, cfg.data.max_length, template, schemas)
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
@@ -56,12 +58,15 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     from xtrain.tasks.contract import Workload
     from xtrain.tasks.grpo import rewards as rw
     from xtrain.tasks.grpo import rows as rows_
+    from xtrain.tasks.grpo import tools as tools_
+    from xtrain.tasks.grpo.episodes import agent_of
     from xtrain.tasks.grpo.evaluation import GrpoEval
-    from xtrain.tasks.grpo.step import GrpoStep
+    from xtrain.tasks.grpo.step import GrpoStep, eos_ids
     from xtrain.tasks.preference.reference import no_dropout
 
     cfg = run.cfg
-    rewards = rw.resolve(cfg.grpo)  # (checked when the config was; imported once per process)
+    # (checked when the config was; imported once per process)
+    rewards = rw.resolve(cfg.grpo, [t.schema for t in tools_.from_config(cfg)])
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
@@ -76,7 +81,8 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         model.config.pad_token_id = tokenizer.pad_token_id
     model = finish_model(model, cfg, TASK)
     no_dropout(model)  # TRL's default: the old policy and the reference are the same function
-    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed, decoding_of(run))
+    agent = agent_of(cfg, encoder, train_rows, eos_ids(tokenizer, model))  # grpo.tools' episodes
+    step = GrpoStep(cfg.grpo, rewards, train_rows, encoder, cfg.run.seed, decoding_of(run), agent)
     pad = step.pad_id
     return Workload(
         model=model,
@@ -99,14 +105,14 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 
 def decoding_of(run: Run) -> DecodeSettings:
     """How this process's decode steps run (``decoding.decode_settings``): a static cache as long as
-    the longest prompt and completion on CUDA, compiled where torch.compile can run."""
+    the longest prompt and completion (or episode) on CUDA, compiled where torch.compile can run."""
     from xtrain.model.decoding import decode_settings
 
     cfg = run.cfg
     sharded = run.context.sharding is not None and run.world_size > 1
     return decode_settings(
         run.device_type, sharded, cfg.model.quantization is not None, run.plan.compile_blocker,
-        cfg.data.max_length + cfg.grpo.max_completion_length,
+        cfg.data.max_length + sequence_tokens(cfg),
     )  # fmt: skip
 
 
@@ -121,25 +127,37 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
 
 def settings_line(cfg: TrainConfig) -> str:
     g = cfg.grpo
+    from xtrain.tasks.grpo import tools as tools_
     from xtrain.tasks.grpo.rewards import named_weights
 
     named = ", ".join(f"{n} x{w:g}" for n, w in named_weights(g))
+    episodes = tools_.settings(cfg)
     return (
         f"generation: {g.num_generations} completions a prompt, up to {g.max_completion_length} tokens, "
         f"temperature {g.temperature:g}, top_p {g.top_p:g}; loss {g.loss}, scale_rewards {g.scale_rewards}, "
-        f"beta {g.beta:g}; rewards: {named}"
+        f"beta {g.beta:g}; rewards: {named}{episodes}"
     )
 
 
+def sequence_tokens(cfg: TrainConfig) -> int:
+    """A completion's tokens after its prompt: the episode's with tools, else one completion's."""
+    from xtrain.tasks.grpo import tools as tools_
+
+    g = cfg.grpo
+    return g.max_episode_length if tools_.specs(g.tools) else g.max_completion_length
+
+
 def kv_cache_tokens(cfg: TrainConfig) -> int:
-    """``Task.kv_cache_tokens``: a completion's prompt and the completion, at their longest."""
-    return cfg.data.max_length + cfg.grpo.max_completion_length
+    """``Task.kv_cache_tokens``: a completion's prompt and the completion (with tools: the
+    episode), at their longest."""
+    return cfg.data.max_length + sequence_tokens(cfg)
 
 
 def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     """The dry run's line on generation's KV cache of one micro-batch, from the model's config."""
     from xtrain.model import load as models
     from xtrain.model.estimate import kv_cache_bytes, kv_values
+    from xtrain.tasks.grpo import tools as tools_
 
     b, tokens = cfg.batch, kv_cache_tokens(cfg)
     try:
@@ -150,8 +168,8 @@ def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     figure = f"{size / 2**30:.2f} GiB in 16-bit" if size else "its size needs the model's config"
     return (
         f"generation's KV cache: {b.per_device} completions x up to {tokens} tokens (data.max_length + "
-        f"grpo.max_completion_length) a micro-batch: {figure} (x2 in float32); the memory estimate "
-        "counts it"
+        f"grpo.{'max_episode_length' if tools_.specs(cfg.grpo.tools) else 'max_completion_length'}) a "
+        f"micro-batch: {figure} (x2 in float32); the memory estimate counts it"
     )
 
 
@@ -160,6 +178,7 @@ def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: li
     from xtrain.tasks import data_check
     from xtrain.tasks.data_report import DataReport
     from xtrain.tasks.grpo import rows as rows_
+    from xtrain.tasks.grpo.episodes import check_prompts
 
     report = DataReport(NAME, cfg.data.max_length, notes=[*notes, settings_line(cfg)])
     for s in samples:
@@ -172,14 +191,20 @@ def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: li
         if report.example is None and s.role == "train":
             report.notes.append(kv_cache_line(cfg, found[0]))
         encoder = encoder_of(cfg, found[1])
+        if encoder.tools:  # episodes: prompts a template renders with the tools
+            check_prompts(encoder, rows)
         ids = rows_.encoded(rows, encoder, s.name)
         check.lengths.extend(len(x["input_ids"]) for x in ids)
         if report.example is None and s.role == "train":
             report.example = data_check.example_of(s, 0, found[1], ids[0]["input_ids"], None)
+            follow = (
+                f"episodes of up to {cfg.grpo.max_episode_length} tokens"
+                if encoder.tools
+                else f"completions of up to {cfg.grpo.max_completion_length} tokens"
+            )
             report.example.note = (
-                f"the prompt; {cfg.grpo.num_generations} completions of up to "
-                f"{cfg.grpo.max_completion_length} tokens follow it; other columns to the rewards: "
-                f"{', '.join(sorted(rows[0].columns)) or 'none'}"
+                f"the prompt; {cfg.grpo.num_generations} {follow} follow it; other columns to the "
+                f"rewards: {', '.join(sorted(rows[0].columns)) or 'none'}"
             )
     return report
 
@@ -187,6 +212,7 @@ def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: li
 def validate(cfg: TrainConfig) -> None:
     from xtrain.config.values import choose
     from xtrain.tasks.grpo import rewards as rw
+    from xtrain.tasks.grpo import tools as tools_
 
     g, b = cfg.grpo, cfg.batch
     g.loss = choose("grpo.loss", g.loss, LOSSES, {})  # here: its choices are this task's
@@ -209,18 +235,32 @@ def validate(cfg: TrainConfig) -> None:
             f"grpo.num_iterations={g.num_iterations}",
             "checkpoints at generation boundaries keep a resume exact: use a multiple",
         )
-    rw.resolve(g)  # the reward functions imported and checked: before any model loads
+    if cfg.data.tools and not tools_.specs(g.tools):
+        raise XtrainError(
+            "data.tools gives tool schemas, and grpo.tools names no functions to run",
+            "name the functions in grpo.tools (path/to/tools.py:function)",
+        )
+    # the tools and the reward functions imported and checked: before any model loads
+    rw.resolve(g, [t.schema for t in tools_.from_config(cfg)])
 
 
 def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     """The memory estimate's stacks: a sample is a prompt (up to ``data.max_length``) and its
-    completion (``grpo.max_completion_length``) through the text layers."""
+    completion (``grpo.max_completion_length``; with tools its episode, ``grpo.max_episode_length``)
+    through the text layers."""
     from dataclasses import replace
 
     from xtrain.tasks.stacks import text_stacks
 
-    extra = cfg.grpo.max_completion_length
+    extra = sequence_tokens(cfg)
     return [replace(s, positions=s.positions + extra) for s in text_stacks(model, cfg)]
+
+
+def _tools_prompt() -> list[str]:
+    from xtrain.builtin.agent_grpo import QUICKSTART_PROMPT, TOOLS
+
+    names = ",".join([TOOLS[0], *(t.rpartition(":")[2] for t in TOOLS[1:])])  # module:square,cube
+    return ["--prompt", QUICKSTART_PROMPT, "--tools", names]
 
 
 TASK = Task(
@@ -232,6 +272,7 @@ TASK = Task(
         {
             "model.quantization",
             "data.chat_template",
+            "data.tools",
             *(
                 f"grpo.{k}"
                 for k in (
@@ -252,6 +293,11 @@ TASK = Task(
                     "beta",
                     "num_iterations",
                     "mask_truncated_completions",
+                    "tools",
+                    "max_turns",
+                    "max_episode_length",
+                    "max_tool_calls",
+                    "tool_timeout",
                 )
             ),  # fmt: skip
         }
@@ -265,7 +311,8 @@ TASK = Task(
     resume_keys=("grpo.num_generations",),
     recognizes=recognizes_none,
     predicts=Predicts(
-        takes="--prompt TEXT", load=load_for_predict, run=prompt_predict.text_predict, samples=True
+        takes="--prompt TEXT", load=load_for_predict, run=prompt_predict.text_predict, samples=True,
+        tools=True,
     ),
     quickstart=Quickstart(
         job="quickstart-grpo.yaml",
@@ -278,6 +325,23 @@ TASK = Task(
         ),
         samples=("prompt", "the trained model's completion [its reward]"),
         predict_args=builtin_preference.quickstart_predict_args,
+    ),
+    more_quickstarts=(
+        (
+            "grpo-tools",
+            Quickstart(
+                job="quickstart-grpo-tools.yaml",
+                about="GRPO agents: episodes that call a calculator tool, the exact answer rewarded",
+                next_command="xtrain train examples/grpo-tools.yaml",
+                headline=(
+                    "rewards/exact_match",
+                    "exact answer",
+                    "eval questions answered greedily by episodes that may call square and cube; 1 is best",
+                ),
+                samples=("the prompt", "the episode after training: its calls -> their results | its answer"),
+                predict_args=_tools_prompt,
+            ),
+        ),
     ),
     check_data=check_data,
 )

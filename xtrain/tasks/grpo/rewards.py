@@ -36,8 +36,11 @@ if TYPE_CHECKING:
     from xtrain.config.schema import GrpoConfig
 
 RewardFn = Callable[..., Sequence[float | None]]
-BUILTINS = ("exact_match", "format", "length")
-HINT = "grpo.rewards takes exact_match, format, length, path/to/file.py:function or package.module:function"
+BUILTINS = ("exact_match", "format", "length", "tool_call")
+HINT = (
+    "grpo.rewards takes exact_match, format, length, tool_call, path/to/file.py:function or "
+    "package.module:function"
+)
 
 
 class RewardError(XtrainError):
@@ -102,47 +105,83 @@ def length_penalty(target: int) -> RewardFn:
     return reward
 
 
+def tool_call(schemas: list[dict[str, Any]]) -> RewardFn:
+    """1.0 for an episode that called tools and named a declared one with a JSON object of its
+    arguments in every call (the required ones, none it does not declare), else 0.0."""
+    declared = {s["function"]["name"]: s["function"].get("parameters") or {} for s in schemas}
+
+    def valid(call: dict[str, Any]) -> bool:
+        params, args = declared.get(call.get("name")), call.get("arguments")
+        if params is None or not isinstance(args, dict):
+            return False
+        known = params.get("properties")
+        return set(params.get("required") or ()) <= set(args) and (known is None or set(args) <= set(known))
+
+    def reward(prompts: list[Any], completions: list[Any], **columns: list[Any]) -> list[float]:
+        if "tool_calls" not in columns:
+            raise KeyError("tool_call reads the episodes' tool calls: set grpo.tools")
+        return [1.0 if calls and all(valid(c) for c in calls) else 0.0 for calls in columns["tool_calls"]]
+
+    return reward
+
+
 @cache
-def _load_file(path: str) -> Any:
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise XtrainError(
-            f"grpo.rewards: reward file {path} not found",
-            "give a path from the config file's folder or from the current folder",
-        )
-    name = f"xtrain_rewards_{abs(hash(str(file.resolve())))}"
+def _module_of(file: str) -> Any:
+    """The module of a Python file (its resolved path), imported once per process: a file that
+    holds reward functions and tools is one module."""
+    name = f"xtrain_functions_{abs(hash(file))}"
     spec = importlib.util.spec_from_file_location(name, file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # pickling and dataclasses inside it find their module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except BaseException:
         del sys.modules[name]
-        raise XtrainError(f"grpo.rewards: importing {path} failed: {type(e).__name__}: {e}") from None
+        raise
     return module
 
 
-def _load_module(name: str) -> Any:
+def _load_file(path: str, key: str = "grpo.rewards", what: str = "reward") -> Any:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise XtrainError(
+            f"{key}: {what} file {path} not found",
+            "give a path from the config file's folder or from the current folder",
+        )
+    try:
+        return _module_of(str(file.resolve()))
+    except Exception as e:
+        raise XtrainError(f"{key}: importing {path} failed: {type(e).__name__}: {e}") from None
+
+
+def _load_module(name: str, key: str, hint: str) -> Any:
     try:
         return importlib.import_module(name)
     except Exception as e:
-        raise XtrainError(
-            f"grpo.rewards: module {name} cannot be imported: {type(e).__name__}: {e}", HINT
-        ) from None
+        raise XtrainError(f"{key}: module {name} cannot be imported: {type(e).__name__}: {e}", hint) from None
+
+
+def find_function(
+    spec: str, key: str = "grpo.rewards", hint: str = HINT, what: str = "reward"
+) -> Callable[..., Any]:
+    """``file.py:function`` or ``module:function`` -> the callable (one line naming ``key`` when
+    there is none): the user's reward functions and tools (``what``) alike."""
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise XtrainError(f"{key}: unknown {what} function '{spec}'", hint)
+    module = _load_file(where, key, what) if where.endswith(".py") else _load_module(where, key, hint)
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise XtrainError(f"{key}: {where} has no function '{attr}'", hint)
+    if not callable(fn):
+        raise XtrainError(f"{key}: {spec} is a {type(fn).__name__}, not a function")
+    return fn
 
 
 def load_user(spec: str) -> RewardFn:
-    """``file.py:function`` or ``module:function`` -> the function, checked (one line when not)."""
-    where, _, attr = spec.rpartition(":")
-    if not where or not attr:
-        raise XtrainError(f"grpo.rewards: unknown reward function '{spec}'", HINT)
-    module = _load_file(where) if where.endswith(".py") else _load_module(where)
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise XtrainError(f"grpo.rewards: {where} has no function '{attr}'", HINT)
-    if not callable(fn):
-        raise XtrainError(f"grpo.rewards: {spec} is a {type(fn).__name__}, not a function")
+    """A reward function by its spec, found (``find_function``) and its signature checked."""
+    fn = find_function(spec)
     try:
         inspect.signature(fn).bind_partial(prompts=[], completions=[])
     except TypeError:
@@ -185,8 +224,9 @@ def labels(names: list[str]) -> list[str]:
     return [whole(n) if s in twice and ":" in n else s for n, s in zip(names, short, strict=True)]
 
 
-def resolve(g: GrpoConfig) -> list[Reward]:
-    """``grpo.rewards`` with their weights, each found and checked."""
+def resolve(g: GrpoConfig, tools: list[dict[str, Any]] | None = None) -> list[Reward]:
+    """``grpo.rewards`` with their weights, each found and checked; ``tools``: the schemas of
+    ``grpo.tools`` (the ``tool_call`` reward's)."""
     out = []
     pairs = named_weights(g)
     tags = labels([n for n, _ in pairs])
@@ -199,6 +239,10 @@ def resolve(g: GrpoConfig) -> list[Reward]:
             fn = format_match(g.format_pattern)
         elif name == "length":
             fn = length_penalty(g.length_target)
+        elif name == "tool_call":
+            if not tools:
+                raise XtrainError("grpo.rewards: tool_call scores the calls of episodes: it needs grpo.tools")
+            fn = tool_call(tools)
         else:
             fn = load_user(name)
         out.append(Reward(name, fn, float(weight), label))

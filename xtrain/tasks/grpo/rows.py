@@ -80,11 +80,13 @@ def read_rows(ds: Dataset, source: str) -> list[PromptRow]:
 
 @dataclass
 class PromptEncoder:
-    """A prompt as token ids: the chat template (``template``: its text, None without one)."""
+    """A prompt as token ids: the chat template (``template``: its text, None without one) with
+    the tools' schemas (``tools``) where episodes call tools."""
 
     tokenizer: PreTrainedTokenizerBase
     max_length: int
     template: str | None = None
+    tools: list[dict[str, Any]] | None = None  # grpo.tools' schemas, rendered by the template
 
     def text(self, row: PromptRow) -> str:
         """The prompt as the model reads it (rendered)."""
@@ -94,7 +96,11 @@ class PromptEncoder:
         if self.template is None:  # turns without a template: the user's words as text
             return "\n\n".join(str(t["content"]) for t in row.prompt)
         return self.tokenizer.apply_chat_template(
-            row.prompt, tokenize=False, add_generation_prompt=True, chat_template=self.template
+            row.prompt,
+            tokenize=False,
+            add_generation_prompt=True,
+            chat_template=self.template,
+            tools=self.tools,
         )
 
     def encode(self, row: PromptRow, where: str) -> list[int]:

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xtrain.data.sampler import mix_seed
-from xtrain.model.decoding import DecodeSettings, Sampling, generate
+from xtrain.model.decoding import Decoder, DecodeSettings, Sampling, generate
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
+from xtrain.tasks.grpo.episodes import episode_stats
 from xtrain.tasks.grpo.rollout import token_logps
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
     from xtrain.config.schema import GrpoConfig
     from xtrain.model.chunked_loss import LogitMap
+    from xtrain.tasks.grpo.episodes import Agent
     from xtrain.tasks.grpo.rows import PromptEncoder, PromptRow
 
 Batch = dict[str, Any]
@@ -79,13 +81,15 @@ class GrpoStep:
         encoder: PromptEncoder,
         seed: int,
         decode: DecodeSettings | None = None,
+        agent: Agent | None = None,
     ) -> None:
         self.g, self.rewards, self.rows, self.encoder, self.seed = g, rewards, rows, encoder, seed
         self.decode = decode or DecodeSettings()  # how the decode steps run (decoding.decode_settings)
         self.chunks: tuple[LogitMap, int] | None = None  # the chunked log-probs (use_chunked_loss)
+        self.agent = agent  # grpo.tools: each completion is an episode (episodes.py)
         self.settings = gl.LossSettings(
             g.loss, g.epsilon, g.epsilon_high if g.epsilon_high is not None else g.epsilon, g.beta,
-            g.max_completion_length,
+            g.max_episode_length if agent is not None else g.max_completion_length,
         )  # fmt: skip
         tok = encoder.tokenizer
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -150,6 +154,8 @@ class GrpoStep:
     # -- the rollout --------------------------------------------------------------------------------
     def _rollout(self, model: torch.nn.Module, batch: Batch, step: int) -> torch.Tensor:
         """One micro-batch generated and scored in place; returns its [N, F] rewards (NaN: None)."""
+        if self.agent is not None:
+            return self._episodes(model, batch, step)
         G, rows = self.g.num_generations, batch["row"].tolist()
         seeds = [mix_seed(self.seed, step, r, k) for r in rows for k in range(G)]
         inner = _unwrapped(model)
@@ -181,23 +187,90 @@ class GrpoStep:
         )
         return values.to(prompt_ids.device)
 
+    def _episodes(self, model: torch.nn.Module, batch: Batch, step: int) -> torch.Tensor:
+        """``_rollout`` with tools: each completion an episode of turns (``episodes.Agent``), the
+        model's own tokens trained, the tool turns context only."""
+        from xtrain.tasks.grpo import episodes as ep
+
+        assert self.agent is not None
+        G, rows = self.g.num_generations, batch["row"].tolist()
+        seeds = [mix_seed(self.seed, step, r, k) for r in rows for k in range(G)]
+        self.agent.runner.where = f" (step {step}, rows {sorted(set(rows))})"
+        sampling = Sampling(self.g.temperature, self.g.top_p)
+        decoder = self.decoder(model, synced(model))
+        done = self.agent.run(decoder, batch["input_ids"], batch["attention_mask"], G, sampling, seeds)
+        prompt_ids = batch["input_ids"].repeat_interleave(G, dim=0)
+        prompt_mask = batch["attention_mask"].repeat_interleave(G, dim=0)
+        each = [r for r in rows for _ in range(G)]
+        values = self.score_episodes(each, done, step)
+        prompts = {r: self._prompt_text(r) for r in rows}  # rendered once a prompt
+        totals = values.nansum(1).tolist()
+        self.completions = [(each[i], prompts[each[i]], ep.shown(e), totals[i]) for i, e in enumerate(done)]
+        t = ep.as_batch(done, self.pad_id, prompt_ids.device)
+        keep = (~t["truncated"]).long().unsqueeze(1) if self.g.mask_truncated_completions else 1
+        stats = [[e.turns, len(e.calls), e.failures] for e in done]
+        batch.update(
+            input_ids=torch.cat([prompt_ids, t["ids"]], dim=1),
+            attention_mask=torch.cat([prompt_mask, t["mask"]], dim=1),
+            completion_mask=t["trained"],
+            loss_mask=t["trained"] * keep,
+            truncated=t["truncated"],
+            episode_stats=torch.tensor(stats, dtype=torch.float32, device=prompt_ids.device),
+        )
+        return values.to(prompt_ids.device)
+
+    def decoder(self, model: torch.nn.Module, sharded: bool, trained: bool = True) -> Decoder:
+        """A decode loop over the unwrapped ``model`` for episodes, in training (``trained``: the
+        run's decode settings) or evaluation (the model's own cache: a compiled step would compile
+        again for each eval batch size); ``sharded`` weights are refused (each process's episodes
+        take their own turns, where every forward of sharded weights is a collective)."""
+        if sharded:
+            from xtrain.errors import XtrainError
+
+            raise XtrainError(
+                "grpo.tools with sharded weights (--fsdp, DeepSpeed ZeRO-3) is not supported: each "
+                "process's episodes take their own number of turns",
+                "train without sharding: LoRA's model is whole on each process",
+            )
+        inner = _unwrapped(model)
+        settings = self.decode if trained else None
+        return Decoder(inner, self.pad_id, eos_ids(self.encoder.tokenizer, inner), settings=settings)
+
+    def score_episodes(
+        self, each: list[int], done: list[Any], step: int, rows: list[PromptRow] | None = None
+    ) -> torch.Tensor:
+        """[N, F] rewards of episodes ``done`` of data rows ``each``: ``completions`` their turns
+        (OpenAI messages), ``tool_calls`` the calls each made ({name, arguments, result})."""
+        texts = [e.answer for e in done]
+        turns = [e.messages for e in done]
+        return self.score(each, texts, step, rows, turns, {"tool_calls": [e.calls for e in done]})
+
     def _prompt_text(self, row: int) -> str:
         return self.encoder.text(self.rows[row])
 
     def score(
-        self, each: list[int], texts: list[str], step: int, rows: list[PromptRow] | None = None
+        self,
+        each: list[int],
+        texts: list[str],
+        step: int,
+        rows: list[PromptRow] | None = None,
+        turns: list[Any] | None = None,
+        more: dict[str, list[Any]] | None = None,
     ) -> torch.Tensor:
-        """[N, F] rewards of completions ``texts`` of data rows ``each`` (NaN: no reward)."""
+        """[N, F] rewards of completions ``texts`` of data rows ``each`` (NaN: no reward);
+        ``turns``: each completion as its turns (episodes), ``more``: columns beside the rows'."""
         source = rows if rows is not None else self.rows
         picked = [source[r] for r in each]
         prompts = [p.prompt for p in picked]
         completions: list[Any] = (
-            [[{"role": "assistant", "content": t}] for t in texts]
+            turns
+            if turns is not None
+            else [[{"role": "assistant", "content": t}] for t in texts]
             if picked and picked[0].conversational
             else texts
         )
         names = sorted({k for p in picked for k in p.columns})
-        columns = {k: [p.columns.get(k) for p in picked] for k in names}
+        columns = {**{k: [p.columns.get(k) for p in picked] for k in names}, **(more or {})}
         out = [rw.call(r, prompts, completions, columns, step, each) for r in self.rewards]
         return torch.tensor(out, dtype=torch.float32).T.reshape(len(texts), len(self.rewards))
 
@@ -214,6 +287,7 @@ class GrpoStep:
                 values.reshape(-1),
                 lengths,
                 batch["truncated"].float(),
+                *([batch["episode_stats"].T.reshape(-1)] if "episode_stats" in batch else []),
                 batch["loss_mask"].sum().float().reshape(1),
             ]
             local.append(torch.cat([torch.tensor([float(a), float(rank)], device=device), *parts]))
@@ -229,6 +303,9 @@ class GrpoStep:
         rewards = gl.total_rewards(per_fn, weights)
         adv = gl.advantages(rewards, G, self.g.scale_rewards)
         stats = self._stats(per_fn, rewards, lengths, truncated)
+        if "episode_stats" in batches[0]:  # [turns, calls, failures] x n per micro-batch
+            turns, calls, failed = everything[:, 2 + n * F + 2 * n : -1].reshape(-1, 3, n).sum(0)
+            stats.update(episode_stats(turns, calls, failed, everything.size(0)))
         stats.update(
             total_tokens=torch.tensor(total_tokens), micro_batches=torch.tensor(float(everything.size(0)))
         )
@@ -272,7 +349,7 @@ class GrpoStep:
     def notes(self, history: list[dict[str, float]]) -> list[str]:
         """``Workload.notes``: every group without reward spread through the steps since the last
         evaluation (no signal: the task is too hard or too easy), or completions at the length limit."""
-        out = []
+        out = self.agent.runner.notes() if self.agent is not None else []
         seen, zero, cut = self.steps_seen, self.all_zero_steps, self.truncated_sum
         self.steps_seen, self.all_zero_steps, self.truncated_sum = 0, 0, 0.0
         if seen and zero == seen:
@@ -283,9 +360,12 @@ class GrpoStep:
                 "docs/grpo.md#a-broken-run)"
             )
         if seen and cut / seen > 0.5:
+            limit = f"grpo.max_completion_length={self.g.max_completion_length}"
+            if self.agent is not None:
+                limit = f"a turn's {limit} or grpo.max_episode_length={self.g.max_episode_length}"
             out.append(
-                f"grpo: {cut / seen:.0%} of completions ran to grpo.max_completion_length="
-                f"{self.g.max_completion_length} without ending (raise it, or reward shorter answers)"
+                f"grpo: {cut / seen:.0%} of completions ran to {limit} without ending (raise it, or "
+                "reward shorter answers)"
             )
         return out
 
