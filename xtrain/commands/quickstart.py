@@ -252,7 +252,6 @@ def quickstart(
         _print_answers(console, *compare_answers(resolve_model(cfg.model.name_or_path), run_dir, compare()))
     shell = shell_for(diagnosis.plan.os_kind)
     owner = tasks.quickstart_task(task)
-    predicts = owner.predicts
-    chats = predicts is not None and predicts.chat is not None
+    chats = owner.predicts is not None and owner.predicts.chat is not None
     exports = owner.model_class == "AutoModelForCausalLM"  # what GGUF export writes
     console.print(next_line(jobs[task], run_dir, shell, chats, exports), soft_wrap=True, markup=False)
