@@ -133,6 +133,8 @@ def test_every_prompt_shape_reads_with_its_columns_for_the_rewards():
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "add\n\n2 2"},
     ]
+    # the evaluation's samples show what a person asked, not the template's text around it
+    assert alpaca.shown == "add\n\n2 2" and read_row({"prompt": "2+2="}, 0, "f").shown == "2+2="
     with pytest.raises(BadPromptRow, match="row 3 of f has no prompt"):
         read_row({"question": "?"}, 3, "f")
 

@@ -42,6 +42,15 @@ class PromptRow:
     def conversational(self) -> bool:
         return isinstance(self.prompt, list)
 
+    @property
+    def shown(self) -> str:
+        """The prompt as a person reads it: a conversation's last user turn (its system turn and
+        template text are the same on every row), a text prompt as it is."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        users = [t for t in self.prompt if t.get("role") == "user"] or self.prompt
+        return str(users[-1]["content"])
+
 
 def _turns(value: list[Any], where: str) -> Turns:
     for turn in value:
