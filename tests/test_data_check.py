@@ -118,6 +118,19 @@ def test_dry_run_refuses_rows_with_nothing_left_to_learn_and_names_the_length_th
     assert code == 0, err
 
 
+def test_dry_run_warns_when_the_cut_loses_most_of_the_answers(tmp_path, capsys):
+    """Answers cut off the end by data.max_length: the run trains on what is left (exit 0), and
+    the dry run says how much of the answers is lost and the length that keeps them whole."""
+    rows = [_chat("q?", "yes " * 40)] * 3
+    code, out, err = _dry_run(capsys, _chat_job(tmp_path, rows, "  chat_template: '" + TEMPLATE + "'"))
+    assert code == 0, err
+    kept, whole = map(int, out.split("trained tokens kept")[0].split("; ")[-1].split(" of "))
+    assert 0 < kept < whole / 2, out
+    length = int(out.split("up to ")[1].split(" ")[0])
+    assert length > 64 and f"data.max_length={length} keeps them whole" in out, out
+    assert f"warning: data.max_length=64 cuts {1 - kept / whole:.0%} of the trained tokens" in out, out
+
+
 def test_a_model_folder_without_tokenizer_files_is_planned_untokenized_and_refused_by_the_run(
     tmp_path, capsys
 ):

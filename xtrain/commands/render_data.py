@@ -36,7 +36,9 @@ def render(report: DataReport | str, console: Console) -> None:
     if not report.sources:
         console.print("[bold]Data:[/] nothing read here", soft_wrap=True)
     for note in report.notes:
-        console.print(f"  [dim]note:[/] {escape(note)}", soft_wrap=True)
+        warning = note.removeprefix("warning: ")
+        label = "[yellow]warning:[/]" if warning != note else "[dim]note:[/]"
+        console.print(f"  {label} {escape(warning)}", soft_wrap=True)
     if report.example is not None:
         for line in example_lines(report.example, console.is_terminal):
             console.print(line, soft_wrap=True)

@@ -154,6 +154,12 @@ def text_check(cfg: TrainConfig, limit: int) -> tuple[Tokenizer, list[Sample], l
 # Shared pieces of the tasks' checks
 
 
+def trained_tokens(labels: list[int]) -> int:
+    """A row's tokens with loss, as the step's loss counts them (a row's first label is never a
+    next-token target: ``train/step_loss.py``)."""
+    return sum(1 for t in labels[1:] if t != IGNORE_INDEX)
+
+
 def pieces(
     tokenizer: PreTrainedTokenizerBase, ids: list[int], labels: list[int] | None = None
 ) -> list[Piece]:

@@ -51,6 +51,8 @@ class SourceCheck:
     lengths: list[int] = field(default_factory=list)  # tokens per checked row, before the cut
     truncated: int = 0  # rows data.max_length cuts
     dropped: int = 0  # rows left with nothing to learn after the cut (the run leaves them out)
+    trained: int = 0  # tokens with loss in the checked rows, whole (0: not counted by the task)
+    trained_kept: int = 0  # of those, what the cut at data.max_length leaves
     labels: dict[str, int] = field(default_factory=dict)  # label -> rows, among the checked
     images: list[int] = field(default_factory=list)  # images per checked row
     seconds: list[float] = field(default_factory=list)  # audio seconds per checked row
@@ -70,6 +72,8 @@ class SourceCheck:
             cut = f"{self.truncated} longer than data.max_length={max_length}"
             if self.dropped:
                 cut += f", {self.dropped} with nothing left to learn (the run leaves them out)"
+            if self.truncated and self.trained:
+                cut += f"; {self.trained_kept} of {self.trained} trained tokens kept"
             out.append(cut)
         if self.labels:
             top = sorted(self.labels.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -132,6 +136,26 @@ def nothing_to_learn(report: DataReport) -> XtrainError | None:
             "long system turns, tool schemas",
         )
     return None
+
+
+LOST_WARNING = 0.25  # the share of the trained tokens whose loss to the cut earns a warning
+
+
+def cut_warnings(report: DataReport) -> list[str]:
+    """A warning for each source whose cut at ``data.max_length`` loses over a quarter of its
+    checked rows' trained tokens (the answers, cut off the end): the run trains, on less than the
+    user meant, so the line gives the length that keeps them whole. All lost: ``nothing_to_learn``."""
+    out = []
+    for s in report.sources:
+        if not s.trained or not s.lengths or s.trained_kept >= s.trained * (1 - LOST_WARNING):
+            continue
+        lost = 1 - s.trained_kept / s.trained
+        out.append(
+            f"warning: data.max_length={report.max_length} cuts {lost:.0%} of the trained tokens of "
+            f"data.{s.role} {s.source} ({s.truncated} of {s.checked} checked rows are longer, up to "
+            f"{max(s.lengths)} tokens): data.max_length={max(s.lengths)} keeps them whole"
+        )
+    return out
 
 
 def _span(values: list[int]) -> str:

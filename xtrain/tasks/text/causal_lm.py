@@ -243,6 +243,8 @@ def _check_chat(
         ids, labels = enc.input_ids[: d.max_length], enc.labels[: d.max_length]
         check.lengths.append(len(enc.input_ids))
         check.truncated += len(enc.input_ids) > d.max_length
+        check.trained += data_check.trained_tokens(enc.labels)
+        check.trained_kept += data_check.trained_tokens(labels)
         if all(t == IGNORE_INDEX for t in labels[1:]):  # text_chat_rows leaves it out
             check.dropped += 1
         elif s.role == "train" and (example is None or (not calling and agent_rows.has_calls(conv))):
@@ -283,6 +285,8 @@ def _check_text(
     check.lengths = [len(ids) for ids in whole["input_ids"]]
     check.truncated = sum(n > d.max_length for n in check.lengths)
     check.dropped = len(ds) - len(cut["input_ids"])
+    check.trained = sum(map(data_check.trained_tokens, whole["labels"]))
+    check.trained_kept = sum(map(data_check.trained_tokens, cut["labels"]))
     example = None
     if s.role == "train" and d.packing == "concatenate":  # the first block the run trains on
         run = tokenize(ds[:], d.max_length, d.packing)

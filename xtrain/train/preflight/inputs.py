@@ -45,7 +45,7 @@ def _data(run: Run, where: Where) -> list[Note]:
     if not where.dry_run:
         return []
     from xtrain.tasks.data_check import ROWS
-    from xtrain.tasks.data_report import nothing_to_learn
+    from xtrain.tasks.data_report import cut_warnings, nothing_to_learn
 
     task = tasks.get(run.cfg.model.task)
     if task.check_data is None:
@@ -54,4 +54,5 @@ def _data(run: Run, where: Where) -> list[Note]:
     report = task.check_data(run.cfg, ROWS)
     if (refused := nothing_to_learn(report)) is not None:  # the run would stop after loading it all
         raise refused
+    report.notes += cut_warnings(report)
     return [Note("Data", "", data=report)]
