@@ -358,9 +358,9 @@ def test_the_dry_run_shows_a_prompt_the_generation_the_rewards_and_the_kv_cache(
     assert "generation: 4 completions a prompt, up to 16 tokens" in out
     assert f"rewards: exact_match x1, {reward_file}:letters x1" in out
     # tiny llama: 2 layers, 2 KV heads of 16: 8 x 64 tokens x 2 x 2 x 2 x 16 x 2 bytes
-    assert "generation's KV cache: 8 completions x up to 64 tokens" in out and "0.00 GiB" in out
+    assert "generation's KV cache: 8 completions x up to 64 tokens" in out and "128 KiB in 16-bit" in out
     assert "Loss: per-token log-probs of the completions, chunked (model.chunked_loss=auto" in out
-    assert "generation's KV cache ~0 MiB of it" in out  # the plan's Memory line
+    assert "generation's KV cache ~128 KiB of it" in out, out  # the plan's Memory line
     sizes = offline_sizes(load_config(job, []))
     assert (sizes.kv_tokens, sizes.kv_values) == (48 + 16, 2 * 2 * 2 * 16)
     without = replace(sizes, kv_tokens=0)

@@ -75,8 +75,10 @@ TIGHT = 0.9
 
 
 def size(gib: float, digits: int) -> str:
-    """``24 GiB``, ``17.9 GiB``; below 1 GiB in MiB (tiny models, test cards)."""
-    return f"{gib:.{digits}f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
+    """``24 GiB``, ``17.9 GiB``; below 1 GiB in MiB, below 1 MiB in KiB (tiny models, test cards)."""
+    if gib >= 1:
+        return f"{gib:.{digits}f} GiB"
+    return f"{gib * 1024:.0f} MiB" if gib * 1024 >= 1 else f"{gib * 2**20:.0f} KiB"
 
 
 def memory_warning(

@@ -156,6 +156,7 @@ def kv_cache_tokens(cfg: TrainConfig) -> int:
 def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     """The dry run's line on generation's KV cache of one micro-batch, from the model's config."""
     from xtrain.model import load as models
+    from xtrain.model import memory
     from xtrain.model.estimate import kv_cache_bytes, kv_values
     from xtrain.tasks.grpo import tools as tools_
 
@@ -165,7 +166,7 @@ def kv_cache_line(cfg: TrainConfig, source: str) -> str:
     except Exception:  # noqa: BLE001 - the config is not on this machine: no figure, the rule only
         config = None
     size = kv_cache_bytes(b.per_device, tokens, kv_values(config), 2) if config is not None else 0
-    figure = f"{size / 2**30:.2f} GiB in 16-bit" if size else "its size needs the model's config"
+    figure = f"{memory.size(size / 2**30, 2)} in 16-bit" if size else "its size needs the model's config"
     return (
         f"generation's KV cache: {b.per_device} completions x up to {tokens} tokens (data.max_length + "
         f"grpo.{'max_episode_length' if tools_.specs(cfg.grpo.tools) else 'max_completion_length'}) a "
