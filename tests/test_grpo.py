@@ -324,6 +324,24 @@ def test_a_reward_failing_mid_run_is_one_line_and_the_checkpoint_stays(tmp_path,
     assert json.loads((step / "xtrain_state.json").read_text())["step"] == 2
 
 
+def test_a_run_without_eval_data_still_gets_the_task_s_warnings_at_its_end(tmp_path):
+    """The warnings a GRPO run reads off its steps (no learning signal) come after each
+    evaluation; a run without eval data gets them at its end."""
+    from xtrain.machine.facts import Facts
+    from xtrain.planning.rules import make_plan
+    from xtrain.train.loop import train
+    from xtrain.train.report import ListReporter
+
+    flat = tmp_path / "flat.py"
+    flat.write_text("def flat(prompts, completions, **kw):\n    return [1.0] * len(completions)\n")
+    cfg = _cfg(tmp_path, flat, f"grpo.rewards=[{flat}:flat]")
+    reporter = ListReporter()
+    train(cfg, make_plan(Facts(torch_version="2.13.0", gloo_available=True)), reporter)
+    notes = [m for kind, m in reporter.events if kind == "note"]
+    said = "every group's completions got the same reward in the last 1 step: no learning signal"
+    assert any(said in n for n in notes), notes
+
+
 # -- the dry run ----------------------------------------------------------------------------------------
 def _job(tmp_path: Path, rewards: str) -> Path:
     from support.gradients import jsonl

@@ -306,7 +306,8 @@ SharedPassFn = Callable[["Accelerator | None"], None]
 
 
 # notes(eval history so far) -> warning lines for the run's own channel (the banner's notes), e.g.
-# "reward accuracy stays at chance"; called after each evaluation.
+# "reward accuracy stays at chance"; called after each evaluation (a run without eval data: at
+# each run.eval_every and at its end, with the history empty).
 NotesFn = Callable[[list[dict[str, float]]], list[str]]
 
 

@@ -473,8 +473,10 @@ class Recipe:
             history.append({"step": step, **metrics})
             acc.log(metrics, step=step)
             self.rep.evaluated(step, metrics)
-            for line in self.workload.notes(history) if self.workload.notes else []:
-                self.rep.note(line)  # the task's warnings on its metrics (reward accuracy at chance)
+        # the task's warnings; a run without eval data gets them at each eval_every and its end
+        if (metrics or self.eval_loader is None) and self.workload.notes:
+            for line in self.workload.notes(history):
+                self.rep.note(line)  # the task's warnings (reward accuracy at chance, a tool that raises)
         if samples:  # generative tasks: reference vs prediction, shown and logged as text
             self.predictions[:] = [asdict(p) for p in samples]
             self.rep.predictions(step, self.predictions)

@@ -354,10 +354,10 @@ class GrpoStep:
         self.steps_seen, self.all_zero_steps, self.truncated_sum = 0, 0, 0.0
         if seen and zero == seen:
             out.append(
-                f"grpo: every group's completions got the same reward in the last {seen} steps: no "
-                "learning signal (the task is too hard or too easy for the model; check the reward "
-                "functions on a few completions, raise grpo.temperature or grpo.num_generations; "
-                "docs/grpo.md#a-broken-run)"
+                f"grpo: every group's completions got the same reward in the last {seen} "
+                f"step{'s' * (seen > 1)}: no learning signal (the task is too hard or too easy for the "
+                "model; check the reward functions on a few completions, raise grpo.temperature or "
+                "grpo.num_generations; docs/grpo.md#a-broken-run)"
             )
         if seen and cut / seen > 0.5:
             limit = f"grpo.max_completion_length={self.g.max_completion_length}"

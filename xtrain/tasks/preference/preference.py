@@ -206,7 +206,7 @@ def notes(history: list[dict[str, float]]) -> list[str]:
     without the margin growing (the policy pushing both answers down); the reward accuracy risen
     (or held) above chance while the greedy answers that equal the chosen one became fewer or the
     chosen answers' log-probs fell (``unlearning``). Pure: the eval history in, lines out."""
-    last = history[-1]
+    last = history[-1] if history else {}
     if not last.get("step") or METRIC not in last:
         return []
     out = []
