@@ -60,6 +60,8 @@ from common import half_prompt_batch  # noqa: E402  (also puts the checkout on s
 SHAPE = dict(vocab_size=152_064, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
 VARIANTS = ("plain", "chunked", "chunked-checkpoint", "chunked+offload")
+
+
 class Saved:
     """What autograd keeps for the backward pass: each saved tensor boxed, counted by storage
     while its box lives (the graph holds it), parameters and buffers left out."""

@@ -63,6 +63,7 @@ def measure(device: str = "cuda", size: str = "512", prompt: int = 256, new: int
         variants["xtrain, static cache, compiled step"] = lambda: generate(
             model, ids, mask, **common, settings=DecodeSettings(True, True, prompt + new)
         )
+
     def seconds_of(fn: Any) -> float:
         if device == "cuda":
             torch.cuda.synchronize()

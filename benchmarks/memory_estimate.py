@@ -39,8 +39,15 @@ JOBS: dict[str, tuple[str, list[str]]] = {
     "speech-to-text": ("quickstart-speech-to-text.yaml", SHORT),
     "image-to-text": ("quickstart-image-to-text.yaml", SHORT),
     "vision-language": ("quickstart-vision-language.yaml", ["data.max_length=64"]),
-    "causal-lm": ("", ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm",
-                       "data.train=builtin:tiny-stories", "data.max_length=256"]),
+    "causal-lm": (
+        "",
+        [
+            "model.name_or_path=builtin:tiny-llama",
+            "model.task=causal-lm",
+            "data.train=builtin:tiny-stories",
+            "data.max_length=256",
+        ],
+    ),
 }
 LORA_DEFAULTS = ["lora.enabled=true", "lora.r=8", "lora.alpha=16", "lora.dropout=0.05"]
 TRAINING: dict[str, list[tuple[str, list[str]]]] = {

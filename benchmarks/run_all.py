@@ -141,10 +141,29 @@ def smoke_sections() -> dict[str, Section]:
 SMOKE_REUSED = {"overhead": "loops"}
 # The smoke run's two lanes (about the same time each on 2 cores).
 SMOKE_LANES = (
-    ("imports", "startup", "scaling", "fingerprint", "image_to_text", "speech_to_text", "seq_cls",
-     "memory_estimate", "export", "preference", "grpo"),
-    ("loops", "packing", "vision_language", "resume", "image_classification", "quantization", "ddp_parts",
-     "chunked_loss"),
+    (
+        "imports",
+        "startup",
+        "scaling",
+        "fingerprint",
+        "image_to_text",
+        "speech_to_text",
+        "seq_cls",
+        "memory_estimate",
+        "export",
+        "preference",
+        "grpo",
+    ),
+    (
+        "loops",
+        "packing",
+        "vision_language",
+        "resume",
+        "image_classification",
+        "quantization",
+        "ddp_parts",
+        "chunked_loss",
+    ),
 )
 
 
@@ -937,8 +956,18 @@ def memory_estimate_section(m: dict[str, Any]) -> str:
         "exact, not timed. A method "
         "description is in [Fitting big models](fitting-big-models.md#how-the-activations-are-counted)."
         "\n\n"
-        + table(["task", "training", "batch x tokens", "measured (MiB)", "estimate (MiB)",
-                 "estimate / measured", "loss (MiB)"], rows)  # fmt: skip
+        + table(
+            [
+                "task",
+                "training",
+                "batch x tokens",
+                "measured (MiB)",
+                "estimate (MiB)",
+                "estimate / measured",
+                "loss (MiB)",
+            ],
+            rows,
+        )  # fmt: skip
         + f"\n\nLargest deviation by task: {worst}. The must-hold (within 25 % for speech-to-text, "
         f"image-to-text and vision-language) **{held}**. The tiny models' shapes differ from 7B ones "
         "(2 layers, widths of 64-128, vocabularies of a few hundred), so the rule is structural: per "
@@ -992,8 +1021,18 @@ def chunked_loss_section(c: dict[str, Any]) -> str:
         "keeps freed memory) and tracemalloc sees none of PyTorch's allocations. *Step*: median wall "
         f"time of {c['repeats']} unprofiled steps a variant, interleaved. The chunked loss runs "
         f"{c['rows_per_chunk']} positions a chunk (128 MiB of float32 logits).\n\n"
-        + table(["variant", "saved on the device (MiB)", "in host memory (MiB)", "step peak (MiB)",
-                 "peak vs plain", "step (s)", "step vs plain"], rows)  # fmt: skip
+        + table(
+            [
+                "variant",
+                "saved on the device (MiB)",
+                "in host memory (MiB)",
+                "step peak (MiB)",
+                "peak vs plain",
+                "step (s)",
+                "step vs plain",
+            ],
+            rows,
+        )  # fmt: skip
         + f"\n\nThe loss alone (head and cross-entropy over the body's output, forward and backward): "
         f"peak **{lp['plain'] / mib:,.0f} MiB** plain, **{lp['chunked'] / mib:,.0f} MiB** chunked "
         f"({lp['chunked'] / lp['plain']:.2f}x), {lp['chunked-checkpoint'] / mib:,.0f} MiB with a "
@@ -1005,8 +1044,7 @@ def chunked_loss_section(c: dict[str, Any]) -> str:
         "its peak there is no saving (the copies add to it); what it takes off a GPU is the *saved "
         "on the device* column. On a GPU: `python benchmarks/chunked_loss.py --device cuda` (bf16 "
         "autocast, `torch.cuda.max_memory_allocated`), and `--size 7b` a Qwen2.5-7B-shaped model's "
-        "peak against the estimate"
-        + (" (not run on a GPU yet).\n" if c["device"] == "cpu" else ".\n")
+        "peak against the estimate" + (" (not run on a GPU yet).\n" if c["device"] == "cpu" else ".\n")
     )
     est = c.get("estimate")
     if est:

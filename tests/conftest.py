@@ -25,7 +25,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several test processes on th
     torch.set_num_threads(1)
 
 
-
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto`` (pyproject's addopts): two test processes for the suite or a folder of it, none
     for named files or tests (starting the workers costs more than they save there). Two, not one

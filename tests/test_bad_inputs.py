@@ -158,7 +158,9 @@ def _bad_media(r: Path) -> None:
     (r / "clips.csv").write_text("audio,text\nword.wav,a word\nempty.wav,nothing\n")
     lol = ", ".join(['"lol"'] * 9)
     levels = [f"a0: &a0 [{lol}]"] + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 5)]
-    (r / "laughs.yaml").write_text("\n".join(["model:", "  task: seq-cls", *levels, "data:", "  train: *a4"]) + "\n")
+    (r / "laughs.yaml").write_text(
+        "\n".join(["model:", "  task: seq-cls", *levels, "data:", "  train: *a4"]) + "\n"
+    )
 
 
 def fingerprint(folder: Path) -> dict[str, tuple[float, int]]:

@@ -566,9 +566,7 @@ def node_argv(script_text: str, rank: int, nnodes: int, extra: list[str]) -> lis
     payload = node_command(script_text).replace("exec accelerate launch", "printf '%s\\n'", 1)
     env = {"PATH": os.environ["PATH"], "SLURM_NNODES": str(nnodes), "SLURM_NODEID": str(rank)}
     env.update({"MAIN_ADDR": "node001", "MAIN_PORT": "29777"})
-    proc = warm.run(
-        ["bash", "-c", payload, "xtrain-node", *extra], env=env, capture_output=True, text=True
-    )
+    proc = warm.run(["bash", "-c", payload, "xtrain-node", *extra], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 

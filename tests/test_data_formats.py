@@ -203,8 +203,13 @@ IMAGE = "train/00000.png"
         ),
         (_chat("<image>what?", "<image>", images=[IMAGE]), "turn 1: images go in user or system turns"),
         (
-            {"conversations": [{"from": "human", "value": "<image>what?"}, {"from": "gpt", "value": "red"}],
-             "images": ["train/99999.png"]},  # fmt: skip
+            {
+                "conversations": [
+                    {"from": "human", "value": "<image>what?"},
+                    {"from": "gpt", "value": "red"},
+                ],
+                "images": ["train/99999.png"],
+            },  # fmt: skip
             "99999.png (row 1 of",
         ),
     ],
@@ -255,8 +260,15 @@ def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
         for r in native_rows
     ]
     sharegpt = [
-        {"conversations": [{"from": {"user": "human", "assistant": "gpt"}.get(t["role"], t["role"]),
-                            "value": t["content"]} for t in r["messages"]]}  # fmt: skip
+        {
+            "conversations": [
+                {
+                    "from": {"user": "human", "assistant": "gpt"}.get(t["role"], t["role"]),
+                    "value": t["content"],
+                }
+                for t in r["messages"]
+            ]
+        }  # fmt: skip
         for r in native_rows
     ]
     template = f"data.chat_template={REPO / 'examples/data/chat-template.jinja'}"

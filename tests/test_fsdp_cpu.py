@@ -26,6 +26,7 @@ from support.jobs import Job, assert_same_training, make_job, python_run, run_xt
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return make_job(tmp_path_factory.mktemp("fsdp"), steps=4, save_every=2)

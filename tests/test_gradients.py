@@ -246,8 +246,16 @@ def test_image_to_text_adapters_on_encoder_and_decoder(data, tmp_path):
         builtin_image.render_line(text, rng).save(data / f"line-{i}.png")
         rows.append({"image": str(data / f"line-{i}.png"), "text": text})
     train = jsonl(data / "lines" / "train.jsonl", rows)
-    _check(_task(tmp_path / "ocr", "image-to-text", "builtin:tiny-trocr", train, "data.max_length=24",
-                 "generation.max_new_tokens=8"))
+    _check(
+        _task(
+            tmp_path / "ocr",
+            "image-to-text",
+            "builtin:tiny-trocr",
+            train,
+            "data.max_length=24",
+            "generation.max_new_tokens=8",
+        )
+    )
 
 
 def test_speech_to_text_full_fine_tune(data, tmp_path):
@@ -368,7 +376,6 @@ def test_evaluations_leave_the_trained_adapter_bitwise_the_same(data, tmp_path, 
     plain, evaluated = adapters
     assert plain.keys() == evaluated.keys() and all(torch.equal(plain[k], evaluated[k]) for k in plain)
     assert first[0] == first[1]  # every step's training loss too
-
 
 
 # -- warnings that mean wrong gradients stop the run ---------------------------------------------------

@@ -31,9 +31,7 @@ time.sleep(120)
 
 
 def hold_lock(folder: Path) -> subprocess.Popen:
-    proc = warm.popen(
-        [sys.executable, "-c", HOLD, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True
-    )
+    proc = warm.popen([sys.executable, "-c", HOLD, str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 

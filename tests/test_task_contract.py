@@ -63,9 +63,7 @@ def test_every_task_has_every_part_of_the_contract(task: Task):
 
 def test_the_registry_is_the_modules_of_the_tasks_package():
     # modules as the registry names them: "custom" at the top, "family.module" in a family's sub-package
-    modules = {
-        ".".join(p.relative_to(TASKS_DIR).with_suffix("").parts): p for p in TASKS_DIR.rglob("*.py")
-    }
+    modules = {".".join(p.relative_to(TASKS_DIR).with_suffix("").parts): p for p in TASKS_DIR.rglob("*.py")}
     exporting = {m for m, p in modules.items() if "\nTASK = Task(" in p.read_text(encoding="utf-8")}
     assert exporting == set(tasks.REGISTRY), "every module that exports a TASK is registered, and only those"
     families = {m.split(".")[0] for m in tasks.REGISTRY if "." in m}
@@ -92,9 +90,7 @@ def test_no_task_name_literal_outside_the_tasks_package():
         if TASKS_DIR not in p.parents
         for literal in _task_literals(p)
     }
-    assert found <= ALLOWED_LITERALS, (
-        f"task names outside xtrain/tasks/: {sorted(found - ALLOWED_LITERALS)}"
-    )
+    assert found <= ALLOWED_LITERALS, f"task names outside xtrain/tasks/: {sorted(found - ALLOWED_LITERALS)}"
     assert len(ALLOWED_LITERALS) <= 3
 
 

@@ -485,11 +485,7 @@ def test_tokenizer_fingerprint_is_stable(llama):
     a = AutoTokenizer.from_pretrained(llama)
     before = tokenizer_fingerprint(a)
     a(["warm up the tokenizer", "with padding"], padding=True, truncation=True, max_length=4)
-    assert (
-        tokenizer_fingerprint(a)
-        == before
-        == tokenizer_fingerprint(AutoTokenizer.from_pretrained(llama))
-    )
+    assert tokenizer_fingerprint(a) == before == tokenizer_fingerprint(AutoTokenizer.from_pretrained(llama))
 
 
 # -- bad inputs: one line each ---------------------------------------------------------------------

@@ -823,7 +823,7 @@ def option_problems(where: str, words: list[str], options: dict[str, set[str]]) 
 INSTALLS_ANOTHER_PROJECT = [
     (
         re.compile(r"(?<![\w./\\-])xtrain\[(?!/)"),
-        'an extra of the public index\'s `xtrain` (an unrelated project): install the checkout, '
+        "an extra of the public index's `xtrain` (an unrelated project): install the checkout, "
         'pip install -e ".[extra]", or the package itself (e.g. "bitsandbytes>=0.46.1")',
     ),
     (

@@ -18,7 +18,6 @@ def write_model(size: ModelSize, folder: Path) -> int:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-
     tokenizer = build_tokenizer("llama")
     vocab = max(size.vocab, len(tokenizer))
     config = LlamaConfig(

@@ -1,6 +1,6 @@
 """The built-ins' text: deterministic sentiment reviews and short stories (the built-in data sets
 and every tokenizer's corpus) and the tokenizers trained on them offline (WordPiece for BERT-style
-models, byte-level BPE for the others), each a pure function of its arguments.""" 
+models, byte-level BPE for the others), each a pure function of its arguments."""
 
 from __future__ import annotations
 

@@ -298,12 +298,14 @@ def written(meant: list[Written], found: dict[str, Found], where: str) -> list[C
             what = "other bytes" if got[:2] == (w.qtype, w.shape) else f"{got[0]} {list(got[1])}"
             raise ParityError(
                 f"{where}: the tensor {w.name} reads back as {what}, not the {w.qtype} {list(w.shape)} "
-                "xtrain wrote", fix
+                "xtrain wrote",
+                fix,
             )
         if w.differs_at is not None:
             raise ParityError(
                 f"{where}: the tensor {w.name} ({w.qtype}) reads back unlike xtrain's quantizer made "
-                f"it (value {w.differs_at} differs)", fix
+                f"it (value {w.differs_at} differs)",
+                fix,
             )
     extra = sorted(set(found) - {w.name for w in meant})
     if extra:

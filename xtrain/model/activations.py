@@ -271,7 +271,12 @@ OFFLOAD_LAYERS = 2
 
 
 def activation_term(
-    tokens: int, hidden: int, layers: int, checkpointing: bool, act: int, intermediate: int | None,
+    tokens: int,
+    hidden: int,
+    layers: int,
+    checkpointing: bool,
+    act: int,
+    intermediate: int | None,
     saved: float | None,
 ) -> float:
     """The activations' bytes: ``saved`` (the task's stacks) where known, else the per-token rule
@@ -285,7 +290,11 @@ def activation_term(
 
 
 def recompute_term(
-    tokens: int, hidden: int, checkpointing: bool, act: int, intermediate: int | None,
+    tokens: int,
+    hidden: int,
+    checkpointing: bool,
+    act: int,
+    intermediate: int | None,
     recompute: float | None,
 ) -> float:
     """Of ``activation_term``, the layer recomputed in the backward under checkpointing (created in

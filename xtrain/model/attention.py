@@ -83,7 +83,6 @@ def for_load(
     ``device`` (``Run.device``: cpu, mps, cuda, cuda:N) in ``precision`` (``Run.precision``)."""
     import torch
 
-
     where = torch.device(device)
     capability = torch.cuda.get_device_capability(where) if where.type == "cuda" else None
     config = models.load_config(source, cfg.model.trust_remote_code)
@@ -117,7 +116,6 @@ def for_plan(run: Run, model_class: str | None) -> Attention:
 def _offline_support(cfg: TrainConfig, model_class: str | None, unknown: Support) -> Support:
     """The model's support from its config where it already is (never a download)."""
     import transformers
-
 
     if model_class is None:
         return unknown

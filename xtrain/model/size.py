@@ -44,7 +44,6 @@ def quantizable_count(
     import torch
     from transformers.quantizers.quantizers_utils import should_convert_module
 
-
     patterns = skip_patterns(unquantized)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     whole = list(kept_whole or [])
@@ -116,5 +115,3 @@ def _tied_count(model: Module, config: PretrainedConfig) -> int:
     params = dict(model.named_parameters())
     pairs = [(params.get(k), params.get(src)) for k, src in keys.items()]
     return sum(a.numel() for a, b in pairs if a is not None and b is not None and a is not b)
-
-

@@ -64,7 +64,10 @@ def read(folder: str | Path) -> list[Report]:
             data = json.loads(path.read_text(encoding="utf-8"))
             reports.append(
                 Report(
-                    int(data["rank"]), str(data["message"]), data.get("hint"), int(data["exit_code"]),
+                    int(data["rank"]),
+                    str(data["message"]),
+                    data.get("hint"),
+                    int(data["exit_code"]),
                     bool(data["printed"]),
                 )  # fmt: skip
             )

@@ -113,7 +113,10 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
     else:
         with torch.no_grad():
             ids = loaded.model.generate(
-                **batch, max_new_tokens=request.max_new_tokens, pad_token_id=pad, eos_token_id=eos or None,
+                **batch,
+                max_new_tokens=request.max_new_tokens,
+                pad_token_id=pad,
+                eos_token_id=eos or None,
                 **request.decoding(),
             )[:, batch["input_ids"].shape[1] :]  # the output repeats the (left-padded) prompt
     out = [{"output": tokenizer.decode(r, skip_special_tokens=True).strip()} for r in ids]

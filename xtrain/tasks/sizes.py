@@ -69,7 +69,6 @@ def step_stacks(model: Module, cfg: TrainConfig, adapted: list[str]) -> tuple[ac
     when the task's hook cannot read the model (the per-token rule estimates it)."""
     import torch
 
-
     task = tasks.get(cfg.model.task)
     try:
         found = task.stacks(model, cfg) if task.stacks is not None else task_stacks.text_stacks(model, cfg)

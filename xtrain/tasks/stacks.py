@@ -112,6 +112,7 @@ def layers_owner(model: Module) -> str:
 def patches(config: PretrainedConfig) -> int:
     """Positions of a ViT-style encoder: (image / patch)^2, rectangles too, and its class token
     (DeiT: and its distillation token)."""
+
     def pair(value: Any) -> tuple[int, int]:
         return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
 

@@ -140,5 +140,3 @@ def check_task_keys(cfg: TrainConfig) -> None:
                     f"{key} is for {what} {', '.join(owners)}, not {task.name}",
                     f"leave {key} unset for this task",
                 )
-
-

@@ -139,7 +139,6 @@ def remove_killed_writes(output_dir: str | Path | None) -> None:
         return
     import shutil
 
-
     for path in partial_checkpoints(output_dir):
         shutil.rmtree(path, ignore_errors=True)
 

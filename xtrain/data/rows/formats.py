@@ -276,9 +276,7 @@ def chat_turns(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source:
     return cell if keys is None else mapped_turns(cell, keys, index, source, column)
 
 
-def chat_conversation(
-    d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str
-) -> Conversation:
+def chat_conversation(d: DataConfig, fmt: str, row: dict[str, Any], index: int, source: str) -> Conversation:
     """Row ``index`` of ``source`` read as text chat (``fmt``: ``detect`` of its columns): the
     checked ``chat_data.Conversation``, or a ``RowError`` naming the file, the row and the field."""
     from xtrain.data.rows import chat as chat_data

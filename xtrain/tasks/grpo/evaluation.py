@@ -81,7 +81,8 @@ class GrpoEval:
         metrics["completion_length"] = float(table[:, -1].mean())
         samples = [
             Prediction(
-                reference=self.rows[row].shown, prediction=f"{text.strip()}  [reward {r:.2f}]",
+                reference=self.rows[row].shown,
+                prediction=f"{text.strip()}  [reward {r:.2f}]",
                 labels=("prompt", "completion"),
             )
             for row, text, r in shown

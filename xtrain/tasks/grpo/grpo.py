@@ -312,7 +312,10 @@ TASK = Task(
     resume_keys=("grpo.num_generations",),
     recognizes=recognizes_none,
     predicts=Predicts(
-        takes="--prompt TEXT", load=load_for_predict, run=prompt_predict.text_predict, samples=True,
+        takes="--prompt TEXT",
+        load=load_for_predict,
+        run=prompt_predict.text_predict,
+        samples=True,
         tools=True,
     ),
     quickstart=Quickstart(

@@ -35,7 +35,6 @@ def load_for_predict(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import AutoModelForSpeechSeq2Seq
 
-
     feature_extractor, tokenizer, _ = load_processors(str(folder), False)
     base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
     model = models.load_pretrained(AutoModelForSpeechSeq2Seq, base, "auto", False, **base_load)

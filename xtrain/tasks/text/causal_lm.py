@@ -379,6 +379,7 @@ def load_for_predict(
 def _is_causal_lm(config: dict[str, Any]) -> bool:
     return any(str(a).endswith("ForCausalLM") for a in config.get("architectures") or [])
 
+
 def _quickstart_eval_file() -> Path:
     """The eval split of ``builtin:chat`` that the quickstart's base model and trained adapter
     both answer (built on first use)."""

@@ -180,7 +180,8 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     return inspect(cfg, samples, notes)
 
 
-def inspect(cfg: TrainConfig, samples: list[Sample], notes: list[str], found: LabelMapping | None = None
+def inspect(
+    cfg: TrainConfig, samples: list[Sample], notes: list[str], found: LabelMapping | None = None
 ) -> DataReport:
     """Columns and image files as ``common.image_datasets`` checks them, the labels (``found``:
     the run's mapping) against the checkpoint's classes; the example: the first training row."""
@@ -214,7 +215,6 @@ def load_for_predict(
 ) -> tuple[PreTrainedModel, None, dict[str, Any]]:
     import transformers
 
-
     labels = record.get("labels")
     if not isinstance(labels, list) or not labels:  # a full model folder names its own labels
         config = models.load_config(base, trust_remote_code=False)
@@ -229,7 +229,6 @@ def load_for_predict(
 def answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
     """Each image's most probable label and its probability (softmax over the head)."""
     import torch
-
 
     id2label = getattr(loaded.model.config, "id2label", None) or {}
     processor = loaded.parts["image_processor"]

@@ -289,7 +289,6 @@ def load_for_predict(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import VisionEncoderDecoderModel
 
-
     image_processor, tokenizer, _ = load_processors(str(folder), False)
     base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
     model = VisionEncoderDecoderModel.from_pretrained(base, trust_remote_code=False, **base_load)

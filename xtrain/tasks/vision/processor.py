@@ -182,7 +182,8 @@ def check_model_type(source: str, trust_remote_code: bool) -> PretrainedConfig:
     )
 
 
-def processor_and_render(cfg: TrainConfig, main_process_first: MainProcessFirst
+def processor_and_render(
+    cfg: TrainConfig, main_process_first: MainProcessFirst
 ) -> tuple[str, ProcessorMixin, Render]:
     """(the model's folder or hub id, its processor with ``data.min_pixels``/``max_pixels``, the
     renderer of its chat template or ``data.chat_template``)."""

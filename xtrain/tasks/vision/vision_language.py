@@ -284,7 +284,6 @@ def load_for_predict(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
     from transformers import AutoModelForImageTextToText
 
-
     processor = load_processor(str(folder), False)  # saved with the adapter
     base_load = record.get(contract.BASE_LOAD, {})  # a quantized run's base: in 4/8 bits
     model = models.load_pretrained(AutoModelForImageTextToText, base, "auto", False, **base_load)

@@ -170,5 +170,3 @@ def finite_check_input(accelerator: Accelerator, params: list[torch.Tensor]) -> 
     ok = torch.stack(flags).all().float() if flags else torch.ones((), device=accelerator.device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     return [ok.log()]  # log(1) = 0 when all are finite, log(0) = -inf otherwise
-
-
