@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from xtrain.config.schema import config_keys
@@ -196,6 +196,7 @@ def _build(task: str, data: list[dict[str, Any]], as_csv: bool) -> Any:
 
 @SLOW
 @given(rows, st.booleans())
+@example([{"text": "", "label": [{"": None, "\x00": None}]}], False)  # keys Arrow reads as one name
 def test_seq_cls_rows_are_a_workload_or_one_line(data: list[dict[str, Any]], as_csv: bool) -> None:
     xtrain_or_valid(_build, "seq-cls", data, as_csv)
 

@@ -23,6 +23,7 @@ from xtrain.errors import XtrainError
 from xtrain.runtime.quiet import quiet_data_read_errors
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from datasets import Dataset, IterableDataset
 
 
@@ -46,7 +47,32 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
         raise read_error(e, original, source, builder) from None
     if len(ds) == 0:
         raise XtrainError(f"data file {source} has no rows", "add examples to it")
+    _unique_keys(ds.data.schema, source)
     return ds
+
+
+def _unique_keys(schema: pa.Schema, source: str) -> None:
+    """Refuse objects whose keys Arrow read as one name twice (a key with a NUL character is cut
+    there: ``""`` and ``"\\u0000"``): their rows read fine, then fail when a cell is read."""
+    import pyarrow as pa
+
+    def walk(t: pa.DataType, column: str) -> None:
+        if pa.types.is_struct(t):
+            names = [t.field(i).name for i in range(t.num_fields)]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise XtrainError(
+                    f"data file {source}: objects in column '{column}' have keys that read as one name "
+                    f"({', '.join(map(repr, twice))} twice: a key with a NUL character is cut there)",
+                    "rename the keys so they differ before any \\u0000",
+                )
+            for i in range(t.num_fields):
+                walk(t.field(i).type, column)
+        elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            walk(t.value_type, column)
+
+    for field in schema:
+        walk(field.type, field.name)
 
 
 def stream_file(
@@ -64,6 +90,7 @@ def stream_file(
             return first_of_stream(stream, limit, source)
         if stream.features is None:  # a JSON document that datasets cannot type from its first lines
             return _head(load_file(original, builder, source, text), limit)
+        _unique_keys(stream.features.arrow_schema, source)
         ds, total = first_of_stream(stream, limit, source)
         if total == 1:  # one JSON object: its rows may be under one of its keys
             return _head(load_file(original, builder, source, text), limit)
