@@ -139,6 +139,36 @@ def test_every_prompt_shape_reads_with_its_columns_for_the_rewards():
         read_row({"question": "?"}, 3, "f")
 
 
+def test_predict_data_reads_the_prompts_as_training_read_them(tmp_path, reward_file):
+    """``xtrain predict --data`` on a GRPO result: text prompts as they are, a chat run's turns as a
+    conversation (its tools' schemas with it), turns without a template joined as training joins
+    them; the run's answer column is the reference."""
+    from support.gradients import jsonl
+
+    from xtrain.predict import file_config
+    from xtrain.tasks import get
+    from xtrain.tasks.grpo.predict_file import read_prompt_file, record_of
+
+    turns = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "7 squared?"}]
+    rows = [{"prompt": "2+2=", "label": "4"}, {"prompt": turns, "label": 49}, {"prompt": "no answer"}]
+    file = jsonl(tmp_path / "eval.jsonl", rows)
+    cfg = file_config(get("grpo"), {}, file)
+    run = _cfg(
+        tmp_path,
+        reward_file,
+        "grpo.answer_column=label",
+        "grpo.tools=[xtrain.builtin.agent_grpo:square]",
+    )
+    record = {**record_of(run), "chat": True}
+    text, chat, bare = read_prompt_file(cfg, record)
+    assert (text.feed, text.reference, text.shown) == ("2+2=", "4", {"input": "2+2="})
+    assert chat.feed.messages == turns and chat.reference == "49" and chat.shown == {"input": "7 squared?"}
+    assert [t["function"]["name"] for t in chat.feed.tools] == ["square"]
+    assert bare.reference is None
+    plain = read_prompt_file(cfg, {**record, "chat": False, "grpo": {"answer_column": "label"}})
+    assert plain[1].feed == "be brief\n\n7 squared?"  # no template: the turns' words, as training
+
+
 # -- reward functions ---------------------------------------------------------------------------------
 def test_the_built_in_rewards():
     prompts = ["p"] * 3

@@ -79,6 +79,19 @@ def test_one_and_two_processes_run_the_same_episodes_and_train_the_same(tools_jo
     assert code == 0, out
     row = json.loads(out.strip().splitlines()[-1])
     assert set(row) == {"input", "text", "calls"} and row["input"] == "what is 7 squared?"
+    # --data: the eval prompts as the run's evaluation answers them (its own tools, greedy episodes)
+    results = one / "eval-predictions.jsonl"
+    code = main(["predict", str(one), "--data", str(tools_job.root / "eval.jsonl"), "-o", str(results),
+                 "--max-new-tokens", "24"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    keys = {"input", "output", "calls", "reference", "exact_match"}
+    assert len(rows) == 4 and all(keys <= set(r) for r in rows)
+    assert any(" -> " in r["calls"] for r in rows), rows  # a call ran, its result shown
+    final = json.loads((one / "train_result.json").read_text())["eval_history"][-1]
+    share = sum(r["exact_match"] for r in rows) / len(rows)
+    assert share == pytest.approx(final["rewards/exact_match"]), (rows, final)
 
 
 @pytest.mark.soak

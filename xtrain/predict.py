@@ -33,7 +33,7 @@ from xtrain.model import load as models
 from xtrain.model import quantization
 from xtrain.tasks.contract import BASE_LOAD, Example, Loaded, PredictRequest, Task
 from xtrain.tasks.predicting import IMAGE_LIMIT, in_batches
-from xtrain.tasks.validation import config_from_dict
+from xtrain.tasks.validation import reader_config
 from xtrain.trained import (
     OUTPUT_FOLDERS,
     RunTask,
@@ -192,7 +192,7 @@ def file_config(task: Task, settings: dict[str, Any], file: str | Path) -> Train
         train=str(file), eval=str(file), eval_fraction=0.0, chat_template=None, packing="off",
         group_by_length=False, num_workers=None, mix="concat", mix_probs=None, max_samples=None,
     )  # fmt: skip
-    return config_from_dict({"model": {"task": task.name}, "data": data})
+    return reader_config({"model": {"task": task.name}, "data": data})
 
 
 @dataclass

@@ -238,7 +238,7 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
         raise XtrainError(
             "--data predicts every row of a file: its rows are the inputs",
             "leave out the image/audio inputs, --prompt/--question, --system and --tools (agent rows carry "
-            "their own tools), or leave out --data",
+            "their own tools, a GRPO run its grpo.tools), or leave out --data",
         )
     if not data.expanduser().exists():
         raise XtrainError(f"--data {data} not found", "pass a data file in the format the run trained on")

@@ -69,7 +69,7 @@ def eval_prompts(src: Source, count: int) -> tuple[Prompts | None, str | None]:
         return None, None
     predicts = tasks.get(src.task).predicts if src.task in tasks.all_tasks() else None
     if src.task is not None and (predicts is None or predicts.file is None):
-        # (a preference or GRPO run's rows: pairs or prompts without xtrain predict --data's reader)
+        # (a preference run's rows: pairs, without xtrain predict --data's reader)
         return None, f"no eval prompts answered: a {src.task} run's eval rows are not prompts to answer"
     file = eval_file(src)
     if file is None:

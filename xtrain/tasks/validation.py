@@ -40,6 +40,15 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
+def reader_config(data: dict[str, Any]) -> TrainConfig:
+    """A config for a task's row readers alone (``xtrain predict --data``): its values typed and
+    checked, its task named; not the checks of a training config across sections (a run's data
+    settings passed them when it trained; GRPO's would want reward functions to read prompts)."""
+    cfg = read_dict(data)
+    check_task(cfg)
+    return cfg
+
+
 def check_task(cfg: TrainConfig) -> None:
     """``model.task`` against the registry, normalised as any value with choices is
     (``values.choose``: a task's aliases, its name with underscores, case)."""

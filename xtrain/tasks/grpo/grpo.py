@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
 from xtrain.tasks import prompt_predict
-from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
+from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
+from xtrain.tasks.grpo import predict_file
+from xtrain.tasks.predicting import exact_match
 from xtrain.tasks.text.causal_lm import load_for_predict
 
 if TYPE_CHECKING:
@@ -100,6 +102,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         at_step=step.at_step,
         samples_per_item=cfg.grpo.num_generations,
         use_chunked_loss=step.use_chunked_loss,
+        record=predict_file.record_of(cfg),  # what predict --data and export read: answers, tools
     )
 
 
@@ -315,6 +318,12 @@ TASK = Task(
         takes="--prompt TEXT",
         load=load_for_predict,
         run=prompt_predict.text_predict,
+        file=FileRows(
+            rows="prompts: text, conversational or alpaca rows (the answer column scored), as it trained",
+            read=predict_file.read_prompt_file,
+            answer=predict_file.answer_prompts,
+            score=exact_match,
+        ),
         samples=True,
         tools=True,
     ),
