@@ -79,6 +79,9 @@ def test_one_and_two_processes_run_the_same_episodes_and_train_the_same(tools_jo
     assert code == 0, out
     row = json.loads(out.strip().splitlines()[-1])
     assert set(row) == {"input", "text", "calls"} and row["input"] == "what is 7 squared?"
+    code = main(["predict", str(one), "-p", "what is 7 squared?", "--format", "jsonl"])  # the run's tools
+    out = capsys.readouterr().out
+    assert code == 0 and json.loads(out.strip().splitlines()[-1]) == row, out
     # --data: the eval prompts as the run's evaluation answers them (its own tools, greedy episodes)
     results = one / "eval-predictions.jsonl"
     code = main(["predict", str(one), "--data", str(tools_job.root / "eval.jsonl"), "-o", str(results),

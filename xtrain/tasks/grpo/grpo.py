@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
-from xtrain.tasks import prompt_predict
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
 from xtrain.tasks.grpo import predict_file
 from xtrain.tasks.predicting import exact_match
@@ -317,7 +316,7 @@ TASK = Task(
     predicts=Predicts(
         takes="--prompt TEXT",
         load=load_for_predict,
-        run=prompt_predict.text_predict,
+        run=predict_file.prompt_answers,
         file=FileRows(
             rows="prompts: text, conversational or alpaca rows (the answer column scored), as it trained",
             read=predict_file.read_prompt_file,

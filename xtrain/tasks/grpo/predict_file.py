@@ -1,7 +1,9 @@
-"""``xtrain predict RUN --data FILE`` for a GRPO result: every prompt of a file in the shapes GRPO
+"""``xtrain predict`` for a GRPO result. ``--prompt``: as causal-lm's, a tools run's prompts as
+episodes that run its own tools unless ``--tools`` names others (``prompt_answers``).
+``--data FILE``: every prompt of a file in the shapes GRPO
 trains on (``rows.read_row``: text, conversational or alpaca prompts), answered as the run's
 evaluation answers them: greedily, and where the run had tools as episodes that call them (the
-run's own ``grpo.tools``, kept in its record; ``--tools`` is for ``--prompt``), the final answer
+run's own ``grpo.tools``, kept in its record), the final answer
 scored against the row's answer column (``grpo.answer_column``) where the row has one. The same
 reader gives ``xtrain export`` the run's eval prompts to answer in llama.cpp (a tools run's first
 turn: the call, as llama.cpp's parser returns it)."""
@@ -90,3 +92,15 @@ def answer_prompts(loaded: Loaded, examples: list[Example], request: PredictRequ
     )  # fmt: skip
     rows = predict_episodes(loaded, texts, render, stop, episodes)
     return [{"output": r["text"], "calls": r["calls"]} for r in rows]
+
+
+def prompt_answers(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
+    """``--prompt`` texts answered as causal-lm answers them; on a run with tools and no
+    ``--tools``, each an episode that runs the run's own tools (the calls and the answer shown)."""
+    from xtrain.tasks.prompt_predict import text_predict
+
+    if request.functions is None and request.tools is None and loaded.parts.get("chat"):
+        tools = run_tools(loaded.parts)
+        if tools:
+            request = dataclasses.replace(request, functions=tools, tools=[t.schema for t in tools])
+    return text_predict(loaded, request)
