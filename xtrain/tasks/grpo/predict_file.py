@@ -62,8 +62,8 @@ def read_prompt_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
             feed: Any = row.prompt
         elif record.get("chat"):
             feed = Conversation(list(row.prompt), tools=schemas)
-        else:  # turns, no template: the user's words as text (``PromptEncoder.text``)
-            feed = "\n\n".join(str(t["content"]) for t in row.prompt)
+        else:  # turns, no template: as training read them
+            feed = rows_.untemplated(row.prompt)
         answer = row.columns.get(column)
         out.append(Example(i, {"input": row.shown}, feed, None if answer is None else str(answer)))
     return out

@@ -59,6 +59,11 @@ def _turns(value: list[Any], where: str) -> Turns:
     return list(value)
 
 
+def untemplated(turns: Turns) -> str:
+    """Turns without a chat template, as the model reads them: their words, a blank line apart."""
+    return "\n\n".join(str(t["content"]) for t in turns)
+
+
 def read_row(row: dict[str, Any], index: int, source: str) -> PromptRow:
     """One row as a ``PromptRow`` (a row without a prompt: one line)."""
     where = f"row {index} of {source}"
@@ -102,8 +107,8 @@ class PromptEncoder:
         if not row.conversational:
             assert isinstance(row.prompt, str)
             return row.prompt
-        if self.template is None:  # turns without a template: the user's words as text
-            return "\n\n".join(str(t["content"]) for t in row.prompt)
+        if self.template is None:
+            return untemplated(row.prompt)
         return self.tokenizer.apply_chat_template(
             row.prompt,
             tokenize=False,
