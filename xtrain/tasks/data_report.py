@@ -6,7 +6,8 @@ with and without loss (``Example``, ``Piece``). Built by ``data_check``; rendere
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from xtrain.errors import XtrainError
 
@@ -95,6 +96,22 @@ class DataReport:
     sources: list[SourceCheck] = field(default_factory=list)
     example: Example | None = None
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DataReport:
+        """The report as a run saved it (``asdict``: the run folder's ``data_check.json``); keys it
+        does not know are left out, a wrong shape is a ``TypeError``/``ValueError``."""
+
+        def known(kind: type, values: Any) -> dict[str, Any]:
+            names = {f.name for f in fields(kind)}
+            return {k: v for k, v in dict(values).items() if k in names}
+
+        example = data.get("example")
+        if isinstance(example, dict):
+            pieces = [Piece(**known(Piece, p)) for p in example.get("pieces") or []]
+            example = Example(**{**known(Example, example), "pieces": pieces})
+        sources = [SourceCheck(**known(SourceCheck, s)) for s in data.get("sources") or []]
+        return cls(**{**known(cls, data), "sources": sources, "example": example})
 
     def summary(self) -> str:
         """One line: each source's rows and format, and the cut (the run's banner)."""
