@@ -69,17 +69,35 @@ class History:
     @classmethod
     def of(cls, saved: Any) -> History:
         """From anything holding the three lists (``RunState``, ``TrainState``, ``TrainResult``)
-        or a dict of them (``train_result.json``)."""
+        or a dict of them (``train_result.json``, which a person may have edited: only rows of the
+        expected shape are kept, each with a numeric step, their values numbers)."""
 
         def get(name: str) -> list:
             value = saved.get(name) if isinstance(saved, dict) else getattr(saved, name, None)
             return list(value) if isinstance(value, list) else []
 
-        return cls(get("losses"), get("log_history"), get("eval_history"))
+        losses = [
+            list(r) for r in get("losses") if isinstance(r, list) and len(r) == 2 and all(map(_number, r))
+        ]
+        return cls(losses, _rows(get("log_history")), _rows(get("eval_history")))
 
     @property
     def empty(self) -> bool:
         return not (self.losses or self.log_history or self.eval_history)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _rows(found: list[Any]) -> list[dict[str, float]]:
+    """The rows that are {key: number} with a numeric ``step``, their other values left out."""
+    rows = [
+        {k: v for k, v in r.items() if isinstance(k, str) and _number(v)}
+        for r in found
+        if isinstance(r, dict)
+    ]
+    return [r for r in rows if "step" in r]
 
 
 def smoothed(values: Sequence[float]) -> list[float]:
@@ -98,13 +116,13 @@ def smoothed(values: Sequence[float]) -> list[float]:
 def _finite(points: Iterable[tuple[Any, Any]]) -> tuple[Point, ...]:
     out = []
     for x, y in points:
-        if isinstance(y, (int, float)) and not isinstance(y, bool) and math.isfinite(y):
+        if _number(x) and _number(y) and math.isfinite(x) and math.isfinite(y):
             out.append((float(x), float(y)))
     return tuple(out)
 
 
 def _series(rows: list[dict[str, float]], key: str) -> tuple[Point, ...]:
-    return _finite((row.get("step", 0), row[key]) for row in rows if key in row)
+    return _finite((row["step"], row[key]) for row in rows if key in row)
 
 
 def _matching(rows: list[dict[str, float]], pattern: str) -> list[tuple[str, str]]:

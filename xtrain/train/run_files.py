@@ -36,7 +36,8 @@ def read_samples(out: Path) -> list[dict[str, Any]]:
     except (OSError, ValueError):
         return []
     found = data.get("evaluations") if isinstance(data, dict) else None
-    return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+    rows = [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+    return [e for e in rows if isinstance(e.get("step"), int) and isinstance(e.get("samples"), list)]
 
 
 def title_of(out: Path, task: str, model: str) -> str:
