@@ -73,12 +73,15 @@ def merged_panels(runs: list[RunView], chained: bool) -> list[Panel]:
     return [Panel(title, tuple(lines)) for title, lines in by_title.items()]
 
 
-def colors(panel: Panel) -> list[str]:
-    """A colour per line: one quantity of one run in fixed colours (train blue, eval red), else
-    one colour per (run, quantity), shared by its train and eval lines."""
+def colors(panel: Panel, runs: list[str]) -> list[str]:
+    """A colour per line, shared by a quantity's train and eval lines: of one run, one quantity in
+    fixed colours (train blue, eval red) and several a colour each; of several ``runs``, each run
+    its own colour in every panel (several quantities of a run: a colour per run and quantity)."""
     keys = list(dict.fromkeys((line.run, line.name) for line in panel.lines))
-    if len(keys) == 1:
+    if len(runs) <= 1 and len(keys) == 1:
         return [EVAL_COLOR if line.kind == EVAL else TRAIN_COLOR for line in panel.lines]
+    if len(runs) > 1 and len(keys) == len({run for run, _ in keys}):  # one quantity a run
+        return [PALETTE[runs.index(line.run) % len(PALETTE)] for line in panel.lines]
     return [PALETTE[keys.index((line.run, line.name)) % len(PALETTE)] for line in panel.lines]
 
 
@@ -94,17 +97,19 @@ def _legend(panel: Panel, shades: list[str]) -> Raw:
 def curves(runs: list[RunView], chained: bool) -> Raw:
     found = merged_panels(runs, chained)
     starts = _stages(runs, chained)
-    stages = [(s, r.name) for s, r in zip(starts, runs, strict=True)] if chained else None
+    # a chain's panels span all its stages, so the stages line up from panel to panel
+    stages = [(s, r.name) for s, r in zip(starts, runs, strict=True)] + [(starts[-1] + runs[-1].steps, "")]
+    names = [r.name for r in runs] if len(runs) > 1 else []
     figures = []
     for panel in found:
-        shades = colors(panel)
+        shades = colors(panel, names)
         figures.append(
             tag(
                 "figure",
                 join(
                     [
                         tag("figcaption", panel.title),
-                        Raw(chart(panel, shades, stages)),
+                        Raw(chart(panel, shades, stages if chained else None)),
                         _legend(panel, shades),
                     ]
                 ),
@@ -130,7 +135,7 @@ def _shown(make: Callable[[], Raw], key: str, title: str) -> Raw:
 def render(runs: list[RunView], chained: bool) -> str:
     """The whole page."""
     names = ", ".join(r.name for r in runs)
-    kind = "chain" if chained else ("runs" if len(runs) > 1 else "run")
+    kind = f"a chain of {len(runs)} runs" if chained else (f"{len(runs)} runs" if len(runs) > 1 else "1 run")
     head = join([Raw('<meta charset="utf-8">'), Raw(GENERATOR),
                  Raw('<meta name="viewport" content="width=device-width, initial-scale=1">'),
                  tag("title", f"xtrain report: {names}"), tag("style", Raw(STYLE))])  # fmt: skip
@@ -142,7 +147,7 @@ def render(runs: list[RunView], chained: bool) -> str:
         lambda: sections.evaluation(runs), lambda: samples(runs),
     ]  # fmt: skip
     body = join([
-        tag("h1", f"xtrain report: {names}"), tag("p", f"{len(runs)} {kind}", class_="dim"), where, nav,
+        tag("h1", f"xtrain report: {names}"), tag("p", kind, class_="dim"), where, nav,
         *(_shown(make, key, title) for make, (key, title) in zip(parts, SECTIONS, strict=True)),
         tag("footer", f"written by xtrain {__version__} report on {time.strftime('%Y-%m-%d %H:%M')}"),
     ])  # fmt: skip

@@ -124,7 +124,8 @@ def _line(frame: Frame, line: Line, style: Style, faint: bool) -> list[str]:
 
 def chart(panel: Panel, colors: list[str], stages: list[tuple[float, str]] | None = None) -> str:
     """The panel as an ``<svg>``: ``colors[i]`` draws ``panel.lines[i]``; ``stages``: (the step
-    a stage begins at, its name) for a chain's stages on one axis."""
+    a stage begins at, its name) for a chain's stages on one axis, the last one's name empty: the
+    step the chain ends at (the axis spans them all)."""
     xs = [x for line in panel.lines for x, _ in line.points] + [s for s, _ in stages or []]
     ys = [y for line in panel.lines for _, y in line.points]
     log = panel.log_scale
@@ -132,6 +133,8 @@ def chart(panel: Panel, colors: list[str], stages: list[tuple[float, str]] | Non
     smooth = {(line.run, line.name) for line in panel.lines if line.kind == SMOOTHED}
     body = frame.axes()
     for start, name in stages or []:
+        if not name:
+            continue
         x = frame.x(start)
         body.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{HEIGHT - BOTTOM}" class="stage"/>')
         body.append(f'<text x="{x + 4:.1f}" y="{TOP + 11}" class="stage-name">{escape(name)}</text>')
