@@ -126,7 +126,8 @@ def chart(panel: Panel, colors: list[str], stages: list[tuple[float, str]] | Non
     """The panel as an ``<svg>``: ``colors[i]`` draws ``panel.lines[i]``; ``stages``: (the step
     a stage begins at, its name) for a chain's stages on one axis, the last one's name empty: the
     step the chain ends at (the axis spans them all)."""
-    xs = [x for line in panel.lines for x, _ in line.points] + [s for s, _ in stages or []]
+    # from step 0 (the run's start: every panel's steps line up), or a chain's first stage
+    xs = [0.0, *(x for line in panel.lines for x, _ in line.points), *(s for s, _ in stages or [])]
     ys = [y for line in panel.lines for _, y in line.points]
     log = panel.log_scale
     frame = Frame((min(xs), max(xs)), (min(ys), max(ys)), log)

@@ -34,6 +34,9 @@ def _draw(ax: Axes, panel: Panel) -> None:
         else:
             ax.plot(xs, ys, "-", marker="." if len(xs) < 3 else None, color=own or TRAIN_COLOR,
                     lw=1 if smooth else 1.6, alpha=0.35 if smooth else 1.0, label=line.label)  # fmt: skip
+    last = max(x for line in panel.lines for x, _ in line.points)
+    pad = max(last, 1.0) * 0.03  # every panel from step 0 (they line up down the grid), its ends seen
+    ax.set_xlim(-pad, last + pad)
     ax.set_title(panel.title, fontsize=11)
     ax.set_xlabel("optimizer step", fontsize=9)
     ax.tick_params(labelsize=8)
