@@ -368,3 +368,15 @@ def test_any_content_of_a_runs_files_is_a_page_or_one_line(tmp_path: Path, conte
             assert "\n" not in e.one_line()
             return
         assert parsed(html).tags <= OURS
+
+
+def test_a_run_not_finished_is_reported_from_its_newest_checkpoint(tmp_path: Path) -> None:
+    folder = write_run(tmp_path / "run")
+    result = json.loads((folder / "train_result.json").read_text(encoding="utf-8"))
+    (folder / "train_result.json").unlink()
+    state = folder / "checkpoints" / "step-20" / "xtrain_state.json"
+    saved = {**json.loads(state.read_text(encoding="utf-8")), "step": 10, "total_steps": 20}
+    saved |= {k: [r for r in result[k] if r["step"] <= 10] for k in ("log_history", "eval_history")}
+    state.write_text(json.dumps(saved), encoding="utf-8")
+    text = " ".join(" ".join(parsed(render(folder)).text).split())
+    assert "10 of 20 (not finished: its newest checkpoint)" in text and "after (step 10)" in text
