@@ -178,4 +178,9 @@ def write(path: Path, text: str, force: bool) -> Path:
             )
     if not path.parent.is_dir():
         raise XtrainError(f"{path.parent} is not a folder", "choose a file in an existing folder with -o")
-    return atomic.write_text(path, text)
+    try:
+        return atomic.write_text(path, text)
+    except OSError as e:  # a run folder on a read-only share, a full disk
+        raise XtrainError(
+            f"cannot write {path}: {e.strerror or e}", "choose a writable file with --output (-o)"
+        ) from None
