@@ -10,7 +10,9 @@ import typer
 
 def report(
     runs: list[Path] = typer.Argument(
-        ..., help="Run folders (run.output_dir); several are overlaid, a chain's stages put in order."
+        ...,
+        metavar="RUN",
+        help="Run folders (run.output_dir); several are overlaid, a chain's stages put in order.",
     ),
     output: Path = typer.Option(
         None,
