@@ -36,11 +36,6 @@ def table(head: Sequence[Any], rows: Iterable[Sequence[Any]], class_: str | None
     return tag("table", join([tag("thead", header), tag("tbody", body)]), class_=class_)
 
 
-def facts(rows: Iterable[tuple[Any, Any]]) -> Raw:
-    """A two-column table of (what, value)."""
-    return tag("table", join(tag("tr", join([tag("th", k), tag("td", v)])) for k, v in rows), class_="facts")
-
-
 def section(id_: str, title: str, *parts: Any) -> Raw:
     return tag("section", join([tag("h2", title), *parts]), id=id_)
 

@@ -36,7 +36,7 @@ nav a{margin-right:14px}code,pre{font:13px/1.4 ui-monospace,Consolas,"DejaVu San
 pre.example{white-space:pre-wrap;word-break:break-word;background:#f6f6f8;padding:10px;border-radius:6px}
 mark{background:#c8f0c8;text-decoration:underline}table{border-collapse:collapse;margin:8px 0}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top;word-break:break-word}
-thead th{background:#f3f3f5}table.facts th{background:#f8f8fa;white-space:nowrap}
+thead th{background:#f3f3f5}table.plan td:first-child{white-space:nowrap;font-weight:600}
 table.samples td{max-width:380px}.note,.dim{color:#666}.warn{color:#a15c00}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(540px,1fr));gap:18px}
 figure{margin:0;border:1px solid #e4e4e8;border-radius:6px;padding:8px}
