@@ -80,6 +80,16 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         "tests/test_export.py::test_the_cli_exports_and_prints_the_checks_files_and_next_command",
     ),
     (
+        "docs/report.md",
+        r"^xtrain report xtrain-quickstart/",  # needs a finished run: the session's quickstart
+        "tests/test_report_browser.py::test_a_real_runs_report_in_a_real_browser",
+    ),
+    (
+        "docs/report.md",
+        r"^xtrain report runs/",  # several runs, a chain's stages: the test writes their files
+        "tests/test_report.py::test_several_runs_are_overlaid_and_a_chain_is_put_in_order",
+    ),
+    (
         "docs/configure.md",
         r"^xtrain configure\b",
         "tests/test_configure.py::test_doc_configure_commands_run",

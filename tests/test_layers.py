@@ -26,6 +26,7 @@ LAYERS = (
     ("trained", "predict", "run"),
     ("export",),
     ("bench",),
+    ("report",),
     ("commands",),
     ("cli", "__main__"),
 )

@@ -53,6 +53,11 @@ def test_quickstart_learns_to_chat_and_shows_answers_before_and_after(one_proces
     assert float(found[1]) == 0.0 and float(found[2]) >= 0.4  # measured 0.55 (token accuracy 0.94)
     assert f"xtrain chat {run}" in out and "--prompt" in out  # Next: predict and chat with it
     assert f"xtrain export {run} --to gguf -o {run}-gguf" in out  # and export it (test_llamacpp.py runs it)
+    # its curves named (the picture: test_report_browser.py reads it back), and the page of the run
+    assert f"Curves: {run / 'curves.png'}" in out and f"`xtrain report {run}`" in out
+    assert result["outputs"]["curves"] == str(run / "curves.png")
+    answers = json.loads((run / "answers.json").read_text(encoding="utf-8"))  # for the report
+    assert len(answers["rows"]) == 40 and f"{answers['metrics']['exact_match']['trained']:.2f}" == found[2]
     assert "Traceback" not in proc.stderr
 
 

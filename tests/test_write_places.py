@@ -218,6 +218,13 @@ def _configure_output(tmp: Path, mp: pytest.MonkeyPatch):
     return tmp / "cfg", lambda: write_text_safely("x: 1\n", tmp / "cfg" / "accelerate.yaml")
 
 
+def _report_output(tmp: Path, mp: pytest.MonkeyPatch):
+    from xtrain.report.page import write
+
+    (tmp / "reports").mkdir()
+    return tmp / "reports", lambda: write(tmp / "reports" / "report.html", "<html></html>", force=False)
+
+
 PLACES = [
     Case("built-in cache, read-only HOME", "XTRAIN_CACHE", _builtin_home),
     Case("built-in cache, XTRAIN_CACHE", "XTRAIN_CACHE", _builtin_cache),
@@ -231,6 +238,7 @@ PLACES = [
     Case("temporary folder", "TMPDIR", _temporary_folder),
     Case("temporary folder: configure --dry-run's check", "TMPDIR", _configure_check),
     Case("predict --output", "--output", _predict_output),
+    Case("report --output (a run folder on a read-only share)", "--output", _report_output),
     Case("doctor --save", "--save", _doctor_save),
     Case("configure --output", "--output", _configure_output),
 ]

@@ -20,7 +20,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # Each command lives in its own module under xtrain/commands; none imports torch at import time.
-    from xtrain.commands import bench, chat, configure, doctor, export, predict, quickstart, train
+    from xtrain.commands import bench, chat, configure, doctor, export, predict, quickstart, report, train
 
     app.command("doctor")(doctor.doctor)
     app.command("configure")(configure.configure)
@@ -30,6 +30,7 @@ def _register() -> None:
     app.command("predict")(predict.predict)
     app.command("chat")(chat.chat)
     app.command("export")(export.export)
+    app.command("report")(report.report)
 
 
 _register()

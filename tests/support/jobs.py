@@ -265,6 +265,12 @@ def assert_same_training(ref: Path, out: Path, exact: bool = False) -> None:
     a = json.loads((ref / "train_result.json").read_text())
     b = json.loads((out / "train_result.json").read_text())
     assert [s for s, _ in a["losses"]] == [s for s, _ in b["losses"]]
+    # the curves: each window's logged values continue as the loss does (a resumed run's are the
+    # uninterrupted run's), and the picture drawn from them is there
+    assert [h["step"] for h in a["log_history"]] == [h["step"] for h in b["log_history"]]
+    lrs = [h["lr"] for h in a["log_history"]]
+    assert [h["lr"] for h in b["log_history"]] == pytest.approx(lrs, rel=1e-6)
+    assert (ref / "curves.png").is_file() and (out / "curves.png").is_file()
     if exact:
         assert a["losses"] == b["losses"]
         assert a["eval_metrics"] == b["eval_metrics"]

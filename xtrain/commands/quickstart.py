@@ -56,6 +56,17 @@ def next_line(
     return f"Next: `{predict}` runs the adapter just trained{chat}{export}; {own}"
 
 
+def look_line(run_dir: Path, shell: str) -> str:
+    """Where the run's curves are drawn, and the command that puts the whole run on one page."""
+    from xtrain.shell import quote
+    from xtrain.train.run_files import CURVES
+
+    report = " ".join(quote(shell, a) for a in ["xtrain", "report", str(run_dir)])
+    page = f"`{report}` writes the whole run as one HTML page (docs/report.md)"
+    picture = run_dir / CURVES
+    return f"Curves: {picture} (open the picture); {page}." if picture.is_file() else f"Report: {page}."
+
+
 def compare_answers(base: str, run_dir: Path, file: Path) -> tuple[FileResults, FileResults]:
     """Every row of the eval ``file`` answered greedily by the ``base`` model (prompted through its
     chat template, as ``xtrain predict`` prompts a chat model) and by the result in ``run_dir``."""
@@ -85,6 +96,30 @@ def _print_answers(console: Console, before: FileResults, after: FileResults) ->
         name = key.replace("_", " ")
         line = f"{name} {was:.2f} -> {value:.2f} over {after.scored} eval rows (base model -> adapter)"
         console.print(line, soft_wrap=True, markup=False)
+
+
+def save_answers(run_dir: Path, before: FileResults, after: FileResults) -> None:
+    """The comparison kept in the run folder for ``xtrain report`` (``run_files.ANSWERS``)."""
+    from xtrain import atomic
+    from xtrain.train.run_files import ANSWERS
+
+    rows = [
+        {"prompt": a["input"], "base": b["output"], "trained": a["output"], "reference": a.get("reference")}
+        for b, a in zip(before.rows, after.rows, strict=True)
+    ]
+    metrics = {k: {"base": before.metrics.get(k), "trained": v} for k, v in after.metrics.items()}
+    saved = {"rows": rows, "metrics": metrics, "scored": after.scored}
+    atomic.write_text(run_dir / ANSWERS, json.dumps(saved, indent=1, ensure_ascii=False))
+
+
+def _before_after(console: Console, cfg: TrainConfig, run_dir: Path, file: Path) -> None:
+    """The eval ``file``'s prompts answered by the base model and the result: shown, and kept in
+    the run folder for its report."""
+    from xtrain.model.load import resolve_model
+
+    answers = compare_answers(resolve_model(cfg.model.name_or_path), run_dir, file)
+    _print_answers(console, *answers)
+    save_answers(run_dir, *answers)
 
 
 def new_run_dir(root: Path) -> Path:
@@ -245,12 +280,10 @@ def quickstart(
     seconds = time.perf_counter() - started
 
     _print_result(console, cfg, jobs[task], read_result(run_dir), seconds)
-    compare = jobs[task].compare
-    if compare is not None:
-        from xtrain.model.load import resolve_model
-
-        _print_answers(console, *compare_answers(resolve_model(cfg.model.name_or_path), run_dir, compare()))
+    if (compare := jobs[task].compare) is not None:
+        _before_after(console, cfg, run_dir, compare())
     shell = shell_for(diagnosis.plan.os_kind)
+    console.print(look_line(run_dir, shell), soft_wrap=True, markup=False)
     owner = tasks.quickstart_task(task)
     chats = owner.predicts is not None and owner.predicts.chat is not None
     exports = owner.model_class == "AutoModelForCausalLM"  # what GGUF export writes

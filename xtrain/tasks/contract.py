@@ -60,6 +60,18 @@ class Quickstart:
     default: bool = False  # the job ``xtrain quickstart`` runs without --task (one task has it)
 
 
+@dataclass(frozen=True)
+class Curve:
+    """One panel of a run's curves (``curves.png`` in the run folder, ``xtrain report``): a
+    quantity the task's users watch. ``train``: keys of the loop's logging windows (``loss``,
+    ``lr``, the task's forward ``.metrics``); ``eval``: keys of its evaluations. A ``*`` matches
+    any part of a key, and names the line (``rewards/*/mean``: a line per reward function)."""
+
+    title: str
+    train: tuple[str, ...] = ()
+    eval: tuple[str, ...] = ()
+
+
 @dataclass
 class PredictRequest:
     """What ``xtrain predict`` was given, beyond the result folder."""
@@ -232,6 +244,9 @@ class Task:
     # the model weights); a row the run would refuse raises its line. Its ``build`` runs the same
     # check on the data it loaded (``Workload.data_report``). None: not checked (custom).
     check_data: Callable[[TrainConfig, int], DataReport] | None = None
+    # What its users watch, a panel each, drawn after the loss and the learning rate (every other
+    # eval metric gets a panel of its own after them): ``train.curves``
+    curves: tuple[Curve, ...] = ()
 
 
 Batch = Mapping[str, "torch.Tensor"]
@@ -256,6 +271,9 @@ class Prediction:
     reference: str
     prediction: str
     labels: tuple[str, str] = ("reference", "prediction")
+    # what else a person reads of it, for the run's samples file (``eval_samples.json``): GRPO's
+    # reward per function and an episode's tool calls with their results
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 # evaluate(accelerator, model, eval_loader) -> (metrics, sample predictions): "eval_loss" among the

@@ -6,9 +6,11 @@ with and without loss (``Example``, ``Piece``). Built by ``data_check``; rendere
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, get_type_hints
 
 from xtrain.errors import XtrainError
+from xtrain.structured import field_error
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,24 @@ class DataReport:
     example: Example | None = None
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
 
+    @classmethod
+    def from_dict(cls, data: Any) -> DataReport:
+        """The report as a run saved it (``asdict``: the run folder's ``data_check.json``), each
+        field of each part typed; keys it does not know are left out, a value of another type is a
+        ``ValueError`` naming the field (a file edited by hand)."""
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        found = _typed(cls, data, ("sources", "example"))
+        found["sources"] = [_typed(SourceCheck, s) for s in _listed(data.get("sources", []), "sources")]
+        example = data.get("example")
+        if example is not None:
+            if not isinstance(example, dict):
+                raise ValueError("example: an object expected")
+            pieces = [Piece(**_typed(Piece, p)) for p in _listed(example.get("pieces", []), "example.pieces")]
+            found["example"] = Example(**{**_typed(Example, example, ("pieces",)), "pieces": pieces})
+        found["sources"] = [SourceCheck(**s) for s in found["sources"]]
+        return cls(**found)
+
     def summary(self) -> str:
         """One line: each source's rows and format, and the cut (the run's banner)."""
         parts = []
@@ -155,6 +175,25 @@ def cut_warnings(report: DataReport) -> list[str]:
             f"data.{s.role} {s.source} ({s.truncated} of {s.checked} checked rows are longer, up to "
             f"{max(s.lengths)} tokens): data.max_length={max(s.lengths)} keeps them whole"
         )
+    return out
+
+
+def _listed(value: Any, name: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ValueError(f"{name}: a list of objects expected")
+    return value
+
+
+def _typed(kind: type, values: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of dataclass ``kind`` in ``values`` (but ``skip``), each checked against its type."""
+    hints = get_type_hints(kind)
+    out = {}
+    for f in fields(kind):
+        if f.name in values and f.name not in skip:
+            why = field_error(values[f.name], hints[f.name])
+            if why is not None:
+                raise ValueError(f"{f.name}: {why}")
+            out[f.name] = values[f.name]
     return out
 
 

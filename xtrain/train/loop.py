@@ -53,6 +53,7 @@ from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
 from xtrain.train import checkpoint, failures, levers, parts, preflight, tracking
+from xtrain.train.curves import History
 from xtrain.train.distributed import sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.distributed.collective import (
@@ -69,6 +70,7 @@ from xtrain.train.optim import build_optimizer, build_scheduler
 from xtrain.train.precision import SkipDetector, frequent_overflow
 from xtrain.train.report import NullReporter, Reporter, StartInfo
 from xtrain.train.result import TrainResult, run_info, run_record, session_result
+from xtrain.train.run_files import RunFiles, title_of
 from xtrain.train.state import Due, RunState
 from xtrain.train.step_loss import StepLoss
 from xtrain.train.window import LogWindow, peak_memory
@@ -166,6 +168,7 @@ class Recipe:
     skips: SkipDetector
     window: LogWindow
     levers: levers.Levers  # the chunked loss and activation offloading attached to the model
+    files: RunFiles | None  # the main process's curves picture, eval samples, data check (run_files.py)
 
     def __init__(self, run: Run, reporter: Reporter | None = None, build: BuildFn | None = None) -> None:
         cfg = run.cfg
@@ -274,6 +277,25 @@ class Recipe:
         check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
         parts.start_trackers(acc, cfg, self.settings, self.device, self.out)
         self.rep.start(self._start_info())
+        self.files = self._run_files()
+
+    def _run_files(self) -> RunFiles | None:
+        """The files a person looks at (main process): the data check saved now, the eval samples
+        of a resumed run's later evaluations dropped; their warnings noted."""
+        if not self.accelerator.is_main_process:
+            return None
+        task, model = self.cfg.model.task, self.cfg.model.name_or_path
+        files = RunFiles(self.out, tasks.get(task).curves, title_of(self.out, task, model))
+        for note in files.started(self.workload.data_report, self.start_step):
+            self.rep.note(note)
+        return files
+
+    def _look(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """At an evaluation: its samples kept and the curves redrawn (main process; a failure is a
+        warning line, the run goes on)."""
+        if self.files is not None:
+            for note in self.files.evaluated(step, samples, History.of(self.state)):
+                self.rep.note(note)
 
     def _build_workload(self) -> Workload:
         """The task's model, datasets and collator (``Task.build``), the main process first."""
@@ -457,6 +479,7 @@ class Recipe:
         self.windows.append(w.record(done))
         metrics = {**w.metrics(float(self.scheduler.get_last_lr()[0])), **peak_memory(acc, self.device)}
         self.state.losses.append([done, w.loss])
+        self.state.log_history.append({"step": done, **metrics})  # the curves (run_files.py)
         acc.log(metrics, step=done)
         self.rep.progress(done, self.total_steps, metrics)
         return metrics
@@ -481,6 +504,7 @@ class Recipe:
             self.predictions[:] = [asdict(p) for p in samples]
             self.rep.predictions(step, self.predictions)
             tracking.log_text(acc, {"eval/predictions": predictions_markdown(samples)}, step)
+        self._look(step, self.predictions if samples else [])
         check_early_stopping(self.cfg.run, True, metrics)
         note = keep_best(acc, self.model, self.workload, out, step, metrics, history, self.cfg, self.record)
         if note is not None:
@@ -529,6 +553,8 @@ class Recipe:
         if (out / checkpoint.BEST).is_dir() and self.cfg.run.best_metric:
             outputs["best"] = str(out / checkpoint.BEST)
         outputs["checkpoint"] = str(self.save(final) if state.last_saved != final else self._step_dir(final))
+        if self.files is not None and self.files.picture is not None:  # drawn at the final evaluation
+            outputs["curves"] = str(self.files.picture)
         result = self._result(final, final_metrics, outputs)
         acc.wait_for_everyone()
 

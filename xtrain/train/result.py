@@ -45,6 +45,8 @@ class TrainResult:
     windows: list[dict[str, float]] = field(default_factory=list)
     # run.early_stopping_patience ended the run at final_step: step, metric, best, best_step, reason
     stopped_early: dict[str, Any] | None = None
+    # what each logging window logged: [{"step", "loss", "lr", "samples_per_s", the task's metrics}]
+    log_history: list[dict[str, float]] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainResult:
@@ -89,6 +91,7 @@ def session_result(
         global_batch=settings.global_batch,
         skipped_steps=state.skipped_steps,
         windows=windows,
+        log_history=state.log_history,
         **more,
     )
 

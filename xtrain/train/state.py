@@ -24,11 +24,14 @@ class RunState:
     eval_history: list[dict[str, float]] = field(default_factory=list)
     skipped_steps: int = 0  # optimizer updates dropped for fp16 overflow
     last_saved: int = -1  # the step of the newest checkpoint of this run
+    # what each logging window logged ({"step", "loss", "lr", the task's metrics, ...}): the curves
+    log_history: list[dict[str, float]] = field(default_factory=list)
 
     @classmethod
     def resumed(cls, saved: TrainState) -> RunState:
         """The history of the checkpoint a run resumes from (saved at its step)."""
-        return cls(list(saved.losses), list(saved.eval_history), saved.skipped_steps, saved.step)
+        history = (list(saved.losses), list(saved.eval_history))
+        return cls(*history, saved.skipped_steps, saved.step, list(saved.log_history))
 
     def saved_at(
         self,
@@ -48,7 +51,7 @@ class RunState:
             seed=seed, global_batch=settings.global_batch, per_device=settings.per_device,
             world_size=world_size, accumulation=settings.accumulation, num_samples=order.num_samples,
             total_steps=total_steps, config=config, losses=self.losses, eval_history=self.eval_history,
-            skipped_steps=self.skipped_steps,
+            skipped_steps=self.skipped_steps, log_history=self.log_history,
         )  # fmt: skip
 
 

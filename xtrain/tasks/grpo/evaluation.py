@@ -6,7 +6,8 @@ No ``eval_loss``: GRPO's loss has no meaning on prompts alone; ``reward`` is its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,10 +19,12 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
+    from xtrain.tasks.grpo.episodes import Episode
     from xtrain.tasks.grpo.rows import PromptRow
     from xtrain.tasks.grpo.step import GrpoStep
 
 SAMPLES = 4  # eval completions shown at each evaluation
+Shown = tuple[int, str, float, dict[str, Any]]  # (row, completion, reward, Prediction.details)
 
 
 class GrpoEval:
@@ -42,16 +45,14 @@ class GrpoEval:
         was_training = model.training
         model.eval()
         gathered: list[torch.Tensor] = []
-        shown: list[
-            tuple[int, str, float]
-        ] = []  # this process's first completions (the main's: the first rows)
+        shown: list[Shown] = []  # this process's first completions (the main's: the first rows)
         with torch.no_grad():
             for batch in loader:
                 rows = batch["row"].tolist()
                 if s.agent is not None:  # episodes: greedy turns with the tools
-                    texts, values, lengths = self._episodes(accelerator, model, batch, rows)
+                    texts, values, lengths, done = self._episodes(accelerator, model, batch, rows)
                     gathered.append(self._gathered(accelerator, rows, values, lengths))
-                    shown += self._shown(rows, texts, values, SAMPLES - len(shown))
+                    shown += self._shown(rows, texts, values, SAMPLES - len(shown), done)
                     continue
                 # the model's own cache: a compiled step would compile again for each eval batch size
                 with accelerator.autocast():
@@ -84,15 +85,17 @@ class GrpoEval:
                 reference=self.rows[row].shown,
                 prediction=f"{text.strip()}  [reward {r:.2f}]",
                 labels=("prompt", "completion"),
+                details=details,
             )
-            for row, text, r in shown
+            for row, text, r, details in shown
         ]
         return metrics, samples
 
     def _episodes(
         self, accelerator: Accelerator, model: torch.nn.Module, batch: dict, rows: list[int]
-    ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
-        """A batch's eval episodes, greedy: (each on one line, [n, F] rewards, [n, 1] lengths)."""
+    ) -> tuple[list[str], torch.Tensor, torch.Tensor, list[Episode]]:
+        """A batch's eval episodes, greedy: (each on one line, [n, F] rewards, [n, 1] lengths, the
+        episodes)."""
         from xtrain.model.sharding import generate_kwargs
         from xtrain.tasks.grpo import episodes as ep
 
@@ -104,7 +107,7 @@ class GrpoEval:
             done = s.agent.run(decoder, ids, mask, 1, None, None)
         values = s.score_episodes(rows, done, s.step, self.rows)
         lengths = torch.tensor([[float(sum(e.trained))] for e in done])
-        return [ep.shown(e) for e in done], values, lengths
+        return [ep.shown(e) for e in done], values, lengths, done
 
     @staticmethod
     def _gathered(
@@ -114,7 +117,23 @@ class GrpoEval:
         return accelerator.gather_for_metrics(local.to(accelerator.device)).cpu()
 
     def _shown(
-        self, rows: list[int], texts: list[str], values: torch.Tensor, room: int
-    ) -> list[tuple[int, str, float]]:
-        total = gl.total_rewards(values, torch.tensor([r.weight for r in self.step.rewards]))
-        return list(zip(rows, texts, total.tolist(), strict=True))[: max(0, room)]
+        self,
+        rows: list[int],
+        texts: list[str],
+        values: torch.Tensor,
+        room: int,
+        done: list[Episode] | None = None,
+    ) -> list[Shown]:
+        """The first ``room`` completions: (row, text, reward, details: each function's reward and
+        an episode's tool calls with their results and its answer)."""
+        rewards = self.step.rewards
+        total = gl.total_rewards(values, torch.tensor([r.weight for r in rewards]))
+        out = []
+        for i, (row, text, r) in enumerate(zip(rows, texts, total.tolist(), strict=True)):
+            given = zip(rewards, values[i].tolist(), strict=True)
+            per_fn = {f.metric: v for f, v in given if not math.isnan(v)}  # NaN: the function gave None
+            details: dict[str, Any] = {"reward": r, "rewards": per_fn}
+            if done is not None:
+                details |= {"calls": done[i].calls, "answer": done[i].answer}
+            out.append((row, text, r, details))
+        return out[: max(0, room)]

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING
 
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
-from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
+from xtrain.tasks.contract import (
+    Curve,
+    FileRows,
+    MainProcessFirst,
+    Predicts,
+    Quickstart,
+    Task,
+    recognizes_none,
+)
 from xtrain.tasks.grpo import predict_file
 from xtrain.tasks.predicting import exact_match
 from xtrain.tasks.text.causal_lm import load_for_predict
@@ -38,6 +46,17 @@ if TYPE_CHECKING:
 
 NAME = "grpo"
 METRIC = "reward"
+# what a GRPO run's users watch (train: the step's rollouts, step.py; eval: evaluation.py); a tools
+# run adds its episodes' calls, a beta > 0 run its KL (a panel without points is left out)
+CURVES = (
+    Curve("reward (weighted sum)", train=("reward",), eval=("reward",)),
+    Curve("reward per function", train=("rewards/*/mean",), eval=("rewards/*",)),
+    Curve("completion length (tokens)", train=("completions/mean_length",), eval=("completion_length",)),
+    Curve("KL to the reference", train=("kl",)),
+    Curve("groups without reward spread (no signal)", train=("frac_reward_zero_std",)),
+    Curve("tool calls per episode", train=("tools/call_frequency",)),
+    Curve("tool calls failed (share)", train=("tools/failure_frequency",)),
+)
 LOSSES = ("grpo", "dr_grpo", "dapo")  # grpo.loss: TRL's normalisations (xtrain.tasks.grpo.loss)
 
 
@@ -310,6 +329,7 @@ TASK = Task(
     peft_task_type="CAUSAL_LM",
     stacks=stacks,
     token_loss="logps",  # its forward reads the completions' log-probs, chunked (rollout.token_logps)
+    curves=CURVES,
     kv_cache_tokens=kv_cache_tokens,
     resume_keys=("grpo.num_generations",),
     recognizes=recognizes_none,

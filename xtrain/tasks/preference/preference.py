@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
 from xtrain.tasks import prompt_predict
-from xtrain.tasks.contract import MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
+from xtrain.tasks.contract import Curve, MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
 from xtrain.tasks.text.causal_lm import load_for_predict
 
 if TYPE_CHECKING:
@@ -39,6 +39,19 @@ NAME = "preference"
 METRIC = "rewards/accuracy"
 CHANCE = 0.03  # reward accuracy within this of 0.5 after training is "at chance"
 MATCH = "greedy/match"  # evaluation.MATCH: the share of eval prompts answered with the chosen answer
+# what a preference run's users watch, in training (the window's) and at evaluations (losses.reduce)
+CURVES = tuple(
+    Curve(title, train=keys, eval=keys)
+    for title, keys in (
+        ("reward accuracy (0.5 is chance)", (METRIC,)),
+        ("reward margin (chosen - rejected)", ("rewards/margin",)),
+        ("rewards of the chosen and rejected answers", ("rewards/chosen", "rewards/rejected")),
+        ("log-probabilities of the chosen and rejected answers", ("logps/chosen", "logps/rejected")),
+        ("chosen answers' NLL per token", ("nll/chosen",)),
+        ("KL (KTO's reference point)", ("kl",)),
+        ("greedy answers matching the chosen one (share)", (MATCH,)),
+    )
+)
 CHOSEN_FALL = 1.0  # nats: the chosen answers' mean summed log-prob falling more is "falling" (e times)
 
 
@@ -321,6 +334,7 @@ TASK = Task(
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     token_loss="sequence",  # its forward's log-probs chunk-wise (preference_reference.PreferenceForward)
+    curves=CURVES,
     stacks=stacks,
     resume_keys=("preference.loss",),
     recognizes=recognizes_none,

@@ -143,6 +143,7 @@ TASK = Task(
     unquantized=VL.unquantized,
     image_tokens=True,
     stacks=stacks,
+    curves=preference.CURVES,
     resume_keys=(*VL.resume_keys, "preference.loss"),
     recognizes=recognizes_none,
     predicts=VL.predicts,

@@ -47,7 +47,7 @@ from xtrain.tasks.speech.parts import (
     speech_seq2seq,
     with_metadata,
 )
-from xtrain.tasks.vision.image_to_text import PARTS
+from xtrain.tasks.vision.image_to_text import ERROR_RATES, PARTS
 
 if TYPE_CHECKING:
     from types import SimpleNamespace
@@ -236,6 +236,7 @@ TASK = Task(
     ),
     validate=validate,
     token_loss="decoder",
+    curves=(ERROR_RATES,),
     model_class="AutoModelForSpeechSeq2Seq",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,

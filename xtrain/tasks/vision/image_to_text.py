@@ -84,6 +84,8 @@ DECODER_TARGETS: dict[str, tuple[str, ...]] = {
     "mbart": _QKVO,
     "bart": _QKVO,
 }
+# what its users watch beside the losses (speech-to-text's too): both error rates in one panel
+ERROR_RATES = contract.Curve("error rate: CER and WER (0 is perfect)", eval=("cer", "wer"))
 PARTS = {"both": ("encoder", "decoder"), "encoder": ("encoder",), "decoder": ("decoder",)}
 
 
@@ -349,6 +351,7 @@ TASK = Task(
         }
     ),
     token_loss="decoder",
+    curves=(ERROR_RATES,),
     model_class="VisionEncoderDecoderModel",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,

@@ -327,6 +327,7 @@ TASK = Task(
     ),
     validate=validate,
     token_loss="next-token",
+    curves=(contract.Curve("exact match (normalised answers)", eval=("exact_match",)),),
     model_class="AutoModelForImageTextToText",
     lora_plan=lora_plan,
     full_fine_tune=full_fine_tune,

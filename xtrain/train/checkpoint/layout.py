@@ -40,6 +40,8 @@ class TrainState:
     losses: list[list[float]] = field(default_factory=list)  # [[step, loss], ...] at log points
     eval_history: list[dict[str, float]] = field(default_factory=list)
     skipped_steps: int = 0  # fp16 overflow steps the scaler skipped
+    # each logging window's logged values with its step (an older checkpoint's: [], its losses only)
+    log_history: list[dict[str, float]] = field(default_factory=list)
     version: int = STATE_VERSION
 
     def to_json(self) -> str:

@@ -1,0 +1,112 @@
+"""What a run writes into its folder for a person to look at (the main process): its curves as a
+picture (``curves.png``, redrawn at each evaluation and at the end from the run's history, so a
+resumed run continues the same curves), its evaluations' sample answers (``eval_samples.json``)
+and its data check (``data_check.json``, the dry run's report of the rows it loaded).
+``xtrain report`` reads them. None of it may end a run: a failure is one warning line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xtrain import atomic, structured
+from xtrain.train.curves import History, panels
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from xtrain.tasks.contract import Curve
+    from xtrain.tasks.data_report import DataReport
+
+CURVES = "curves.png"
+SAMPLES = "eval_samples.json"  # {"evaluations": [{"step": N, "samples": [Prediction as a dict]}]}
+DATA_CHECK = "data_check.json"  # tasks.data_report.DataReport as a dict
+# xtrain quickstart's eval prompts answered by the base model and the result (commands/quickstart.py):
+# {"rows": [{"prompt", "base", "trained", "reference"}], "metrics": {name: {"base", "trained"}}}
+ANSWERS = "answers.json"
+
+
+def read_samples(out: Path) -> list[dict[str, Any]]:
+    """The evaluations' samples a run wrote, oldest first ([] where there are none or the file is
+    not one of ours)."""
+    try:
+        data = structured.load_json((out / SAMPLES).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    found = data.get("evaluations") if isinstance(data, dict) else None
+    rows = [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+    return [e for e in rows if isinstance(e.get("step"), int) and isinstance(e.get("samples"), list)]
+
+
+def title_of(out: Path, task: str, model: str) -> str:
+    """The picture's title: the run's folder, its task and its model (a local one by its folder's
+    name, not its whole path)."""
+    shown = Path(model).name if Path(model).is_dir() else model
+    return f"{out.name}: {task} on {shown}"
+
+
+class RunFiles:
+    """The files of one run's main process; each call returns its warning lines (a failure said
+    once per kind of file, the run going on)."""
+
+    def __init__(self, out: Path, curves: tuple[Curve, ...], title: str) -> None:
+        self.out, self.curves, self.title = out, curves, title
+        self.warned: set[str] = set()
+
+    @property
+    def picture(self) -> Path | None:
+        path = self.out / CURVES
+        return path if path.is_file() else None
+
+    def started(self, report: DataReport | None, start_step: int) -> list[str]:
+        """The data check saved; the samples of evaluations after ``start_step`` dropped (a
+        resumed run evaluates them again; a new run in the folder starts the file over)."""
+        notes = self._safely("the data check", lambda: self._data_check(report))
+        if not start_step:  # a new run: an earlier run's picture is not this one's
+            notes += self._safely("the curves", lambda: (self.out / CURVES).unlink(missing_ok=True))
+        kept = [e for e in read_samples(self.out) if start_step and e.get("step", 0) <= start_step]
+        return notes + self._safely("the eval samples", lambda: self._write_samples(kept))
+
+    def evaluated(self, step: int, samples: list[dict[str, Any]], history: History) -> list[str]:
+        """An evaluation's samples kept (with the earlier ones'), the curves redrawn."""
+        notes = []
+        if samples:
+            kept = [e for e in read_samples(self.out) if e.get("step", 0) < step]
+            entry = {"step": step, "samples": samples}
+            notes += self._safely("the eval samples", lambda: self._write_samples([*kept, entry]))
+        return notes + self.draw(history)
+
+    def draw(self, history: History) -> list[str]:
+        """``curves.png`` from the history, once the run has trained a window (before its first,
+        an evaluation at step 0 has nothing to draw against)."""
+        if not (history.losses or history.log_history):
+            return []
+        return self._safely("the curves", lambda: self._draw(history))
+
+    def _draw(self, history: History) -> None:
+        from xtrain.train.plot import png
+
+        atomic.write_bytes(self.out / CURVES, png(panels(history, self.curves), self.title))
+
+    def _data_check(self, report: DataReport | None) -> None:
+        if report is not None:
+            atomic.write_text(self.out / DATA_CHECK, json.dumps(asdict(report), indent=1, default=str))
+
+    def _write_samples(self, evaluations: list[dict[str, Any]]) -> None:
+        if evaluations or (self.out / SAMPLES).exists():
+            text = json.dumps({"evaluations": evaluations}, indent=1, ensure_ascii=False, default=str)
+            atomic.write_text(self.out / SAMPLES, text)
+
+    def _safely(self, what: str, write: Callable[[], None]) -> list[str]:
+        try:
+            write()
+        except Exception as e:  # noqa: BLE001 - a picture or a side file never ends a run
+            if what in self.warned:
+                return []
+            self.warned.add(what)
+            hint = " (pip install matplotlib)" if isinstance(e, ImportError) else ""
+            why = f"{type(e).__name__}: {e}{hint}"
+            return [f"warning: {what} not written to {self.out}: {why}; training goes on"]
+        return []
