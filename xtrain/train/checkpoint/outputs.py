@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.model.lora import save_pretrained
+from xtrain.model import chain
+from xtrain.model.lora import save_pretrained, saved_adapters
+from xtrain.model.start import RUN_FILE, seal
 from xtrain.train.checkpoint.layout import RESULT_FILE
 
 if TYPE_CHECKING:
@@ -47,10 +49,12 @@ def _write_pretrained(
     if state_dict is None:
         save_pretrained(model, str(tmp))  # PiSSA/OLoRA adapters: converted to fit the original base
     else:  # gathered from a sharded model (PiSSA/OLoRA refused there: sharded.check_outputs)
-        model.save_pretrained(str(tmp), state_dict=state_dict)
+        model.save_pretrained(str(tmp), state_dict=state_dict, **saved_adapters(model))
+    chain.keep_earlier(chain.chain_of(model), tmp)  # a chained stage's earlier adapters, beside it
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     for name, text in (extra or {}).items():
+        text = seal(text, tmp) if name == RUN_FILE else text  # the record names its adapter's hash
         (tmp / name).write_text(text, encoding="utf-8")
     _replace_dir(tmp, final)
 
