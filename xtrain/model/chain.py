@@ -87,6 +87,7 @@ def attach(
     names = tuple(name_of(a) for a in earlier)
     chain = Chain((*names, TRAINED), (*names, REFERENCE) if continued else names, earlier)
     _activate(peft_model, chain.active, trainable={TRAINED})
+    _no_dropout(peft_model, {*names, REFERENCE})
     setattr(peft_model, ATTRIBUTE, chain)
     peft_model.train()  # (peft loads an adapter in float32: trained weights stay float32)
     return peft_model
@@ -112,6 +113,19 @@ def _activate(peft_model: PeftModel, names: tuple[str, ...], trainable: set[str]
     peft_model.base_model.set_adapter(list(names))
     for name in names:
         peft_model.set_requires_grad(name, requires_grad=name in trainable)
+
+
+def _no_dropout(peft_model: PeftModel, frozen: set[str]) -> None:
+    """The frozen adapters compute as the start did at its end, in training too: no LoRA dropout
+    (a regulariser of the weights that train; the reference is then the same function as the
+    start whatever the mode)."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    for module in peft_model.modules():
+        if isinstance(module, LoraLayer):
+            for name in frozen & set(module.lora_dropout.keys()):
+                module.lora_dropout[name] = torch.nn.Identity()
 
 
 def chain_of(model: Module) -> Chain | None:

@@ -88,8 +88,8 @@ def check_start(run: Run, start: Start) -> None:
     given = sorted(set(NEW_ADAPTER_KEYS) & (given_keys(cfg) or set()))
     if lora.continue_adapter and given:
         raise XtrainError(
-            f"lora.continue_adapter=true trains {name}'s adapter as it is; {', '.join(given)} "
-            "shape a new adapter",
+            f"lora.continue_adapter=true trains {name}'s adapter on with its own settings (its "
+            f"adapter_config.json); {', '.join(given)} are a new adapter's",
             f"leave out {', '.join(given)}, or lora.continue_adapter to train a new adapter on top",
         )
 
