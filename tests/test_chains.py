@@ -49,8 +49,8 @@ def sft(tmp_path_factory) -> Path:
             ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm",
              f"data.train={jsonl(root / 'train.jsonl', _sft_rows(48, 3))}", "data.eval=null",
              "data.max_length=48", "lora.r=4", "lora.alpha=8", "lora.target_modules=all-linear",
-             "lora.dropout=0.0", "optim.lr=1e-2", "optim.warmup_steps=0", "batch.per_device=8", "run.max_steps=6",
-             f"run.output_dir={root / 'out'}", "run.report_to=none", "run.log_every=6"],
+             "lora.dropout=0.0", "optim.lr=1e-2", "optim.warmup_steps=0", "batch.per_device=8",
+             "run.max_steps=6", f"run.output_dir={root / 'out'}", "run.report_to=none", "run.log_every=6"],
         )  # fmt: skip
         train(cfg, this_machine())
     return root / "out"
