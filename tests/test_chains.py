@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.chains import sft_result
 from support.gradients import assert_same_gradients, jsonl, xtrain_gradients
-from support.workloads import build_workload, this_machine
+from support.workloads import build_workload
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
@@ -29,31 +30,9 @@ from xtrain.tasks.validation import load_config
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
 
-def _sft_rows(n: int, seed: int) -> list[dict]:
-    """Prompt/response rows answered in the chosen (friendly) style: an SFT that moves the model."""
-    return [{"prompt": r["prompt"], "response": r["chosen"]} for r in builtin.preference_examples(n, seed)]
-
-
 @pytest.fixture(scope="module")
 def sft(tmp_path_factory) -> Path:
-    """An SFT result of xtrain's own loop on the built-in tiny llama (its adapter moved well away
-    from zero: the start differs from the base), in the session's shared cache."""
-    from xtrain.train.loop import train
-
-    root = tmp_path_factory.mktemp("sft")
-    caches = tmp_path_factory.getbasetemp() / "offline-caches"
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XTRAIN_CACHE", str(caches / "xtrain"))
-        cfg = load_config(
-            None,
-            ["model.name_or_path=builtin:tiny-llama", "model.task=causal-lm",
-             f"data.train={jsonl(root / 'train.jsonl', _sft_rows(48, 3))}", "data.eval=null",
-             "data.max_length=48", "lora.r=4", "lora.alpha=8", "lora.target_modules=all-linear",
-             "lora.dropout=0.0", "optim.lr=1e-2", "optim.warmup_steps=0", "batch.per_device=8",
-             "run.max_steps=6", f"run.output_dir={root / 'out'}", "run.report_to=none", "run.log_every=6"],
-        )  # fmt: skip
-        train(cfg, this_machine())
-    return root / "out"
+    return sft_result(tmp_path_factory)
 
 
 def _dpo(root: Path, start: Path | str, *extra: str):
