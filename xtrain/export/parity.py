@@ -220,8 +220,9 @@ def compare(name: str, what: str, expected: list[torch.Tensor], got: list[torch.
 class MergeProbe:
     """Sampled rows of every LoRA-adapted weight as the merge must leave them: base + B @ A x
     scaling (a chain's adapters summed), computed in float32 from the adapted model before
-    merging (a few KiB per layer). ``check`` compares them with the merged model's weights, allowing the weight dtype's rounding
-    of the sum and of the delta (peft rounds the delta to the weight's dtype before adding it).
+    merging (a few KiB per layer). ``check`` compares them with the merged model's weights,
+    allowing the weight dtype's rounding of the sum and of the delta (peft rounds the delta to the
+    weight's dtype before adding it, one adapter at a time).
     DoRA layers (a magnitude rescales the merged weight) and embedding adapters are left to the
     logits check."""
 
