@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.chains import sft_result, train_stage
+from support.gradients import jsonl
 
 from xtrain import builtin
 from xtrain.model.start import RUN_FILE, start_of
@@ -149,3 +150,31 @@ def test_a_dora_stage_is_not_one_adapter_and_saves_the_merged_chain_instead(chai
     _, loaded = lib.load_predictor(dora)
     merged = AutoModelForCausalLM.from_pretrained(dora / "merged", dtype=torch.float32).eval()
     torch.testing.assert_close(_logits(merged), _logits(loaded.model), rtol=1e-4, atol=1e-4)
+
+
+def test_the_docs_chain_commands_run(chained, tmp_path, capsys, monkeypatch):
+    """docs/chains.md's commands as a new user types them, in their own folder: the dry run of a
+    DPO stage from the chained result says what it starts from (from its files alone), predict
+    answers from it; a folder that holds no result is one line."""
+    from xtrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "dpo").symlink_to(chained)
+    jsonl(tmp_path / "pairs.jsonl", builtin.preference_examples(16, 5))
+    (tmp_path / "dpo.yaml").write_text(
+        "model:\n  name_or_path: runs/dpo\n  task: preference\ndata:\n  train: pairs.jsonl\n"
+        "run:\n  output_dir: runs/dpo2\n",
+        encoding="utf-8",
+    )
+    assert main(["train", "dpo.yaml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "Start: runs/dpo (causal-lm -> causal-lm: 2 adapters on builtin:tiny-llama); a new adapter on top"
+        in out
+    )
+    assert main(["predict", "runs/dpo", "--prompt", "where is the frog?"]) == 0
+    assert "where is the frog?" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert main(["predict", "empty", "--prompt", "hi"]) == 2
+    assert "holds no adapter or model" in capsys.readouterr().err

@@ -155,12 +155,18 @@ def start_of(name: str) -> Start:
     """The ``Start`` of ``model.name_or_path``: a trained result read from its files, anything
     else (a built-in, a hub id, a model folder without a record, a path not there: the preflight
     says so) its own base. A folder that is neither a model nor a result is one line."""
+    if builtin.is_stage(name):  # a trained built-in: its result (one line when not built yet)
+        return _start_in(name, model_folder(builtin.stage_result(name)))
     if builtin.is_builtin(name) or not Path(name).expanduser().is_dir():
         return Start(name, name)
     try:
         folder = model_folder(name)
     except XtrainError:  # neither a model nor a result: the load says what it lacks
         return Start(name, name)
+    return _start_in(name, folder)
+
+
+def _start_in(name: str, folder: Path) -> Start:
     record_path = folder / RUN_FILE
     stamp = record_path.stat().st_mtime_ns if record_path.is_file() else 0
     return _read_start(name, str(folder), stamp)

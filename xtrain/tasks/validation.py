@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import tasks
+from xtrain.builtin import StageNotBuilt
 from xtrain.config.loading import read_config, read_dict
 from xtrain.config.schema import TrainConfig, given_keys, sections
 from xtrain.config.values import choose
@@ -47,7 +48,10 @@ def take_start(cfg: TrainConfig) -> None:
     ``model.quantization``, unless the config names one (``model.quantization: null``: 16 bits)."""
     if "model.quantization" in (given_keys(cfg) or ()) or cfg.model.quantization is not None:
         return
-    cfg.model.quantization = start_of(cfg.model.name_or_path).quantization
+    try:
+        cfg.model.quantization = start_of(cfg.model.name_or_path).quantization
+    except StageNotBuilt:  # a trained built-in (16-bit) before its stage ran: where a run starts
+        return
 
 
 def reader_config(data: dict[str, Any]) -> TrainConfig:

@@ -53,7 +53,7 @@ from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
-from xtrain.train import checkpoint, failures, levers, parts, preflight, tracking
+from xtrain.train import builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
 from xtrain.train.distributed import sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.distributed.collective import (
@@ -99,6 +99,7 @@ def train(
     The library's entry (tests, benchmarks, notebooks): the preflight checks run here (their
     refusals raise; ``python -m xtrain.run`` builds its Run, runs them and prints their warnings,
     then calls ``train_run``)."""
+    builtin_stages.ensure(cfg.model.name_or_path, train_run)  # a trained built-in: trained first
     run = for_process(cfg, LaunchContext.from_env(), plan=plan)
     preflight.run_checks(run)
     return train_run(run, reporter, build=build)
