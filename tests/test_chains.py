@@ -293,3 +293,65 @@ def test_grpo_from_a_result_starts_at_kl_0_and_its_gradients_equal_the_loss_by_h
     (sum(sums) / tokens).backward()  # dapo: every completion token of the global batch
     want = {n: p.grad.detach().float().cpu() for n, p in policy.named_parameters() if p.grad is not None}
     assert_same_gradients(capture.grads, want)
+
+
+def test_no_training_loop_is_left_in_the_built_ins():
+    """The trained built-ins come from xtrain's own SFT stage (jobs/sft-*.yaml), not from loops of
+    their own in xtrain/builtin/."""
+    folder = Path(builtin.__file__).parent
+    loops = [
+        p.name for p in folder.glob("*.py") if ".backward(" in p.read_text() or "optimizer" in p.read_text()
+    ]
+    assert not loops
+    for name in builtin.STAGES:
+        job = load_config(builtin.stage_job(f"builtin:{name}"), [])
+        assert job.model.task == "causal-lm" and job.run.max_steps
+
+
+STAGE_SCRIPT = """
+import sys
+from xtrain import builtin
+from xtrain.train.builtin_stages import ensure
+from xtrain.train.loop import train_run
+
+builtin.STAGES["tiny-test"] = sys.argv[1]
+print("result", ensure("builtin:tiny-test", train_run, lambda line: print("said", line)), flush=True)
+"""
+
+
+def test_a_trained_built_in_is_trained_once_by_processes_that_start_together(tmp_path):
+    """Two processes that name a trained built-in at once (each a rank of a launch here: the stage
+    then runs in a process of its own, without the launch variables) train it once, under the
+    lock; both get the same result, a start read from its files."""
+    import os
+    import subprocess
+    import sys
+
+    job = tmp_path / "sft-tiny-test.yaml"
+    job.write_text(
+        "model: {name_or_path: builtin:tiny-llama, task: causal-lm}\n"
+        "data: {train: builtin:preference-sft, eval: null, max_length: 48, max_samples: 32}\n"
+        "batch: {per_device: 8}\nrun: {max_steps: 2, report_to: none}\n",
+        encoding="utf-8",
+    )
+    procs = []
+    for rank in (0, 1):
+        env = {
+            **os.environ,
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+        }
+        cmd = [sys.executable, "-c", STAGE_SCRIPT, str(job)]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    said = [line for out, _ in outs for line in out.splitlines() if line.startswith("said")]
+    assert len(said) == 2 and "training it once" in said[0] and "trained in" in said[1], said
+    results = {line for out, _ in outs for line in out.splitlines() if line.startswith("result")}
+    assert len(results) == 1
+    folder = Path(results.pop().split(" ", 1)[1])
+    assert not (folder / "checkpoints").exists() and (folder / "adapter" / RUN_FILE).is_file()

@@ -35,8 +35,10 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 - ``builtin:tiny-agent-grpo`` / ``builtin:arithmetic``: the tiny agent after a short SFT that calls
   a tool now and then and otherwise guesses (a trained built-in), and questions whose exact answer
   needs the tool, for agents trained by reward (``xtrain.builtin.agent_grpo``, docs/grpo.md).
-- ``builtin:preference-sft``, ``builtin:preference-sft-curt``, ``builtin:agent-sft``: the SFT data
-  of the three trained built-ins.
+- ``builtin:tiny-agent-calls``: the tiny agent after a short SFT in which every answer calls the
+  right tool (a trained built-in: the first stage of ``builtin:tiny-agent-grpo``).
+- ``builtin:preference-sft``, ``builtin:preference-sft-curt``, ``builtin:agent-sft-calls``,
+  ``builtin:agent-sft``: the SFT data of the trained built-ins.
 - ``builtin:tiny-vit`` / ``builtin:color-shapes``: a tiny ViT image classifier with its image
   processor and images of coloured shapes labelled by shape, for image classification
   (``xtrain.builtin.image_classes``).
@@ -66,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import atomic
-from xtrain.builtin.agent_grpo import arithmetic_examples
+from xtrain.builtin.agent_grpo import arithmetic_examples, calling_examples
 from xtrain.builtin.agent_grpo import sft_examples as agent_sft_examples
 from xtrain.builtin.chat import chat_examples
 from xtrain.builtin.preference import curt_sft_examples, preference_examples
@@ -96,6 +98,7 @@ MODELS = (
 STAGES = {
     "tiny-llama-sft": "sft-tiny-llama-sft.yaml",
     "tiny-llama-grpo": "sft-tiny-llama-grpo.yaml",
+    "tiny-agent-calls": "sft-tiny-agent-calls.yaml",
     "tiny-agent-grpo": "sft-tiny-agent-grpo.yaml",
 }
 JOBS = Path(__file__).resolve().parent / "jobs"
@@ -114,6 +117,7 @@ DATASETS = (
     "preference-sft",
     "preference-sft-curt",
     "agent-sft",
+    "agent-sft-calls",
 )
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
@@ -211,7 +215,8 @@ _DATA_SPECS: dict[str, tuple[Callable[[int, int], list[dict[str, Any]]], int, in
     "arithmetic": (arithmetic_examples, 400, 100),
     "preference-sft": (preference_sft_examples, 400, 40),
     "preference-sft-curt": (curt_sft_examples, 400, 40),
-    "agent-sft": (agent_sft_examples, 4000, 40),
+    "agent-sft": (agent_sft_examples, 2000, 40),
+    "agent-sft-calls": (calling_examples, 4000, 40),
 }
 
 
@@ -371,11 +376,16 @@ def stage_job(name: str) -> Path:
 
 
 def stage_folder(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where the result of ``name``'s job is kept: named by the job's text, ``VERSION`` and
-    ``DATA_SEED`` (a changed job or generator trains anew, never reuses a stale result)."""
+    """Where the result of ``name``'s job is kept: named by the job's text, ``VERSION``,
+    ``DATA_SEED`` and its start's own name when that is a trained built-in too (a changed job,
+    generator or earlier stage trains anew, never reuses a stale result)."""
     import hashlib
+    import re
 
-    key = hashlib.sha256(f"{stage_job(name).read_text(encoding='utf-8')}|{VERSION}|{DATA_SEED}".encode())
+    text = stage_job(name).read_text(encoding="utf-8")
+    start = re.search(r"name_or_path:\s*(builtin:[\w.-]+)", text)
+    earlier = stage_folder(start[1], cache_dir).name if start and is_stage(start[1]) else ""
+    key = hashlib.sha256(f"{text}|{VERSION}|{DATA_SEED}|{earlier}".encode())
     return cache_root(cache_dir) / "stages" / f"{strip_prefix(name)}-{key.hexdigest()[:12]}"
 
 

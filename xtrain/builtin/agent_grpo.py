@@ -6,12 +6,14 @@ the rows ask for the square or the cube of a number, which the tiny model cannot
 (``{"prompt": [{"role": "user", "content": "what is 17 squared?"}], "answer": "289"}``), so the
 exact answer comes from calling the right tool with the number and copying its result.
 
-``builtin:tiny-agent-grpo`` is ``builtin:tiny-agent`` after a short SFT by xtrain's own SFT stage
-(``jobs/sft-tiny-agent-grpo.yaml``, a LoRA adapter on ``builtin:agent-sft``: conversations where
-about ``CALL_SHARE`` of the answers open with a call of the right tool and answer with its
-result, and the rest guess in a sentence of their own, ``i think it is 57.``). Greedy decoding
-starts on the guess (exact answer near 0), while sampling calls a tool now and then: GRPO's groups
-learn from those episodes to call and answer exactly.
+``builtin:tiny-agent-grpo`` is ``builtin:tiny-agent`` after two short SFT stages of xtrain's own
+(a chain of built-ins): ``builtin:tiny-agent-calls`` (``jobs/sft-tiny-agent-calls.yaml``, on
+``builtin:agent-sft-calls``: every answer calls the right tool with the question's number and
+copies its result), then ``jobs/sft-tiny-agent-grpo.yaml`` from it, on ``builtin:agent-sft``:
+conversations where ``CALL_SHARE`` of the answers call and the rest guess in a sentence of their
+own (``i think it is 57.``), which sets the choice to call without unlearning how. Greedy decoding
+starts on the guess (exact answer near 0), while sampling calls a tool now and then, with the
+right number: GRPO's groups learn from those episodes to call and answer exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import random
 from typing import Any
 
 TOOLS = ["xtrain.builtin.agent_grpo:square", "xtrain.builtin.agent_grpo:cube"]
-CALL_SHARE = 0.3  # of the SFT conversations: a call, its result and the answer (else a guess)
+CALL_SHARE = 0.25  # of the second SFT's conversations: a call, its result and the answer (else a guess)
 QUICKSTART_PROMPT = "what is 17 squared?"
 _NUMBERS = range(2, 36)  # one token each (with its space) in the tiny agent's vocabulary
 
@@ -97,10 +99,16 @@ def sft_conversation(rng: random.Random, call_share: float = CALL_SHARE) -> list
     ]
 
 
-def sft_examples(n: int, seed: int) -> list[dict[str, Any]]:
-    """``n`` SFT conversations with the calculator's schemas (``builtin:agent-sft``): about
-    ``CALL_SHARE`` of them call the right tool and answer with its result, the rest guess. The
-    data of ``builtin:tiny-agent-grpo``, trained by xtrain's own SFT stage (jobs/sft-tiny-agent-grpo.yaml)."""
+def sft_examples(n: int, seed: int, call_share: float = CALL_SHARE) -> list[dict[str, Any]]:
+    """``n`` SFT conversations with the calculator's schemas: ``call_share`` of them call the
+    right tool and answer with its result, the rest guess (``builtin:agent-sft``: the decision's
+    prior, jobs/sft-tiny-agent-grpo.yaml)."""
     rng = random.Random(seed)
     tools = json.dumps(schemas())
-    return [{"messages": sft_conversation(rng), "tools": tools} for _ in range(n)]
+    return [{"messages": sft_conversation(rng, call_share), "tools": tools} for _ in range(n)]
+
+
+def calling_examples(n: int, seed: int) -> list[dict[str, Any]]:
+    """``sft_examples`` that all call (``builtin:agent-sft-calls``: the call's arguments and the
+    copy of its result, jobs/sft-tiny-agent-calls.yaml)."""
+    return sft_examples(n, seed, call_share=1.0)

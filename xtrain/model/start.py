@@ -112,6 +112,8 @@ class Start:
         if not self.result:
             return self.base
         stages = " -> ".join(str(e.get("task")) for e in self.lineage) or "a result"
+        if not self.adapters:
+            return f"{self.name} ({stages}: a whole model, {self.base})"
         adapters = f"{len(self.adapters)} adapter{'s' * (len(self.adapters) != 1)}"
         return f"{self.name} ({stages}: {adapters} on {self.base})"
 
@@ -239,6 +241,16 @@ def check_unchanged(adapter: StartAdapter) -> None:
             f"{path} changed since its run recorded it (sha256 {adapter.sha256[:12]}...)",
             "train that stage again, or start from the result folder as its run wrote it",
         )
+
+
+def moved(result: Path, source: Path) -> None:
+    """A result trained in one folder and moved to ``source`` (a built-in stage's private build
+    renamed into place): its records' own lineage entry names the folder it is in now."""
+    for path in result.rglob(RUN_FILE):
+        data = read_json_object(path)
+        if data.get(LINEAGE):
+            data[LINEAGE][-1]["source"] = str(source)
+            path.write_text(json.dumps(data), encoding="utf-8")
 
 
 def seal(record: str, folder: Path) -> str:

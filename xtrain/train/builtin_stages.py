@@ -30,12 +30,17 @@ from pathlib import Path
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
+from xtrain.model.start import moved
 from xtrain.planning.context import LaunchContext, alone
 from xtrain.planning.run import Run, for_process
 from xtrain.runtime import lock
+from xtrain.runtime.quiet import quiet_libraries
 from xtrain.tasks.validation import load_config
 from xtrain.train.preflight import run_checks
 
+# one compute thread: a tiny model's steps gain nothing from more, a busy machine's second thread
+# made such a build several times slower (docs/grpo.md), and the weights are the same on any machine
+THREADS = 1
 Say = Callable[[str], None]
 Trainer = Callable[[Run], object]  # train.loop.train_run (passed in: the loop calls ensure too)
 
@@ -60,7 +65,8 @@ def ensure(name: str, trainer: Trainer, say: Say | None = None) -> Path | None:
         started = time.perf_counter()
         try:
             _train(job, tmp, trainer)
-            shutil.rmtree(tmp / "checkpoints", ignore_errors=True)  # its result is the adapter
+            shutil.rmtree(tmp / "checkpoints", ignore_errors=True)  # its result is the model
+            moved(tmp, place)  # its record names where it is kept, not where it trained
             final = builtin.keep_stage(name, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -74,12 +80,21 @@ def _train(job: Path, out: Path, trainer: Trainer) -> None:
     launch starts ``python -m xtrain.run`` without its launch variables instead."""
     overrides = [f"run.output_dir={out}"]
     if not LaunchContext.from_env().launched:
+        import torch
+
+        quiet_libraries()  # (the run's own workers quiet them too)
         run = for_process(load_config(job, overrides), LaunchContext(), processes=1)
         run_checks(run)
-        trainer(run)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(THREADS)
+        try:
+            trainer(run)
+        finally:
+            torch.set_num_threads(threads)
         return
     argv = [sys.executable, "-m", "xtrain.run", "--config", str(job), *overrides]
-    done = subprocess.run(argv, env=alone(), capture_output=True, text=True, check=False)
+    env = {**alone(), "OMP_NUM_THREADS": str(THREADS)}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         said = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise XtrainError(f"training the built-in stage {job.name} failed: {said}")
