@@ -1,5 +1,5 @@
-"""What a trained result is: the folder holding it (``model_folder``: an adapter, a full model, or
-a run's output folder), the task it was trained for (``run_task``: the run's record
+"""What a trained result is: the folder holding it (``model_folder``, ``model.start``'s: an adapter,
+a full model, or a run's output folder), the task it was trained for (``run_task``: the run's record
 ``xtrain_run.json`` next to the adapter, else the config in its checkpoints, else the head its
 config names), how its base was loaded (``trained_quantization``) and the run's data settings
 (``run_data``). Read from the files a run writes; nothing is loaded. ``xtrain predict``, ``xtrain

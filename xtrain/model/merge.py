@@ -7,7 +7,8 @@ merged weights to 4 bits), then peft's ``merge_and_unload``.
 both come here, so the model a run merges at its end and the one ``xtrain export --to merged``
 writes later are the same weights. The adapter is read back from its folder rather than taken
 from the trained model in memory: a PiSSA/OLoRA adapter is saved converted to fit the original
-base (``lora.save_pretrained``), which is the base loaded here.
+base (``lora.save_pretrained``), which is the base loaded here. A chained result (``model.start``)
+is its every adapter, in order, on the original base (``model.chain.load``): all of them merge.
 """
 
 from __future__ import annotations
