@@ -255,7 +255,7 @@ def test_grpo_from_a_result_starts_at_kl_0_and_its_gradients_equal_the_loss_by_h
     """GRPO with beta > 0 from the SFT result: the first step's KL to the reference is 0 (the
     policy is the start); then, the trained B moved, xtrain's gradients equal GRPO's loss written
     out over a plain peft policy with the KL to a plain peft base + SFT adapter."""
-    from support.gradients import grpo_token_loss
+    from support.gradients import dapo_gradients, grpo_token_loss
 
     extra = ["lora.continue_adapter=true"] if continued else ["lora.r=4", "lora.dropout=0.0"]
     if quantization:
@@ -284,15 +284,11 @@ def test_grpo_from_a_result_starts_at_kl_0_and_its_gradients_equal_the_loss_by_h
 
     capture = xtrain_gradients(_grpo(tmp_path / "moved", sft, *extra), on_workload=record)
     policy, reference = _plain_models(capture, sft, continued)
-    sums, tokens = [], 0.0
-    for batch in batches:
-        per_token = grpo_token_loss(policy, batch, batch["advantages"], 0.9, 0.3, reference=reference)
-        mask = batch["completion_mask"].float()
-        sums.append((per_token * mask).sum())
-        tokens += float(mask.sum())
-    (sum(sums) / tokens).backward()  # dapo: every completion token of the global batch
-    want = {n: p.grad.detach().float().cpu() for n, p in policy.named_parameters() if p.grad is not None}
-    assert_same_gradients(capture.grads, want)
+
+    def per_token(batch: dict) -> torch.Tensor:
+        return grpo_token_loss(policy, batch, batch["advantages"], 0.9, 0.3, reference=reference)
+
+    assert_same_gradients(capture.grads, dapo_gradients(policy, batches, per_token))
 
 
 def test_no_training_loop_is_left_in_the_built_ins():

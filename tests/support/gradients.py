@@ -374,3 +374,18 @@ def grpo_token_loss(
     kl = torch.exp(start - policy) - (start - policy) - 1
     assert float(kl.detach().abs().max()) > 1e-4 or beta == 0, "the policy differs from its reference"
     return -torch.exp(policy - policy.detach()) * advantages.unsqueeze(1) + beta * kl
+
+
+def dapo_gradients(
+    model: Any, batches: list[dict[str, Any]], per_token: Callable[[dict[str, Any]], torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """The gradients of dapo's loss over ``batches`` (a step's micro-batches) by hand: each
+    batch's ``per_token(batch)`` losses summed over its completion tokens, over every completion
+    token of the global batch, back-propagated through ``model``."""
+    sums, tokens = [], 0.0
+    for batch in batches:
+        mask = batch["completion_mask"].float()
+        sums.append((per_token(batch) * mask).sum())
+        tokens += float(mask.sum())
+    (sum(sums) / tokens).backward()
+    return {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}

@@ -146,6 +146,11 @@ def file_sha256(path: Path) -> str:
 
 @lru_cache(maxsize=64)
 def _sha256(path: str, size: int, mtime: int) -> str:
+    return sha256_of(Path(path))
+
+
+def sha256_of(path: Path) -> str:
+    """The sha256 of a file's bytes, read now (a checkpoint's manifest checks them too)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
