@@ -1,8 +1,8 @@
 """GRPO's episodes across processes (issue 49): 1 and 2 processes run the same episodes (each
 seeded per (seed, step, row, sample) and turn, the tools deterministic) and train the same
 adapter; the result answers through ``xtrain predict --tools`` with the calls run. Real processes
-(gloo on CPU) on a quick SFT of the tiny agent that calls its calculator in most answers (the
-built-in's recipe, shorter: xtrain's own SFT stage, the GRPO stage a new adapter on top). The
+(gloo on CPU) on the built-in agent's first SFT stage (``builtin:tiny-agent-calls``: it calls its
+calculator in every answer; xtrain's own SFT stage, the GRPO stage a new adapter on top). The
 built-in job's learning at 1 and 2 processes is the soak case at the end."""
 
 from __future__ import annotations
@@ -42,27 +42,17 @@ run: {{max_steps: 3, eval_every: 3, log_every: 1, seed: 7}}
 
 @pytest.fixture(scope="module")
 def tools_job(tmp_path_factory):
-    import random
-
-    from support.chains import train_stage
-    from support.gradients import jsonl
     from support.jobs import task_job
 
-    from xtrain.builtin.agent_grpo import arithmetic_examples, schemas, sft_conversation
+    from xtrain.builtin.agent_grpo import arithmetic_examples
+    from xtrain.train.builtin_stages import ensure
+    from xtrain.train.loop import train_run
 
     root = tmp_path_factory.mktemp("grpo-tools-job")
     (root / "rewards.py").write_text(REWARDS)
-    rng, tools = random.Random(4242), json.dumps(schemas())
-    calls = [{"messages": sft_conversation(rng, 0.9), "tools": tools} for _ in range(960)]
-    # the built-in's recipe (xtrain's SFT stage, a LoRA adapter), shorter and calling in most answers
-    model = train_stage(
-        tmp_path_factory,
-        "calls-often",
-        ["model.name_or_path=builtin:tiny-agent", f"data.train={jsonl(root / 'sft.jsonl', calls)}",
-         "data.eval=null", "data.max_length=96", "lora.r=32", "lora.alpha=64", "lora.dropout=0.0",
-         "lora.target_modules=all-linear", "optim.lr=1e-2", "batch.per_device=16", "run.max_steps=60",
-         "run.log_every=60"],
-    )  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:  # the session's built-ins (a module fixture)
+        mp.setenv("XTRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain"))
+        model = ensure("builtin:tiny-agent-calls", train_run)  # the built-in's first SFT stage: it calls
     rows = [{**r, "split": "train" if i < 24 else "eval"} for i, r in enumerate(arithmetic_examples(28, 5))]
     return task_job(root, JOB, model, rows, n_train=24)  # 24 prompts, 4 eval
 
