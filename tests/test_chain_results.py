@@ -62,20 +62,18 @@ def _logits(model) -> torch.Tensor:
 
 
 def test_the_record_names_the_lineage_and_the_result_keeps_its_earlier_adapter(chained):
+    """The record names the stage it came from (the SFT run, as the report reads it), its base, its
+    own mode and hash; the earlier adapter is kept beside its own, each with the hash recorded."""
     record = json.loads((chained / "adapter" / RUN_FILE).read_text(encoding="utf-8"))
-    first, second = record["lineage"]
-    assert (first["task"], first["mode"], second["task"], second["mode"]) == (
-        "causal-lm",
-        "new",
-        "causal-lm",
-        "new",
-    )
-    assert second["source"] == str(chained.resolve()) and record["base"] == "builtin:tiny-llama"
-    assert record["single_adapter"] == "adapter-chain"
+    (first,) = record["lineage"]  # the SFT run: a run from a base model has none before it
+    assert (first["task"], first["mode"], record["mode"]) == ("causal-lm", "new", "new")
+    assert Path(first["source"]).name == "out" and (Path(first["source"]) / "adapter").is_dir()
+    assert record["base"] == "builtin:tiny-llama" and record["single_adapter"] == "adapter-chain"
     kept = chained / "adapter" / "lineage" / "0" / "adapter_model.safetensors"
     start = start_of(str(chained))
     assert [a.path for a in start.adapters] == [str(kept.parent), str(chained / "adapter")]
-    assert [a.sha256 for a in start.adapters] == [first["adapter_sha256"], second["adapter_sha256"]]
+    assert [a.sha256 for a in start.adapters] == [first["adapter_sha256"], record["adapter_sha256"]]
+    assert [e["source"] for e in start.lineage] == [first["source"], str(chained.absolute())]
 
 
 def test_predict_chat_and_the_single_adapter_are_the_chains_model(chained):
@@ -146,7 +144,7 @@ def test_a_dora_stage_is_not_one_adapter_and_saves_the_merged_chain_instead(chai
     )  # fmt: skip
     record = json.loads((dora / "adapter" / RUN_FILE).read_text(encoding="utf-8"))
     assert record["single_adapter"] is None and "DoRA" in record["single_adapter_why_not"]
-    assert len(record["lineage"]) == 3 and not (dora / "adapter-chain").exists()
+    assert len(record["lineage"]) == 2 and not (dora / "adapter-chain").exists()
     _, loaded = lib.load_predictor(dora)
     merged = AutoModelForCausalLM.from_pretrained(dora / "merged", dtype=torch.float32).eval()
     torch.testing.assert_close(_logits(merged), _logits(loaded.model), rtol=1e-4, atol=1e-4)

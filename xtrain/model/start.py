@@ -14,9 +14,13 @@ config.json), the dry run (``train.preflight.inputs``), the preference reference
 ``xtrain predict``, ``chat`` and ``export`` (``model.merge``) and the run record's ``lineage``
 all read the same ``Start`` (``start_of``, resolved once per process and name).
 
-The record names the lineage, oldest first: ``{"task", "source" (the result folder the stage
-wrote), "adapter_sha256", "mode": "new" | "continue" | "full"}``, and ``"base"``, the model the
-adapters apply to (the original base; a merged or fully fine-tuned start's own folder).
+The record names the stages the result came from under ``lineage``, oldest first (``[]`` for a
+run from a base model): ``{"task", "source" (the result folder that stage wrote), "adapter_sha256",
+"mode": "new" | "continue" | "full"}``; ``"base"``, the model the adapters apply to (the original
+base; a merged or fully fine-tuned start's own folder); and the stage's own ``"mode"`` and
+``"adapter_sha256"`` (None for a whole model), from which the next stage's entry is made
+(``Start.lineage``: the chain through the result, its own entry last, its source the folder it is
+read from).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 LINEAGE = "lineage"  # the record's keys
 BASE = "base"
+MODE = "mode"
+SHA = "adapter_sha256"
 MODES = ("new", "continue", "full")  # how a stage trained: a new adapter, the last one continued, whole
 # the files a tokenizer or a processor is saved as (one of them): where a result's tokenizer is
 _TOKENIZER_FILES = (
@@ -100,6 +106,7 @@ class Start:
     tokenizer: str | None = None
     task: str | None = None  # the result's task (None: a base model, or an adapter xtrain did not train)
     peft_task_type: str | None = None  # the last adapter's peft task type (CAUSAL_LM, SEQ_CLS, ...)
+    # the chain through the result, oldest first, its own stage last (() for a base model)
     lineage: tuple[dict[str, Any], ...] = field(default=(), compare=False)
 
     @property
@@ -117,18 +124,13 @@ class Start:
         adapters = f"{len(self.adapters)} adapter{'s' * (len(self.adapters) != 1)}"
         return f"{self.name} ({stages}: {adapters} on {self.base})"
 
-    def lineage_with(self, own: dict[str, Any]) -> list[dict[str, Any]]:
-        """The lineage of a stage trained from this start: this start's, then the stage's ``own``."""
-        return [*self.lineage, own]
 
-
-def stage_record(start: Start, task: str, output_dir: str, mode: str) -> dict[str, Any]:
-    """The run record's ``lineage`` and ``base`` for a stage of ``task`` trained from ``start``
-    into ``output_dir`` (``mode``: new, continue or full); its adapter's hash is filled when the
-    adapter is written (``seal``)."""
-    own = {"task": task, "source": _absolute(output_dir), "adapter_sha256": None, "mode": mode}
+def stage_record(start: Start, mode: str) -> dict[str, Any]:
+    """The run record's ``lineage`` (the stages ``start`` came from, then itself), ``base`` and the
+    stage's ``mode`` (new, continue or full); its adapter's hash is filled when the adapter is
+    written (``seal``)."""
     base = start.base if builtin.is_builtin(start.base) else _absolute(start.base)
-    return {LINEAGE: start.lineage_with(own), BASE: base}
+    return {LINEAGE: list(start.lineage), BASE: base, MODE: mode, SHA: None}
 
 
 def _absolute(name: str) -> str:
@@ -184,11 +186,16 @@ def _read_start(name: str, where: str, stamp: int) -> Start:
     """``start_of``'s reading, once per name, folder and record (``stamp``: its time)."""
     folder = Path(where)
     record = read_json_object(folder / RUN_FILE)
-    lineage = tuple(e for e in record.get(LINEAGE) or () if isinstance(e, dict))
+    earlier = tuple(e for e in record.get(LINEAGE) or () if isinstance(e, dict))
     task = record.get("task") if isinstance(record.get("task"), str) else None
-    if not (folder / ADAPTER_CONFIG).is_file():  # a whole model: its own base, its history kept
-        if not record:
-            return Start(name, name)
+    adapter = (folder / ADAPTER_CONFIG).is_file()
+    if not adapter and not record:  # a model folder: its own base
+        return Start(name, name)
+    mode = record.get(MODE) if record.get(MODE) in MODES else ("new" if adapter else "full")
+    sha = record.get(SHA) if isinstance(record.get(SHA), str) else None
+    run = (folder.parent if folder.name in OUTPUT_FOLDERS else folder).absolute()  # its stage's folder
+    lineage = (*earlier, {"task": task, "source": str(run), "adapter_sha256": sha, "mode": mode})
+    if not adapter:  # a whole model (a full fine-tune, a merged chain): its own base, its history kept
         return Start(name, str(folder), task=task, lineage=lineage)
     config = read_json_object(folder / ADAPTER_CONFIG)
     base = record.get(BASE) or config.get("base_model_name_or_path")
@@ -197,9 +204,6 @@ def _read_start(name: str, where: str, stamp: int) -> Start:
             f"{folder / ADAPTER_CONFIG} does not name its base model (base_model_name_or_path)",
             "set base_model_name_or_path in it to the model the adapter was trained on",
         )
-    if not lineage:  # an adapter trained before records named their lineage, or by another tool
-        own = {"task": task, "source": str(folder), "adapter_sha256": None, "mode": "new"}
-        lineage = (own,)
     adapters = (*_chain(folder, lineage), _adapter(folder, lineage, len(lineage) - 1))
     tokenizer = str(folder) if any((folder / f).is_file() for f in _TOKENIZER_FILES) else None
     quantization = record.get("quantization") if record.get("quantization") in ("4bit", "8bit") else None
@@ -248,22 +252,11 @@ def check_unchanged(adapter: StartAdapter) -> None:
         )
 
 
-def moved(result: Path, source: Path) -> None:
-    """A result trained in one folder and moved to ``source`` (a built-in stage's private build
-    renamed into place): its records' own lineage entry names the folder it is in now."""
-    for path in result.rglob(RUN_FILE):
-        data = read_json_object(path)
-        if data.get(LINEAGE):
-            data[LINEAGE][-1]["source"] = str(source)
-            path.write_text(json.dumps(data), encoding="utf-8")
-
-
 def seal(record: str, folder: Path) -> str:
-    """The run record ``record`` (JSON text) with its own lineage entry's ``adapter_sha256``
-    filled from the adapter just written into ``folder`` (a whole model's stays None)."""
+    """The run record ``record`` (JSON text) with its ``adapter_sha256`` filled from the adapter
+    just written into ``folder`` (a whole model's stays None)."""
     data = json.loads(record)
-    lineage = data.get(LINEAGE)
     weights = folder / ADAPTER_WEIGHTS
-    if lineage and lineage[-1].get("adapter_sha256") is None and weights.is_file():
-        lineage[-1]["adapter_sha256"] = file_sha256(weights)
+    if SHA in data and data[SHA] is None and weights.is_file():
+        data[SHA] = file_sha256(weights)
     return json.dumps(data)

@@ -30,7 +30,6 @@ from pathlib import Path
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
-from xtrain.model.start import moved
 from xtrain.planning.context import LaunchContext, alone
 from xtrain.planning.run import Run, for_process
 from xtrain.runtime import lock
@@ -66,7 +65,6 @@ def ensure(name: str, trainer: Trainer, say: Say | None = None) -> Path | None:
         try:
             _train(job, tmp, trainer)
             shutil.rmtree(tmp / "checkpoints", ignore_errors=True)  # its result is the model
-            moved(tmp, place)  # its record names where it is kept, not where it trained
             final = builtin.keep_stage(name, tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -509,7 +509,7 @@ class Recipe:
         quantized = {"quantization": cfg.model.quantization} if cfg.model.quantization else {}
         # what the stage started from and trained (model.start: the lineage a next stage extends)
         mode = "full" if not cfg.lora.enabled else "continue" if cfg.lora.continue_adapter else "new"
-        stage = stage_record(start_of(cfg.model.name_or_path), cfg.model.task, cfg.run.output_dir, mode)
+        stage = stage_record(start_of(cfg.model.name_or_path), mode)
         # the data settings: ``xtrain predict --data`` reads a file with the run's own columns and format
         more = {**self.workload.record, **quantized, "data": self.config_dict["data"], **stage}
         return run_record(cfg.model.task, self.workload.chat, more)

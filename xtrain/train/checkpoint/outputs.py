@@ -12,7 +12,7 @@ from xtrain import atomic
 from xtrain.errors import XtrainError
 from xtrain.model import chain, chain_adapter
 from xtrain.model.lora import save_pretrained, saved_adapters
-from xtrain.model.start import LINEAGE, RUN_FILE, seal, start_of
+from xtrain.model.start import LINEAGE, MODE, RUN_FILE, SHA, seal, start_of
 from xtrain.train.checkpoint.layout import RESULT_FILE
 
 if TYPE_CHECKING:
@@ -102,8 +102,8 @@ SINGLE, SINGLE_WHY_NOT = "single_adapter", "single_adapter_why_not"
 
 def _write_single(adapter: Path, tokenizer: PreTrainedTokenizerBase | ProcessorMixin) -> Path:
     """``adapter-chain/`` beside the chained result in ``adapter``: its adapters concatenated
-    (``model.chain_adapter``), its tokenizer, and its record whose ``lineage`` becomes
-    ``combines`` (the folder is one adapter on the base: a start of its own)."""
+    (``model.chain_adapter``), its tokenizer, and its record naming the stages it ``combines``
+    (the folder is one adapter on the base: a start of its own, without a lineage)."""
     final = adapter.parent / chain_adapter.FOLDER
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
@@ -112,8 +112,8 @@ def _write_single(adapter: Path, tokenizer: PreTrainedTokenizerBase | ProcessorM
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     record = json.loads((adapter / RUN_FILE).read_text(encoding="utf-8"))
-    record["combines"] = record.pop(LINEAGE)
-    for key in (SINGLE, SINGLE_WHY_NOT):
+    record["combines"] = list(start_of(str(adapter)).lineage)  # the stages, this one last
+    for key in (LINEAGE, MODE, SHA, SINGLE, SINGLE_WHY_NOT):
         record.pop(key, None)
     (tmp / RUN_FILE).write_text(json.dumps(record), encoding="utf-8")
     _replace_dir(tmp, final)
