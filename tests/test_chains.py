@@ -20,7 +20,7 @@ import pytest
 import torch
 from support.chains import sft_result
 from support.gradients import assert_same_gradients, jsonl, xtrain_gradients
-from support.workloads import build_workload
+from support.workloads import build_workload, this_machine
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
@@ -38,6 +38,7 @@ def sft(tmp_path_factory) -> Path:
 def _dpo(root: Path, start: Path | str, *extra: str):
     pairs = builtin.preference_examples(8, 5)
     job = root / "dpo.yaml"  # (a job of its own: the default job's lora keys would count as given)
+    root.mkdir(parents=True, exist_ok=True)
     job.write_text("model:\n  task: preference\n", encoding="utf-8")
     return load_config(
         job,
@@ -352,3 +353,38 @@ def test_a_trained_built_in_is_trained_once_by_processes_that_start_together(tmp
     assert len(results) == 1
     folder = Path(results.pop().split(" ", 1)[1])
     assert not (folder / "checkpoints").exists() and (folder / "adapter" / RUN_FILE).is_file()
+
+
+def test_a_continued_adapter_stopped_and_resumed_trains_as_one_run(sft, tmp_path):
+    """DPO continuing the SFT adapter, stopped at its step-2 checkpoint (Ctrl+C) and run again:
+    the checkpoint holds the trained adapter only, the resume puts the start's frozen copy (the
+    reference) back from the result's files, and the adapter ends as an unstopped run's."""
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from xtrain.train.failures import TrainingStopped
+    from xtrain.train.loop import train
+    from xtrain.train.report import ListReporter
+
+    class StopAtTwo(ListReporter):
+        def checkpoint_saved(self, step: int, path: str) -> None:
+            super().checkpoint_saved(step, path)
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl+C: the loop stops at this checkpoint
+
+    extra = ("lora.continue_adapter=true", "run.max_steps=4", "run.save_every=2", "optim.lr=1e-3")
+    straight = _dpo(tmp_path / "straight", sft, *extra)
+    train(straight, this_machine())
+    stopped = _dpo(tmp_path / "stopped", sft, *extra)
+    with pytest.raises((TrainingStopped, XtrainError)):
+        train(stopped, this_machine(), StopAtTwo())
+    assert not (tmp_path / "stopped" / "out" / "adapter").exists()
+    result = train(_dpo(tmp_path / "stopped", sft, *extra), this_machine())
+    assert result.resumed_from is not None
+    a, b = (
+        load_file(str(p / "out" / "adapter" / ADAPTER_WEIGHTS))
+        for p in (tmp_path / "straight", tmp_path / "stopped")
+    )
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
