@@ -51,23 +51,22 @@ def agent(tmp_path_factory):
 
 def test_predict_with_tools_renders_them_and_shows_the_parsed_call(agent, monkeypatch):
     from xtrain.data.rows import tools as agent_rows
-    from xtrain.tasks import prompt_predict
     from xtrain.tasks.contract import PredictRequest
 
     tokenizer, model = agent
     tools = agent_rows.read_tools_file(str(TOOLS_FILE), "--tools")
     loaded, prompts = _loaded(tokenizer, model, monkeypatch, CALL)
     request = PredictRequest([], ["what is the weather like in oslo?"], tools=tools, max_new_tokens=30)
-    (row,) = prompt_predict.text_predict(loaded, request)
+    (row,) = causal_lm.TASK.predicts.run(loaded, request)
     assert "tools: get_weather(city) get_time(city) set_timer(minutes)" in prompts[0]
     assert row["call"] == 'get_weather {"city": "oslo"}' and row["text"] == CALL
     loaded, prompts = _loaded(tokenizer, model, monkeypatch, "it is snowy.")
-    (row,) = prompt_predict.text_predict(loaded, PredictRequest([], ["hi"], max_new_tokens=5))
+    (row,) = causal_lm.TASK.predicts.run(loaded, PredictRequest([], ["hi"], max_new_tokens=5))
     assert "call" not in row and row["text"] == "it is snowy." and "tools:" not in prompts[0]
 
 
 def test_data_rows_ending_on_a_call_are_scored_by_the_call(agent, monkeypatch, tmp_path):
-    from xtrain.tasks import prompt_predict
+
     from xtrain.tasks.contract import PredictRequest
     from xtrain.tasks.predicting import in_batches
 
@@ -78,15 +77,15 @@ def test_data_rows_ending_on_a_call_are_scored_by_the_call(agent, monkeypatch, t
     data = tmp_path / "calls.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]), encoding="utf-8")
     cfg = file_config(causal_lm.TASK, {}, data)
-    examples = prompt_predict.read_text_file(cfg, {"chat": True, "row_format": "messages"})
+    examples = causal_lm.TASK.predicts.file.read(cfg, {"chat": True, "row_format": "messages"})
     assert all(len(e.feed.tools) == 3 and e.feed.messages[-1]["role"] == "user" for e in examples)
     loaded, prompts = _loaded(tokenizer, model, monkeypatch, CALL)
     outputs = in_batches(
-        prompt_predict.text_answer, loaded, examples, PredictRequest([], [], max_new_tokens=30)
+        causal_lm.TASK.predicts.file.answer, loaded, examples, PredictRequest([], [], max_new_tokens=30)
     )
     refs = [e.reference for e in examples]
     expected = sum(json.loads(r) == [{"name": "get_weather", "arguments": {"city": "oslo"}}] for r in refs)
-    scores = prompt_predict.text_score(refs, [o["output"] for o in outputs])
+    scores = causal_lm.TASK.predicts.file.score(refs, [o["output"] for o in outputs])
     assert scores["call_exact_match"] == expected / len(refs)
     assert all(p.rstrip().endswith("<|im_start|>assistant") for p in prompts)
 
@@ -118,20 +117,20 @@ def _call_exact_match(run: Path) -> float:
 
 def _untrained_call_exact_match(tokenizer, model) -> float:
     """The built-in model before training, on the same rows: it makes no call."""
-    from xtrain.tasks import prompt_predict
+
     from xtrain.tasks.contract import Loaded, PredictRequest
     from xtrain.tasks.predicting import in_batches
 
     calls = builtin.ensure_builtin_data("builtin:tool-calls") / "eval-calls.jsonl"
     cfg = file_config(causal_lm.TASK, {}, calls)
-    examples = prompt_predict.read_text_file(cfg, {"chat": True, "row_format": "messages"})
+    examples = causal_lm.TASK.predicts.file.read(cfg, {"chat": True, "row_format": "messages"})
     loaded = Loaded(model, tokenizer, "builtin:tiny-agent", {"chat": True, "data": {}})
     outputs = in_batches(
-        prompt_predict.text_answer, loaded, examples, PredictRequest([], [], max_new_tokens=40)
+        causal_lm.TASK.predicts.file.answer, loaded, examples, PredictRequest([], [], max_new_tokens=40)
     )
-    return prompt_predict.text_score([e.reference for e in examples], [o["output"] for o in outputs])[
-        "call_exact_match"
-    ]
+    return causal_lm.TASK.predicts.file.score(
+        [e.reference for e in examples], [o["output"] for o in outputs]
+    )["call_exact_match"]
 
 
 @pytest.mark.soak

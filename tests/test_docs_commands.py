@@ -159,6 +159,16 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         r"^xtrain predict xtrain-output/chat-sft\b",  # needs a trained chat run: the test trains one
         "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",
     ),
+    *[  # a stage that starts from a trained result, and that result: the test trains the chain
+        ("docs/chains.md", pattern, "tests/test_chain_results.py::" + test)
+        for pattern, test in (
+            (
+                r"^xtrain (train dpo\.yaml|predict runs/dpo|chat runs/dpo)\b",
+                "test_the_docs_chain_commands_run",
+            ),
+            (r"^xtrain export runs/dpo\b", "test_the_gguf_runs_in_llamacpp_and_answers_as_the_merged_chain"),
+        )
+    ],
 ]
 
 # Shell commands that are harmless here and run as they are (with bash).

@@ -292,6 +292,7 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
     against the plain model with the weights bitsandbytes dequantizes."""
     from support.gradients import (
         assert_same_gradients,
+        dapo_gradients,
         grpo_token_loss,
         record_forward,
         reference_model,
@@ -312,20 +313,17 @@ def test_the_gradients_equal_the_grpo_loss_by_hand_over_a_plain_peft_model(
     # each group's prompt went through the model once, the completions continued its cache
     assert sum("cache" in inputs for inputs, _ in capture.inputs) == 2
     tok, ref = seen["tokenizer"], reference_model(capture).train()
-    sums, tokens = [], 0.0
-    for batch in batches:
+
+    def per_token(batch: dict) -> torch.Tensor:
         width = batch["completion_mask"].shape[1]
         texts = tok.batch_decode(batch["input_ids"][:, -width:], skip_special_tokens=True)
         rewards = torch.tensor([t.count("e") / max(len(t), 1) + len(t) / 100 for t in texts]).view(-1, 4)
         adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).reshape(-1)
         torch.testing.assert_close(batch["advantages"], adv)
-        per_token = grpo_token_loss(ref, batch, adv, temperature, beta)
-        m = batch["completion_mask"].float()
-        sums.append((per_token * m).sum())
-        tokens += float(m.sum())
-    (sum(sums) / tokens).backward()  # dapo: every completion token of the global batch
-    want = {n: p.grad.detach().float().cpu() for n, p in ref.named_parameters() if p.grad is not None}
-    assert_same_gradients(capture.grads, want)
+        return grpo_token_loss(ref, batch, adv, temperature, beta)
+
+    # dapo: every completion token of the global batch
+    assert_same_gradients(capture.grads, dapo_gradients(ref, batches, per_token))
 
 
 def test_a_reward_failing_mid_run_is_one_line_and_the_checkpoint_stays(tmp_path, reward_file):

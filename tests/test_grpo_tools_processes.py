@@ -1,9 +1,9 @@
 """GRPO's episodes across processes (issue 49): 1 and 2 processes run the same episodes (each
 seeded per (seed, step, row, sample) and turn, the tools deterministic) and train the same
 adapter; the result answers through ``xtrain predict --tools`` with the calls run. Real processes
-(gloo on CPU) on a quick SFT of the tiny agent that calls its calculator in most answers (the
-built-in's recipe, shorter). The built-in job's learning at 1 and 2 processes is the soak case at
-the end."""
+(gloo on CPU) on the built-in agent's first SFT stage (``builtin:tiny-agent-calls``: it calls its
+calculator in every answer; xtrain's own SFT stage, the GRPO stage a new adapter on top). The
+built-in job's learning at 1 and 2 processes is the soak case at the end."""
 
 from __future__ import annotations
 
@@ -42,15 +42,17 @@ run: {{max_steps: 3, eval_every: 3, log_every: 1, seed: 7}}
 
 @pytest.fixture(scope="module")
 def tools_job(tmp_path_factory):
-    from support.jobs import session_builtin, task_job
+    from support.jobs import task_job
 
-    from xtrain.builtin.agent_grpo import arithmetic_examples, build_tiny_agent_grpo
+    from xtrain.builtin.agent_grpo import arithmetic_examples
+    from xtrain.train.builtin_stages import ensure
+    from xtrain.train.loop import train_run
 
     root = tmp_path_factory.mktemp("grpo-tools-job")
     (root / "rewards.py").write_text(REWARDS)
-    model = root / "calls-often"
-    model.mkdir()
-    build_tiny_agent_grpo(session_builtin(tmp_path_factory, "builtin:tiny-agent"), model, 120, 0.9, 1.0)
+    with pytest.MonkeyPatch.context() as mp:  # the session's built-ins (a module fixture)
+        mp.setenv("XTRAIN_CACHE", str(tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain"))
+        model = ensure("builtin:tiny-agent-calls", train_run)  # the built-in's first SFT stage: it calls
     rows = [{**r, "split": "train" if i < 24 else "eval"} for i, r in enumerate(arithmetic_examples(28, 5))]
     return task_job(root, JOB, model, rows, n_train=24)  # 24 prompts, 4 eval
 

@@ -99,3 +99,29 @@ def test_the_default_job_is_chat_and_every_task_job_is_named(capsys, monkeypatch
     monkeypatch.setattr("xtrain.tasks.validation.load_config", load_config)
     assert run.main(["run.max_steps=1"]) == 2 and loaded == [str(default_job())]
     assert "error: loaded" in capsys.readouterr().err
+
+
+@pytest.mark.soak  # each first run trains its built-in SFT stage (tens of seconds) before the job
+@pytest.mark.parametrize(
+    ("task", "metric", "before", "after"),
+    [("preference", "rewards/accuracy", 0.5, 1.0), ("grpo", "reward", 0.0, 0.8)],
+)
+def test_the_quickstarts_from_a_built_in_sft_stage_learn_at_one_and_two_processes(
+    tmp_path_factory, task, metric, before, after
+) -> None:
+    """``--task preference`` (reward accuracy 0.5 -> 1.0) and ``--task grpo`` (mean reward 0 ->
+    0.8 or more) start from their built-in SFT stage's result (builtin:tiny-llama-sft,
+    builtin:tiny-llama-grpo: trained once by the first run, named in the result's lineage) and
+    learn alike at 1 and 2 processes."""
+    from support.jobs import session_quickstart
+
+    runs = []
+    for args in ((), ("--processes", "2")):
+        proc, run = session_quickstart(tmp_path_factory, "--task", task, *args)
+        first, last = _before_after(_result(run))
+        assert first[metric] == pytest.approx(before, abs=0.05) and last[metric] >= after, (first, last)
+        runs.append(last[metric])
+        record = json.loads((run / "adapter" / "xtrain_run.json").read_text())
+        (stage,) = record["lineage"]  # the built-in SFT stage it started from, trained whole
+        assert (stage["task"], stage["mode"], record["mode"]) == ("causal-lm", "full", "new")
+    assert runs[0] == pytest.approx(runs[1], abs=0.02)

@@ -94,6 +94,22 @@ def test_no_task_name_literal_outside_the_tasks_package():
     assert len(ALLOWED_LITERALS) <= 3
 
 
+def test_what_every_task_shares_imports_no_task_family():
+    """The modules at tasks/' top (prompt_predict, predicting, common, ...) import no module of a
+    task family's sub-package: a family's hooks come in through the contract (``ToolUse``)."""
+    families = {p.name for p in TASKS_DIR.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    found = []
+    for module in sorted(TASKS_DIR.glob("*.py")):
+        if module.name == "__init__.py":  # the registry names the task modules, as data
+            continue
+        for node in ast.walk(ast.parse(module.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("xtrain.tasks."):
+                part = node.module.split(".")[2]
+                if part in families:
+                    found.append(f"{module.name}: {node.module}")
+    assert not found, found
+
+
 def test_reading_the_registry_imports_no_heavy_library():
     code = (
         "import sys; from xtrain import tasks; tasks.all_tasks();"

@@ -135,6 +135,7 @@ def _main(argv: list[str] | None) -> tuple[int, LaunchContext | None]:
 
         args.config = args.config or str(default_job())  # none named: the job `xtrain quickstart` runs
         cfg = load_config(args.config, args.overrides)
+        _built_in_start(cfg, context)  # a trained built-in as the start: trained once, first
         fitted = _fit_defaults(cfg, context)  # lengths the user did not set, from the model's positions
         # the launch mode, in one place: a rank of a launcher, accelerate's one-process launch
         # (xtrain.run starts the workers), --processes N (the same), or this process alone
@@ -161,6 +162,19 @@ def _main(argv: list[str] | None) -> tuple[int, LaunchContext | None]:
         out = cfg.run.output_dir if cfg is not None else None
         return _report(stopped_error(out, signum, at_once=at_once), context), context
     return 0, context
+
+
+def _built_in_start(cfg: TrainConfig, context: LaunchContext) -> None:
+    """``train.builtin_stages.ensure``: a trained built-in that ``model.name_or_path`` names is
+    trained once (xtrain's launchers built it before starting the ranks); rank 0 says it."""
+    from xtrain.train.builtin_stages import ensure
+    from xtrain.train.loop import train_run
+
+    def say(line: str) -> None:
+        if context.is_main:
+            sys.stderr.write(f"note: {line}\n")
+
+    ensure(cfg.model.name_or_path, train_run, say)
 
 
 def _fit_defaults(cfg: TrainConfig, context: LaunchContext | None = None) -> list[str]:

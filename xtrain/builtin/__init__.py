@@ -8,9 +8,10 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 
 - ``builtin:tiny-llama``: a 2-layer llama-style causal LM (hidden 64, 4 heads).
 - ``builtin:tiny-llama-sft``: the tiny llama after a short SFT on the built-in preference prompts,
-  answering in either of their two styles (the preference quickstart's model).
+  answering in either of their two styles (the preference quickstart's start; a trained built-in).
 - ``builtin:tiny-llama-grpo``: the tiny llama after a short SFT that answers the built-in
-  preference prompts curtly most of the time (the GRPO quickstart's model, ``xtrain.builtin.grpo``).
+  preference prompts curtly most of the time (the GRPO quickstart's start, ``xtrain.builtin.grpo``;
+  a trained built-in).
 - ``builtin:tiny-llama-chat``: the tiny llama with a chat template in its tokenizer (the default
   quickstart's model, ``xtrain.builtin.chat``).
 - ``builtin:tiny-bert``: a 2-layer BERT encoder for sequence classification (hidden 64, 4 heads).
@@ -32,8 +33,12 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
   tools-aware chat template, and conversations that call one of three tools and answer from the
   result, for agent training under causal-lm (``xtrain.builtin.agents``, docs/agents.md).
 - ``builtin:tiny-agent-grpo`` / ``builtin:arithmetic``: the tiny agent after a short SFT that calls
-  a calculator tool now and then and otherwise guesses, and questions whose exact answer needs the
-  tool, for agents trained by reward (``xtrain.builtin.agent_grpo``, docs/grpo.md).
+  a tool now and then and otherwise guesses (a trained built-in), and questions whose exact answer
+  needs the tool, for agents trained by reward (``xtrain.builtin.agent_grpo``, docs/grpo.md).
+- ``builtin:tiny-agent-calls``: the tiny agent after a short SFT in which every answer calls the
+  right tool (a trained built-in: the first stage of ``builtin:tiny-agent-grpo``).
+- ``builtin:preference-sft``, ``builtin:preference-sft-curt``, ``builtin:agent-sft-calls``,
+  ``builtin:agent-sft``: the SFT data of the trained built-ins.
 - ``builtin:tiny-vit`` / ``builtin:color-shapes``: a tiny ViT image classifier with its image
   processor and images of coloured shapes labelled by shape, for image classification
   (``xtrain.builtin.image_classes``).
@@ -41,6 +46,14 @@ Names (used as ``model.name_or_path`` / ``data.train`` / ``data.eval``):
 The folders live under ``$XTRAIN_CACHE/builtin`` (default ``~/.cache/xtrain/builtin``). A build
 goes to a temporary folder that is renamed into place only when complete, so processes that
 race to build the same asset are safe: one rename wins, the others use the winner's folder.
+
+**Trained built-ins** (``STAGES``) are chains (docs/chains.md): each is the result of a built-in
+SFT job (``jobs/sft-*.yaml``: xtrain's own causal-lm stage, a LoRA adapter on a tiny model, on
+built-in data), and the quickstart that names it starts from that result (``model.start``). This
+layer only knows where such a result is kept (``stage_folder``: keyed by the job's text and
+``VERSION``) and whether it is there (``stage_result``); training it is the training layer's
+(``xtrain.train.builtin_stages``, called where a run starts, before any worker: one build, under
+a lock, renamed into place).
 """
 
 from __future__ import annotations
@@ -55,9 +68,11 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import atomic
-from xtrain.builtin.agent_grpo import arithmetic_examples
+from xtrain.builtin.agent_grpo import arithmetic_examples, calling_examples
+from xtrain.builtin.agent_grpo import sft_examples as agent_sft_examples
 from xtrain.builtin.chat import chat_examples
-from xtrain.builtin.preference import preference_examples
+from xtrain.builtin.preference import curt_sft_examples, preference_examples
+from xtrain.builtin.preference import sft_examples as preference_sft_examples
 from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples, tiny_llama_config
 from xtrain.errors import XtrainError
 
@@ -71,8 +86,6 @@ MARKER = "xtrain_builtin.json"
 
 MODELS = (
     "tiny-llama",
-    "tiny-llama-sft",
-    "tiny-llama-grpo",
     "tiny-llama-chat",
     "tiny-bert",
     "tiny-trocr",
@@ -80,8 +93,15 @@ MODELS = (
     "tiny-qwen2-vl",
     "tiny-vit",
     "tiny-agent",
-    "tiny-agent-grpo",
 )
+# trained built-ins: name -> the built-in SFT job (jobs/) whose result it is
+STAGES = {
+    "tiny-llama-sft": "sft-tiny-llama-sft.yaml",
+    "tiny-llama-grpo": "sft-tiny-llama-grpo.yaml",
+    "tiny-agent-calls": "sft-tiny-agent-calls.yaml",
+    "tiny-agent-grpo": "sft-tiny-agent-grpo.yaml",
+}
+JOBS = Path(__file__).resolve().parent / "jobs"
 DATASETS = (
     "sentiment",
     "tiny-stories",
@@ -94,6 +114,10 @@ DATASETS = (
     "color-shapes",
     "tool-calls",
     "arithmetic",
+    "preference-sft",
+    "preference-sft-curt",
+    "agent-sft",
+    "agent-sft-calls",
 )
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
@@ -189,6 +213,10 @@ _DATA_SPECS: dict[str, tuple[Callable[[int, int], list[dict[str, Any]]], int, in
     "preference-pairs": (preference_examples, 400, 100),
     "chat": (chat_examples, 1000, 40),
     "arithmetic": (arithmetic_examples, 400, 100),
+    "preference-sft": (preference_sft_examples, 400, 40),
+    "preference-sft-curt": (curt_sft_examples, 400, 40),
+    "agent-sft": (agent_sft_examples, 2000, 40),
+    "agent-sft-calls": (calling_examples, 4000, 40),
 }
 
 
@@ -313,26 +341,80 @@ def _model_builder(short: str, cache_dir: str | os.PathLike | None) -> Callable[
         from xtrain.builtin import agents as builtin_agents
 
         return builtin_agents.build_tiny_agent
-    if short == "tiny-agent-grpo":  # the tiny agent after a short SFT (xtrain.builtin.agent_grpo)
-        from xtrain.builtin.agent_grpo import build_tiny_agent_grpo
-
-        agent = ensure_builtin_model(PREFIX + "tiny-agent", cache_dir)
-        return lambda tmp: build_tiny_agent_grpo(agent, tmp)
-    if short in ("tiny-llama-sft", "tiny-llama-grpo", "tiny-llama-chat"):
-        # the tiny llama after a short SFT (xtrain.builtin.preference, .grpo), or with a chat
-        # template (xtrain.builtin.chat)
+    if short == "tiny-llama-chat":  # the tiny llama with a chat template (xtrain.builtin.chat)
         from xtrain.builtin.chat import build_tiny_llama_chat
-        from xtrain.builtin.grpo import build_tiny_llama_grpo
-        from xtrain.builtin.preference import build_tiny_llama_sft
 
-        derive = {"tiny-llama-sft": build_tiny_llama_sft, "tiny-llama-grpo": build_tiny_llama_grpo}
-        build = derive.get(short, build_tiny_llama_chat)
         base = ensure_builtin_model(PREFIX + "tiny-llama", cache_dir)
-        return lambda tmp: build(base, tmp)
+        return lambda tmp: build_tiny_llama_chat(base, tmp)
     return lambda tmp: _build_model(short, tmp)
 
 
 def ensure_builtin_model(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Build a built-in model + tokenizer once; returns the folder ``from_pretrained`` loads."""
-    short = _check_name(name, MODELS, "model")
+    """Build a built-in model + tokenizer once; returns the folder ``from_pretrained`` loads (a
+    trained built-in: the folder of its result, ``stage_result``)."""
+    if is_stage(name):
+        return stage_result(name, cache_dir)
+    short = _check_name(name, (*MODELS, *STAGES), "model")
     return _build_atomically(cache_root(cache_dir) / short, _model_builder(short, cache_dir), PREFIX + short)
+
+
+# --------------------------------------------------------------------------------------------
+# Trained built-ins: results of xtrain's own SFT stage (trained by xtrain.train.builtin_stages)
+
+
+class StageNotBuilt(XtrainError):
+    """A trained built-in named before the stage that trains it ran (where a run starts)."""
+
+
+def is_stage(name: str | None) -> bool:
+    return is_builtin(name) and strip_prefix(str(name)) in STAGES
+
+
+def stage_job(name: str) -> Path:
+    """The built-in SFT job whose result the trained built-in ``name`` is."""
+    return JOBS / STAGES[strip_prefix(name)]
+
+
+def stage_folder(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where the result of ``name``'s job is kept: named by the job's text, ``VERSION``,
+    ``DATA_SEED`` and its start's own name when that is a trained built-in too (a changed job,
+    generator or earlier stage trains anew, never reuses a stale result)."""
+    import hashlib
+    import re
+
+    text = stage_job(name).read_text(encoding="utf-8")
+    start = re.search(r"name_or_path:\s*(builtin:[\w.-]+)", text)
+    earlier = stage_folder(start[1], cache_dir).name if start and is_stage(start[1]) else ""
+    key = hashlib.sha256(f"{text}|{VERSION}|{DATA_SEED}|{earlier}".encode())
+    return cache_root(cache_dir) / "stages" / f"{strip_prefix(name)}-{key.hexdigest()[:12]}"
+
+
+def stage_built(name: str, cache_dir: str | os.PathLike | None = None) -> bool:
+    return _is_complete(stage_folder(name, cache_dir))
+
+
+def stage_result(name: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The output folder of the trained built-in ``name`` (what ``model.name_or_path`` and
+    ``xtrain predict`` take); one line when its stage has not run on this machine yet."""
+    folder = stage_folder(name, cache_dir)
+    if not _is_complete(folder):
+        raise StageNotBuilt(
+            f"{name} is trained by xtrain's own SFT stage ({stage_job(name).name}) on first use, "
+            "and has not been here yet",
+            "start it with xtrain train or xtrain quickstart (they train it first), or python -m xtrain.run",
+        )
+    return folder
+
+
+def keep_stage(name: str, built: Path) -> Path:
+    """The trained built-in's result, trained into ``built`` (a folder next to its place), moved
+    into place: one rename wins; a process that lost the race keeps the winner's."""
+    final = stage_folder(name)
+    (built / MARKER).write_text(json.dumps({"name": name, "version": VERSION}), encoding="utf-8")
+    try:
+        os.rename(built, final)
+    except OSError:
+        if not _is_complete(final):
+            raise
+        shutil.rmtree(built, ignore_errors=True)
+    return final

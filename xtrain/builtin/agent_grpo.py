@@ -6,24 +6,24 @@ the rows ask for the square or the cube of a number, which the tiny model cannot
 (``{"prompt": [{"role": "user", "content": "what is 17 squared?"}], "answer": "289"}``), so the
 exact answer comes from calling the right tool with the number and copying its result.
 
-``builtin:tiny-agent-grpo`` is ``builtin:tiny-agent`` after a short SFT (plain PyTorch,
-deterministic) on conversations rendered by its own template, where about a quarter of the
-answers open with a call of the right tool and answer with its result, and the rest guess in a
-sentence of their own (``i think it is 57.``). Greedy decoding starts on the guess (exact answer
-near 0), while sampling calls a tool now and then: GRPO's groups learn from those episodes to call
-and answer exactly.
+``builtin:tiny-agent-grpo`` is ``builtin:tiny-agent`` after two short SFT stages of xtrain's own
+(a chain of built-ins): ``builtin:tiny-agent-calls`` (``jobs/sft-tiny-agent-calls.yaml``, on
+``builtin:agent-sft-calls``: every answer calls the right tool with the question's number and
+copies its result), then ``jobs/sft-tiny-agent-grpo.yaml`` from it, on ``builtin:agent-sft``:
+conversations where ``CALL_SHARE`` of the answers call and the rest guess in a sentence of their
+own (``i think it is 57.``), which sets the choice to call without unlearning how. Greedy decoding
+starts on the guess (exact answer near 0), while sampling calls a tool now and then, with the
+right number: GRPO's groups learn from those episodes to call and answer exactly.
 """
 
 from __future__ import annotations
 
+import json
 import random
-from pathlib import Path
 from typing import Any
 
 TOOLS = ["xtrain.builtin.agent_grpo:square", "xtrain.builtin.agent_grpo:cube"]
-CALL_SHARE = 0.5  # of the SFT conversations: a call, its result and the answer (else a guess)
-DECIDE_SHARE = 1 / 3  # of those, the ones whose choice to call trains: a call opens ~1/4 of answers
-SFT_STEPS = 800
+CALL_SHARE = 0.25  # of the second SFT's conversations: a call, its result and the answer (else a guess)
 QUICKSTART_PROMPT = "what is 17 squared?"
 _NUMBERS = range(2, 36)  # one token each (with its space) in the tiny agent's vocabulary
 
@@ -99,94 +99,16 @@ def sft_conversation(rng: random.Random, call_share: float = CALL_SHARE) -> list
     ]
 
 
-def _labelled(
-    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-) -> tuple[list, list]:
-    """(token ids, labels): the assistant turns train (-100 elsewhere), each piece tokenized on its
-    own between the template's special tokens, as the episodes join them."""
-
-    def text(k: int, opened: bool) -> str:
-        return tokenizer.apply_chat_template(
-            messages[:k], tools=tools, tokenize=False, add_generation_prompt=opened
-        )
-
-    ids: list[int] = []
-    labels: list[int] = []
-    done = ""
-    for k, m in enumerate(messages, start=1):
-        opened = k < len(messages) and messages[k]["role"] == "assistant"
-        upto = text(k, opened)
-        piece = tokenizer(upto[len(done) :], add_special_tokens=False)["input_ids"]
-        ids += piece
-        labels += piece if m["role"] == "assistant" else [-100] * len(piece)
-        done = upto
-    return ids, labels
+def sft_examples(n: int, seed: int, call_share: float = CALL_SHARE) -> list[dict[str, Any]]:
+    """``n`` SFT conversations with the calculator's schemas: ``call_share`` of them call the
+    right tool and answer with its result, the rest guess (``builtin:agent-sft``: the decision's
+    prior, jobs/sft-tiny-agent-grpo.yaml)."""
+    rng = random.Random(seed)
+    tools = json.dumps(schemas())
+    return [{"messages": sft_conversation(rng, call_share), "tools": tools} for _ in range(n)]
 
 
-def build_tiny_agent_grpo(
-    base: Path,
-    folder: Path,
-    steps: int = SFT_STEPS,
-    call_share: float = CALL_SHARE,
-    decide: float = DECIDE_SHARE,
-) -> None:
-    """``builtin:tiny-agent`` at ``base`` trained whole for ``steps`` on fresh
-    ``sft_conversation``s (the learning rate falling linearly to 0): ``call_share`` of them call,
-    ``decide`` of those with their first token (the choice to call) trained; by default a call
-    opens about a quarter of the answers while every call teaches the arguments and the copy of
-    the result. (Tests build a quick one that calls more often.)"""
-    import torch
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
-    tools = schemas()
-    threads = torch.get_num_threads()
-    # one thread: the same weights on every machine, and a tiny model's steps gain nothing from
-    # more (on a busy machine a second thread's waiting made this build ten times slower)
-    torch.set_num_threads(1)
-    try:
-        _sft(tokenizer, tools, base, folder, steps, call_share, decide)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _sft(
-    tokenizer: Any,
-    tools: list[dict[str, Any]],
-    base: Path,
-    folder: Path,
-    steps: int,
-    call_share: float,
-    decide: float,
-) -> None:
-    """``build_tiny_agent_grpo``'s training, written to ``folder``."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
-        torch.manual_seed(4242)
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, trust_remote_code=False)
-        rng = random.Random(4242)
-        rows = []
-        for _ in range(steps * 8):
-            messages = sft_conversation(rng, call_share)
-            ids, labels = _labelled(tokenizer, messages, tools)
-            if len(messages) > 2 and rng.random() >= decide:
-                labels[next(i for i, y in enumerate(labels) if y != -100)] = -100
-            rows.append((ids, labels))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / steps)
-        model.train()
-        pad = tokenizer.pad_token_id
-        for step in range(steps):
-            batch = [rows[(step * 16 + k) % len(rows)] for k in range(16)]  # two passes over the rows
-            width = max(len(ids) for ids, _ in batch)
-            input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in batch])
-            mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in batch])
-            target = torch.tensor([y + [-100] * (width - len(y)) for _, y in batch])
-            model(input_ids=input_ids, attention_mask=mask, labels=target).loss.backward()
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+def calling_examples(n: int, seed: int) -> list[dict[str, Any]]:
+    """``sft_examples`` that all call (``builtin:agent-sft-calls``: the call's arguments and the
+    copy of its result, jobs/sft-tiny-agent-calls.yaml)."""
+    return sft_examples(n, seed, call_share=1.0)

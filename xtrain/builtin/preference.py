@@ -9,7 +9,6 @@ untrained one (the policy equal to its reference) scores chance (0.5).
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 from xtrain.builtin.text import _ANIMALS, _NAMES, _PLACES, _THINGS
 
@@ -46,42 +45,20 @@ def preference_examples(n: int, seed: int) -> list[dict[str, str]]:
     return out
 
 
-SFT_STEPS = 120  # the built-in SFT warm start: enough for the tiny llama to write both styles
+def sft_examples(n: int, seed: int, friendly: float = 0.5) -> list[dict[str, str]]:
+    """``n`` prompt/response rows of the built-in prompts, each answered friendly with probability
+    ``friendly``, else curtly: the SFT data of ``builtin:tiny-llama-sft`` (either style:
+    ``builtin:preference-sft``) and ``builtin:tiny-llama-grpo`` (mostly curt:
+    ``builtin:preference-sft-curt``), trained by xtrain's own SFT stage (jobs/sft-*.yaml)."""
+    rng = random.Random(seed)
+    rows = preference_examples(n, seed)
+    out = []
+    for r in rows:
+        answer = r["chosen"] if rng.random() < friendly else r["rejected"]
+        out.append({"prompt": r["prompt"], "response": answer})
+    return out
 
 
-def build_tiny_llama_sft(base: Path, folder: Path) -> None:
-    """``builtin:tiny-llama-sft``: the tiny llama at ``base`` after a short, deterministic SFT (the
-    whole model, plain PyTorch) on the built-in prompts, each answered in either style at random:
-    it answers friendly or curt, so preference tuning then has a choice to shift (the quickstart
-    shows its answers move to the preferred style)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base, trust_remote_code=False)
-    with torch.random.fork_rng(devices=[]):  # the caller's RNG stays untouched
-        torch.manual_seed(4321)
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, trust_remote_code=False)
-        rng = random.Random(4321)
-        rows = preference_examples(400, 1000 + 7)
-        texts = [(r["prompt"], rng.choice((r["chosen"], r["rejected"]))) for r in rows]
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-        model.train()
-        for step in range(SFT_STEPS):
-            batch = [texts[(step * 16 + k) % len(texts)] for k in range(16)]
-            ids, labels = [], []
-            for prompt, answer in batch:
-                p = tokenizer(prompt)["input_ids"]
-                a = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-                ids.append(p + a)
-                labels.append([-100] * len(p) + a)
-            width = max(map(len, ids))
-            pad = tokenizer.pad_token_id
-            input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
-            mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
-            target = torch.tensor([y + [-100] * (width - len(y)) for y in labels])
-            loss = model(input_ids=input_ids, attention_mask=mask, labels=target).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+def curt_sft_examples(n: int, seed: int) -> list[dict[str, str]]:
+    """``sft_examples`` answered friendly a fifth of the time (``builtin:preference-sft-curt``)."""
+    return sft_examples(n, seed, friendly=0.2)

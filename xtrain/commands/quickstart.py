@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from xtrain.config.schema import TrainConfig
+    from xtrain.planning.plan import Finding
     from xtrain.predict import FileResults
     from xtrain.tasks.contract import Quickstart
 
@@ -120,6 +121,19 @@ def _before_after(console: Console, cfg: TrainConfig, run_dir: Path, file: Path)
     answers = compare_answers(resolve_model(cfg.model.name_or_path), run_dir, file)
     _print_answers(console, *answers)
     save_answers(run_dir, *answers)
+
+
+def _print_doctor(console: Console, findings: list[Finding]) -> None:
+    """The doctor's count of warnings and errors, and each error."""
+    worst = {s: sum(f.severity == s for f in findings) for s in ("warn", "error")}
+    console.print(
+        f"[bold]doctor:[/] {worst['error']} error(s), {worst['warn']} warning(s) "
+        "(`xtrain doctor` explains them)",
+        soft_wrap=True,
+    )
+    for f in findings:
+        if f.severity == "error":
+            console.print(f"  [red]error[/] {f.code}: {f.message}", soft_wrap=True)
 
 
 def new_run_dir(root: Path) -> Path:
@@ -231,7 +245,7 @@ def quickstart(
     by default chat LoRA on a tiny llama, its answers shown before and after."""
 
     from xtrain import tasks
-    from xtrain.commands.train import launch_training
+    from xtrain.commands.train import built_in_start, launch_training
     from xtrain.console import make_console
     from xtrain.planning.resolve import resolve
     from xtrain.shell import shell_for
@@ -252,19 +266,12 @@ def quickstart(
     job = tasks.job_file(jobs[task])
     n = parse_int(processes, "--processes", 1, example="e.g. --processes 2")
     diagnosis = resolve(processes=n, platform=platform, full_probe=True)
-    worst = {s: sum(f.severity == s for f in diagnosis.findings) for s in ("warn", "error")}
-    console.print(
-        f"[bold]doctor:[/] {worst['error']} error(s), {worst['warn']} warning(s) "
-        "(`xtrain doctor` explains them)",
-        soft_wrap=True,
-    )
-    for f in diagnosis.findings:
-        if f.severity == "error":
-            console.print(f"  [red]error[/] {f.code}: {f.message}", soft_wrap=True)
+    _print_doctor(console, diagnosis.findings)
 
     run_dir = new_run_dir(output_dir)
     overrides = [f"run.output_dir={run_dir.as_posix()}", "run.eval_at_start=true"]
     cfg = load_config(job, overrides)
+    built_in_start(cfg, console)  # its start, when a trained built-in: trained once, first
     world = diagnosis.plan.world_size
     fixed = cfg.batch.global_batch or cfg.batch.per_device
     if fixed % (cfg.batch.per_device * world) and fixed % world == 0:

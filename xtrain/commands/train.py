@@ -153,6 +153,7 @@ def train(
             "add --dry-run to see that machine's plan, or leave out --facts",
         )
     cfg = load_config(str(config), overrides)
+    built_in_start(cfg, console)  # a trained built-in as the start: trained once, before the plan
     fitted = fitted_lines(cfg)  # lengths the user did not set, fitted to the model (each worker too)
     facts = Facts.load(facts_file) if facts_file is not None else None  # else the plan probes
     from xtrain.model.configs import checkpoint_dtype
@@ -186,6 +187,16 @@ def train(
         console.print(f"\n# {title} ({shell})", soft_wrap=True, markup=False)
         for line in commands:
             console.print(line, soft_wrap=True, markup=False)
+
+
+def built_in_start(cfg: TrainConfig, console: Console) -> None:
+    """A trained built-in (``builtin:tiny-llama-sft``, ...) that ``model.name_or_path`` names,
+    trained once by xtrain's own SFT stage before anything else reads it
+    (``train.builtin_stages``), the two lines it says printed."""
+    from xtrain.train.builtin_stages import ensure
+    from xtrain.train.loop import train_run
+
+    ensure(cfg.model.name_or_path, train_run, lambda line: console.print(line, soft_wrap=True, markup=False))
 
 
 def launch_training(

@@ -8,6 +8,7 @@ What the export shows next to each other, and the prompts whose answer a file ch
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,10 +89,12 @@ def with_model(model: Module, tokenizer: PreTrainedTokenizerBase, src: Source, p
     from xtrain.tasks.predicting import in_batches
     from xtrain.tasks.prompt_predict import text_answer
 
+    known = tasks.get(src.task).predicts if src.task in tasks.all_tasks() else None
+    answer = functools.partial(text_answer, tools=known.tool_use if known is not None else None)
     parts = {"chat": prompts.chat, "data": src.record.get("data") or {}}
     loaded = Loaded(model, tokenizer, str(src.folder), parts)
     request = PredictRequest([], [], max_new_tokens=ANSWER_TOKENS, batch_size=8)
-    outputs = in_batches(text_answer, loaded, prompts.examples, request)
+    outputs = in_batches(answer, loaded, prompts.examples, request)
     return [o.get("call") or o["output"] for o in outputs]
 
 

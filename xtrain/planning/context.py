@@ -111,6 +111,23 @@ class LaunchContext:
         )
 
 
+def alone(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: this process's) without the launch variables: the environment of a
+    process that a rank starts to run alone (a trained built-in's stage, ``train.builtin_stages``)."""
+    env = os.environ if environ is None else environ
+    launch = {
+        *WHOLE_NUMBERS,
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        PLAN_ENV,
+        RENDEZVOUS_ENV,
+    }
+    prefixes = ("TORCHELASTIC_", "ACCELERATE_", "FSDP_", "TORCH_NCCL_")
+    return {k: v for k, v in env.items() if k not in launch and not k.startswith(prefixes)}
+
+
 def exported_precision(environ: Mapping[str, str] | None = None) -> str | None:
     """What ``accelerate launch`` exported (ACCELERATE_MIXED_PRECISION: its config's
     ``mixed_precision`` or ``--mixed_precision``); None when no accelerate launcher started this

@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,21 @@ def acquire(output_dir: str | Path) -> RunLock:
             raise refused from None
         raise
     return RunLock(path, fd, created)
+
+
+@contextlib.contextmanager
+def waiting(path: Path, poll_s: float = 0.5) -> Iterator[None]:
+    """Hold the OS lock of the file ``path`` (created if missing, never removed), waiting while
+    another process holds it: work that one process does while the others wait for its result
+    (a trained built-in, ``xtrain.train.builtin_stages``). A holder that dies frees it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_BINARY", 0), 0o644)
+    try:
+        while not _try_lock(fd):
+            time.sleep(poll_s)
+        try:
+            yield
+        finally:
+            _unlock(fd)
+    finally:
+        os.close(fd)

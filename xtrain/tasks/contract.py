@@ -145,6 +145,22 @@ class FileRows:
 
 
 @dataclass(frozen=True)
+class ToolUse:
+    """How a chat result's answers call tools: the hooks a task hands the decoder-only predict
+    (``prompt_predict``'s functions take them as ``tools``, bound in the task's ``Predicts``), so
+    that shared module names no task's own: an answer's calls parsed (None: it makes none) and
+    shown, a data row's calls as its reference text, the call exact match over ``--data``
+    (None: no row's reference is a call), and ``--tools`` naming Python functions: each prompt
+    an episode (the texts rendered with the tools, the render, its end-of-turn token)."""
+
+    parse: Callable[[str], list[Any] | None]
+    shown: Callable[[list[Any]], str]
+    reference: Callable[[list[dict[str, Any]]], str]
+    exact_match: Callable[[list[str], list[str]], float | None]
+    episodes: Callable[..., list[dict[str, str]]]
+
+
+@dataclass(frozen=True)
 class Predicts:
     """How a task's finished result is run by ``xtrain predict``."""
 
@@ -157,6 +173,9 @@ class Predicts:
     file: FileRows | None = None  # None: ``--data`` is refused for its results
     samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
     tools: bool = False  # a chat run's prompts take ``--tools`` (the schemas a prompt may call)
+    # how its chat answers call tools (``ToolUse``: the hooks its ``prompt_predict`` functions are
+    # bound to; ``xtrain export`` answers with them too); None: its answers call none
+    tool_use: ToolUse | None = None
     # ``xtrain chat``: (the loaded result, the conversation so far ending in a user turn, the
     # request) -> the next assistant turn. None: ``xtrain chat`` refuses its results
     chat: Callable[[Loaded, list[dict[str, str]], PredictRequest], str] | None = None

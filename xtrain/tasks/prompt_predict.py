@@ -6,17 +6,19 @@ its answers, left-padded into one ``generate`` call per batch, greedy or beam se
 (``PredictRequest.decoding``); a causal LM's sampling runs xtrain's own decode loop
 (``xtrain.model.decoding``: each row drawn from its own generator, seeded by ``--seed`` and the
 row, so a row's sample does not depend on the batch it is in). Library code: returns data,
-prints nothing."""
+prints nothing. A chat run's tool calls (parsed, shown, scored) and ``--tools`` episodes are the
+task's hooks (``contract.ToolUse``), handed in as ``tools`` by the task's ``Predicts``."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from xtrain.data.rows import columns as row_columns
 from xtrain.data.rows import formats as row_formats
 from xtrain.data.rows.formats import text_columns
 from xtrain.errors import XtrainError
-from xtrain.tasks.contract import Example, Loaded, PredictRequest
+from xtrain.tasks.contract import Example, Loaded, PredictRequest, ToolUse
 from xtrain.tasks.predicting import (
     exact_match,
     image_limit,
@@ -84,15 +86,17 @@ def refuse_system(loaded: Loaded, system: str | None) -> None:
         )
 
 
-def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
+def text_answer(
+    loaded: Loaded, examples: list[Example], request: PredictRequest, tools: ToolUse | None = None
+) -> list[dict[str, str]]:
     """Continuations of a batch of prompts (``Example.feed``: the text the model sees, or a chat
     run's turns, rendered here by its saved template with the generation prompt as training
     rendered the prompts before its answers), left-padded into one ``generate`` call that stops
-    each row at the template's end-of-turn token or eos."""
+    each row at the template's end-of-turn token or eos; a chat answer's call shown parsed
+    (``tools``: the task's hooks)."""
     import torch
 
     from xtrain.data.rows import chat as chat_data
-    from xtrain.tasks.text import tool_calls
 
     tokenizer, chat = loaded.tokenizer, bool(loaded.parts.get("chat"))
     render, stop = chat_render(loaded) if chat else (None, None)
@@ -121,9 +125,9 @@ def text_answer(loaded: Loaded, examples: list[Example], request: PredictRequest
             )[:, batch["input_ids"].shape[1] :]  # the output repeats the (left-padded) prompt
     out = [{"output": tokenizer.decode(r, skip_special_tokens=True).strip()} for r in ids]
     for o in out:  # a call in the template's format, shown parsed (unparsed text as it is)
-        calls = tool_calls.parse(o["output"]) if chat else None
-        if calls:
-            o["call"] = tool_calls.shown(calls)
+        calls = tools.parse(o["output"]) if chat and tools is not None else None
+        if calls and tools is not None:
+            o["call"] = tools.shown(calls)
     return out
 
 
@@ -150,41 +154,42 @@ def sampled(
     return done.ids
 
 
-def text_score(refs: list[str], outputs: list[str]) -> dict[str, float]:
+def text_score(refs: list[str], outputs: list[str], tools: ToolUse | None = None) -> dict[str, float]:
     """``--data`` scores: exact match of the text, and for rows whose reference is a tool call
     (agent rows ending on a call) the call exact match (the name and arguments parsed from the
-    output, ``tool_calls``)."""
-    from xtrain.tasks.text import tool_calls
-
+    output by the task's ``tools``)."""
     scores = exact_match(refs, outputs)
-    calls = tool_calls.call_exact_match(refs, outputs)
+    calls = tools.exact_match(refs, outputs) if tools is not None else None
     if calls is not None:
         scores["call_exact_match"] = calls
     return scores
 
 
-def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:
-    """Continuations of ``--prompt`` texts, each the text ``chat_prompt`` makes of it."""
+def text_predict(
+    loaded: Loaded, request: PredictRequest, tools: ToolUse | None = None
+) -> list[dict[str, str]]:
+    """Continuations of ``--prompt`` texts, each the text ``chat_prompt`` makes of it; with
+    ``--tools`` naming functions each prompt an episode (the task's ``tools.episodes``)."""
     if request.inputs:
         raise XtrainError(
             f"{loaded.source} is a causal-lm model: it continues text, it reads no images or audio",
             "give it text prompts with --prompt TEXT instead of files",
         )
     if request.functions:  # each prompt an episode: the calls run, the answer after them
-        from xtrain.tasks.grpo.episodes import predict_episodes
-
+        if tools is None:
+            raise XtrainError(f"{loaded.source} runs no tools", "leave out --tools")
         if not loaded.parts.get("chat"):
             raise XtrainError(
                 f"{loaded.source} was not trained on chat conversations: it has no template for tools",
                 "leave out --tools",
             )
         texts = [chat_prompt(loaded, p, request.system, request.tools)[0] for p in request.prompts]
-        return predict_episodes(loaded, texts, *chat_render(loaded), request)
+        return tools.episodes(loaded, texts, *chat_render(loaded), request)
     examples = []
     for i, prompt in enumerate(request.prompts):
         text = chat_prompt(loaded, prompt, request.system, request.tools)[0]
         examples.append(Example(i, {"input": prompt}, text))
-    outputs = in_batches(text_answer, loaded, examples, request)
+    outputs = in_batches(functools.partial(text_answer, tools=tools), loaded, examples, request)
     rows = []
     for e, o in zip(examples, outputs, strict=True):
         call = {"call": o["call"]} if "call" in o else {}
@@ -192,7 +197,9 @@ def text_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]
     return rows
 
 
-def chat_reply(loaded: Loaded, messages: list[dict[str, str]], request: PredictRequest) -> str:
+def chat_reply(
+    loaded: Loaded, messages: list[dict[str, str]], request: PredictRequest, tools: ToolUse | None = None
+) -> str:
     """``xtrain chat``'s next assistant turn: the conversation so far (``system``/``user``/
     ``assistant`` turns, ending in a user turn) rendered through the result's chat template with
     the generation prompt and answered as ``text_answer`` answers a data file's conversation.
@@ -213,10 +220,10 @@ def chat_reply(loaded: Loaded, messages: list[dict[str, str]], request: PredictR
             break
         del turns[first : first + 2]  # the oldest user turn and its answer
     # the turn's number as its row: a seeded chat draws each turn from its own generator
-    return text_answer(loaded, [Example(len(messages), {}, turns)], request)[0]["output"]
+    return text_answer(loaded, [Example(len(messages), {}, turns)], request, tools)[0]["output"]
 
 
-def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
+def read_text_file(cfg: TrainConfig, record: dict[str, Any], tools: ToolUse | None = None) -> list[Example]:
     """A ``--data`` file's rows as prompts, in the run's row format (``record["row_format"]``,
     what training detected; older runs: detected from the file): a chat run's conversations
     (messages, sharegpt, alpaca with its template) up to their last answer, which is the
@@ -237,11 +244,11 @@ def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
         from xtrain.data.rows import tools as agent_rows
 
         cells = row_formats.conversations(ds, d, fmt, source)
-        tools = agent_rows.row_tools(ds, d, source)
+        schemas, calls = agent_rows.row_tools(ds, d, source), tools
         out = []
         for i, cell in enumerate(cells):
-            if tools[i] or agent_rows.is_agent(cell):  # its tools rendered; a call as its reference
-                out.append(agent_example(cell, i, source, tools[i], answered))
+            if schemas[i] or agent_rows.is_agent(cell):  # its tools rendered; a call as its reference
+                out.append(agent_example(cell, i, source, schemas[i], answered, calls))
                 continue
             prompt, reference = split_conversation(cell, i, source)
             shown = {"input": last_user_text(prompt.messages)}
@@ -263,23 +270,28 @@ def read_text_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
 
 
 def agent_example(
-    cell: Any, row: int, source: str, tools: list[dict[str, Any]] | None, answered: bool
+    cell: Any,
+    row: int,
+    source: str,
+    tools: list[dict[str, Any]] | None,
+    answered: bool,
+    calls: ToolUse | None = None,
 ) -> Example:
     """An agent row as a prompt: its turns before the last assistant turn (with its tools), and
-    that turn as the reference: the calls it makes (``tool_calls.reference``), else its answer.
-    A row that ends on a user turn or a tool result is a prompt without a reference."""
+    that turn as the reference: the calls it makes (the task's ``calls.reference``), else its
+    answer. A row that ends on a user turn or a tool result is a prompt without a reference."""
+    import json
+
     from xtrain.data.rows import chat as chat_data
     from xtrain.data.rows import tools as agent_rows
-    from xtrain.tasks.text import tool_calls
 
     ends = isinstance(cell, list) and bool(cell) and isinstance(cell[-1], dict)
     ends = ends and cell[-1].get("role") in ("assistant", agent_rows.FUNCTION_CALL)
     probe = cell if ends or not isinstance(cell, list) else [*cell, {"role": "assistant", "content": "-"}]
     conv = agent_rows.parse_agent(probe, row, source, tools, complete=False)
     last = conv.messages[-1]
-    reference = (
-        tool_calls.reference(last["tool_calls"]) if last.get("tool_calls") else last["content"].strip()
-    )
+    said = calls.reference if calls is not None else json.dumps
+    reference = said(last["tool_calls"]) if last.get("tool_calls") else last["content"].strip()
     prompt = chat_data.Conversation(conv.messages[:-1], tools=conv.tools)
     shown = {"input": last_user_text(prompt.messages)}
     return Example(row, shown, prompt, reference if ends and answered else None)

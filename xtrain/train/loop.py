@@ -45,6 +45,7 @@ from xtrain.data.collate import batch_tokens
 from xtrain.data.sampler import DataOrder, mix_seed
 from xtrain.model.memory import MemoryLevers
 from xtrain.model.size import total_weights
+from xtrain.model.start import stage_record, start_of
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.run import Run, for_process
@@ -52,7 +53,7 @@ from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
-from xtrain.train import checkpoint, failures, levers, parts, preflight, tracking
+from xtrain.train import builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
 from xtrain.train.curves import History
 from xtrain.train.distributed import sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
@@ -100,6 +101,7 @@ def train(
     The library's entry (tests, benchmarks, notebooks): the preflight checks run here (their
     refusals raise; ``python -m xtrain.run`` builds its Run, runs them and prints their warnings,
     then calls ``train_run``)."""
+    builtin_stages.ensure(cfg.model.name_or_path, train_run)  # a trained built-in: trained first
     run = for_process(cfg, LaunchContext.from_env(), plan=plan)
     preflight.run_checks(run)
     return train_run(run, reporter, build=build)
@@ -527,10 +529,14 @@ class Recipe:
     @property
     def record(self) -> dict[str, str]:
         """The run record saved with the adapter/model (what ``xtrain predict`` reads)."""
-        quantized = {"quantization": self.cfg.model.quantization} if self.cfg.model.quantization else {}
+        cfg = self.cfg
+        quantized = {"quantization": cfg.model.quantization} if cfg.model.quantization else {}
+        # what the stage started from and trained (model.start: the lineage a next stage extends)
+        mode = "full" if not cfg.lora.enabled else "continue" if cfg.lora.continue_adapter else "new"
+        stage = stage_record(start_of(cfg.model.name_or_path), mode)
         # the data settings: ``xtrain predict --data`` reads a file with the run's own columns and format
-        more = {**self.workload.record, **quantized, "data": self.config_dict["data"]}
-        return run_record(self.cfg.model.task, self.workload.chat, more)
+        more = {**self.workload.record, **quantized, "data": self.config_dict["data"], **stage}
+        return run_record(cfg.model.task, self.workload.chat, more)
 
     def _step_dir(self, step: int) -> Path:
         return checkpoint.checkpoints_dir(self.out) / f"step-{step}"

@@ -29,7 +29,7 @@ from xtrain.tasks.contract import (
 )
 from xtrain.tasks.grpo import predict_file
 from xtrain.tasks.predicting import exact_match
-from xtrain.tasks.text.causal_lm import load_for_predict
+from xtrain.tasks.text.causal_lm import TOOL_USE, load_for_predict
 
 if TYPE_CHECKING:
     from torch.nn import Module
@@ -345,6 +345,7 @@ TASK = Task(
         ),
         samples=True,
         tools=True,
+        tool_use=TOOL_USE,
     ),
     quickstart=Quickstart(
         job="quickstart-grpo.yaml",

@@ -75,12 +75,13 @@ def answer_prompts(loaded: Loaded, examples: list[Example], request: PredictRequ
     from xtrain.data.rows import chat as chat_data
     from xtrain.tasks.grpo.episodes import predict_episodes
     from xtrain.tasks.prompt_predict import chat_render, text_answer
+    from xtrain.tasks.text.causal_lm import TOOL_USE
 
     if TOOLS not in loaded.parts:
         loaded.parts[TOOLS] = run_tools(loaded.parts)
     tools = loaded.parts[TOOLS]
     if not tools or not loaded.parts.get("chat"):
-        return text_answer(loaded, examples, request)
+        return text_answer(loaded, examples, request, TOOL_USE)
     render, stop = chat_render(loaded)
     texts = []
     for e in examples:
@@ -98,9 +99,10 @@ def prompt_answers(loaded: Loaded, request: PredictRequest) -> list[dict[str, st
     """``--prompt`` texts answered as causal-lm answers them; on a run with tools and no
     ``--tools``, each an episode that runs the run's own tools (the calls and the answer shown)."""
     from xtrain.tasks.prompt_predict import text_predict
+    from xtrain.tasks.text.causal_lm import TOOL_USE
 
     if request.functions is None and request.tools is None and loaded.parts.get("chat"):
         tools = run_tools(loaded.parts)
         if tools:
             request = dataclasses.replace(request, functions=tools, tools=[t.schema for t in tools])
-    return text_predict(loaded, request)
+    return text_predict(loaded, request, TOOL_USE)

@@ -16,6 +16,7 @@ kept together as the task contract has them."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from xtrain.model import neftune
 from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
 from xtrain.tasks.data_report import DataReport
+from xtrain.tasks.text import tool_calls
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -388,6 +390,18 @@ def _quickstart_eval_file() -> Path:
     return builtin_data_file(builtin_chat.PREFIX + "chat", "eval")
 
 
+def _episodes(*args: Any, **kwargs: Any) -> list[dict[str, str]]:
+    """``xtrain predict --tools`` naming functions: each prompt an episode as GRPO runs them."""
+    from xtrain.tasks.grpo.episodes import predict_episodes
+
+    return predict_episodes(*args, **kwargs)
+
+
+# how a chat run's answers call tools (prompt_predict's hooks: tasks.contract.ToolUse)
+TOOL_USE = contract.ToolUse(
+    tool_calls.parse, tool_calls.shown, tool_calls.reference, tool_calls.call_exact_match, _episodes
+)
+
 TASK = Task(
     name=NAME,
     about="text, prompt/response, chat conversations, alpaca or sharegpt; metric: next-token accuracy",
@@ -425,16 +439,17 @@ TASK = Task(
     predicts=Predicts(
         takes="--prompt TEXT",
         load=load_for_predict,
-        run=prompt_predict.text_predict,
+        run=functools.partial(prompt_predict.text_predict, tools=TOOL_USE),
         file=FileRows(
             rows="prompts: text, prompt/response, messages, alpaca or sharegpt rows, as the run trained",
-            read=prompt_predict.read_text_file,
-            answer=prompt_predict.text_answer,
-            score=prompt_predict.text_score,
+            read=functools.partial(prompt_predict.read_text_file, tools=TOOL_USE),
+            answer=functools.partial(prompt_predict.text_answer, tools=TOOL_USE),
+            score=functools.partial(prompt_predict.text_score, tools=TOOL_USE),
         ),
         samples=True,
         tools=True,
-        chat=prompt_predict.chat_reply,
+        tool_use=TOOL_USE,
+        chat=functools.partial(prompt_predict.chat_reply, tools=TOOL_USE),
     ),
     quickstart=Quickstart(
         job="quickstart-chat.yaml",

@@ -9,22 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from xtrain import atomic, structured
+from xtrain.model.start import sha256_of
 from xtrain.train.checkpoint.layout import MANIFEST_FILE, STATE_FILE
 
 HASH_LIMIT = 64 * 2**20  # files up to this size are hashed too (LoRA checkpoints: all of them)
 # per-rank RNG states: optional on load (accelerate keeps the seeded RNG without them), and on
 # several machines without a shared disk each machine has only its own
 _OPTIONAL = re.compile(r"^random_states_\d+\.pkl$")
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_manifest(folder: Path) -> None:
@@ -35,7 +26,7 @@ def write_manifest(folder: Path) -> None:
         if not p.is_file() or rel in (STATE_FILE, MANIFEST_FILE) or _OPTIONAL.match(rel):
             continue
         size = p.stat().st_size
-        files[rel] = {"size": size, **({"sha256": _sha256(p)} if size <= HASH_LIMIT else {})}
+        files[rel] = {"size": size, **({"sha256": sha256_of(p)} if size <= HASH_LIMIT else {})}
     atomic.write_text(folder / MANIFEST_FILE, json.dumps({"version": 1, "files": files}, indent=1))
 
 
@@ -69,6 +60,6 @@ def damage(path: Path) -> str | None:
         size = p.stat().st_size
         if size != want.get("size"):
             return f"{rel} has {size} bytes, {want.get('size')} were written"
-        if "sha256" in want and _sha256(p) != want["sha256"]:
+        if "sha256" in want and sha256_of(p) != want["sha256"]:
             return f"{rel} does not match the hash written with it"
     return None
