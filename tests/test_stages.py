@@ -117,3 +117,11 @@ def test_a_recipe_that_cannot_run_is_refused_before_anything_trains(recipe, edit
     edit(recipe)
     with pytest.raises(XtrainError, match=re.escape(message)):
         load_stages(recipe, [])
+
+
+def test_the_example_recipe_chains_three_stages() -> None:
+    folder = Path(__file__).resolve().parents[1] / "examples" / "recipe"
+    stages = load_stages([folder / "sft.yaml", folder / "dpo.yaml", folder / "grpo.yaml"], [])
+    assert [s.cfg.model.task for s in stages] == ["causal-lm", "preference", "grpo"]
+    assert [s.follows for s in stages] == [False, True, True]
+    assert all(Path(s.cfg.data.train).is_file() for s in stages)  # next to the configs
