@@ -8,18 +8,18 @@ its ``run``. Results of tasks without one (seq-cls, custom) are refused in one l
 the outputs against the rows' references. Images are read within the run's own
 ``data.max_image_pixels`` (``image_limit``), input files and a data file's rows alike.
 
-An adapter folder loads its base model from ``base_model_name_or_path`` (peft's own record) and the
-processor/tokenizer saved next to the adapter. The base of a run trained with
-``model.quantization`` (``trained.trained_quantization``) loads in 4 or 8 bits as training loaded
-it (``quantization.predict_kwargs``, passed to the task's loader as the record's ``BASE_LOAD``),
-on the GPU and on the CPU alike: a 14B QLoRA run predicts on the card it trained on. Library
-code: returns data, prints nothing.
+An adapter folder loads its base model from its record's ``base`` (else peft's own
+``base_model_name_or_path``) and the processor/tokenizer saved next to the adapter; a chained
+result (``model.start``) applies every adapter of its lineage in order (``model.chain``). The base
+of a run trained with ``model.quantization`` (``trained.trained_quantization``) loads in 4 or 8
+bits as training loaded it (``quantization.predict_kwargs``, passed to the task's loader as the
+record's ``BASE_LOAD``), on the GPU and on the CPU alike: a 14B QLoRA run predicts on the card
+it trained on. Library code: returns data, prints nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +29,9 @@ from xtrain import tasks
 from xtrain.config.schema import DataConfig
 from xtrain.data.files import builder_of
 from xtrain.errors import XtrainError
+from xtrain.model import chain, quantization
 from xtrain.model import load as models
-from xtrain.model import quantization
+from xtrain.model.start import start_of
 from xtrain.tasks.contract import BASE_LOAD, Example, Loaded, PredictRequest, Task
 from xtrain.tasks.predicting import IMAGE_LIMIT, in_batches
 from xtrain.tasks.validation import reader_config
@@ -85,21 +86,15 @@ def load_predictor(path: str | Path) -> tuple[Task, Loaded]:
     folder = model_folder(path)
     task, trained = predicting_task(folder)
     assert task.predicts is not None
-    adapter = (folder / "adapter_config.json").is_file()
-    base = str(folder)
-    if adapter:
-        base = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))[
-            "base_model_name_or_path"
-        ]
-        base = models.resolve_model(base) if base.startswith("builtin:") else base
+    start = start_of(str(folder))  # an adapter's base and, for a chained result, its every adapter
+    adapter = bool(start.adapters)
+    base = models.resolve_model(start.base) if adapter else str(folder)
     models.load_config(base, trust_remote_code=False)  # predict runs no hub code; one line if absent
     device = torch.device(pick_device())
     load = base_load(folder, task, trained, device) if adapter else {}
     model, tokenizer, parts = task.predicts.load(folder, base, {**trained.record, BASE_LOAD: load})
     if adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(folder))
+        model = chain.load(model, start)  # base + every adapter in order: the chain's model
     if not load:  # a quantized base is on its device already (bitsandbytes' weights do not move)
         model.to(device)
     model.eval()

@@ -7,17 +7,24 @@ chat`` and ``xtrain export`` start from it."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xtrain import tasks
-from xtrain.errors import XtrainError
+from xtrain.model.start import OUTPUT_FOLDERS, RUN_FILE, model_folder, read_json_object
 from xtrain.train.checkpoint.layout import STATE_FILE, list_checkpoints
-from xtrain.train.result import RUN_FILE
 
-OUTPUT_FOLDERS = ("adapter", "model", "merged", "best")  # what a run's output_dir holds, preferred first
+__all__ = [
+    "OUTPUT_FOLDERS",
+    "RunTask",
+    "has_chat_template",
+    "model_folder",
+    "read_json_object",
+    "run_data",
+    "run_task",
+    "trained_quantization",
+]
 
 
 @dataclass
@@ -42,33 +49,6 @@ def has_chat_template(folder: Path) -> bool:
     if any((folder / name).is_file() for name in _TEMPLATE_FILES):
         return True
     return bool(read_json_object(folder / "tokenizer_config.json").get("chat_template"))
-
-
-def model_folder(path: str | Path) -> Path:
-    """``path`` itself when it holds a model or an adapter, else the result inside a run folder."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise XtrainError(
-            f"{folder} is not a folder", "pass a run's output_dir, its adapter/ or a model folder"
-        )
-    if (folder / "adapter_config.json").is_file() or (folder / "config.json").is_file():
-        return folder
-    for name in OUTPUT_FOLDERS:
-        if (folder / name / "adapter_config.json").is_file() or (folder / name / "config.json").is_file():
-            return folder / name
-    raise XtrainError(
-        f"{folder} holds no adapter or model",
-        "pass a finished run's output_dir (with adapter/ or model/), or the adapter folder itself",
-    )
-
-
-def read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``; {} when it is missing, unreadable or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _checkpoint_section(folder: Path, section: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ mean), backward.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 from collections.abc import Callable
@@ -346,24 +347,30 @@ def record_forward(workload: Any, batches: list[dict[str, Any]]) -> None:
 
 
 def grpo_token_loss(
-    ref: Any, batch: dict[str, Any], advantages: torch.Tensor, temperature: float, beta: float
+    ref: Any,
+    batch: dict[str, Any],
+    advantages: torch.Tensor,
+    temperature: float,
+    beta: float,
+    reference: Any = None,
 ) -> torch.Tensor:
     """GRPO's loss per completion token by hand over the plain ``ref`` model (one update per
-    generation: the ratio is 1, its gradient the log-prob's), the KL to ``ref`` with its adapters
-    off (k3) weighted by ``beta``: [N, width] over the batch's last ``completion_mask`` columns,
-    each row's positions counted from its first token."""
+    generation: the ratio is 1, its gradient the log-prob's), the KL (k3) weighted by ``beta`` to
+    ``reference`` (a plain model: a chained stage's start), else to ``ref`` with its adapters off:
+    [N, width] over the batch's last ``completion_mask`` columns, each row's positions counted
+    from its first token."""
     width = batch["completion_mask"].size(1)
     mask = batch["attention_mask"]
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
 
-    def logps() -> torch.Tensor:
-        logits = ref(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions).logits
+    def logps(model: Any) -> torch.Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions).logits
         logits = logits[:, -width - 1 : -1] / temperature
         return logits.log_softmax(-1).gather(-1, batch["input_ids"][:, -width:].unsqueeze(-1)).squeeze(-1)
 
-    policy = logps()
-    with torch.no_grad(), ref.disable_adapter():
-        reference = logps()
-    kl = torch.exp(reference - policy) - (reference - policy) - 1
+    policy = logps(ref)
+    with torch.no_grad(), ref.disable_adapter() if reference is None else contextlib.nullcontext():
+        start = logps(ref if reference is None else reference)
+    kl = torch.exp(start - policy) - (start - policy) - 1
     assert float(kl.detach().abs().max()) > 1e-4 or beta == 0, "the policy differs from its reference"
     return -torch.exp(policy - policy.detach()) * advantages.unsqueeze(1) + beta * kl

@@ -15,7 +15,9 @@ from typing import Any
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = "builtin:tiny-bert"  # local folder, hub id, or builtin:NAME (built offline)
+    # local folder, hub id, builtin:NAME (built offline), or a trained result to start from (a run's
+    # output_dir, its adapter/ or best/, a merged folder: docs/chains.md)
+    name_or_path: str = "builtin:tiny-bert"
     task: str = "seq-cls"  # a task of the registry (xtrain.tasks), e.g. causal-lm, custom
     custom: str | None = None  # "module:function" returning a Workload (the custom task)
     num_labels: int | None = None  # classification tasks; None: inferred from the data
@@ -57,6 +59,9 @@ class LoraConfig:
     use_dora: bool = False
     use_rslora: bool = False
     init_weights: str = "default"
+    # model.name_or_path a trained result (docs/chains.md): false trains a new adapter on top of its
+    # adapters (kept frozen); true trains its last adapter on (its rank and targets are its own)
+    continue_adapter: bool = False
 
 
 @dataclass
@@ -242,7 +247,7 @@ class GrpoConfig:
     scale_rewards: str = "group"  # group | batch | none: what the advantages are divided by
     epsilon: float = 0.2  # the clip range's lower side (and upper side unless epsilon_high)
     epsilon_high: float | None = None  # the clip range's upper side (DAPO: 0.28); None: epsilon
-    beta: float = 0.0  # the KL penalty to the reference (the model with its adapters off)
+    beta: float = 0.0  # the KL penalty to the reference (the model the stage started from)
     num_iterations: int = 1  # optimizer steps on one generation (old log-probs for the ratio)
     mask_truncated_completions: bool = False  # completions cut at the limit add no loss
     # agents (docs/grpo.md#agents-episodes-that-call-your-tools): each completion is an episode that

@@ -219,9 +219,10 @@ def compare(name: str, what: str, expected: list[torch.Tensor], got: list[torch.
 
 class MergeProbe:
     """Sampled rows of every LoRA-adapted weight as the merge must leave them: base + B @ A x
-    scaling, computed in float32 from the adapted model before merging (a few KiB per layer).
-    ``check`` compares them with the merged model's weights, allowing the weight dtype's rounding
-    of the sum and of the delta (peft rounds the delta to the weight's dtype before adding it).
+    scaling (a chain's adapters summed), computed in float32 from the adapted model before
+    merging (a few KiB per layer). ``check`` compares them with the merged model's weights,
+    allowing the weight dtype's rounding of the sum and of the delta (peft rounds the delta to the
+    weight's dtype before adding it, one adapter at a time).
     DoRA layers (a magnitude rescales the merged weight) and embedding adapters are left to the
     logits check."""
 
@@ -247,19 +248,26 @@ class MergeProbe:
 
         adapters = [a for a in module.active_adapters if a in module.lora_A]
         weight = getattr(module.get_base_layer(), "weight", None)
-        if len(adapters) != 1 or weight is None or weight.dim() != 2 or module.use_dora.get(adapters[0]):
+        if (
+            not adapters
+            or weight is None
+            or weight.dim() != 2
+            or any(module.use_dora.get(a) for a in adapters)
+        ):
             return None
-        name = adapters[0]
-        with torch.no_grad():
-            delta = module.lora_B[name].weight.float() @ module.lora_A[name].weight.float()
-            if module.fan_in_fan_out:
-                delta = delta.T
-            delta = delta * module.scaling[name]
+        with torch.no_grad():  # a chain's adapters add (model.chain): their deltas summed
+            deltas = [
+                module.lora_B[a].weight.float() @ module.lora_A[a].weight.float() * module.scaling[a]
+                for a in adapters
+            ]
+            deltas = [d.T for d in deltas] if module.fan_in_fan_out else deltas
+            delta, size = sum(deltas), sum(d.abs() for d in deltas)
             n = weight.shape[0]
             rows = torch.unique(torch.linspace(0, n - 1, min(ROWS_PER_WEIGHT, n)).round().long())
-            base, delta = weight[rows].float(), delta[rows]
+            base, delta, size = weight[rows].float(), delta[rows], size[rows]
             eps = torch.finfo(weight.dtype).eps
-            allowed = eps * (base.abs() + 2 * delta.abs()) + torch.finfo(torch.float32).tiny
+            n = len(adapters)  # peft adds each adapter's delta in turn: a rounding each
+            allowed = eps * (n * base.abs() + (n + 1) * size) + torch.finfo(torch.float32).tiny
         return rows, base + delta, allowed
 
     def check(self, merged: Module) -> Check:

@@ -1,6 +1,7 @@
 """A model's config.json where it already is (a local folder, a built-in, the Hugging Face cache;
 a download only when asked): the file, its dtype (``checkpoint_dtype``) and positions
-(``text_positions``); ``read_config_offline`` for the plan's memory estimate."""
+(``text_positions``); ``read_config_offline`` for the plan's memory estimate. A trained result
+as ``model.name_or_path`` is read as its base's (``model.start``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
 from xtrain.model import hub
 from xtrain.model import load as models
+from xtrain.model.start import start_of
 
 if TYPE_CHECKING:
     from types import SimpleNamespace
@@ -23,7 +25,7 @@ def read_config_offline(cfg: TrainConfig) -> PretrainedConfig | str:
     """The model's ``AutoConfig`` from a local folder, a built-in or the hub cache; else why not."""
     from transformers import AutoConfig
 
-    name = cfg.model.name_or_path
+    name = start_of(cfg.model.name_or_path).base  # a trained result's base
     if cfg.model.trust_remote_code:
         return "the model's config runs custom code (model.trust_remote_code)"
     if builtin.is_builtin(name):
@@ -65,7 +67,7 @@ def checkpoint_dtype(cfg: TrainConfig) -> str | None:
     stays out of the rules)."""
     from xtrain.model.configs import config_json
 
-    data = config_json(cfg.model.name_or_path)
+    data = config_json(start_of(cfg.model.name_or_path).base)
     return dtype_in_config(data) if data is not None else None
 
 
@@ -135,7 +137,7 @@ def local_config(cfg: TrainConfig, fetch: bool = False) -> SimpleNamespace | Non
     import json
     import types
 
-    data = config_json(cfg.model.name_or_path, fetch)
+    data = config_json(start_of(cfg.model.name_or_path).base, fetch)
     if data is None:
         return None
     return json.loads(json.dumps(data), object_hook=lambda d: types.SimpleNamespace(**d))

@@ -265,7 +265,7 @@ def save_pretrained(model: Module, folder: str) -> None:
     adapter_config.json then says ``init_lora_weights: true`` and twice ``r`` and ``lora_alpha``."""
     initial = getattr(model, INITIAL_ADAPTER, None)
     if initial is None:
-        model.save_pretrained(folder)
+        model.save_pretrained(folder, **saved_adapters(model))
         return
     from pathlib import Path
 
@@ -290,6 +290,14 @@ def save_pretrained(model: Module, folder: str) -> None:
         save_file({**saved, **dropped}, str(weights), metadata={"format": "pt"})
 
 
+def saved_adapters(model: Module) -> dict[str, Any]:
+    """``save_pretrained``'s keywords: a chained model (``model.chain``) saves the adapter it
+    trains alone (its earlier ones are copied beside it, its reference copy is not kept)."""
+    from xtrain.model.chain import TRAINED, chain_of
+
+    return {"selected_adapters": [TRAINED]} if chain_of(model) is not None else {}
+
+
 def check_variants(cfg: TrainConfig) -> None:
     """Config-only checks of ``lora.use_dora``, ``lora.use_rslora`` and ``lora.init_weights``
     against ``lora.enabled`` and ``model.quantization``; the first misfit raises (one line).
@@ -303,6 +311,7 @@ def check_variants(cfg: TrainConfig) -> None:
             ("lora.use_dora", lora.use_dora),
             ("lora.use_rslora", lora.use_rslora),
             ("lora.init_weights", init != "default"),
+            ("lora.continue_adapter", lora.continue_adapter),
         ):
             if on:
                 raise XtrainError(

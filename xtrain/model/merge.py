@@ -16,6 +16,9 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain.model import chain
+from xtrain.model.start import start_of
+
 if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PretrainedConfig, PreTrainedModel
@@ -27,24 +30,12 @@ _QUANTIZED_KEYS = ("quantization_config", "_pre_quantization_dtype")
 
 
 def base_source(adapter: str | Path) -> str:
-    """The base an adapter folder names (peft's ``base_model_name_or_path``), as a folder or a
-    hub id ``from_pretrained`` takes (a built-in's name resolved to its folder)."""
-    import json
-
-    from xtrain.errors import XtrainError
+    """The base an adapter folder goes on (its record's ``base``, else peft's
+    ``base_model_name_or_path``: ``model.start``), as a folder or a hub id ``from_pretrained``
+    takes (a built-in's name resolved to its folder)."""
     from xtrain.model import load as models
 
-    path = Path(adapter) / "adapter_config.json"
-    try:
-        found = json.loads(path.read_text(encoding="utf-8")).get("base_model_name_or_path")
-    except (OSError, ValueError):
-        found = None
-    if not isinstance(found, str) or not found:
-        raise XtrainError(
-            f"{path} does not name its base model (base_model_name_or_path)",
-            "pass the base model with --base",
-        )
-    return models.resolve_model(found)
+    return models.resolve_model(start_of(str(adapter)).base)
 
 
 def unquantized(config: PretrainedConfig) -> PretrainedConfig:
@@ -84,13 +75,10 @@ def fresh_base(
 
 
 def with_adapter(base: PreTrainedModel, adapter: str | Path) -> PeftModel:
-    """``base`` with the adapter saved at ``adapter`` applied, not merged (base + adapter: what the
-    merged model must compute), in eval mode."""
-    from peft import PeftModel
-
-    model = PeftModel.from_pretrained(base, str(adapter))
-    model.eval()
-    return model
+    """``base`` with the adapter saved at ``adapter`` applied, not merged, in eval mode: a chained
+    result's earlier adapters first, in order (``model.chain``: base + every adapter is what the
+    merged model must compute)."""
+    return chain.load(base, start_of(str(adapter)))
 
 
 def merge(model: PeftModel) -> PreTrainedModel:
@@ -107,6 +95,6 @@ def merged_from_adapter(
     config: PretrainedConfig | None = None,
 ) -> PreTrainedModel:
     """The merged model of the adapter saved at ``adapter``: ``fresh_base`` (of ``source``, else the
-    base the adapter names) + the adapter, merged."""
+    base the adapter names) + the adapter (a chain's every adapter, in order), merged."""
     base = fresh_base(model_class, source or base_source(adapter), config)
     return merge(with_adapter(base, adapter))

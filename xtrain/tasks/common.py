@@ -17,8 +17,9 @@ from xtrain.data.rows.images import check_image_files
 from xtrain.data.sources import load_source
 from xtrain.data.tokenize import map_fingerprint, require_columns, tokenized, tokenizer_fingerprint
 from xtrain.errors import XtrainError
-from xtrain.model import attention, lora, quantization
+from xtrain.model import attention, chain, lora, quantization
 from xtrain.model import load as models
+from xtrain.model.start import start_of
 from xtrain.tasks import model_checks
 from xtrain.tasks.contract import EvalBatchFn, MainProcessFirst, ReduceFn, Task, Workload
 from xtrain.tasks.generation import GenerationEval
@@ -36,12 +37,25 @@ if TYPE_CHECKING:
     from xtrain.planning.run import Run
 
 
+def model_source(cfg: TrainConfig) -> str:
+    """The folder or hub id the model's weights load from: ``model.name_or_path``'s base (a trained
+    result's, ``model.start``), a built-in written once, by the first caller."""
+    return models.resolve_model(start_of(cfg.model.name_or_path).base)
+
+
+def processor_source(cfg: TrainConfig, source: str) -> str:
+    """Where the tokenizer or processor loads from: a trained result's own folder (saved with the
+    chat template it trained with), else the model's ``source``."""
+    return start_of(cfg.model.name_or_path).tokenizer or source
+
+
 def prepare_tokenizer(
     cfg: TrainConfig, main_process_first: MainProcessFirst
 ) -> tuple[str, PreTrainedTokenizerBase]:
+    """(the model's source, its tokenizer: a trained result's own)."""
     with main_process_first():  # a built-in model is written once, by the first process
-        source = models.resolve_model(cfg.model.name_or_path)
-    return source, models.load_tokenizer(source, cfg.model.trust_remote_code)
+        source = model_source(cfg)
+    return source, models.load_tokenizer(processor_source(cfg, source), cfg.model.trust_remote_code)
 
 
 def raw_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset | None, str, str]:
@@ -125,16 +139,24 @@ def finish_model(
     """The model checked against the config (``model_checks``: lengths, LoRA targets), then
     peft's k-bit preparation of a quantized model, then gradient checkpointing, then LoRA
     (``apply_lora(model, cfg.lora)``, default: adapters on ``lora.target_modules`` with the
-    task's peft type) or the task's full fine-tune."""
+    task's peft type) or the task's full fine-tune. A trained result as the start: its adapters
+    first, frozen, then the new adapter on top or its last one trained on (``model.chain``)."""
     model_checks.check_model(model, cfg, task)  # the one place a run checks its model
     if quantization.is_quantized(model):
         model = quantization.prepare(model)
     if cfg.model.gradient_checkpointing:
         lora.enable_gradient_checkpointing(model, cfg.lora.enabled)
     if cfg.lora.enabled:
-        if apply_lora is not None:
-            return apply_lora(model, cfg.lora)
-        return lora.apply_lora(model, cfg.lora, task.peft_task_type)
+
+        def new_adapter(model: Module) -> PeftModel:
+            if apply_lora is not None:
+                return apply_lora(model, cfg.lora)
+            return lora.apply_lora(model, cfg.lora, task.peft_task_type)
+
+        start = start_of(cfg.model.name_or_path)
+        if start.adapters:
+            return chain.attach(model, start, cfg.lora.continue_adapter, new_adapter)
+        return new_adapter(model)
     (task.full_fine_tune or train_everything)(model, cfg)
     return model
 
@@ -228,7 +250,7 @@ def media_source(
     """The model folder (a built-in is written once, by the first process), its model type
     checked by ``check(source, trust_remote_code)`` before anything else is loaded."""
     with main_process_first():
-        source = models.resolve_model(cfg.model.name_or_path)
+        source = model_source(cfg)
     check(source, cfg.model.trust_remote_code)
     return source
 

@@ -15,12 +15,13 @@ from typing import Any
 
 from xtrain import tasks
 from xtrain.config.loading import read_config, read_dict
-from xtrain.config.schema import TrainConfig, sections
+from xtrain.config.schema import TrainConfig, given_keys, sections
 from xtrain.config.values import choose
 from xtrain.data import mixing
 from xtrain.data.rows.formats import check_tags
 from xtrain.errors import XtrainError
 from xtrain.model.lora import check_variants
+from xtrain.model.start import start_of
 from xtrain.tasks.contract import EVERY_KEY
 
 
@@ -29,6 +30,7 @@ def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> Train
     ``overrides`` (``section.key=value``, the value read as YAML) (``config.loading.read_config``),
     then the checks of the whole config against its task."""
     cfg = read_config(path, overrides)
+    take_start(cfg)
     validate(cfg)
     return cfg
 
@@ -38,6 +40,14 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     cfg = read_dict(data)
     validate(cfg)
     return cfg
+
+
+def take_start(cfg: TrainConfig) -> None:
+    """A trained result as the start (``model.start``) loads its base as it trained: its
+    ``model.quantization``, unless the config names one (``model.quantization: null``: 16 bits)."""
+    if "model.quantization" in (given_keys(cfg) or ()) or cfg.model.quantization is not None:
+        return
+    cfg.model.quantization = start_of(cfg.model.name_or_path).quantization
 
 
 def reader_config(data: dict[str, Any]) -> TrainConfig:

@@ -45,6 +45,7 @@ from xtrain.data.collate import batch_tokens
 from xtrain.data.sampler import DataOrder, mix_seed
 from xtrain.model.memory import MemoryLevers
 from xtrain.model.size import total_weights
+from xtrain.model.start import stage_record, start_of
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.run import Run, for_process
@@ -503,10 +504,14 @@ class Recipe:
     @property
     def record(self) -> dict[str, str]:
         """The run record saved with the adapter/model (what ``xtrain predict`` reads)."""
-        quantized = {"quantization": self.cfg.model.quantization} if self.cfg.model.quantization else {}
+        cfg = self.cfg
+        quantized = {"quantization": cfg.model.quantization} if cfg.model.quantization else {}
+        # what the stage started from and trained (model.start: the lineage a next stage extends)
+        mode = "full" if not cfg.lora.enabled else "continue" if cfg.lora.continue_adapter else "new"
+        stage = stage_record(start_of(cfg.model.name_or_path), cfg.model.task, cfg.run.output_dir, mode)
         # the data settings: ``xtrain predict --data`` reads a file with the run's own columns and format
-        more = {**self.workload.record, **quantized, "data": self.config_dict["data"]}
-        return run_record(self.cfg.model.task, self.workload.chat, more)
+        more = {**self.workload.record, **quantized, "data": self.config_dict["data"], **stage}
+        return run_record(cfg.model.task, self.workload.chat, more)
 
     def _step_dir(self, step: int) -> Path:
         return checkpoint.checkpoints_dir(self.out) / f"step-{step}"

@@ -7,6 +7,10 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from xtrain.model.start import RUN_FILE  # saved next to the adapter (or full model): what it trained
+
+__all__ = ["RUN_FILE", "TrainResult", "run_info", "run_record", "session_result"]
+
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
@@ -15,9 +19,6 @@ if TYPE_CHECKING:
     from xtrain.planning.resolve import RunSettings
     from xtrain.train.precision import SkipDetector
     from xtrain.train.state import RunState
-
-# Saved next to the adapter (or full model): what the run trained, read by ``xtrain predict``.
-RUN_FILE = "xtrain_run.json"
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from xtrain.data.sampler import mix_seed
+from xtrain.model import chain
 from xtrain.model.decoding import Decoder, DecodeSettings, Sampling, generate
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
@@ -342,7 +343,7 @@ class GrpoStep:
                 batch["old_logps"] = token_logps(model, *args)
             if self.g.beta:
                 inner = _unwrapped(model)
-                with inner.disable_adapter():  # the base weights alone: LoRA's reference
+                with chain.reference(inner):  # the stage's start: the base, or its earlier adapters
                     batch["ref_logps"] = token_logps(inner, *args)
 
     # -- warnings -------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from xtrain.model.start import start_of
+
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
@@ -38,11 +40,14 @@ Collate = Callable[[list[dict[str, Any]]], dict[str, Any]]
 
 
 def fingerprint(run: Run, splits: dict[str, list[dict[str, Any]]]) -> str:
-    """What the reference log-probs depend on: the base model, how it is loaded and computes,
-    and every sequence of the data (token ids and labels). Not the process count."""
+    """What the reference log-probs depend on: the model the stage starts from (a result's base
+    and adapters), how it is loaded and computes, and every sequence of the data (token ids and
+    labels). Not the process count."""
     m = run.cfg.model
+    start = start_of(m.name_or_path)  # a trained result: its base and every adapter, by hash
+    model = [start.base, [a.sha256 for a in start.adapters], run.cfg.lora.continue_adapter]
     h = hashlib.sha256()
-    h.update(json.dumps([m.name_or_path, m.dtype, m.quantization, run.precision, sorted(splits)]).encode())
+    h.update(json.dumps([model, m.dtype, m.quantization, run.precision, sorted(splits)]).encode())
     for name in sorted(splits):
         for row in splits[name]:
             h.update(json.dumps([v for k, v in sorted(row.items()) if not k.startswith("ref_")]).encode())

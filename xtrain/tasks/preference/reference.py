@@ -9,8 +9,10 @@ reference's come from, in this order:
   ``run.output_dir`` named by the data's fingerprint, so a resumed run or one with another
   process count reads the same numbers;
 - a frozen copy of the model (a full fine-tune: the weights that train cannot be the reference);
-- the policy itself with its LoRA adapters switched off (peft's ``disable_adapter``), under
-  ``no_grad``: no second copy in memory (LLaMA-Factory's and TRL's way).
+- the policy itself as the stage started, under ``no_grad``: no second copy in memory. On a base
+  model that is its LoRA adapter switched off (peft's ``disable_adapter``); on a trained result
+  (``model.chain``) its earlier adapters stay on: the new adapter alone is off, or a continued
+  adapter is swapped for its frozen copy where it started (``chain.reference``).
 
 ORPO and SimPO read no reference. The SFT term (``preference.sft_weight``) reads the chosen
 answers' summed log-probs and token counts of the same forward: no extra pass, and the chunked
@@ -37,6 +39,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from xtrain.model import chain
 from xtrain.tasks.preference import losses as pl
 
 if TYPE_CHECKING:
@@ -161,7 +164,7 @@ class PreferenceForward:
                 with self.autocast():
                     return self.logps(self.reference, batch, model.training)[0]
             inner = _unwrapped(model)
-            with inner.disable_adapter():  # the base weights alone: LoRA's reference
+            with chain.reference(inner):  # the stage's start: the base, or its earlier adapters
                 return self.logps(inner, batch, model.training)[0]
 
     def __call__(self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> PreferenceOutput:

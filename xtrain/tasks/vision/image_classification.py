@@ -135,7 +135,8 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     source = common.media_source(cfg, main_process_first, check_model_type)
     auto = transformers.AutoImageProcessor
     try:
-        image_processor = auto.from_pretrained(source, trust_remote_code=m.trust_remote_code)
+        found = common.processor_source(cfg, source)
+        image_processor = auto.from_pretrained(found, trust_remote_code=m.trust_remote_code)
     except Exception as e:
         raise models.load_error("image processor", source, Path(source).exists(), e) from None
     columns = {"data.image_column": d.image_column, "data.label_column": d.label_column}

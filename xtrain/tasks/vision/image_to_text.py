@@ -205,7 +205,8 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     cfg = run.cfg
     d = cfg.data
     source = common.media_source(cfg, main_process_first, check_model_type)
-    image_processor, tokenizer, saver = load_processors(source, cfg.model.trust_remote_code)
+    found = common.processor_source(cfg, source)
+    image_processor, tokenizer, saver = load_processors(found, cfg.model.trust_remote_code)
     columns = {"data.image_column": d.image_column, "data.text_column": d.text_column}
     (train, train_name, train_dir), (eval_ds, eval_name, eval_dir) = common.image_datasets(
         cfg, main_process_first, columns

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.errors import XtrainError
 from xtrain.model import load as models
+from xtrain.model.start import start_of
 from xtrain.tasks.contract import MainProcessFirst
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ def max_pixels(cfg: TrainConfig) -> int | None:
     built-in, a folder, the hub cache: nothing is downloaded); None when unknown."""
     if cfg.data.max_pixels:
         return cfg.data.max_pixels
-    name = cfg.model.name_or_path
+    start = start_of(cfg.model.name_or_path)
+    name = start.tokenizer or start.base  # a trained result's processor, saved with it
     try:
         folder = builtin.ensure_builtin_model(name) if builtin.is_builtin(name) else None
         from transformers.utils import cached_file
@@ -192,7 +194,7 @@ def processor_and_render(
 
     d = cfg.data
     source = common.media_source(cfg, main_process_first, check_model_type)
-    processor = load_processor(source, cfg.model.trust_remote_code)
+    processor = load_processor(common.processor_source(cfg, source), cfg.model.trust_remote_code)
     set_pixel_bounds(processor.image_processor, d.min_pixels, d.max_pixels)
     template = chat_data.require_template(processor, chat_data.load_template(d.chat_template), source)
     if d.chat_template is not None:

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.model.lora import save_pretrained
+from xtrain.model import chain, chain_adapter
+from xtrain.model.lora import save_pretrained, saved_adapters
+from xtrain.model.start import LINEAGE, RUN_FILE, seal, start_of
 from xtrain.train.checkpoint.layout import RESULT_FILE
 
 if TYPE_CHECKING:
@@ -47,10 +49,12 @@ def _write_pretrained(
     if state_dict is None:
         save_pretrained(model, str(tmp))  # PiSSA/OLoRA adapters: converted to fit the original base
     else:  # gathered from a sharded model (PiSSA/OLoRA refused there: sharded.check_outputs)
-        model.save_pretrained(str(tmp), state_dict=state_dict)
+        model.save_pretrained(str(tmp), state_dict=state_dict, **saved_adapters(model))
+    chain.keep_earlier(chain.chain_of(model), tmp)  # a chained stage's earlier adapters, beside it
     if tokenizer is not None:
         tokenizer.save_pretrained(str(tmp))
     for name, text in (extra or {}).items():
+        text = seal(text, tmp) if name == RUN_FILE else text  # the record names its adapter's hash
         (tmp / name).write_text(text, encoding="utf-8")
     _replace_dir(tmp, final)
 
@@ -67,17 +71,53 @@ def save_final(
     text files saved with it (``result.run_record``); ``state_dict``: its gathered weights when
     it is sharded (then no merged model: ``sharded.check_outputs`` refused it before training).
 
-    Returns {"adapter" | "model": path, "merged": path}."""
+    A chained stage (``model.chain``) also writes its adapters as one adapter on the base
+    (``adapter-chain/``) where that is exact, else the merged model; its record says which.
+
+    Returns {"adapter" | "model": path, "merged": path, "adapter-chain": path}."""
     out = Path(output_dir)
     paths: dict[str, str] = {}
     is_peft = hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
     name = "adapter" if is_peft else "model"
+    kept = chain.chain_of(model)  # a chained stage: also the chain as one adapter, or merged
+    kept = kept if kept is not None and kept.kept else None  # (a continued adapter alone: itself)
+    why = chain_adapter.inexact([model.peft_config[n].to_dict() for n in kept.active]) if kept else None
+    if kept is not None:
+        says = {SINGLE: chain_adapter.FOLDER} if why is None else {SINGLE: None, SINGLE_WHY_NOT: why}
+        extra = {**(extra or {}), RUN_FILE: json.dumps({**json.loads((extra or {})[RUN_FILE]), **says})}
     _write_pretrained(model, tokenizer, out / name, extra, state_dict)
     paths[name] = str(out / name)
-    if save_merged and is_peft and state_dict is None:
+    if kept is not None and why is None:
+        paths[chain_adapter.FOLDER] = str(_write_single(out / name, tokenizer))
+    if is_peft and ((save_merged and state_dict is None) or why is not None):
         _write_pretrained(merged_model(model, out / name), tokenizer, out / "merged", extra)
         paths["merged"] = str(out / "merged")
     return paths
+
+
+# the run record's keys for a chained stage: its adapters as one adapter (the folder), or why not
+# (the merged model is saved instead)
+SINGLE, SINGLE_WHY_NOT = "single_adapter", "single_adapter_why_not"
+
+
+def _write_single(adapter: Path, tokenizer: PreTrainedTokenizerBase | ProcessorMixin) -> Path:
+    """``adapter-chain/`` beside the chained result in ``adapter``: its adapters concatenated
+    (``model.chain_adapter``), its tokenizer, and its record whose ``lineage`` becomes
+    ``combines`` (the folder is one adapter on the base: a start of its own)."""
+    final = adapter.parent / chain_adapter.FOLDER
+    tmp = final.with_name(final.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    chain_adapter.write(start_of(str(adapter)), tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp))
+    record = json.loads((adapter / RUN_FILE).read_text(encoding="utf-8"))
+    record["combines"] = record.pop(LINEAGE)
+    for key in (SINGLE, SINGLE_WHY_NOT):
+        record.pop(key, None)
+    (tmp / RUN_FILE).write_text(json.dumps(record), encoding="utf-8")
+    _replace_dir(tmp, final)
+    return final
 
 
 def merged_model(model: Module, adapter: Path) -> Module:

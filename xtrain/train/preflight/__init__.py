@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from xtrain.planning.run import Run
 from xtrain.train.preflight.disk import _output, _resume, _size, check_disk, check_paths, estimate_bytes
-from xtrain.train.preflight.inputs import _data, _model, _model_source
+from xtrain.train.preflight.inputs import _data, _model, _model_source, _start
 from xtrain.train.preflight.notes import WORKER, Check, Note, Where
 from xtrain.train.preflight.plan import _attention, _loading, _loss, _memory, _precision
 from xtrain.train.preflight.software import (
@@ -66,6 +66,7 @@ CHECKS: tuple[Check, ...] = (
     _output,
     _sharding,
     _model_source,
+    _start,
     _resume,
     _precision,
     _loading,

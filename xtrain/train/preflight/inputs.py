@@ -1,12 +1,17 @@
 """The checks that look at the run's inputs: where the model is (``_model_source``: a local path
-that is not there, a hub model neither cached nor reachable), the config against the model's
-config (``--dry-run``) and the task's data check on the first rows (``--dry-run``: refused where
-no checked row has anything left to learn)."""
+that is not there, a hub model neither cached nor reachable), what a trained result as the start
+holds against this stage (``_start``: its model class, the adapter options), the config against the
+model's config (``--dry-run``) and the task's data check on the first rows (``--dry-run``: refused
+where no checked row has anything left to learn)."""
 
 from __future__ import annotations
 
 from xtrain import tasks
+from xtrain.config.schema import given_keys
+from xtrain.errors import XtrainError
 from xtrain.model import hub
+from xtrain.model.lora import BASE_CHANGING
+from xtrain.model.start import Start, start_of
 from xtrain.planning.run import Run
 from xtrain.runtime.quiet import quiet_libraries
 from xtrain.tasks import model_checks
@@ -18,12 +23,75 @@ def _model_source(run: Run, where: Where) -> list[Note]:
     path that is not there, or a hub model neither in the cache nor reachable, is one line at once
     (for another machine's plan, ``--facts``, a warning); a hub that cannot be reached while the
     cache holds the model is said, and nothing waits for the network after."""
-    source = hub.locate(run.cfg.model.name_or_path, here=where.here)
+    source = hub.locate(start_of(run.cfg.model.name_or_path).base, here=where.here)  # a result's base
     if source.note is None or not where.launcher:
         return []
     return [
         Note("Model", source.note) if source.kind == "cached" else Note("warning", source.note, "warning")
     ]
+
+
+# the keys that shape a new adapter: a continued adapter keeps its own (its adapter_config.json)
+NEW_ADAPTER_KEYS = (
+    "lora.r", "lora.alpha", "lora.dropout", "lora.target_modules", "lora.modules_to_save", "lora.apply_to",
+    "lora.projector", "lora.vision_blocks", "lora.use_dora", "lora.use_rslora", "lora.init_weights",
+)  # fmt: skip
+
+
+def _start(run: Run, where: Where) -> list[Note]:
+    """A trained result as the start (``model.start``), from its files alone: a result of another
+    model class or head, ``lora.continue_adapter`` without an adapter to continue (or with keys
+    that shape a new one), a full fine-tune or a base-changing init on top of adapters: one line
+    each. The launcher says what the stage starts from."""
+    cfg, start = run.cfg, start_of(run.cfg.model.name_or_path)
+    check_start(run, start)
+    if not start.result or not where.launcher:
+        return []
+    mode = "the last adapter trained on" if cfg.lora.continue_adapter else "a new adapter on top"
+    return [Note("Start", f"{start.shown()}; {mode}" if start.adapters else start.shown())]
+
+
+def check_start(run: Run, start: Start) -> None:
+    """``_start``'s refusals (a ``Start`` against this stage's task and LoRA settings)."""
+    cfg, task = run.cfg, tasks.get(run.cfg.model.task)
+    lora, name = cfg.lora, cfg.model.name_or_path
+    theirs = tasks.all_tasks().get(start.task) if start.task else None
+    if theirs is not None and task.model_class and theirs.model_class != task.model_class:
+        raise XtrainError(
+            f"{name} is a {theirs.name} result ({theirs.model_class}); a {task.name} stage trains "
+            f"{task.model_class}",
+            f"start from a base model or from a result of a task that trains {task.model_class}",
+        )
+    kind = task.peft_task_type
+    if theirs is None and start.peft_task_type and kind and start.peft_task_type != kind:
+        raise XtrainError(
+            f"{name} is a {start.peft_task_type} adapter; a {task.name} stage trains {kind} adapters",
+            "start from a base model or from an adapter of the same kind",
+        )
+    if lora.continue_adapter and not start.adapters:
+        raise XtrainError(
+            f"lora.continue_adapter=true trains a result's last adapter on, and {name} holds no adapter",
+            "set model.name_or_path to a trained result (its output_dir or adapter/), or leave it out",
+        )
+    if not start.adapters:
+        return
+    if not lora.enabled:
+        raise XtrainError(
+            f"lora.enabled=false trains every weight, and {name} is a base with adapters",
+            f"start from its merged model (xtrain export {name} --to merged), or keep LoRA",
+        )
+    if lora.init_weights in BASE_CHANGING:
+        raise XtrainError(
+            f"lora.init_weights={lora.init_weights} rewrites the base weights under the start's adapters",
+            "use lora.init_weights=default (or gaussian) on a trained result",
+        )
+    given = sorted(set(NEW_ADAPTER_KEYS) & (given_keys(cfg) or set()))
+    if lora.continue_adapter and given:
+        raise XtrainError(
+            f"lora.continue_adapter=true trains {name}'s adapter on with its own settings (its "
+            f"adapter_config.json); {', '.join(given)} are a new adapter's",
+            f"leave out {', '.join(given)}, or lora.continue_adapter to train a new adapter on top",
+        )
 
 
 def _model(run: Run, where: Where) -> list[Note]:
