@@ -1,3 +1,4 @@
+# ruff: noqa: E501  (the refusals read best one case per line)
 """A recipe's stages decided before anything trains (xtrain/train/stages.py): the arguments told
 apart, per-stage overrides, ``previous`` resolved, output folders and model classes checked, the
 start a stage is checked on before the stage it follows has trained. Nothing is loaded."""
@@ -92,29 +93,17 @@ def test_a_stage_is_checked_on_the_recipes_first_model_until_its_start_is_traine
 
 
 @pytest.mark.parametrize(
-    ("edit", "message"),
+    ("name", "text", "message"),
     [
-        (
-            lambda paths: paths[:1] and _write(paths[0].parent, "sft.yaml", DPO.format(task="causal-lm", out="x")),
-            "model.name_or_path is 'previous', but it is the first stage",
-        ),
-        (
-            lambda paths: _write(paths[0].parent, "dpo.yaml", DPO.format(task="preference", out=paths[0].parent / "runs" / "sft")),
-            "stage 1 (sft.yaml) and stage 2 (dpo.yaml) both write to run.output_dir",
-        ),
-        (
-            lambda paths: _write(paths[0].parent, "dpo.yaml", DPO.format(task="seq-cls", out="y").replace("builtin:preference-pairs", "builtin:sentiment")),
-            "dpo.yaml (seq-cls) cannot start from stage 1 (sft.yaml) (causal-lm)",
-        ),
-        (
-            lambda paths: _write(paths[0].parent, "grpo.yaml", GRPO.format(out="z") + "optim:\n  lr: -1\n"),
-            "stage 3 (grpo.yaml): ",
-        ),
+        ("sft.yaml", DPO.format(task="causal-lm", out="x"), "'previous', but it is the first stage"),
+        ("dpo.yaml", DPO.format(task="preference", out="{runs}/sft"), "stage 1 (sft.yaml) and stage 2 (dpo.yaml) both write to"),
+        ("dpo.yaml", DPO.format(task="seq-cls", out="y").replace("preference-pairs", "sentiment"), "dpo.yaml (seq-cls) cannot start from stage 1 (sft.yaml) (causal-lm)"),
+        ("grpo.yaml", GRPO.format(out="z") + "optim:\n  lr: -1\n", "stage 3 (grpo.yaml): "),
     ],
     ids=["first stage follows", "same output folder", "another model class", "a stage's own mistake"],
 )  # fmt: skip
-def test_a_recipe_that_cannot_run_is_refused_before_anything_trains(recipe, edit, message) -> None:
-    edit(recipe)
+def test_a_recipe_that_cannot_run_is_refused_before_anything_trains(recipe, name, text, message) -> None:
+    _write(recipe[0].parent, name, text.replace("{runs}", str(recipe[0].parent / "runs")))
     with pytest.raises(XtrainError, match=re.escape(message)):
         load_stages(recipe, [])
 

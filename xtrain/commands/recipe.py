@@ -25,9 +25,10 @@ def run_recipe(stages: list[Stage], options: LaunchOptions, console: Console) ->
     """Check every stage, then train them in order (or, with ``--dry-run``, show each stage's
     plan and checks); the first failing stage's exit code, else 0."""
     from xtrain.commands.train import prepare, run_stage
-    from xtrain.train.stages import planned_config, stage_state
+    from xtrain.train.stages import check_states, planned_config, stage_state
 
     states = [stage_state(stage) for stage in stages]  # a checkpoint of another training: refused here
+    check_states(stages, states)  # a stage holding what started from another result of the one before
     done = {stage.number for stage, state in zip(stages, states, strict=True) if state.finished}
     console.print(f"[bold]Recipe:[/] {len(stages)} stages", soft_wrap=True)
     for stage, state in zip(stages, states, strict=True):

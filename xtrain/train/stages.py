@@ -186,6 +186,35 @@ def stage_state(stage: Stage) -> StageState:
     return StageState(resume_step=point.saved.step if point.saved is not None else None)
 
 
+def check_states(stages: list[Stage], states: list[StageState]) -> None:
+    """What a stage holds rests on the stage it follows: while that one is not finished (it
+    trains now, from the start or on from a checkpoint), the follower must hold nothing yet (what
+    it holds started from an earlier result); once it is finished, a finished follower's record
+    names the adapter it holds now (``lineage``). One line naming the stage and its folder."""
+    from xtrain.model.start import start_of
+
+    for stage, state in zip(stages, states, strict=True):
+        if not stage.follows:
+            continue
+        before, earlier = stages[stage.number - 2], states[stage.number - 2]
+        holds = state.finished or state.resume_step is not None
+        stale = holds and not earlier.finished
+        if state.finished and earlier.finished:
+            mine = start_of(str(stage.output_dir)).lineage
+            theirs = start_of(str(before.output_dir)).lineage
+            stale = len(mine) < 2 or not theirs or mine[-2] != theirs[-1]
+        if stale:
+            if earlier.finished:
+                what = f"another result of {before.name} than the one it holds now"
+            else:
+                what = f"an earlier result of {before.name}, which trains on now"
+            raise XtrainError(
+                f"{stage.name}: {stage.cfg.run.output_dir} holds a training started from {what}",
+                f"remove {stage.cfg.run.output_dir}, or give the stage a new run.output_dir, so it starts "
+                "from that result",
+            )
+
+
 def planned_start(stages: list[Stage], stage: Stage, done: set[int]) -> tuple[str, str | None]:
     """(start, chat template) to check ``stage`` with: its own start, unless it follows a stage
     not finished yet (``done``: the finished stages' numbers): then the start that stage is
