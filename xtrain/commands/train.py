@@ -7,6 +7,7 @@ path of `xtrain.run` (Windows, where torchrun trips on libuv). The exit code is 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,10 +17,14 @@ from xtrain.commands.options import parse_gpus, parse_int, whole
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from rich.console import Console
 
     from xtrain.config.schema import TrainConfig
+    from xtrain.machine.facts import Facts
     from xtrain.planning.plan import Plan
+    from xtrain.planning.run import Run
     from xtrain.train.preflight import Note
 
 RUN_MODULE = "xtrain.run"
@@ -108,10 +113,40 @@ def equivalent_commands(
     ]
 
 
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the command line says about where and how the stages run (the same for each)."""
+
+    processes: int | None
+    gpu_ids: list[int] | None
+    platform: str | None
+    facts: Facts | None
+    fsdp: bool
+    deepspeed: str | None
+    dry_run: bool
+    from_snapshot: bool
+
+
+@dataclass
+class Prepared:
+    """A stage made ready to launch: its Run (plan), the preflight's notes and the lines shown
+    under the plan, the sharding switches."""
+
+    run: Run
+    notes: list[Note]
+    lines: list[str]
+    shard_flags: list[str]
+
+
 # longer: most of its lines are typer's option declarations, one per flag
 def train(
-    config: Path = typer.Argument(..., help="YAML train config (see examples/ and docs/configuration.md)."),
-    overrides: list[str] = typer.Argument(None, metavar="[KEY=VALUE]...", help="e.g. run.max_steps=100"),
+    args: list[str] = typer.Argument(
+        ...,
+        metavar="CONFIG... [KEY=VALUE]...",
+        help="YAML train config (see examples/ and docs/configuration.md); several: stages run in order, "
+        "each from the one before (docs/chains.md). Then overrides, e.g. run.max_steps=100 "
+        "(N:key=value for stage N alone).",
+    ),
     processes: int = typer.Option(
         None, "--processes", "-n", parser=whole("--processes"), help="Processes (default: one per GPU)."
     ),
@@ -129,64 +164,102 @@ def train(
     ),
     platform: str = typer.Option(None, "--platform", hidden=True, help="Plan as if on this OS (tests)."),
 ) -> None:
-    """Train CONFIG on every planned device (one process per GPU, fixed global batch)."""
+    """Train CONFIG on every planned device (one process per GPU, fixed global batch); several
+    configs train as stages, in order."""
     from xtrain.console import make_console
-    from xtrain.launch import sharding
     from xtrain.machine.facts import Facts
-    from xtrain.planning.run import for_launch
     from xtrain.runtime.quiet import quiet_deepspeed
-    from xtrain.tasks.validation import load_config
-    from xtrain.train.preflight import Where, run_checks
+    from xtrain.train.stages import load_stages, split_args
 
     quiet_deepspeed()  # the plan's model skeleton may import deepspeed (its CPU line on stdout)
     console = make_console()
-    overrides = list(overrides or [])  # read (and refused) by load_config
+    configs, overrides = split_args(list(args or []))  # overrides read (and refused) by load_config
+    if not configs:
+        raise XtrainError("no config named", "e.g. xtrain train examples/seq-cls.yaml run.max_steps=20")
     if precision is not None:  # the same as the override run.mixed_precision=..., checked the same way
         overrides.append(f"run.mixed_precision={precision}")
     n = parse_int(processes, "--processes", example="e.g. --processes 2")
     gpu_ids = parse_gpus(gpus)
-    if not config.is_file():
-        raise XtrainError(f"config {config} not found", "check the path (examples/ has ready configs)")
+    if not configs[0].is_file():
+        raise XtrainError(f"config {configs[0]} not found", "check the path (examples/ has ready configs)")
     if facts_file is not None and not dry_run:
         raise XtrainError(
             "--facts plans from another machine's snapshot; training runs on this one",
             "add --dry-run to see that machine's plan, or leave out --facts",
         )
-    cfg = load_config(str(config), overrides)
-    built_in_start(cfg, console)  # a trained built-in as the start: trained once, before the plan
-    fitted = fitted_lines(cfg)  # lengths the user did not set, fitted to the model (each worker too)
+    stages = load_stages(configs, overrides)  # every stage read and checked before anything starts
+    for stage in stages:  # a trained built-in as a start (builtin:tiny-llama-sft): trained once, first
+        built_in_start(stage.cfg, console)
     facts = Facts.load(facts_file) if facts_file is not None else None  # else the plan probes
-    from xtrain.model.configs import checkpoint_dtype
+    options = LaunchOptions(n, gpu_ids, platform, facts, fsdp, deepspeed, dry_run, facts_file is not None)
+    if len(stages) == 1:
+        stage = stages[0]
+        raise typer.Exit(
+            run_stage(prepare(stage.cfg, options), stage.path, stage.overrides, options, console)
+        )
+    from xtrain.commands.recipe import run_recipe
 
+    raise typer.Exit(run_recipe(stages, options, console))
+
+
+def prepare(cfg: TrainConfig, options: LaunchOptions, quiet: bool = False) -> Prepared:
+    """``cfg``'s plan for this machine and every preflight check (a refusal raises here, before
+    any process starts). ``quiet``: the defaults fitted to the model are not listed."""
+    from xtrain.launch import sharding
+    from xtrain.model.configs import checkpoint_dtype
+    from xtrain.planning.run import for_launch
+    from xtrain.train.preflight import Where, run_checks
+
+    fitted = fitted_lines(cfg)  # lengths the user did not set, fitted to the model (each worker too)
     # the plan, checked against the config's global batch before any process starts; the
     # checkpoint's dtype (read here, where it is on this machine) decides model.dtype auto's precision
     weights = checkpoint_dtype(cfg)
     run = for_launch(
-        cfg, processes=n, gpu_ids=gpu_ids, platform=platform, facts=facts, checkpoint_dtype=weights
+        cfg,
+        processes=options.processes,
+        gpu_ids=options.gpu_ids,
+        platform=options.platform,
+        facts=options.facts,
+        checkpoint_dtype=weights,
     )
-    kind = sharding.requested(fsdp, deepspeed, run.facts.accelerate_config if run.facts is not None else None)
-    from_options = fsdp or deepspeed is not None
-    where = Where(True, facts_file is None, dry_run, sharding=kind, sharding_from_options=from_options)
+    accelerate_config = run.facts.accelerate_config if run.facts is not None else None
+    kind = sharding.requested(options.fsdp, options.deepspeed, accelerate_config)
+    from_options = options.fsdp or options.deepspeed is not None
+    where = Where(
+        True, not options.from_snapshot, options.dry_run, sharding=kind, sharding_from_options=from_options
+    )
     notes = run_checks(run, where)  # every preflight check: a refusal stops here, before anything starts
     shard_flags = sharding.launch_flags(kind, from_options) if kind is not None else []
+    return Prepared(run, notes, ([] if quiet else fitted) + note_lines(notes), shard_flags)
+
+
+def run_stage(
+    ready: Prepared,
+    config: Path,
+    overrides: Sequence[str],
+    options: LaunchOptions,
+    console: Console,
+) -> int:
+    """One config's training launched (its exit code), or with ``--dry-run`` its plan, checks
+    and equivalent commands shown (0)."""
+    cfg, plan = ready.run.cfg, ready.run.plan
     run_argv = ["--config", str(config), *overrides]
-    lines = fitted + note_lines(notes)
-    if not dry_run:
-        raise typer.Exit(launch_training(run.plan, run_argv, console, cfg.run.output_dir, lines, shard_flags))
+    if not options.dry_run:
+        return launch_training(plan, run_argv, console, cfg.run.output_dir, ready.lines, ready.shard_flags)
     from xtrain.commands import render_data
 
-    plan = run.plan
     console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
-    for line in lines:
+    for line in ready.lines:
         console.print(line, soft_wrap=True)
-    for note in notes:
+    for note in ready.notes:
         if note.data is not None:
             render_data.render(note.data, console)
-    for title, commands in equivalent_commands(plan, run_argv, shard_flags):
+    for title, commands in equivalent_commands(plan, run_argv, ready.shard_flags):
         shell = "PowerShell" if plan.shell == "powershell" else "bash"
         console.print(f"\n# {title} ({shell})", soft_wrap=True, markup=False)
         for line in commands:
             console.print(line, soft_wrap=True, markup=False)
+    return 0
 
 
 def built_in_start(cfg: TrainConfig, console: Console) -> None:
