@@ -108,12 +108,12 @@ def test_missing_bitsandbytes_is_refused_before_a_process_starts(tmp_path, monke
     """``xtrain train``: one line, exit 2, before the launcher; a ``--facts`` plan for another
     machine does not check this one."""
     from xtrain.cli import main
-    from xtrain.commands import train
+    from xtrain.commands import launching
 
     def launched(*args, **kwargs):
         raise AssertionError("a process was started")
 
-    monkeypatch.setattr(train, "launch_training", launched)
+    monkeypatch.setattr(launching, "launch_training", launched)
     from support.packages import hide_bitsandbytes
 
     hide_bitsandbytes(monkeypatch)

@@ -48,7 +48,7 @@ def test_a_refusal_is_raised_where_its_check_runs(machine, tmp_path) -> None:
 
 
 def test_a_note_renders_as_the_command_printed_it() -> None:
-    from xtrain.commands.train import note_lines
+    from xtrain.commands.launching import note_lines
 
     notes = [Note("Attention", "sdpa ([x])"), Note("warning", "w; fix: f", "warning"),
              Note("error", "e", "error"), Note("", "memory estimate skipped: s", "dim"),

@@ -11,7 +11,7 @@ import shlex
 import pytest
 from conftest import MACHINE_NAMES, load_machine
 
-from xtrain.commands.train import equivalent_commands
+from xtrain.commands.launching import equivalent_commands
 from xtrain.launch import accelerate_config as ac
 from xtrain.planning.rules import make_plan
 from xtrain.run import parse_args

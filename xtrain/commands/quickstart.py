@@ -245,7 +245,7 @@ def quickstart(
     by default chat LoRA on a tiny llama, its answers shown before and after."""
 
     from xtrain import tasks
-    from xtrain.commands.train import built_in_start, launch_training
+    from xtrain.commands.launching import built_in_start, launch_training
     from xtrain.console import make_console
     from xtrain.planning.resolve import resolve
     from xtrain.shell import shell_for

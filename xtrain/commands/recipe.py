@@ -17,14 +17,14 @@ from rich.markup import escape
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from xtrain.commands.train import LaunchOptions, Prepared
+    from xtrain.commands.launching import LaunchOptions, Prepared
     from xtrain.train.stages import Stage, StageState
 
 
 def run_recipe(stages: list[Stage], options: LaunchOptions, console: Console) -> int:
     """Check every stage, then train them in order (or, with ``--dry-run``, show each stage's
     plan and checks); the first failing stage's exit code, else 0."""
-    from xtrain.commands.train import prepare, run_stage
+    from xtrain.commands.launching import prepare, run_stage
     from xtrain.train.stages import check_states, planned_config, stage_state
 
     states = [stage_state(stage) for stage in stages]  # a checkpoint of another training: refused here
