@@ -162,3 +162,22 @@ def test_two_processes_train_the_same_chain(straight, model, tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-3000:]
     for stage in ("sft", "dpo", "grpo"):
         jobs.assert_same_training(ref / "runs" / stage, tmp_path / "runs" / stage)
+
+
+def test_a_checkpoint_started_from_another_result_is_not_resumed(straight, tmp_path: Path) -> None:
+    """A stage's checkpoint records the hashes of the adapters it started from: once the stage
+    before trained on (another adapter in its folder), ``run.resume: auto`` refuses it."""
+    from xtrain.errors import XtrainError
+    from xtrain.train.checkpoint.layout import STATE_FILE
+    from xtrain.train.checkpoint.resume import read_state, start_hashes
+
+    root = straight[0]
+    checkpoint = sorted((root / "runs" / "dpo" / "checkpoints").glob("step-*"))[-1]
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    assert len(state["start"]) == 1 and state["start"] == start_hashes(state["config"])
+    read_state(checkpoint, state["config"])  # the same start: resumed
+    state["start"] = ["0" * 64]
+    (tmp_path / STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(XtrainError, match="was trained from another result"):
+        read_state(tmp_path, state["config"])
+    read_state(tmp_path, state["config"], named=True)  # run.resume=PATH: asked for

@@ -28,7 +28,7 @@ def test_the_state_a_checkpoint_saves_is_the_state_a_resume_restores(tmp_path) -
     order = DataOrder(20, 4, 2, 2, 7)  # 5 steps an epoch
     settings = SimpleNamespace(global_batch=4, per_device=2, accumulation=1)
     state = RunState([[2, 1.5], [4, 1.25]], [{"step": 4, "eval_loss": 1.0}], skipped_steps=1)
-    saved = state.saved_at(7, order, settings, 2, 10, 7, {"run": {"seed": 7}})
+    saved = state.saved_at(7, order, settings, 2, 10, 7, {"run": {"seed": 7}}, [])
     assert (saved.step, saved.epoch, saved.step_in_epoch, saved.samples_seen) == (7, 1, 2, 28)
     assert (saved.world_size, saved.num_samples, saved.total_steps, saved.skipped_steps) == (2, 20, 10, 1)
     (tmp_path / "state.json").write_text(saved.to_json(), encoding="utf-8")

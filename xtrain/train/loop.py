@@ -518,8 +518,16 @@ class Recipe:
         ``state``, the run's history."""
         finite = sharded.finite_check_input(self.accelerator, self.params)  # sharded: all ranks agree
         failures.check_finite(finite, step, self.window.streak, self.out)
+        start = [a.sha256 for a in start_of(self.cfg.model.name_or_path).adapters]  # resume checks it
         saved = self.state.saved_at(
-            step, self.order, self.settings, self.world, self.total_steps, self.cfg.run.seed, self.config_dict
+            step,
+            self.order,
+            self.settings,
+            self.world,
+            self.total_steps,
+            self.cfg.run.seed,
+            self.config_dict,
+            start,
         )
         path = checkpoint.save(self.accelerator, self.out, saved, self.cfg.run.keep_checkpoints)
         self.rep.checkpoint_saved(step, str(path))

@@ -42,16 +42,17 @@ class RunState:
         total_steps: int,
         seed: int,
         config: dict[str, dict[str, Any]],
+        start: list[str],
     ) -> TrainState:
         """The checkpoint's ``TrainState`` at ``step``: the data position, what the run was
-        planned with and this history."""
+        planned with (``start``: the hashes of the adapters it started from) and this history."""
         epoch, step_in_epoch = order.position(step)
         return TrainState(
             step=step, epoch=epoch, step_in_epoch=step_in_epoch, samples_seen=step * settings.global_batch,
             seed=seed, global_batch=settings.global_batch, per_device=settings.per_device,
             world_size=world_size, accumulation=settings.accumulation, num_samples=order.num_samples,
             total_steps=total_steps, config=config, losses=self.losses, eval_history=self.eval_history,
-            skipped_steps=self.skipped_steps, log_history=self.log_history,
+            skipped_steps=self.skipped_steps, log_history=self.log_history, start=start,
         )  # fmt: skip
 
 

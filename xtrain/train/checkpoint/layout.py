@@ -42,6 +42,8 @@ class TrainState:
     skipped_steps: int = 0  # fp16 overflow steps the scaler skipped
     # each logging window's logged values with its step (an older checkpoint's: [], its losses only)
     log_history: list[dict[str, float]] = field(default_factory=list)
+    # the sha256 of each adapter the run started from (model.start: a trained result), in order
+    start: list[str] = field(default_factory=list)
     version: int = STATE_VERSION
 
     def to_json(self) -> str:

@@ -206,6 +206,14 @@ def read_state(path: Path, config: dict[str, Any], named: bool = False) -> Train
                 f"set {section}.{key}={old!r} to resume, or use a new run.output_dir",
             )
     differ = [] if named else trained_on(state.config, config)
+    if not named and not differ and state.start != start_hashes(config):
+        name = (config.get("model") or {}).get("name_or_path")
+        raise XtrainError(
+            f"checkpoint {path} was trained from another result: the adapters of {name} changed since "
+            "it was written (that run trained on)",
+            f"train from the start in a new run.output_dir, or name the checkpoint (run.resume={path}) "
+            "to go on from it anyway",
+        )
     if differ:
         raise XtrainError(
             f"checkpoint {path} was trained on another "
@@ -216,6 +224,15 @@ def read_state(path: Path, config: dict[str, Any], named: bool = False) -> Train
             f"(run.resume={path}) to go on from it anyway",
         )
     return state
+
+
+def start_hashes(config: dict[str, Any]) -> list[str]:
+    """The sha256 of each adapter ``model.name_or_path`` starts from (``model.start``; [] for a
+    base model), as a checkpoint records them."""
+    from xtrain.model.start import start_of
+
+    name = (config.get("model") or {}).get("name_or_path")
+    return [a.sha256 for a in start_of(name).adapters] if isinstance(name, str) else []
 
 
 def trained_on(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
