@@ -372,15 +372,16 @@ def test_a_call_reads_back_from_every_template_format(text):
 def test_answers_in_words_are_not_calls_and_scores_compare_calls():
     from xtrain.tasks.prompt_predict import text_score
     from xtrain.tasks.text import tool_calls
+    from xtrain.tasks.text.causal_lm import TOOL_USE
 
     assert tool_calls.parse("It is sunny in paris.") is None
     assert tool_calls.parse("<tool_call>\nnot json\n</tool_call>") is None
     ref = tool_calls.reference([{"function": {"name": "get_weather", "arguments": PARIS}}])
     good = CALL_TEXT["qwen2.5"]
     wrong = good.replace("paris", "lima")
-    scores = text_score([ref, ref, ref, "a word"], [good, wrong, "no call", "a word"])
+    scores = text_score([ref, ref, ref, "a word"], [good, wrong, "no call", "a word"], TOOL_USE)
     assert scores["call_exact_match"] == pytest.approx(1 / 3) and scores["exact_match"] == 0.25
-    assert "call_exact_match" not in text_score(["a word"], ["a word"])
+    assert "call_exact_match" not in text_score(["a word"], ["a word"], TOOL_USE)
 
 
 @pytest.mark.parametrize("name", [n for n in templates.NAMES if n != "qwen3"])

@@ -92,7 +92,7 @@ def test_train_refuses_in_one_line_before_any_process_starts(tmp_path, monkeypat
     """The real path (no --dry-run): the probe is this snapshot, and no launcher may run."""
     from support.jobs import REPO
 
-    import xtrain.commands.train as train_cmd
+    import xtrain.commands.launching as train_cmd
     from xtrain.cli import main
     from xtrain.machine import probe
 
