@@ -567,8 +567,11 @@ class Recipe:
         if (out / checkpoint.BEST).is_dir() and self.cfg.run.best_metric:
             outputs["best"] = str(out / checkpoint.BEST)
         outputs["checkpoint"] = str(self.save(final) if state.last_saved != final else self._step_dir(final))
-        if self.files is not None and self.files.picture is not None:  # drawn at the final evaluation
-            outputs["curves"] = str(self.files.picture)
+        if self.files is not None:  # the curves of the whole run (the last evaluation may have skipped them)
+            for note in self.files.finished(History.of(state)):
+                self.rep.note(note)
+            if self.files.picture is not None:
+                outputs["curves"] = str(self.files.picture)
         result = self._result(final, final_metrics, outputs)
         acc.wait_for_everyone()
 

@@ -1,12 +1,14 @@
 """What a run writes into its folder for a person to look at (the main process): its curves as a
-picture (``curves.png``, redrawn at each evaluation and at the end from the run's history, so a
-resumed run continues the same curves), its evaluations' sample answers (``eval_samples.json``)
-and its data check (``data_check.json``, the dry run's report of the rows it loaded).
-``xtrain report`` reads them. None of it may end a run: a failure is one warning line."""
+picture (``curves.png``, redrawn at an evaluation, at most once every ``REDRAW_S`` seconds, and at
+the end, from the run's history, so a resumed run continues the same curves), its evaluations'
+sample answers (``eval_samples.json``) and its data check (``data_check.json``, the dry run's
+report of the rows it loaded). ``xtrain report`` reads them. None of it may end a run: a failure
+is one warning line."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +28,9 @@ DATA_CHECK = "data_check.json"  # tasks.data_report.DataReport as a dict
 # xtrain quickstart's eval prompts answered by the base model and the result (commands/quickstart.py):
 # {"rows": [{"prompt", "base", "trained", "reference"}], "metrics": {name: {"base", "trained"}}}
 ANSWERS = "answers.json"
+# a drawing costs a few tenths of a second of CPU: a real run's evaluations (minutes apart) each
+# redraw it; a short run's many evaluations do not spend that time on pictures nobody opens yet
+REDRAW_S = 30.0
 
 
 def read_samples(out: Path) -> list[dict[str, Any]]:
@@ -38,6 +43,11 @@ def read_samples(out: Path) -> list[dict[str, Any]]:
     found = data.get("evaluations") if isinstance(data, dict) else None
     rows = [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
     return [e for e in rows if isinstance(e.get("step"), int) and isinstance(e.get("samples"), list)]
+
+
+def _length(history: History) -> int:
+    """How much a history holds: a drawing of it is stale once it grew."""
+    return len(history.losses) + len(history.log_history) + len(history.eval_history)
 
 
 def title_of(out: Path, task: str, model: str) -> str:
@@ -54,6 +64,7 @@ class RunFiles:
     def __init__(self, out: Path, curves: tuple[Curve, ...], title: str) -> None:
         self.out, self.curves, self.title = out, curves, title
         self.warned: set[str] = set()
+        self.drawn: tuple[float, int] | None = None  # (when, the history's length) of the last drawing
 
     @property
     def picture(self) -> Path | None:
@@ -76,13 +87,22 @@ class RunFiles:
             kept = [e for e in read_samples(self.out) if e.get("step", 0) < step]
             entry = {"step": step, "samples": samples}
             notes += self._safely("the eval samples", lambda: self._write_samples([*kept, entry]))
+        if self.drawn is not None and time.monotonic() - self.drawn[0] < REDRAW_S:
+            return notes  # drawn a moment ago: the end draws the rest
         return notes + self.draw(history)
+
+    def finished(self, history: History) -> list[str]:
+        """The curves drawn at the end, unless the last drawing already holds the whole history."""
+        if self.drawn is not None and self.drawn[1] == _length(history):
+            return []
+        return self.draw(history)
 
     def draw(self, history: History) -> list[str]:
         """``curves.png`` from the history, once the run has trained a window (before its first,
         an evaluation at step 0 has nothing to draw against)."""
         if not (history.losses or history.log_history):
             return []
+        self.drawn = (time.monotonic(), _length(history))
         return self._safely("the curves", lambda: self._draw(history))
 
     def _draw(self, history: History) -> None:
