@@ -282,7 +282,7 @@ def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
         source, tokenizer = common.prepare_tokenizer(cfg, contextlib.nullcontext)
         train, _, train_name, _ = common.raw_datasets(cfg)
         fmt = row_format(cfg, train)
-        return causal_lm.chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (None, ""))[0]
+        return causal_lm.chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (None, ""))[0].to_list()
 
     native = rows(native_rows, "native")
     assert native and any(t != -100 for t in native[0]["labels"])

@@ -64,26 +64,70 @@ def chat_rows(
     fmt: str,
     train: tuple[Dataset, str],
     eval_: tuple[Dataset | None, str],
-) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None]:
-    """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
-    from xtrain.data.packing import pack_all
-    from xtrain.data.rows import tools as agent_rows
+) -> tuple[Dataset, Dataset | None]:
+    """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by
+    row, encoded once (``encoded.encode``: cached, in parallel on a first run); the training
+    rows packed with ``data.packing=on``."""
+    from xtrain.data.encoded import encode
+    from xtrain.data.packing import pack
+    from xtrain.data.rows import text_chat
+    from xtrain.data.tokenize import tokenizer_fingerprint
     from xtrain.tasks.common import require_nonempty
 
     d = cfg.data
     render = chat_render(cfg, tokenizer, source, fmt)
-    out: list[list[dict[str, list[int]]] | None] = []
-    for ds, name in (train, eval_):
+    key = tokenizer_fingerprint(tokenizer)
+    out: list[Dataset | None] = []
+    for (ds, name), role in ((train, "train"), (eval_, "eval")):
         if ds is None:
             out.append(None)
             continue
-        cells = row_formats.conversations(ds, d, fmt, name)
-        tools = agent_rows.row_tools(ds, d, name)
-        rows = agent_rows.text_chat_rows(cells, render, tokenizer, d.max_length, name, tools, d.train_on)
-        require_nonempty(rows, name, "training" if ds is train[0] else "eval")
-        if d.packing == "on" and ds is train[0]:  # the training rows only, as for text
-            rows = pack_all(rows, d.max_length)
+        text_chat.require_columns(ds, d, fmt, name)
+        rows = encode(ds, text_chat.encoding(d, fmt, name, render, tokenizer, key), f"encoding {role}")
+        require_nonempty(rows, name, "training" if role == "train" else "eval")
+        if d.packing == "on" and role == "train":  # the training rows only, as for text
+            rows = pack(rows, d.max_length, "packing train")
         out.append(rows)
+    assert out[0] is not None
+    return out[0], out[1]
+
+
+def text_rows(
+    cfg: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    fmt: str,
+    train: tuple[Dataset, str],
+    eval_: tuple[Dataset | None, str],
+) -> tuple[Dataset, Dataset | None]:
+    """Text or prompt/response rows (alpaca ones without a template) -> input_ids/labels, encoded
+    once as chat rows are; the training rows packed with ``data.packing=on`` (eval examples stay
+    whole rows, so eval loss and accuracy are per example, comparable with an unpacked run)."""
+    from xtrain.data.packing import pack
+    from xtrain.data.tokenize import require_columns, tokenize_causal_lm
+    from xtrain.tasks.common import require_nonempty, tokenizing
+
+    d = cfg.data
+    prompt, response, columns = text_columns(cfg, fmt)
+    kwargs = {
+        "tokenizer": tokenizer,
+        "text_column": d.text_column,
+        "prompt_column": prompt,
+        "response_column": response,
+        "max_length": d.max_length,
+        "packing": "concatenate" if d.packing == "concatenate" else "off",
+    }
+    tokenize = tokenizing(NAME, tokenize_causal_lm, kwargs, d.encode_processes)
+    out: list[Dataset | None] = []
+    for (ds, name), role in ((train, "train"), (eval_, "eval")):
+        if ds is not None:
+            if fmt == "alpaca":
+                ds = row_formats.alpaca_as_prompt_response(ds, name)
+            require_columns(ds, columns, name)
+            ds = tokenize(ds, role)
+            require_nonempty(ds, name, "training" if role == "train" else "eval")
+            if d.packing == "on" and role == "train":
+                ds = pack(ds, d.max_length, "packing train")
+        out.append(ds)
     assert out[0] is not None
     return out[0], out[1]
 
@@ -105,54 +149,23 @@ def chat_render(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: st
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-    from xtrain.data.tokenize import require_columns, tokenize_causal_lm
     from xtrain.tasks import data_check
-    from xtrain.tasks.common import (
-        load_seeded,
-        prepare_tokenizer,
-        raw_datasets,
-        require_nonempty,
-        text_workload,
-        tokenizing,
-    )
+    from xtrain.tasks.common import load_seeded, prepare_tokenizer, raw_datasets, text_workload
 
     cfg = run.cfg
     d = cfg.data
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
-    with main_process_first():
+    with main_process_first():  # the first process encodes (datasets' cache), the others read it
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
         report = inspect(cfg, tokenizer, source, first, [])  # the data check: its first rows first
         fmt = row_format(cfg, train, train_name)
         chat = is_chat(cfg, tokenizer, fmt)
-        if not chat:
-            prompt, response, columns = text_columns(cfg, fmt)
-            kwargs = {
-                "tokenizer": tokenizer,
-                "text_column": d.text_column,
-                "prompt_column": prompt,
-                "response_column": response,
-                "max_length": d.max_length,
-            }
-            # packing=on packs the training rows only: eval examples stay whole rows, so eval loss
-            # and accuracy are per example, comparable with an unpacked run
-            eval_packing = "off" if d.packing == "on" else d.packing
-            tokenize = {
-                role: tokenizing(NAME, tokenize_causal_lm, {**kwargs, "packing": packing})
-                for role, packing in (("train", d.packing), ("eval", eval_packing))
-            }
-            sets = []
-            for ds, name, role in ((train, train_name, "train"), (eval_ds, eval_name, "eval")):
-                if ds is not None:
-                    if fmt == "alpaca":
-                        ds = row_formats.alpaca_as_prompt_response(ds, name)
-                    require_columns(ds, columns, name)
-                    ds = tokenize[role](ds, role)
-                    require_nonempty(ds, name, "training" if role == "train" else "eval")
-                sets.append(ds)
-            train, eval_ds = sets
-    if chat:  # rendered in every process: no datasets cache to share (fast: no model involved)
-        train, eval_ds = chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (eval_ds, eval_name))
+        sets = (train, train_name), (eval_ds, eval_name)
+        if chat:
+            train, eval_ds = chat_rows(cfg, tokenizer, source, fmt, *sets)
+        else:
+            train, eval_ds = text_rows(cfg, tokenizer, fmt, *sets)
 
     model = load_seeded(run, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:

@@ -1,0 +1,195 @@
+"""Rows encoded once: the one path every task's rows take from the data as read to what the loop
+trains on. Read (``sources``: each file into Arrow by its ``datasets`` builder), check (the task's
+data check on the first rows: a bad row is its one line before anything else runs), encode
+(``encode``: the task's ``Encoding``, a batched function of the rows, through ``datasets.map``
+into Arrow files on disk), cut and pack (in the encoding; ``packing.pack`` for ``data.packing=on``).
+The loop reads the result memory-mapped: no process holds a Python list of all the rows, and the
+processes of a run share the pages of one copy.
+
+Encoded once: ``datasets`` keys each step by a fingerprint chained from the one before (the
+file's path and modification time for the rows as read, then the row mixing, ``max_samples``,
+the eval split), and ``fingerprint`` adds what the encoding depends on (``Encoding.key``: the
+task, its encoding's version, the tokenizer's fingerprint, the template, ``max_length``,
+``train_on``, ...). A change of any re-encodes; an unchanged one (a second run, a resume, another
+learning rate) reads the Arrow files. The cache lives where ``datasets`` keeps it, next to the
+rows' own Arrow files. ``datasets`` writes each file under a temporary name and renames it once
+whole, so a kill mid-encoding leaves nothing a later run reads (the shards finished before the
+kill are reused). In a run of several processes the main one encodes first (the task's
+``main_process_first``), the others read its files.
+
+On a first run the rows are encoded by ``processes`` processes (``data.encode_processes``, else
+the machine's cores, one per ``ROWS_PER_PROCESS`` rows at most: ``datasets``' ``num_proc``; the
+result does not depend on their number), and the progress (rows done of all) goes to the
+listener ``reporting`` sets: the run's reporter renders it (library code prints nothing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xtrain import atomic
+
+if TYPE_CHECKING:
+    from datasets import Dataset, Features
+
+# Bump when the encoding machinery changes what it writes (every cached encoding is redone).
+VERSION = 1
+MAP_BATCH = 1000  # rows per call of an encoding function (packing=on packs within one)
+ROWS_PER_PROCESS = 10_000  # a first run starts no more encoding processes than one per this many rows
+
+# (what is encoded, e.g. "encoding train", rows done, rows in all): the progress of an encoding
+Listener = Callable[[str, int, int], None]
+_listener: Listener | None = None
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How a task turns the rows of a data set into what its loop reads: ``function(batch,
+    indices, **kwargs) -> columns`` over ``MAP_BATCH`` rows at a time (top-level, so it pickles
+    into the encoding processes; it may return fewer rows than it got), and ``key``: plain data
+    naming everything the result depends on besides the rows and the function's code (the task,
+    a version bumped when the function changes what it writes, the tokenizer's fingerprint, the
+    settings). ``kwargs`` may hold objects (the tokenizer): they are not hashed, ``key`` is."""
+
+    name: str
+    function: Callable[..., Mapping[str, list[Any]]]
+    kwargs: dict[str, Any]
+    key: tuple[Any, ...]
+    features: Features | None = None  # the output columns' types (None: inferred)
+    with_indices: bool = True  # the function takes the rows' indices (for its refusals)
+    processes: int | None = None  # data.encode_processes; None: the machine's (``processes``)
+    parallel: bool = True  # False: one process, batches aligned at 0 (packing's groups)
+    extra: dict[str, Any] = field(default_factory=dict)  # more ``Dataset.map`` keywords
+
+
+def fingerprint(ds: Dataset, encoding: Encoding) -> str:
+    """The fingerprint ``encode``'s result is cached under: the rows' own, chained from how they
+    were read, and the encoding's name and key."""
+    from datasets.fingerprint import Hasher
+
+    return Hasher.hash([getattr(ds, "_fingerprint", None), VERSION, encoding.name, encoding.key])
+
+
+def processes(rows: int, setting: int | None) -> int:
+    """Encoding processes for ``rows`` rows: ``setting`` (``data.encode_processes``), else this
+    process's usable cores, one per ``ROWS_PER_PROCESS`` rows at most (starting one costs a
+    fork and a copy of the tokenizer)."""
+    if setting is not None:
+        return max(1, min(setting, rows))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, rows // ROWS_PER_PROCESS))
+
+
+def encode(ds: Dataset, encoding: Encoding, what: str) -> Dataset:
+    """``ds`` encoded by ``encoding`` (``what``: "encoding train", for the progress), cached
+    under ``fingerprint`` next to ``ds``'s own Arrow files (a data set held in memory is encoded
+    in memory). A full or read-only cache: one line."""
+    import datasets
+
+    n = processes(len(ds), encoding.processes) if encoding.parallel else 1
+    files = ds.cache_files
+    where = Path(files[0]["filename"]).parent if files else datasets.config.HF_DATASETS_CACHE
+    with atomic.writing(atomic.DATASETS_CACHE, where), _progress(what):
+        return ds.map(
+            encoding.function,
+            batched=True,
+            batch_size=MAP_BATCH,
+            with_indices=encoding.with_indices,
+            fn_kwargs=encoding.kwargs,
+            remove_columns=list(ds.column_names),
+            features=encoding.features,
+            new_fingerprint=fingerprint(ds, encoding),
+            num_proc=n if n > 1 else None,
+            desc=what,
+            **encoding.extra,
+        )
+
+
+def cached(ds: Dataset, encoding: Encoding) -> bool:
+    """Whether ``encode(ds, encoding)`` would read its files instead of encoding (the dry run's
+    "cached"): every shard of one earlier encoding is on disk, as ``datasets.map`` looks for them."""
+    files = ds.cache_files
+    if not files:
+        return False
+    stem = Path(files[0]["filename"]).parent / f"cache-{fingerprint(ds, encoding)}"
+    if stem.with_suffix(".arrow").is_file():
+        return True
+    found: dict[int, int] = {}
+    for path in stem.parent.glob(stem.name + "_*_of_*.arrow"):
+        total = path.stem.rsplit("_of_", 1)[-1]
+        if total.isdigit():
+            found[int(total)] = found.get(int(total), 0) + 1
+    return any(count == total for total, count in found.items())
+
+
+def token_features(**columns: str) -> Features:
+    """Features of token columns (``input_ids="int32"``, ...): each a list of that integer type."""
+    import datasets
+
+    return datasets.Features({name: datasets.List(datasets.Value(kind)) for name, kind in columns.items()})
+
+
+# Token rows as causal-lm's encodings write them (ids of vocabularies up to 2^31; 0/1 masks)
+TOKEN_ROWS = {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress
+
+
+@contextlib.contextmanager
+def reporting(listener: Listener | None) -> Iterator[None]:
+    """Encodings in the block report their progress to ``listener`` (the run's reporter)."""
+    global _listener
+    before, _listener = _listener, listener
+    try:
+        yield
+    finally:
+        _listener = before
+
+
+@contextlib.contextmanager
+def _progress(what: str) -> Iterator[None]:
+    """``datasets.map``'s progress bar, while the block runs, as calls of the listener: its
+    counts come from every encoding process (it is the bar's own protocol, ``update(n)``)."""
+    import datasets.arrow_dataset as arrow_dataset
+
+    listener = _listener
+    if listener is None or not hasattr(arrow_dataset, "hf_tqdm"):
+        yield
+        return
+    bar = arrow_dataset.hf_tqdm
+    arrow_dataset.hf_tqdm = lambda *args, **kwargs: _Bar(listener, what, kwargs)
+    try:
+        yield
+    finally:
+        arrow_dataset.hf_tqdm = bar
+
+
+class _Bar:
+    """The part of a tqdm bar ``datasets.map`` uses, counting rows for the listener."""
+
+    def __init__(self, listener: Listener, what: str, kwargs: dict[str, Any]) -> None:
+        self.listener, self.what = listener, what
+        self.total = int(kwargs.get("total") or 0)
+        self.done = int(kwargs.get("initial") or 0)
+
+    def __enter__(self) -> _Bar:
+        self.listener(self.what, self.done, self.total)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.listener(self.what, self.total, self.total)
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        self.listener(self.what, min(self.done, self.total), self.total)
+
+    def close(self) -> None:
+        pass
