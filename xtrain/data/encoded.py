@@ -172,24 +172,32 @@ def _progress(what: str) -> Iterator[None]:
 
 
 class _Bar:
-    """The part of a tqdm bar ``datasets.map`` uses, counting rows for the listener."""
+    """The part of a tqdm bar ``datasets.map`` uses, counting rows for the listener (the last
+    count, all rows, once)."""
 
     def __init__(self, listener: Listener, what: str, kwargs: dict[str, Any]) -> None:
         self.listener, self.what = listener, what
         self.total = int(kwargs.get("total") or 0)
         self.done = int(kwargs.get("initial") or 0)
+        self.closed = False
+
+    def _emit(self) -> None:
+        if not self.closed:
+            self.closed = self.done >= self.total
+            self.listener(self.what, min(self.done, self.total), self.total)
 
     def __enter__(self) -> _Bar:
-        self.listener(self.what, self.done, self.total)
+        self._emit()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
-            self.listener(self.what, self.total, self.total)
+            self.done = self.total
+            self._emit()
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        self.listener(self.what, min(self.done, self.total), self.total)
+        self._emit()
 
     def close(self) -> None:
         pass
