@@ -132,7 +132,8 @@ class DataOrder:
             chunks.append(chunk[np.argsort(-lengths[chunk], kind="stable")])
         batches = np.concatenate(chunks).reshape(-1, size)  # one global batch a row
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 1))
-        order = torch.randperm(len(batches), generator=g).tolist() if self.shuffle else list(range(len(batches)))
+        count = len(batches)
+        order = torch.randperm(count, generator=g).tolist() if self.shuffle else list(range(count))
         longest = int(np.argmax(lengths[batches[:, 0]]))  # the first of the longest
         order.remove(longest)
         steps = batches[[longest, *order]]
