@@ -138,6 +138,34 @@ def token_features(**columns: str) -> Features:
 TOKEN_ROWS = {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
 
 
+class WithNumbers:
+    """Encoded rows (a memory-mapped ``Dataset``) read with numbers computed for them after the
+    encoding (a preference run's precomputed reference log-probs: ``attach``): ``[i]`` is row
+    ``i``'s dict with its numbers, as the collator takes it."""
+
+    def __init__(self, ds: Dataset) -> None:
+        self.ds = ds
+        self.numbers: dict[str, Any] = {}  # name -> one number a row (a numpy array)
+
+    @property
+    def fingerprint(self) -> str | None:
+        return getattr(self.ds, "_fingerprint", None)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = self.ds[int(i)]
+        row.update({name: float(values[int(i)]) for name, values in self.numbers.items()})
+        return row
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]]:  # a DataLoader's batch read
+        return [self[i] for i in indices]
+
+    def attach(self, name: str, values: Any) -> None:
+        self.numbers[name] = values
+
+
 # ---------------------------------------------------------------------------------------------
 # Progress
 

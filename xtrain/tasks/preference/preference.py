@@ -13,7 +13,7 @@ causal-lm does."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
-    from xtrain.data.rows.preference import Encoder, PreferenceRow
+    from xtrain.data.rows.preference import Encoder
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
@@ -70,42 +70,32 @@ def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str
     return Encoder(tokenizer, cfg.data.max_length, render)
 
 
-def as_unpaired(rows: list[PreferenceRow]) -> list[PreferenceRow]:
-    """Pairs as KTO rows (TRL's conversion): the chosen answer desirable, the rejected not."""
-    from xtrain.data.rows.preference import PreferenceRow
-
-    out = []
-    for r in rows:
-        out += [
-            PreferenceRow(r.prompt, r.chosen, None, True),
-            PreferenceRow(r.prompt, r.rejected or "", None, False),
-        ]
-    return out
-
-
-def encoded(ds: Dataset, name: str, encoder: Encoder, loss: str) -> list[dict[str, Any]]:
-    """A data set's rows read, checked and encoded for ``loss`` (pairs become KTO rows for kto)."""
+def encoded(
+    ds: Dataset, name: str, encoder: Encoder, loss: str, tokenizer_key: str, processes: int | None = None
+) -> Dataset:
+    """A data set's rows read, checked and encoded for ``loss`` (pairs become KTO rows for kto),
+    once (``encoded.encode``: cached, in parallel on a first run)."""
+    from xtrain.data.encoded import encode
     from xtrain.data.rows import preference as rows_
     from xtrain.tasks.preference.losses import UNPAIRED
 
-    rows = rows_.read_rows(ds, name)
-    if not rows:
-        raise XtrainError(f"{name} has no rows")
-    if loss in UNPAIRED:
-        return rows_.unpaired_rows(rows if rows_.is_unpaired(rows) else as_unpaired(rows), encoder, name)
-    if rows_.is_unpaired(rows):
+    unpaired = rows_.read_row(dict(ds[0]), 0, name).rejected is None
+    if unpaired and loss not in UNPAIRED:
         raise XtrainError(
             f"{name} holds unpaired {{prompt, completion, label}} rows; preference.loss={loss} needs pairs",
             "set preference.loss=kto, or give {prompt, chosen, rejected} rows",
         )
-    return rows_.paired_rows(rows, encoder, name)
+    encoding = rows_.encoding(ds, name, encoder, loss in UNPAIRED, tokenizer_key, processes)
+    return encode(ds, encoding, f"encoding {name}")
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     import copy
 
     from xtrain.data.collate import PreferenceCollator
+    from xtrain.data.encoded import WithNumbers
     from xtrain.data.rows.preference import PAIRED_PARTS, UNPAIRED_PARTS
+    from xtrain.data.tokenize import tokenizer_fingerprint
     from xtrain.tasks import data_check
     from xtrain.tasks.common import finish_model, load_seeded, pad_multiple, prepare_tokenizer, raw_datasets
     from xtrain.tasks.contract import Workload
@@ -119,12 +109,13 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
-    first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
-    report = inspect(cfg, (source, tokenizer), first, [])  # the data check: its first rows first
-    encoder = encoder_of(cfg, tokenizer, source)
-    splits = {"train": encoded(train, train_name, encoder, settings.loss)}
-    if eval_ds is not None:
-        splits["eval"] = encoded(eval_ds, eval_name, encoder, settings.loss)
+        first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+        report = inspect(cfg, (source, tokenizer), first, [])  # the data check: its first rows first
+        encoder, key = encoder_of(cfg, tokenizer, source), tokenizer_fingerprint(tokenizer)
+        processes = cfg.data.encode_processes
+        splits = {"train": WithNumbers(encoded(train, train_name, encoder, settings.loss, key, processes))}
+        if eval_ds is not None:
+            splits["eval"] = WithNumbers(encoded(eval_ds, eval_name, encoder, settings.loss, key, processes))
 
     model = load_seeded(run, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:
@@ -187,7 +178,7 @@ def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: li
         if found is None:
             continue
         encoder = encoder_of(cfg, found[1], found[0])
-        encoded(s.ds, s.name, encoder, cfg.preference.loss)  # the run's refusals, row by row
+        encoded(s.ds, s.name, encoder, cfg.preference.loss, "")  # the run's refusals (in memory: no cache)
         for i, row in enumerate(rows):
             answers = [a for a in (row.chosen, row.rejected) if a is not None]
             longest = max(len(encoder.encode(row.prompt, a, f"row {i} of {s.name}")[0]) for a in answers)
