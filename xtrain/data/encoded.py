@@ -42,9 +42,20 @@ VERSION = 1
 MAP_BATCH = 1000  # rows per call of an encoding function (packing=on packs within one)
 ROWS_PER_PROCESS = 10_000  # a first run starts no more encoding processes than one per this many rows
 
+REPORT_ROWS = 5000  # fewer rows encode in a moment: no progress shown
+WARM_ROWS = 10  # rows that warm an encoding up before the dry run times it
 # (what is encoded, e.g. "encoding train", rows done, rows in all): the progress of an encoding
 Listener = Callable[[str, int, int], None]
 _listener: Listener | None = None
+_peeking = False  # ``peeking``: an encoding not in the cache raises ``NotCached``
+
+
+class NotCached(Exception):  # noqa: N818  (a signal, not an error a user sees)
+    """``encode`` under ``peeking``: ``ds`` is not encoded by ``encoding`` yet."""
+
+    def __init__(self, ds: Dataset, encoding: Encoding) -> None:
+        super().__init__(encoding.name)
+        self.ds, self.encoding = ds, encoding
 
 
 @dataclass(frozen=True)
@@ -91,10 +102,13 @@ def encode(ds: Dataset, encoding: Encoding, what: str) -> Dataset:
     in memory). A full or read-only cache: one line."""
     import datasets
 
+    if _peeking and not cached(ds, encoding):
+        raise NotCached(ds, encoding)
     n = processes(len(ds), encoding.processes) if encoding.parallel else 1
     files = ds.cache_files
     where = Path(files[0]["filename"]).parent if files else datasets.config.HF_DATASETS_CACHE
-    with atomic.writing(atomic.DATASETS_CACHE, where), _progress(what):
+    shown = _progress(what) if len(ds) >= REPORT_ROWS else contextlib.nullcontext()
+    with atomic.writing(atomic.DATASETS_CACHE, where), shown:
         return ds.map(
             encoding.function,
             batched=True,
@@ -164,6 +178,38 @@ class WithNumbers:
 
     def attach(self, name: str, values: Any) -> None:
         self.numbers[name] = values
+
+
+@contextlib.contextmanager
+def peeking() -> Iterator[None]:
+    """In the block, ``encode`` reads what is cached and raises ``NotCached`` for the first
+    encoding that is not (the dry run: the run's own steps, nothing encoded)."""
+    global _peeking
+    before, _peeking = _peeking, True
+    try:
+        yield
+    finally:
+        _peeking = before
+
+
+def seconds_a_row(ds: Dataset, encoding: Encoding, rows: int = 100) -> float:
+    """The encoding's time a row in this process, on up to ``rows`` rows of ``ds`` after a few
+    that warm it up (the template compiled, the tokenizer's caches): the dry run's estimate."""
+    import time
+
+    def run(start: int, stop: int) -> int:
+        batch = ds[start:stop]
+        n = len(next(iter(batch.values()))) if batch else 0
+        if n:
+            args = (batch, list(range(start, start + n))) if encoding.with_indices else (batch,)
+            encoding.function(*args, **encoding.kwargs)
+        return n
+
+    warm = min(WARM_ROWS, len(ds) // 2)
+    run(0, warm)
+    began = time.perf_counter()
+    n = run(warm, warm + rows)
+    return (time.perf_counter() - began) / n if n else 0.0
 
 
 # ---------------------------------------------------------------------------------------------

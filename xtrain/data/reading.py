@@ -51,6 +51,44 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
     return ds
 
 
+def prepared(path: Path, builder: str, source: str, text: Collection[str] = ()) -> bool:
+    """Whether ``load_file`` would read the file's Arrow copy from datasets' cache (made by an
+    earlier read of the same file: its path and modification time) instead of converting it."""
+    import datasets
+
+    try:
+        path, kwargs = readable(path, builder, source, whole=False, text=text)
+        found = datasets.load_dataset_builder(builder, data_files=str(path), **kwargs)
+    except Exception:  # the run says what is wrong with the file, in its own line
+        return False
+    return (Path(found.cache_dir) / "dataset_info.json").is_file()
+
+
+def rows_in(path: Path, limit: int = 1000) -> int | None:
+    """About how many rows a text file of one row a line holds (JSON lines, CSV, text: its size
+    over its first ``limit`` lines' mean); None for any other (compressed, Parquet, a JSON array)."""
+    if compression(path) is not None or format_suffix(path) not in (
+        ".jsonl",
+        ".csv",
+        ".tsv",
+        ".txt",
+        ".json",
+    ):
+        return None
+    with path.open("rb") as f:
+        lines = [line for _, line in zip(range(limit), f, strict=False)]
+    if (
+        not lines
+        or lines[0].lstrip()[:1] in (b"[", b"{")
+        and format_suffix(path) == ".json"
+        and len(lines) == 1
+    ):
+        return None
+    size = path.stat().st_size
+    used = sum(len(line) for line in lines)
+    return len(lines) if used >= size else round(size / (used / len(lines)))
+
+
 def _unique_keys(schema: pa.Schema, source: str) -> None:
     """Refuse objects whose keys Arrow read as one name twice (a key with a NUL character is cut
     there: ``""`` and ``"\\u0000"``): their rows read fine, then fail when a cell is read."""

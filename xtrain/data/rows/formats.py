@@ -153,20 +153,14 @@ def alpaca_prompt_response(
 
 
 def alpaca_as_prompt_response(ds: Dataset, source: str) -> Dataset:
-    """An alpaca dataset as ``prompt``/``response`` columns, cached under a fingerprint of the
-    data and this mapping (every process of the run reads the first one's result)."""
-    from datasets.fingerprint import Hasher
+    """An alpaca dataset as ``prompt``/``response`` columns, encoded once (``encoded.encode``:
+    cached under a fingerprint of the data and this mapping; every process of the run reads the
+    first one's result)."""
+    from xtrain.data.encoded import Encoding, encode
 
     require(ds, ALPACA_REQUIRED, source, "alpaca")
-    return ds.map(
-        alpaca_prompt_response,
-        batched=True,
-        with_indices=True,
-        fn_kwargs={"source": source},
-        remove_columns=list(ds.column_names),
-        new_fingerprint=Hasher.hash([getattr(ds, "_fingerprint", None), "alpaca", ALPACA_VERSION, source]),
-        desc="alpaca rows",
-    )
+    mapping = Encoding("alpaca rows", alpaca_prompt_response, {"source": source}, ("alpaca", ALPACA_VERSION))
+    return encode(ds, mapping, "alpaca rows")
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptEn
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
+    from xtrain.data.encoded import encode
+    from xtrain.data.tokenize import tokenizer_fingerprint
     from xtrain.tasks import data_check
     from xtrain.tasks.common import finish_model, load_seeded, prepare_tokenizer, raw_datasets
     from xtrain.tasks.contract import Workload
@@ -69,12 +71,20 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     # (checked when the config was; imported once per process)
     rewards = rw.resolve(cfg.grpo, [t.schema for t in tools_.from_config(cfg)])
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
-    with main_process_first():
+    encoder, key, processes = (
+        encoder_of(cfg, tokenizer),
+        tokenizer_fingerprint(tokenizer),
+        cfg.data.encode_processes,
+    )
+    with main_process_first():  # the first process encodes (datasets' cache), the others read it
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
-    first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
-    report = inspect(cfg, (source, tokenizer), first, [])
-    encoder = encoder_of(cfg, tokenizer)
-    train_rows = rows_.read_rows(train, train_name)
+        first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+        report = inspect(cfg, (source, tokenizer), first, [])
+        train_ids = encode(train, rows_.encoding(train_name, encoder, key, processes), "encoding train")
+        eval_ids = None
+        if eval_ds is not None:
+            eval_ids = encode(eval_ds, rows_.encoding(eval_name, encoder, key, processes), "encoding eval")
+    train_rows = rows_.read_rows(train, train_name)  # read on access, for the rewards
     eval_rows = rows_.read_rows(eval_ds, eval_name) if eval_ds is not None else None
 
     model = load_seeded(run, TASK, source)
@@ -87,9 +97,9 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     pad = step.pad_id
     return Workload(
         model=model,
-        train_dataset=rows_.encoded(train_rows, encoder, train_name),
+        train_dataset=train_ids,
         collator=rows_.PromptCollator(pad),
-        eval_dataset=rows_.encoded(eval_rows, encoder, eval_name) if eval_rows else None,
+        eval_dataset=eval_ids,
         tokenizer=tokenizer,
         chat=encoder.template is not None and train_rows[0].conversational,
         main_metric=METRIC,

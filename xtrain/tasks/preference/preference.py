@@ -63,7 +63,7 @@ def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str
     tokenizer's) when there is one, else prompt and answer as plain text."""
     from xtrain.data.rows import chat as chat_data
     from xtrain.data.rows.preference import Encoder
-    from xtrain.tasks.text.causal_lm import chat_render
+    from xtrain.tasks.text.rows import chat_render
 
     template = chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None)
     render = chat_render(cfg, tokenizer, source, "messages") if template else None

@@ -1,5 +1,3 @@
-# longer: one task's build, its data check (with the agent rows' checks) and its predict loader,
-# kept together as the task contract has them
 """``causal-lm``: a text column, or prompt/response columns with the loss on the response only,
 or chat conversations (``data.messages_column``, rendered by the chat template, loss on the
 assistant turns only: ``chat_data``), or alpaca / sharegpt rows mapped onto those two
@@ -8,10 +6,8 @@ on packs whole examples into rows kept apart by restarting ``position_ids``, con
 old concatenation into blocks) and NEFTune (``optim.neftune_alpha``); metric: next-token accuracy
 (and perplexity).
 ``xtrain predict`` continues text prompts (a chat run's prompts as user turns) and the prompts of
-a data file's rows (``prompt_predict``).
-
-longer: one task's build, its data check (with the agent rows' checks) and its predict loader,
-kept together as the task contract has them."""
+a data file's rows (``prompt_predict``). The rows from the data as read to what the loop reads:
+``rows.py`` (encoded once, cached)."""
 
 from __future__ import annotations
 
@@ -29,9 +25,9 @@ from xtrain.model import neftune
 from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
 from xtrain.tasks.data_report import DataReport
+from xtrain.tasks.text.rows import chat_render, encoded_sets, is_chat
 
 if TYPE_CHECKING:
-    from datasets import Dataset
     from torch.nn import Module
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -45,109 +41,6 @@ if TYPE_CHECKING:
 NAME = "causal-lm"
 
 
-def is_chat(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, fmt: str) -> bool:
-    """Conversations rendered by a chat template: messages and sharegpt always; alpaca when there
-    is a template (``data.chat_template`` or the tokenizer's), else it is prompt/response."""
-    from xtrain.data.rows import chat as chat_data
-
-    if fmt in row_formats.CHAT:
-        return True
-    if fmt != "alpaca":
-        return False
-    return bool(chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None))
-
-
-def chat_rows(
-    cfg: TrainConfig,
-    tokenizer: PreTrainedTokenizerBase,
-    source: str,
-    fmt: str,
-    train: tuple[Dataset, str],
-    eval_: tuple[Dataset | None, str],
-) -> tuple[Dataset, Dataset | None]:
-    """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by
-    row, encoded once (``encoded.encode``: cached, in parallel on a first run); the training
-    rows packed with ``data.packing=on``."""
-    from xtrain.data.encoded import encode
-    from xtrain.data.packing import pack
-    from xtrain.data.rows import text_chat
-    from xtrain.data.tokenize import tokenizer_fingerprint
-    from xtrain.tasks.common import require_nonempty
-
-    d = cfg.data
-    render = chat_render(cfg, tokenizer, source, fmt)
-    key = tokenizer_fingerprint(tokenizer)
-    out: list[Dataset | None] = []
-    for (ds, name), role in ((train, "train"), (eval_, "eval")):
-        if ds is None:
-            out.append(None)
-            continue
-        text_chat.require_columns(ds, d, fmt, name)
-        rows = encode(ds, text_chat.encoding(d, fmt, name, render, tokenizer, key), f"encoding {role}")
-        require_nonempty(rows, name, "training" if role == "train" else "eval")
-        if d.packing == "on" and role == "train":  # the training rows only, as for text
-            rows = pack(rows, d.max_length, "packing train")
-        out.append(rows)
-    assert out[0] is not None
-    return out[0], out[1]
-
-
-def text_rows(
-    cfg: TrainConfig,
-    tokenizer: PreTrainedTokenizerBase,
-    fmt: str,
-    train: tuple[Dataset, str],
-    eval_: tuple[Dataset | None, str],
-) -> tuple[Dataset, Dataset | None]:
-    """Text or prompt/response rows (alpaca ones without a template) -> input_ids/labels, encoded
-    once as chat rows are; the training rows packed with ``data.packing=on`` (eval examples stay
-    whole rows, so eval loss and accuracy are per example, comparable with an unpacked run)."""
-    from xtrain.data.packing import pack
-    from xtrain.data.tokenize import require_columns, tokenize_causal_lm
-    from xtrain.tasks.common import require_nonempty, tokenizing
-
-    d = cfg.data
-    prompt, response, columns = text_columns(cfg, fmt)
-    kwargs = {
-        "tokenizer": tokenizer,
-        "text_column": d.text_column,
-        "prompt_column": prompt,
-        "response_column": response,
-        "max_length": d.max_length,
-        "packing": "concatenate" if d.packing == "concatenate" else "off",
-    }
-    tokenize = tokenizing(NAME, tokenize_causal_lm, kwargs, d.encode_processes)
-    out: list[Dataset | None] = []
-    for (ds, name), role in ((train, "train"), (eval_, "eval")):
-        if ds is not None:
-            if fmt == "alpaca":
-                ds = row_formats.alpaca_as_prompt_response(ds, name)
-            require_columns(ds, columns, name)
-            ds = tokenize(ds, role)
-            require_nonempty(ds, name, "training" if role == "train" else "eval")
-            if d.packing == "on" and role == "train":
-                ds = pack(ds, d.max_length, "packing train")
-        out.append(ds)
-    assert out[0] is not None
-    return out[0], out[1]
-
-
-def chat_render(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str, fmt: str) -> Render:
-    """The chat template's renderer (``data.chat_template`` or the tokenizer's)."""
-    from xtrain.data.rows import chat as chat_data
-
-    d = cfg.data
-    if d.packing == "concatenate":
-        hint = "set data.packing=on (whole conversations packed, kept apart) or off"
-        if fmt == "alpaca":
-            hint += " (alpaca rows are chat conversations when the tokenizer has a chat template)"
-        raise XtrainError("data.packing=concatenate would cut conversations mid-turn", hint)
-    template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
-    if d.chat_template is not None:
-        tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
-    return chat_data.renderer(tokenizer, template, d.chat_template, d.chat_template_kwargs)
-
-
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.tasks import data_check
     from xtrain.tasks.common import load_seeded, prepare_tokenizer, raw_datasets, text_workload
@@ -159,13 +52,9 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
         report = inspect(cfg, tokenizer, source, first, [])  # the data check: its first rows first
-        fmt = row_format(cfg, train, train_name)
-        chat = is_chat(cfg, tokenizer, fmt)
-        sets = (train, train_name), (eval_ds, eval_name)
-        if chat:
-            train, eval_ds = chat_rows(cfg, tokenizer, source, fmt, *sets)
-        else:
-            train, eval_ds = text_rows(cfg, tokenizer, fmt, *sets)
+        fmt, chat, train, eval_ds = encoded_sets(
+            cfg, tokenizer, source, train, eval_ds, train_name, eval_name
+        )
 
     model = load_seeded(run, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:
@@ -192,10 +81,15 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     from xtrain.tasks import data_check
+    from xtrain.tasks.encoding_check import encoding_note
 
     found, samples, notes = data_check.text_check(cfg, limit)
     source, tokenizer = found if found is not None else (cfg.model.name_or_path, None)
-    return inspect(cfg, tokenizer, source, samples, notes)
+    report = inspect(cfg, tokenizer, source, samples, notes)
+    if tokenizer is not None:
+        note = encoding_note(cfg, samples, lambda *sets: encoded_sets(cfg, tokenizer, source, *sets))
+        report.notes += [note] if note else []
+    return report
 
 
 def inspect(
