@@ -89,13 +89,33 @@ def encoded(
     return encode(ds, encoding, f"encoding {name}")
 
 
+def encoded_sets(
+    cfg: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    source: str,
+    train: Dataset,
+    eval_ds: Dataset | None,
+    train_name: str,
+    eval_name: str,
+) -> dict[str, Dataset]:
+    """{"train": rows, "eval": rows}: each split encoded (``encoded``), for the run and the dry
+    run's ``encoding_note``."""
+    from xtrain.data.tokenize import tokenizer_fingerprint
+
+    encoder, key = encoder_of(cfg, tokenizer, source), tokenizer_fingerprint(tokenizer)
+    loss, processes = cfg.preference.loss, cfg.data.encode_processes
+    sets = {"train": encoded(train, train_name, encoder, loss, key, processes)}
+    if eval_ds is not None:
+        sets["eval"] = encoded(eval_ds, eval_name, encoder, loss, key, processes)
+    return sets
+
+
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     import copy
 
     from xtrain.data.collate import PreferenceCollator
     from xtrain.data.encoded import WithNumbers
     from xtrain.data.rows.preference import PAIRED_PARTS, UNPAIRED_PARTS
-    from xtrain.data.tokenize import tokenizer_fingerprint
     from xtrain.tasks import data_check
     from xtrain.tasks.common import finish_model, load_seeded, pad_multiple, prepare_tokenizer, raw_datasets
     from xtrain.tasks.contract import Workload
@@ -111,11 +131,8 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
         report = inspect(cfg, (source, tokenizer), first, [])  # the data check: its first rows first
-        encoder, key = encoder_of(cfg, tokenizer, source), tokenizer_fingerprint(tokenizer)
-        processes = cfg.data.encode_processes
-        splits = {"train": WithNumbers(encoded(train, train_name, encoder, settings.loss, key, processes))}
-        if eval_ds is not None:
-            splits["eval"] = WithNumbers(encoded(eval_ds, eval_name, encoder, settings.loss, key, processes))
+        sets = encoded_sets(cfg, tokenizer, source, train, eval_ds, train_name, eval_name)
+        splits = {name: WithNumbers(rows) for name, rows in sets.items()}
 
     model = load_seeded(run, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:
@@ -140,7 +157,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         eval_batch=ref.eval_stats,
         reduce_metrics=pl.reduce,
         tokenizer=tokenizer,
-        chat=encoder.render is not None,
+        chat=encoder_of(cfg, tokenizer, source).render is not None,
         main_metric=METRIC,
         forward=forward,
         trained_tokens=pl.sft_tokens if settings.sft_weight else None,  # the SFT term's (token_sum)
@@ -158,8 +175,14 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     reads them (a bad row raises its line), their longest answer's tokens before the cut, and
     the first pair's chosen answer as the model gets it (without a tokenizer: the rows only)."""
     from xtrain.tasks import data_check
+    from xtrain.tasks.encoding_check import encoding_note
 
-    return inspect(cfg, *data_check.text_check(cfg, limit))
+    found, samples, notes = data_check.text_check(cfg, limit)
+    report = inspect(cfg, found, samples, notes)
+    if found is not None:
+        note = encoding_note(cfg, samples, lambda *sets: encoded_sets(cfg, found[1], found[0], *sets))
+        report.notes += [note] if note else []
+    return report
 
 
 def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: list[str]) -> DataReport:
