@@ -131,13 +131,13 @@ def test_the_dry_run_says_whether_the_rows_are_cached(tmp_path, monkeypatch):
     in_cache(monkeypatch, tmp_path / "cache")
     path = write(tmp_path / "chat.jsonl", conversations(500, seed=2))
     cfg = config(path)
-    before = [n for n in causal_lm.check_data(cfg, 100).notes if n.startswith("encoded rows")]
-    assert len(before) == 1 and "not cached yet" in before[0] and "about 500 rows" in before[0], before
+    before = causal_lm.check_data(cfg, 100).encoding or ""
+    assert "not cached yet" in before and "about 500 rows" in before, before
     encode_all(cfg)
-    after = [n for n in causal_lm.check_data(cfg, 100).notes if n.startswith("encoded rows")]
-    assert after == ["encoded rows: cached (the run reads them from datasets' cache, encoding nothing)"]
-    other = [n for n in causal_lm.check_data(config(path, "data.max_length=32"), 100).notes if "encoded" in n]
-    assert "not cached yet" in other[0] and "about 500 rows" in other[0]  # read before: counted exactly
+    after = causal_lm.check_data(cfg, 100).encoding
+    assert after == "encoded rows: cached (the run reads them from datasets' cache, encoding nothing)"
+    other = causal_lm.check_data(config(path, "data.max_length=32"), 100).encoding or ""
+    assert "not cached yet" in other and "encodes 500 rows" in other  # read before: counted exactly
 
 
 KILLED = """

@@ -95,6 +95,7 @@ class DataReport:
     sources: list[SourceCheck] = field(default_factory=list)
     example: Example | None = None
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
+    encoding: str | None = None  # the dry run's word on the first run's encoding (cached, or how long)
 
     def summary(self) -> str:
         """One line: each source's rows and format, and the cut (the run's banner)."""

@@ -49,13 +49,13 @@ def encoding_note(
             if rows is not None and not d.eval:
                 rows = round(rows * (1 - d.eval_fraction))
         each = encoded.seconds_a_row(e.ds, e.encoding)
-        return _estimate(rows, each, e.encoding.processes)
+        return _estimate(rows, each, e.encoding.processes, all(ready))
     except XtrainError:  # the run says it, in its own line
         return None
     return None
 
 
-def _estimate(rows: int | None, each: float, setting: int | None) -> str:
+def _estimate(rows: int | None, each: float, setting: int | None, exact: bool) -> str:
     if rows is None:
         return (
             "encoded rows: not cached yet; the first run encodes every row (about "
@@ -64,7 +64,8 @@ def _estimate(rows: int | None, each: float, setting: int | None) -> str:
     n = encoded.processes(rows, setting)
     took = rows * each / n
     when = f"{took:.0f} s" if took < 120 else f"{took / 60:.0f} min"
+    about = "" if exact else "about "
     return (
-        f"encoded rows: not cached yet; the first run encodes about {rows:,} rows (about {when} "
+        f"encoded rows: not cached yet; the first run encodes {about}{rows:,} rows (about {when} "
         f"on {n} process{'es' if n != 1 else ''} here), then caches them for the runs after it"
     )

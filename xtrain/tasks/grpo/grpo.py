@@ -156,7 +156,7 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     report = inspect(cfg, found, samples, notes)
     if found is not None:
         note = encoding_note(cfg, samples, lambda *sets: encoded_sets(cfg, found[1], *sets))
-        report.notes += [note] if note else []
+        report.encoding = note
     return report
 
 

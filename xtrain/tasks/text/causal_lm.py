@@ -88,7 +88,7 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     report = inspect(cfg, tokenizer, source, samples, notes)
     if tokenizer is not None:
         note = encoding_note(cfg, samples, lambda *sets: encoded_sets(cfg, tokenizer, source, *sets))
-        report.notes += [note] if note else []
+        report.encoding = note
     return report
 
 
