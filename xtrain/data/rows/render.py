@@ -153,6 +153,7 @@ class Renderer:
         self.origin = f"data.chat_template{named}" if setting is not None else f"the {kind}'s chat template"
         # renderers of one group render their conversations in one call (``render_many``)
         self.group = json.dumps([template, self.kwargs, tools], sort_keys=True, default=str)
+        self.direct_agrees: bool | None = None  # ``many`` renders through ``direct`` (probed once)
 
     @property
     def batches(self) -> bool:
@@ -170,7 +171,12 @@ class Renderer:
         )
 
     def many(self, conversations: list[list[dict[str, Any]]], add_generation_prompt: bool) -> list[str]:
-        """Several conversations in one template call (transformers' batched form)."""
+        """Several conversations in one template call (transformers' batched form), through
+        ``direct`` where it renders as ``apply_chat_template`` does."""
+        if self.direct_agrees is None:
+            self.direct_agrees = self._direct_agrees()
+        if self.direct_agrees:
+            return self.direct(conversations, add_generation_prompt)
         texts = self.owner.apply_chat_template(
             conversations,
             chat_template=self.template,
@@ -180,6 +186,34 @@ class Renderer:
             **self.kwargs,
         )
         return list(texts)
+
+    def direct(self, conversations: list[list[dict[str, Any]]], add_generation_prompt: bool) -> list[str]:
+        """What ``apply_chat_template(tokenize=False)`` renders, for conversations that are plain
+        JSON data already (what xtrain's row readers make): the template rendered by transformers'
+        own ``render_jinja_template`` with the tokenizer's special tokens, its step that turns
+        message objects into dicts (a third of the time a render takes) left out; the keys whose
+        value is None dropped, as that step drops them."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        plain = [[{k: v for k, v in m.items() if v is not None} for m in conv] for conv in conversations]
+        texts, _ = render_jinja_template(
+            conversations=plain,
+            tools=self.tools or None,
+            chat_template=self.template,
+            add_generation_prompt=add_generation_prompt,
+            **{**self.owner.special_tokens_map, **self.kwargs},
+        )
+        return list(texts)
+
+    def _direct_agrees(self) -> bool:
+        """``direct`` renders a probe conversation exactly as ``apply_chat_template`` does (with
+        and without the generation prompt); otherwise (another transformers, a template that
+        refuses the probe) every batch goes through ``apply_chat_template``."""
+        probe = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]]
+        try:
+            return all(self.direct(probe, g) == [self(probe[0], g)] for g in (False, True))
+        except Exception:
+            return False
 
     def with_tools(self, tools: list[dict[str, Any]] | None) -> Renderer:
         return Renderer(self.owner, self.template, self.setting, self.kwargs, tools)
