@@ -112,7 +112,13 @@ def _result(t0: float) -> None:
 
 
 def _run(cmd: list[str], cache: Path) -> dict[str, Any]:
-    env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "HF_DATASETS_CACHE": str(cache),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }  # one compute thread a process, as every benchmark here (performance.md)
     proc = subprocess.run(
         [*cmd, "--t0", repr(time.time())], capture_output=True, text=True, env=env, check=False
     )

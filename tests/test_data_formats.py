@@ -145,8 +145,8 @@ def test_every_vision_format_gives_the_native_tokens_labels_and_batches(tmp_path
     for name, (rows, batch) in got.items():
         assert len(rows) == ROWS, name
         for i in range(ROWS):
-            assert rows.encoded[i].input_ids == native_rows.encoded[i].input_ids, name
-            assert rows.encoded[i].labels == native_rows.encoded[i].labels, name
+            assert rows.encoded[i]["input_ids"] == native_rows.encoded[i]["input_ids"], name
+            assert rows.encoded[i]["labels"] == native_rows.encoded[i]["labels"], name
         assert rows.images == native_rows.images, name
         assert sorted(batch) == sorted(native), name
         for key, value in native.items():

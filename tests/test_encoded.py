@@ -18,6 +18,7 @@ import pytest
 from xtrain.data import encoded
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.packing import pack_all
+from xtrain.errors import RowError
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 
@@ -78,7 +79,7 @@ def row_by_row(cfg: Any, rows: list[dict[str, Any]]) -> list[dict[str, list[int]
         enc = tools.text_chat_encoded(row["messages"], i, render, tokenizer, "x")
         ids, labels = enc.input_ids[:64], enc.labels[:64]
         if any(t != IGNORE_INDEX for t in labels[1:]):
-            out.append({"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels})
+            out.append({"input_ids": ids, "labels": labels})
     return out
 
 
@@ -99,6 +100,9 @@ def test_chat_rows_are_the_row_by_row_rows_on_any_number_of_processes(tmp_path, 
         assert got.to_list() == want, processes
         packed = encode_all(config(path, f"data.encode_processes={processes}", "data.packing=on"))
         assert packed.to_list() == pack_all(want, 64), processes  # the same groups on any count
+    bad = write(tmp_path / "bad.jsonl", [*rows[:300], {"messages": [{"role": "robot", "content": "hi"}]}])
+    with pytest.raises(RowError, match=r"row 300 of .*bad.jsonl: turn 0 has role 'robot'"):
+        encode_all(config(bad, "data.encode_processes=2"))  # raised in an encoding process: its one line
 
 
 def test_an_unchanged_file_is_read_back_and_an_edited_row_encoded_again(tmp_path, monkeypatch):

@@ -148,10 +148,6 @@ def token_features(**columns: str) -> Features:
     return datasets.Features({name: datasets.List(datasets.Value(kind)) for name, kind in columns.items()})
 
 
-# Token rows as causal-lm's encodings write them (ids of vocabularies up to 2^31; 0/1 masks)
-TOKEN_ROWS = {"input_ids": "int32", "attention_mask": "int8", "labels": "int32"}
-
-
 class WithNumbers:
     """Encoded rows (a memory-mapped ``Dataset``) read with numbers computed for them after the
     encoding (a preference run's precomputed reference log-probs: ``attach``): ``[i]`` is row

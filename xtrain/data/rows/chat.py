@@ -37,6 +37,7 @@ in ``tools.py``, the shipped templates in ``xtrain/data/templates``.
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -317,8 +318,15 @@ def _token_starts(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[i
 
 
 def token_starts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[tuple[list[int], list[int]]]:
-    """``_token_starts`` of each text, a fast tokenizer's in one call."""
+    """``_token_starts`` of each text, a fast tokenizer's in one call (of its Rust backend where
+    that gives what the tokenizer's own call gives: ``_backend_agrees``)."""
     if len(texts) > 1:
+        backend = getattr(tokenizer, "_tokenizer", None)
+        if backend is not None and _backend_agrees(tokenizer, backend, texts[0]):
+            return [
+                (e.ids, [s for s, _ in e.offsets])
+                for e in backend.encode_batch(texts, add_special_tokens=False)
+            ]
         try:
             enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
             return [
@@ -330,15 +338,39 @@ def token_starts(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[t
     return [_token_starts(tokenizer, text) for text in texts]
 
 
-def span_labels(ids: list[int], starts: list[int], spans: list[tuple[int, int]]) -> list[int]:
-    """``ids`` where the token starts inside one of ``spans``, -100 elsewhere."""
-    import numpy as np
+_AGREES: dict[int, bool] = {}  # id(tokenizer) -> its backend's encode_batch gives its own ids and offsets
 
-    at = np.asarray(starts, dtype=np.int64)
-    keep = np.zeros(len(ids), dtype=bool)
-    for a, b in spans:
-        keep |= (at >= a) & (at < b)
-    return np.where(keep, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()
+
+def _backend_agrees(tokenizer: PreTrainedTokenizerBase, backend: Any, text: str) -> bool:
+    """A fast tokenizer's backend tokenises ``text`` as the tokenizer's own call does (checked once
+    a tokenizer), and holds no truncation or padding a call left set (transformers resets them each
+    call; the backend alone would apply them)."""
+    if getattr(backend, "truncation", None) is not None or getattr(backend, "padding", None) is not None:
+        return False
+    if id(tokenizer) not in _AGREES:
+        try:
+            own = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+            (direct,) = backend.encode_batch([text], add_special_tokens=False)
+            _AGREES[id(tokenizer)] = list(own["input_ids"]) == direct.ids and [
+                tuple(o) for o in own["offset_mapping"]
+            ] == [tuple(o) for o in direct.offsets]
+        except Exception:
+            _AGREES[id(tokenizer)] = False
+    return _AGREES[id(tokenizer)]
+
+
+def span_labels(ids: list[int], starts: list[int], spans: list[tuple[int, int]]) -> list[int]:
+    """``ids`` where the token starts inside one of ``spans``, -100 elsewhere (the tokens of a
+    span found by bisection where the starts are in order, as a fast tokenizer's are)."""
+    if all(a <= b for a, b in zip(starts, starts[1:], strict=False)):
+        labels = [IGNORE_INDEX] * len(ids)
+        for a, b in spans:
+            i, j = bisect_left(starts, a), bisect_left(starts, b)
+            labels[i:j] = ids[i:j]
+        return labels
+    return [
+        t if any(a <= s < b for a, b in spans) else IGNORE_INDEX for t, s in zip(ids, starts, strict=True)
+    ]
 
 
 def encode(

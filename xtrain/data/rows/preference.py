@@ -218,7 +218,15 @@ def encoding(
 
     first = read_row(dict(ds[0]), 0, source)
     template = template_of(encoder.render) if encoder.render is not None else None
-    key = ("preference rows", VERSION, kto, first.rejected is None, encoder.max_length, template, tokenizer_key)
+    key = (
+        "preference rows",
+        VERSION,
+        kto,
+        first.rejected is None,
+        encoder.max_length,
+        template,
+        tokenizer_key,
+    )
     kwargs = {"encoder": encoder, "source": source, "first": first, "kto": kto, "rows": ds}
     return Encoding("preference rows", columns, kwargs, key, processes=processes)
 

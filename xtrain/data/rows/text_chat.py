@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from xtrain.data.collate import IGNORE_INDEX
-from xtrain.data.encoded import TOKEN_ROWS, Encoding, token_features
+from xtrain.data.encoded import Encoding, token_features
 from xtrain.data.rows import formats
 from xtrain.data.rows.chat import encode_many
 from xtrain.data.rows.render import template_of
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from xtrain.data.rows.chat import Conversation, Render
 
 # Bump when these rows change what they hold (every cached encoding of chat rows is redone).
-VERSION = 1
+VERSION = 2
 # The data.* settings the rows depend on (with the template, the tokenizer and the shared tools)
 SETTINGS = ("messages_column", "images_column", "tools_column", "role_tag", "content_tag", "user_tag",
             "assistant_tag", "system_tag", "train_on", "max_length")  # fmt: skip
@@ -39,7 +39,8 @@ def encoding(
     tokenizer: PreTrainedTokenizerBase,
     tokenizer_key: str,
 ) -> Encoding:
-    """The rows of ``source`` (in row format ``fmt``) as input_ids/attention_mask/labels;
+    """The rows of ``source`` (in row format ``fmt``) as input_ids and labels (the attention mask:
+    ``collate.PadCollator(masks=True)``);
     ``tokenizer_key``: the tokenizer's fingerprint (``tokenize.tokenizer_fingerprint``)."""
     shared = tools_file(d.tools)
     kwargs = {
@@ -52,9 +53,8 @@ def encoding(
     }
     settings = {name: getattr(d, name) for name in SETTINGS}
     key = ("causal-lm chat", VERSION, fmt, settings, shared, template_of(render), tokenizer_key)
-    return Encoding(
-        "chat rows", columns, kwargs, key, token_features(**TOKEN_ROWS), processes=d.encode_processes
-    )
+    features = token_features(input_ids="int32", labels="int32")
+    return Encoding("chat rows", columns, kwargs, key, features, processes=d.encode_processes)
 
 
 def require_columns(ds: Dataset, d: DataConfig, fmt: str, source: str) -> None:
@@ -94,20 +94,19 @@ def columns(
     tokenizer: PreTrainedTokenizerBase,
     shared: list[dict[str, Any]] | None,
 ) -> dict[str, list[list[int]]]:
-    """A map batch of rows -> their input_ids, attention_mask and labels (top-level: it runs in
-    the encoding processes)."""
+    """A map batch of rows -> their input_ids and labels (top-level: it runs in the encoding
+    processes)."""
     names = list(batch)
     convs = [
         conversation(d, fmt, {name: batch[name][k] for name in names}, index, source, shared)
         for k, index in enumerate(indices)
     ]
     wheres = [f"row {index} of {source}" for index in indices]
-    out: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "labels": []}
+    out: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
     for enc in encode_many(render, tokenizer, convs, wheres, train_on=d.train_on):
         ids, labels = enc.input_ids[: d.max_length], enc.labels[: d.max_length]
         if all(t == IGNORE_INDEX for t in labels[1:]):  # the model shifts: position 0 never counts
             continue
-        out["input_ids"].append(ids)
-        out["attention_mask"].append([1] * len(ids))
+        out["input_ids"].append(ids)  # (no attention mask: all ones, the collator makes it)
         out["labels"].append(labels)
     return out

@@ -67,8 +67,9 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     workload = text_workload(model, run, TASK, tokenizer, (train, eval_ds), evaluation)
     workload.chat, workload.data_report = chat, report
     workload.record = {"row_format": fmt}  # what predict --data reads a file as (xtrain_run.json)
+    pad = workload.collator  # encoded chat rows carry no attention mask (all ones): the collator's
+    workload.collator = collate.PadCollator(pad.pad_token_id, pad.pad_to_multiple_of, masks=True)
     if d.packing == "on":  # one padding-free row per micro-batch; eval rows padded as before
-        pad = workload.collator
         workload.collator = collate.PackedCollator(pad.pad_token_id, pad.pad_to_multiple_of)
     if cfg.optim.neftune_alpha is not None:  # on the unwrapped model; active in training mode only
         neftune.attach(workload.model, cfg.optim.neftune_alpha)
