@@ -15,10 +15,8 @@ from xtrain.data.rows import formats
 from xtrain.data.rows.chat import encode_many
 from xtrain.data.rows.render import template_of
 from xtrain.data.rows.tools import parse_text, read_tools, tools_file
-from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
-    from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import DataConfig
@@ -55,21 +53,6 @@ def encoding(
     key = ("causal-lm chat", VERSION, fmt, settings, shared, template_of(render), tokenizer_key)
     features = token_features(input_ids="int32", labels="int32")
     return Encoding("chat rows", columns, kwargs, key, features, processes=d.encode_processes)
-
-
-def require_columns(ds: Dataset, d: DataConfig, fmt: str, source: str) -> None:
-    """The column the format reads its conversations from (alpaca: its fields), in one line."""
-    if fmt == "alpaca":
-        formats.require(ds, formats.ALPACA_REQUIRED, source, fmt)
-        return
-    column = formats.chat_column(d, fmt, list(ds.column_names))
-    if column not in ds.column_names:  # (rows/columns.py checks this first, with the closest column)
-        raise XtrainError(
-            f"{fmt} rows need '{column}'; {source} has {', '.join(ds.column_names)}",
-            "set data.messages_column to the column of conversations"
-            if column == d.messages_column
-            else "rename the column in the file, or set data.row_format to what the rows hold",
-        )
 
 
 def conversation(

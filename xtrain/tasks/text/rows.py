@@ -79,7 +79,7 @@ def chat_rows(
         if ds is None:
             out.append(None)
             continue
-        text_chat.require_columns(ds, d, fmt, name)
+        row_formats.chat_columns(ds, d, fmt, name)  # the columns it reads, there
         rows = encode(ds, text_chat.encoding(d, fmt, name, render, tokenizer, key), f"encoding {role}")
         require_nonempty(rows, name, "training" if role == "train" else "eval")
         if d.packing == "on" and role == "train":  # the training rows only, as for text
