@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 # Bump when the encoding machinery changes what it writes (every cached encoding is redone).
 VERSION = 1
 MAP_BATCH = 1000  # rows per call of an encoding function (packing=on packs within one)
+# Rows a record batch of the Arrow files the rows are written to (the data file's copy, the encoded
+# rows): opening a file reads each batch's header, and the kernel maps the pages around each, which
+# count in the process's memory: 1000-row batches (datasets' default) cost ~64 MB a million rows.
+ARROW_BATCH = 10_000
 ROWS_PER_PROCESS = 10_000  # a first run starts no more encoding processes than one per this many rows
 
 REPORT_ROWS = 5000  # fewer rows encode in a moment: no progress shown
@@ -120,7 +124,7 @@ def encode(ds: Dataset, encoding: Encoding, what: str) -> Dataset:
             new_fingerprint=fingerprint(ds, encoding),
             num_proc=n if n > 1 else None,
             desc=what,
-            **encoding.extra,
+            **{"writer_batch_size": ARROW_BATCH, **encoding.extra},
         )
 
 

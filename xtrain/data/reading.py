@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import encoding
 from xtrain.data import as_written
+from xtrain.data.encoded import ARROW_BATCH
 from xtrain.data.files import compression, format_suffix
 from xtrain.data.read_errors import read_error
 from xtrain.errors import XtrainError
@@ -33,13 +34,16 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
     import datasets
 
     original, (path, kwargs) = path, readable(path, builder, source, whole=True, text=text)
+    kwargs["writer_batch_size"] = ARROW_BATCH  # (not in datasets' cache key: a file read before stays read)
     quiet_data_read_errors()  # datasets' own line about a file it cannot parse: xtrain says it once
     try:
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
         kept = as_written.dated(ds.features) if builder == "json" else None
         if builder == "json" and (key := rows_key(ds, text)) is not None:
             # one object holding the rows under a key: datasets reads that list (its `field`)
-            ds = datasets.load_dataset(builder, data_files=str(path), split="train", field=key)
+            ds = datasets.load_dataset(
+                builder, data_files=str(path), split="train", field=key, writer_batch_size=ARROW_BATCH
+            )
         elif kept is not None:  # dates typed as timestamps: read again, each cell as the file has it
             ds = datasets.load_dataset(builder, data_files=str(path), split="train", features=kept, **kwargs)
             ds = as_written.json_as_text(ds)
