@@ -146,7 +146,9 @@ def test_the_dry_run_says_whether_the_rows_are_cached(tmp_path, monkeypatch):
 
 KILLED = """
 import sys, time
+import xtrain.data.encoded as encoded
 import xtrain.data.rows.text_chat as text_chat
+encoded.ARROW_BATCH = 500  # batches of 500 rows, each written as it is done: a kill lands mid-shard
 real = text_chat.columns
 
 def slow(*args, **kwargs):  # every map batch: slow enough for the kill to land mid-encoding
@@ -215,3 +217,25 @@ def test_the_progress_reaches_the_reporter_and_ends_once():
 
 def _double(batch: dict[str, list[int]]) -> dict[str, list[int]]:
     return {"y": [2 * x for x in batch["x"]]}
+
+
+def test_kto_rows_take_the_next_completion_across_a_batch_edge():
+    """A KTO row's KL sequence pairs its prompt with the next row's completion (the last row's: the
+    first's): the same rows whether the map batch ends inside the data or not, pairs too."""
+    import datasets
+
+    from xtrain.data.rows import preference as rows_
+    from xtrain.model.load import load_tokenizer, resolve_model
+
+    encoder = rows_.Encoder(load_tokenizer(resolve_model("builtin:tiny-llama"), False), 64)
+    kto = [{"prompt": f"q {i}", "completion": f"a {i}", "label": i % 2 == 0} for i in range(7)]
+    pairs = [{"prompt": f"q {i}", "chosen": f"yes {i}", "rejected": f"no {i}"} for i in range(5)]
+    for data in (kto, pairs):
+        ds = datasets.Dataset.from_list(data)
+        kwargs = rows_.encoding(ds, "x", encoder, True, "").kwargs
+        whole = rows_.columns(ds[:], list(range(len(ds))), **kwargs)
+        halves = [rows_.columns(ds[a:b], list(range(a, b)), **kwargs) for a, b in ((0, 3), (3, len(ds)))]
+        assert {k: halves[0][k] + halves[1][k] for k in whole} == whole
+        first = rows_.read_rows(ds, "x")
+        want = rows_.unpaired_rows(first if "label" in data[0] else rows_.as_unpaired(first), encoder, "x")
+        assert [dict(zip(whole, v, strict=True)) for v in zip(*whole.values(), strict=True)] == want

@@ -77,6 +77,6 @@ def pack(ds: Dataset, max_length: int, what: str) -> Dataset:
     columns = token_features(input_ids="int32", labels="int32", position_ids="int32")
     kwargs = {"max_length": max_length}
     packing = Encoding(
-        "packed rows", pack_columns, kwargs, (VERSION, max_length), columns, False, parallel=False
+        "packed rows", pack_columns, kwargs, (VERSION, max_length), columns, False, grouped=True
     )
     return encode(ds, packing, what)

@@ -152,10 +152,8 @@ def tokenizing(
     settings = {k: v for k, v in kwargs.items() if k != "tokenizer"}
     key = (task, TOKENIZE_VERSION, tokenizer_fingerprint(kwargs["tokenizer"]), settings)
     # concatenate joins the rows of a map batch: its batches must start where one process starts them
-    parallel = kwargs.get("packing") != "concatenate"
-    encoding = Encoding(
-        task, tokenize, kwargs, key, with_indices=False, processes=processes, parallel=parallel
-    )
+    grouped = kwargs.get("packing") == "concatenate"
+    encoding = Encoding(task, tokenize, kwargs, key, with_indices=False, processes=processes, grouped=grouped)
 
     def run(ds: Dataset, role: str) -> Dataset:
         return encode(ds, encoding, f"tokenizing {role}")
