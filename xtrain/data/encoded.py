@@ -39,11 +39,13 @@ if TYPE_CHECKING:
 
 # Bump when the encoding machinery changes what it writes (every cached encoding is redone).
 VERSION = 1
-MAP_BATCH = 1000  # rows per call of a grouped encoding (packing=on packs within one)
-# Rows per call of any other encoding, and a record batch of the Arrow files the rows are written to
-# (the data file's copy, the encoded rows: datasets writes a call's rows as one batch): opening a file
-# reads each batch's header, and the kernel maps the pages around each, which count in the process's
-# memory: 1000-row batches (datasets' default) cost ~64 MB a million rows.
+# Rows per call of an encoding function (packing=on packs within one), written as one Arrow batch:
+# an encoding process holds a call's rows as Python objects (a tenth of that at 10,000 rows a call
+# held ~200 MB more a process), while opening the file touches each batch's header (the kernel maps
+# ~64 KB of file pages around each: ~60 MB a million rows, reclaimable page cache)
+MAP_BATCH = 1000
+# Rows a record batch of the data file's Arrow copy (datasets' JSON/CSV builders write what they
+# read in batches of this many): fewer headers to touch when a run opens it
 ARROW_BATCH = 10_000
 ROWS_PER_PROCESS = 10_000  # a first run starts no more encoding processes than one per this many rows
 
@@ -66,9 +68,8 @@ class NotCached(Exception):  # noqa: N818  (a signal, not an error a user sees)
 @dataclass(frozen=True)
 class Encoding:
     """How a task turns the rows of a data set into what its loop reads: ``function(batch,
-    indices, **kwargs) -> columns`` over ``ARROW_BATCH`` rows at a time (``MAP_BATCH`` when
-    ``grouped``; top-level, so it pickles into the encoding processes; it may return fewer rows than
-    it got), and ``key``: plain data
+    indices, **kwargs) -> columns`` over ``MAP_BATCH`` rows at a time (top-level, so it pickles
+    into the encoding processes; it may return fewer rows than it got), and ``key``: plain data
     naming everything the result depends on besides the rows and the function's code (the task,
     a version bumped when the function changes what it writes, the tokenizer's fingerprint, the
     settings). ``kwargs`` may hold objects (the tokenizer): they are not hashed, ``key`` is."""
@@ -80,7 +81,7 @@ class Encoding:
     features: Features | None = None  # the output columns' types (None: inferred)
     with_indices: bool = True  # the function takes the rows' indices (for its refusals)
     processes: int | None = None  # data.encode_processes; None: the machine's (``processes``)
-    # its rows depend on the batches it gets (packing's groups): one process, MAP_BATCH rows from row 0
+    # its rows depend on the batches it gets (packing's groups): one process, batches from row 0
     grouped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # more ``Dataset.map`` keywords
 
@@ -119,7 +120,7 @@ def encode(ds: Dataset, encoding: Encoding, what: str) -> Dataset:
         return ds.map(
             encoding.function,
             batched=True,
-            batch_size=MAP_BATCH if encoding.grouped else ARROW_BATCH,
+            batch_size=MAP_BATCH,
             with_indices=encoding.with_indices,
             fn_kwargs=encoding.kwargs,
             remove_columns=list(ds.column_names),
@@ -127,7 +128,7 @@ def encode(ds: Dataset, encoding: Encoding, what: str) -> Dataset:
             new_fingerprint=fingerprint(ds, encoding),
             num_proc=n if n > 1 else None,
             desc=what,
-            **{"writer_batch_size": ARROW_BATCH, **encoding.extra},
+            **encoding.extra,
         )
 
 

@@ -33,7 +33,9 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
     the columns the config reads as text."""
     import datasets
 
-    original, (path, kwargs) = path, readable(path, builder, source, whole=True, text=text)
+    # a file datasets converted before (its path and modification time) was checked whole then
+    whole = not prepared(path, builder, source, text)
+    original, (path, kwargs) = path, readable(path, builder, source, whole=whole, text=text)
     kwargs["writer_batch_size"] = ARROW_BATCH  # (not in datasets' cache key: a file read before stays read)
     quiet_data_read_errors()  # datasets' own line about a file it cannot parse: xtrain says it once
     try:
