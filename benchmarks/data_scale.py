@@ -8,7 +8,9 @@ converted to Arrow, the rows encoded) and then again from the cache the first le
 run: what a resume, or a run with another learning rate, pays). Measured at the first optimizer
 step (torch's global optimizer-step pre-hook, which then ends the process): the wall time since
 the process was started, the CPU time of the process and of the encoding processes it waited
-for, and the peak RSS of the process (of its encoding processes apart). xtrain finds the
+for, and the peak RSS of the process (of its encoding processes apart). The second run is repeated
+(``--repeats``, interleaved over the sizes and sides: the median by wall time; the machine is
+shared). xtrain finds the
 assistant's tokens (the loss on them only); TRL trains on every token (its assistant mask needs
 ``{% generation %}`` markers in the template).
 
@@ -128,31 +130,26 @@ def _run(cmd: list[str], cache: Path) -> dict[str, Any]:
     return json.loads(line.removeprefix("RESULT "))
 
 
-def one_side(side: str, n: int, data: Path, model: Path, root: Path, trl: str | None) -> dict[str, Any]:
-    """The first run (a fresh cache) and the second (the cache the first left) of one side."""
-    cache = root / f"cache-{side}-{n}"
-    shutil.rmtree(cache, ignore_errors=True)
-    runs = []
-    for k in (1, 2):
-        out = root / f"out-{side}-{n}-{k}"
-        shutil.rmtree(out, ignore_errors=True)
-        if side == "xtrain":
-            config = root / f"{side}-{n}-{k}.yaml"
-            config.write_text(CONFIG.format(model=model, train=data, out=out, max_length=MAX_LENGTH,
-                                            per_device=PER_DEVICE), encoding="utf-8")  # fmt: skip
-            cmd = [sys.executable, str(Path(__file__)), "--side", "xtrain", "--config", str(config)]
-        else:
-            assert trl is not None
-            job = HERE / "data_scale_trl_job.py"
-            cmd = [trl, str(job), "--model", str(model), "--train", str(data), "--out", str(out),
-                   "--per-device", str(PER_DEVICE), "--max-length", str(MAX_LENGTH)]  # fmt: skip
-        runs.append(_run(cmd, cache))
-    return {"side": side, "rows": n, "first": runs[0], "second": runs[1]}
+def _command(side: str, n: int, data: Path, model: Path, root: Path, trl: str | None, k: int) -> list[str]:
+    out = root / f"out-{side}-{n}-{k}"
+    shutil.rmtree(out, ignore_errors=True)
+    if side == "xtrain":
+        config = root / f"{side}-{n}-{k}.yaml"
+        config.write_text(CONFIG.format(model=model, train=data, out=out, max_length=MAX_LENGTH,
+                                        per_device=PER_DEVICE), encoding="utf-8")  # fmt: skip
+        return [sys.executable, str(Path(__file__)), "--side", "xtrain", "--config", str(config)]
+    assert trl is not None
+    job = HERE / "data_scale_trl_job.py"
+    return [trl, str(job), "--model", str(model), "--train", str(data), "--out", str(out),
+            "--per-device", str(PER_DEVICE), "--max-length", str(MAX_LENGTH)]  # fmt: skip
 
 
 def measure(
-    sizes: list[int], trl_sizes: list[int], root: Path, trl: str | None, log: Any = print
+    sizes: list[int], trl_sizes: list[int], root: Path, trl: str | None, repeats: int = 1, log: Any = print
 ) -> list[dict]:
+    """Each size and side: the first run (a fresh cache) and a second (the cache it left); then
+    ``repeats - 1`` more second runs of every size and side, interleaved (their median by wall
+    time is the table's; the machine is shared)."""
     from xtrain import builtin
 
     model = builtin.ensure_builtin_model("builtin:tiny-llama-chat")
@@ -160,16 +157,32 @@ def measure(
     for n in sizes:
         data = write_conversations(root / f"chat-{n}.jsonl", n)
         for side in ("xtrain", "trl") if (trl is not None and n in trl_sizes) else ("xtrain",):
-            found = one_side(side, n, data, model, root, trl)
-            log(render([found]).splitlines()[-1])
+            cache = root / f"cache-{side}-{n}"
+            shutil.rmtree(cache, ignore_errors=True)
+            first = _run(_command(side, n, data, model, root, trl, 1), cache)
+            second = _run(_command(side, n, data, model, root, trl, 2), cache)
+            found = {"side": side, "rows": n, "first": first, "seconds": [second], "data": str(data)}
             results.append(found)
-    return results
+            log(render([_settle(found)]).splitlines()[-1])
+    for k in range(repeats - 1):
+        for r in results:
+            cache = root / f"cache-{r['side']}-{r['rows']}"
+            r["seconds"].append(
+                _run(_command(r["side"], r["rows"], Path(r["data"]), model, root, trl, 3 + k), cache)
+            )
+    return [_settle(r) for r in results]
+
+
+def _settle(r: dict[str, Any]) -> dict[str, Any]:
+    """``second``: the median second run by wall time (and its spread)."""
+    runs = sorted(r["seconds"], key=lambda x: x["wall_s"])
+    return {**r, "second": runs[len(runs) // 2], "second_walls": [x["wall_s"] for x in runs]}
 
 
 def render(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| rows | side | 1st run: to step 1 (wall / CPU) | 2nd run (wall / CPU) | peak RSS 1st / 2nd run "
-        "(encoding processes) |",
+        "| rows | side | 1st run: to step 1 (wall / CPU) | 2nd run (wall / CPU; median, wall range) "
+        "| peak RSS 1st / 2nd run (encoding processes) |",
         "|---|---|---|---|---|",
     ]
     for r in results:
@@ -193,6 +206,7 @@ def main() -> None:
         "--root", default=None, help="where the data, caches and runs go (default: a temporary folder)"
     )
     p.add_argument("--json", default=None, help="also write the results here")
+    p.add_argument("--repeats", type=int, default=3, help="second runs of each size and side (median)")
     p.add_argument("--side", choices=("xtrain",), help=argparse.SUPPRESS)  # one run, in its own process
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--t0", type=float, help=argparse.SUPPRESS)
@@ -207,7 +221,7 @@ def main() -> None:
     trl = trl_python(a.trl_python)
     if trl is None:
         print("TRL: not measured (no TRL environment: see this file's docstring)")
-    results = measure(a.sizes, a.trl_sizes, root, trl)
+    results = measure(a.sizes, a.trl_sizes, root, trl, a.repeats)
     print(render(results))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
