@@ -188,10 +188,10 @@ def render(results: list[dict[str, Any]]) -> str:
     for r in results:
         a, b = r["first"], r["second"]
         workers = f" ({a['children_peak_rss_mb']:.0f} MB)" if a["children_peak_rss_mb"] > 1 else ""
-        first, second = (
-            f"{a['wall_s']:.1f} s / {a['cpu_s']:.1f} s",
-            f"{b['wall_s']:.1f} s / {b['cpu_s']:.1f} s",
-        )
+        walls = r.get("second_walls") or [b["wall_s"]]
+        spread = f" ({min(walls):.1f}-{max(walls):.1f})" if len(walls) > 1 else ""
+        first = f"{a['wall_s']:.1f} s / {a['cpu_s']:.1f} s"
+        second = f"{b['wall_s']:.1f} s / {b['cpu_s']:.1f} s{spread}"
         rss = f"{a['peak_rss_mb']:.0f} / {b['peak_rss_mb']:.0f} MB{workers}"
         lines.append(f"| {r['rows']:,} | {r['side']} | {first} | {second} | {rss} |")
     return "\n".join(lines)

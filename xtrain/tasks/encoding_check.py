@@ -63,9 +63,12 @@ def _estimate(rows: int | None, each: float, setting: int | None, exact: bool) -
         )
     n = encoded.processes(rows, setting)
     took = rows * each / n
-    when = f"{took:.0f} s" if took < 120 else f"{took / 60:.0f} min"
+    when = "under a second" if took < 1 else f"{took:.0f} s" if took < 120 else f"{took / 60:.0f} min"
     about = "" if exact else "about "
+    if not exact and rows >= 1000:  # counted from the file's size: three figures
+        rows = round(rows, 3 - len(str(rows)))
     return (
-        f"encoded rows: not cached yet; the first run encodes {about}{rows:,} rows (about {when} "
-        f"on {n} process{'es' if n != 1 else ''} here), then caches them for the runs after it"
+        f"encoded rows: not cached yet; the first run encodes {about}{rows:,} rows "
+        f"({'' if took < 1 else 'about '}{when} on {n} process{'es' if n != 1 else ''} here), "
+        "then caches them for the runs after it"
     )
