@@ -145,8 +145,8 @@ def test_every_vision_format_gives_the_native_tokens_labels_and_batches(tmp_path
     for name, (rows, batch) in got.items():
         assert len(rows) == ROWS, name
         for i in range(ROWS):
-            assert rows.encoded[i].input_ids == native_rows.encoded[i].input_ids, name
-            assert rows.encoded[i].labels == native_rows.encoded[i].labels, name
+            assert rows.encoded[i]["input_ids"] == native_rows.encoded[i]["input_ids"], name
+            assert rows.encoded[i]["labels"] == native_rows.encoded[i]["labels"], name
         assert rows.images == native_rows.images, name
         assert sorted(batch) == sorted(native), name
         for key, value in native.items():
@@ -251,7 +251,7 @@ def test_vision_row_formats_are_checked_in_the_config(tmp_path):
 
 def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
     from xtrain.data.rows.columns import row_format
-    from xtrain.tasks.text import causal_lm
+    from xtrain.tasks.text import rows as text_rows
 
     native_rows = [json.loads(x) for x in (REPO / "examples/data/chat-train.jsonl").read_text().splitlines()]
     speaker = {"system": "instructions", "user": "Customer", "assistant": "agent"}
@@ -282,7 +282,7 @@ def test_respelt_chat_rows_give_the_native_tokens_and_labels(tmp_path):
         source, tokenizer = common.prepare_tokenizer(cfg, contextlib.nullcontext)
         train, _, train_name, _ = common.raw_datasets(cfg)
         fmt = row_format(cfg, train)
-        return causal_lm.chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (None, ""))[0]
+        return text_rows.chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (None, ""))[0].to_list()
 
     native = rows(native_rows, "native")
     assert native and any(t != -100 for t in native[0]["labels"])

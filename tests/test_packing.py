@@ -232,7 +232,7 @@ def test_chat_packs_and_learns_the_assistant_turns_only(tmp_path: Path) -> None:
     want = sorted(tok.decode([t for t in r["labels"] if t != IGNORE_INDEX]) for r in unpacked.train_dataset)
     assert len(want) == len(convs) and all(w.endswith(f"{i % 10}{tok.eos_token}") for i, w in enumerate(want))
     assert got == want
-    batch = workload.collator(list(workload.train_dataset[:2]))
+    batch = workload.collator([workload.train_dataset[i] for i in range(2)])
     assert torch.isfinite(workload.model(**batch).loss)
     with pytest.raises(XtrainError, match="data.packing=concatenate would cut conversations mid-turn"):
         build_workload(_cfg(train, f"data.chat_template={TEMPLATE}", "data.packing=concatenate"))

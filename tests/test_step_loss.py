@@ -24,8 +24,12 @@ from xtrain.tasks.validation import load_config
 pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
 
 SPLITS = (16, 8, 4)  # per device on one process: accumulation 1, 2, 4 (global batch 16)
-TASKS = ("causal-lm", "speech-to-text")
+TASKS = ("causal-lm", "causal-lm-chat", "speech-to-text")
 WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+
+
+def turn(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
 
 
 def _common(*extra: str) -> list[str]:
@@ -46,6 +50,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     rng = random.Random(4)
     rows = [{"prompt": f"count to {n}: ", "response": " ".join(WORDS[i % 12] for i in range(n))}
             for n in rng.sample(range(1, 33), 16)]  # fmt: skip
+    chats = [{"messages": [turn("user", r["prompt"]), turn("assistant", r["response"]), turn("user", "again"),
+                           turn("assistant", WORDS[i % 12])]} for i, r in enumerate(rows)]  # fmt: skip
     clips = []
     for i, text in enumerate(builtin_audio.clip_texts(16, seed=5)):
         soundfile.write(data / f"clip-{i}.wav", builtin_audio.synthesize(text, rng), builtin_audio.FILE_RATE)
@@ -53,6 +59,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     return {
         "causal-lm": _common("model.name_or_path=builtin:tiny-llama", "model.task=causal-lm",
                              f"data.train={jsonl(data / 'counting.jsonl', rows)}", "data.max_length=48"),
+        # chat rows (encoded once through datasets.map, read by both processes from one cache)
+        "causal-lm-chat": _common("model.name_or_path=builtin:tiny-llama-chat", "model.task=causal-lm",
+                                  f"data.train={jsonl(data / 'chats.jsonl', chats)}", "data.max_length=64"),
         "speech-to-text": _common("model.name_or_path=builtin:tiny-whisper", "model.task=speech-to-text",
                                   f"data.train={jsonl(data / 'clips.jsonl', clips)}", "data.max_length=24",
                                   "generation.max_new_tokens=8"),
@@ -127,7 +136,7 @@ def test_every_split_of_the_global_batch_gives_the_plain_gradient(jobs, two_proc
         cfg = load_config(None, [*jobs[task], f"batch.per_device={per_device}", f"run.output_dir={out}"])
         captures[per_device] = capture = xtrain_gradients(cfg)
         assert len(capture.inputs) == 16 // per_device
-    shift = 1 if task == "causal-lm" else 0
+    shift = 1 if task.startswith("causal-lm") else 0
     counts = [int((k["labels"][..., shift:] != -100).sum()) for k, _ in captures[4].inputs]
     assert len(set(counts)) > 1, counts  # the micro-batches' trained tokens differ
     want = reference_gradients(captures[16])

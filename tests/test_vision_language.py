@@ -286,7 +286,7 @@ def test_predict_answers_like_the_eval_and_refuses_bad_input_in_one_line(qwen, t
     for row, (question, sys_) in enumerate((("what colour is it?", system), ("shape?", None))):
         # predict's user turn renders exactly as training rendered the prompt before the answer
         prompt = render(chat_data.user_turn(question, images=1, system=sys_), True)
-        assert prompt == workload.eval_dataset.encoded[row].prompt
+        assert prompt == workload.eval_dataset.encoded[row]["prompt"]
     accelerator = Accelerator(cpu=True)
     loader = accelerator.prepare(
         DataLoader(workload.eval_dataset, batch_size=1, collate_fn=workload.collator)

@@ -129,16 +129,16 @@ def _datasets_cache(tmp: Path, mp: pytest.MonkeyPatch):
 def _tokenized(tmp: Path, mp: pytest.MonkeyPatch):
     import datasets
 
+    from xtrain.data.encoded import Encoding, encode
     from xtrain.data.sources import load_source
-    from xtrain.data.tokenize import tokenized
 
     mp.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp / "datasets"))
     data = tmp / "rows.jsonl"
     data.write_text('{"text": "a"}\n{"text": "b"}\n', encoding="utf-8")
     ds = load_source(str(data))  # its Arrow copy written; the map's cache file goes next to it
-    return tmp / "datasets", lambda: tokenized(
-        ds, lambda batch: {"n": [len(t) for t in batch["text"]]}, {}, f"fp-{tmp.name}", "counting"
-    )
+    counting = Encoding("counting", lambda batch: {"n": [len(t) for t in batch["text"]]}, {}, (tmp.name,),
+                        with_indices=False)  # fmt: skip
+    return tmp / "datasets", lambda: encode(ds, counting, "counting")
 
 
 def _hub_cache(tmp: Path, mp: pytest.MonkeyPatch):

@@ -39,6 +39,8 @@ def render(report: DataReport | str, console: Console) -> None:
         warning = note.removeprefix("warning: ")
         label = "[yellow]warning:[/]" if warning != note else "[dim]note:[/]"
         console.print(f"  {label} {escape(warning)}", soft_wrap=True)
+    if report.encoding is not None:
+        console.print(f"  {escape(report.encoding)}", soft_wrap=True)
     if report.example is not None:
         for line in example_lines(report.example, console.is_terminal):
             console.print(line, soft_wrap=True)

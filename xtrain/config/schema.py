@@ -133,6 +133,8 @@ class DataConfig:
     # padding; the order stays independent of the process count (xtrain.data.sampler).
     group_by_length: bool = False
     num_workers: int | None = None  # DataLoader worker processes per training process; None: the plan's
+    # processes that encode the rows on a first run (xtrain.data.encoded); None: the machine's cores
+    encode_processes: int | None = None
 
     def train_sources(self) -> list[str]:
         """``data.train`` as a list of sources (one for a single file; none when unset)."""

@@ -25,11 +25,14 @@ class PadCollator:
     ``input_ids`` are padded with ``pad_token_id``, sequence ``labels`` with -100, everything
     else (``attention_mask``, ``token_type_ids``) with 0. Scalar labels (classification) become
     a 1-D tensor. ``pad_to_multiple_of`` rounds the length up (8 suits GPU tensor cores).
+    ``masks``: rows stored without an ``attention_mask`` (causal-lm's encoded rows: all ones) get
+    one, 1 on each row's own tokens.
     """
 
-    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None, masks: bool = False) -> None:
         self.pad_token_id = int(pad_token_id)
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.masks = masks
 
     def _pad_value(self, key: str) -> int:
         if key == "input_ids":
@@ -56,6 +59,9 @@ class PadCollator:
                 v = torch.as_tensor(v, dtype=torch.long)
                 out[i, : len(v)] = v
             batch[key] = out
+        if self.masks and "attention_mask" not in batch and "input_ids" in batch:
+            sizes = torch.tensor([len(f["input_ids"]) for f in features])
+            batch["attention_mask"] = (torch.arange(length)[None, :] < sizes[:, None]).long()
         return batch
 
     def __repr__(self) -> str:
@@ -75,7 +81,7 @@ class PackedCollator:
     Rows without ``position_ids`` (the unpacked eval set) are padded as ``PadCollator`` does."""
 
     def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None = None) -> None:
-        self.pad = PadCollator(pad_token_id, pad_to_multiple_of)
+        self.pad = PadCollator(pad_token_id, pad_to_multiple_of, masks=True)
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if not features:

@@ -1,11 +1,21 @@
 """Packing (causal-lm ``data.packing``): whole examples packed into rows whose ``position_ids``
-restart per example (``pack_rows``); ``collate.PackedCollator`` joins a micro-batch into one row."""
+restart per example (``pack_rows``), the encoded rows ``MAP_BATCH`` at a time (``pack``: a pass of
+its own after the encoding, in one process, so the groups start at the same rows whatever number
+of processes encoded them); ``collate.PackedCollator`` joins a micro-batch into one row."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from xtrain.data.collate import IGNORE_INDEX
+from xtrain.data.encoded import MAP_BATCH, Encoding, encode, token_features
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+# Bump when pack_rows changes the rows it makes (every cached packing is redone).
+VERSION = 1
 
 
 def pack_rows(rows: Sequence[dict[str, list[int]]], max_length: int) -> list[dict[str, list[int]]]:
@@ -46,8 +56,27 @@ def pack_rows(rows: Sequence[dict[str, list[int]]], max_length: int) -> list[dic
 
 
 def pack_all(rows: Sequence[dict[str, list[int]]], max_length: int) -> list[dict[str, list[int]]]:
-    """``pack_rows`` over a list in chunks of ``MAP_BATCH`` rows, as the batched map packs."""
+    """``pack_rows`` over a list in chunks of ``MAP_BATCH`` rows, as ``pack`` packs a data set."""
     return [r for i in range(0, len(rows), MAP_BATCH) for r in pack_rows(rows[i : i + MAP_BATCH], max_length)]
 
 
-MAP_BATCH = 1000  # rows per batched map call: packing=on packs within one (pack_all: the same for lists)
+def pack_columns(batch: dict[str, list[Any]], max_length: int) -> dict[str, list[list[int]]]:
+    """A map batch of encoded rows (``input_ids``, ``labels``) packed (top-level: ``Dataset.map``)."""
+    rows = [
+        {"input_ids": ids, "labels": labels}
+        for ids, labels in zip(batch["input_ids"], batch["labels"], strict=True)
+    ]
+    packed = pack_rows(rows, max_length)
+    return {k: [r[k] for r in packed] for k in ("input_ids", "labels", "position_ids")}
+
+
+def pack(ds: Dataset, max_length: int, what: str) -> Dataset:
+    """The encoded rows of ``ds`` packed ``MAP_BATCH`` at a time (``pack_all``'s groups), cached as
+    the encoding is (``encoded.encode``, in one process: the groups do not depend on how many
+    encoded the rows)."""
+    columns = token_features(input_ids="int32", labels="int32", position_ids="int32")
+    kwargs = {"max_length": max_length}
+    packing = Encoding(
+        "packed rows", pack_columns, kwargs, (VERSION, max_length), columns, False, grouped=True
+    )
+    return encode(ds, packing, what)

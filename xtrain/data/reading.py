@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from xtrain import encoding
 from xtrain.data import as_written
+from xtrain.data.encoded import ARROW_BATCH
 from xtrain.data.files import compression, format_suffix
 from xtrain.data.read_errors import read_error
 from xtrain.errors import XtrainError
@@ -32,14 +33,19 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
     the columns the config reads as text."""
     import datasets
 
-    original, (path, kwargs) = path, readable(path, builder, source, whole=True, text=text)
+    # a file datasets converted before (its path and modification time) was checked whole then
+    whole = not prepared(path, builder, source, text)
+    original, (path, kwargs) = path, readable(path, builder, source, whole=whole, text=text)
+    kwargs["writer_batch_size"] = ARROW_BATCH  # (not in datasets' cache key: a file read before stays read)
     quiet_data_read_errors()  # datasets' own line about a file it cannot parse: xtrain says it once
     try:
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
         kept = as_written.dated(ds.features) if builder == "json" else None
         if builder == "json" and (key := rows_key(ds, text)) is not None:
             # one object holding the rows under a key: datasets reads that list (its `field`)
-            ds = datasets.load_dataset(builder, data_files=str(path), split="train", field=key)
+            ds = datasets.load_dataset(
+                builder, data_files=str(path), split="train", field=key, writer_batch_size=ARROW_BATCH
+            )
         elif kept is not None:  # dates typed as timestamps: read again, each cell as the file has it
             ds = datasets.load_dataset(builder, data_files=str(path), split="train", features=kept, **kwargs)
             ds = as_written.json_as_text(ds)
@@ -49,6 +55,44 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
         raise XtrainError(f"data file {source} has no rows", "add examples to it")
     _unique_keys(ds.data.schema, source)
     return ds
+
+
+def prepared(path: Path, builder: str, source: str, text: Collection[str] = ()) -> bool:
+    """Whether ``load_file`` would read the file's Arrow copy from datasets' cache (made by an
+    earlier read of the same file: its path and modification time) instead of converting it."""
+    import datasets
+
+    try:
+        path, kwargs = readable(path, builder, source, whole=False, text=text)
+        found = datasets.load_dataset_builder(builder, data_files=str(path), **kwargs)
+    except Exception:  # the run says what is wrong with the file, in its own line
+        return False
+    return (Path(found.cache_dir) / "dataset_info.json").is_file()
+
+
+def rows_in(path: Path, limit: int = 1000) -> int | None:
+    """About how many rows a text file of one row a line holds (JSON lines, CSV, text: its size
+    over its first ``limit`` lines' mean); None for any other (compressed, Parquet, a JSON array)."""
+    if compression(path) is not None or format_suffix(path) not in (
+        ".jsonl",
+        ".csv",
+        ".tsv",
+        ".txt",
+        ".json",
+    ):
+        return None
+    with path.open("rb") as f:
+        lines = [line for _, line in zip(range(limit), f, strict=False)]
+    if (
+        not lines
+        or lines[0].lstrip()[:1] in (b"[", b"{")
+        and format_suffix(path) == ".json"
+        and len(lines) == 1
+    ):
+        return None
+    size = path.stat().st_size
+    used = sum(len(line) for line in lines)
+    return len(lines) if used >= size else round(size / (used / len(lines)))
 
 
 def _unique_keys(schema: pa.Schema, source: str) -> None:

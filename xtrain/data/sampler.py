@@ -34,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
@@ -62,8 +63,9 @@ class DataOrder:
     world_size: int
     seed: int
     shuffle: bool = True
-    lengths: tuple[float, ...] | None = None  # one per sample: group each step by length
-    _cache: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
+    # one per sample: group each step by length (kept as a numpy array: 8 bytes a sample)
+    lengths: Sequence[float] | None = field(default=None, compare=False, repr=False)
+    _cache: dict[int, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         micro = self.per_device * self.world_size
@@ -86,6 +88,8 @@ class DataOrder:
             )
         if self.lengths is not None and len(self.lengths) != self.num_samples:
             raise ValueError(f"{len(self.lengths)} lengths for {self.num_samples} samples")
+        if self.lengths is not None:
+            object.__setattr__(self, "lengths", np.asarray(self.lengths, dtype=np.float64))
 
     @property
     def micro_per_step(self) -> int:
@@ -100,48 +104,47 @@ class DataOrder:
     def steps_per_epoch(self) -> int:
         return self.num_samples // self.global_batch
 
-    def permutation(self, epoch: int) -> list[int]:
-        """Epoch ``epoch``'s sample order (cached: one epoch is kept)."""
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Epoch ``epoch``'s sample order (cached: one epoch is kept), as a numpy array: 8 bytes a
+        sample, not a Python list of them."""
         perm = self._cache.get(epoch)
         if perm is None:
             if self.shuffle:
                 g = torch.Generator().manual_seed(mix_seed(self.seed, epoch))
-                perm = torch.randperm(self.num_samples, generator=g).tolist()
+                perm = torch.randperm(self.num_samples, generator=g).numpy()
             else:
-                perm = list(range(self.num_samples))
+                perm = np.arange(self.num_samples, dtype=np.int64)
             if self.lengths is not None:
                 perm = self._grouped(perm, epoch)
             self._cache.clear()
             self._cache[epoch] = perm
         return perm
 
-    def _grouped(self, perm: list[int], epoch: int) -> list[int]:
+    def _grouped(self, perm: np.ndarray, epoch: int) -> np.ndarray:
         """``perm`` (the epoch's shuffle) regrouped by length; see the module docstring."""
-        assert self.lengths is not None
-        lengths, size = self.lengths, self.global_batch
+        lengths = np.asarray(self.lengths)
+        size = self.global_batch
         perm = perm[: self.steps_per_epoch * size]  # the dropped tail stays a random one
         mega = MEGABATCH_STEPS * size
-        batches: list[list[int]] = []
+        chunks = []
         for start in range(0, len(perm), mega):
-            # sorted() is stable: equal lengths keep their (shuffled) order
-            chunk = sorted(perm[start : start + mega], key=lambda i: -lengths[i])
-            batches.extend(chunk[k : k + size] for k in range(0, len(chunk), size))
+            chunk = perm[start : start + mega]  # a stable sort: equal lengths keep their (shuffled) order
+            chunks.append(chunk[np.argsort(-lengths[chunk], kind="stable")])
+        batches = np.concatenate(chunks).reshape(-1, size)  # one global batch a row
         g = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 1))
-        order = (
-            torch.randperm(len(batches), generator=g).tolist() if self.shuffle else list(range(len(batches)))
-        )
-        longest = max(range(len(batches)), key=lambda b: lengths[batches[b][0]])
+        count = len(batches)
+        order = torch.randperm(count, generator=g).tolist() if self.shuffle else list(range(count))
+        longest = int(np.argmax(lengths[batches[:, 0]]))  # the first of the longest
         order.remove(longest)
-        steps = [batches[index] for index in (longest, *order)]
+        steps = batches[[longest, *order]]
         b, micro = self.per_device, self.micro_per_step
         if self.shuffle:  # whole micro-batches shuffled inside each step: no rank always gets the longest
             mg = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 2))
-            within = torch.argsort(torch.rand(len(steps), micro, generator=mg), dim=1).tolist()
+            within = torch.argsort(torch.rand(len(steps), micro, generator=mg), dim=1).numpy()
         else:
-            within = [list(range(micro))] * len(steps)
-        return [
-            i for step, ms in zip(steps, within, strict=True) for m in ms for i in step[m * b : (m + 1) * b]
-        ]
+            within = np.tile(np.arange(micro), (len(steps), 1))
+        micro_batches = steps.reshape(len(steps), micro, b)
+        return np.take_along_axis(micro_batches, within[:, :, None], axis=1).reshape(-1)
 
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, step within the epoch) of global optimizer step ``step``."""
@@ -151,7 +154,7 @@ class DataOrder:
         """All ``global_batch`` sample indices of optimizer step ``step``, in micro-batch order."""
         epoch, k = self.position(step)
         start = k * self.global_batch
-        return self.permutation(epoch)[start : start + self.global_batch]
+        return self.permutation(epoch)[start : start + self.global_batch].tolist()
 
     def micro_batch(self, step: int, m: int) -> list[int]:
         """Micro-batch ``m`` (0 .. micro_per_step - 1) of optimizer step ``step``."""
@@ -189,13 +192,13 @@ class RankBatchSampler(Sampler[list[int]]):
         return max(0, self.end_step - self.start_step) * self.order.accumulation
 
 
-def train_lengths(workload: Any) -> tuple[float, ...]:
+def train_lengths(workload: Any) -> np.ndarray:
     """One length per training sample for ``data.group_by_length``: the task's own
     (``Workload.train_lengths``: audio seconds for speech-to-text), else the token count of a
     tokenized data set's ``input_ids`` (causal-lm, seq-cls), read from its Arrow column without
     touching the rows."""
     if workload.train_lengths is not None:
-        lengths = tuple(float(x) for x in workload.train_lengths())
+        lengths = np.asarray(workload.train_lengths(), dtype=np.float64)
     else:
         ds = workload.train_dataset
         if "input_ids" not in (getattr(ds, "column_names", None) or ()):
@@ -206,7 +209,7 @@ def train_lengths(workload: Any) -> tuple[float, ...]:
         import pyarrow.compute as pc
 
         column = ds.with_format("arrow")["input_ids"]  # follows any select/shuffle indices
-        lengths = tuple(float(x) for x in pc.list_value_length(column).to_pylist())
+        lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.float64)
     if len(lengths) != len(workload.train_dataset):
         raise XtrainError(
             f"the task gave {len(lengths)} sample lengths for {len(workload.train_dataset)} training samples",

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.data.files import EXTENSIONS, builder_of
 from xtrain.data.read_errors import first_line
-from xtrain.data.reading import first_of_stream, load_file, stream_file
+from xtrain.data.reading import first_of_stream, load_file, prepared, rows_in, stream_file
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -155,6 +155,29 @@ def first_rows(
     if _looks_like_hub_id(source):
         return None
     raise _not_found(source, key)
+
+
+def read_before(
+    source: str, fmt: str = "auto", role: str = "train", text: Collection[str] = ()
+) -> bool | None:
+    """Whether ``load_source`` would read ``source`` from datasets' cache (an earlier run read it,
+    or a saved data set: memory-mapped as it is) instead of converting it; None for a hub id."""
+    if builtin.is_builtin(source):
+        return prepared(builtin.builtin_data_file(source, role), "json", source, text)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return _saved(path, fmt)
+    if path.is_file():
+        return prepared(path, _file_builder(path, fmt, source), source, text)
+    return None
+
+
+def about_rows(source: str, role: str = "train") -> int | None:
+    """About how many rows a local data file holds without reading it (``reading.rows_in``)."""
+    path = (
+        builtin.builtin_data_file(source, role) if builtin.is_builtin(source) else Path(source).expanduser()
+    )
+    return rows_in(path) if path.is_file() else None
 
 
 def undecoded_row(ds: Dataset, i: int, column: str) -> dict[str, Any]:

@@ -1,29 +1,25 @@
 """Text rows to token ids: the column checks (``require_columns``), causal-lm's and seq-cls's
-tokenising (``tokenize_causal_lm``, ``tokenize_seq_cls``) and the ``datasets`` cache fingerprint
-that keeps it from running twice (``tokenized``, ``tokenizer_fingerprint``)."""
+tokenising (``tokenize_causal_lm``, ``tokenize_seq_cls``: ``encoded.Encoding`` functions, run once
+and cached by ``encoded.encode``) and the tokenizer's part of the cache key
+(``tokenizer_fingerprint``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from xtrain import atomic
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.labels import label_key, value_kind
-from xtrain.data.packing import MAP_BATCH, pack_rows
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
 
 # Bump when the tokenising functions below change what they produce (invalidates the cache).
-TOKENIZE_VERSION = 2
+TOKENIZE_VERSION = 3
 
 
 # Columns that are checked for presence only: labels (ints or names), images and audio (paths,
@@ -86,37 +82,6 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
-def map_fingerprint(ds: Dataset, *parts: Any) -> str:
-    from datasets.fingerprint import Hasher
-
-    return Hasher.hash([getattr(ds, "_fingerprint", None), TOKENIZE_VERSION, *parts])
-
-
-def tokenized(
-    ds: Dataset,
-    function: Callable[..., Mapping[str, list]],
-    fn_kwargs: dict[str, Any],
-    fingerprint: str,
-    desc: str,
-) -> Dataset:
-    """``ds.map(function, batched=True)`` replacing all columns, cached under ``fingerprint``
-    next to the data set's own cache files (a full or read-only cache: one line)."""
-    import datasets
-
-    files = ds.cache_files
-    where = Path(files[0]["filename"]).parent if files else datasets.config.HF_DATASETS_CACHE
-    with atomic.writing(atomic.DATASETS_CACHE, where):
-        return ds.map(
-            function,
-            batched=True,
-            batch_size=MAP_BATCH,
-            fn_kwargs=fn_kwargs,
-            remove_columns=list(ds.column_names),
-            new_fingerprint=fingerprint,
-            desc=desc,
-        )
-
-
 def _has_target(labels: Sequence[int]) -> bool:
     # The model shifts labels by one: position 0 never counts.
     return any(t != IGNORE_INDEX for t in labels[1:])
@@ -132,9 +97,9 @@ def tokenize_causal_lm(
     packing: str,
 ) -> dict[str, list[list[int]]]:
     """Text -> input_ids/labels (+ eos). Prompt/response: labels -100 on the prompt.
-    ``packing``: off: one row per example, cut to max_length; on: the examples of this map batch,
-    each cut to max_length, packed whole into rows of at most max_length tokens (``pack_rows``);
-    concatenate: the examples of this map batch concatenated and cut into max_length blocks."""
+    ``packing``: off (and on: ``packing.pack`` packs the result): one row per example, cut to
+    max_length; concatenate: the examples of this map batch concatenated and cut into max_length
+    blocks."""
     eos = tokenizer.eos_token_id
     tail = [eos] if eos is not None else []
     ids_list: list[list[int]] = []
@@ -166,19 +131,11 @@ def tokenize_causal_lm(
         out_labels = [labels[:max_length] for labels in labels_list]
     keep = [i for i, labels in enumerate(out_labels) if _has_target(labels)]
     rows = [{"input_ids": out_ids[i], "labels": out_labels[i]} for i in keep]
-    if packing == "on":
-        return columns(pack_rows(rows, max_length))
     return {
         "input_ids": [r["input_ids"] for r in rows],
         "attention_mask": [[1] * len(r["input_ids"]) for r in rows],
         "labels": [r["labels"] for r in rows],
     }
-
-
-def columns(rows: Sequence[dict[str, list[int]]]) -> dict[str, list[list[int]]]:
-    """Rows of dicts -> a dict of columns (what a batched ``Dataset.map`` returns)."""
-    keys = ("input_ids", "labels", "position_ids")
-    return {k: [r[k] for r in rows] for k in keys}
 
 
 def tokenize_seq_cls(

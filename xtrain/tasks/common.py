@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 from xtrain import builtin
 from xtrain.config.schema import TrainConfig
 from xtrain.data import collate, mixing
+from xtrain.data.encoded import Encoding, encode
 from xtrain.data.rows.formats import text_names
 from xtrain.data.rows.images import check_image_files
 from xtrain.data.sources import load_source
-from xtrain.data.tokenize import map_fingerprint, require_columns, tokenized, tokenizer_fingerprint
+from xtrain.data.tokenize import TOKENIZE_VERSION, require_columns, tokenizer_fingerprint
 from xtrain.errors import XtrainError
 from xtrain.model import attention, chain, lora, quantization
 from xtrain.model import load as models
@@ -162,18 +163,22 @@ def finish_model(
 
 
 def tokenizing(
-    task: str, tokenize: Callable[..., Mapping[str, list]], kwargs: dict[str, Any]
+    task: str,
+    tokenize: Callable[..., Mapping[str, list]],
+    kwargs: dict[str, Any],
+    processes: int | None = None,
 ) -> Callable[[Dataset, str], Dataset]:
-    """``(ds, role) -> ds`` tokenized by ``tokenize(**kwargs)``, cached under a fingerprint of the
-    task, the tokenizer (``kwargs["tokenizer"]``) and every other setting in ``kwargs``."""
-    settings = [
-        task,
-        tokenizer_fingerprint(kwargs["tokenizer"]),
-        {k: v for k, v in kwargs.items() if k != "tokenizer"},
-    ]
+    """``(ds, role) -> ds`` tokenized by ``tokenize(**kwargs)`` (``encoded.encode``: once, in
+    ``processes`` processes, cached under a fingerprint of the task, the tokenizer
+    (``kwargs["tokenizer"]``) and every other setting in ``kwargs``)."""
+    settings = {k: v for k, v in kwargs.items() if k != "tokenizer"}
+    key = (task, TOKENIZE_VERSION, tokenizer_fingerprint(kwargs["tokenizer"]), settings)
+    # concatenate joins the rows of a map batch: its batches must start where one process starts them
+    grouped = kwargs.get("packing") == "concatenate"
+    encoding = Encoding(task, tokenize, kwargs, key, with_indices=False, processes=processes, grouped=grouped)
 
     def run(ds: Dataset, role: str) -> Dataset:
-        return tokenized(ds, tokenize, kwargs, map_fingerprint(ds, *settings), f"tokenizing {role}")
+        return encode(ds, encoding, f"tokenizing {role}")
 
     return run
 

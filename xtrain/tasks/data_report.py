@@ -97,6 +97,7 @@ class DataReport:
     sources: list[SourceCheck] = field(default_factory=list)
     example: Example | None = None
     notes: list[str] = field(default_factory=list)  # what was not checked, and why
+    encoding: str | None = None  # the dry run's word on the first run's encoding (cached, or how long)
 
     @classmethod
     def from_dict(cls, data: Any) -> DataReport:

@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader
 from xtrain import tasks
 from xtrain.config.loading import config_to_dict
 from xtrain.config.schema import TrainConfig
+from xtrain.data import encoded
 from xtrain.data.collate import batch_tokens
 from xtrain.data.sampler import DataOrder, mix_seed
 from xtrain.model.memory import MemoryLevers
@@ -301,8 +302,8 @@ class Recipe:
 
     def _build_workload(self) -> Workload:
         """The task's model, datasets and collator (``Task.build``), the main process first."""
-        # ZeRO-3: no zero.Init collective in a main-first build
-        with sharded.whole_model_loading(self.accelerator):
+        # ZeRO-3: no zero.Init collective in a main-first build; a first run's encoding shows its progress
+        with sharded.whole_model_loading(self.accelerator), encoded.reporting(self.rep.encoding):
             return build_workload_main_first(self.accelerator, self.run, self.build)
 
     def _check_memory(self, model: Module) -> MemoryCheck | None:

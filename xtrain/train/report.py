@@ -78,6 +78,9 @@ class Reporter(Protocol):
     def note(self, message: str) -> None:
         """Something the user should know (resumed, global batch changed, stopping, ...)."""
 
+    def encoding(self, what: str, done: int, total: int) -> None:
+        """A first run encoding its rows (``xtrain.data.encoded``): ``done`` of ``total`` rows."""
+
     def end(self, result: TrainResult) -> None: ...
 
 
@@ -100,6 +103,9 @@ class NullReporter:
         pass
 
     def note(self, message: str) -> None:
+        pass
+
+    def encoding(self, what: str, done: int, total: int) -> None:
         pass
 
     def end(self, result: TrainResult) -> None:
@@ -130,6 +136,10 @@ class ListReporter(NullReporter):
 
     def note(self, message: str) -> None:
         self.events.append(("note", message))
+
+    def encoding(self, what: str, done: int, total: int) -> None:
+        if done == total:  # the last call of an encoding
+            self.events.append(("encoded", (what, total)))
 
     def end(self, result: TrainResult) -> None:
         self.events.append(("end", result))
@@ -171,6 +181,7 @@ class RichReporter:
         self._last_plain = -float("inf")
         self._started = 0.0
         self._start_step = 0
+        self._encoding: _EncodingBar | None = None
 
     # -- events --------------------------------------------------------------------------------
     def start(self, info: StartInfo) -> None:
@@ -261,6 +272,12 @@ class RichReporter:
     def note(self, message: str) -> None:
         self._print(f"  [yellow]note:[/] {_esc(message)}")
 
+    def encoding(self, what: str, done: int, total: int) -> None:
+        if self._encoding is None or self._encoding.what != what:
+            self._encoding = _EncodingBar(self.console, what, total, self._plain_every_s)
+        if self._encoding.update(done):
+            self._encoding = None
+
     def end(self, result: TrainResult) -> None:
         if self._progress is not None:
             self._progress.stop()
@@ -287,3 +304,40 @@ class RichReporter:
 
     def _print(self, text: str) -> None:
         (self._progress.console if self._progress is not None else self.console).print(text)
+
+
+class _EncodingBar:
+    """A first run's encoding of its rows: a live bar with rows/s and the time left on a terminal,
+    a plain line every ``every_s`` seconds elsewhere; a closing line with the rate."""
+
+    def __init__(self, console: Console, what: str, total: int, every_s: float) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.console, self.what, self.total, self.every_s = console, what, total, every_s
+        self.started = self.last_plain = time.monotonic()
+        self.progress: Progress | None = None
+        if console.is_terminal:
+            self.progress = Progress(
+                TextColumn(f"[bold]{_esc(what)}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console, transient=True,
+            )  # fmt: skip
+            self.progress.start()
+            self.task = self.progress.add_task(what, total=total, rate="")
+
+    def update(self, done: int) -> bool:
+        """Show ``done`` rows; True once all are (the bar closed, its line printed)."""
+        elapsed = time.monotonic() - self.started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done, rate=f"{_fmt(rate)} rows/s")
+        elif done < self.total and time.monotonic() - self.last_plain >= self.every_s:
+            self.last_plain = time.monotonic()
+            eta = f"  eta {_duration((self.total - done) / rate)}" if rate > 0 else ""
+            self.console.print(f"  {_esc(self.what)}: {done:,}/{self.total:,} rows, {_fmt(rate)} rows/s{eta}")
+        if done < self.total:
+            return False
+        if self.progress is not None:
+            self.progress.stop()
+        took = f"{self.total:,} rows in {_duration(elapsed)} ({_fmt(rate)} rows/s)"
+        self.console.print(f"  {_esc(self.what)}: {took}, cached for the next run")
+        return True

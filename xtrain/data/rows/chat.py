@@ -28,7 +28,11 @@ This works with any template whose earlier turns render the same whatever follow
 ChatML/Qwen, Llama 3, Mistral, Gemma, Zephyr templates); one that does not is refused in one line.
 A turn whose reasoning the template drops once a later user turn follows (Qwen3) trains as the
 whole conversation renders it. Agent rows (tools, calls, results: ``tools.py``) render with the
-row's ``tools=`` and ``data.chat_template_kwargs``; ``data.train_on`` picks the turns that train.
+row's ``tools=`` and ``data.chat_template_kwargs``; ``data.train_on`` picks the turns that train
+(only those turns' renders are made). The render through the last turn is the whole conversation's:
+a conversation of k trained answers costs 2k renders; ``encode_many`` renders a batch of
+conversations in as few template calls as they allow (``render.render_many``) and tokenises them
+in one call.
 
 longer: the rendering and masking are one mechanism shared by every chat task; agent reading is
 in ``tools.py``, the shipped templates in ``xtrain/data/templates``.
@@ -37,37 +41,32 @@ in ``tools.py``, the shipped templates in ``xtrain/data/templates``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain.data.collate import IGNORE_INDEX
-from xtrain.encoding import read_text
-from xtrain.errors import RowError, XtrainError
+from xtrain.data.rows.offsets import span_labels, token_starts
+from xtrain.data.rows.render import (  # noqa: F401  (their old home: chat_data.renderer, ...)
+    BadConversation,
+    Render,
+    Renderer,
+    Request,
+    load_template,
+    render_many,
+    render_one,
+    renderer,
+    require_template,
+)
+from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from transformers import PreTrainedTokenizerBase, ProcessorMixin
-
-    # what ``apply_chat_template`` is called on: a tokenizer or a multimodal processor
-    TemplateOwner = PreTrainedTokenizerBase | ProcessorMixin
+    from transformers import PreTrainedTokenizerBase
 
 ROLES = ("system", "user", "assistant")
 PART_TYPES = ("text", "image")
-_HINT = "fix or remove that row (docs/vision-language.md#data describes the messages format)"
-
-# render(messages, add_generation_prompt) -> text: the tokenizer's or the processor's template
-Render = Callable[[list[dict[str, Any]], bool], str]
 
 IMAGE_PLACEHOLDER = "<image>"  # LLaMA-Factory's and LLaVA's image marker in string turns
-
-
-class BadConversation(RowError):
-    """A malformed row: one line with the row and the file, also when raised in a DataLoader worker
-    (which re-raises as ``type(e)(traceback text)``: only the original message is kept)."""
-
-    HINT = _HINT
 
 
 @dataclass
@@ -234,37 +233,50 @@ class Encoded:
     answer: str
 
 
-def _render(render: Render, messages: list[dict[str, Any]], generation: bool, where: str) -> str:
-    try:
-        return render(messages, generation)
-    except Exception as e:  # the template's own raise_exception, or a missing field
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        if type(e).__name__ == "SecurityError":  # jinja2's sandbox: the template, not the row, is at fault
-            origin = getattr(render, "origin", "the chat template")
-            raise XtrainError(
-                f"{origin} is unsafe: the sandbox refused it ({reason})",
-                "use a template that only formats the messages, without Python attributes such as __class__",
-            ) from None
-        raise BadConversation(f"{where}: the chat template refused it: {reason}") from None
+# (how many leading messages, with the generation prompt): one render of a conversation
+Prefix = tuple[int, bool]
+
+
+def prefixes(messages: list[dict[str, Any]], turns: list[int]) -> list[Prefix]:
+    """The renders that find the spans of assistant turns ``turns``: the whole conversation, and
+    for each turn the conversation before it with the generation prompt and through it (the whole
+    conversation again when the turn ends it: rendered once)."""
+    keys = [(len(messages), False)]
+    for i in turns:
+        keys += [(i, True), (i + 1, False)]
+    return list(dict.fromkeys(keys))
+
+
+def assistant_turns(messages: list[dict[str, Any]], last_only: bool = False) -> list[int]:
+    """The indices of the assistant turns whose tokens train (``last_only``: the last one)."""
+    turns = [i for i, t in enumerate(messages) if t["role"] == "assistant"]
+    return turns[-1:] if last_only else turns
 
 
 def assistant_spans(
     render: Render, messages: list[dict[str, Any]], where: str
 ) -> tuple[str, list[tuple[int, int]]]:
     """(full text, [(start, end) character span of each assistant turn])."""
-    full = _render(render, messages, False, where)
+    turns = assistant_turns(messages)
+    texts = {key: render_one(render, messages[: key[0]], key[1], where) for key in prefixes(messages, turns)}
+    return spans_of(render, messages, turns, texts, where)
+
+
+def spans_of(
+    render: Render, messages: list[dict[str, Any]], turns: list[int], texts: dict[Prefix, str], where: str
+) -> tuple[str, list[tuple[int, int]]]:
+    """(full text, the span of each of ``turns``) from the renders ``prefixes`` names."""
+    full = texts[(len(messages), False)]
     spans = []
-    for i, turn in enumerate(messages):
-        if turn["role"] != "assistant":
-            continue
-        before = _render(render, messages[:i], True, where)
-        through = _render(render, messages[: i + 1], False, where).rstrip()
+    for i in turns:
+        before = texts[(i, True)]
+        through = texts[(i + 1, False)].rstrip()
         if through.startswith(before) and full.startswith(through):
             spans.append((len(before), len(through)))
             continue
         # a turn rendered otherwise while it is the last one (Qwen3: its reasoning, or an empty
         # <think></think>, dropped once more follows): it trains as the whole conversation renders it
-        found = _as_rendered(_render(render, messages[:i], False, where), before, through, full)
+        found = _as_rendered(render_one(render, messages[:i], False, where), before, through, full)
         if found is None or not through.startswith(before):
             raise XtrainError(
                 f"{where}: the chat template renders earlier turns differently as the conversation "
@@ -292,23 +304,6 @@ def _as_rendered(prior: str, before: str, through: str, full: str) -> tuple[int,
     return None
 
 
-def _token_starts(tokenizer: PreTrainedTokenizerBase, text: str) -> tuple[list[int], list[int]]:
-    """(ids, the character where each token starts): from the offsets of a fast tokenizer, else by
-    tokenising growing prefixes (slow tokenizers have no offsets)."""
-    try:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return list(enc["input_ids"]), [s for s, _ in enc["offset_mapping"]]
-    except (NotImplementedError, ValueError, TypeError):
-        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        starts, k = [], 0
-        for p in range(len(text) + 1):  # token k starts where the prefix first holds k+1 tokens
-            n = len(tokenizer(text[:p], add_special_tokens=False)["input_ids"])
-            while k < min(n, len(ids)):
-                starts.append(max(p - 1, 0))
-                k += 1
-        return ids, starts + [len(text)] * (len(ids) - len(starts))
-
-
 def encode(
     render: Render,
     tokenizer: PreTrainedTokenizerBase,
@@ -320,112 +315,59 @@ def encode(
     """Render ``conv`` and label the tokens of its assistant turns (the rest -100); ``last_only``:
     of its last assistant turn only (a preference answer after a conversation that is its prompt);
     ``train_on`` (``data.train_on``): ``last_assistant`` the same, ``all`` every token."""
-    render = with_tools(render, conv, where)
-    text, spans = assistant_spans(render, conv.messages, where)
-    spans = spans[-1:] if last_only or train_on == "last_assistant" else spans
-    spans = [(0, len(text))] if train_on == "all" else spans
-    ids, starts = _token_starts(tokenizer, text)
-    labels = [
-        t if any(a <= s < b for a, b in spans) else IGNORE_INDEX for t, s in zip(ids, starts, strict=True)
-    ]
-    if all(x == IGNORE_INDEX for x in labels):
-        raise BadConversation(f"{where}: no token of the assistant's answer survives tokenising")
-    last = max(i for i, t in enumerate(conv.messages) if t["role"] == "assistant")
-    content = conv.messages[last]["content"]
+    return encode_many(render, tokenizer, [conv], [where], last_only, train_on)[0]
+
+
+def encode_many(
+    render: Render,
+    tokenizer: PreTrainedTokenizerBase,
+    convs: list[Conversation],
+    wheres: list[str],
+    last_only: bool = False,
+    train_on: str = "all_assistant",
+) -> list[Encoded]:
+    """``encode`` of each conversation, the renders of all of them in as few template calls as
+    they allow (``render_many``) and their texts tokenised in one call. Each conversation is
+    rendered whole, and before and through each assistant turn that trains (through the last
+    turn is the whole conversation: one render), so a conversation of k answers costs 2k renders."""
+    last = last_only or train_on != "all_assistant"  # all: the last turn only for the prompt
+    renders = [with_tools(render, conv, where) for conv, where in zip(convs, wheres, strict=True)]
+    plans = []
+    requests: list[Request] = []
+    for r, conv, where in zip(renders, convs, wheres, strict=True):
+        turns = assistant_turns(conv.messages, last)
+        keys = prefixes(conv.messages, turns)
+        plans.append((turns, keys, len(requests)))
+        requests += [(r, conv.messages[:n], generation, where) for n, generation in keys]
+    rendered = render_many(requests)
+    found = []
+    for r, conv, where, (turns, keys, at) in zip(renders, convs, wheres, plans, strict=True):
+        texts = dict(zip(keys, rendered[at : at + len(keys)], strict=True))
+        text, spans = spans_of(r, conv.messages, turns, texts, where)
+        found.append((text, [(0, len(text))] if train_on == "all" else spans, texts[(turns[-1], True)]))
+    out = []
+    for conv, where, (text, spans, prompt), (ids, starts) in zip(
+        convs, wheres, found, token_starts(tokenizer, [f[0] for f in found]), strict=True
+    ):
+        labels = span_labels(ids, starts, spans)
+        if all(x == IGNORE_INDEX for x in labels):
+            raise BadConversation(f"{where}: no token of the assistant's answer survives tokenising")
+        out.append(Encoded(text, ids, labels, prompt, _answer(conv)))
+    return out
+
+
+def _answer(conv: Conversation) -> str:
+    """The last assistant turn's answer (a call's JSON for a turn that calls tools)."""
+    turn = conv.messages[max(i for i, t in enumerate(conv.messages) if t["role"] == "assistant")]
+    content = turn["content"]
     answer = content if isinstance(content, str) else _text_of(content)
-    if conv.messages[last].get("tool_calls"):  # a call: its JSON is the answer
-        answer = json.dumps([c["function"] for c in conv.messages[last]["tool_calls"]], ensure_ascii=False)
-    return Encoded(
-        text=text,
-        input_ids=ids,
-        labels=labels,
-        prompt=_render(render, conv.messages[:last], True, where),
-        answer=answer.strip(),
-    )
+    if turn.get("tool_calls"):  # a call: its JSON is the answer
+        answer = json.dumps([c["function"] for c in turn["tool_calls"]], ensure_ascii=False)
+    return answer.strip()
 
 
 # ---------------------------------------------------------------------------------------------
-# Templates
-
-
-def load_template(setting: str | None) -> str | None:
-    """``data.chat_template``: a shipped template's name (``xtrain/data/templates``: qwen2.5,
-    llama3.1, ...), a file holding a Jinja template, or the template text itself."""
-    from xtrain.data import templates
-
-    if setting is None:
-        return None
-    shipped = templates.named(setting) if "{" not in setting and len(setting) < 64 else None
-    if shipped is not None:
-        return shipped
-    path = Path(setting).expanduser()
-    if "{" not in setting and len(setting) < 1024:
-        if not path.is_file():
-            raise XtrainError(
-                f"data.chat_template file {setting} not found",
-                "give a shipped template's name (" + ", ".join(templates.NAMES) + "), a Jinja template "
-                "file (e.g. chat_template.jinja) or the template text itself",
-            )
-        return read_text(path, "chat template")
-    return setting
-
-
-def require_template(owner: TemplateOwner, template: str | None, source: str) -> str:
-    """The template to render with: ``data.chat_template`` if set, else the tokenizer's or processor's."""
-    found = template or getattr(owner, "chat_template", None)
-    if isinstance(found, dict):  # several named templates: the default one
-        found = found.get("default")
-    if not found:
-        raise XtrainError(
-            f"the tokenizer of {source} has no chat template, so `messages` cannot be rendered",
-            "set data.chat_template to a Jinja template file or string (the format the model should learn)",
-        )
-    return found
-
-
-def renderer(
-    owner: TemplateOwner, template: str, setting: str | None = None, kwargs: dict[str, Any] | None = None
-) -> Render:
-    """``render(messages, add_generation_prompt)`` through ``owner.apply_chat_template``;
-    ``setting``: ``data.chat_template`` when the template came from it (named in refusals);
-    ``kwargs``: ``data.chat_template_kwargs``, given to every rendering (``enable_thinking``)."""
-    return _Renderer(owner, template, setting, kwargs)
-
-
-class _Renderer:
-    """Picklable (spawned DataLoader workers): holds the tokenizer/processor and the template text,
-    the template's extra variables, and (``with_tools``) the tool schemas of one conversation."""
-
-    def __init__(
-        self,
-        owner: TemplateOwner,
-        template: str,
-        setting: str | None = None,
-        kwargs: dict[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> None:
-        self.owner = owner
-        self.template = template
-        self.setting = setting
-        self.kwargs = dict(kwargs or {})
-        self.tools = tools
-        # where the template came from, for a refusal that names it rather than a data row
-        kind = "processor" if hasattr(owner, "image_processor") else "tokenizer"
-        named = f"={setting}" if setting is not None and "{" not in setting and len(setting) < 200 else ""
-        self.origin = f"data.chat_template{named}" if setting is not None else f"the {kind}'s chat template"
-
-    def __call__(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        return self.owner.apply_chat_template(
-            messages,
-            chat_template=self.template,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            **({"tools": self.tools} if self.tools else {}),
-            **self.kwargs,
-        )
-
-    def with_tools(self, tools: list[dict[str, Any]] | None) -> _Renderer:
-        return _Renderer(self.owner, self.template, self.setting, self.kwargs, tools)
+# Templates: ``render.py`` (load_template, require_template, renderer: imported above)
 
 
 def with_tools(render: Render, conv: Conversation, where: str) -> Render:
@@ -434,7 +376,7 @@ def with_tools(render: Render, conv: Conversation, where: str) -> Render:
     from xtrain.data import templates
 
     calls = any(t.get("tool_calls") for t in conv.messages)
-    if not (conv.tools or calls) or not isinstance(render, _Renderer):
+    if not (conv.tools or calls) or not isinstance(render, Renderer):
         return render
     missing = (conv.tools and not templates.renders_tools(render.template)) or (
         calls and not templates.renders_calls(render.template)

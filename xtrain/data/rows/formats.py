@@ -153,20 +153,14 @@ def alpaca_prompt_response(
 
 
 def alpaca_as_prompt_response(ds: Dataset, source: str) -> Dataset:
-    """An alpaca dataset as ``prompt``/``response`` columns, cached under a fingerprint of the
-    data and this mapping (every process of the run reads the first one's result)."""
-    from datasets.fingerprint import Hasher
+    """An alpaca dataset as ``prompt``/``response`` columns, encoded once (``encoded.encode``:
+    cached under a fingerprint of the data and this mapping; every process of the run reads the
+    first one's result)."""
+    from xtrain.data.encoded import Encoding, encode
 
     require(ds, ALPACA_REQUIRED, source, "alpaca")
-    return ds.map(
-        alpaca_prompt_response,
-        batched=True,
-        with_indices=True,
-        fn_kwargs={"source": source},
-        remove_columns=list(ds.column_names),
-        new_fingerprint=Hasher.hash([getattr(ds, "_fingerprint", None), "alpaca", ALPACA_VERSION, source]),
-        desc="alpaca rows",
-    )
+    mapping = Encoding("alpaca rows", alpaca_prompt_response, {"source": source}, ("alpaca", ALPACA_VERSION))
+    return encode(ds, mapping, "alpaca rows")
 
 
 @dataclass(frozen=True)
@@ -297,22 +291,27 @@ def text_chat_turns(d: DataConfig, fmt: str, row: dict[str, Any], index: int, so
     return chat_turns(d, fmt, row, index, source)
 
 
+def chat_columns(ds: Dataset, d: DataConfig, fmt: str, source: str) -> list[str]:
+    """The columns a chat-shaped format reads (alpaca: its fields; else the conversations' column
+    and the row's image list, which text chat refuses), refused in one line when missing."""
+    if fmt == "alpaca":
+        require(ds, ALPACA_REQUIRED, source, fmt)
+        return [c for c in (*ALPACA_REQUIRED, *ALPACA_OPTIONAL) if c in ds.column_names]
+    column = chat_column(d, fmt, list(ds.column_names))
+    if column not in ds.column_names:  # (rows/columns.py checks this first, with the closest column)
+        raise XtrainError(
+            f"{fmt} rows need '{column}'; {source} has {', '.join(ds.column_names)}",
+            "set data.messages_column to the column of conversations"
+            if column == d.messages_column
+            else "rename the column in the file, or set data.row_format to what the rows hold",
+        )
+    return [column, *([d.images_column] if d.images_column in ds.column_names else [])]
+
+
 def conversations(ds: Dataset, d: DataConfig, fmt: str, source: str) -> list[Any]:
     """The ``messages`` cells of a chat-shaped dataset for text chat (``text_chat_turns``): as
     they are (``messages``), or mapped from sharegpt (or re-spelt messages) or alpaca rows."""
-    if fmt == "alpaca":
-        require(ds, ALPACA_REQUIRED, source, fmt)
-        names = [c for c in (*ALPACA_REQUIRED, *ALPACA_OPTIONAL) if c in ds.column_names]
-    else:
-        column = chat_column(d, fmt, list(ds.column_names))
-        if column not in ds.column_names:  # (rows/columns.py checks this first, with the closest column)
-            raise XtrainError(
-                f"{fmt} rows need '{column}'; {source} has {', '.join(ds.column_names)}",
-                "set data.messages_column to the column of conversations"
-                if column == d.messages_column
-                else "rename the column in the file, or set data.row_format to what the rows hold",
-            )
-        names = [column, *([d.images_column] if d.images_column in ds.column_names else [])]
+    names = chat_columns(ds, d, fmt, source)
     columns = {c: ds[c] for c in names}
     rows = ({c: columns[c][i] for c in names} for i in range(len(ds)))
     return [text_chat_turns(d, fmt, row, i, source) for i, row in enumerate(rows)]

@@ -37,8 +37,12 @@ if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
 
+    from xtrain.data.encoded import Encoding
+
 Turns = list[dict[str, Any]]
 Render = Callable[[Turns, bool], str]
+# Bump when the rows encoded here change what they hold (every cached encoding of them is redone).
+VERSION = 1
 
 
 class BadPreferenceRow(RowError):
@@ -194,10 +198,85 @@ def _conversation(turns: Turns, where: str) -> chat_data.Conversation:
         raise BadPreferenceRow(f"{where}: {e.message.split(': ', 1)[-1]}") from None
 
 
-def paired_rows(rows: list[PreferenceRow], encoder: Encoder, source: str) -> list[dict[str, Any]]:
-    """Pairs -> ``{chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels}`` rows."""
+def _kind(row: PreferenceRow, first: PreferenceRow, index: int, source: str) -> PreferenceRow:
+    """``row`` when it is of the kind of row 0 (``first``): paired, or unpaired (KTO)."""
+    if (row.rejected is None) != (first.rejected is None):
+        kinds = ("an unpaired {prompt, completion, label}", "a paired {prompt, chosen, rejected}")
+        earlier, this = (kinds[0], kinds[1]) if first.rejected is None else (kinds[1], kinds[0])
+        raise BadPreferenceRow(f"row {index} of {source} is {this} row after {earlier} row 0")
+    return row
+
+
+def encoding(
+    ds: Dataset, source: str, encoder: Encoder, kto: bool, tokenizer_key: str, processes: int | None = None
+) -> Encoding:
+    """The rows of ``ds`` as ``paired_rows`` (pairs) or ``unpaired_rows`` (``kto``: KTO rows, a
+    pair becoming two) make them, a map batch at a time (``encoded.encode``); ``tokenizer_key``:
+    the tokenizer's fingerprint. Row 0 decides the kind every row must have."""
+    from xtrain.data.encoded import Encoding
+    from xtrain.data.rows.render import template_of
+
+    first = read_row(dict(ds[0]), 0, source)
+    template = template_of(encoder.render) if encoder.render is not None else None
+    key = (
+        "preference rows",
+        VERSION,
+        kto,
+        first.rejected is None,
+        encoder.max_length,
+        template,
+        tokenizer_key,
+    )
+    kwargs = {"encoder": encoder, "source": source, "first": first, "kto": kto, "rows": ds}
+    return Encoding("preference rows", columns, kwargs, key, processes=processes)
+
+
+def columns(
+    batch: dict[str, list[Any]],
+    indices: list[int],
+    encoder: Encoder,
+    source: str,
+    first: PreferenceRow,
+    kto: bool,
+    rows: Dataset,
+) -> dict[str, list[Any]]:
+    """A map batch of rows -> ``paired_rows`` / ``unpaired_rows`` columns (top-level: it runs in
+    the encoding processes). A KTO row's KL sequence takes the next row's completion: the one
+    after the batch read from ``rows`` (the first one after the last row)."""
+    names = list(batch)
+    read = [
+        _kind(read_row({n: batch[n][k] for n in names}, i, source), first, i, source)
+        for k, i in enumerate(indices)
+    ]
+    if not kto:
+        out = paired_rows(read, encoder, source, indices)
+    else:
+        after = (indices[-1] + 1) % len(rows)
+        following = _kind(read_row(dict(rows[after]), after, source), first, after, source).chosen
+        items = read if first.rejected is None else as_unpaired(read)
+        wheres = [i for i in indices for _ in range(len(items) // len(read))]
+        out = unpaired_rows(items, encoder, source, wheres, following)
+    return {k: [row[k] for row in out] for k in out[0]} if out else {}
+
+
+def as_unpaired(rows: list[PreferenceRow]) -> list[PreferenceRow]:
+    """Pairs as KTO rows (TRL's conversion): the chosen answer desirable, the rejected not."""
     out = []
-    for i, row in enumerate(rows):
+    for r in rows:
+        out += [
+            PreferenceRow(r.prompt, r.chosen, None, True),
+            PreferenceRow(r.prompt, r.rejected or "", None, False),
+        ]
+    return out
+
+
+def paired_rows(
+    rows: list[PreferenceRow], encoder: Encoder, source: str, indices: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """Pairs -> ``{chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels}`` rows;
+    ``indices``: the rows' numbers in ``source`` (their refusals name them)."""
+    out = []
+    for i, row in zip(indices or range(len(rows)), rows, strict=True):
         where = f"row {i} of {source}"
         assert row.rejected is not None
         c_ids, c_labels = encoder.answer(row.prompt, row.chosen, where)
@@ -207,15 +286,27 @@ def paired_rows(rows: list[PreferenceRow], encoder: Encoder, source: str) -> lis
     return out
 
 
-def unpaired_rows(rows: list[PreferenceRow], encoder: Encoder, source: str) -> list[dict[str, Any]]:
+def unpaired_rows(
+    rows: list[PreferenceRow],
+    encoder: Encoder,
+    source: str,
+    indices: list[int] | None = None,
+    following: str | None = None,
+) -> list[dict[str, Any]]:
     """KTO rows -> ``{completion_*, kl_*, desirable}``: the row's completion, and for the KL
-    estimate its prompt with the next row's completion (the last row's: the first's), as TRL
-    pairs them, fixed by the data so any process count reads the same."""
+    estimate its prompt with the next row's completion (the last row's: ``following``, else the
+    first's), as TRL pairs them, fixed by the data so any process count reads the same;
+    ``indices``: each row's number in ``source``."""
     out = []
-    for i, row in enumerate(rows):
+    for k, (i, row) in enumerate(zip(indices or range(len(rows)), rows, strict=True)):
         where = f"row {i} of {source}"
+        after = (
+            rows[k + 1].chosen
+            if k + 1 < len(rows)
+            else (following if following is not None else rows[0].chosen)
+        )
         ids, labels = encoder.answer(row.prompt, row.chosen, where)
-        kl_ids, kl_labels = encoder.answer(row.prompt, rows[(i + 1) % len(rows)].chosen, where)
+        kl_ids, kl_labels = encoder.answer(row.prompt, after, where)
         out.append({"completion_input_ids": ids, "completion_labels": labels, "kl_input_ids": kl_ids,
                     "kl_labels": kl_labels, "desirable": int(bool(row.desirable))})  # fmt: skip
     return out

@@ -1,14 +1,14 @@
 """Image + text conversations for ``vision-language``: rows read lazily, batched by the processor.
 
-Every row is checked and rendered up front (``chat_data``: roles, an assistant turn, image files
-present, the assistant-only labels on the template's text with one placeholder token per image),
-so a bad row stops the run before the first step. Images are opened only when the DataLoader asks
-for the row. The collator runs the checkpoint's processor once per batch, on all its
-conversations and images (it expands each image placeholder into the image's tokens), cuts each
-conversation's tokens back out of the padded result and carries its labels over to its expanded
-ids: the same tensors as one processor call per conversation, without paying the processor's
-fixed cost per call (merging its keyword arguments, one image-processor and tokenizer call
-each) for every row.
+Every row is checked and rendered up front, once (``chat_data``: roles, an assistant turn, image
+files present, the assistant-only labels on the template's text with one placeholder token per
+image; cached by ``encoded.encode``), so a bad row stops the run before the first step. Images are
+opened only when the DataLoader asks for the row. The collator runs the checkpoint's processor once
+per batch, on all its conversations and images (it expands each image placeholder into the image's
+tokens), cuts each conversation's tokens back out of the padded result and carries its labels over
+to its expanded ids: the same tensors as one processor call per conversation, without paying the
+processor's fixed cost per call (merging its keyword arguments, one image-processor and tokenizer
+call each) for every row.
 
 Eval rows also carry the prompt of their last assistant turn: the collator adds it left-padded
 under ``gen_*`` keys, with the answer's tokens under ``answer_labels``, for ``GenerationEval``.
@@ -25,11 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain.data.collate import IGNORE_INDEX
-from xtrain.data.rows.chat import BadConversation, Encoded
+from xtrain.data.rows.chat import BadConversation
 from xtrain.data.rows.images import MAX_PIXELS, image_size, open_image
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+    from datasets import Dataset
     from PIL.Image import Image
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
@@ -38,44 +41,55 @@ ANSWER_KEY = "answer_labels"  # the last assistant answer's tokens (references f
 
 
 class VisionChatRows:
-    """``[i]`` -> the rendered conversation of row ``i`` with its images opened (RGB)."""
+    """``[i]`` -> the rendered conversation of kept row ``i`` with its images opened (RGB): the
+    encoded rows (text, ids, labels, the last answer's prompt and the data row's number, memory-
+    mapped: ``vision_rows.rows``), the images named by the data row (``refs``) opened only now."""
 
     def __init__(
         self,
-        encoded: list[Encoded],
-        images: list[list[Any]],
-        rows: list[int],
+        encoded: Dataset | None,
+        refs: Callable[[int], list[Any]],
         base_dir: Path | None,
         source: str,
         with_prompts: bool = False,
         max_pixels: int | None = MAX_PIXELS,
     ) -> None:
         self.max_pixels = max_pixels  # data.max_image_pixels
-        self.encoded = encoded
-        self.images = images
-        self.rows = rows  # the row numbers in the data file (rows dropped up front are skipped)
+        self.encoded = encoded  # None: checked, not rendered (the data check without a processor)
+        self.refs = refs
         self.base_dir = base_dir
         self.source = source
         self.with_prompts = with_prompts
 
     def __len__(self) -> int:
-        return len(self.encoded)
+        return len(self.encoded) if self.encoded is not None else 0
+
+    @property
+    def rows(self) -> list[int]:
+        """The data rows kept (rows whose answers all lie past data.max_length are left out)."""
+        return list(self.encoded["row"]) if self.encoded is not None else []
+
+    @property
+    def images(self) -> list[list[Any]]:
+        """Each kept row's image references (the data check's: a few rows)."""
+        return [self.refs(row) for row in self.rows]
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        i = int(i)
-        enc, row = self.encoded[i], self.rows[i]
+        assert self.encoded is not None
+        enc = self.encoded[int(i)]
+        row = enc["row"]
         item = {
-            "text": enc.text,
-            "input_ids": enc.input_ids,
-            "labels": enc.labels,
+            "text": enc["text"],
+            "input_ids": enc["input_ids"],
+            "labels": enc["labels"],
             "images": [
-                open_image(ref, self.base_dir, row, self.source, self.max_pixels) for ref in self.images[i]
+                open_image(ref, self.base_dir, row, self.source, self.max_pixels) for ref in self.refs(row)
             ],
             "row": row,
             "source": self.source,
         }
         if self.with_prompts:
-            item["prompt"] = enc.prompt
+            item["prompt"] = enc["prompt"]
         return item
 
 
@@ -279,7 +293,7 @@ def expanded_lengths(processor: ProcessorMixin, rows: VisionChatRows) -> tuple[l
     images' sizes (their headers: nothing decoded) through the processor's own count of image
     tokens per size (``_get_num_multimodal_tokens``, what serving engines call); (the template's
     counts, one token per image, False) where the processor does not tell."""
-    plain = [len(enc.input_ids) for enc in rows.encoded]
+    plain = [len(ids) for ids in rows.encoded["input_ids"]] if rows.encoded is not None else []
     count = getattr(processor, "_get_num_multimodal_tokens", None)
     if count is None:
         return plain, False

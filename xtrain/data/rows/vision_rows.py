@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import DataConfig, TrainConfig
+    from xtrain.data.encoded import Encoding
     from xtrain.data.rows.chat import Conversation
 
 # prompt_response: an image, a question and an answer column
@@ -141,35 +142,115 @@ def rows(
     render: chat_data.Render | None,
     tokenizer: PreTrainedTokenizerBase,
     with_prompts: bool,
+    role: str = "train",
 ) -> VisionChatRows:
     """The task's rows of ``ds``: every row read in its format (``vision_conversation``),
-    checked and rendered (one line naming the first bad row), its images found. ``render`` None
-    (the data check without a processor): checked, not rendered (no rows)."""
+    checked and rendered (one line naming the first bad row), its images found; encoded once
+    (``encoded.encode``: cached, in parallel on a first run), the images read from the data row
+    when a batch needs them. ``render`` None (the data check without a processor): checked, not
+    rendered (no rows)."""
+    from xtrain.data.encoded import encode
+
     d = cfg.data
     fmt = vision_format(d, list(ds.column_names), name)
     names = vision_columns(d, fmt, list(ds.column_names), name)
-    ds = undecoded(ds, images_field(d, fmt, list(ds.column_names)))
-    columns = {c: ds[c] for c in names}
-    encoded, refs, kept = [], [], []
-    for row in range(len(ds)):
-        where = f"row {row} of {name}"
-        conv = vision_conversation(d, fmt, {c: columns[c][row] for c in names}, row, name)
-        for ref in conv.images:
-            if isinstance(ref, str) and not resolve_path(ref, folder).is_file():
-                raise chat_data.BadConversation(f"image {resolve_path(ref, folder)} ({where}) not found")
-        if render is None:
-            continue
-        enc = chat_data.encode(render, tokenizer, conv, where)
-        if all(t == -100 for t in enc.labels[: d.max_length][1:]):
-            continue  # every answer lies past data.max_length (the causal-lm rule: dropped)
-        encoded.append(enc)
-        refs.append(conv.images)
-        kept.append(row)
-    if not encoded and render is not None:
+    ds = undecoded(ds, images_field(d, fmt, list(ds.column_names))).select_columns(names)
+    refs = ImageRefs(ds, d, fmt, name)
+    if render is None:
+        for row in range(len(ds)):
+            _found(vision_conversation(d, fmt, dict(ds[row]), row, name), folder, f"row {row} of {name}")
+        return VisionChatRows(None, refs, folder, name)
+    encoded = encode(ds, encoding(d, fmt, name, folder, render, tokenizer), f"encoding {role}")
+    if len(encoded) == 0:
         raise XtrainError(
             f"no conversation of {name} has an assistant answer within data.max_length={d.max_length}",
             "raise data.max_length",
         )
     return VisionChatRows(
-        encoded, refs, kept, folder, name, with_prompts=with_prompts, max_pixels=d.max_image_pixels
+        encoded, refs, folder, name, with_prompts=with_prompts, max_pixels=d.max_image_pixels
     )
+
+
+def _found(conv: Conversation, folder: Path | None, where: str) -> Conversation:
+    for ref in conv.images:
+        if isinstance(ref, str) and not resolve_path(ref, folder).is_file():
+            raise chat_data.BadConversation(f"image {resolve_path(ref, folder)} ({where}) not found")
+    return conv
+
+
+# Bump when the encoded rows change what they hold (every cached encoding of them is redone).
+VERSION = 1
+SETTINGS = ("messages_column", "images_column", "image_column", "role_tag", "content_tag", "user_tag",
+            "assistant_tag", "system_tag", "prompt_column", "response_column", "max_length")  # fmt: skip
+
+
+def encoding(
+    d: DataConfig,
+    fmt: str,
+    name: str,
+    folder: Path | None,
+    render: chat_data.Render,
+    tokenizer: PreTrainedTokenizerBase,
+) -> Encoding:
+    """The rows of ``name`` as text, input_ids, labels, the last answer's prompt and the row's
+    number, a map batch at a time (``columns``)."""
+    import datasets
+
+    from xtrain.data.encoded import Encoding
+    from xtrain.data.rows.render import template_of
+    from xtrain.data.tokenize import tokenizer_fingerprint
+
+    settings = {n: getattr(d, n) for n in SETTINGS}
+    key = (
+        "vision chat rows",
+        VERSION,
+        fmt,
+        settings,
+        str(folder),
+        template_of(render),
+        tokenizer_fingerprint(tokenizer),
+    )
+    ids, text = datasets.List(datasets.Value("int32")), datasets.Value("string")
+    features = datasets.Features(
+        {"text": text, "input_ids": ids, "labels": ids, "prompt": text, "row": datasets.Value("int64")}
+    )
+    kwargs = {"d": d, "fmt": fmt, "name": name, "folder": folder, "render": render, "tokenizer": tokenizer}
+    return Encoding("vision chat rows", columns, kwargs, key, features, processes=d.encode_processes)
+
+
+def columns(
+    batch: dict[str, list[Any]],
+    indices: list[int],
+    d: DataConfig,
+    fmt: str,
+    name: str,
+    folder: Path | None,
+    render: chat_data.Render,
+    tokenizer: PreTrainedTokenizerBase,
+) -> dict[str, list[Any]]:
+    """A map batch of rows checked (images found) and rendered; a row whose answers all lie past
+    ``data.max_length`` left out (the causal-lm rule). Top-level: it runs in the encoding processes."""
+    out: dict[str, list[Any]] = {"text": [], "input_ids": [], "labels": [], "prompt": [], "row": []}
+    for k, index in enumerate(indices):
+        where = f"row {index} of {name}"
+        conv = _found(
+            vision_conversation(d, fmt, {n: batch[n][k] for n in batch}, index, name), folder, where
+        )
+        enc = chat_data.encode(render, tokenizer, conv, where)
+        if all(t == -100 for t in enc.labels[: d.max_length][1:]):
+            continue
+        for key, value in (("text", enc.text), ("input_ids", enc.input_ids), ("labels", enc.labels),
+                           ("prompt", enc.prompt), ("row", index)):  # fmt: skip
+            out[key].append(value)
+    return out
+
+
+class ImageRefs:
+    """``refs(row)``: the image references of data row ``row`` in placeholder order, read from the
+    (memory-mapped) data set when a batch needs them. Top-level: it pickles into DataLoader workers."""
+
+    def __init__(self, ds: Dataset, d: DataConfig, fmt: str, name: str) -> None:
+        self.ds, self.d, self.fmt, self.name = ds, d, fmt, name
+
+    def __call__(self, row: int) -> list[Any]:
+        return vision_conversation(self.d, self.fmt, dict(self.ds[int(row)]), int(row), self.name).images

@@ -32,6 +32,7 @@ from xtrain.tasks.predicting import exact_match
 from xtrain.tasks.text.causal_lm import TOOL_USE, load_for_predict
 
 if TYPE_CHECKING:
+    from datasets import Dataset
     from torch.nn import Module
     from transformers import PreTrainedTokenizerBase
 
@@ -72,6 +73,31 @@ def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptEn
     return PromptEncoder(tokenizer, cfg.data.max_length, template, schemas)
 
 
+def encoded_sets(
+    cfg: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    train: Dataset,
+    eval_ds: Dataset | None,
+    train_name: str,
+    eval_name: str,
+) -> tuple[Dataset, Dataset | None]:
+    """The train and eval prompts encoded once (``rows.encoding``), for the run and the dry run's
+    ``encoding_note``."""
+    from xtrain.data.encoded import encode
+    from xtrain.data.tokenize import tokenizer_fingerprint
+    from xtrain.tasks.grpo import rows as rows_
+
+    encoder, key, processes = (
+        encoder_of(cfg, tokenizer),
+        tokenizer_fingerprint(tokenizer),
+        cfg.data.encode_processes,
+    )
+    train_ids = encode(train, rows_.encoding(train_name, encoder, key, processes), "encoding train")
+    if eval_ds is None:
+        return train_ids, None
+    return train_ids, encode(eval_ds, rows_.encoding(eval_name, encoder, key, processes), "encoding eval")
+
+
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     from xtrain.tasks import data_check
     from xtrain.tasks.common import finish_model, load_seeded, prepare_tokenizer, raw_datasets
@@ -88,12 +114,13 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     # (checked when the config was; imported once per process)
     rewards = rw.resolve(cfg.grpo, [t.schema for t in tools_.from_config(cfg)])
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
-    with main_process_first():
-        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
-    first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
-    report = inspect(cfg, (source, tokenizer), first, [])
     encoder = encoder_of(cfg, tokenizer)
-    train_rows = rows_.read_rows(train, train_name)
+    with main_process_first():  # the first process encodes (datasets' cache), the others read it
+        train, eval_ds, train_name, eval_name = raw_datasets(cfg)
+        first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+        report = inspect(cfg, (source, tokenizer), first, [])
+        train_ids, eval_ids = encoded_sets(cfg, tokenizer, train, eval_ds, train_name, eval_name)
+    train_rows = rows_.read_rows(train, train_name)  # read on access, for the rewards
     eval_rows = rows_.read_rows(eval_ds, eval_name) if eval_ds is not None else None
 
     model = load_seeded(run, TASK, source)
@@ -106,9 +133,9 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     pad = step.pad_id
     return Workload(
         model=model,
-        train_dataset=rows_.encoded(train_rows, encoder, train_name),
+        train_dataset=train_ids,
         collator=rows_.PromptCollator(pad),
-        eval_dataset=rows_.encoded(eval_rows, encoder, eval_name) if eval_rows else None,
+        eval_dataset=eval_ids,
         tokenizer=tokenizer,
         chat=encoder.template is not None and train_rows[0].conversational,
         main_metric=METRIC,
@@ -142,8 +169,14 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     (a bad row raises its line), the first prompt as the model reads it, the generation settings
     and the reward functions found (their import already checked with the config)."""
     from xtrain.tasks import data_check
+    from xtrain.tasks.encoding_check import encoding_note
 
-    return inspect(cfg, *data_check.text_check(cfg, limit))
+    found, samples, notes = data_check.text_check(cfg, limit)
+    report = inspect(cfg, found, samples, notes)
+    if found is not None:
+        note = encoding_note(cfg, samples, lambda *sets: encoded_sets(cfg, found[1], *sets))
+        report.encoding = note
+    return report
 
 
 def settings_line(cfg: TrainConfig) -> str:

@@ -9,19 +9,26 @@ reward functions (an answer, test cases).
 
 A prompt is never cut: one of ``data.max_length`` tokens or more is refused (one line naming the
 row and the file), since the completion follows it. Each row is encoded once into its prompt's
-token ids; the collator pads them on the left (generation continues every prompt at its end).
+token ids (``encoding``: through ``encoded.encode``, cached); the collator pads them on the left
+(generation continues every prompt at its end). The rows themselves stay in the memory-mapped data
+set, read when a step scores its completions (``PromptRows``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
+from xtrain.data.encoded import Encoding
 from xtrain.errors import RowError, XtrainError
 
 if TYPE_CHECKING:
     from datasets import Dataset
     from transformers import PreTrainedTokenizerBase
+
+# Bump when the encoded prompts change what they hold (every cached encoding of them is redone).
+VERSION = 1
 
 Turns = list[dict[str, Any]]
 PROMPT_KEYS = ("prompt", "instruction", "input", "system")  # what a row's prompt is read from
@@ -85,11 +92,34 @@ def read_row(row: dict[str, Any], index: int, source: str) -> PromptRow:
     )
 
 
-def read_rows(ds: Dataset, source: str) -> list[PromptRow]:
-    rows = [read_row(dict(r), i, source) for i, r in enumerate(ds)]
-    if not rows:
+class PromptRows(Sequence[PromptRow]):
+    """The rows of a data set, each read as a ``PromptRow`` when asked for (a step's prompts and
+    their reward columns): the data set stays memory-mapped, no list of all the rows is made."""
+
+    def __init__(self, ds: Dataset, source: str) -> None:
+        self.ds, self.source = ds, source
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    @overload
+    def __getitem__(self, i: int) -> PromptRow: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[PromptRow]: ...
+
+    def __getitem__(self, i: int | slice) -> PromptRow | list[PromptRow]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        index = int(i) + (len(self) if int(i) < 0 else 0)
+        return read_row(dict(self.ds[index]), index, self.source)
+
+
+def read_rows(ds: Dataset, source: str) -> PromptRows:
+    """The rows of ``ds``, read on access (``encoding`` checks every one of them)."""
+    if len(ds) == 0:
         raise XtrainError(f"{source} has no rows")
-    return rows
+    return PromptRows(ds, source)
 
 
 @dataclass
@@ -130,9 +160,35 @@ class PromptEncoder:
         return ids
 
 
-def encoded(rows: list[PromptRow], encoder: PromptEncoder, source: str) -> list[dict[str, Any]]:
+def encoded(rows: Sequence[PromptRow], encoder: PromptEncoder, source: str) -> list[dict[str, Any]]:
     """The data set the loop reads: ``{"input_ids": prompt ids, "row": its index}`` per row."""
     return [{"input_ids": encoder.encode(r, f"row {i} of {source}"), "row": i} for i, r in enumerate(rows)]
+
+
+def encoding(
+    source: str, encoder: PromptEncoder, tokenizer_key: str, processes: int | None = None
+) -> Encoding:
+    """Every row of ``source`` checked and its prompt encoded (``encoded``'s rows), a map batch at
+    a time (``encoded.encode``); ``tokenizer_key``: the tokenizer's fingerprint."""
+    import datasets
+
+    key = ("grpo prompts", VERSION, encoder.max_length, encoder.template, encoder.tools, tokenizer_key)
+    features = datasets.Features(
+        {"input_ids": datasets.List(datasets.Value("int32")), "row": datasets.Value("int64")}
+    )
+    return Encoding("grpo prompts", columns, {"encoder": encoder, "source": source}, key, features,
+                    processes=processes)  # fmt: skip
+
+
+def columns(
+    batch: dict[str, list[Any]], indices: list[int], encoder: PromptEncoder, source: str
+) -> dict[str, list[Any]]:
+    """A map batch of rows -> their prompts' ``input_ids`` and ``row`` numbers (top-level: it runs
+    in the encoding processes)."""
+    names = list(batch)
+    rows = [read_row({n: batch[n][k] for n in names}, i, source) for k, i in enumerate(indices)]
+    ids = [encoder.encode(r, f"row {i} of {source}") for i, r in zip(indices, rows, strict=True)]
+    return {"input_ids": ids, "row": list(indices)}
 
 
 class PromptCollator:

@@ -23,6 +23,8 @@ from xtrain.tasks.contract import Prediction
 from xtrain.tasks.preference import losses as pl
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from transformers import PreTrainedTokenizerBase
@@ -42,12 +44,13 @@ class PreferenceEval:
     def __init__(
         self,
         forward: PreferenceForward,
-        rows: list[dict[str, Any]],
+        rows: Sequence[dict[str, Any]],
         tokenizer: PreTrainedTokenizerBase,
         part: str = "chosen",
     ) -> None:
         self.forward, self.tokenizer = forward, tokenizer
-        rows = [r for r in rows[:MATCH_PROMPTS] if r.get("desirable", True)]  # KTO: the good completions
+        first = [rows[i] for i in range(min(MATCH_PROMPTS, len(rows)))]
+        rows = [r for r in first if r.get("desirable", True)]  # KTO: the good completions
         self.samples = [self._prompt_and_answer(r, part) for r in rows]
 
     @staticmethod

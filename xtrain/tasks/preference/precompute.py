@@ -19,7 +19,7 @@ import hashlib
 import io
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,19 +37,25 @@ if TYPE_CHECKING:
 REFERENCE_DIR = "preference-reference"  # under run.output_dir
 # rows -> a batch: collate.PreferenceCollator; vision-preference's KeyedCollator (rows with images)
 Collate = Callable[[list[dict[str, Any]]], dict[str, Any]]
+# a split's rows: encoded rows (``encoded.WithNumbers``: the numbers attached to it) or row dicts
+Rows = Sequence[dict[str, Any]]
 
 
-def fingerprint(run: Run, splits: dict[str, list[dict[str, Any]]]) -> str:
+def fingerprint(run: Run, splits: dict[str, Rows]) -> str:
     """What the reference log-probs depend on: the model the stage starts from (a result's base
     and adapters), how it is loaded and computes, and every sequence of the data (token ids and
-    labels). Not the process count."""
+    labels: encoded rows' own fingerprint, else the rows hashed). Not the process count."""
     m = run.cfg.model
     start = start_of(m.name_or_path)  # a trained result: its base and every adapter, by hash
     model = [start.base, [a.sha256 for a in start.adapters], run.cfg.lora.continue_adapter]
     h = hashlib.sha256()
     h.update(json.dumps([model, m.dtype, m.quantization, run.precision, sorted(splits)]).encode())
     for name in sorted(splits):
-        for row in splits[name]:
+        rows = splits[name]
+        if getattr(rows, "fingerprint", None) is not None:  # encoded rows (encoded.WithNumbers)
+            h.update(json.dumps([name, len(rows), rows.fingerprint]).encode())  # type: ignore[union-attr]
+            continue
+        for row in rows:
             h.update(json.dumps([v for k, v in sorted(row.items()) if not k.startswith("ref_")]).encode())
     return h.hexdigest()[:24]
 
@@ -57,17 +63,20 @@ def fingerprint(run: Run, splits: dict[str, list[dict[str, Any]]]) -> str:
 def compute(
     forward: PreferenceForward,
     model: torch.nn.Module,
-    rows: list[dict[str, Any]],
+    rows: Rows,
     collator: Collate,
     device: str,
     batch: int,
+    span: range | None = None,
 ) -> torch.Tensor:
-    """[len(rows), 2]: the reference's summed log-probs of each row's two sequences, on the CPU."""
+    """[len(span), 2]: the reference's summed log-probs of the two sequences of each row in
+    ``span`` (all of them), on the CPU."""
     values = [torch.zeros(0, 2)]
+    span = span if span is not None else range(len(rows))
     was_training = model.training
     model.train()  # dropout is off; a 4-bit layer keeps its training layout (no eval-mode repacking)
-    for start in range(0, len(rows), batch):
-        features = rows[start : start + batch]
+    for start in range(span.start, span.stop, batch):
+        features = [rows[i] for i in range(start, min(start + batch, span.stop))]
         b = {k: v.to(device) if torch.is_tensor(v) else v for k, v in collator(features).items()}
         with forward.autocast():
             logps = forward.reference_logps(model, b).float().cpu()
@@ -84,7 +93,7 @@ class Precompute:
     run: Run
     forward: PreferenceForward
     model: torch.nn.Module
-    splits: dict[str, list[dict[str, Any]]]
+    splits: dict[str, Rows]
     collator: Collate
 
     @property
@@ -108,18 +117,22 @@ class Precompute:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 write_bytes(path, buffer.getvalue())
         for name, rows in self.splits.items():
+            if hasattr(rows, "attach"):  # encoded rows: the numbers beside them, read with each row
+                rows.attach("ref_first", stored[name][:, 0].numpy())  # type: ignore[union-attr]
+                rows.attach("ref_second", stored[name][:, 1].numpy())  # type: ignore[union-attr]
+                continue
             for row, (first, second) in zip(rows, stored[name].tolist(), strict=True):
                 row["ref_first"], row["ref_second"] = float(first), float(second)
         self.forward.reference = None  # nothing live from now on: a full fine-tune's copy is freed
 
-    def _shared(self, accelerator: Accelerator | None, rows: list[dict[str, Any]]) -> torch.Tensor:
+    def _shared(self, accelerator: Accelerator | None, rows: Rows) -> torch.Tensor:
         """This process's consecutive share of ``rows`` computed, every share gathered in order."""
         world = accelerator.num_processes if accelerator is not None else 1
         rank = accelerator.process_index if accelerator is not None else 0
         share = math.ceil(len(rows) / world)
-        mine = rows[rank * share : (rank + 1) * share]
+        mine = range(min(rank * share, len(rows)), min((rank + 1) * share, len(rows)))
         per_device = self.run.settings.per_device
-        values = compute(self.forward, self.model, mine, self.collator, self.run.device, per_device)
+        values = compute(self.forward, self.model, rows, self.collator, self.run.device, per_device, mine)
         if accelerator is None or world == 1:
             return values
         padded = torch.zeros(share, 2)

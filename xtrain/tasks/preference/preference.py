@@ -13,7 +13,7 @@ causal-lm does."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
-    from xtrain.data.rows.preference import Encoder, PreferenceRow
+    from xtrain.data.rows.preference import Encoder
     from xtrain.model.activations import Stack
     from xtrain.planning.run import Run
     from xtrain.tasks.contract import Workload
@@ -76,48 +76,58 @@ def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str
     tokenizer's) when there is one, else prompt and answer as plain text."""
     from xtrain.data.rows import chat as chat_data
     from xtrain.data.rows.preference import Encoder
-    from xtrain.tasks.text.causal_lm import chat_render
+    from xtrain.tasks.text.rows import chat_render
 
     template = chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None)
     render = chat_render(cfg, tokenizer, source, "messages") if template else None
     return Encoder(tokenizer, cfg.data.max_length, render)
 
 
-def as_unpaired(rows: list[PreferenceRow]) -> list[PreferenceRow]:
-    """Pairs as KTO rows (TRL's conversion): the chosen answer desirable, the rejected not."""
-    from xtrain.data.rows.preference import PreferenceRow
-
-    out = []
-    for r in rows:
-        out += [
-            PreferenceRow(r.prompt, r.chosen, None, True),
-            PreferenceRow(r.prompt, r.rejected or "", None, False),
-        ]
-    return out
-
-
-def encoded(ds: Dataset, name: str, encoder: Encoder, loss: str) -> list[dict[str, Any]]:
-    """A data set's rows read, checked and encoded for ``loss`` (pairs become KTO rows for kto)."""
+def encoded(
+    ds: Dataset, name: str, encoder: Encoder, loss: str, tokenizer_key: str, processes: int | None = None
+) -> Dataset:
+    """A data set's rows read, checked and encoded for ``loss`` (pairs become KTO rows for kto),
+    once (``encoded.encode``: cached, in parallel on a first run)."""
+    from xtrain.data.encoded import encode
     from xtrain.data.rows import preference as rows_
     from xtrain.tasks.preference.losses import UNPAIRED
 
-    rows = rows_.read_rows(ds, name)
-    if not rows:
-        raise XtrainError(f"{name} has no rows")
-    if loss in UNPAIRED:
-        return rows_.unpaired_rows(rows if rows_.is_unpaired(rows) else as_unpaired(rows), encoder, name)
-    if rows_.is_unpaired(rows):
+    unpaired = rows_.read_row(dict(ds[0]), 0, name).rejected is None
+    if unpaired and loss not in UNPAIRED:
         raise XtrainError(
             f"{name} holds unpaired {{prompt, completion, label}} rows; preference.loss={loss} needs pairs",
             "set preference.loss=kto, or give {prompt, chosen, rejected} rows",
         )
-    return rows_.paired_rows(rows, encoder, name)
+    encoding = rows_.encoding(ds, name, encoder, loss in UNPAIRED, tokenizer_key, processes)
+    return encode(ds, encoding, f"encoding {name}")
+
+
+def encoded_sets(
+    cfg: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    source: str,
+    train: Dataset,
+    eval_ds: Dataset | None,
+    train_name: str,
+    eval_name: str,
+) -> dict[str, Dataset]:
+    """{"train": rows, "eval": rows}: each split encoded (``encoded``), for the run and the dry
+    run's ``encoding_note``."""
+    from xtrain.data.tokenize import tokenizer_fingerprint
+
+    encoder, key = encoder_of(cfg, tokenizer, source), tokenizer_fingerprint(tokenizer)
+    loss, processes = cfg.preference.loss, cfg.data.encode_processes
+    sets = {"train": encoded(train, train_name, encoder, loss, key, processes)}
+    if eval_ds is not None:
+        sets["eval"] = encoded(eval_ds, eval_name, encoder, loss, key, processes)
+    return sets
 
 
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
     import copy
 
     from xtrain.data.collate import PreferenceCollator
+    from xtrain.data.encoded import WithNumbers
     from xtrain.data.rows.preference import PAIRED_PARTS, UNPAIRED_PARTS
     from xtrain.tasks import data_check
     from xtrain.tasks.common import finish_model, load_seeded, pad_multiple, prepare_tokenizer, raw_datasets
@@ -132,12 +142,10 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     with main_process_first():
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
-    first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
-    report = inspect(cfg, (source, tokenizer), first, [])  # the data check: its first rows first
-    encoder = encoder_of(cfg, tokenizer, source)
-    splits = {"train": encoded(train, train_name, encoder, settings.loss)}
-    if eval_ds is not None:
-        splits["eval"] = encoded(eval_ds, eval_name, encoder, settings.loss)
+        first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
+        report = inspect(cfg, (source, tokenizer), first, [])  # the data check: its first rows first
+        sets = encoded_sets(cfg, tokenizer, source, train, eval_ds, train_name, eval_name)
+        splits = {name: WithNumbers(rows) for name, rows in sets.items()}
 
     model = load_seeded(run, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:
@@ -162,7 +170,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         eval_batch=ref.eval_stats,
         reduce_metrics=pl.reduce,
         tokenizer=tokenizer,
-        chat=encoder.render is not None,
+        chat=encoder_of(cfg, tokenizer, source).render is not None,
         main_metric=METRIC,
         forward=forward,
         trained_tokens=pl.sft_tokens if settings.sft_weight else None,  # the SFT term's (token_sum)
@@ -180,8 +188,14 @@ def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     reads them (a bad row raises its line), their longest answer's tokens before the cut, and
     the first pair's chosen answer as the model gets it (without a tokenizer: the rows only)."""
     from xtrain.tasks import data_check
+    from xtrain.tasks.encoding_check import encoding_note
 
-    return inspect(cfg, *data_check.text_check(cfg, limit))
+    found, samples, notes = data_check.text_check(cfg, limit)
+    report = inspect(cfg, found, samples, notes)
+    if found is not None:
+        note = encoding_note(cfg, samples, lambda *sets: encoded_sets(cfg, found[1], found[0], *sets))
+        report.encoding = note
+    return report
 
 
 def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: list[str]) -> DataReport:
@@ -200,7 +214,7 @@ def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: li
         if found is None:
             continue
         encoder = encoder_of(cfg, found[1], found[0])
-        encoded(s.ds, s.name, encoder, cfg.preference.loss)  # the run's refusals, row by row
+        encoded(s.ds, s.name, encoder, cfg.preference.loss, "")  # the run's refusals (in memory: no cache)
         for i, row in enumerate(rows):
             answers = [a for a in (row.chosen, row.rejected) if a is not None]
             longest = max(len(encoder.encode(row.prompt, a, f"row {i} of {s.name}")[0]) for a in answers)

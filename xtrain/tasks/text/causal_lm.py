@@ -1,5 +1,3 @@
-# longer: one task's build, its data check (with the agent rows' checks) and its predict loader,
-# kept together as the task contract has them
 """``causal-lm``: a text column, or prompt/response columns with the loss on the response only,
 or chat conversations (``data.messages_column``, rendered by the chat template, loss on the
 assistant turns only: ``chat_data``), or alpaca / sharegpt rows mapped onto those two
@@ -8,10 +6,8 @@ on packs whole examples into rows kept apart by restarting ``position_ids``, con
 old concatenation into blocks) and NEFTune (``optim.neftune_alpha``); metric: next-token accuracy
 (and perplexity).
 ``xtrain predict`` continues text prompts (a chat run's prompts as user turns) and the prompts of
-a data file's rows (``prompt_predict``).
-
-longer: one task's build, its data check (with the agent rows' checks) and its predict loader,
-kept together as the task contract has them."""
+a data file's rows (``prompt_predict``). The rows from the data as read to what the loop reads:
+``rows.py`` (encoded once, cached)."""
 
 from __future__ import annotations
 
@@ -31,9 +27,9 @@ from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task
 from xtrain.tasks.data_report import DataReport
 from xtrain.tasks.text import tool_calls
+from xtrain.tasks.text.rows import chat_render, encoded_sets, is_chat
 
 if TYPE_CHECKING:
-    from datasets import Dataset
     from torch.nn import Module
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -47,114 +43,20 @@ if TYPE_CHECKING:
 NAME = "causal-lm"
 
 
-def is_chat(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, fmt: str) -> bool:
-    """Conversations rendered by a chat template: messages and sharegpt always; alpaca when there
-    is a template (``data.chat_template`` or the tokenizer's), else it is prompt/response."""
-    from xtrain.data.rows import chat as chat_data
-
-    if fmt in row_formats.CHAT:
-        return True
-    if fmt != "alpaca":
-        return False
-    return bool(chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None))
-
-
-def chat_rows(
-    cfg: TrainConfig,
-    tokenizer: PreTrainedTokenizerBase,
-    source: str,
-    fmt: str,
-    train: tuple[Dataset, str],
-    eval_: tuple[Dataset | None, str],
-) -> tuple[list[dict[str, list[int]]], list[dict[str, list[int]]] | None]:
-    """Conversations -> input_ids/attention_mask/labels (assistant turns only), checked row by row."""
-    from xtrain.data.packing import pack_all
-    from xtrain.data.rows import tools as agent_rows
-    from xtrain.tasks.common import require_nonempty
-
-    d = cfg.data
-    render = chat_render(cfg, tokenizer, source, fmt)
-    out: list[list[dict[str, list[int]]] | None] = []
-    for ds, name in (train, eval_):
-        if ds is None:
-            out.append(None)
-            continue
-        cells = row_formats.conversations(ds, d, fmt, name)
-        tools = agent_rows.row_tools(ds, d, name)
-        rows = agent_rows.text_chat_rows(cells, render, tokenizer, d.max_length, name, tools, d.train_on)
-        require_nonempty(rows, name, "training" if ds is train[0] else "eval")
-        if d.packing == "on" and ds is train[0]:  # the training rows only, as for text
-            rows = pack_all(rows, d.max_length)
-        out.append(rows)
-    assert out[0] is not None
-    return out[0], out[1]
-
-
-def chat_render(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str, fmt: str) -> Render:
-    """The chat template's renderer (``data.chat_template`` or the tokenizer's)."""
-    from xtrain.data.rows import chat as chat_data
-
-    d = cfg.data
-    if d.packing == "concatenate":
-        hint = "set data.packing=on (whole conversations packed, kept apart) or off"
-        if fmt == "alpaca":
-            hint += " (alpaca rows are chat conversations when the tokenizer has a chat template)"
-        raise XtrainError("data.packing=concatenate would cut conversations mid-turn", hint)
-    template = chat_data.require_template(tokenizer, chat_data.load_template(d.chat_template), source)
-    if d.chat_template is not None:
-        tokenizer.chat_template = template  # saved with the adapter: predict renders the same way
-    return chat_data.renderer(tokenizer, template, d.chat_template, d.chat_template_kwargs)
-
-
 def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontext) -> Workload:
-    from xtrain.data.tokenize import require_columns, tokenize_causal_lm
     from xtrain.tasks import data_check
-    from xtrain.tasks.common import (
-        load_seeded,
-        prepare_tokenizer,
-        raw_datasets,
-        require_nonempty,
-        text_workload,
-        tokenizing,
-    )
+    from xtrain.tasks.common import load_seeded, prepare_tokenizer, raw_datasets, text_workload
 
     cfg = run.cfg
     d = cfg.data
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
-    with main_process_first():
+    with main_process_first():  # the first process encodes (datasets' cache), the others read it
         train, eval_ds, train_name, eval_name = raw_datasets(cfg)
         first = data_check.loaded_samples(cfg, [(train, train_name, "train"), (eval_ds, eval_name, "eval")])
         report = inspect(cfg, tokenizer, source, first, [])  # the data check: its first rows first
-        fmt = row_format(cfg, train, train_name)
-        chat = is_chat(cfg, tokenizer, fmt)
-        if not chat:
-            prompt, response, columns = text_columns(cfg, fmt)
-            kwargs = {
-                "tokenizer": tokenizer,
-                "text_column": d.text_column,
-                "prompt_column": prompt,
-                "response_column": response,
-                "max_length": d.max_length,
-            }
-            # packing=on packs the training rows only: eval examples stay whole rows, so eval loss
-            # and accuracy are per example, comparable with an unpacked run
-            eval_packing = "off" if d.packing == "on" else d.packing
-            tokenize = {
-                role: tokenizing(NAME, tokenize_causal_lm, {**kwargs, "packing": packing})
-                for role, packing in (("train", d.packing), ("eval", eval_packing))
-            }
-            sets = []
-            for ds, name, role in ((train, train_name, "train"), (eval_ds, eval_name, "eval")):
-                if ds is not None:
-                    if fmt == "alpaca":
-                        ds = row_formats.alpaca_as_prompt_response(ds, name)
-                    require_columns(ds, columns, name)
-                    ds = tokenize[role](ds, role)
-                    require_nonempty(ds, name, "training" if role == "train" else "eval")
-                sets.append(ds)
-            train, eval_ds = sets
-    if chat:  # rendered in every process: no datasets cache to share (fast: no model involved)
-        train, eval_ds = chat_rows(cfg, tokenizer, source, fmt, (train, train_name), (eval_ds, eval_name))
+        fmt, chat, train, eval_ds = encoded_sets(
+            cfg, tokenizer, source, train, eval_ds, train_name, eval_name
+        )
 
     model = load_seeded(run, TASK, source)
     if getattr(model.config, "pad_token_id", None) is None:
@@ -167,8 +69,9 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     workload = text_workload(model, run, TASK, tokenizer, (train, eval_ds), evaluation)
     workload.chat, workload.data_report = chat, report
     workload.record = {"row_format": fmt}  # what predict --data reads a file as (xtrain_run.json)
+    pad = workload.collator  # encoded chat rows carry no attention mask (all ones): the collator's
+    workload.collator = collate.PadCollator(pad.pad_token_id, pad.pad_to_multiple_of, masks=True)
     if d.packing == "on":  # one padding-free row per micro-batch; eval rows padded as before
-        pad = workload.collator
         workload.collator = collate.PackedCollator(pad.pad_token_id, pad.pad_to_multiple_of)
     if cfg.optim.neftune_alpha is not None:  # on the unwrapped model; active in training mode only
         neftune.attach(workload.model, cfg.optim.neftune_alpha)
@@ -181,10 +84,15 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
     from xtrain.tasks import data_check
+    from xtrain.tasks.encoding_check import encoding_note
 
     found, samples, notes = data_check.text_check(cfg, limit)
     source, tokenizer = found if found is not None else (cfg.model.name_or_path, None)
-    return inspect(cfg, tokenizer, source, samples, notes)
+    report = inspect(cfg, tokenizer, source, samples, notes)
+    if tokenizer is not None:
+        note = encoding_note(cfg, samples, lambda *sets: encoded_sets(cfg, tokenizer, source, *sets))
+        report.encoding = note
+    return report
 
 
 def inspect(

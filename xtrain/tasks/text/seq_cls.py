@@ -61,7 +61,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
             "label_to_id": mapping,
             "max_length": d.max_length,
         }
-        tokenize = tokenizing(NAME, tokenize_seq_cls, kwargs)
+        tokenize = tokenizing(NAME, tokenize_seq_cls, kwargs, cfg.data.encode_processes)
         train = tokenize(train, "train")
         require_nonempty(train, train_name, "training")
         if eval_ds is not None:

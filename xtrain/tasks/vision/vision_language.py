@@ -211,10 +211,13 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     first = data_check.loaded_samples(cfg, sets)
     report = vision_check.inspect(cfg, (processor, render), first, [])  # the data check: first rows first
     tokenizer = processor.tokenizer
-    train_rows = vision_rows.rows(train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False)
-    eval_rows = None
-    if eval_ds is not None:
-        eval_rows = vision_rows.rows(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, with_prompts=True)
+    with main_process_first():  # the first process encodes (datasets' cache), the others read it
+        train_rows = vision_rows.rows(
+            train, cfg, train_name, train_dir, render, tokenizer, with_prompts=False
+        )
+        eval_rows = None
+        if eval_ds is not None:
+            eval_rows = vision_rows.rows(eval_ds, cfg, eval_name, eval_dir, render, tokenizer, True, "eval")
 
     model = common.load_media_model(run, TASK, source)
     fix_generation(model, tokenizer)
