@@ -263,6 +263,18 @@ class GrpoConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How each step's work is split across the processes beyond data parallelism (docs/long-context.md)."""
+
+    # sequence parallelism: each process holds 1/N of every sequence's tokens (N divides the
+    # processes; the processes / N groups train data-parallel); 1: off
+    sequence: int = 1
+    # auto (ulysses where the attention and key/value heads divide by N, else ring) | ulysses
+    # (all-to-all: sequence shards -> head shards) | ring (keys and values passed around the ring)
+    sequence_mode: str = "auto"
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -273,6 +285,7 @@ class TrainConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
 
 def sections() -> dict[str, type]:

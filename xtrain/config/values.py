@@ -45,6 +45,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.mixed_precision": ("auto", *PRECISIONS),
     "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference.losses.LOSSES
     "grpo.scale_rewards": ("group", "batch", "none"),
+    "parallel.sequence_mode": ("auto", "ulysses", "ring"),  # xtrain.planning.sequence
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 # fmt: off
@@ -151,6 +152,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_tool_calls": _between(0, 1 << 20),
     "grpo.tool_timeout": _POS_NUM,
     "generation.sample_predictions": _between(0, 10_000),
+    "parallel.sequence": _between(1, 1024),
 }
 
 

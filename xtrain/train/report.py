@@ -44,19 +44,24 @@ class StartInfo:
     loader_why: str = ""
     data_checked: str | None = None  # the task's data check on its first rows (DataReport.summary)
     levers: tuple[str, ...] = ()  # the loss and activation offloading, a line each (train/levers.py)
+    sequence: int = 1  # parallel.sequence: processes a sequence is split across (they share its rows)
 
     @classmethod
     def of(cls, settings: RunSettings, **found: Any) -> StartInfo:
         """The banner of a run with these ``RunSettings``; ``found``: what setup found."""
         s = settings
         return cls(precision=s.precision, per_device=s.per_device, accumulation=s.accumulation,
-                   global_batch=s.global_batch, **found)  # fmt: skip
+                   global_batch=s.global_batch, sequence=s.sequence, **found)  # fmt: skip
 
     @property
     def batch_line(self) -> str:
+        if self.sequence > 1:  # the groups that share each sequence read the same rows
+            groups = self.processes // self.sequence
+            readers = f"{groups} group{'s' if groups != 1 else ''} of {self.sequence} processes"
+        else:
+            readers = f"{self.processes} process{'es' if self.processes != 1 else ''}"
         return (
-            f"global batch = {self.per_device} per-device x {self.processes} "
-            f"process{'es' if self.processes != 1 else ''} x {self.accumulation} accumulation "
+            f"global batch = {self.per_device} per-device x {readers} x {self.accumulation} accumulation "
             f"= {self.global_batch}"
         )
 

@@ -341,6 +341,7 @@ TASK = Task(
     ),
     validate=validate,
     token_loss="next-token",
+    sequence_parallel=True,  # parallel.sequence: its sequences split across processes
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     recognizes=_is_causal_lm,

@@ -1,0 +1,177 @@
+"""Sequence parallelism, exact (issue 58): one process on the whole sequence against two with
+``parallel.sequence: 2``, each holding half of every sequence (gloo, real processes), give the
+same step loss and the same LoRA gradients within float32 rounding, for padded, packed, chat and
+preference batches, under gradient checkpointing, in Ulysses and ring mode.
+
+The one-process side is xtrain's loop at its first optimizer step, itself checked against the
+plain reference (tests/support/gradients.py: the model's class, peft, every token's cross-entropy
+over the step's trained tokens, written out); the preference task's own gradient check is
+tests/test_gradients.py's. One torchrun of 2 processes runs every configuration in turn (its process
+group kept between them) and saves each rank's gradients and its shares of the step's loss, which
+summed over the ranks are the step's loss.
+
+The rows' lengths differ widely and exceed one process's half (so shards hold prompt-only, answer
+and padding positions, and packed examples cross the cut); every LoRA B matrix is moved off zero
+first (seeded by its name, the same in every run), so every adapter weight has a gradient.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support.gradients import assert_same_gradients, jsonl, reference_gradients, xtrain_gradients
+
+from xtrain import builtin
+from xtrain.tasks.validation import load_config
+
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
+
+WORDS = ("one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve")
+
+
+def _common(*extra: str) -> list[str]:
+    return ["run.report_to=none", "run.max_steps=1", "run.eval_at_start=false", "run.eval_every=null",
+            "optim.max_grad_norm=null", "optim.warmup_steps=0", "data.eval=null", "lora.dropout=0.0",
+            "batch.per_device=2", "batch.global_batch=4", *extra]  # fmt: skip
+
+
+def turn(role: str, content: str) -> dict[str, str]:
+    return {"role": role, "content": content}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Each kind's config overrides (without ``parallel.sequence``)."""
+    data = tmp_path_factory.mktemp("seqpar-data")
+    rng = random.Random(5)
+    rows = [{"prompt": f"count to {n}: ", "response": " ".join(WORDS[i % 12] for i in range(n))}
+            for n in rng.sample(range(1, 40), 8)]  # fmt: skip
+    chats = [{"messages": [turn("user", r["prompt"]), turn("assistant", r["response"]), turn("user", "again"),
+                           turn("assistant", WORDS[i % 12])]} for i, r in enumerate(rows)]  # fmt: skip
+    counting = f"data.train={jsonl(data / 'counting.jsonl', rows)}"
+    tiny = ("model.name_or_path=builtin:tiny-llama", "model.task=causal-lm")
+    pairs = f"data.train={jsonl(data / 'pairs.jsonl', builtin.preference_examples(8, 3))}"
+    return {
+        # the model's own loss (shift_labels), padded rows of 3 to 40 tokens
+        "padded": _common(*tiny, counting, "data.max_length=41", "model.chunked_loss=off"),
+        # examples packed into rows of 64, crossing the cut; the chunked loss
+        "packed": _common(*tiny, counting, "data.packing=on", "data.max_length=64"),
+        "chat": _common("model.name_or_path=builtin:tiny-llama-chat", "model.task=causal-lm",
+                        f"data.train={jsonl(data / 'chats.jsonl', chats)}", "data.max_length=64"),
+        "preference": _common("model.name_or_path=builtin:tiny-llama", "model.task=preference", pairs,
+                              "data.max_length=48", "preference.sft_weight=0.5"),
+        "checkpointing": _common(*tiny, counting, "data.max_length=41", "model.gradient_checkpointing=true"),
+        "ring": _common(*tiny, counting, "data.max_length=41", "parallel.sequence_mode=ring"),
+    }  # fmt: skip
+
+
+# Each rank of a torchrun runs xtrain's loop (support.gradients.xtrain_gradients) on each config
+# in turn in one process group, and saves its gradients at the first optimizer step and its shares
+# of the step's loss (StepLoss.micro's second value, summed over its micro-batches).
+WORKER = """
+import json, os, sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, sys.argv[1])
+from support.gradients import xtrain_gradients
+from test_sequence_parallel import moved_adapters, record_shares
+
+import xtrain.train.loop as loop
+from xtrain.machine.facts import Facts
+from xtrain.planning.plan import Overrides
+from xtrain.planning.rules import make_plan
+from xtrain.tasks.validation import load_config
+
+
+def keep_group(accelerator):  # release() without end_training(), which destroys the group
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+loop.release = keep_group
+plan = make_plan(Facts(torch_version="2.13.0", gloo_available=True, cpu_count=2), Overrides(num_processes=2))
+for name, overrides in json.loads(sys.argv[2]).items():
+    with record_shares() as shares:
+        grads = xtrain_gradients(load_config(None, overrides), plan, on_workload=moved_adapters).grads
+    out = os.path.join(os.environ["TEST_OUT"], f"{name}-{dist.get_rank()}.pt")
+    torch.save({"grads": grads, "loss": sum(shares)}, out)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def moved_adapters(workload) -> None:
+    """Every LoRA B matrix set to seeded values (by its name): B starts at 0, and then the A
+    matrices would have no gradient to compare."""
+    with torch.no_grad():
+        for name, p in workload.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+
+
+class record_shares:
+    """Collects every micro-batch's share of the step's loss while it is open."""
+
+    def __enter__(self) -> list[float]:
+        from xtrain.train.step_loss import StepLoss
+
+        self.own, shares = StepLoss.micro, []
+
+        def micro(step_loss, out, count, total):
+            backward, share = self.own(step_loss, out, count, total)
+            shares.append(float(share))
+            return backward, share
+
+        StepLoss.micro = micro
+        return shares
+
+    def __exit__(self, *exc: object) -> None:
+        from xtrain.train.step_loss import StepLoss
+
+        StepLoss.micro = self.own
+
+
+@pytest.fixture(scope="module")
+def two_processes(jobs: dict[str, list[str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
+    """Each kind's first step on 2 processes, each holding half of every sequence (one torchrun)."""
+    from support.jobs import offline_env, run_xtrain
+
+    from xtrain.launch.rendezvous import free_port
+
+    root = tmp_path_factory.mktemp("seqpar-two")
+    worker = root / "worker.py"
+    worker.write_text(WORKER)
+    configs = {k: [*o, "parallel.sequence=2", f"run.output_dir={root / k}"] for k, o in jobs.items()}
+    cache = tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain"  # conftest's private_caches
+    env = {**offline_env(root, cache), "TEST_OUT": str(root)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), str(worker), str(Path(__file__).parent),
+           json.dumps(configs)]  # fmt: skip
+    proc = run_xtrain(cmd, env)
+    failed = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank"))
+    assert proc.returncode == 0, (failed or proc.stderr)[-4000:]
+    return {k: [torch.load(root / f"{k}-{rank}.pt") for rank in (0, 1)] for k in jobs}
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed", "chat", "preference", "checkpointing", "ring"])
+def test_two_processes_holding_half_of_each_sequence_train_as_one(jobs, two_processes, kind, tmp_path):
+    """The step's loss (every rank's shares summed) and each rank's LoRA gradients equal one
+    process's on the whole sequences, and those equal the plain reference's (token losses)."""
+    overrides = [*jobs[kind], f"run.output_dir={tmp_path / 'one'}"]
+    with record_shares() as shares:
+        one = xtrain_gradients(load_config(None, overrides), on_workload=moved_adapters)
+    if kind != "preference":  # (the preference forward's own check: tests/test_gradients.py)
+        assert_same_gradients(one.grads, reference_gradients(one))
+    loss = sum(r["loss"] for r in two_processes[kind])
+    assert loss == pytest.approx(sum(shares), rel=1e-5)
+    for rank in two_processes[kind]:
+        assert_same_gradients(rank["grads"], one.grads)

@@ -1,0 +1,226 @@
+"""Sequence-parallel attention through transformers' attention-function registry: every model
+family whose attention layers call ``ALL_ATTENTION_FUNCTIONS`` (transformers' ``AttentionInterface``,
+``config._attn_implementation`` names the function) runs with its sequences split across the
+processes of a group, with no code of its own (docs/long-context.md).
+
+``register(inner)`` adds ``xtrain_sequence_parallel_<inner>`` beside the implementation the plan
+chose (sdpa, eager, flash_attention_2), and the same mask function as ``inner`` under that name in
+``AttentionMaskInterface``; ``use(model, name)`` switches a built model to it. A forward whose
+keyword arguments carry ``Shards`` (xtrain/data/sequence_shards.py: a sharded training batch)
+takes the sequence-parallel path; any other (evaluation, generation: whole sequences) runs
+``inner`` exactly as the model would.
+
+Ulysses (``ulysses_attention``): each process has its shard's queries, keys and values for every
+head, ``[batch, heads, L, head size]``. One all-to-all (``AllToAll``, whose backward is the
+reverse all-to-all) gives it every shard's positions for ``heads / N`` of the heads, ``[batch,
+heads / N, N x L, head size]``: the whole sequence. ``inner`` runs on it, one call per segment
+``Shards`` names (a packed row's examples, a left-padded row's tokens; causal inside each), or one
+call for rows that are each one causal sequence; flash attention gets the whole row with its
+positions (its variable-length kernel keeps the examples apart). A second all-to-all gives the
+output back by sequence shard, every head. The query heads of a rank's key/value heads land on the
+same rank (both split in order into N equal parts), so grouped-query attention is unchanged.
+
+The exchanges themselves (all-to-all, and their host-staged form where the process group cannot
+move device tensors: gloo with CUDA tensors) are xtrain/model/shard_exchange.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from xtrain.data.sequence_shards import KEY, Shards
+from xtrain.model.shard_exchange import AllToAll, AttentionFn, Exchange, exchange
+
+PREFIX = "xtrain_sequence_parallel_"
+
+
+def heads_from_sequence(x: torch.Tensor, ex: Exchange) -> torch.Tensor:
+    """[B, H, L, D] (every head, this shard's L positions) -> [B, H / N, N x L, D] (this rank's
+    heads, every position)."""
+    b, h, length, d = x.shape
+    n = ex.size
+    parts = x.reshape(b, n, h // n, length, d).transpose(0, 1).contiguous()  # [N, B, H/N, L, D]
+    got = AllToAll.apply(parts, ex)  # part i: shard i's positions of this rank's heads
+    return got.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * length, d)
+
+
+def sequence_from_heads(y: torch.Tensor, ex: Exchange) -> torch.Tensor:
+    """[B, N x L, H / N, D] (attention's output layout) -> [B, L, H, D]: this shard's positions,
+    every head."""
+    b, total, h, d = y.shape
+    n = ex.size
+    parts = y.reshape(b, n, total // n, h, d).transpose(0, 1).contiguous()  # [N, B, L, H/N, D]
+    got = AllToAll.apply(parts, ex)  # part i: rank i's heads of this shard's positions
+    return got.permute(1, 2, 0, 3, 4).reshape(b, total // n, n * h, d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention over whole sequences, kept apart by segment
+
+
+def causal_mask(length: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """[length, length] bool, True where a query (row) attends to a key (column): causal, and
+    within ``window`` positions when the layer has a sliding window."""
+    q = torch.arange(length, device=device)[:, None]
+    k = torch.arange(length, device=device)[None, :]
+    keep = k <= q
+    if window is not None:
+        keep &= q - k < window
+    return keep
+
+
+def _run(inner: AttentionFn, kind: str, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor,
+         v: torch.Tensor, window: int | None, kwargs: dict[str, Any]) -> torch.Tensor:  # fmt: skip
+    """``inner`` over one causal sequence (every row of ``q`` one, from position 0): the mask it
+    needs, or none where its causal path is exact (sdpa without a window: its ``is_causal``)."""
+    length = q.shape[2]
+    mask: torch.Tensor | None = None
+    if kind == "eager" or (window is not None and window < length):
+        keep = causal_mask(length, window, q.device)[None, None]
+        if kind == "eager":
+            mask = torch.zeros(keep.shape, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(~keep, torch.finfo(q.dtype).min)
+        else:
+            mask = keep
+    out, _ = inner(module, q, k, v, mask, **kwargs)
+    return out
+
+
+def whole_sequence_attention(
+    inner: AttentionFn, kind: str, module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor,
+    v: torch.Tensor, shards: Shards, kwargs: dict[str, Any],
+) -> torch.Tensor:  # fmt: skip
+    """``inner`` over whole sequences ``q``/``k``/``v`` [B, heads, T, D], each row's segments kept
+    apart (``Shards.segments``; causal inside each) -> [B, T, heads, D]."""
+    window = kwargs.pop("sliding_window", None)
+    if kind == "flash":
+        positions = segment_positions(shards, q.shape[0], q.device)
+        out, _ = inner(module, q, k, v, None, position_ids=positions, sliding_window=window, **kwargs)
+        return out
+    if shards.segments is None:
+        return _run(inner, kind, module, q, k, v, window, kwargs)
+    rows = []
+    for row, lengths in enumerate(shards.segments):
+        parts, start = [], 0
+        for n in lengths:
+            span = slice(start, start + n)
+            one = (t[row : row + 1, :, span] for t in (q, k, v))
+            parts.append(_run(inner, kind, module, *one, window, kwargs))
+            start += n
+        rows.append(torch.cat(parts, dim=1))
+    return torch.cat(rows, dim=0)
+
+
+def segment_positions(shards: Shards, rows: int, device: torch.device) -> torch.Tensor:
+    """[rows, T] positions that restart at each segment (what flash attention's variable-length
+    path reads the segments from); 0, 1, ... for rows of one sequence each."""
+    if shards.segments is None:
+        return torch.arange(shards.length, device=device).expand(rows, -1)
+    return torch.stack(
+        [torch.cat([torch.arange(n, device=device) for n in lengths]) for lengths in shards.segments]
+    )
+
+
+def kind_of(inner_name: str) -> str:
+    return "flash" if "flash" in inner_name else "eager" if inner_name == "eager" else "sdpa"
+
+
+# keyword arguments that describe the shard's own positions: the whole sequence's are built here
+_LOCAL = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal")
+
+
+def ulysses_attention(inner: AttentionFn, inner_name: str) -> AttentionFn:
+    """The registered function: Ulysses for a sharded batch, ``inner`` as it is otherwise."""
+    kind = kind_of(inner_name)
+
+    def attention(
+        module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+        attention_mask: torch.Tensor | None, **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:  # fmt: skip
+        shards = kwargs.pop(KEY, None)
+        if shards is None:
+            return inner(module, query, key, value, attention_mask, **kwargs)
+        ex = exchange()
+        for name in _LOCAL:
+            kwargs.pop(name, None)
+        q, k, v = (heads_from_sequence(t, ex) for t in (query, key, value))
+        out = whole_sequence_attention(inner, kind, module, q, k, v, shards, kwargs)
+        return sequence_from_heads(out, ex), None
+
+    return attention
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry
+
+
+def registered_name(inner: str, mode: str) -> str:
+    return f"{PREFIX}{mode}_{inner}"
+
+
+def register(inner: str, mode: str = "ulysses") -> str:
+    """Register the sequence-parallel attention around ``inner`` (sdpa | eager |
+    flash_attention_2; ``mode``: ulysses | ring) and its mask function; returns its name."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    from xtrain.model import ring_attention
+
+    name = registered_name(inner, mode)
+    found: AttentionFn = model_eager if inner == "eager" else ALL_ATTENTION_FUNCTIONS[inner]
+    wrap = ulysses_attention if mode == "ulysses" else ring_attention.ring_attention
+    AttentionInterface.register(name, wrap(found, inner))
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner])
+    return name
+
+
+def model_eager(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    """The eager attention of ``module``'s own modeling file (transformers keeps eager outside the
+    registry, one ``eager_attention_forward`` a family: Gemma's soft-capping lives there)."""
+    import sys
+
+    own = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if own is None:
+        raise RuntimeError(f"{type(module).__module__} has no eager_attention_forward")
+    return own(module, *args, **kwargs)
+
+
+def use(model: torch.nn.Module, inner: str, name: str) -> int:
+    """Switch ``model`` (a transformers model, or peft's around one) from ``inner`` to the
+    registered ``name``: every config of its modules that names ``inner``. Returns how many."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    seen: set[int] = set()
+    for module in base.modules():
+        config = getattr(module, "config", None)
+        if config is None or id(config) in seen or getattr(config, "_attn_implementation", None) != inner:
+            continue
+        seen.add(id(config))
+        config._attn_implementation_internal = name
+    return len(seen)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the plan needs to know of a model
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The class's name, whether its attention calls the registry (None: not known), its heads."""
+
+    name: str
+    registry: bool | None
+    heads: int
+    kv_heads: int
+
+
+def model_facts(cls: type | None, config: Any) -> ModelFacts:
+    """``ModelFacts`` of a model of class ``cls`` (None: custom code, not known) with ``config``
+    (its text config's heads, for a composite model)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    kv = getattr(text, "num_key_value_heads", None)
+    registry = bool(getattr(cls, "_supports_attention_backend", False)) if cls is not None else None
+    return ModelFacts(cls.__name__ if cls is not None else "the model", registry, heads, int(kv or heads))
