@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from xtrain.data.sequence_shards import KEY, Shards
+from xtrain.data.sequence_shards import Shards
 
 if TYPE_CHECKING:
-    from xtrain.model.shard_exchange import AttentionFn, Exchange
+    from xtrain.model.shard_exchange import Exchange
 
 # float32 scores a block of queries holds at once: rows x keys x heads x batch (64M: 256 MiB)
 SCORE_ENTRIES = 1 << 26
@@ -146,30 +146,15 @@ def _rows(q: torch.Tensor) -> int:
     return max(1, min(length, SCORE_ENTRIES // max(1, b * h * length)))
 
 
-def ring_attention(inner: AttentionFn, inner_name: str) -> AttentionFn:
-    """The registered function: ring attention for a sharded batch, ``inner`` as it is otherwise."""
-    from xtrain.model.shard_exchange import exchange
-
-    def attention(
-        module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-        attention_mask: torch.Tensor | None, **kwargs: Any,
-    ) -> tuple[torch.Tensor, None]:  # fmt: skip
-        shards = kwargs.pop(KEY, None)
-        if shards is None:
-            return inner(module, query, key, value, attention_mask, **kwargs)
-        dropout = kwargs.get("dropout", 0.0)
-        if module.training and dropout:
-            raise RuntimeError(
-                "ring attention drops no attention weights out: set the attention dropout to 0"
-            )
-        if kwargs.get("softcap") is not None:
-            raise RuntimeError(
-                "ring attention does not soft-cap scores (parallel.sequence_mode=ulysses does)"
-            )
-        scale = kwargs.get("scaling")
-        scale = float(scale) if scale is not None else query.shape[-1] ** -0.5
-        seg = segment_ids(shards, query.shape[0], query.device)
-        out = _Ring.apply(query, key, value, exchange(), seg, scale, kwargs.get("sliding_window"))
-        return out.transpose(1, 2).contiguous(), None
-
-    return attention
+def ring(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+         shards: Shards, ex: Exchange, kwargs: dict[str, Any]) -> torch.Tensor:  # fmt: skip
+    """Ring attention on this shard's queries [B, heads, L, D] -> its output [B, L, heads, D]."""
+    if module.training and kwargs.get("dropout", 0.0):
+        raise RuntimeError("ring attention drops no attention weights out: set the attention dropout to 0")
+    if kwargs.get("softcap") is not None:
+        raise RuntimeError("ring attention does not soft-cap scores (parallel.sequence_mode=ulysses does)")
+    scale = kwargs.get("scaling")
+    scale = float(scale) if scale is not None else query.shape[-1] ** -0.5
+    seg = segment_ids(shards, query.shape[0], query.device)
+    out = _Ring.apply(query, key, value, ex, seg, scale, kwargs.get("sliding_window"))
+    return out.transpose(1, 2).contiguous()

@@ -1,27 +1,28 @@
 """Sequence-parallel attention through transformers' attention-function registry: every model
-family whose attention layers call ``ALL_ATTENTION_FUNCTIONS`` (transformers' ``AttentionInterface``,
+family whose attention layers call ``ALL_ATTENTION_FUNCTIONS`` (transformers' ``AttentionInterface``;
 ``config._attn_implementation`` names the function) runs with its sequences split across the
 processes of a group, with no code of its own (docs/long-context.md).
 
-``register(inner)`` adds ``xtrain_sequence_parallel_<inner>`` beside the implementation the plan
-chose (sdpa, eager, flash_attention_2), and the same mask function as ``inner`` under that name in
-``AttentionMaskInterface``; ``use(model, name)`` switches a built model to it. A forward whose
-keyword arguments carry ``Shards`` (xtrain/data/sequence_shards.py: a sharded training batch)
-takes the sequence-parallel path; any other (evaluation, generation: whole sequences) runs
-``inner`` exactly as the model would.
+``register(inner)`` puts ``sequence_attention`` in the registry in place of the implementation the
+plan chose, under its own name (sdpa, flash_attention_2: every check transformers keys on that
+name, such as which flash kernel to load, holds), or for eager, which the models call outside the
+registry, under ``EAGER`` with eager's mask function (``use`` switches the model's configs to it).
+A forward whose keyword arguments carry ``Shards`` (xtrain/data/sequence_shards.py: a sharded
+training batch) takes the sequence-parallel path; any other (evaluation, generation, another model
+in the process: whole sequences) runs the implementation exactly as before.
 
-Ulysses (``ulysses_attention``): each process has its shard's queries, keys and values for every
-head, ``[batch, heads, L, head size]``. One all-to-all (``AllToAll``, whose backward is the
-reverse all-to-all) gives it every shard's positions for ``heads / N`` of the heads, ``[batch,
-heads / N, N x L, head size]``: the whole sequence. ``inner`` runs on it, one call per segment
+Ulysses (``ulysses``): each process has its shard's queries, keys and values for every head,
+``[batch, heads, L, head size]``. One all-to-all (``AllToAll``, whose backward is the reverse
+all-to-all) gives it every shard's positions for ``heads / N`` of the heads, ``[batch, heads / N,
+N x L, head size]``: the whole sequence. The implementation runs on it, one call per segment
 ``Shards`` names (a packed row's examples, a left-padded row's tokens; causal inside each), or one
-call for rows that are each one causal sequence; flash attention gets the whole row with its
-positions (its variable-length kernel keeps the examples apart). A second all-to-all gives the
-output back by sequence shard, every head. The query heads of a rank's key/value heads land on the
-same rank (both split in order into N equal parts), so grouped-query attention is unchanged.
-
-The exchanges themselves (all-to-all, and their host-staged form where the process group cannot
-move device tensors: gloo with CUDA tensors) are xtrain/model/shard_exchange.py's.
+call for rows that are each one causal sequence; flash attention gets the segments as restarting
+positions of one flat row (its variable-length kernel keeps them apart). A second all-to-all gives
+the output back by sequence shard, every head. The query heads of a rank's key/value heads land on
+the same rank (both split in order into N equal parts), so grouped-query attention is unchanged.
+Ring mode is xtrain/model/ring_attention.py's; the exchanges (all-to-all, and their host-staged
+form where the process group cannot move device tensors: gloo with CUDA tensors) are
+xtrain/model/shard_exchange.py's.
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from typing import Any
 import torch
 
 from xtrain.data.sequence_shards import KEY, Shards
+from xtrain.model import ring_attention
 from xtrain.model.shard_exchange import AllToAll, AttentionFn, Exchange, exchange
 
-PREFIX = "xtrain_sequence_parallel_"
+PREFIX = "xtrain_sequence_parallel_"  # the registered names of the implementations it wraps
 
 
 def heads_from_sequence(x: torch.Tensor, ex: Exchange) -> torch.Tensor:
@@ -97,9 +99,16 @@ def whole_sequence_attention(
     apart (``Shards.segments``; causal inside each) -> [B, T, heads, D]."""
     window = kwargs.pop("sliding_window", None)
     if kind == "flash":
-        positions = segment_positions(shards, q.shape[0], q.device)
-        out, _ = inner(module, q, k, v, None, position_ids=positions, sliding_window=window, **kwargs)
-        return out
+        if shards.segments is None:  # rows of one causal sequence each: the batched kernel
+            out, _ = inner(module, q, k, v, None, sliding_window=window, **kwargs)
+            return out
+        # every row's segments as one flat row whose positions restart at each: transformers'
+        # flash path takes its variable-length kernel from them (one row only: _is_packed_sequence)
+        b, t = q.shape[0], q.shape[2]
+        flat = [x.transpose(0, 1).reshape(1, x.shape[1], b * t, x.shape[3]) for x in (q, k, v)]
+        positions = segment_positions(shards, b, q.device).reshape(1, b * t)
+        out, _ = inner(module, *flat, None, position_ids=positions, sliding_window=window, **kwargs)
+        return out.reshape(b, t, *out.shape[2:])
     if shards.segments is None:
         return _run(inner, kind, module, q, k, v, window, kwargs)
     rows = []
@@ -132,8 +141,18 @@ def kind_of(inner_name: str) -> str:
 _LOCAL = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "is_causal")
 
 
-def ulysses_attention(inner: AttentionFn, inner_name: str) -> AttentionFn:
-    """The registered function: Ulysses for a sharded batch, ``inner`` as it is otherwise."""
+def ulysses(
+    inner: AttentionFn, kind: str, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+    value: torch.Tensor, shards: Shards, ex: Exchange, kwargs: dict[str, Any],
+) -> torch.Tensor:  # fmt: skip
+    """Ulysses on this shard's [B, heads, L, D] -> its output [B, L, heads, D]."""
+    q, k, v = (heads_from_sequence(t, ex) for t in (query, key, value))
+    return sequence_from_heads(whole_sequence_attention(inner, kind, module, q, k, v, shards, kwargs), ex)
+
+
+def sequence_attention(inner: AttentionFn, inner_name: str) -> AttentionFn:
+    """The function registered in ``inner``'s place: for a sharded batch the mode this process
+    runs (``Exchange.mode``: Ulysses here, ring in ring_attention.py), else ``inner`` as it is."""
     kind = kind_of(inner_name)
 
     def attention(
@@ -146,35 +165,36 @@ def ulysses_attention(inner: AttentionFn, inner_name: str) -> AttentionFn:
         ex = exchange()
         for name in _LOCAL:
             kwargs.pop(name, None)
-        q, k, v = (heads_from_sequence(t, ex) for t in (query, key, value))
-        out = whole_sequence_attention(inner, kind, module, q, k, v, shards, kwargs)
-        return sequence_from_heads(out, ex), None
+        if ex.mode == "ring":
+            return ring_attention.ring(module, query, key, value, shards, ex, kwargs), None
+        return ulysses(inner, kind, module, query, key, value, shards, ex, kwargs), None
 
+    attention.wrapped = inner  # type: ignore[attr-defined]
     return attention
 
 
 # ---------------------------------------------------------------------------------------------
 # The registry
 
-
-def registered_name(inner: str, mode: str) -> str:
-    return f"{PREFIX}{mode}_{inner}"
+EAGER = PREFIX + "eager"  # eager is not in the registry: models call their own function for it
 
 
-def register(inner: str, mode: str = "ulysses") -> str:
-    """Register the sequence-parallel attention around ``inner`` (sdpa | eager |
-    flash_attention_2; ``mode``: ulysses | ring) and its mask function; returns its name."""
+def register(inner: str) -> str:
+    """Put the sequence-parallel attention in the registry around ``inner`` (sdpa,
+    flash_attention_2/3: in its own entry, once a process, so every check transformers keys on the
+    name, such as which flash kernel to load, holds; eager: under ``EAGER``, with eager's mask
+    function) and return the name the model must run under."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-    from xtrain.model import ring_attention
-
-    name = registered_name(inner, mode)
-    found: AttentionFn = model_eager if inner == "eager" else ALL_ATTENTION_FUNCTIONS[inner]
-    wrap = ulysses_attention if mode == "ulysses" else ring_attention.ring_attention
-    AttentionInterface.register(name, wrap(found, inner))
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[inner])
-    return name
+    if inner == "eager":
+        AttentionInterface.register(EAGER, sequence_attention(model_eager, "eager"))
+        AttentionMaskInterface.register(EAGER, ALL_MASK_ATTENTION_FUNCTIONS["eager"])
+        return EAGER
+    found = ALL_ATTENTION_FUNCTIONS[inner]
+    if not hasattr(found, "wrapped"):  # (a second run in this process finds it wrapped)
+        AttentionInterface.register(inner, sequence_attention(found, inner))
+    return inner
 
 
 def model_eager(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
@@ -190,7 +210,10 @@ def model_eager(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[tor
 
 def use(model: torch.nn.Module, inner: str, name: str) -> int:
     """Switch ``model`` (a transformers model, or peft's around one) from ``inner`` to the
-    registered ``name``: every config of its modules that names ``inner``. Returns how many."""
+    registered ``name`` where they differ (eager): every config of its modules that names
+    ``inner``. Returns how many."""
+    if name == inner:
+        return 0
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     seen: set[int] = set()
     for module in base.modules():

@@ -36,6 +36,7 @@ class Exchange:
     size: int
     rank: int
     staged: bool = False
+    mode: str = "ulysses"  # how attention crosses the shards: ulysses | ring (planning.sequence)
 
     def all_to_all(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: [size, ...], part i for rank i; returns [size, ...], part i from rank i."""

@@ -81,8 +81,8 @@ def attach(
         if rank in ranks:
             mine = group
     staged = backend == "gloo" and device.type == "cuda"
-    activate(Exchange(mine, plan.size, plan.shard(rank), staged))
-    sp.use(model, inner, sp.register(inner, mode))
+    activate(Exchange(mine, plan.size, plan.shard(rank), staged, mode))
+    sp.use(model, inner, sp.register(inner))
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     for hook in getattr(embeddings, "_forward_hooks", {}).values():
         if isinstance(hook, neftune.NEFTuneHook):  # its noise scale: the whole sequence's length
