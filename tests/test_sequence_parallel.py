@@ -177,3 +177,60 @@ def test_two_processes_holding_half_of_each_sequence_train_as_one(jobs, two_proc
     assert loss == pytest.approx(sum(shares), rel=1e-5)
     for rank in two_processes[kind]:
         assert_same_gradients(rank["grads"], one.grads)
+
+
+# -- bad input: one line each, at the dry run ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A causal-lm job with parallel.sequence: 2, and a model folder of a family whose attention
+    does not go through transformers' registry (Bloom: its tokenizer the tiny llama's)."""
+    import shutil
+
+    from transformers import BloomConfig
+
+    root = tmp_path_factory.mktemp("seqpar-bad")
+    tiny = builtin.ensure_builtin_model("builtin:tiny-llama")
+    bloom = root / "bloom"
+    BloomConfig(hidden_size=32, n_layer=1, n_head=4, vocab_size=512).save_pretrained(bloom)
+    for f in tiny.iterdir():
+        if "token" in f.name:
+            shutil.copy(f, bloom / f.name)
+    rows = jsonl(root / "rows.jsonl", builtin.story_examples(8, seed=1))
+    (root / "job.yaml").write_text(
+        f"model:\n  name_or_path: builtin:tiny-llama\n  task: causal-lm\ndata:\n  train: {rows}\n"
+        f"  max_length: 64\nrun:\n  output_dir: {root / 'out'}\nparallel:\n  sequence: 2\n"
+    )
+    return root
+
+
+BAD = {
+    "processes": (["--processes", "3"], "parallel.sequence=2 does not divide the 3 processes"),
+    "heads": (["--processes", "4", "parallel.sequence=4", "parallel.sequence_mode=ulysses"],
+              "parallel.sequence_mode=ulysses splits the attention heads across the 4 processes of a sequence, and "
+              "this model has 4 attention heads and 2 key/value heads"),
+    "family": (["--processes", "2", "model.name_or_path={r}/bloom"],
+               "parallel.sequence: BloomForCausalLM does not pass its attention through transformers' attention-function"),
+    "short": (["--processes", "2", "data.max_length=1"], "data.max_length=1 is shorter than parallel.sequence=2"),
+    "task": (["--processes", "2", "model.task=seq-cls", "model.name_or_path=builtin:tiny-bert"],
+             "parallel.sequence: the seq-cls task does not split its sequences across processes"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_one_line_at_the_dry_run(bad: Path, case: str, capsys, monkeypatch) -> None:
+    """Processes that N does not divide, heads Ulysses cannot split (ring named), a family outside
+    the attention registry, a sequence shorter than N tokens, a task that cannot split: one line."""
+    from xtrain.cli import main
+
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    args, expected = BAD[case]
+    code = main(["train", str(bad / "job.yaml"), "--dry-run", *(a.format(r=bad) for a in args)])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert len(errors) == 1 and expected in errors[0], err[-2000:]
+    if case == "heads":
+        assert "parallel.sequence_mode=ring" in errors[0]

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from xtrain.config.schema import TrainConfig
 from xtrain.data.sequence_shards import KEY, Shards
 from xtrain.model import ring_attention
 from xtrain.model.shard_exchange import AllToAll, AttentionFn, Exchange, exchange
@@ -247,3 +248,19 @@ def model_facts(cls: type | None, config: Any) -> ModelFacts:
     kv = getattr(text, "num_key_value_heads", None)
     registry = bool(getattr(cls, "_supports_attention_backend", False)) if cls is not None else None
     return ModelFacts(cls.__name__ if cls is not None else "the model", registry, heads, int(kv or heads))
+
+
+def offline_facts(cfg: TrainConfig, model_class: str | None) -> ModelFacts | str:
+    """``ModelFacts`` of the config's model from its config where it already is (the dry run;
+    never a download), else why not. ``model_class``: the task's transformers class."""
+    import transformers
+
+    from xtrain.model.attention import built_class
+    from xtrain.model.configs import read_config_offline
+
+    config = read_config_offline(cfg)
+    if isinstance(config, str):
+        return config
+    auto = getattr(transformers, model_class, None) if model_class else None
+    cls = built_class(auto, config, cfg.model.trust_remote_code) if auto is not None else None
+    return model_facts(cls, config)

@@ -122,8 +122,9 @@ class Plan:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    def summary(self) -> str:
-        """One line a human reads: processes, backend, precision and the effective batch."""
+    def summary(self, sequence: int = 1) -> str:
+        """One line a human reads: processes, backend, precision and the effective batch
+        (``sequence``: parallel.sequence, processes that share each row)."""
         n = self.world_size
         parts = [
             f"{n} process{'es' if n != 1 else ''}",
@@ -133,6 +134,12 @@ class Plan:
         ]
         if self.tf32:
             parts.append("TF32")
+        if sequence > 1:
+            readers = n // sequence
+            return ", ".join(parts) + (
+                f"; each sequence split across {sequence}; effective batch = per-device x {readers} "
+                f"group{'s' if readers != 1 else ''} x accumulation"
+            )
         return ", ".join(parts) + f"; effective batch = per-device x {n} x accumulation"
 
     def to_dict(self) -> dict[str, Any]:

@@ -45,6 +45,31 @@ def _attention(run: Run, where: Where) -> list[Note]:
     return [Note("Attention", chosen.summary())]
 
 
+def _sequence(run: Run, where: Where) -> list[Note]:
+    """``parallel.sequence``: how each sequence is split and why (the mode from the model's
+    heads), or one line for a model family outside transformers' attention registry, heads that
+    Ulysses cannot split, an attention implementation it does not wrap. From the model's config
+    where it already is (never a download); else said, and each worker checks its loaded model
+    (``train/distributed/sequence.py``)."""
+    settings, cfg = run.settings, run.cfg
+    if not where.launcher or settings.sequence <= 1:
+        return []
+    from xtrain.model import sequence_parallel
+    from xtrain.planning import sequence
+
+    task = tasks.get(cfg.model.task)
+    facts = sequence_parallel.offline_facts(cfg, task.model_class)
+    if isinstance(facts, str):
+        split = f"each sequence split across {settings.sequence} processes"
+        return [Note("Sequence", f"{split} (the model checked when it loads: {facts})")]
+    chosen = attention.for_plan(run, task.model_class).name
+    sequence.check_family(facts.name, facts.registry, chosen if chosen in sequence.INNER else None)
+    mode, why = sequence.choose_mode(
+        cfg.parallel.sequence_mode, settings.sequence, facts.heads, facts.kv_heads
+    )
+    return [Note("Sequence", sequence.summary(settings.sequence, settings.world_size, mode, why))]
+
+
 def _loss(run: Run, where: Where) -> list[Note]:
     """Which loss the workers train with and why (``model.chunked_loss``), and whether their
     activations go to host memory (``model.activation_offload``); ``model.chunked_loss=on`` for a
