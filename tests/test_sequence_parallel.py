@@ -207,15 +207,24 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 BAD = {
     "processes": (["--processes", "3"], "parallel.sequence=2 does not divide the 3 processes"),
-    "heads": (["--processes", "4", "parallel.sequence=4", "parallel.sequence_mode=ulysses"],
-              "parallel.sequence_mode=ulysses splits the attention heads across the 4 processes of a sequence, and "
-              "this model has 4 attention heads and 2 key/value heads"),
-    "family": (["--processes", "2", "model.name_or_path={r}/bloom"],
-               "parallel.sequence: BloomForCausalLM does not pass its attention through transformers' attention-function"),
-    "short": (["--processes", "2", "data.max_length=1"], "data.max_length=1 is shorter than parallel.sequence=2"),
-    "task": (["--processes", "2", "model.task=seq-cls", "model.name_or_path=builtin:tiny-bert"],
-             "parallel.sequence: the seq-cls task does not split its sequences across processes"),
-}  # fmt: skip
+    "heads": (
+        ["--processes", "4", "parallel.sequence=4", "parallel.sequence_mode=ulysses"],
+        "parallel.sequence_mode=ulysses splits the attention heads across the 4 processes of a sequence, "
+        "and this model has 4 attention heads and 2 key/value heads",
+    ),
+    "family": (
+        ["--processes", "2", "model.name_or_path={r}/bloom"],
+        "parallel.sequence: BloomForCausalLM does not pass its attention through transformers'",
+    ),
+    "short": (
+        ["--processes", "2", "data.max_length=1"],
+        "data.max_length=1 is shorter than parallel.sequence=2",
+    ),
+    "task": (
+        ["--processes", "2", "model.task=seq-cls", "model.name_or_path=builtin:tiny-bert"],
+        "parallel.sequence: the seq-cls task does not split its sequences across processes",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(BAD))

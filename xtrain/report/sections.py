@@ -37,11 +37,19 @@ def lineage(runs: list[RunView], chained: bool) -> Raw:
     return section("lineage", "Lineage", *parts)
 
 
+def _sequence(run: RunView) -> int:
+    """parallel.sequence as the run ran it (its run_info; 1: off)."""
+    return int((run.result.get("run_info") or {}).get("sequence_parallel") or 1)
+
+
 def _batch(run: RunView) -> str:
     world, acc = int(run.figure("world_size", 1)), int(run.figure("accumulation", 1))
-    batch = int(run.figure("global_batch"))
-    per_device = int(run.figure("per_device")) or batch // max(1, world * acc)
+    batch, split = int(run.figure("global_batch")), _sequence(run)
+    readers = max(1, world // split)  # the processes of a split sequence read the same rows
+    per_device = int(run.figure("per_device")) or batch // max(1, readers * acc)
     processes = f"{world} process{'es' if world != 1 else ''}"
+    if split > 1:
+        processes = f"{readers} group{'s' if readers != 1 else ''} of {split} processes"
     return f"{batch} = {per_device} per-device x {processes} x {acc} accumulation"
 
 
@@ -76,6 +84,10 @@ def _machine(run: RunView) -> str:
     world = int(run.figure("world_size", 1))
     backend = f" over {info['backend']}" if info.get("backend") else ""
     processes = f"{world} process{'es' * (world != 1)}{backend}"
+    split = _sequence(run)
+    if split > 1:  # parallel.sequence: how each sequence was split (docs/long-context.md)
+        mode, inner = info.get("sequence_mode", "?"), info.get("sequence_attention", "?")
+        processes += f", each sequence split across {split} ({mode} attention around {inner})"
     return f"{info.get('device', '?')} on {info.get('plan_os', '?')}, {processes}"
 
 

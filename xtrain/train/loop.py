@@ -320,7 +320,11 @@ class Recipe:
         if self.device.type != "cuda":
             return None
         props = torch.cuda.get_device_properties(self.device)
-        running = MemoryLevers(chunked=self.levers.chunked_loss, offload=self.levers.activation_offload)
+        running = MemoryLevers(
+            chunked=self.levers.chunked_loss,
+            offload=self.levers.activation_offload,
+            sequence=self.settings.sequence,
+        )
         check = check_live_model(
             model, self.cfg, self.settings.precision, props.total_memory, props.name, running
         )

@@ -67,7 +67,10 @@ def _sequence(run: Run, where: Where) -> list[Note]:
     mode, why = sequence.choose_mode(
         cfg.parallel.sequence_mode, settings.sequence, facts.heads, facts.kv_heads
     )
-    return [Note("Sequence", sequence.summary(settings.sequence, settings.world_size, mode, why))]
+    line = sequence.summary(settings.sequence, settings.world_size, mode, why)
+    if run.plan.backend == "gloo" and run.plan.device == "cuda":
+        line += "; exchanged through host memory (gloo with CUDA tensors)"
+    return [Note("Sequence", line)]
 
 
 def _loss(run: Run, where: Where) -> list[Note]:
@@ -110,10 +113,19 @@ def _memory(run: Run, where: Where) -> list[Note]:
         offload=settings.activation_offload,
         host_gib=facts.memory_mib / 1024 if facts.memory_mib and not cfg.run.compile else None,
         processes=plan.num_processes,
+        sequence=settings.sequence,  # parallel.sequence: each process's share of every sequence
     )
     check = memory.check_memory(
         sizes, cfg.batch.per_device, cfg.data.max_length, cfg.model.gradient_checkpointing, run.precision,
         gpu[1], gpu[0], images=task.image_tokens, windows=facts.os_kind == "windows", levers=levers,
     )  # fmt: skip
     notes = [Note("Memory", check.summary())]
+    if task.sequence_parallel and (
+        settings.sequence > 1 or plan.world_size > 1
+    ):  # with and without splitting
+        longest = memory.longest_line(
+            sizes, cfg.batch.per_device, cfg.model.gradient_checkpointing, run.precision, gpu[1], levers,
+            plan.world_size,
+        )  # fmt: skip
+        notes.append(Note("Longest sequence", longest))
     return notes + ([Note("warning", check.warning, "warning")] if check.warning else [])
