@@ -172,12 +172,14 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
     """(what, value) rows: how the run went and where its files are."""
     world, accumulation = result.get("world_size", 1), result.get("accumulation", 1)
     global_batch = result.get("global_batch", 0)
-    per_device = global_batch // max(1, world * accumulation)
+    split = (result.get("run_info") or {}).get("sequence_parallel") or 1  # processes sharing a row
+    per_device = global_batch // max(1, world // split * accumulation)
+    readers = f"{world} process(es)" if split == 1 else f"{world // split} group(s) of {split} processes"
     rows = [
         ("optimizer steps", str(result.get("final_step", "-"))),
         (
             "global batch",
-            f"{global_batch} = {per_device} per-device x {world} process(es) x {accumulation} accumulation",
+            f"{global_batch} = {per_device} per-device x {readers} x {accumulation} accumulation",
         ),
         ("samples/s", f"{result.get('samples_per_s', 0):.1f}"),
         ("wall time", f"{seconds:.1f} s (start-up included)"),
@@ -278,10 +280,11 @@ def quickstart(
         # e.g. 4 or 8 GPUs: smaller micro-batches keep the same global batch (and result)
         overrides.append(f"batch.per_device={fixed // world}")
         cfg = load_config(job, overrides)
-    plan = resolve(cfg, processes=n, platform=platform, facts=diagnosis.facts).plan
+    resolved = resolve(cfg, processes=n, platform=platform, facts=diagnosis.facts)
+    plan, split = resolved.plan, resolved.settings.sequence if resolved.settings else 1
     started = time.perf_counter()
     run_argv = ["--config", str(job), *overrides]
-    code = launch_training(plan, run_argv, console)
+    code = launch_training(plan, run_argv, console, sequence=split)
     if code != 0:
         raise typer.Exit(code)
     seconds = time.perf_counter() - started

@@ -267,7 +267,7 @@ class ParallelConfig:
     """How each step's work is split across the processes beyond data parallelism (docs/long-context.md)."""
 
     # sequence parallelism: each process holds 1/N of every sequence's tokens (N divides the
-    # processes; the processes / N groups train data-parallel); 1: off
+    # processes; the processes / N groups train data-parallel); 1: off; all (0): every process
     sequence: int = 1
     # auto (ulysses where the attention and key/value heads divide by N, else ring) | ulysses
     # (all-to-all: sequence shards -> head shards) | ring (keys and values passed around the ring)

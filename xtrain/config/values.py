@@ -152,7 +152,10 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_tool_calls": _between(0, 1 << 20),
     "grpo.tool_timeout": _POS_NUM,
     "generation.sample_predictions": _between(0, 10_000),
-    "parallel.sequence": _between(1, 1024),
+    "parallel.sequence": (
+        lambda v: 0 <= v <= 1024,
+        "an integer in 1..1024, or all (every process of the run)",
+    ),
 }
 
 
@@ -301,6 +304,8 @@ def set_value(cfg: TrainConfig, key: str, value: Any, *, from_text: str | None =
             value = from_text
     if key in ALIASES and isinstance(value, bool):
         value = ALIASES[key].get(value, value)
+    if key == "parallel.sequence" and isinstance(value, str) and value.strip().lower() == "all":
+        value = 0  # every process of the run (planning.sequence)
     if key == "lora.target_modules" and isinstance(value, str) and "," in value:
         value = [m.strip() for m in value.split(",") if m.strip()]
     if key == "lora.target_modules" and isinstance(value, list) and len(value) == 1:

@@ -56,8 +56,14 @@ class SequencePlan:
         return [list(range(g * self.size, (g + 1) * self.size)) for g in range(self.data_parallel)]
 
 
+ALL = 0  # parallel.sequence: all (config/values.py): every process of the run
+
+
 def sequence_plan(size: int, world: int) -> SequencePlan:
-    """``parallel.sequence: size`` on ``world`` processes; one line when it cannot divide them."""
+    """``parallel.sequence: size`` on ``world`` processes (``ALL``: every one of them, off on one);
+    one line when it cannot divide them."""
+    if size == ALL:
+        size = world
     if size <= 1:
         return SequencePlan(1, world)
     if world % size:

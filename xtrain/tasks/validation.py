@@ -140,7 +140,7 @@ def check_run(cfg: TrainConfig) -> None:
 def check_sequence(cfg: TrainConfig, task: tasks.Task) -> None:
     """``parallel.sequence`` against the task and what cannot run beside it (the processes it
     must divide are the plan's: ``planning.sequence``)."""
-    if cfg.parallel.sequence <= 1:
+    if cfg.parallel.sequence == 1:
         return
     if not task.sequence_parallel:
         able = " and ".join(t.name for t in tasks.all_tasks().values() if t.sequence_parallel)

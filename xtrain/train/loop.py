@@ -253,7 +253,9 @@ class Recipe:
         # parallel.sequence: the groups, the attention around the model's own, this rank's shard
         backend = acc.state.backend if self.world > 1 else None
         plan = self.settings.sequence_plan
-        self.sequence = sequence.attach(model, cfg, plan, acc.process_index, backend, self.device)
+        self.sequence = sequence.attach(
+            model, cfg, plan, acc.process_index, backend, self.device, acc.distributed_type
+        )
         self.data_rank = plan.group_of(acc.process_index)
         if self.workload.shared_pass is not None:  # every process's share (a precomputed reference),
             self.workload.shared_pass(acc)  # after the build and the levers, before prepare

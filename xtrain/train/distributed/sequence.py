@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from xtrain.data.sequence_shards import ShardCollator
+from xtrain.errors import XtrainError
 from xtrain.model import neftune
 from xtrain.model import sequence_parallel as sp
 from xtrain.model.shard_exchange import Exchange, activate
@@ -63,12 +64,21 @@ def inner_attention(model: torch.nn.Module) -> str:
 
 def attach(
     model: torch.nn.Module, cfg: TrainConfig, plan: SequencePlan, rank: int, backend: str | None,
-    device: torch.device,
+    device: torch.device, distributed_type: str = "",
 ) -> SequenceRun | None:  # fmt: skip
-    """Set this process up for ``plan`` (None when it is off); see the module docstring."""
+    """Set this process up for ``plan`` (None when it is off); see the module docstring.
+    ``distributed_type``: accelerate's (FSDP and DeepSpeed shard the weights: refused)."""
     if not plan.on:
         return None
     import torch.distributed as dist
+
+    kind = str(distributed_type).upper()
+    if "FSDP" in kind or "DEEPSPEED" in kind:
+        raise XtrainError(
+            "parallel.sequence runs with every process holding the whole model (DDP), not under FSDP or "
+            "DeepSpeed sharding",
+            "launch without --fsdp/--deepspeed (LoRA's weights are small), or set parallel.sequence=1",
+        )
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     facts = sp.model_facts(type(base), base.config)
