@@ -3,9 +3,10 @@ memory of one training step on the CPU, one process on sequences of 2L tokens ag
 processes (gloo) holding L of them, the same model, weights and tokens.
 
 The model: Qwen2-shaped (4 layers of width 256, 8 attention and 4 key/value heads, a 4,096-entry
-vocabulary), LoRA r=16 on q/k/v/o, float32, one sequence whose first half is a masked prompt;
-sdpa attention, the model's own loss or the chunked one, with and without gradient checkpointing.
-The two processes run xtrain's own pieces as a run does: the batch cut by
+vocabulary), LoRA r=16 on q/k/v/o, float32; sdpa attention, the model's own loss or the chunked
+one, with and without gradient checkpointing. The sequence alternates prompt and answer turns of
+128 tokens (the answers trained), so every shard holds its share of the trained tokens. The two
+processes run xtrain's own pieces as a run does: the batch cut by
 ``data.sequence_shards.shard_batch`` (labels shifted, positions global), the attention in
 transformers' registry (``model.sequence_parallel``: Ulysses, all-to-all over gloo).
 
@@ -33,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chunked_loss import allocated_peak  # noqa: E402
-from common import REPO, half_prompt_batch  # noqa: E402
+from common import REPO  # noqa: E402
 
 SHAPE = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=4, vocab_size=4096, tie_word_embeddings=False)  # fmt: skip
@@ -43,6 +44,23 @@ VARIANTS = (
     ("chunked loss", True, False),
     ("chunked loss + checkpointing", True, True),
 )
+
+
+TURN = 128  # tokens of a turn: prompts and answers alternate, so every shard trains on half its tokens
+
+
+def turns_batch(tokens: int, vocab: int) -> dict[str, Any]:
+    """One sequence of ``tokens`` random ids below ``vocab``, prompt and answer turns of ``TURN``
+    tokens alternating (the prompts' labels -100), as a chat or an agent episode has them: the
+    trained tokens spread over the sequence (a prompt of the first half would leave one shard
+    every trained token, and its loss's logits)."""
+    import torch
+
+    ids = torch.randint(0, vocab, (1, tokens), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    prompt = (torch.arange(tokens) // TURN) % 2 == 0
+    labels[:, prompt] = -100
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
 
 
 def build(chunked: bool, checkpointing: bool) -> Any:
@@ -103,7 +121,7 @@ def run(rank: int, world: int, tokens: int, store: str, out: str) -> None:
     from xtrain.data.sequence_shards import shard_batch
 
     for name, chunked, checkpointing in VARIANTS:
-        batch = half_prompt_batch(tokens, SHAPE["vocab_size"], "cpu")
+        batch = turns_batch(tokens, SHAPE["vocab_size"])
         step = Step(build(chunked, checkpointing), shard_batch(batch, world, rank) if world > 1 else batch)
         step()  # warm-up
         peak = allocated_peak(step, "cpu")
@@ -166,7 +184,8 @@ def render(r: dict[str, Any]) -> str:
         f"`benchmarks/sequence_parallel.py`: a Qwen2-shaped causal LM ({s['num_hidden_layers']} layers of "
         f"width {s['hidden_size']}, {s['num_attention_heads']} attention and {s['num_key_value_heads']} "
         f"key/value heads, a {s['vocab_size']:,}-entry vocabulary), LoRA r=16 on q/k/v/o, float32 on the "
-        "CPU, one compute thread a process, one sequence whose first half is a masked prompt. *One "
+        "CPU, one compute thread a process, one sequence of prompt and answer turns of 128 tokens (the "
+        "answers trained: every shard holds its share of the trained tokens). *One "
         "process* trains on the whole sequence of 2L tokens; *two processes* (gloo, `parallel.sequence: "
         "2`, Ulysses) each hold L of its tokens, cut and exchanged by xtrain's own pieces. *Peak*: the "
         "largest `Total Allocated` PyTorch's profiler records for the CPU allocator over one training "

@@ -142,41 +142,126 @@ class record_shares:
         StepLoss.micro = self.own
 
 
-@pytest.fixture(scope="module")
-def two_processes(jobs: dict[str, list[str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
-    """Each kind's first step on 2 processes, each holding half of every sequence (one torchrun)."""
+def _torchrun(configs: dict[str, list[str]], root: Path, cache: Path, processes: int = 2) -> dict[str, list]:
+    """Each config's first step on ``processes`` processes (one torchrun): every rank's saved
+    gradients and loss shares."""
     from support.jobs import offline_env, run_xtrain
 
     from xtrain.launch.rendezvous import free_port
 
-    root = tmp_path_factory.mktemp("seqpar-two")
     worker = root / "worker.py"
     worker.write_text(WORKER)
-    configs = {k: [*o, "parallel.sequence=2", f"run.output_dir={root / k}"] for k, o in jobs.items()}
-    cache = tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain"  # conftest's private_caches
     env = {**offline_env(root, cache), "TEST_OUT": str(root)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), str(worker), str(Path(__file__).parent),
            json.dumps(configs)]  # fmt: skip
     proc = run_xtrain(cmd, env)
     failed = "\n".join(line for line in proc.stderr.splitlines() if line.startswith("[rank"))
     assert proc.returncode == 0, (failed or proc.stderr)[-4000:]
-    return {k: [torch.load(root / f"{k}-{rank}.pt") for rank in (0, 1)] for k in jobs}
+    return {k: [torch.load(root / f"{k}-{rank}.pt") for rank in range(processes)] for k in configs}
+
+
+def _cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.getbasetemp() / "offline-caches" / "xtrain"  # conftest's private_caches
+
+
+@pytest.fixture(scope="module")
+def two_processes(jobs: dict[str, list[str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
+    """Each kind's first step on 2 processes, each holding half of every sequence (one torchrun)."""
+    root = tmp_path_factory.mktemp("seqpar-two")
+    configs = {k: [*o, "parallel.sequence=2", f"run.output_dir={root / k}"] for k, o in jobs.items()}
+    return _torchrun(configs, root, _cache(tmp_path_factory))
+
+
+def one_process(overrides: list[str], out: Path) -> tuple[dict, float]:
+    """One process on whole sequences: (its first-step capture, its step loss)."""
+    with record_shares() as shares:
+        capture = xtrain_gradients(
+            load_config(None, [*overrides, f"run.output_dir={out}"]), on_workload=moved_adapters
+        )
+    return capture, sum(shares)
 
 
 @pytest.mark.parametrize("kind", ["padded", "packed", "chat", "preference", "checkpointing", "ring"])
 def test_two_processes_holding_half_of_each_sequence_train_as_one(jobs, two_processes, kind, tmp_path):
     """The step's loss (every rank's shares summed) and each rank's LoRA gradients equal one
     process's on the whole sequences, and those equal the plain reference's (token losses)."""
-    overrides = [*jobs[kind], f"run.output_dir={tmp_path / 'one'}"]
-    with record_shares() as shares:
-        one = xtrain_gradients(load_config(None, overrides), on_workload=moved_adapters)
+    one, loss = one_process(jobs[kind], tmp_path / "one")
     if kind != "preference":  # (the preference forward's own check: tests/test_gradients.py)
         assert_same_gradients(one.grads, reference_gradients(one))
-    loss = sum(r["loss"] for r in two_processes[kind])
-    assert loss == pytest.approx(sum(shares), rel=1e-5)
+    assert sum(r["loss"] for r in two_processes[kind]) == pytest.approx(loss, rel=1e-5)
     for rank in two_processes[kind]:
         assert_same_gradients(rank["grads"], one.grads)
+
+
+# -- the combinations (soak: minutes) -------------------------------------------------------------
+
+SOAK = {  # (the kind it starts from, what it adds)
+    # 4-bit NF4 base weights (bitsandbytes on the CPU), LoRA on top
+    "qlora": ("padded", ["model.quantization=4bit"]),
+    # what autograd saves moved to host memory and back (saved-tensor hooks around the exchanges)
+    "offload": ("padded", ["model.activation_offload=true", "model.gradient_checkpointing=true"]),
+    # unpaired rows, each sequence's log-probs summed over its shards
+    "kto": ("preference", ["preference.loss=kto", "preference.sft_weight=0.0"]),
+}
+
+
+@pytest.mark.soak  # one more torchrun and a one-process run a case: about a minute each
+@pytest.mark.parametrize("case", list(SOAK))
+def test_the_combinations_train_as_one(jobs, case, tmp_path, tmp_path_factory):
+    """4-bit QLoRA, activation offloading, KTO: two processes holding half of each sequence against
+    one on the whole sequences, the same loss and gradients."""
+    kind, extra = SOAK[case]
+    overrides = [*jobs[kind], *extra]
+    two = _torchrun({case: [*overrides, "parallel.sequence=2", f"run.output_dir={tmp_path / 'two'}"]},
+                    tmp_path, _cache(tmp_path_factory))[case]  # fmt: skip
+    one, loss = one_process(overrides, tmp_path / "one")
+    assert sum(r["loss"] for r in two) == pytest.approx(loss, rel=1e-5)
+    for rank in two:
+        assert_same_gradients(rank["grads"], one.grads, rtol=2e-4 if case == "qlora" else 1e-4)
+
+
+@pytest.mark.soak  # four processes on two cores
+def test_data_parallel_on_top_reads_the_rows_of_one_process(jobs, tmp_path, tmp_path_factory):
+    """Four processes, two groups of two each holding half of every sequence: the groups read
+    different rows (global batch 8 = 2 per-device x 2 groups x 2 accumulation), the step is one
+    process's on the same 8 rows (4 micro-batches of 2)."""
+    overrides = [*jobs["padded"], "batch.global_batch=8"]
+    four = _torchrun({"dp": [*overrides, "parallel.sequence=2", f"run.output_dir={tmp_path / 'four'}"]},
+                     tmp_path, _cache(tmp_path_factory), processes=4)["dp"]  # fmt: skip
+    one, loss = one_process(overrides, tmp_path / "one")
+    assert len(one.inputs) == 4
+    assert sum(r["loss"] for r in four) == pytest.approx(loss, rel=1e-5)
+    for rank in four:
+        assert_same_gradients(rank["grads"], one.grads)
+
+
+@pytest.mark.soak  # three trainings of 4 steps
+def test_resume_is_exact(tmp_path):
+    """Two processes with parallel.sequence: 2, 4 steps, a checkpoint at step 2: resumed there it
+    ends bitwise where the uninterrupted run ended, and both end where one process ends."""
+    import shutil
+
+    from support.jobs import assert_same_training, make_job, python_run, run_xtrain
+
+    job = make_job(tmp_path / "job", steps=4, save_every=2)
+    split = ["--processes", "2", "parallel.sequence=2", "lora.dropout=0.0"]
+
+    def run(out: Path, *extra: str) -> None:
+        proc = run_xtrain(python_run("--config", str(job.config), f"run.output_dir={out}", *extra), job.env)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+
+    run(tmp_path / "one", "lora.dropout=0.0")
+    run(tmp_path / "split", *split)
+    assert (
+        json.loads((tmp_path / "split" / "train_result.json").read_text())["run_info"]["sequence_parallel"]
+        == 2
+    )
+    assert_same_training(tmp_path / "one", tmp_path / "split")
+    straight = tmp_path / "straight"
+    shutil.copytree(tmp_path / "split", straight)
+    run(tmp_path / "split", *split, f"run.resume={tmp_path / 'split' / 'checkpoints' / 'step-2'}")
+    assert_same_training(straight, tmp_path / "split", exact=True)
 
 
 # -- bad input: one line each, at the dry run ----------------------------------------------------

@@ -1,3 +1,4 @@
+# longer: the one registry of the built-ins (names, data generators, builders, trained stages), a line each
 """Built-in tiny models, tokenizers and data sets, made offline and deterministically.
 
 Everything here is *written to a folder* and then loaded through the same code path as a real

@@ -73,8 +73,8 @@ def chat_examples(n: int, seed: int) -> list[dict[str, list[dict[str, str]]]]:
     return out
 
 
-def long_chat_examples(n: int, seed: int, turns: int = 6) -> list[dict[str, list[dict[str, str]]]]:
-    """``builtin:long-chat``: ``n`` rows of ``turns`` questions and answers each (about 240 tokens
+def long_chat_examples(n: int, seed: int, turns: int = 4) -> list[dict[str, list[dict[str, str]]]]:
+    """``builtin:long-chat``: ``n`` rows of ``turns`` questions and answers each (about 160 tokens
     through the chat template: longer than each process's share of a sequence split across two),
     the quickstart of sequence parallelism (``xtrain quickstart --task long``)."""
     rng = random.Random(seed)
