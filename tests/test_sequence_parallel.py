@@ -222,18 +222,22 @@ def test_the_combinations_train_as_one(jobs, case, tmp_path, tmp_path_factory):
 
 
 @pytest.mark.soak  # four processes on two cores
-def test_data_parallel_on_top_reads_the_rows_of_one_process(jobs, tmp_path, tmp_path_factory):
+def test_four_processes_data_parallel_on_top_and_ring_across_four(jobs, tmp_path, tmp_path_factory):
     """Four processes, two groups of two each holding half of every sequence: the groups read
     different rows (global batch 8 = 2 per-device x 2 groups x 2 accumulation), the step is one
-    process's on the same 8 rows (4 micro-batches of 2)."""
-    overrides = [*jobs["padded"], "batch.global_batch=8"]
-    four = _torchrun({"dp": [*overrides, "parallel.sequence=2", f"run.output_dir={tmp_path / 'four'}"]},
-                     tmp_path, _cache(tmp_path_factory), processes=4)["dp"]  # fmt: skip
-    one, loss = one_process(overrides, tmp_path / "one")
-    assert len(one.inputs) == 4
-    assert sum(r["loss"] for r in four) == pytest.approx(loss, rel=1e-5)
-    for rank in four:
-        assert_same_gradients(rank["grads"], one.grads)
+    process's on the same 8 rows (4 micro-batches of 2). And one sequence split across all four:
+    the tiny llama's 2 key/value heads do not divide by 4, so auto picks ring attention."""
+    wide = [*jobs["padded"], "batch.global_batch=8"]
+    configs = {
+        "dp": [*wide, "parallel.sequence=2", f"run.output_dir={tmp_path / 'dp'}"],
+        "ring4": [*jobs["padded"], "parallel.sequence=4", f"run.output_dir={tmp_path / 'ring4'}"],
+    }
+    four = _torchrun(configs, tmp_path, _cache(tmp_path_factory), processes=4)
+    for name, overrides in (("dp", wide), ("ring4", jobs["padded"])):
+        one, loss = one_process(overrides, tmp_path / f"one-{name}")
+        assert sum(r["loss"] for r in four[name]) == pytest.approx(loss, rel=1e-5)
+        for rank in four[name]:
+            assert_same_gradients(rank["grads"], one.grads)
 
 
 @pytest.mark.soak  # three trainings of 4 steps
@@ -262,6 +266,55 @@ def test_resume_is_exact(tmp_path):
     shutil.copytree(tmp_path / "split", straight)
     run(tmp_path / "split", *split, f"run.resume={tmp_path / 'split' / 'checkpoints' / 'step-2'}")
     assert_same_training(straight, tmp_path / "split", exact=True)
+
+
+# -- the cut (no processes) -----------------------------------------------------------------------
+
+
+def test_the_cut_shifts_labels_first_and_numbers_positions_globally():
+    """Two rows of 7 tokens cut in 2 (padded to 8): the shards' shifted labels, laid end to end,
+    are the labels shifted once over the whole row (a shard's last token predicts the next shard's
+    first); positions count over the whole row; a left-padded row's tokens and each pad are segments
+    of their own, a packed row's examples too; the shards' real tokens add up to the batch's."""
+    from xtrain.data.collate import PackedCollator, PadCollator
+    from xtrain.data.sequence_shards import segments_of, shard_batch
+
+    rows = [{"input_ids": [5, 6, 7, 8, 9, 10, 11], "labels": [-100, -100, 7, 8, 9, 10, 11]},
+            {"input_ids": [5, 6, 7, 8], "labels": [-100, 6, 7, 8]}]  # fmt: skip
+    batch = PadCollator(0, masks=True)(rows)
+    shards = [shard_batch(batch, 2, i) for i in (0, 1)]
+    whole = torch.cat([s["shift_labels"] for s in shards], dim=1)
+    assert whole.tolist() == [[-100, 7, 8, 9, 10, 11, -100, -100], [6, 7, 8, -100, -100, -100, -100, -100]]
+    assert torch.cat([s["position_ids"] for s in shards], dim=1).tolist() == [list(range(8))] * 2
+    assert all(s["input_ids"].shape == (2, 4) and s["sequence_shards"].segments is None for s in shards)
+    assert sum(s["sequence_shards"].tokens for s in shards) == 11
+    left = {"input_ids": torch.tensor([[0, 0, 4, 5]]), "attention_mask": torch.tensor([[0, 0, 1, 1]]),
+            "labels": torch.tensor([[-100, -100, 4, 5]])}  # fmt: skip
+    assert shard_batch(left, 2, 0)["sequence_shards"].segments == ((1, 1, 2),)
+    examples = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "position_ids": [0, 1, 2]},
+                {"input_ids": [4, 5], "labels": [-100, 5], "position_ids": [0, 1]}]  # fmt: skip
+    cut = shard_batch(PackedCollator(0)(examples), 2, 1)
+    assert cut["sequence_shards"].segments == ((3, 3),)  # the 1-token tail continues the last example
+    assert cut["position_ids"].tolist() == [[0, 1, 2]] and cut["shift_labels"].tolist() == [[5, -100, -100]]
+    assert segments_of(torch.tensor([[0, 1, 2, 0, 1]])) == ((3, 2),)
+
+
+def test_the_plan_groups_consecutive_ranks_and_picks_the_mode_from_the_heads():
+    from xtrain.errors import XtrainError
+    from xtrain.planning.sequence import choose_mode, sequence_plan
+
+    plan = sequence_plan(2, 4)
+    assert plan.groups() == [[0, 1], [2, 3]] and plan.data_parallel == 2
+    assert [plan.group_of(r) for r in range(4)] == [0, 0, 1, 1] and [plan.shard(r) for r in range(4)] == [
+        0,
+        1,
+        0,
+        1,
+    ]
+    assert sequence_plan(0, 2).size == 2 and not sequence_plan(0, 1).on  # all: every process
+    assert choose_mode("auto", 2, 28, 4)[0] == "ulysses" and choose_mode("auto", 4, 4, 2)[0] == "ring"
+    with pytest.raises(XtrainError, match="parallel.sequence=3 does not divide the 4 processes"):
+        sequence_plan(3, 4)
 
 
 # -- bad input: one line each, at the dry run ----------------------------------------------------
