@@ -206,6 +206,18 @@ def render(r: dict[str, Any]) -> str:
             f"| {x['variant']} | {x['tokens']:,} | {one:,.1f} | {two:,.1f} | {two / one:.2f}x | "
             f"{x['one_step']:.2f} | {x['two_step']:.2f} |"
         )
+    ratios = [x["two_peak"] / x["one_peak"] for x in r["rows"]]
+    lines += ["", " ".join([
+        f"The peaks fall by {1 - max(ratios):.0%}-{1 - min(ratios):.0%}: every term that grows with the",
+        "sequence is a process's share (its activations, its loss's logits, its checkpointed layer inputs);",
+        "what does not fall is what every process holds whole (LoRA's gradients, AdamW's step temporaries)",
+        "and, with gradient checkpointing, the layer recomputed in the backward, whose Ulysses exchanges",
+        "keep a contiguous copy of q, k, v and the output on each side of the all-to-all while it runs. At",
+        "7B sizes the per-position terms dominate; the plan's estimate (`xtrain doctor --config`,",
+        "[long-context.md](long-context.md#how-much-longer)) counts each process's share. The step times",
+        "come from a busy 2-core machine shared by the two processes: they say nothing of the speed on two",
+        "GPUs.",
+    ])]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
