@@ -276,7 +276,7 @@ class Recipe:
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.skips = SkipDetector(acc.scaler)  # fp16: was a step skipped? (read one step late)
-        self.window = LogWindow(self.device)
+        self.window = LogWindow(self.device, self.workload.window_metrics)  # the task reduces its statistics
         check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
         parts.start_trackers(acc, cfg, self.settings, self.device, self.out)
         self.rep.start(self._start_info())

@@ -2,7 +2,8 @@
 
 The loop reports through the small ``Reporter`` protocol and never prints. ``RichReporter``
 (the CLI edge, main process only) turns the events into a start banner, a progress bar with
-loss, lr, samples/s, tokens/s and ETA, eval lines and a closing summary. ``NullReporter`` is the
+loss, lr, samples/s, tokens/s and ETA, a line of the task's own metrics every logging window
+(rewards, margins, KL, ...), eval lines and a closing summary. ``NullReporter`` is the
 default for library use and for every rank but the main one.
 """
 
@@ -145,6 +146,10 @@ class ListReporter(NullReporter):
         self.events.append(("end", result))
 
 
+# what the loop logs of every window (train/window.py); the other keys are the task's own metrics
+LOOP_KEYS = frozenset({"loss", "lr", "samples_per_s", "tokens_per_s"})
+
+
 def _esc(text: object) -> str:
     """A path or message as plain text (a folder named "[run1]" is not rich markup)."""
     from rich.markup import escape
@@ -240,8 +245,18 @@ class RichReporter:
             self._fields = "  ".join(parts)
         if self._progress is None:
             self._plain_line(step, total)
-            return
-        self._progress.update(self._task, completed=step, stats=self._fields)
+        else:
+            self._progress.update(self._task, completed=step, stats=self._fields)
+        if metrics:
+            self._task_line(step, metrics)
+
+    def _task_line(self, step: int, metrics: dict[str, float]) -> None:
+        """The task's own metrics of the window (rewards, margins, KL, ...), a line every window:
+        the bar's line holds the loop's."""
+        own = {k: v for k, v in metrics.items() if k not in LOOP_KEYS and not k.startswith("peak_mem_mib/")}
+        if own:
+            shown = "  ".join(f"{k} {_fmt(v)}" for k, v in own.items())
+            self._print(f"  [dim]step {step}[/] {_esc(shown)}")
 
     def _plain_line(self, step: int, total: int) -> None:
         now = time.monotonic()
