@@ -115,6 +115,15 @@ def test_kto_windows_hold_the_rewards_of_their_rows(tmp_path, monkeypatch) -> No
             assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     keys = {"rewards/chosen", "rewards/rejected", "rewards/accuracy", "rewards/margin", "kl", "nll/chosen"}
     _same_everywhere(result, reporter, tracked, keys)
+    # the layers LoRA adapted, as the run recorded them and the banner said them: the dry run's
+    # line, from the model's skeleton, names the same (the report's plan shows them: test_report.py)
+    from xtrain.tasks import model_checks
+
+    adapted = result.run_info["lora_targets"], result.run_info["lora_layers"]
+    assert adapted == (["q_proj", "k_proj", "v_proj", "o_proj"], 8)
+    said = "q_proj, k_proj, v_proj, o_proj (8 layers)"
+    assert model_checks.checked_offline(cfg)[1] == f"r=8, alpha=16, lora.target_modules=auto: {said}"
+    assert next(e for kind, e in reporter.events if kind == "start").lora == said
 
 
 def test_grpo_windows_hold_the_rewards_its_functions_gave(tmp_path, monkeypatch) -> None:

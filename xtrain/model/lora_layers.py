@@ -188,3 +188,29 @@ def find_target_modules(model: Module) -> list[str]:
         f"found no Linear layers for LoRA in this {model_type or 'model'}",
         "set lora.target_modules to the module names to adapt, or lora.enabled=false",
     )
+
+
+def adapted_modules(model: Module) -> list[str]:
+    """The qualified names of the layers that carry LoRA adapters in a peft-wrapped ``model``."""
+    return [name for name, module in model.named_modules() if getattr(module, "lora_A", None)]
+
+
+def _leaves(adapted: list[str]) -> list[str]:
+    """The adapted layers' names within a layer, in the model's order (``q_proj``, ``v_proj``)."""
+    return list(dict.fromkeys(q.rsplit(".", 1)[-1] for q in adapted))
+
+
+def described(adapted: list[str], whole: list[str] | None = None) -> str:
+    """Adapted layers in a line, by their names in a layer (in the model's order) and how many:
+    ``q_proj, v_proj (8 layers)``; ``whole``: the modules trained whole besides."""
+    leaves = _leaves(adapted)
+    line = f"{', '.join(leaves)} ({len(adapted)} layer{'s' * (len(adapted) != 1)})" if adapted else "no layer"
+    return line + (f"; trained whole: {', '.join(whole)}" if whole else "")
+
+
+def adapted_record(adapted: list[str]) -> dict[str, object]:
+    """What a run records of its adapted layers (``train_result.json``'s ``run_info``; the report's
+    plan): their names in a layer and how many; {} without adapters."""
+    if not adapted:
+        return {}
+    return {"lora_targets": _leaves(adapted), "lora_layers": len(adapted)}

@@ -122,8 +122,9 @@ class Plan:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    def summary(self) -> str:
-        """One line a human reads: processes, backend, precision and the effective batch."""
+    def summary(self, batch: str | None = None) -> str:
+        """One line a human reads: processes, backend, precision and the effective batch: ``batch``,
+        a run's own in numbers (``RunSettings.batch_line``), else how any config's is split."""
         n = self.world_size
         parts = [
             f"{n} process{'es' if n != 1 else ''}",
@@ -133,7 +134,7 @@ class Plan:
         ]
         if self.tf32:
             parts.append("TF32")
-        return ", ".join(parts) + f"; effective batch = per-device x {n} x accumulation"
+        return ", ".join(parts) + "; " + (batch or f"effective batch = per-device x {n} x accumulation")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

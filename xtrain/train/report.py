@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xtrain.console import make_console
+from xtrain.planning.batch import batch_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -45,6 +46,7 @@ class StartInfo:
     loader_why: str = ""
     data_checked: str | None = None  # the task's data check on its first rows (DataReport.summary)
     levers: tuple[str, ...] = ()  # the loss and activation offloading, a line each (train/levers.py)
+    lora: str | None = None  # the layers LoRA adapts (``lora_layers.described``); None: no adapters
 
     @classmethod
     def of(cls, settings: RunSettings, **found: Any) -> StartInfo:
@@ -55,11 +57,7 @@ class StartInfo:
 
     @property
     def batch_line(self) -> str:
-        return (
-            f"global batch = {self.per_device} per-device x {self.processes} "
-            f"process{'es' if self.processes != 1 else ''} x {self.accumulation} accumulation "
-            f"= {self.global_batch}"
-        )
+        return batch_line(self.global_batch, self.per_device, self.processes, self.accumulation)
 
 
 class Reporter(Protocol):
@@ -207,6 +205,8 @@ class RichReporter:
             c.print(f"  data: {info.loader_workers} loader worker(s) per process ({_esc(info.loader_why)})")
         for line in info.levers:
             c.print(f"  {_esc(line)}")
+        if info.lora:
+            c.print(f"  LoRA on {_esc(info.lora)}")
         share = 100 * info.trainable_params / max(1, info.total_params)
         c.print(
             f"  trainable parameters {info.trainable_params:,} of {info.total_params:,} ({share:.2f}%), "
