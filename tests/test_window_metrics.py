@@ -3,7 +3,8 @@ run and a short GRPO run, each step its own window. The log history, the console
 trackers and the reporter get the same numbers, and they are what the task computed: KTO's
 rewards, accuracy and KL reduced over the step's rows (its micro-batches hold different numbers of
 desirable rows: a mean of their means would be off), GRPO's mean reward and reward per function
-over the completions its reward functions scored, and its KL 0 at the first step."""
+over the completions its reward functions scored, and its KL 0 at the first step. The run
+applies the plan's compute threads (issue 60: a busy CPU) and gives the process its own back."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from xtrain import builtin
 from xtrain.machine.facts import Facts
+from xtrain.planning.plan import Overrides
 from xtrain.planning.rules import make_plan
 from xtrain.tasks.validation import load_config
 from xtrain.train.report import ListReporter, RichReporter
@@ -29,8 +31,8 @@ COMMON = [
 ]  # fmt: skip
 
 
-def _plan():
-    return make_plan(Facts(torch_version="2.13.0", gloo_available=True))
+def _plan(**overrides):
+    return make_plan(Facts(torch_version="2.13.0", gloo_available=True), Overrides(**overrides))
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
@@ -38,8 +40,9 @@ def _jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def _run(cfg, build, monkeypatch) -> tuple[object, ListReporter, list[tuple[int, dict]]]:
-    """Train ``cfg`` with ``build``; (the result, the reporter's events, what the trackers got)."""
+def _run(cfg, build, monkeypatch, plan=None) -> tuple[object, ListReporter, list[tuple[int, dict]]]:
+    """Train ``cfg`` with ``build`` (on ``plan``); (the result, the reporter's events, what the
+    trackers got)."""
     from accelerate import Accelerator
 
     from xtrain.train.loop import train
@@ -51,7 +54,7 @@ def _run(cfg, build, monkeypatch) -> tuple[object, ListReporter, list[tuple[int,
 
     monkeypatch.setattr(Accelerator, "log", log)
     reporter = ListReporter()
-    return train(cfg, _plan(), reporter, build=build), reporter, tracked
+    return train(cfg, plan or _plan(), reporter, build=build), reporter, tracked
 
 
 def _same_everywhere(result, reporter: ListReporter, tracked: list[tuple[int, dict]], keys: set[str]) -> None:
@@ -137,8 +140,10 @@ def test_grpo_windows_hold_the_rewards_its_functions_gave(tmp_path, monkeypatch)
                              "grpo.format_pattern=.*[aeiou].*", f"data.train={train_file}",
                              f"run.output_dir={tmp_path / 'out'}"])  # fmt: skip
     scored: list[torch.Tensor] = []  # [completions, functions] of each micro-batch, in order
+    threads: list[int] = []  # torch's compute threads while the run builds its workload
 
     def build(run, main_process_first):
+        threads.append(torch.get_num_threads())
         workload = build_workload(run, main_process_first)
         step = workload.forward
         score = step.score
@@ -151,7 +156,13 @@ def test_grpo_windows_hold_the_rewards_its_functions_gave(tmp_path, monkeypatch)
         step.score = recorded
         return workload
 
-    result, reporter, tracked = _run(cfg, build, monkeypatch)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:  # the plan's compute threads (planning/threads.py) applied by the run, then given back
+        result, reporter, tracked = _run(cfg, build, monkeypatch, _plan(cpu_threads=1))
+        assert threads == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
     assert len(scored) == 4  # 2 steps x 2 micro-batches of 4 completions
     weights = torch.tensor([1.0, 0.5])
     for step in (1, 2):

@@ -165,6 +165,7 @@ def resolve(
         main_address=main_address,
         weights_dtype=cfg.model.dtype if cfg is not None else None,
         checkpoint_dtype=checkpoint_dtype if cfg is not None else None,
+        cpu_threads=cfg.run.cpu_threads if cfg is not None else None,
     )
     overrides.check()  # before the probe: a mistake costs no torch import
     held = plan or _sent_plan(context, processes)
