@@ -167,15 +167,17 @@ def find_target_modules(model: Module) -> list[str]:
     3. otherwise every Linear layer inside an attention block (a name containing "attn" or
        "attention"), and failing that every Linear layer, except the heads.
     """
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TABLE
-
     layers = linear_layers(model)
     leaves = set(layers.values())
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    for table in (KNOWN_TARGETS, PEFT_TABLE):
-        names = [n for n in table.get(model_type, []) if n in leaves]
-        if names:
-            return names
+    names = [n for n in KNOWN_TARGETS.get(model_type, []) if n in leaves]
+    if names:
+        return names  # (peft is not imported for the common architectures: a CPU dry run stays light)
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TABLE
+
+    names = [n for n in PEFT_TABLE.get(model_type, []) if n in leaves]
+    if names:
+        return names
     heads = _head_layers(model)
     body = {q: leaf for q, leaf in layers.items() if q not in heads}
     attention = sorted({leaf for q, leaf in body.items() if "attn" in q.lower() or "attention" in q.lower()})
