@@ -231,27 +231,6 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
         ),
         {"cpu-only": "ok", "accelerate-config-missing": "ok"},
     ),
-    "linux-cpu-busy": (  # the same machine at a load average of 5 (tests/test_cpu_threads.py)
-        dict(
-            shell="bash",
-            device="cpu",
-            backend=None,
-            num_processes=1,
-            gpu_ids=None,
-            mixed_precision="no",
-            tf32=False,
-            launcher="accelerate",
-            cpu=True,
-            cpu_staged_allreduce=False,
-            env={"OMP_NUM_THREADS": "1"},  # no core free: one compute thread
-            dataloader_workers=0,
-            media_workers=0,
-            pin_memory=False,
-            main_address="127.0.0.1",
-            main_port=29500,
-        ),
-        {"cpu-only": "ok", "cpu-busy": "warn", "accelerate-config-missing": "ok"},
-    ),
     "macos-arm64": (
         dict(
             shell="bash",
@@ -274,6 +253,13 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
         {"mps": "ok", "accelerate-config-missing": "ok"},
     ),
 }
+
+
+# the same machine at a load average of 5 (tests/test_cpu_threads.py): no core free, one compute thread
+EXPECTED["linux-cpu-busy"] = (
+    {**EXPECTED["linux-cpu"][0], "env": {"OMP_NUM_THREADS": "1"}},
+    {**EXPECTED["linux-cpu"][1], "cpu-busy": "warn"},
+)
 
 
 def codes(d: Diagnosis) -> dict[str, str]:
