@@ -252,14 +252,22 @@ def test_resume_is_exact(tmp_path):
     from support.jobs import assert_same_training, make_job, python_run, run_xtrain
 
     job = make_job(tmp_path / "job", steps=4, save_every=2)
-    split = ["--processes", "2", "parallel.sequence=2", "lora.dropout=0.0"]
 
-    def run(out: Path, *extra: str) -> None:
-        proc = run_xtrain(python_run("--config", str(job.config), f"run.output_dir={out}", *extra), job.env)
+    def run(out: Path, processes: int, *extra: str) -> None:
+        args = [
+            "--processes",
+            str(processes),
+            "--config",
+            str(job.config),
+            f"run.output_dir={out}",
+            "lora.dropout=0.0",
+        ]
+        proc = run_xtrain(python_run(*args, *extra), job.env)
         assert proc.returncode == 0, proc.stderr[-4000:]
 
-    run(tmp_path / "one", "lora.dropout=0.0")
-    run(tmp_path / "split", *split)
+    split = ["parallel.sequence=2"]
+    run(tmp_path / "one", 1)
+    run(tmp_path / "split", 2, *split)
     assert (
         json.loads((tmp_path / "split" / "train_result.json").read_text())["run_info"]["sequence_parallel"]
         == 2
@@ -267,7 +275,7 @@ def test_resume_is_exact(tmp_path):
     assert_same_training(tmp_path / "one", tmp_path / "split")
     straight = tmp_path / "straight"
     shutil.copytree(tmp_path / "split", straight)
-    run(tmp_path / "split", *split, f"run.resume={tmp_path / 'split' / 'checkpoints' / 'step-2'}")
+    run(tmp_path / "split", 2, *split, f"run.resume={tmp_path / 'split' / 'checkpoints' / 'step-2'}")
     assert_same_training(straight, tmp_path / "split", exact=True)
 
 
