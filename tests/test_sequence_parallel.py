@@ -392,3 +392,27 @@ def test_bad_input_is_one_line_at_the_dry_run(bad: Path, case: str, capsys, monk
     assert len(errors) == 1 and expected in errors[0], err[-2000:]
     if case == "heads":
         assert "parallel.sequence_mode=ring" in errors[0]
+
+
+@pytest.mark.soak  # two quickstarts of 40 steps
+def test_the_long_quickstart_learns_the_same_at_one_and_two_processes(tmp_path):
+    """``xtrain quickstart --task long``: conversations longer than each process's half, answer
+    token accuracy from 0 to over 0.8, and the two runs' evaluations equal (LoRA dropout off)."""
+    from support.jobs import offline_env, run_xtrain
+
+    results = []
+    for processes in (1, 2):
+        out = tmp_path / f"p{processes}"
+        cmd = [sys.executable, "-m", "xtrain", "quickstart", "--task", "long", "--processes", str(processes),
+               "--output-dir", str(out)]  # fmt: skip
+        proc = run_xtrain(cmd, offline_env(tmp_path, tmp_path / "cache"))
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        (run,) = out.iterdir()
+        results.append(json.loads((run / "train_result.json").read_text()))
+    assert results[1]["run_info"]["sequence_parallel"] == 2
+    before = results[0]["eval_history"][0]["token_accuracy"]
+    after = [r["eval_metrics"]["token_accuracy"] for r in results]
+    assert before < 0.1 and min(after) > 0.8
+    assert results[1]["eval_metrics"]["eval_loss"] == pytest.approx(
+        results[0]["eval_metrics"]["eval_loss"], rel=1e-4
+    )
