@@ -85,7 +85,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, sys.argv[1])
-from support.gradients import xtrain_gradients
+from support.gradients import keep_group, xtrain_gradients
 from test_sequence_parallel import moved_adapters, record_shares
 
 import xtrain.train.loop as loop
@@ -94,16 +94,9 @@ from xtrain.planning.plan import Overrides
 from xtrain.planning.rules import make_plan
 from xtrain.tasks.validation import load_config
 
-
-def keep_group(accelerator):  # release() without end_training(), which destroys the group
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
-
-
-loop.release = keep_group
-plan = make_plan(Facts(torch_version="2.13.0", gloo_available=True, cpu_count=2), Overrides(num_processes=2))
+loop.release = keep_group  # one process group for every config
+facts = Facts(torch_version="2.13.0", gloo_available=True, cpu_count=2)
+plan = make_plan(facts, Overrides(num_processes=int(os.environ["WORLD_SIZE"])))  # torchrun's
 for name, overrides in json.loads(sys.argv[2]).items():
     with record_shares() as shares:
         grads = xtrain_gradients(load_config(None, overrides), plan, on_workload=moved_adapters).grads

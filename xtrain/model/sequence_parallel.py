@@ -12,8 +12,8 @@ training batch) takes the sequence-parallel path; any other (evaluation, generat
 in the process: whole sequences) runs the implementation exactly as before.
 
 Ulysses (``ulysses``): each process has its shard's queries, keys and values for every head,
-``[batch, heads, L, head size]``. One all-to-all (``AllToAll``, whose backward is the reverse
-all-to-all) gives it every shard's positions for ``heads / N`` of the heads, ``[batch, heads / N,
+``[batch, heads, L, head size]``. One all-to-all (``shard_exchange.all_to_all``, whose backward is the
+reverse all-to-all) gives it every shard's positions for ``heads / N`` of the heads, ``[batch, heads / N,
 N x L, head size]``: the whole sequence. The implementation runs on it, one call per segment
 ``Shards`` names (a packed row's examples, a left-padded row's tokens; causal inside each), or one
 call for rows that are each one causal sequence; flash attention gets the segments as restarting
@@ -35,7 +35,7 @@ import torch
 from xtrain.config.schema import TrainConfig
 from xtrain.data.sequence_shards import KEY, Shards
 from xtrain.model import ring_attention
-from xtrain.model.shard_exchange import AllToAll, AttentionFn, Exchange, exchange
+from xtrain.model.shard_exchange import AttentionFn, Exchange, all_to_all, exchange
 
 PREFIX = "xtrain_sequence_parallel_"  # the registered names of the implementations it wraps
 
@@ -46,7 +46,7 @@ def heads_from_sequence(x: torch.Tensor, ex: Exchange) -> torch.Tensor:
     b, h, length, d = x.shape
     n = ex.size
     parts = x.reshape(b, n, h // n, length, d).transpose(0, 1).contiguous()  # [N, B, H/N, L, D]
-    got = AllToAll.apply(parts, ex)  # part i: shard i's positions of this rank's heads
+    got = all_to_all(parts, ex)  # part i: shard i's positions of this rank's heads
     return got.permute(1, 2, 0, 3, 4).reshape(b, h // n, n * length, d)
 
 
@@ -56,7 +56,7 @@ def sequence_from_heads(y: torch.Tensor, ex: Exchange) -> torch.Tensor:
     b, total, h, d = y.shape
     n = ex.size
     parts = y.reshape(b, n, total // n, h, d).transpose(0, 1).contiguous()  # [N, B, L, H/N, D]
-    got = AllToAll.apply(parts, ex)  # part i: rank i's heads of this shard's positions
+    got = all_to_all(parts, ex)  # part i: rank i's heads of this shard's positions
     return got.permute(1, 2, 0, 3, 4).reshape(b, total // n, n * h, d)
 
 

@@ -95,26 +95,24 @@ def exchange() -> Exchange:
     return _EXCHANGE[0]
 
 
-class AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ex: Exchange) -> torch.Tensor:
-        ctx.ex = ex
-        return ex.all_to_all(x)
+class SelfAdjoint(torch.autograd.Function):
+    """An exchange that is its own backward: an all-to-all of equal parts (part i from rank i, so
+    the gradient's part i goes back to rank i the same way) and an all-reduce sum (every copy of
+    the sum is used: each part gets the sum of their gradients). ``how``: ``Exchange``'s method."""
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.ex.all_to_all(grad.contiguous()), None
-
-
-class _ShardSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, ex: Exchange) -> torch.Tensor:
-        ctx.ex = ex
-        return ex.all_reduce(x)
+    def forward(ctx: Any, x: torch.Tensor, ex: Exchange, how: str) -> torch.Tensor:
+        ctx.ex, ctx.how = ex, how
+        return getattr(ex, how)(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return ctx.ex.all_reduce(grad.contiguous()), None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return getattr(ctx.ex, ctx.how)(grad.contiguous()), None, None
+
+
+def all_to_all(x: torch.Tensor, ex: Exchange) -> torch.Tensor:
+    """``Exchange.all_to_all`` with its gradient (the reverse all-to-all)."""
+    return SelfAdjoint.apply(x, ex, "all_to_all")
 
 
 def shard_total(x: torch.Tensor, shards: Shards | None) -> torch.Tensor:
@@ -122,4 +120,4 @@ def shard_total(x: torch.Tensor, shards: Shards | None) -> torch.Tensor:
     see the module docstring for its gradient."""
     if shards is None:
         return x
-    return _ShardSum.apply(x, exchange())
+    return SelfAdjoint.apply(x, exchange(), "all_reduce")
