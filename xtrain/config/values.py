@@ -150,6 +150,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_episode_length": _between(1, 1 << 22),
     "grpo.max_tool_calls": _between(0, 1 << 20),
     "grpo.tool_timeout": _POS_NUM,
+    "reward.center_rewards_coefficient": _NONNEG,
     "generation.sample_predictions": _between(0, 10_000),
 }
 
