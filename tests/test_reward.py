@@ -361,3 +361,64 @@ def test_a_reward_path_that_is_not_a_reward_model_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --answer gives a reward model answers to score; a causal-lm result scores none "
                    "(leave out --answer: it is for reward results)"]  # fmt: skip
+
+
+# -- docs/reward-models.md's memory table: xtrain's own estimate -------------------------------------------
+def memory_table(folder: Path) -> str:
+    """The page's table: the published config.json values of three Qwen2.5 sizes as reward models
+    (one pair of 1024-token answers a micro-batch, fp16, one RTX 4090), sized on the meta device
+    and estimated as ``xtrain train --dry-run`` does (``python tests/test_reward.py`` prints it)."""
+    from dataclasses import replace
+
+    from test_memory_fitting import _QWEN2, CARD, CARD_GIB
+
+    from xtrain.model import memory
+    from xtrain.tasks.sizes import offline_sizes
+
+    qwen = dict(_QWEN2, architectures=["Qwen2ForCausalLM"], model_type="qwen2", max_position_embeddings=32768)
+    models = [
+        ("Qwen2.5-1.5B-Instruct", dict(qwen, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                       num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                                       tie_word_embeddings=True)),
+        ("Qwen2.5-7B-Instruct", dict(qwen, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                     num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+                                     tie_word_embeddings=False)),
+        ("Qwen2.5-14B-Instruct", dict(qwen, hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                                      num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                                      tie_word_embeddings=False)),
+    ]  # fmt: skip
+    options = [("16-bit LoRA", None, False), ("16-bit LoRA + checkpointing", None, True),
+               ("4-bit QLoRA", "4bit", False), ("4-bit QLoRA + checkpointing", "4bit", True)]  # fmt: skip
+    lines = ["| model | parameters (with LoRA) | " + " | ".join(o[0] for o in options) + " |",
+             "|" + "---|" * (2 + len(options))]  # fmt: skip
+    for name, config in models:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        (folder / name / "config.json").write_text(json.dumps(config), encoding="utf-8")
+        sizes = offline_sizes(load_config(None, [f"model.name_or_path={(folder / name).as_posix()}",
+                                                 "model.task=reward"]))  # fmt: skip
+        assert not isinstance(sizes, str), sizes
+        cells = [name, f"{sizes.params / 1e9:.2f}B"]
+        for _, quantization, checkpointing in options:
+            sized = replace(sizes, quantization=quantization)
+            gib = memory.check_memory(sized, 1, 1024, checkpointing, "fp16", CARD_GIB, CARD).estimate_gib
+            tight = f"{gib:.1f} tight" if gib > memory.TIGHT * CARD_GIB else f"{gib:.1f}"
+            cells.append(f"**{gib:.1f}** over" if gib > CARD_GIB else tight)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def test_the_memory_table_is_xtrain_s_estimate(tmp_path):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reward-models.md").read_text(encoding="utf-8")
+    want = memory_table(tmp_path)
+    assert want in page, f"docs/reward-models.md's table should read:\n{want}"
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+    import tempfile
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    with tempfile.TemporaryDirectory() as folder:
+        sys.stdout.write(memory_table(Path(folder)) + "\n")

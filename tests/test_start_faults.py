@@ -88,12 +88,12 @@ def test_a_folder_without_a_result_says_what_to_pass(run, tmp_path):
     with pytest.raises(NotAResult, match=r"stopped at step 4 of 4 before its adapter/") as e:
         start_of(str(killed))
     assert e.value.hint == (
-        f"pass {newest} to start from its newest checkpoint, or run its config again to finish it "
-        "(it resumes from step 4)"
+        f"pass {newest} to start from its newest checkpoint, or run its config again to finish it, "
+        "resuming from step 4"
     )
     shutil.rmtree(newest / "adapter")  # a checkpoint of a sharded run, or an older xtrain's
     with pytest.raises(
-        NotAResult, match=r"run its config again to finish it \(it resumes from step 4\), then"
+        NotAResult, match=r"run its config again to finish it, resuming from step 4; then pass"
     ):
         start_of(str(killed))
     with pytest.raises(NotAResult, match=r"checkpoint of the xtrain run .* \(step 4, a sharded run's"):

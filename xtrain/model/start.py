@@ -122,8 +122,7 @@ def not_a_result(folder: Path) -> None:
         raise NotAResult(
             f"{folder} is a checkpoint of the xtrain run {run} (step {state.get('step', '?')}, {why}): it "
             "holds the training state only, no adapter to start from",
-            f"run that run's config again to finish it (it resumes from its newest checkpoint), "
-            f"then pass {run}",
+            f"run that run's config again to finish it, resuming from its newest checkpoint; then pass {run}",
         )
     steps = []
     if (folder / CHECKPOINTS).is_dir():
@@ -137,10 +136,10 @@ def not_a_result(folder: Path) -> None:
         total = read_json_object(path / STATE_FILE).get("total_steps")
         of = f" of {total}" if isinstance(total, int) else ""
         said = f"{folder} holds no finished result: its run stopped at step {step}{of} before its adapter/"
-        finish = f"run its config again to finish it (it resumes from step {step})"
+        finish = f"run its config again to finish it, resuming from step {step}"
         if _is_model(path / OUTPUT_FOLDERS[0]):
             raise NotAResult(said, f"pass {path} to start from its newest checkpoint, or {finish}")
-        raise NotAResult(said, f"{finish}, then pass {folder}")
+        raise NotAResult(said, f"{finish}; then pass {folder}")
     hf = [
         (int(m.group(1)), p) for p in folder.iterdir() if (m := HF_CHECKPOINT.match(p.name)) and _is_model(p)
     ]
