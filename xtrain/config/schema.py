@@ -268,8 +268,9 @@ class RewardConfig:
     RewardTrainer computes it (docs/reward-models.md)."""
 
     # the column of a pair's margin (a number, e.g. how much better the chosen answer was rated):
-    # the loss asks r_chosen - r_rejected to exceed it (Llama 2's); read when the rows have it
-    margin_column: str = "margin"
+    # the loss asks r_chosen - r_rejected to exceed it (Llama 2's); read when the rows have it;
+    # null: no margin
+    margin_column: str | None = "margin"
     # TRL's center_rewards_coefficient: + coef x (r_chosen + r_rejected)^2 per pair, which keeps
     # the rewards centred on 0 (0.01 in the paper that proposed it); 0: off
     center_rewards_coefficient: float = 0.0

@@ -63,10 +63,9 @@ def encoded_sets(
     run and the dry run's ``encoding_note``."""
     from xtrain.data.encoded import encode
     from xtrain.data.tokenize import tokenizer_fingerprint
-    from xtrain.tasks.preference.preference import encoder_of
     from xtrain.tasks.reward import rows as rows_
 
-    encoder, key = encoder_of(cfg, tokenizer, source), tokenizer_fingerprint(tokenizer)
+    encoder, key = rows_.encoder_of(cfg, tokenizer, source), tokenizer_fingerprint(tokenizer)
     sets = {}
     for role, ds, name in (("train", train, train_name), ("eval", eval_ds, eval_name)):
         if ds is not None:
@@ -128,9 +127,9 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
 
 
 def _chat(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str) -> bool:
-    from xtrain.tasks.preference.preference import encoder_of
+    from xtrain.tasks.reward import rows as rows_
 
-    return encoder_of(cfg, tokenizer, source).render is not None
+    return rows_.encoder_of(cfg, tokenizer, source).render is not None
 
 
 def check_data(cfg: TrainConfig, limit: int) -> DataReport:
@@ -154,7 +153,6 @@ def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: li
     from xtrain.data.rows import preference as pref_rows
     from xtrain.tasks import data_check
     from xtrain.tasks.data_report import DataReport
-    from xtrain.tasks.preference.preference import encoder_of
     from xtrain.tasks.reward import rows as rows_
 
     report = DataReport(NAME, cfg.data.max_length, notes=notes)
@@ -166,7 +164,7 @@ def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: li
         report.sources.append(check)
         if found is None:
             continue
-        encoder = encoder_of(cfg, found[1], found[0])
+        encoder = rows_.encoder_of(cfg, found[1], found[0])
         rows_.columns(s.ds[:], list(range(len(s.ds))), encoder, s.name, rows[0], margin)  # the run's refusals
         for i, row in enumerate(rows):
             where = f"row {i} of {s.name}"
@@ -197,10 +195,13 @@ def notes(history: list[dict[str, float]]) -> list[str]:
 
 
 def stacks(model: Any, cfg: TrainConfig) -> list:
-    """The memory estimate's stacks: a pair is two sequences (``preference.stacks``)."""
-    from xtrain.tasks.preference.preference import stacks as pair_stacks
+    """The memory estimate's stacks: a pair is two sequences of up to ``data.max_length`` through the
+    model's text layers (twice the positions of one, as preference tuning counts a pair)."""
+    from dataclasses import replace
 
-    return pair_stacks(model, cfg)
+    from xtrain.tasks.stacks import text_stacks
+
+    return [replace(s, positions=2 * s.positions) for s in text_stacks(model, cfg)]
 
 
 def one_output(config: dict[str, Any]) -> bool:

@@ -17,6 +17,7 @@ from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
     from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
     from xtrain.config.schema import TrainConfig
     from xtrain.data.encoded import Encoding
@@ -27,11 +28,26 @@ VERSION = 1
 DEFAULT_MARGIN = "margin"  # reward.margin_column's default: read when the rows have it (TRL's column)
 
 
+def encoder_of(cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, source: str) -> Encoder:
+    """Answers rendered as SFT renders them, as the preference task renders them: the chat template
+    (``data.chat_template`` or the tokenizer's) when there is one, else prompt and answer as plain
+    text (the preference family's module imports causal-lm's predict, which GRPO's reward model
+    import would close into a circle)."""
+    from xtrain.data.rows import chat as chat_data
+    from xtrain.data.rows.preference import Encoder
+    from xtrain.tasks.text.rows import chat_render
+
+    template = chat_data.load_template(cfg.data.chat_template) or getattr(tokenizer, "chat_template", None)
+    render = chat_render(cfg, tokenizer, source, "messages") if template else None
+    return Encoder(tokenizer, cfg.data.max_length, render)
+
+
 def margin_of(cfg: TrainConfig, ds: Dataset, source: str) -> str | None:
     """The column each pair's margin is read from: ``reward.margin_column`` when the rows have it;
-    a column the user named that the rows lack is one line (the default is read only where it is)."""
+    a column the user named that the rows lack is one line (the default is read only where it is);
+    None (``reward.margin_column: null``): no margin, whatever the rows hold."""
     column = cfg.reward.margin_column
-    if column in ds.column_names:
+    if column is None or column in ds.column_names:
         return column
     if column != DEFAULT_MARGIN:
         raise XtrainError(

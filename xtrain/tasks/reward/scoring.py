@@ -32,7 +32,7 @@ def encoder_for(data: dict[str, Any], tokenizer: PreTrainedTokenizerBase, folder
     import dataclasses
 
     from xtrain.config.schema import DataConfig
-    from xtrain.tasks.preference.preference import encoder_of
+    from xtrain.tasks.reward.rows import encoder_of
     from xtrain.tasks.validation import reader_config
 
     known = {f.name for f in dataclasses.fields(DataConfig)}  # a record of another xtrain version
