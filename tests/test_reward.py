@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -155,35 +156,44 @@ def test_the_loss_is_trl_s_formula_and_the_metrics_count_ties_half():
     assert metrics["rewards/margin"] == pytest.approx((1.0 + 0.0 - 3.0) / 3)
 
 
-# -- one run, two processes, a resume; the head saved and loaded back ------------------------------------
-@pytest.mark.slow
-def test_one_and_two_processes_and_a_resume_train_the_same_reward_model(rm_job, straight, tmp_path_factory):
-    """2 spawned gloo processes (1 micro-batch each) against 1 process accumulating 2: the same
-    losses, eval metrics and adapter (its head included); a run stopped at step 2 and resumed to
-    step 4 ends bitwise where the straight run did. Step 0 is chance: every reward 0 (a new head
-    at zero), accuracy 0.5, each pair's loss -log sigmoid(-margin) (ln 2 without a margin)."""
-    from support.jobs import assert_same_training, one_and_two_processes
+# -- resume, any split of the batch, two processes; the head saved and loaded back ---------------------------
+def test_step_0_is_chance_and_a_resume_ends_bitwise(rm_job, straight, tmp_path_factory):
+    """Step 0 is chance (a new head at zero: every reward 0, accuracy 0.5, each pair's loss
+    -log sigmoid(-margin), ln 2 without a margin) and the model learns; a run stopped after its
+    checkpoint of step 2, resumed, ends bitwise where the straight run did (the head included: it is in the
+    adapter, ``modules_to_save``). (Any split of a step's pairs: the gradient test's two
+    micro-batches against the mean over the step's pairs; two processes: the soak test below.)"""
+    from support.jobs import assert_same_training
 
-    two, one, both = one_and_two_processes(rm_job, straight)
+    one = json.loads((straight / "train_result.json").read_text())
     start = one["eval_history"][0]
     assert start["step"] == 0 and start["rewards/accuracy"] == 0.5
     margins = [p["margin"] for p in _pairs(32)[24:]]  # the eval rows'
     at_zero = sum(math.log(1 + math.exp(m)) for m in margins) / len(margins)
     assert start["eval_loss"] == pytest.approx(at_zero, abs=1e-6)
     assert one["eval_history"][-1]["rewards/accuracy"] > 0.5
-    for a, b in zip(one["eval_history"], both["eval_history"], strict=True):
-        assert b["rewards/accuracy"] == a["rewards/accuracy"]
-        assert b["rewards/margin"] == pytest.approx(a["rewards/margin"], rel=1e-4, abs=1e-6)
-    assert_same_training(straight, two)
-    resumed = rm_job.root / "resumed"
+    config = json.loads((straight / "adapter" / "adapter_config.json").read_text())
+    assert "score" in config["modules_to_save"]
+    resumed = rm_job.root / "resumed"  # a run stopped after its checkpoint of step 2: that checkpoint
+    shutil.copytree(straight / "checkpoints" / "step-2", resumed / "checkpoints" / "step-2")
     with pytest.MonkeyPatch.context() as mp:
         _caches(mp, tmp_path_factory)
-        _train(rm_job, resumed, "run.max_steps=2")
         result = _train(rm_job, resumed)
     assert result.resumed_from and result.resumed_from.endswith("step-2")
     assert_same_training(straight, resumed, exact=True)
-    assert any("score" in k for k in json.loads((straight / "adapter" / "adapter_config.json").read_text())
-               ["modules_to_save"])  # fmt: skip
+
+
+@pytest.mark.soak  # 2 spawned processes: ~20 s of CPU on CI, for what the loop proves for every task
+def test_one_and_two_processes_train_the_same_reward_model(rm_job, straight):
+    """2 spawned gloo processes (1 micro-batch each) against 1 process accumulating 2: the same
+    losses, eval metrics and adapter (its head included)."""
+    from support.jobs import assert_same_training, one_and_two_processes
+
+    out, one, two = one_and_two_processes(rm_job, straight)
+    for a, b in zip(one["eval_history"], two["eval_history"], strict=True):
+        assert b["rewards/accuracy"] == a["rewards/accuracy"]
+        assert b["rewards/margin"] == pytest.approx(a["rewards/margin"], rel=1e-4, abs=1e-6)
+    assert_same_training(straight, out)
 
 
 def test_predict_after_reload_scores_as_the_model_did_at_the_end_of_training(rm_job, straight):
@@ -236,10 +246,11 @@ def test_grpo_rewards_are_the_reward_model_s_scores(rm_job, straight, tmp_path, 
     (tmp_path / "logged.py").write_text(LOGGER)
     log = tmp_path / "calls.jsonl"
     monkeypatch.setenv("REWARD_TEST_LOG", str(log))
-    prompts = jsonl(tmp_path / "prompts.jsonl", [{"prompt": r["prompt"]} for r in _pairs(6, seed=9)])
+    prompts = jsonl(tmp_path / "prompts.jsonl", [{"prompt": r["prompt"]} for r in _pairs(4, seed=9)])
+    evals = jsonl(tmp_path / "evals.jsonl", [{"prompt": r["prompt"]} for r in _pairs(2, seed=8)])
     model = json.loads((straight / "adapter" / "xtrain_run.json").read_text())["base"]
     cfg = load_config(None, [
-        f"model.name_or_path={model}", "model.task=grpo", f"data.train={prompts}", f"data.eval={prompts}",
+        f"model.name_or_path={model}", "model.task=grpo", f"data.train={prompts}", f"data.eval={evals}",
         f"grpo.rewards=[model:{straight},{tmp_path / 'logged.py'}:logged]", "grpo.num_generations=4",
         "grpo.max_completion_length=6", "batch.per_device=8", "batch.global_batch=8", "run.max_steps=1",
         "run.log_every=1", "data.max_length=48", f"run.output_dir={tmp_path / 'grpo'}", "run.report_to=none",
@@ -247,62 +258,69 @@ def test_grpo_rewards_are_the_reward_model_s_scores(rm_job, straight, tmp_path, 
     ])  # fmt: skip
     result = train(cfg, this_machine())
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    step, evaluation = calls[0], calls[1:]  # the step (2 prompts x 4), then the evaluation
-    assert len(step[1]) == 8 and sum(len(c[1]) for c in evaluation) == 6
+    assert [len(c[1]) for c in calls] == [8, 2]  # the step (2 prompts x 4), then the evaluation
 
-    def scores(pairs):
-        file = jsonl(
-            tmp_path / f"texts-{len(pairs)}.jsonl", [{"prompt": p, "completion": c} for p, c in pairs]
-        )
-        return [
-            r["score"] for r in lib.predict_file(straight, file, PredictRequest([], [], batch_size=5)).rows
-        ]
-
-    trained = scores(list(zip(*step, strict=True)))
+    texts = [pc for c in calls for pc in zip(*c, strict=True)]  # the step's 8, then the evaluation's 2
+    file = jsonl(tmp_path / "texts.jsonl", [{"prompt": p, "completion": c} for p, c in texts])
+    scored = [r["score"] for r in lib.predict_file(straight, file, PredictRequest([], [], batch_size=5)).rows]
+    trained, evaluated = scored[:8], scored[8:]
     window = result.log_history[0]
     assert window["rewards/straight/mean"] == pytest.approx(sum(trained) / len(trained), rel=1e-5, abs=1e-6)
-    evaluated = scores([pc for c in evaluation for pc in zip(*c, strict=True)])
     final = result.eval_metrics
     assert final["rewards/straight"] == pytest.approx(sum(evaluated) / len(evaluated), rel=1e-5, abs=1e-6)
     shown = json.loads((tmp_path / "grpo" / "eval_samples.json").read_text())["evaluations"][-1]["samples"]
-    texts = {(p, c.strip()): s for (p, c), s in zip([pc for c in evaluation for pc in zip(*c)], evaluated)}  # noqa: B905
+    by_text = {(p, c.strip()): v for (p, c), v in zip(texts[8:], evaluated, strict=True)}
     for sample in shown:
         text = sample["prediction"].rsplit("  [reward", 1)[0]
         assert sample["details"]["rewards"]["straight"] == pytest.approx(
-            texts[(sample["reference"], text)], abs=1e-6
+            by_text[(sample["reference"], text)], abs=1e-6
         )
 
 
 # -- a stage from an SFT result --------------------------------------------------------------------------
+def _sft_result(folder: Path, model: str) -> Path:
+    """An SFT result as xtrain writes one (a causal LM's LoRA adapter moved off zero, its tokenizer,
+    its record), made by peft directly: the start of a reward stage."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(model), lora)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.2)
+    peft_model.save_pretrained(str(folder / "adapter"))
+    AutoTokenizer.from_pretrained(model).save_pretrained(str(folder / "adapter"))
+    record = {"task": "causal-lm", "chat": False, "base": model, "lineage": [], "mode": "new"}
+    (folder / "adapter" / "xtrain_run.json").write_text(json.dumps(record))
+    return folder
+
+
 @pytest.mark.slow
-def test_a_reward_model_trains_on_an_sft_result_and_its_merged_model_scores_alike(tmp_path_factory):
+def test_a_reward_model_trains_on_an_sft_result_and_its_merged_model_scores_alike(rm_job, tmp_path):
     """Start: an SFT run's folder. Its adapter stays under the head (frozen, the lineage recorded),
     the reward adapter trains on top; the chain is two kinds of adapter (a causal LM's, a
     classifier's), so the result is also written merged, and the merged classifier scores as
     ``xtrain predict`` runs the chain."""
-    from support.chains import sft_result, train_stage
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from xtrain import predict as lib
     from xtrain.tasks.contract import PredictRequest
+    from xtrain.tasks.reward.scoring import Scorer, encoder_for
 
-    first = sft_result(tmp_path_factory)
-    train = jsonl(tmp_path_factory.mktemp("rm-data") / "train.jsonl", _pairs(16))
-    out = train_stage(tmp_path_factory, "rm-from-sft", [
-        f"model.name_or_path={first}", "model.task=reward", f"data.train={train}", "data.eval=null",
-        "data.max_length=48", "lora.r=4", "batch.per_device=8", "batch.global_batch=8", "run.max_steps=2",
-        "run.log_every=2",
-    ])  # fmt: skip
+    model = rm_job.config.read_text().split("name_or_path: ")[1].split()[0]
+    sft = _sft_result(tmp_path / "sft", model)
+    out = tmp_path / "rm"
+    _train(rm_job, out, f"model.name_or_path={sft}", "run.max_steps=2", "run.eval_every=null",
+           "run.eval_at_start=false", "run.save_every=null")  # fmt: skip
     record = json.loads((out / "adapter" / "xtrain_run.json").read_text())
     assert [e["task"] for e in record["lineage"]] == ["causal-lm"] and record["task"] == "reward"
     assert (out / "merged").is_dir() and not (out / "adapter-chain").exists()
     prompt, answers = "question: where did tom play with the cat? answer: ", ["in the park.", "no idea."]
     chain = [r["score"] for r in lib.predict(out, PredictRequest([], [prompt], answers=answers))]
     merged = AutoModelForSequenceClassification.from_pretrained(str(out / "merged")).eval()
-    from transformers import AutoTokenizer
-
-    from xtrain.tasks.reward.scoring import Scorer, encoder_for
-
     tokenizer = AutoTokenizer.from_pretrained(str(out / "merged"))
     scorer = Scorer(merged, tokenizer, encoder_for(record["data"], tokenizer, str(out / "merged")))
     assert scorer.scores([(prompt, a) for a in answers]) == pytest.approx(chain, abs=1e-5)

@@ -32,7 +32,7 @@ def _csv(path: Path, n: int) -> Path:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A LoRA run on a CSV file in a datasets cache of its own: 4 steps, a checkpoint every 2."""
+    """A LoRA run on a CSV file in a datasets cache of its own: 2 steps, a checkpoint each."""
     import datasets
 
     root = tmp_path_factory.mktemp("faults")
@@ -40,7 +40,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(datasets.config, "HF_DATASETS_CACHE", str(root / "datasets"))
         out = train_stage(
-            tmp_path_factory, "faulty", _job(data, "run.save_every=2", "run.keep_checkpoints=0")
+            tmp_path_factory, "faulty", _job(data, "run.save_every=1", "run.keep_checkpoints=0")
         )
     return {"out": out, "data": data, "cache": root / "datasets"}
 
@@ -49,18 +49,18 @@ def _job(data: Path, *more: str) -> list[str]:
     return [
         "model.name_or_path=builtin:tiny-llama", f"data.train={data}", "data.eval=null",
         "data.text_column=text", "data.max_length=32", "lora.r=4", "lora.dropout=0.0",
-        "optim.lr=1e-2", "batch.per_device=4", "batch.global_batch=4", "run.max_steps=4",
+        "optim.lr=1e-2", "batch.per_device=4", "batch.global_batch=4", "run.max_steps=2",
         "run.log_every=4", *more,
     ]  # fmt: skip
 
 
 def test_a_checkpoint_holds_its_adapter_and_starts_a_stage(run, tmp_path_factory):
-    """``checkpoints/step-2`` holds the adapter of step 2 as a finished run's (its weights are the
+    """``checkpoints/step-1`` holds the adapter of step 1 as a finished run's (its weights are the
     checkpoint's own trained weights, its record names the run's base), and a stage started from it
     trains on top of exactly that adapter."""
     from safetensors.torch import load_file
 
-    step = run["out"] / "checkpoints" / "step-2"
+    step = run["out"] / "checkpoints" / "step-1"
     start = start_of(str(step))
     assert [a.path for a in start.adapters] == [str(step / "adapter")]
     assert start.base == "builtin:tiny-llama" and start.task == "causal-lm"
@@ -84,22 +84,22 @@ def test_a_folder_without_a_result_says_what_to_pass(run, tmp_path):
     killed = tmp_path / "killed"
     shutil.copytree(run["out"], killed)
     shutil.rmtree(killed / "adapter")
-    newest = killed / "checkpoints" / "step-4"
-    with pytest.raises(NotAResult, match=r"stopped at step 4 of 4 before its adapter/") as e:
+    newest = killed / "checkpoints" / "step-2"
+    with pytest.raises(NotAResult, match=r"stopped at step 2 of 2 before its adapter/") as e:
         start_of(str(killed))
     assert e.value.hint == (
         f"pass {newest} to start from its newest checkpoint, or run its config again to finish it, "
-        "resuming from step 4"
+        "resuming from step 2"
     )
     shutil.rmtree(newest / "adapter")  # a checkpoint of a sharded run, or an older xtrain's
     with pytest.raises(
-        NotAResult, match=r"run its config again to finish it, resuming from step 4; then pass"
+        NotAResult, match=r"run its config again to finish it, resuming from step 2; then pass"
     ):
         start_of(str(killed))
-    with pytest.raises(NotAResult, match=r"checkpoint of the xtrain run .* \(step 4, a sharded run's"):
+    with pytest.raises(NotAResult, match=r"checkpoint of the xtrain run .* \(step 2, a sharded run's"):
         start_of(str(newest))
     hf = tmp_path / "lf-out"
-    shutil.copytree(run["out"] / "checkpoints" / "step-2" / "adapter", hf / "checkpoint-500")
+    shutil.copytree(run["out"] / "checkpoints" / "step-1" / "adapter", hf / "checkpoint-500")
     (hf / "checkpoint-500" / "xtrain_run.json").unlink()  # a trainer's: peft's files, no record
     (hf / "checkpoint-500" / "trainer_state.json").write_text('{"global_step": 500}')
     with pytest.raises(NotAResult, match=f"pass one of them, e.g. the newest: {hf / 'checkpoint-500'}"):
