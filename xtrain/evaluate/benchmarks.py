@@ -79,7 +79,7 @@ def read_task_file(path: Path) -> dict[str, Any]:
     return cfg
 
 
-def _folder_tasks(folder: Path) -> list[str]:
+def _folder_tasks(folder: Path, key: str) -> list[str]:
     """The tasks and groups of a folder's YAML files, a task that one of them groups left to it."""
     from lm_eval.tasks._index import Kind, TaskIndex
 
@@ -95,14 +95,14 @@ def _folder_tasks(folder: Path) -> list[str]:
     names = [name for name, entry in index.items() if entry.kind in kinds and name not in grouped]
     if not names:
         raise XtrainError(
-            f"--tasks {folder} holds no lm-eval task YAML file", "put task YAML files there, or name tasks"
+            f"{key} {folder} holds no lm-eval task YAML file", "put task YAML files there, or name tasks"
         )
     return names
 
 
-def resolve(given: list[str]) -> Benchmarks:
-    """The items of ``--tasks`` read: a folder's tasks found, a file read (one line each when it is
-    missing or does not parse), a name kept for ``check``."""
+def resolve(given: list[str], key: str = "--tasks") -> Benchmarks:
+    """The items of ``--tasks`` (``key``: where they were given) read: a folder's tasks found, a
+    file read (one line each when it is missing or does not parse), a name kept for ``check``."""
     specs, include, defaults = [], [], False
     for item in given:
         path = Path(item).expanduser()
@@ -111,7 +111,7 @@ def resolve(given: list[str]) -> Benchmarks:
             defaults = True
         elif path.is_dir():
             include.append(str(path.resolve()))
-            specs += _folder_tasks(path)
+            specs += _folder_tasks(path, key)
         elif path.is_file():
             read_task_file(path)
             specs.append(str(path.resolve()))
@@ -122,7 +122,7 @@ def resolve(given: list[str]) -> Benchmarks:
     return Benchmarks(tuple(dict.fromkeys(specs)), tuple(dict.fromkeys(include)), defaults)
 
 
-def check(bench: Benchmarks, manager: TaskManager) -> None:
+def check(bench: Benchmarks, manager: TaskManager, key: str = "--tasks") -> None:
     """Every name known to lm-eval (one line naming the closest ones otherwise) and every task
     built, its data read (one line naming the task and lm-eval's or datasets' reason)."""
     known = set(manager.all_tasks)
@@ -131,7 +131,7 @@ def check(bench: Benchmarks, manager: TaskManager) -> None:
             continue
         close = difflib.get_close_matches(spec, sorted(known), n=3, cutoff=0.6)
         raise XtrainError(
-            f"--tasks {spec}: lm-evaluation-harness knows no task or group of that name",
+            f"{key} {spec}: lm-evaluation-harness knows no task or group of that name",
             f"did you mean {', '.join(close)}?"
             if close
             else "lm-eval ls tasks lists them; or give a task YAML file",
