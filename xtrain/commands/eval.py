@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from xtrain.evaluate.benchmarks import Benchmarks
     from xtrain.evaluate.harness import Options
     from xtrain.evaluate.models import Scored
+    from xtrain.evaluate.scores import Score
     from xtrain.model.start import Start
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -288,18 +289,23 @@ def _launch(
 
 
 def _show(models: list[Scored], found: list[dict[str, Any]], console: Console) -> None:
+    from xtrain.evaluate.scores import scores
+
+    show_table([m.label for m in models], [scores(f) for f in found], console)
+
+
+def show_table(labels: list[str], columns: list[list[Score]], console: Console) -> None:
     """The table: a row per task and metric, a column per model (value ± stderr), and each later
     model's change against the first."""
     from rich.table import Table
 
-    from xtrain.evaluate.scores import change, scores, shown, shown_change, table
+    from xtrain.evaluate.scores import change, shown, shown_change, table
 
-    columns = [scores(f) for f in found]
     grid = Table(show_header=True, header_style="bold")
     grid.add_column("task")
     grid.add_column("metric")
-    for i, m in enumerate(models):
-        grid.add_column(m.label, justify="right")
+    for i, label in enumerate(labels):
+        grid.add_column(label, justify="right")
         if i:
             grid.add_column("change", justify="right")
     for (task, _, _), row in table(columns):
@@ -312,7 +318,7 @@ def _show(models: list[Scored], found: list[dict[str, Any]], console: Console) -
         grid.add_row(*cells)
     console.print(grid)
     console.print(
-        "[dim]± the standard error lm-eval reports; change: against the first column[/]", soft_wrap=True
+        f"[dim]± the standard error lm-eval reports; change: against {labels[0]}[/]", soft_wrap=True
     )
 
 
