@@ -215,7 +215,8 @@ def _result(item: str, chat: bool | None) -> tuple[Scored, Start]:
         raise XtrainError(f"--chat-template: {tokenizer} has no chat template", "leave out --chat-template")
     kwargs = run_data(folder, found).get("chat_template_kwargs")
     run = run_folder(folder)
-    saved_in = str(run) if start.result else None
+    inside_cache = run.resolve().is_relative_to(builtin.cache_root().resolve())  # a trained built-in
+    saved_in = str(run) if start.result and not inside_cache else None
     label = run.name if folder.name in ("adapter", "model") or folder == run else f"{run.name}/{folder.name}"
     scored = of_start(
         start, label, chat=on, chat_kwargs=kwargs if isinstance(kwargs, dict) else None, saved_in=saved_in
