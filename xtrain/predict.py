@@ -244,7 +244,8 @@ def predict_file(
             refs.append(e.reference)
             outs.append(o["output"])
         rows.append(row)
-    return FileResults(rows, reads.score(refs, outs) if refs else {}, len(refs), averaged(rows, reads.averaged))
+    metrics = reads.score(refs, outs) if refs else {}
+    return FileResults(rows, metrics, len(refs), averaged(rows, reads.averaged))
 
 
 def averaged(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float]:
