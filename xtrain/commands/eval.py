@@ -100,7 +100,7 @@ def eval_command(
     if save:
         _save(models, found, bench, {**options.to_dict(), "processes": world}, console)
     if output is not None:
-        _write_output(output, models, found)
+        _write_output(output, models, found, world)
 
 
 def _options(limit: float | None, fewshot: int | None, batch: str, dtype: str) -> Options:
@@ -352,15 +352,16 @@ def _save(
         console.print(f"[dim]{m.label}: lm-eval's results -> {path}[/]", soft_wrap=True)
 
 
-def _write_output(path: Path, models: list[Scored], found: list[dict[str, Any]]) -> None:
+def _write_output(path: Path, models: list[Scored], found: list[dict[str, Any]], processes: int) -> None:
     import json
 
     from xtrain import atomic
 
     data = {
+        "processes": processes,
         "models": [
             {"label": m.label, "what": m.what, "results": f} for m, f in zip(models, found, strict=True)
-        ]
+        ],
     }
     try:
         atomic.write_text(path, json.dumps(data, indent=1, ensure_ascii=False))

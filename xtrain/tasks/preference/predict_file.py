@@ -6,6 +6,7 @@ an SFT result does, in two kinds of file:
   and sharegpt shapes): each prompt answered greedily, rendered as training rendered it (the run's
   chat template, a text prompt as a user turn; a plain run's text as it is); the chosen answer is
   the reference (a KTO row's completion when it is desirable), scored by exact match;
+- a file of ``prompt`` alone (text or turns, as pairs hold it): each prompt answered, no reference;
 - chat rows and prompt rows (messages, sharegpt, prompt/response, alpaca, text): causal-lm's own
   reader (``prompt_predict.read_text_file``), the row format found in the file.
 """
@@ -29,31 +30,54 @@ def read_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     from xtrain.tasks.predicting import load_file
 
     ds, source, _ = load_file(cfg)
-    if not any(c in ds.column_names for c in PAIR_COLUMNS):
-        return prompt_predict.read_text_file(cfg, record)
-    return pair_examples(ds, source, bool(record.get("chat")))
+    columns = set(ds.column_names)
+    if columns & set(PAIR_COLUMNS):
+        return pair_examples(ds, source, bool(record.get("chat")))
+    if "prompt" in columns and "response" not in columns:  # its prompts alone: answered, no reference
+        return prompt_examples(ds, source, bool(record.get("chat")))
+    return prompt_predict.read_text_file(cfg, record)
 
 
 def pair_examples(ds: Any, source: str, chat: bool) -> list[Example]:
-    """Preference rows as prompts (checked as training checks them: a bad row is one line): a chat
-    run's prompt as turns (a text prompt one user turn), a plain run's text as it is."""
+    """Preference rows as prompts (checked as training checks them: a bad row is one line), the
+    chosen answer (a desirable KTO completion) the reference."""
     from xtrain.data.rows.preference import read_rows
-    from xtrain.tasks.contract import Example
-    from xtrain.tasks.predicting import last_user_text
 
     out = []
     for i, row in enumerate(read_rows(ds, source)):
-        prompt = row.prompt
-        if chat:
-            feed: Any = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-            shown = prompt if isinstance(prompt, str) else last_user_text(prompt)
-        elif isinstance(prompt, str):
-            feed, shown = prompt, prompt
-        else:
-            raise XtrainError(
-                f"row {i} of {source}: its prompt is a conversation, and the run has no chat template",
-                "give text prompts, as the run trained on",
-            )
         reference = row.chosen if row.rejected is not None or row.desirable else None
-        out.append(Example(i, {"input": shown}, feed, reference))
+        out.append(_example(i, row.prompt, source, chat, reference))
     return out
+
+
+def prompt_examples(ds: Any, source: str, chat: bool) -> list[Example]:
+    """Rows of a ``prompt`` alone (text or turns, as pairs hold it): answered, without a reference."""
+    from xtrain.data.rows.preference import BadPreferenceRow
+
+    out = []
+    for i, cell in enumerate(ds["prompt"]):
+        if not (isinstance(cell, str) and cell.strip()) and not (isinstance(cell, list) and cell):
+            raise BadPreferenceRow(
+                f"row {i} of {source}: field 'prompt' is missing, empty, or neither text nor turns"
+            )
+        out.append(_example(i, cell, source, chat, None))
+    return out
+
+
+def _example(i: int, prompt: Any, source: str, chat: bool, reference: str | None) -> Example:
+    """One prompt as the run renders it: a chat run's prompt as turns (a text prompt one user turn),
+    a plain run's text as it is."""
+    from xtrain.tasks.contract import Example
+    from xtrain.tasks.predicting import last_user_text
+
+    if chat:
+        feed: Any = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        shown = prompt if isinstance(prompt, str) else last_user_text(prompt)
+    elif isinstance(prompt, str):
+        feed, shown = prompt, prompt
+    else:
+        raise XtrainError(
+            f"row {i} of {source}: its prompt is a conversation, and the run has no chat template",
+            "give text prompts, as the run trained on",
+        )
+    return Example(i, {"input": shown}, feed, reference)
