@@ -186,11 +186,13 @@ def test_xtrain_eval_equals_lm_evals_own_simple_evaluate(sft, tasks_dir, evaluat
 
 @pytest.mark.soak  # two cold processes importing torch, transformers and lm-eval: a minute on 2 busy cores
 def test_two_processes_give_the_numbers_of_one(sft, tasks_dir, evaluated, tmp_path):
-    """Two real processes through xtrain's spawn launcher (the Windows path), gloo on the CPU."""
+    """Two real processes through xtrain's spawn launcher (the Windows path), gloo on the CPU, lm-eval's
+    gathers staged through CPU copies as on Windows' GPUs."""
     from support.jobs import offline_env, run_xtrain
 
     out = tmp_path / "two.json"
     env = offline_env(tmp_path, Path(os.environ["XTRAIN_CACHE"]))  # the session's built-ins
+    env["XTRAIN_FORCE_CPU_STAGED"] = "1"  # lm-eval's gathers through CPU copies, as with GPUs on Windows
     cmd = [sys.executable, "-m", "xtrain", "eval", str(sft), "--tasks", str(tasks_dir), "--limit", str(LIMIT),
            "--dtype", "float32", "--no-base", "--no-save", "--processes", "2", "--platform", "windows",
            "-o", str(out)]  # fmt: skip

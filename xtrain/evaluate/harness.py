@@ -105,6 +105,25 @@ def _git_hash() -> str | None:
     return get_commit_from_path(os.getcwd())
 
 
+def stage_gathers_on_cpu() -> None:
+    """lm-eval's HF model gathers through CPU copies in this process: its ``all_gather`` (the
+    per-rank request counts it pads to, its batch sizes) is an all-gather of device tensors, and
+    gloo's collectives of CUDA tensors fail on Windows (FIELD_NOTES: no kCUDA creator); the
+    counts are a few integers, so the copy costs nothing and the numbers are the same."""
+    from lm_eval.models.huggingface import HFLM
+
+    if getattr(HFLM.all_gather, "_xtrain_staged", False):
+        return
+
+    def all_gather(self: Any, tensor: Any) -> Any:
+        if self.world_size <= 1:
+            return tensor
+        return self.accelerator.gather(tensor.cpu()).to(tensor.device)
+
+    all_gather._xtrain_staged = True  # type: ignore[attr-defined]
+    HFLM.all_gather = all_gather  # type: ignore[method-assign]
+
+
 @dataclass(frozen=True)
 class Options:
     """How every model is scored: rows per task (``limit``: a count, or a fraction below 1),

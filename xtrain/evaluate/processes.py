@@ -6,7 +6,8 @@ on Windows (torchrun's libuv store); here xtrain's own launcher starts the proce
 ``joined`` makes the group and accelerate's state first, as the training loop does
 (``train/distributed/accelerator.py``): xtrain's spawn rendezvous (a file store: no socket) or
 ``env://``, the plan's backend (gloo on CPU and on Windows), ``cpu=True`` for CPU processes.
-lm-eval's ``Accelerator()`` then shares that state."""
+lm-eval's ``Accelerator()`` then shares that state. Where the plan stages collectives through the
+CPU (gloo with CUDA GPUs: Windows), lm-eval's gathers are staged too (``harness.stage_gathers_on_cpu``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,16 @@ from xtrain.planning.plan import Plan
 from xtrain.runtime.process_group import init_worker_group
 
 TIMEOUT_S = 7 * 86400  # a collective waits this long: rank 0 may score a long generation task alone
+FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests: the Windows path's staged gathers anywhere
+
+
+def staged(plan: Plan | None, world_size: int) -> bool:
+    """lm-eval's gathers go through CPU copies: several processes on a plan that stages its
+    collectives (gloo with CUDA GPUs: Windows), or ``XTRAIN_FORCE_CPU_STAGED=1``."""
+    import os
+
+    forced = os.environ.get(FORCE_CPU_STAGED_ENV, "") == "1"
+    return world_size > 1 and (forced or (plan is not None and plan.cpu_staged_allreduce))
 
 
 def device_of(plan: Plan | None, context: LaunchContext) -> str:
@@ -45,6 +56,10 @@ def joined(context: LaunchContext, plan: Plan | None, timeout_s: float = TIMEOUT
         handlers.append(InitProcessGroupKwargs(backend=backend, timeout=timedelta(seconds=timeout_s)))
         init_worker_group(backend, context.rank, context.world_size, timeout_s)
     device = device_of(plan, context)
+    if staged(plan, context.world_size):
+        from xtrain.evaluate.harness import stage_gathers_on_cpu
+
+        stage_gathers_on_cpu()
     try:
         Accelerator(cpu=device == "cpu", kwargs_handlers=handlers)
         yield device

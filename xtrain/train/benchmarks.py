@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 
 from xtrain.evaluate import saved
 from xtrain.evaluate.benchmarks import resolve, split
-from xtrain.evaluate.harness import Options
+from xtrain.evaluate.harness import Options, stage_gathers_on_cpu
 from xtrain.evaluate.models import Scored, of_start
+from xtrain.evaluate.processes import staged
 from xtrain.evaluate.scores import Score, change, scores, shown, shown_change
 from xtrain.evaluate.scoring import manager_for, score
 from xtrain.model.start import RUN_FILE, model_folder, read_json_object, start_of
@@ -64,6 +65,8 @@ def at_end(run: Run, accelerator: Accelerator, result: TrainResult, rep: Reporte
     manager = manager_for(bench)
     options = Options(e.limit, e.num_fewshot, e.batch_size, "auto")
     device = str(accelerator.device) if accelerator.num_processes > 1 else run.device
+    if staged(run.plan, accelerator.num_processes):  # gloo with CUDA tensors: Windows
+        stage_gathers_on_cpu()
     main = accelerator.is_main_process
     models = scored_models(run)
     found = []
