@@ -404,7 +404,7 @@ def test_a_chains_stages_are_scored_in_order(sft, dpo, tasks_dir, tmp_path, caps
     runs, chained = read_runs([dpo, sft])
     assert chained and [r.folder for r in runs] == [sft, dpo]
     labels, columns = benchmark_columns(runs)
-    assert labels[0].startswith("start (before") and labels[1:] == [sft.name, dpo.name] and all(columns)
+    assert labels[0].startswith("start (before") and labels[1:] == [r.name for r in runs] and all(columns)
 
     class Stage:  # what stage_scores reads of a recipe's stage
         def __init__(self, n: int, folder: Path) -> None:
@@ -438,7 +438,8 @@ def test_a_gguf_export_is_scored_in_llama_cpp_beside_the_merged_model(sft, tasks
         str(out),
     ]
     assert main(args) == 0
-    merged, quantized = json.loads(out.read_text())["models"]
+    base, merged, quantized = json.loads(out.read_text())["models"]  # the merged folder's base first
+    assert base["label"] == "base: tiny-llama-chat" and merged["label"] == "export/merged"
     assert (
         quantized["label"] == gguf.stem
         and quantized["results"]["config"]["model"] == "local-chat-completions"
