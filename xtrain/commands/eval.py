@@ -318,9 +318,8 @@ def show_table(labels: list[str], columns: list[list[Score]], console: Console) 
                 cells.append(shown_change(change(s, row[0])))
         grid.add_row(*cells)
     console.print(grid)
-    console.print(
-        f"[dim]± the standard error lm-eval reports; change: against {labels[0]}[/]", soft_wrap=True
-    )
+    against = f"; change: against {labels[0]}" if len(labels) > 1 else ""
+    console.print(f"[dim]± the standard error lm-eval reports{against}[/]", soft_wrap=True)
 
 
 def _save(
