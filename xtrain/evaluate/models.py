@@ -131,23 +131,19 @@ def of_start(
 
 
 def base_of(start: Start) -> str | None:
-    """The model a result's chain began from (None: ``start`` is a base model): the base its
-    adapters go on, or, where a stage trained the whole model, the base that stage's record
-    names (followed back to the first stage)."""
-    from xtrain.model.start import RUN_FILE, model_folder, read_json_object
+    """The model a result's chain began from (None: ``start`` is a base model): the base its first
+    stage's record names (the base its adapters go on, or where that stage trained the whole
+    model, the model it started from), else the base ``start`` loads."""
+    from xtrain.model.start import BASE, RUN_FILE, model_folder, read_json_object
 
     if not start.result:
         return None
-    found = start.base
-    for entry in start.lineage:  # oldest first: the first stage's own start is the chain's base
-        source = entry.get("source")
-        if not isinstance(source, str) or not Path(source).is_dir():
-            break
+    source = start.lineage[0].get("source") if start.lineage else None
+    if isinstance(source, str) and Path(source).is_dir():
         try:
-            record = read_json_object(model_folder(source) / RUN_FILE)
-        except XtrainError:
-            break
-        if isinstance(record.get("base"), str):
-            return record["base"]
-        break
-    return found
+            first = read_json_object(model_folder(source) / RUN_FILE).get(BASE)
+        except XtrainError:  # the first stage's folder holds no result any more
+            first = None
+        if isinstance(first, str) and first:
+            return first
+    return start.base
