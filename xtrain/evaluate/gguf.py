@@ -77,6 +77,24 @@ def scored(path: Path, chat: bool | None) -> Scored:
     return Scored(path.stem, str(path.resolve()), chat=on, what="GGUF in llama.cpp", kind=GGUF)
 
 
+def llama_server(path: Path, context: int, threads: int | None = None, prefill: bool = False) -> Any:
+    """llama.cpp's own server on the GGUF file (``xllamacpp.Server``, in this process, listening on
+    127.0.0.1): the file's own chat template in llama.cpp's Jinja engine, one request at a time, its
+    log off. ``prefill``: an assistant turn that ends a request is continued (llama.cpp's default)."""
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(path)
+    params.n_ctx = context
+    params.use_jinja = True
+    params.warmup = False
+    params.verbosity = -1
+    params.prefill_assistant = prefill
+    params.n_parallel = 1
+    params.cpuparams.n_threads = threads or max(1, min(8, (os.cpu_count() or 2) // 2))
+    return xllamacpp.Server(params)
+
+
 def check_tasks(bench: Benchmarks, manager: TaskManager) -> None:
     """Every task a generation task (see the module's docstring), else one line naming one that is not."""
     built = manager.load(list(bench.specs))["tasks"]
@@ -97,19 +115,9 @@ def score(
     (None elsewhere: llama.cpp serves one process)."""
     if not main:
         return None
-    import xllamacpp
-
     path = Path(model.pretrained)
     context = min(int(_metadata(path).get("context") or MAX_CONTEXT), MAX_CONTEXT)
-    params = xllamacpp.CommonParams()
-    params.model.path = str(path)
-    params.n_ctx = context
-    params.use_jinja = True  # the GGUF's own template, in llama.cpp's Jinja engine
-    params.warmup = False
-    params.verbosity = -1
-    params.n_parallel = 1
-    params.cpuparams.n_threads = max(1, min(8, (os.cpu_count() or 2) // 2))
-    server = xllamacpp.Server(params)
+    server = llama_server(path, context)
     route = "/v1/chat/completions" if model.chat else "/v1/completions"
     args = {
         "base_url": server.listening_address + route, "model": model.label, "tokenizer_backend": None,
