@@ -152,6 +152,9 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_tool_calls": _between(0, 1 << 20),
     "grpo.tool_timeout": _POS_NUM,
     "generation.sample_predictions": _between(0, 10_000),
+    "eval.limit": (lambda v: v > 0 and (v < 1 or v == int(v)), "a row count, or a share of the rows below 1"),
+    "eval.num_fewshot": _between(0, 1024),
+    "eval.batch_size": _between(1, 1 << 16),
 }
 
 
