@@ -196,6 +196,9 @@ class RunConfig:
     # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
     # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
     collective_timeout_s: int = 1800
+    # compute threads each training process runs (torch.set_num_threads); None: the plan's, from the
+    # cores and the load average (a busy CPU gets fewer: planning/threads.py)
+    cpu_threads: int | None = None
 
 
 @dataclass
@@ -277,6 +280,19 @@ class RewardConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Benchmarks through lm-evaluation-harness (the eval extra; docs/evaluation.md), scored on
+    the run's saved result at its end by the run's own processes: causal-lm, preference and GRPO
+    runs. The scores go into train_result.json, curves.png and the report."""
+
+    benchmarks: list[str] = field(default_factory=list)  # lm-eval task names, or task YAML files/folders
+    limit: float | None = None  # rows per task (below 1: that share of each); None: every row
+    num_fewshot: int | None = None  # few-shot examples; None: each task's own
+    batch_size: int = 8  # rows per forward pass (per process)
+    at_start: bool = False  # also the model the run started from (its "before"), scored at the end
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -288,6 +304,7 @@ class TrainConfig:
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def sections() -> dict[str, type]:

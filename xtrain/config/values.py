@@ -103,6 +103,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "data.max_pixels": _POS_INT,
     "data.max_image_pixels": _POS_INT,
     "data.num_workers": _between(0, 1024),
+    "run.cpu_threads": _between(1, 4096),
     "data.encode_processes": _between(1, 1024),
     "data.max_samples": _POS_INT,
     "data.mix_probs": (lambda v: all(p >= 0 for p in v) and sum(v) > 0, "numbers >= 0, not all 0"),
@@ -152,6 +153,9 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.tool_timeout": _POS_NUM,
     "reward.center_rewards_coefficient": _NONNEG,
     "generation.sample_predictions": _between(0, 10_000),
+    "eval.limit": (lambda v: v > 0 and (v < 1 or v == int(v)), "a row count, or a share of the rows below 1"),
+    "eval.num_fewshot": _between(0, 1024),
+    "eval.batch_size": _between(1, 1 << 16),
 }
 
 

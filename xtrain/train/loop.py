@@ -44,6 +44,7 @@ from xtrain.config.schema import TrainConfig
 from xtrain.data import encoded
 from xtrain.data.collate import batch_tokens
 from xtrain.data.sampler import DataOrder, mix_seed
+from xtrain.model.lora_layers import adapted_modules, adapted_record, described
 from xtrain.model.memory import MemoryLevers
 from xtrain.model.size import total_weights
 from xtrain.model.start import stage_record, start_of
@@ -54,7 +55,7 @@ from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
-from xtrain.train import builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
+from xtrain.train import benchmarks, builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
 from xtrain.train.curves import History
 from xtrain.train.distributed import sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
@@ -154,6 +155,7 @@ class Recipe:
     order: DataOrder
     total_steps: int
     trainable: int  # trainable weights
+    adapted: list[str]  # the layers that carry LoRA adapters (qualified names; [] for a full fine-tune)
     total_params: int  # every weight (a 4-bit one unpacked)
     model: Module  # prepared by accelerate (DDP, FSDP or DeepSpeed wrapped)
     optimizer: AcceleratedOptimizer
@@ -251,6 +253,7 @@ class Recipe:
         if self.workload.shared_pass is not None:  # every process's share (a precomputed reference),
             self.workload.shared_pass(acc)  # after the build and the levers, before prepare
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.adapted = adapted_modules(model) if cfg.lora.enabled else []  # the layers LoRA adapts
         self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         optimizer = build_optimizer(model, cfg, self.settings.lr, self.device)
         scheduler = build_scheduler(cfg, optimizer, self.total_steps)
@@ -276,7 +279,7 @@ class Recipe:
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.skips = SkipDetector(acc.scaler)  # fp16: was a step skipped? (read one step late)
-        self.window = LogWindow(self.device)
+        self.window = LogWindow(self.device, self.workload.window_metrics)  # the task reduces its statistics
         check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
         parts.start_trackers(acc, cfg, self.settings, self.device, self.out)
         self.rep.start(self._start_info())
@@ -353,6 +356,7 @@ class Recipe:
             resumed_from=str(self.resume.path) if self.resume.path else None,
             loader_workers=self.workers[0], loader_why=self.workers[1], levers=self.levers.lines,
             data_checked=report.summary() if (report := self.workload.data_report) is not None else None,
+            lora=described(self.adapted) if self.adapted else None,
         )  # fmt: skip
 
     # -- the hot path -------------------------------------------------------------------------------
@@ -591,7 +595,31 @@ class Recipe:
         # filesystem failing under it stops every rank with one line (checkpoint.write_on_main)
         lora = self.cfg.lora.enabled
         sharded.save_on_main(acc, self.model, write, ("the final outputs", out), trainable_only=lora)
+        if self.cfg.eval.benchmarks:  # the saved result scored by these processes, the training let go
+            result = self._benchmarks(result)
         self.rep.end(result)
+        return result
+
+    def _benchmarks(self, result: TrainResult) -> TrainResult:
+        """``eval.benchmarks`` on the saved result (``train/benchmarks.py``), once the training's
+        model, optimizer and data are let go; the result file and curves rewritten with them."""
+        for part in (
+            "model",
+            "optimizer",
+            "scheduler",
+            "workload",
+            "loader",
+            "eval_loader",
+            "params",
+            "levers",
+        ):
+            self.__dict__.pop(part, None)
+        self.accelerator.free_memory()
+        result = benchmarks.at_end(self.run, self.accelerator, result, self.rep)
+        if self.accelerator.is_main_process:
+            checkpoint.write_result(self.out, asdict(result))
+            for note in self.files.draw(History.of(result)) if self.files is not None else []:
+                self.rep.note(note)
         return result
 
     def _result(self, final: int, metrics: dict[str, float], outputs: dict[str, str]) -> TrainResult:
@@ -602,5 +630,5 @@ class Recipe:
             final, self.total_steps, self.state, metrics, outputs, self.windows, s, self.world,
             resumed_from=str(self.resume.path) if self.resume.path else None, predictions=self.predictions,
             stopped_early=self.early.to_dict() if self.early is not None else None,
-            run_info=info | self.levers.record(),
+            run_info=info | self.levers.record() | adapted_record(self.adapted),
         )  # fmt: skip
