@@ -196,11 +196,12 @@ def test_one_and_two_processes_train_the_same_reward_model(rm_job, straight):
     assert_same_training(straight, out)
 
 
-def test_predict_after_reload_scores_as_the_model_did_at_the_end_of_training(rm_job, straight):
+def test_predict_after_reload_scores_as_the_model_did_at_the_end_of_training(rm_job, straight, tmp_path):
     """``xtrain predict RUN --data eval.jsonl`` (the adapter and its head loaded onto a fresh base)
     gives the final evaluation's figures: its reward accuracy, and each pair's rewards whose means
     are the evaluation's chosen and rejected rewards; ``-p``/``-a`` scores a pair as the file's row
-    does; a checkpoint (``checkpoints/step-2``, its adapter inside) is a result of its own."""
+    does; a checkpoint (``checkpoints/step-2``, its adapter inside) is a result of its own; ``xtrain
+    export --to merged`` writes one classifier that scores the same (a GGUF is refused: one line)."""
     from xtrain import predict as lib
     from xtrain.tasks.contract import PredictRequest
 
@@ -218,6 +219,13 @@ def test_predict_after_reload_scores_as_the_model_did_at_the_end_of_training(rm_
     )
     early = lib.predict(straight / "checkpoints" / "step-2", request)
     assert [r["score"] for r in early] != [r["score"] for r in scored]  # the model of step 2
+    from xtrain.export.pipeline import ExportRequest, export, prepare
+
+    export(ExportRequest(str(straight), "merged", tmp_path / "merged"))  # one plain classifier folder
+    merged = lib.predict(tmp_path / "merged", request)
+    assert [r["score"] for r in merged] == pytest.approx([r["score"] for r in scored], abs=1e-5)
+    with pytest.raises(XtrainError, match="a reward result: a classifier has no GGUF or Ollama form"):
+        prepare(ExportRequest(str(straight), "gguf", tmp_path / "gguf"))
 
 
 # -- GRPO's reward model ------------------------------------------------------------------------------

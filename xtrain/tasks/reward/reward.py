@@ -123,6 +123,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         forward=RewardForward(cfg.reward.center_rewards_coefficient),
         notes=notes,
         data_report=report,
+        record={"num_labels": 1},  # its head (xtrain export --to merged loads the base with it)
     )
 
 
@@ -250,6 +251,7 @@ TASK = Task(
             read=rm_predict.read_file,
             answer=rm_predict.answer_rows,
             score=rm_predict.accuracy,
+            averaged=("score", "margin"),  # the mean reward (of each answer of a pair) and margin
         ),
         answers=True,
     ),
