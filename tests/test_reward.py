@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.gradients import assert_same_gradients, jsonl, reference_model, xtrain_gradients
+from support.gradients import assert_same_gradients, jsonl
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
@@ -101,43 +101,18 @@ def test_the_loss_and_its_gradients_equal_a_reward_model_written_out_by_hand(rm_
     """The step's gradients (2 micro-batches, margins, the centring term) against the body's
     hidden states read at each sequence's last real token (its length - 1: right padding), the
     head's row, and ``mean(-log sigmoid(r_c - r_r - m) + c (r_c + r_r)^2)`` over the step's pairs,
-    with the adapters and the head moved off their start first (a zero head passes no gradient)."""
-    batches = []
-
-    def record(workload):
-        forward = workload.forward
-        with torch.no_grad():
-            for name, p in workload.model.named_parameters():
-                if p.requires_grad and ("lora_B" in name or "score" in name):
-                    p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.3)
-
-        def recorded(model, batch):
-            batches.append({k: v.detach().clone() for k, v in batch.items()})
-            return forward(model, batch)
-
-        workload.forward = recorded
+    with the adapters and the head moved off their start first (a zero head passes no gradient):
+    support/reward_models.py."""
+    from support.reward_models import hand_gradients, reward_step
 
     cfg = load_config(rm_job.config, [
         f"run.output_dir={tmp_path}", "run.report_to=none", "run.max_steps=1", "run.eval_at_start=false",
         "run.eval_every=null", "optim.max_grad_norm=null",
     ])  # fmt: skip
-    capture = xtrain_gradients(cfg, on_workload=record)
+    capture, batches = reward_step(cfg)
     assert len(batches) == 2 and all("margin" in b for b in batches)
     assert any(bool((b["attention_mask"] == 0).any()) for b in batches), "some rows are padded"
-    ref = reference_model(capture).train()
-    body, head = ref.base_model.model.model, ref.base_model.model.score.modules_to_save["default"]
-    losses = []
-    for batch in batches:
-        hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-        last = batch["attention_mask"].sum(1) - 1
-        rewards = hidden[torch.arange(len(last)), last] @ head.weight[0]
-        b = len(rewards) // 2
-        chosen, rejected = rewards[:b], rewards[b:]
-        margin = batch["margin"].float()
-        pair = -torch.log(torch.sigmoid(chosen - rejected - margin)) + 0.01 * (chosen + rejected) ** 2
-        losses.append(pair.mean() / len(batches))
-    sum(losses).backward()
-    want = {n: p.grad.detach().float().cpu() for n, p in ref.named_parameters() if p.grad is not None}
+    want = hand_gradients(capture, batches, cfg.reward.center_rewards_coefficient)
     assert any("score" in n for n in want) and any("lora_A" in n for n in want)
     assert_same_gradients(capture.grads, want)
 
