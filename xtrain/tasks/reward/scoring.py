@@ -114,14 +114,13 @@ def load(path: str | Path, device: torch.device | str, key: str = "model") -> Sc
 
     from xtrain.model import chain, quantization
     from xtrain.model import load as models
+    from xtrain.tasks.contract import BASE_LOAD
 
     folder, start, record = reward_start(str(path), key)
     device = torch.device(device)
     found = record.get("quantization") if record.get("quantization") in ("4bit", "8bit") else None
     whole = read_json_object(folder / "adapter_config.json").get("modules_to_save") or []
     base_load = quantization.predict_kwargs(found, device, (), whole) if start.adapters else {}
-    from xtrain.tasks.contract import BASE_LOAD
-
     base = models.resolve_model(start.base) if start.adapters else str(folder)
     model, tokenizer = load_model(folder, base, {**record, BASE_LOAD: base_load})
     if start.adapters:
