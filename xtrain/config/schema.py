@@ -278,6 +278,33 @@ class ParallelConfig:
 
 
 @dataclass
+class RewardConfig:
+    """Reward models (the reward task): the Bradley-Terry loss over preference pairs, as TRL's
+    RewardTrainer computes it (docs/reward-models.md)."""
+
+    # the column of a pair's margin (a number, e.g. how much better the chosen answer was rated):
+    # the loss asks r_chosen - r_rejected to exceed it (Llama 2's); read when the rows have it;
+    # null: no margin
+    margin_column: str | None = "margin"
+    # TRL's center_rewards_coefficient: + coef x (r_chosen + r_rejected)^2 per pair, which keeps
+    # the rewards centred on 0 (0.01 in the paper that proposed it); 0: off
+    center_rewards_coefficient: float = 0.0
+
+
+@dataclass
+class EvalConfig:
+    """Benchmarks through lm-evaluation-harness (the eval extra; docs/evaluation.md), scored on
+    the run's saved result at its end by the run's own processes: causal-lm, preference and GRPO
+    runs. The scores go into train_result.json, curves.png and the report."""
+
+    benchmarks: list[str] = field(default_factory=list)  # lm-eval task names, or task YAML files/folders
+    limit: float | None = None  # rows per task (below 1: that share of each); None: every row
+    num_fewshot: int | None = None  # few-shot examples; None: each task's own
+    batch_size: int = 8  # rows per forward pass (per process)
+    at_start: bool = False  # also the model the run started from (its "before"), scored at the end
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -289,6 +316,8 @@ class TrainConfig:
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def sections() -> dict[str, type]:

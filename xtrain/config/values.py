@@ -152,11 +152,15 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_episode_length": _between(1, 1 << 22),
     "grpo.max_tool_calls": _between(0, 1 << 20),
     "grpo.tool_timeout": _POS_NUM,
+    "reward.center_rewards_coefficient": _NONNEG,
     "generation.sample_predictions": _between(0, 10_000),
     "parallel.sequence": (
         lambda v: 0 <= v <= 1024,
         "an integer in 1..1024, or all (every process of the run)",
     ),
+    "eval.limit": (lambda v: v > 0 and (v < 1 or v == int(v)), "a row count, or a share of the rows below 1"),
+    "eval.num_fewshot": _between(0, 1024),
+    "eval.batch_size": _between(1, 1 << 16),
 }
 
 

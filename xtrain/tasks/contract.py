@@ -89,6 +89,7 @@ class PredictRequest:
     tools: list[dict[str, Any]] | None = None  # causal-lm chat: --tools, the schemas a prompt may call
     # --tools naming Python functions (xtrain.tasks.grpo.tools.Tool): each prompt an episode that runs them
     functions: list[Any] | None = None
+    answers: list[str] = field(default_factory=list)  # --answer: a reward model scores each after each prompt
 
     @property
     def sampling(self) -> bool:
@@ -111,6 +112,7 @@ class Example:
     shown: dict[str, Any]  # the input as its results line shows it: {"input": ..., ("prompt": ...)}
     feed: Any  # what the task's ``FileRows.answer`` takes: a prompt, a conversation, a media cell
     reference: str | None = None  # the row's answer, transcript or label, where it has one
+    data: Any = None  # the row as the task read it, for its answer hook's scores (GRPO: its rewards)
 
 
 @dataclass
@@ -142,6 +144,9 @@ class FileRows:
     answer: Callable[[Loaded, list[Example], PredictRequest], list[dict[str, str]]]
     # (references, outputs) -> metrics; per row with one pair, over the file with every pair
     score: Callable[[list[str], list[str]], dict[str, float]]
+    # keys of ``answer``'s per-row numbers that are scores of their own (GRPO's ``reward`` and
+    # ``rewards/NAME``: a key equal to one or starting with it), averaged over the file's rows
+    averaged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,11 +173,12 @@ class Predicts:
     # (result folder, its base model, the run's record) -> (the bare base model, tokenizer, parts
     # for ``run``; the record's items are added to them)
     load: Callable[[Path, str, dict[str, Any]], tuple[Module, PreTrainedTokenizerBase | None, dict[str, Any]]]
-    # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "text": ...}
+    # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "output": ...}
     run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
     file: FileRows | None = None  # None: ``--data`` is refused for its results
     samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
     tools: bool = False  # a chat run's prompts take ``--tools`` (the schemas a prompt may call)
+    answers: bool = False  # its prompts take ``--answer`` texts to score (a reward model)
     # how its chat answers call tools (``ToolUse``: the hooks its ``prompt_predict`` functions are
     # bound to; ``xtrain export`` answers with them too); None: its answers call none
     tool_use: ToolUse | None = None
@@ -207,6 +213,9 @@ class Task:
     keys: frozenset[str] = frozenset()
     validate: Callable[[TrainConfig], None] = _no_check  # its own checks across keys
     model_class: str | None = None  # the transformers class its model loads with; None: its own
+    # Model classes of trained results a stage of this task may start from besides its own: their
+    # adapters go under its model (a reward model's head on an SFT result's causal LM)
+    starts_from: tuple[str, ...] = ()
     peft_task_type: str | None = None  # peft's TaskType name for its adapters (None: no head rule)
     # Plan-time sizes: (the model built on the meta device, cfg) -> (qualified names of the Linear
     # layers that get adapters, module names trained whole); the same chooser the build uses.

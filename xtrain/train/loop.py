@@ -55,7 +55,7 @@ from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
-from xtrain.train import builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
+from xtrain.train import benchmarks, builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
 from xtrain.train.curves import History
 from xtrain.train.distributed import sequence, sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
@@ -316,7 +316,8 @@ class Recipe:
     def _build_workload(self) -> Workload:
         """The task's model, datasets and collator (``Task.build``), the main process first."""
         # ZeRO-3: no zero.Init collective in a main-first build; a first run's encoding shows its progress
-        with sharded.whole_model_loading(self.accelerator), encoded.reporting(self.rep.encoding):
+        reporting = encoded.reporting(self.rep.encoding, self.rep.note)  # (a damaged cache entry: a note)
+        with sharded.whole_model_loading(self.accelerator), reporting:
             return build_workload_main_first(self.accelerator, self.run, self.build)
 
     def _check_memory(self, model: Module) -> MemoryCheck | None:
@@ -550,7 +551,10 @@ class Recipe:
             self.config_dict,
             start,
         )
-        path = checkpoint.save(self.accelerator, self.out, saved, self.cfg.run.keep_checkpoints)
+        adapter = checkpoint.checkpoint_result(  # a LoRA checkpoint holds its adapter: a start of its own
+            self.accelerator, self.model, self.workload.tokenizer, self.record, self.cfg.lora.enabled
+        )
+        path = checkpoint.save(self.accelerator, self.out, saved, self.cfg.run.keep_checkpoints, adapter)
         self.rep.checkpoint_saved(step, str(path))
         self.state.last_saved = step
         return path
@@ -607,7 +611,31 @@ class Recipe:
         # filesystem failing under it stops every rank with one line (checkpoint.write_on_main)
         lora = self.cfg.lora.enabled
         sharded.save_on_main(acc, self.model, write, ("the final outputs", out), trainable_only=lora)
+        if self.cfg.eval.benchmarks:  # the saved result scored by these processes, the training let go
+            result = self._benchmarks(result)
         self.rep.end(result)
+        return result
+
+    def _benchmarks(self, result: TrainResult) -> TrainResult:
+        """``eval.benchmarks`` on the saved result (``train/benchmarks.py``), once the training's
+        model, optimizer and data are let go; the result file and curves rewritten with them."""
+        for part in (
+            "model",
+            "optimizer",
+            "scheduler",
+            "workload",
+            "loader",
+            "eval_loader",
+            "params",
+            "levers",
+        ):
+            self.__dict__.pop(part, None)
+        self.accelerator.free_memory()
+        result = benchmarks.at_end(self.run, self.accelerator, result, self.rep)
+        if self.accelerator.is_main_process:
+            checkpoint.write_result(self.out, asdict(result))
+            for note in self.files.draw(History.of(result)) if self.files is not None else []:
+                self.rep.note(note)
         return result
 
     def _result(self, final: int, metrics: dict[str, float], outputs: dict[str, str]) -> TrainResult:
