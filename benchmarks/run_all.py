@@ -91,6 +91,8 @@ def sections(repeats: int) -> dict[str, Section]:
         "export": lambda: bench("export").measure(size="base", log=log),
         # peaks are exact byte counts; the step times interleave the variants
         "chunked_loss": lambda: bench("chunked_loss").measure(repeats=repeats, log=log),
+        # exact peaks (the profiler's allocator count), 1 vs 2 processes holding half of each sequence
+        "sequence_parallel": lambda: bench("sequence_parallel").measure(log=log),
         # TRL in its own environment (.venv-trl or $XTRAIN_TRL_PYTHON); without it, one line
         "preference": lambda: bench("preference_vs_trl").measure(repeats=repeats, log=log),
         # the same TRL environment; GRPO on the quickstart's job, no vLLM on either side
@@ -132,6 +134,7 @@ def smoke_sections() -> dict[str, Section]:
         "memory_estimate": lambda: bench("memory_estimate").measure(log=log, smoke=True),
         "export": lambda: bench("export").measure(size="micro", log=log),
         "chunked_loss": lambda: bench("chunked_loss").measure(log=log, smoke=True),
+        "sequence_parallel": lambda: bench("sequence_parallel").measure(log=log, smoke=True),
         "preference": lambda: bench("preference_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
         "grpo": lambda: bench("grpo_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
         "reward": lambda: bench("reward_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
@@ -156,6 +159,7 @@ SMOKE_LANES = (
         "export",
         "preference",
         "grpo",
+        "sequence_parallel",
     ),
     (
         "loops",
@@ -694,6 +698,8 @@ def render(r: dict[str, Any], command: str) -> str:
         w(memory_estimate_section(r["memory_estimate"]))
     if "chunked_loss" in r:
         w(chunked_loss_section(r["chunked_loss"]))
+    if "sequence_parallel" in r:
+        w(bench("sequence_parallel").render(r["sequence_parallel"]))
     if "fingerprint" in r:
         fp = r["fingerprint"]
         w("## Optimisations\n")

@@ -184,7 +184,7 @@ def test_the_recipe_notes_the_warning_on_a_cuda_card_and_says_nothing_on_the_cpu
         monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, c=cards[card]: c)
         rep = ListReporter()
         recipe = SimpleNamespace(device=torch.device("cuda", 0), cfg=cfg, settings=SimpleNamespace(
-            precision="bf16"), rep=rep, levers=Levers())  # fmt: skip
+            precision="bf16", sequence=1), rep=rep, levers=Levers())  # fmt: skip
         check = Recipe._check_memory(recipe, model)
         assert check is not None and check.estimate_gib > 0
         notes = [m for kind, m in rep.events if kind == "note"]

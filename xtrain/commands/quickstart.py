@@ -183,12 +183,14 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
     """(what, value) rows: how the run went and where its files are."""
     world, accumulation = result.get("world_size", 1), result.get("accumulation", 1)
     global_batch = result.get("global_batch", 0)
-    per_device = global_batch // max(1, world * accumulation)
+    split = (result.get("run_info") or {}).get("sequence_parallel") or 1  # processes sharing a row
+    per_device = global_batch // max(1, world // split * accumulation)
+    readers = f"{world} process(es)" if split == 1 else f"{world // split} group(s) of {split} processes"
     rows = [
         ("optimizer steps", str(result.get("final_step", "-"))),
         (
             "global batch",
-            f"{global_batch} = {per_device} per-device x {world} process(es) x {accumulation} accumulation",
+            f"{global_batch} = {per_device} per-device x {readers} x {accumulation} accumulation",
         ),
         ("samples/s", f"{result.get('samples_per_s', 0):.1f}"),
         ("wall time", f"{seconds:.1f} s (start-up included)"),

@@ -184,6 +184,9 @@ FOREIGN: dict[str, Foreign] = {
     "fsdp": Foreign(None, f"{HF}, {AX}", "FSDP is a launch option: xtrain train CONFIG --fsdp"),
     "ddp_find_unused_parameters": Foreign(None, HF, _UNUSED),
     "ddp_timeout": Foreign("run.collective_timeout_s", f"{HF}, {LF}, {AX}"),
+    "sequence_parallel_size": Foreign("parallel.sequence", "ms-swift"),
+    "sequence_parallel_degree": Foreign("parallel.sequence", AX),
+    "context_parallel_size": Foreign("parallel.sequence", AX),
 }
 # fmt: on
 

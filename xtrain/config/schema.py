@@ -266,6 +266,18 @@ class GrpoConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How each step's work is split across the processes beyond data parallelism (docs/long-context.md)."""
+
+    # sequence parallelism: each process holds 1/N of every sequence's tokens (N divides the
+    # processes; the processes / N groups train data-parallel); 1: off; all (0): every process
+    sequence: int = 1
+    # auto (ulysses where the attention and key/value heads divide by N, else ring) | ulysses
+    # (all-to-all: sequence shards -> head shards) | ring (keys and values passed around the ring)
+    sequence_mode: str = "auto"
+
+
+@dataclass
 class RewardConfig:
     """Reward models (the reward task): the Bradley-Terry loss over preference pairs, as TRL's
     RewardTrainer computes it (docs/reward-models.md)."""
@@ -303,6 +315,7 @@ class TrainConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 

@@ -10,12 +10,16 @@ from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
 
 
-def batch_line(global_batch: int, per_device: int, processes: int, accumulation: int) -> str:
-    """``global batch 16 = 8 per-device x 1 process x 2 accumulation``."""
-    return (
-        f"global batch {global_batch} = {per_device} per-device x {processes} "
-        f"process{'es' if processes != 1 else ''} x {accumulation} accumulation"
-    )
+def batch_line(
+    global_batch: int, per_device: int, processes: int, accumulation: int, sequence: int = 1
+) -> str:
+    """``global batch 16 = 8 per-device x 1 process x 2 accumulation``; with ``sequence`` > 1
+    (parallel.sequence: the processes that share each row) ``... x 1 group of 2 processes x ...``."""
+    readers = f"{processes} process{'es' if processes != 1 else ''}"
+    if sequence > 1:
+        groups = processes // sequence
+        readers = f"{groups} group{'s' if groups != 1 else ''} of {sequence} processes"
+    return f"global batch {global_batch} = {per_device} per-device x {readers} x {accumulation} accumulation"
 
 
 def _batch_hint(global_batch: int, per_device: int, world_size: int) -> str:

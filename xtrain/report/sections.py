@@ -41,11 +41,16 @@ def lineage(runs: list[RunView], chained: bool) -> Raw:
     return section("lineage", "Lineage", *parts)
 
 
+def _sequence(run: RunView) -> int:
+    """parallel.sequence as the run ran it (its run_info; 1: off)."""
+    return int((run.result.get("run_info") or {}).get("sequence_parallel") or 1)
+
+
 def _batch(run: RunView) -> str:
     world, acc = int(run.figure("world_size", 1)), int(run.figure("accumulation", 1))
-    batch = int(run.figure("global_batch"))
-    per_device = int(run.figure("per_device")) or batch // max(1, world * acc)
-    return batch_line(batch, per_device, world, acc).removeprefix("global batch ")
+    batch, split = int(run.figure("global_batch")), _sequence(run)
+    per_device = int(run.figure("per_device")) or batch // max(1, world // split * acc)
+    return batch_line(batch, per_device, world, acc, split).removeprefix("global batch ")
 
 
 def _method(run: RunView) -> str:
@@ -86,6 +91,10 @@ def _machine(run: RunView) -> str:
     world = int(run.figure("world_size", 1))
     backend = f" over {info['backend']}" if info.get("backend") else ""
     processes = f"{world} process{'es' * (world != 1)}{backend}"
+    split = _sequence(run)
+    if split > 1:  # parallel.sequence: how each sequence was split (docs/long-context.md)
+        mode, inner = info.get("sequence_mode", "?"), info.get("sequence_attention", "?")
+        processes += f", each sequence split across {split} ({mode} attention around {inner})"
     return f"{info.get('device', '?')} on {info.get('plan_os', '?')}, {processes}"
 
 

@@ -260,6 +260,11 @@ class Task:
     # micro-batch's sequences (or already the step's: GRPO), averaged over the step's micro-batches
     # (a forward's ``token_sum`` adds a token term: ``Workload.trained_tokens``)
     token_loss: str | None = None
+    # Its training batches can be split across the processes of a group (``parallel.sequence``,
+    # docs/long-context.md): decoder-only text rows ([rows, positions] ids and labels) whose loss
+    # sums the shards' token terms (the model's own next-token loss) or adds up each sequence's
+    # shards first (``model.sequence_parallel.shard_total``: the preference task's log-probs).
+    sequence_parallel: bool = False
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
     # the head of a result saved without xtrain's record: architectures' suffix / peft task type
     recognizes: Callable[[dict[str, Any]], bool] | None = None

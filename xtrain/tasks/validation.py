@@ -99,6 +99,7 @@ def validate(cfg: TrainConfig) -> None:
         if not getattr(getattr(cfg, section), name).strip():
             raise XtrainError(f"{key} is empty")
     check_run(cfg)
+    check_sequence(cfg, task)
     check_benchmarks(cfg, task)
 
 
@@ -153,6 +154,25 @@ def check_run(cfg: TrainConfig) -> None:
         raise XtrainError(
             "run.early_stopping_patience needs run.eval_every (it counts evaluations during the run)",
             "set run.eval_every, e.g. run.eval_every=100",
+        )
+
+
+def check_sequence(cfg: TrainConfig, task: tasks.Task) -> None:
+    """``parallel.sequence`` against the task and what cannot run beside it (the processes it
+    must divide are the plan's: ``planning.sequence``)."""
+    if cfg.parallel.sequence == 1:
+        return
+    if not task.sequence_parallel:
+        able = " and ".join(t.name for t in tasks.all_tasks().values() if t.sequence_parallel)
+        raise XtrainError(
+            f"parallel.sequence: the {task.name} task does not split its sequences across processes "
+            f"(sequence parallelism trains {able})",
+            "set parallel.sequence=1",
+        )
+    if cfg.run.compile:
+        raise XtrainError(
+            "parallel.sequence does not run under run.compile (its attention exchanges shards)",
+            "set run.compile=false, or parallel.sequence=1",
         )
 
 

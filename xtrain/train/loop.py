@@ -57,7 +57,7 @@ from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
 from xtrain.train import benchmarks, builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
 from xtrain.train.curves import History
-from xtrain.train.distributed import sharded
+from xtrain.train.distributed import sequence, sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.distributed.collective import (
     BuildFn,
@@ -173,6 +173,8 @@ class Recipe:
     skips: SkipDetector
     window: LogWindow
     levers: levers.Levers  # the chunked loss and activation offloading attached to the model
+    sequence: sequence.SequenceRun | None  # parallel.sequence: this process's shard and attention
+    data_rank: int  # the rows this process reads: its rank, or its sequence-parallel group's
     files: RunFiles | None  # the main process's curves picture, eval samples, data check (run_files.py)
 
     def __init__(self, run: Run, reporter: Reporter | None = None, build: BuildFn | None = None) -> None:
@@ -244,12 +246,19 @@ class Recipe:
         sharded.check_outputs(acc, cfg.run.save_merged, cfg.lora.enabled, cfg.lora.init_weights)
         sharded.check_quantization(acc, cfg.model.quantization)  # (both before anything is built)
         self.workload = self._build_workload()
-        self.order = parts.data_order(self.workload, self.settings, cfg, self.world)
+        self.order = parts.data_order(self.workload, self.settings, cfg, self.settings.data_parallel)
         self.total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * self.order.steps_per_epoch))
         model = parts.trainable_model(self.workload, self.run.precision)
         # the chunked loss and activation offloading: hooks in the model's training forward
         own = self.workload.use_chunked_loss
         self.levers = levers.attach(model, cfg, self.settings, acc.distributed_type, own)
+        # parallel.sequence: the groups, the attention around the model's own, this rank's shard
+        backend = acc.state.backend if self.world > 1 else None
+        plan = self.settings.sequence_plan
+        self.sequence = sequence.attach(
+            model, cfg, plan, acc.process_index, backend, self.device, acc.distributed_type
+        )
+        self.data_rank = plan.group_of(acc.process_index)
         if self.workload.shared_pass is not None:  # every process's share (a precomputed reference),
             self.workload.shared_pass(acc)  # after the build and the levers, before prepare
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -273,9 +282,10 @@ class Recipe:
         self.workers = self.settings.workers_for(tasks.get(cfg.model.task).decodes_media)  # (count, why)
         loading = parts.loading(self.workload, self.workers[0], self.pin)
         self.eval_loader = parts.eval_loader(acc, self.workload, self.settings.per_device, loading)
+        loading = {**loading, "collate_fn": sequence.collator(loading["collate_fn"], self.sequence)}
         self.start_step = self._resume()  # after prepare: accelerate loads into the prepared parts
         self.loader = parts.train_loader(
-            self.workload, self.order, acc.process_index, self.start_step, self.total_steps, loading
+            self.workload, self.order, self.data_rank, self.start_step, self.total_steps, loading
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.skips = SkipDetector(acc.scaler)  # fp16: was a step skipped? (read one step late)
@@ -316,7 +326,11 @@ class Recipe:
         if self.device.type != "cuda":
             return None
         props = torch.cuda.get_device_properties(self.device)
-        running = MemoryLevers(chunked=self.levers.chunked_loss, offload=self.levers.activation_offload)
+        running = MemoryLevers(
+            chunked=self.levers.chunked_loss,
+            offload=self.levers.activation_offload,
+            sequence=self.settings.sequence,
+        )
         check = check_live_model(
             model, self.cfg, self.settings.precision, props.total_memory, props.name, running
         )
@@ -354,7 +368,8 @@ class Recipe:
             total_steps=self.total_steps, start_step=self.start_step, trainable_params=self.trainable,
             total_params=self.total_params, output_dir=str(self.out), cpu_staged_allreduce=self.cpu_staged,
             resumed_from=str(self.resume.path) if self.resume.path else None,
-            loader_workers=self.workers[0], loader_why=self.workers[1], levers=self.levers.lines,
+            loader_workers=self.workers[0], loader_why=self.workers[1],
+            levers=self.levers.lines + ((f"sequence: {self.sequence.line}",) if self.sequence else ()),
             data_checked=report.summary() if (report := self.workload.data_report) is not None else None,
             lora=described(self.adapted) if self.adapted else None,
         )  # fmt: skip
@@ -367,7 +382,8 @@ class Recipe:
         backward), then ``optimizer_step``. No device sync."""
         acc, model, device, window = self.accelerator, self.model, self.device, self.window
         accumulation, tokens_key = self.settings.accumulation, self.workload.tokens_key
-        rank = acc.process_index
+        rank = self.data_rank
+        shard = () if self.sequence is None else (self.sequence.shard,)  # a shard's dropout: its own draws
         forward = self.workload.forward
         if self.workload.at_step is not None:  # the task told the step's number (GRPO's sampling seeds)
             self.workload.at_step(step)
@@ -377,7 +393,7 @@ class Recipe:
             ahead = self._whole_step(ahead)
         for micro in range(accumulation):
             batch = _to_device(ahead[micro], device, self.pin)
-            _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(rank, micro)), device)
+            _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(rank, micro), *shard), device)
             last = micro == accumulation - 1
             # accelerate's own flag (public setter): DeepSpeed's backward ends its accumulation and
             # steps its engine only on the last micro-batch; the optimizer wrappers read it too
@@ -630,5 +646,6 @@ class Recipe:
             final, self.total_steps, self.state, metrics, outputs, self.windows, s, self.world,
             resumed_from=str(self.resume.path) if self.resume.path else None, predictions=self.predictions,
             stopped_early=self.early.to_dict() if self.early is not None else None,
-            run_info=info | self.levers.record() | adapted_record(self.adapted),
+            run_info=info | self.levers.record() | adapted_record(self.adapted)
+            | (self.sequence.record() if self.sequence else {}),
         )  # fmt: skip

@@ -47,17 +47,20 @@ class StartInfo:
     data_checked: str | None = None  # the task's data check on its first rows (DataReport.summary)
     levers: tuple[str, ...] = ()  # the loss and activation offloading, a line each (train/levers.py)
     lora: str | None = None  # the layers LoRA adapts (``lora_layers.described``); None: no adapters
+    sequence: int = 1  # parallel.sequence: processes a sequence is split across (they share its rows)
 
     @classmethod
     def of(cls, settings: RunSettings, **found: Any) -> StartInfo:
         """The banner of a run with these ``RunSettings``; ``found``: what setup found."""
         s = settings
         return cls(precision=s.precision, per_device=s.per_device, accumulation=s.accumulation,
-                   global_batch=s.global_batch, **found)  # fmt: skip
+                   global_batch=s.global_batch, sequence=s.sequence, **found)  # fmt: skip
 
     @property
     def batch_line(self) -> str:
-        return batch_line(self.global_batch, self.per_device, self.processes, self.accumulation)
+        return batch_line(
+            self.global_batch, self.per_device, self.processes, self.accumulation, self.sequence
+        )
 
 
 class Reporter(Protocol):

@@ -73,12 +73,15 @@ def needs_reference(loss: str) -> bool:
     return loss not in REFERENCE_FREE
 
 
-def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(
+    logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed log-probability of each row's labelled tokens, their count): logits [N, T, V]
-    predict labels [N, T] shifted by one (position t's logits predict token t + 1), -100 skipped.
-    The log-softmax is taken as ``logit - logsumexp`` at the labels only, in fp32."""
-    logits = logits[:, :-1, :].float()
-    target = labels[:, 1:]
+    predict labels [N, T] shifted by one (position t's logits predict token t + 1; ``shifted``:
+    the labels are so already, a sequence shard's), -100 skipped. The log-softmax is taken as
+    ``logit - logsumexp`` at the labels only, in fp32."""
+    logits = logits.float() if shifted else logits[:, :-1, :].float()
+    target = labels if shifted else labels[:, 1:]
     mask = target != IGNORE_INDEX
     safe = target.masked_fill(~mask, 0)
     picked = torch.gather(logits, 2, safe.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -107,7 +110,10 @@ def sft_tokens(batch: dict[str, torch.Tensor]) -> int:
     (``Workload.trained_tokens``): the labelled tokens (after the next-token shift) of the first B,
     the chosen answers (KTO: the completions of the desirable rows), as ``sequence_logps`` counts."""
     labels = batch["labels"]
-    per_row = (labels[: len(labels) // 2, 1:] != IGNORE_INDEX).sum(-1)
+    shifted = batch.get("shift_labels")  # a sequence shard's: shifted before the cut, its own tokens
+    half = len(labels) // 2
+    chosen = shifted[:half] if shifted is not None else labels[:half, 1:]
+    per_row = (chosen != IGNORE_INDEX).sum(-1)
     if "desirable" in batch:
         per_row = per_row * batch["desirable"].to(per_row.dtype)
     return int(per_row.sum())

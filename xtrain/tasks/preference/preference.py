@@ -358,6 +358,7 @@ TASK = Task(
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     token_loss="sequence",  # its forward's log-probs chunk-wise (preference_reference.PreferenceForward)
+    sequence_parallel=True,  # parallel.sequence: its sequences split across processes
     curves=CURVES,
     stacks=stacks,
     resume_keys=("preference.loss",),

@@ -34,7 +34,7 @@ from xtrain.planning.run import Run
 from xtrain.train.preflight.disk import _output, _resume, _size, check_disk, check_paths, estimate_bytes
 from xtrain.train.preflight.inputs import _data, _model, _model_source, _start
 from xtrain.train.preflight.notes import WORKER, Check, Note, Where
-from xtrain.train.preflight.plan import _attention, _loading, _loss, _memory, _precision
+from xtrain.train.preflight.plan import _attention, _loading, _loss, _memory, _precision, _sequence
 from xtrain.train.preflight.software import (
     _accelerate_default,
     _benchmarks,
@@ -73,6 +73,7 @@ CHECKS: tuple[Check, ...] = (
     _precision,
     _loading,
     _attention,
+    _sequence,
     _loss,
     _windows_gloo,
     _optimizer,
