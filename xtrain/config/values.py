@@ -45,6 +45,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.mixed_precision": ("auto", *PRECISIONS),
     "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference.losses.LOSSES
     "grpo.scale_rewards": ("group", "batch", "none"),
+    "distill.mode": ("on_policy", "gkd"),  # xtrain.tasks.distill.losses.MODES
+    "distill.teacher_quantization": ("4bit", "8bit"),  # or null
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 # fmt: off
@@ -70,6 +72,9 @@ ALIASES: dict[str, dict[Any, str | None]] = {
     "lora.init_weights": {True: "default", "true": "default", "lora": "default"},
     # peft's all-linear (every Linear but the output head); LLaMA-Factory's lora_target: all
     "lora.target_modules": {"all-linear": "all-linear", "all_linear": "all-linear", "all": "all-linear"},
+    "distill.mode": {"on-policy": "on_policy", "onpolicy": "on_policy", "opd": "on_policy"},
+    "distill.teacher_quantization": {False: None, "off": None, "no": None, "nf4": "4bit", "int4": "4bit",
+                                     "4-bit": "4bit", "int8": "8bit", "8-bit": "8bit"},
     "optim.name": {"adamw_torch": "adamw", "adamw8bit": "adamw_8bit", "paged_adamw8bit": "paged_adamw_8bit",
                    "adamw_bnb_8bit": "adamw_8bit"},
 }
@@ -151,6 +156,10 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_tool_calls": _between(0, 1 << 20),
     "grpo.tool_timeout": _POS_NUM,
     "generation.sample_predictions": _between(0, 10_000),
+    "distill.beta": _NONNEG,  # at most 1: the distill task's validate
+    "distill.lmbda": _NONNEG,  # at most 1: the distill task's validate
+    "distill.temperature": _POS_NUM,
+    "distill.max_completion_length": _between(1, 1 << 20),
 }
 
 

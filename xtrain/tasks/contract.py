@@ -72,6 +72,19 @@ class Curve:
     eval: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class OtherModel:
+    """A model a task's run holds beside the one it trains (a distillation teacher): frozen, on
+    each process's device. Named by a config key as ``model.name_or_path`` names the trained one
+    (a trained built-in among them is built where the run starts; the memory estimate counts its
+    weights as ``quantization`` loads them)."""
+
+    key: str  # the config key that names it: "distill.teacher"
+    name: str  # what it names: a hub id, a folder, builtin:NAME, a trained result
+    quantization: str | None = None  # 4bit | 8bit | None (as model.dtype loads it)
+    quantization_key: str | None = None  # the key that sets it, for the fix a too-big model's line names
+
+
 @dataclass
 class PredictRequest:
     """What ``xtrain predict`` was given, beyond the result folder."""
@@ -242,8 +255,9 @@ class Task:
     # The chunked loss can run it (``model.chunked_loss``, xtrain/model/chunked_loss.py). ``sequence``:
     # the task's own forward reads per-sequence log-probs of the next tokens off the head (preference
     # tuning) and runs them chunk-wise itself when told (``Workload.use_chunked_loss``); ``logps``:
-    # the same with per-token log-probs (GRPO's completions). None: not such a loss (classifiers,
-    # custom tasks).
+    # the same with per-token log-probs (GRPO's completions); ``divergence``: the same with each
+    # token's whole distribution against another model's (distillation). None: not such a loss
+    # (classifiers, custom tasks).
     # It also says what the step's loss is (xtrain/train/step_loss.py, the one place): for
     # ``next-token`` and ``decoder`` the model's ``.loss`` is the mean over a micro-batch's trained
     # tokens (its labels not -100, after the shift), and the step's loss the sum of every token's
@@ -266,6 +280,11 @@ class Task:
     # What its users watch, a panel each, drawn after the loss and the learning rate (every other
     # eval metric gets a panel of its own after them): ``train.curves``
     curves: tuple[Curve, ...] = ()
+    # The models a config names beside ``model.name_or_path`` that the run loads frozen (a
+    # distillation teacher): (cfg) -> ``OtherModel``s. A trained built-in among them is built where
+    # the run starts (``train.builtin_stages``), each is found before anything loads (the preflight),
+    # and the memory estimate adds their weights. None: none.
+    other_models: Callable[[TrainConfig], tuple[OtherModel, ...]] | None = None
 
 
 Batch = Mapping[str, "torch.Tensor"]
