@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.distill import logits_of, reference_loss
 
 from xtrain.model.chunked_loss import LogitMap
 from xtrain.tasks.distill import losses
@@ -61,37 +62,6 @@ def _batch() -> dict:
     return {"input_ids": ids, "attention_mask": torch.cat([prompt_mask, done_mask], 1), "labels": labels}
 
 
-def _logits(model, batch: dict) -> torch.Tensor:
-    mask = batch["attention_mask"]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=positions).logits.float()
-
-
-def reference_loss(student, teacher, batch: dict, mode: str, beta: float, vocab: int | None = None):
-    """(the summed loss over the trained tokens, its tokens) written out: position t's logits
-    predict token t + 1; p the student's distribution, q the teacher's."""
-    s_logits = _logits(student, batch)[:, :-1, :vocab]
-    with torch.no_grad():
-        t_logits = _logits(teacher, batch)[:, :-1, :vocab]
-    trained = batch["labels"][:, 1:] != -100
-    y = batch["input_ids"][:, 1:].clamp(max=s_logits.size(-1) - 1)  # (a token past vocab: not trained)
-    log_p, log_q = torch.log_softmax(s_logits, -1), torch.log_softmax(t_logits, -1)
-    p, q = log_p.exp(), log_q.exp()
-    if mode == "on_policy":
-        lp, lq = log_p.gather(-1, y.unsqueeze(-1)).squeeze(-1), log_q.gather(-1, y.unsqueeze(-1)).squeeze(-1)
-        k = (lp - lq).detach()
-        # value: the sampled reverse KL; gradient: k * grad log p(y) (the surrogate's)
-        per = k + k * (lp - lp.detach())
-    elif beta == 0:
-        per = (q * (log_q - log_p)).sum(-1)  # forward KL(q || p)
-    elif beta == 1:
-        per = (p * (log_p - log_q)).sum(-1)  # reverse KL(p || q)
-    else:
-        log_m = torch.log(beta * q + (1 - beta) * p)
-        per = beta * (q * (log_q - log_m)).sum(-1) + (1 - beta) * (p * (log_p - log_m)).sum(-1)
-    return (per * trained).sum(), int(trained.sum())
-
-
 def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -116,8 +86,8 @@ def test_the_loss_and_its_gradients_are_the_formula_written_out(mode, beta, rows
     for name, g in expected.items():
         torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=name)
     # the curves' KL: the exact reverse KL a token, whatever the loss
-    p = torch.log_softmax(_logits(student, batch)[:, :-1], -1)
-    q = torch.log_softmax(_logits(teacher.model, batch)[:, :-1], -1)
+    p = torch.log_softmax(logits_of(student, batch)[:, :-1], -1)
+    q = torch.log_softmax(logits_of(teacher.model, batch)[:, :-1], -1)
     exact = (p.exp() * (p - q)).sum(-1)[batch["labels"][:, 1:] != -100]
     torch.testing.assert_close(sums.kl, exact.detach(), rtol=1e-4, atol=1e-5)
 

@@ -35,6 +35,7 @@ _INPUT_PATHS = (
     "data.chat_template",
     "data.image_root",
     "data.audio_root",
+    "distill.teacher",
 )
 # Function specs (``path/to/file.py:function``) whose file is looked up the same way.
 _FUNCTION_SPECS = ("grpo.rewards", "grpo.tools")

@@ -230,7 +230,7 @@ def teacher_note(cfg: TrainConfig, student: PreTrainedTokenizerBase) -> str:
             return f"teacher {cfg.distill.teacher}: {where}; the run checks it when it loads it"
         raise
     teacher_.check_vocabulary(student, theirs, str(cfg.distill.teacher))
-    return f"teacher {start.shown()}: the student's tokenizer ({len(student):,} tokens)"
+    return f"teacher {start.shown()}: its tokenizer is the student's ({len(student):,} tokens)"
 
 
 def _local(name: str) -> bool:
