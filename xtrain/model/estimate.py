@@ -212,8 +212,10 @@ class ModelSizes:
     kv_tokens: int = 0
     kv_values: int = 0
     # the weights of the frozen models the task holds beside this one (``Task.other_models``: a
-    # distillation teacher), as loaded
+    # distillation teacher), as loaded; and (the overrides that load them in 4 bits, their bytes
+    # then) where some are not 4-bit yet (a change the memory warning may offer)
     frozen_bytes: float = 0.0
+    frozen_4bit: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True)

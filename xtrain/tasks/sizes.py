@@ -190,7 +190,6 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
         return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {reason}"
     params = sum(p.numel() for p in bare.parameters()) - tied + added
     checkpoint_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    frozen = sum(b for _, b in other_sizes(cfg) if isinstance(b, float))
     return memory.ModelSizes(
         params=params,
         trainable=sum(trained),
@@ -201,7 +200,7 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
         moments_8bit=moments_8bit(cfg),
         small_trainable=small_count(trained),
         **lora_fields(cfg, bare, stacks),
-        frozen_bytes=frozen,
+        **frozen_fields(cfg),
     )
 
 
@@ -238,10 +237,29 @@ def frozen_bytes(cfg: TrainConfig, other: OtherModel) -> float | str:
     return float((params - quantized) * each + packed)
 
 
+def frozen_fields(cfg: TrainConfig) -> dict[str, Any]:
+    """The ``ModelSizes`` fields of the frozen models beside the trained one (``other_sizes``):
+    their bytes as they load, and where some of them are not in 4 bits, the overrides that would
+    load them so and their bytes then."""
+    found = [(o, b) for o, b in other_sizes(cfg) if isinstance(b, float)]
+    if not found:
+        return {}
+    total = sum(b for _, b in found)
+    changed = [o for o, _ in found if o.quantization != "4bit" and o.quantization_key]
+    if not changed:
+        return {"frozen_bytes": total}
+    four = [frozen_bytes(cfg, replace(o, quantization="4bit")) for o in changed]
+    if not all(isinstance(b, float) for b in four):
+        return {"frozen_bytes": total}
+    kept = sum(b for o, b in found if o not in changed)
+    overrides = " ".join(f"{o.quantization_key}=4bit" for o in changed)
+    return {"frozen_bytes": total, "frozen_4bit": (overrides, kept + sum(four))}
+
+
 def with_others(sizes: memory.ModelSizes, cfg: TrainConfig) -> memory.ModelSizes:
     """``sizes`` of a built model with the frozen models beside it (``other_sizes``) added."""
-    frozen = sum(b for _, b in other_sizes(cfg) if isinstance(b, float))
-    return replace(sizes, frozen_bytes=frozen) if frozen else sizes
+    fields = frozen_fields(cfg)
+    return replace(sizes, **fields) if fields else sizes
 
 
 def _unquantized(cfg: TrainConfig) -> tuple[str, ...]:

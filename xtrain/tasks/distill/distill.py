@@ -332,7 +332,7 @@ TASK = Task(
     about="a causal LM (the student) learns a teacher's next-token distributions: on-policy distillation, "
     "GKD; metric: agreement with the teacher's greedy answers",
     build=build,
-    aliases=("distillation", "kd", "gkd"),
+    aliases=("distillation", "kd"),
     keys=frozenset(
         {"model.quantization", "data.chat_template", "data.messages_column", *(f"distill.{k}" for k in KEYS)}
     ),
