@@ -13,6 +13,7 @@ The losses themselves against their formulas: tests/test_distill_losses.py."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -177,10 +178,11 @@ def test_predict_continues_a_prompt_with_the_distilled_student(straight, capsys)
     assert code == 0, capsys.readouterr().err
 
 
-def test_a_chain_sft_then_distill_from_it_starts_at_kl_0(tmp_path_factory, job):
+def test_a_chain_sft_then_distill_then_dpo(tmp_path_factory, job):
     """The student starts from an SFT result (its adapter frozen, a new one on top) and its teacher
     is that same result (loaded as a trained run: base + adapter): at step 0 they are one model, so
-    the KL is 0 and every greedy answer agrees; the record names the SFT stage in its lineage."""
+    the KL is 0 and every greedy answer agrees; the record names the SFT stage in its lineage. DPO
+    then starts from the distilled result, its reference that result (ln 2 at step 0)."""
     from support.chains import sft_result
 
     sft = sft_result(tmp_path_factory)
@@ -193,6 +195,19 @@ def test_a_chain_sft_then_distill_from_it_starts_at_kl_0(tmp_path_factory, job):
     record = json.loads((out / "adapter" / "xtrain_run.json").read_text())
     assert [stage["task"] for stage in record["lineage"]] == ["causal-lm"]
     assert record["distill"]["teacher_adapters"] and record["mode"] == "new"
+    # and DPO from the distilled result: its reference is exactly that result (DPO's loss ln 2 at step 0)
+    from support.chains import train_stage
+
+    pairs = jsonl(out.parent / "pairs.jsonl", builtin.preference_examples(8, 5))
+    dpo = train_stage(tmp_path_factory, "dpo", [
+        f"model.name_or_path={out}", "model.task=preference", f"data.train={pairs}", f"data.eval={pairs}",
+        "data.max_length=48", "batch.per_device=4", "batch.global_batch=4", "run.max_steps=1",
+        "run.eval_at_start=true",
+    ])  # fmt: skip
+    before = json.loads((dpo / "train_result.json").read_text())["eval_history"][0]
+    assert before["eval_loss"] == pytest.approx(math.log(2), abs=1e-5)
+    lineage = json.loads((dpo / "adapter" / "xtrain_run.json").read_text())["lineage"]
+    assert [stage["task"] for stage in lineage] == ["causal-lm", "distill"]
 
 
 # -- bad input: one line each -------------------------------------------------------------------

@@ -58,7 +58,7 @@ CURVES = (
         "top-1 agreement with the teacher (a token)", train=("token_agreement",), eval=("token_agreement",)
     ),
     Curve("completion length (tokens)", train=("completions/mean_length",), eval=("completion_length",)),
-    Curve("steps on the student's own samples", train=("on_student_samples",)),
+    Curve("share of steps on the student's own samples", train=("on_student_samples",)),
 )
 KEYS = ("teacher", "teacher_quantization", "mode", "beta", "lmbda", "seq_kd", "temperature",
         "max_completion_length")  # fmt: skip
