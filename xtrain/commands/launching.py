@@ -174,11 +174,13 @@ def run_stage(
     and equivalent commands shown (0)."""
     cfg, plan = ready.run.cfg, ready.run.plan
     run_argv = ["--config", str(config), *overrides]
+    batch = ready.run.settings.batch_line  # the run's batch in numbers, on the plan's line
     if not options.dry_run:
-        return launch_training(plan, run_argv, console, cfg.run.output_dir, ready.lines, ready.shard_flags)
+        out = cfg.run.output_dir
+        return launch_training(plan, run_argv, console, out, ready.lines, ready.shard_flags, batch)
     from xtrain.commands import render_data
 
-    console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
+    console.print(f"[bold]Plan:[/] {plan.summary(batch)}", soft_wrap=True)
     for line in ready.lines:
         console.print(line, soft_wrap=True)
     for note in ready.notes:
@@ -209,9 +211,11 @@ def launch_training(
     output_dir: str | None = None,
     notes: list[str] | None = None,
     sharding: list[str] | None = None,
+    batch: str | None = None,
 ) -> int:
     """Start xtrain.run on every planned process; returns its exit code (0 on success).
-    ``notes``: lines shown under the plan (the memory estimate)."""
+    ``notes``: lines shown under the plan (the memory estimate); ``batch``: the run's batch in
+    numbers (``RunSettings.batch_line``)."""
     import sys
 
     from rich.markup import escape
@@ -219,7 +223,7 @@ def launch_training(
     from xtrain.launch import launcher as launch
     from xtrain.train.failures import remove_killed_writes, stopped_error
 
-    console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
+    console.print(f"[bold]xtrain train:[/] {plan.summary(batch)}", soft_wrap=True)
     for line in notes or []:
         console.print(line, soft_wrap=True)
     try:

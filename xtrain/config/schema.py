@@ -196,6 +196,9 @@ class RunConfig:
     # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
     # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
     collective_timeout_s: int = 1800
+    # compute threads each training process runs (torch.set_num_threads); None: the plan's, from the
+    # cores and the load average (a busy CPU gets fewer: planning/threads.py)
+    cpu_threads: int | None = None
 
 
 @dataclass

@@ -108,6 +108,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "data.max_pixels": _POS_INT,
     "data.max_image_pixels": _POS_INT,
     "data.num_workers": _between(0, 1024),
+    "run.cpu_threads": _between(1, 4096),
     "data.encode_processes": _between(1, 1024),
     "data.max_samples": _POS_INT,
     "data.mix_probs": (lambda v: all(p >= 0 for p in v) and sum(v) > 0, "numbers >= 0, not all 0"),

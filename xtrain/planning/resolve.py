@@ -42,7 +42,7 @@ from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
 from xtrain.machine import probe
 from xtrain.machine.facts import DEFAULT_PORT, Facts
-from xtrain.planning.batch import gradient_accumulation, scaled_lr
+from xtrain.planning.batch import batch_line, gradient_accumulation, scaled_lr
 from xtrain.planning.checks import CHECKS
 from xtrain.planning.context import LaunchContext, exported_precision
 from xtrain.planning.plan import Diagnosis, Overrides, Plan
@@ -76,6 +76,11 @@ class RunSettings:
     chunked_loss: str = "off"
     loss_why: str = ""
     activation_offload: bool = False
+
+    @property
+    def batch_line(self) -> str:
+        """``global batch 16 = 8 per-device x 1 process x 2 accumulation``: the plan's line of a run."""
+        return batch_line(self.global_batch, self.per_device, self.world_size, self.accumulation)
 
     def loss_for(self, token_loss: str | None, refusal: str | None = None) -> tuple[bool, str]:
         """(whether the chunked loss runs, why) for a task whose loss is ``token_loss``
@@ -160,6 +165,7 @@ def resolve(
         main_address=main_address,
         weights_dtype=cfg.model.dtype if cfg is not None else None,
         checkpoint_dtype=checkpoint_dtype if cfg is not None else None,
+        cpu_threads=cfg.run.cpu_threads if cfg is not None else None,
     )
     overrides.check()  # before the probe: a mistake costs no torch import
     held = plan or _sent_plan(context, processes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xtrain.planning.batch import batch_line
 from xtrain.report.html import Raw, join, note, section, table, tag, value
 from xtrain.report.runs import RunView
 from xtrain.report.svg import number
@@ -41,15 +42,21 @@ def _batch(run: RunView) -> str:
     world, acc = int(run.figure("world_size", 1)), int(run.figure("accumulation", 1))
     batch = int(run.figure("global_batch"))
     per_device = int(run.figure("per_device")) or batch // max(1, world * acc)
-    processes = f"{world} process{'es' if world != 1 else ''}"
-    return f"{batch} = {per_device} per-device x {processes} x {acc} accumulation"
+    return batch_line(batch, per_device, world, acc).removeprefix("global batch ")
 
 
 def _method(run: RunView) -> str:
+    """LoRA's settings and the layers it adapted (what ``auto`` picked, as the run recorded them:
+    ``run_info.lora_targets``), or a full fine-tune."""
     if not run.setting("lora", "enabled", True):
         return "full fine-tune"
     targets = run.setting("lora", "target_modules")
     shown = ", ".join(map(str, targets)) if isinstance(targets, list) else targets
+    info = run.result.get("run_info") or {}
+    adapted, layers = info.get("lora_targets"), info.get("lora_layers")
+    if isinstance(adapted, list) and adapted and isinstance(layers, int):  # (older runs: not recorded)
+        picked = f"{', '.join(map(str, adapted))} ({layers} layer{'s' * (layers != 1)})"
+        shown = f"{picked}, lora.target_modules={shown}" if shown else picked
     r, alpha = run.setting("lora", "r", "?"), run.setting("lora", "alpha", "?")
     return f"LoRA r={r}, alpha={alpha}" + (f" on {shown}" if shown else "")
 

@@ -325,12 +325,21 @@ EvaluateFn = Callable[["Accelerator", "Module", "DataLoader"], tuple[dict[str, f
 # see ``Task.token_loss``) and may carry ``.token_sum``: the sum of its token losses over the
 # micro-batch's ``Workload.trained_tokens``, which the loop divides by the trained tokens of the
 # whole step (preference's SFT term; xtrain/train/step_loss.py), and ``.metrics``: {name: scalar
-# tensor} of the micro-batch, averaged by the loop's logging window without a host sync and logged
-# with its loss. A task whose loss is not the model's own (preference tuning: log-probabilities of
-# two answers, a reference model) computes it here; the loop and the evaluation call it in place of
-# ``model(**batch)``. ``model`` is as the loop holds it (wrapped by DDP/FSDP), so its forward is the
-# one the gradients are synchronised for.
+# tensor}, the micro-batch's statistics, summed by the loop's logging window over its micro-batches
+# and processes without a host sync (one gather a window) and turned into what every log line, the
+# trackers and the run's log history show by ``Workload.window_metrics``. A task whose loss is not
+# the model's own (preference tuning: log-probabilities of two answers, a reference model) computes
+# it here; the loop and the evaluation call it in place of ``model(**batch)``. ``model`` is as the
+# loop holds it (wrapped by DDP/FSDP), so its forward is the one the gradients are synchronised for.
 ForwardFn = Callable[["Module", Batch], Any]  # returns what has .loss (and maybe .token_sum, .metrics)
+
+
+# window_metrics(the statistics of the forwards' ``.metrics`` summed over a logging window's
+# micro-batches and processes (CPU tensors), how many micro-batches that is) -> the window's
+# metrics, as its log line shows them: a task whose statistics are sums and counts divides them
+# (preference tuning: the same reduce as its evaluation's). None: each statistic's mean over the
+# micro-batches (a task that hands the micro-batch's means, or its step's: GRPO, as TRL logs).
+WindowMetricsFn = Callable[[dict[str, "torch.Tensor"], int], dict[str, float]]
 
 
 # trained_tokens(a collated micro-batch, on the host) -> how many trained tokens its forward's
@@ -395,6 +404,7 @@ class Workload:
     # summary is a line of the run's banner
     data_report: DataReport | None = None
     forward: ForwardFn | None = None  # None: ``model(**batch)``, whose ``.loss`` is the loss
+    window_metrics: WindowMetricsFn | None = None  # a logging window's sums -> its metrics (None: means)
     # what a forward's ``token_sum`` is over (None: it has none; the tokens of a ``next-token`` or
     # ``decoder`` ``Task.token_loss`` are counted from the labels by the loop)
     trained_tokens: TrainedTokensFn | None = None

@@ -44,6 +44,7 @@ from xtrain.config.schema import TrainConfig
 from xtrain.data import encoded
 from xtrain.data.collate import batch_tokens
 from xtrain.data.sampler import DataOrder, mix_seed
+from xtrain.model.lora_layers import adapted_modules, adapted_record, described
 from xtrain.model.memory import MemoryLevers
 from xtrain.model.size import total_weights
 from xtrain.model.start import stage_record, start_of
@@ -154,6 +155,7 @@ class Recipe:
     order: DataOrder
     total_steps: int
     trainable: int  # trainable weights
+    adapted: list[str]  # the layers that carry LoRA adapters (qualified names; [] for a full fine-tune)
     total_params: int  # every weight (a 4-bit one unpacked)
     model: Module  # prepared by accelerate (DDP, FSDP or DeepSpeed wrapped)
     optimizer: AcceleratedOptimizer
@@ -251,6 +253,7 @@ class Recipe:
         if self.workload.shared_pass is not None:  # every process's share (a precomputed reference),
             self.workload.shared_pass(acc)  # after the build and the levers, before prepare
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.adapted = adapted_modules(model) if cfg.lora.enabled else []  # the layers LoRA adapts
         self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         optimizer = build_optimizer(model, cfg, self.settings.lr, self.device)
         scheduler = build_scheduler(cfg, optimizer, self.total_steps)
@@ -276,7 +279,7 @@ class Recipe:
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.skips = SkipDetector(acc.scaler)  # fp16: was a step skipped? (read one step late)
-        self.window = LogWindow(self.device)
+        self.window = LogWindow(self.device, self.workload.window_metrics)  # the task reduces its statistics
         check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
         parts.start_trackers(acc, cfg, self.settings, self.device, self.out)
         self.rep.start(self._start_info())
@@ -352,6 +355,7 @@ class Recipe:
             resumed_from=str(self.resume.path) if self.resume.path else None,
             loader_workers=self.workers[0], loader_why=self.workers[1], levers=self.levers.lines,
             data_checked=report.summary() if (report := self.workload.data_report) is not None else None,
+            lora=described(self.adapted) if self.adapted else None,
         )  # fmt: skip
 
     # -- the hot path -------------------------------------------------------------------------------
@@ -598,5 +602,5 @@ class Recipe:
             final, self.total_steps, self.state, metrics, outputs, self.windows, s, self.world,
             resumed_from=str(self.resume.path) if self.resume.path else None, predictions=self.predictions,
             stopped_early=self.early.to_dict() if self.early is not None else None,
-            run_info=info | self.levers.record(),
+            run_info=info | self.levers.record() | adapted_record(self.adapted),
         )  # fmt: skip

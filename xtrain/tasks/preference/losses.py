@@ -234,11 +234,30 @@ def kto_loss(
 
 
 def reduce(stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Per-example statistics (one micro-batch's, or a whole gathered eval set's) -> the metrics:
+    """Per-example statistics (one micro-batch's, a whole gathered eval set's, or their sums over a
+    logging window: ``window_metrics``) -> the metrics:
     ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracy``, ``rewards/margin``,
     ``logps/chosen``, ``logps/rejected``, ``logps/gap``, ``nll/chosen`` (the chosen answers'
     NLL per token; KTO: the desirable rows') and KTO's ``kl``."""
     return {k: float(v) for k, v in reduce_tensors(stats).items()}
+
+
+# the per-example statistics ``reduce`` reads (the loss is the loop's)
+REDUCED = ("count", "chosen_n", "rejected_n", "reward_chosen", "reward_rejected", "correct",
+           "logp_chosen", "logp_rejected", "gap", "nll_sum", "nll_tokens", "kl")  # fmt: skip
+
+
+def sums(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A micro-batch's per-example statistics summed, without gradients: what the loop's logging
+    window adds up over its micro-batches and processes (``Workload.forward``'s ``.metrics``)."""
+    return {k: v.detach().float().sum() for k, v in stats.items() if k in REDUCED}
+
+
+def window_metrics(summed: dict[str, torch.Tensor], micro_batches: int) -> dict[str, float]:
+    """``Workload.window_metrics``: a logging window's summed statistics -> its metrics, by the
+    same ``reduce`` as an evaluation's over its whole eval set (a window of KTO rows, where the
+    micro-batches hold different numbers of desirable rows, weighs every row alike)."""
+    return reduce(summed)
 
 
 def reduce_tensors(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

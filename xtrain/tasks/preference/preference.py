@@ -169,6 +169,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         eval_dataset=splits.get("eval"),
         eval_batch=ref.eval_stats,
         reduce_metrics=pl.reduce,
+        window_metrics=pl.window_metrics,
         tokenizer=tokenizer,
         chat=encoder_of(cfg, tokenizer, source).render is not None,
         main_metric=METRIC,

@@ -56,7 +56,8 @@ Gather = Callable[[torch.Tensor], torch.Tensor]  # every process's tensors, conc
 @dataclass
 class PreferenceOutput:
     """What the loop reads off a preference forward: the loss to back-propagate, the micro-batch's
-    metrics for the logging window, and the per-example statistics the evaluation gathers."""
+    summed statistics for the logging window (``losses.sums``: ``losses.window_metrics`` reduces
+    a window's), and the per-example statistics the evaluation gathers."""
 
     loss: torch.Tensor  # the mean over the micro-batch's sequences
     stats: dict[str, torch.Tensor]
@@ -207,7 +208,7 @@ class PreferenceForward:
     def _output(self, stats: dict[str, torch.Tensor], training: bool) -> PreferenceOutput:
         weight = self.settings.sft_weight
         token_sum = weight * stats["nll_sum"].sum() if training and weight else None
-        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats), token_sum)
+        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.sums(stats), token_sum)
 
 
 def eval_stats(outputs: PreferenceOutput, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

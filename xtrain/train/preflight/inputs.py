@@ -112,13 +112,15 @@ def check_start(run: Run, start: Start) -> None:
 def _model(run: Run, where: Where) -> list[Note]:
     """``--dry-run``: the checks a worker runs on the loaded model (lengths, LoRA targets), on the
     model's config where it is on this machine (nothing is downloaded); a failure is the run's own
-    line. A plan without CUDA checks the lengths from config.json only (no transformers import)."""
+    line; and the layers LoRA goes on (what ``auto`` picked). A full fine-tune's plan without CUDA
+    checks the lengths from config.json only (no skeleton: no transformers modeling import)."""
     if not where.dry_run:
         return []
-    light = run.plan.device != "cuda"
+    light = run.plan.device != "cuda" and not run.cfg.lora.enabled
     if not light:
         quiet_libraries()  # building the model's skeleton: no library chatter
-    return [Note("Model checks", model_checks.check_offline(run.cfg, light))]
+    checked, lora = model_checks.checked_offline(run.cfg, light)
+    return [Note("Model checks", checked), *([Note("LoRA", lora)] if lora else [])]
 
 
 def _data(run: Run, where: Where) -> list[Note]:

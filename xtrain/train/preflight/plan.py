@@ -32,11 +32,14 @@ def _precision(run: Run, where: Where) -> list[Note]:
 
 
 def _loading(run: Run, where: Where) -> list[Note]:
-    """The DataLoader workers each process reads its batches with, and why."""
+    """The DataLoader workers each process reads its batches with, and why; the compute threads
+    of a CPU run (fewer on a busy CPU: planning/threads.py), or the ones a user set."""
     if not where.launcher:
         return []
     workers, why = run.settings.workers_for(tasks.get(run.cfg.model.task).decodes_media)
-    return [Note("Data loading", f"{workers} worker(s) per process ({why})")]
+    notes = [Note("Data loading", f"{workers} worker(s) per process ({why})")]
+    threads = run.plan.reasons.get("threads")
+    return notes + ([Note("Threads", threads)] if threads else [])
 
 
 def _attention(run: Run, where: Where) -> list[Note]:
