@@ -114,6 +114,7 @@ def straight(job) -> Path:
     return out
 
 
+@pytest.mark.soak  # the step's normalisation by hand: tests/test_distill_losses.py (no loop, a second)
 def test_the_first_gradients_equal_the_loss_by_hand_over_the_step_s_micro_batches(job, tmp_path):
     """On-policy, 2 micro-batches: each recorded micro-batch (the student's samples, completed by
     step_start) through a plain peft model and the plain teacher, every token's sampled reverse KL

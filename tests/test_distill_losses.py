@@ -167,3 +167,37 @@ def test_heads_of_other_widths_compare_over_the_shared_tokenizer():
         torch.testing.assert_close(sums.loss.detach(), want.detach(), rtol=1e-5, atol=1e-5)
         for name, g in _grads(student).items():
             torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_step_s_loss_is_its_token_losses_over_the_tokens_of_all_its_micro_batches():
+    """``DistillStep``: two micro-batches completed by the data's answers (GKD, lmbda 0), the step's
+    trained tokens counted over both (``step_start``'s gather), each forward's loss scaled so that
+    their mean (the loop's, over the step's micro-batches) is every token's loss summed over the
+    whole step's tokens: the formula by hand over both micro-batches, and its gradients."""
+    from xtrain.config.schema import DistillConfig
+    from xtrain.tasks.distill.step import DistillStep
+
+    student, teacher = _student(), _teacher()
+    step = DistillStep(DistillConfig(teacher="t", mode="gkd", beta=0.5, lmbda=0.0), teacher, 7, 0, [2])
+    step.use_chunked_loss(LogitMap(), 5)
+    g = torch.Generator().manual_seed(5)
+    micro = []
+    for width, answers in ((4, [3, 1]), (6, [6, 2])):  # two micro-batches, 12 answer tokens in all
+        prompt = torch.randint(3, VOCAB, (2, width), generator=g)
+        answer = torch.randint(3, VOCAB, (2, 6), generator=g)
+        mask = torch.tensor([[1] * n + [0] * (6 - n) for n in answers])
+        micro.append({
+            "input_ids": prompt, "attention_mask": torch.ones_like(prompt), "row": torch.tensor([0, 1]),
+            "answer_ids": answer.masked_fill(mask == 0, 0), "answer_mask": mask,
+        })  # fmt: skip
+    step.at_step(0)
+    step.step_start(student, micro, lambda t: t)  # one process: the gather is the identity
+    assert [float(b["stat/total_tokens"]) for b in micro] == [12.0, 12.0]
+    (sum(step(student, b).loss for b in micro) / len(micro)).backward()
+    got = _grads(student)
+    student.zero_grad()
+    sums = [reference_loss(student, teacher.model, b, "gkd", 0.5) for b in micro]
+    assert sum(n for _, n in sums) == 12
+    (sum(s for s, _ in sums) / 12).backward()
+    for name, want in _grads(student).items():
+        torch.testing.assert_close(got[name], want, rtol=1e-4, atol=1e-6, msg=name)
