@@ -266,6 +266,12 @@ def inspect(cfg: TrainConfig, found: Tokenizer, samples: list[Sample], notes: li
         check.lengths.extend(len(x["input_ids"]) + len(x["answer_ids"]) for x in encoded)
         check.trained = sum(len(x["answer_ids"]) for x in encoded)
         check.trained_kept = check.trained
+        cut = sum(x["answer_cut"][0] for x in encoded)
+        if cut:
+            report.notes.append(
+                f"{s.name}: {cut} of {len(encoded)} checked answers longer than "
+                f"distill.max_completion_length={cfg.distill.max_completion_length}, cut there"
+            )
         if report.example is None and s.role == "train" and encoded:
             ids = encoded[0]["input_ids"] + encoded[0]["answer_ids"]
             labels = [-100] * len(encoded[0]["input_ids"]) + encoded[0]["answer_ids"]
