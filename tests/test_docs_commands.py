@@ -71,6 +71,7 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^ollama (create|run) ", "needs Ollama (not installable from the package registries)"),
     (r"^lms import ", "needs LM Studio"),
     (r"\bxtrain studio\b", "starts the studio's web server and a browser (its own browser tests)"),
+    (r"^xtrain eval \S+ --tasks (arc_|gsm8k|mmlu)", "downloads lm-eval's benchmark data (network)"),
 ]
 
 # Commands the docs name that another branch is adding to the CLI (issue 60: `xtrain studio`, built
@@ -139,6 +140,25 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         r"^xtrain predict xtrain-output/chat-sft\b",  # needs a trained chat run: the test trains one
         "tests/test_chat.py::test_predict_renders_a_chat_prompt_as_training_rendered_it",
     ),
+    (
+        "docs/preference.md",
+        r"^xtrain predict runs/preference-dpo .*--data\b",  # a preference result: the test makes one
+        "tests/test_evaluate.py::test_predict_data_on_a_preference_result_in_every_row_shape",
+    ),
+    *[  # xtrain eval needs a trained run and (its task names) lm-eval's data: the tests build their own
+        ("docs/evaluation.md", pattern, "tests/test_evaluate.py::" + test)
+        for pattern, test in (
+            (
+                r"^xtrain eval runs/sft (runs/dpo )?--tasks my_tasks/",
+                "test_xtrain_eval_equals_lm_evals_own_simple_evaluate",
+            ),
+            (r"^xtrain eval runs/recipe/dpo --stages\b", "test_a_chains_stages_are_scored_in_order"),
+            (
+                r"^xtrain (export runs/sft|eval runs/sft-export/)",
+                "test_a_gguf_export_is_scored_in_llama_cpp_beside_the_merged_model",
+            ),
+        )
+    ],
     (
         "docs/preference.md",
         r"^xtrain predict runs/preference-dpo\b",  # needs a trained run: the test trains one first

@@ -20,7 +20,7 @@ from xtrain.errors import XtrainError
 from xtrain.report import page
 from xtrain.report.runs import read_runs
 
-SECTIONS = ["lineage", "plan", "data", "curves", "evaluation", "samples"]
+SECTIONS = ["lineage", "plan", "data", "curves", "evaluation", "benchmarks", "samples"]
 ATTACK = '<script>alert("x")</script><img src=x onerror=alert(1)>"\'&'
 # the tags the page is made of: anything else in it came from a run's files unescaped
 OURS = {

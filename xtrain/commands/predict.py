@@ -260,6 +260,8 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
         make_console().print(f"{len(results.rows)} rows -> {target}", soft_wrap=True)
     if results.metrics:
         err.print(metrics_line(results.metrics, results.scored, len(results.rows)), soft_wrap=True)
+    if results.means:
+        err.print(metrics_line(results.means, len(results.rows), len(results.rows)), soft_wrap=True)
 
 
 class _progress:

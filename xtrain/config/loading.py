@@ -36,6 +36,7 @@ _INPUT_PATHS = (
     "data.image_root",
     "data.audio_root",
     "distill.teacher",
+    "eval.benchmarks",  # task YAML files and folders (lm-eval's task names are left as they are)
 )
 # Function specs (``path/to/file.py:function``) whose file is looked up the same way.
 _FUNCTION_SPECS = ("grpo.rewards", "grpo.tools")

@@ -286,6 +286,19 @@ class DistillConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Benchmarks through lm-evaluation-harness (the eval extra; docs/evaluation.md), scored on
+    the run's saved result at its end by the run's own processes: causal-lm, preference and GRPO
+    runs. The scores go into train_result.json, curves.png and the report."""
+
+    benchmarks: list[str] = field(default_factory=list)  # lm-eval task names, or task YAML files/folders
+    limit: float | None = None  # rows per task (below 1: that share of each); None: every row
+    num_fewshot: int | None = None  # few-shot examples; None: each task's own
+    batch_size: int = 8  # rows per forward pass (per process)
+    at_start: bool = False  # also the model the run started from (its "before"), scored at the end
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -297,6 +310,7 @@ class TrainConfig:
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def sections() -> dict[str, type]:

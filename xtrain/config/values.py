@@ -161,6 +161,9 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "distill.lmbda": _NONNEG,  # at most 1: the distill task's validate
     "distill.temperature": _POS_NUM,
     "distill.max_completion_length": _between(1, 1 << 20),
+    "eval.limit": (lambda v: v > 0 and (v < 1 or v == int(v)), "a row count, or a share of the rows below 1"),
+    "eval.num_fewshot": _between(0, 1024),
+    "eval.batch_size": _between(1, 1 << 16),
 }
 
 

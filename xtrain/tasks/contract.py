@@ -124,6 +124,7 @@ class Example:
     shown: dict[str, Any]  # the input as its results line shows it: {"input": ..., ("prompt": ...)}
     feed: Any  # what the task's ``FileRows.answer`` takes: a prompt, a conversation, a media cell
     reference: str | None = None  # the row's answer, transcript or label, where it has one
+    data: Any = None  # the row as the task read it, for its answer hook's scores (GRPO: its rewards)
 
 
 @dataclass
@@ -155,6 +156,9 @@ class FileRows:
     answer: Callable[[Loaded, list[Example], PredictRequest], list[dict[str, str]]]
     # (references, outputs) -> metrics; per row with one pair, over the file with every pair
     score: Callable[[list[str], list[str]], dict[str, float]]
+    # keys of ``answer``'s per-row numbers that are scores of their own (GRPO's ``reward`` and
+    # ``rewards/NAME``: a key equal to one or starting with it), averaged over the file's rows
+    averaged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,7 @@ class Predicts:
     # (result folder, its base model, the run's record) -> (the bare base model, tokenizer, parts
     # for ``run``; the record's items are added to them)
     load: Callable[[Path, str, dict[str, Any]], tuple[Module, PreTrainedTokenizerBase | None, dict[str, Any]]]
-    # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "text": ...}
+    # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "output": ...}
     run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
     file: FileRows | None = None  # None: ``--data`` is refused for its results
     samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample

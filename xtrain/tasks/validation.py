@@ -23,7 +23,9 @@ from xtrain.data.rows.formats import check_tags
 from xtrain.errors import XtrainError
 from xtrain.model.lora import check_variants
 from xtrain.model.start import start_of
-from xtrain.tasks.contract import EVERY_KEY
+from xtrain.tasks.contract import EVERY_KEY, Task
+
+CAUSAL_LM = "AutoModelForCausalLM"  # the model class lm-evaluation-harness's HF model loads
 
 
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:
@@ -97,6 +99,24 @@ def validate(cfg: TrainConfig) -> None:
         if not getattr(getattr(cfg, section), name).strip():
             raise XtrainError(f"{key} is empty")
     check_run(cfg)
+    check_benchmarks(cfg, task)
+
+
+def check_benchmarks(cfg: TrainConfig, task: Task) -> None:
+    """eval.benchmarks on a causal language model's run (what lm-evaluation-harness scores); the
+    other eval keys only with it."""
+    e, defaults = cfg.eval, type(cfg.eval)()
+    if not e.benchmarks:
+        for key in ("limit", "num_fewshot", "batch_size", "at_start"):
+            if getattr(e, key) != getattr(defaults, key):
+                raise XtrainError(f"eval.{key} needs eval.benchmarks", "name the tasks in eval.benchmarks")
+        return
+    if task.model_class != CAUSAL_LM:
+        raise XtrainError(
+            f"eval.benchmarks scores causal language models through lm-evaluation-harness; "
+            f"a {task.name} run trains none",
+            "leave out eval.benchmarks (causal-lm, preference and GRPO runs take it)",
+        )
 
 
 def check_quantization(cfg: TrainConfig) -> None:

@@ -55,7 +55,7 @@ from xtrain.runtime import lifetime, lock, quiet
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
-from xtrain.train import builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
+from xtrain.train import benchmarks, builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
 from xtrain.train.curves import History
 from xtrain.train.distributed import sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
@@ -591,7 +591,31 @@ class Recipe:
         # filesystem failing under it stops every rank with one line (checkpoint.write_on_main)
         lora = self.cfg.lora.enabled
         sharded.save_on_main(acc, self.model, write, ("the final outputs", out), trainable_only=lora)
+        if self.cfg.eval.benchmarks:  # the saved result scored by these processes, the training let go
+            result = self._benchmarks(result)
         self.rep.end(result)
+        return result
+
+    def _benchmarks(self, result: TrainResult) -> TrainResult:
+        """``eval.benchmarks`` on the saved result (``train/benchmarks.py``), once the training's
+        model, optimizer and data are let go; the result file and curves rewritten with them."""
+        for part in (
+            "model",
+            "optimizer",
+            "scheduler",
+            "workload",
+            "loader",
+            "eval_loader",
+            "params",
+            "levers",
+        ):
+            self.__dict__.pop(part, None)
+        self.accelerator.free_memory()
+        result = benchmarks.at_end(self.run, self.accelerator, result, self.rep)
+        if self.accelerator.is_main_process:
+            checkpoint.write_result(self.out, asdict(result))
+            for note in self.files.draw(History.of(result)) if self.files is not None else []:
+                self.rep.note(note)
         return result
 
     def _result(self, final: int, metrics: dict[str, float], outputs: dict[str, str]) -> TrainResult:

@@ -371,10 +371,12 @@ TASK = Task(
         load=load_for_predict,
         run=predict_file.prompt_answers,
         file=FileRows(
-            rows="prompts: text, conversational or alpaca rows (the answer column scored), as it trained",
+            rows="prompts: text, conversational or alpaca rows (scored by the run's reward functions and "
+            "against the answer column), or chat and prompt rows as causal-lm reads them",
             read=predict_file.read_prompt_file,
             answer=predict_file.answer_prompts,
             score=exact_match,
+            averaged=("reward",),
         ),
         samples=True,
         tools=True,

@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
 from xtrain.tasks import prompt_predict
-from xtrain.tasks.contract import Curve, MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
+from xtrain.tasks.contract import (
+    Curve,
+    FileRows,
+    MainProcessFirst,
+    Predicts,
+    Quickstart,
+    Task,
+    recognizes_none,
+)
+from xtrain.tasks.preference import predict_file
 from xtrain.tasks.text.causal_lm import load_for_predict
 
 if TYPE_CHECKING:
@@ -357,6 +366,13 @@ TASK = Task(
         takes="--prompt TEXT",
         load=load_for_predict,
         run=prompt_predict.text_predict,
+        file=FileRows(
+            rows="its pairs (the prompt answered, the chosen answer the reference), or chat and prompt "
+            "rows as causal-lm reads them",
+            read=predict_file.read_file,
+            answer=prompt_predict.text_answer,
+            score=prompt_predict.text_score,
+        ),
         samples=True,
         chat=prompt_predict.chat_reply,
     ),
