@@ -74,15 +74,13 @@ class Curve:
 
 @dataclass(frozen=True)
 class OtherModel:
-    """A model a task's run holds beside the one it trains (a distillation teacher): frozen, on
-    each process's device. Named by a config key as ``model.name_or_path`` names the trained one
-    (a trained built-in among them is built where the run starts; the memory estimate counts its
-    weights as ``quantization`` loads them)."""
+    """A model a run loads frozen beside the trained one (a distillation teacher), named by a config
+    ``key`` as ``model.name_or_path`` names a model; ``quantization`` (and the key that sets it)."""
 
-    key: str  # the config key that names it: "distill.teacher"
-    name: str  # what it names: a hub id, a folder, builtin:NAME, a trained result
-    quantization: str | None = None  # 4bit | 8bit | None (as model.dtype loads it)
-    quantization_key: str | None = None  # the key that sets it, for the fix a too-big model's line names
+    key: str
+    name: str
+    quantization: str | None = None
+    quantization_key: str | None = None
 
 
 @dataclass
@@ -284,10 +282,8 @@ class Task:
     # What its users watch, a panel each, drawn after the loss and the learning rate (every other
     # eval metric gets a panel of its own after them): ``train.curves``
     curves: tuple[Curve, ...] = ()
-    # The models a config names beside ``model.name_or_path`` that the run loads frozen (a
-    # distillation teacher): (cfg) -> ``OtherModel``s. A trained built-in among them is built where
-    # the run starts (``train.builtin_stages``), each is found before anything loads (the preflight),
-    # and the memory estimate adds their weights. None: none.
+    # (cfg) -> the models it loads frozen beside the trained one (a teacher): built where the run
+    # starts if trained built-ins, found by the preflight, counted by the memory estimate
     other_models: Callable[[TrainConfig], tuple[OtherModel, ...]] | None = None
 
 
