@@ -95,6 +95,8 @@ def sections(repeats: int) -> dict[str, Section]:
         "preference": lambda: bench("preference_vs_trl").measure(repeats=repeats, log=log),
         # the same TRL environment; GRPO on the quickstart's job, no vLLM on either side
         "grpo": lambda: bench("grpo_vs_trl").measure(repeats=repeats, log=log),
+        # the same TRL environment; a reward model, and the loss on TRL's own batch
+        "reward": lambda: bench("reward_vs_trl").measure(repeats=repeats, log=log),
     }
 
 
@@ -132,6 +134,7 @@ def smoke_sections() -> dict[str, Section]:
         "chunked_loss": lambda: bench("chunked_loss").measure(log=log, smoke=True),
         "preference": lambda: bench("preference_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
         "grpo": lambda: bench("grpo_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
+        "reward": lambda: bench("reward_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
     }
 
 
@@ -685,6 +688,8 @@ def render(r: dict[str, Any], command: str) -> str:
         w(bench("preference_vs_trl").render(r["preference"]))
     if "grpo" in r:
         w(bench("grpo_vs_trl").render(r["grpo"]))
+    if "reward" in r:
+        w(bench("reward_vs_trl").render(r["reward"]))
     if "memory_estimate" in r:
         w(memory_estimate_section(r["memory_estimate"]))
     if "chunked_loss" in r:

@@ -165,6 +165,11 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
         "tests/test_preference.py::test_predict_continues_a_prompt_with_the_trained_run",
     ),
     (
+        "docs/reward-models.md",
+        r"^xtrain predict runs/reward-model\b",  # needs a trained reward run: the test trains one first
+        "tests/test_reward.py::test_predict_after_reload_scores_as_the_model_did_at_the_end_of_training",
+    ),
+    (
         "docs/agents.md",
         r"^xtrain predict xtrain-output/agent-tools\b",  # needs a trained run: the test stands one in
         "tests/test_agents_job.py::test_predict_with_tools_renders_them_and_shows_the_parsed_call",

@@ -134,6 +134,12 @@ def check_request(task: Task, request: PredictRequest) -> None:
             f"--tools gives a chat prompt the functions it may call; a {task.name} result takes none",
             f"leave out --tools (it is for {', '.join(known)} chat runs)",
         )
+    if request.answers and not task.predicts.answers:
+        known = [t.name for t in tasks.all_tasks().values() if t.predicts is not None and t.predicts.answers]
+        raise XtrainError(
+            f"--answer gives a reward model answers to score; a {task.name} result scores none",
+            f"leave out --answer: it is for {', '.join(known)} results",
+        )
     if request.sampling and not task.predicts.samples:
         known = tasks.all_tasks().values()
         sampling = [t.name for t in known if t.predicts is not None and t.predicts.samples]

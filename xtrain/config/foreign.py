@@ -181,6 +181,7 @@ FOREIGN: dict[str, Foreign] = {
     "pref_beta": Foreign("preference.beta", LF),
     "teacher_model_name_or_path": Foreign("distill.teacher", "TRL"),
     "teacher_model": Foreign("distill.teacher", "TRL"),
+    "center_rewards_coefficient": Foreign("reward.center_rewards_coefficient", "TRL"),
     "deepspeed": Foreign(None, f"{HF}, {LF}, {AX}", _DEEPSPEED),
     "fsdp": Foreign(None, f"{HF}, {AX}", "FSDP is a launch option: xtrain train CONFIG --fsdp"),
     "ddp_find_unused_parameters": Foreign(None, HF, _UNUSED),

@@ -40,6 +40,7 @@ _INPUT_PATHS = (
 )
 # Function specs (``path/to/file.py:function``) whose file is looked up the same way.
 _FUNCTION_SPECS = ("grpo.rewards", "grpo.tools")
+MODEL_REWARD = "model:"  # grpo.rewards' entry of a reward model: model:PATH (a reward run's folder)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -160,6 +161,8 @@ def _resolve_specs(cfg: TrainConfig, base: Path, key: str) -> None:
     value = getattr(getattr(cfg, section), name)
 
     def spec(text: str) -> str:
+        if text.startswith(MODEL_REWARD):  # grpo.rewards' model:PATH, a reward run's folder
+            return MODEL_REWARD + _next_to(base, text[len(MODEL_REWARD) :])
         where, colon, function = text.rpartition(":")
         return f"{_next_to(base, where)}:{function}" if colon and where.endswith(".py") else text
 

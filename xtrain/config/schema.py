@@ -286,6 +286,20 @@ class DistillConfig:
 
 
 @dataclass
+class RewardConfig:
+    """Reward models (the reward task): the Bradley-Terry loss over preference pairs, as TRL's
+    RewardTrainer computes it (docs/reward-models.md)."""
+
+    # the column of a pair's margin (a number, e.g. how much better the chosen answer was rated):
+    # the loss asks r_chosen - r_rejected to exceed it (Llama 2's); read when the rows have it;
+    # null: no margin
+    margin_column: str | None = "margin"
+    # TRL's center_rewards_coefficient: + coef x (r_chosen + r_rejected)^2 per pair, which keeps
+    # the rewards centred on 0 (0.01 in the paper that proposed it); 0: off
+    center_rewards_coefficient: float = 0.0
+
+
+@dataclass
 class EvalConfig:
     """Benchmarks through lm-evaluation-harness (the eval extra; docs/evaluation.md), scored on
     the run's saved result at its end by the run's own processes: causal-lm, preference and GRPO
@@ -310,6 +324,7 @@ class TrainConfig:
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 

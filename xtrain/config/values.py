@@ -156,6 +156,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_episode_length": _between(1, 1 << 22),
     "grpo.max_tool_calls": _between(0, 1 << 20),
     "grpo.tool_timeout": _POS_NUM,
+    "reward.center_rewards_coefficient": _NONNEG,
     "generation.sample_predictions": _between(0, 10_000),
     "distill.beta": _NONNEG,  # at most 1: the distill task's validate
     "distill.lmbda": _NONNEG,  # at most 1: the distill task's validate

@@ -1,3 +1,5 @@
+# longer: the one contract between the tasks and everything that reads them (the table of
+# docs/architecture.md#add-a-task), each part's meaning written beside it: one file to read.
 """The task contract: one ``Task`` object holds everything xtrain knows about a task.
 
 A task is one module under ``xtrain/tasks/`` that exports ``TASK`` and one line in the
@@ -100,6 +102,7 @@ class PredictRequest:
     tools: list[dict[str, Any]] | None = None  # causal-lm chat: --tools, the schemas a prompt may call
     # --tools naming Python functions (xtrain.tasks.grpo.tools.Tool): each prompt an episode that runs them
     functions: list[Any] | None = None
+    answers: list[str] = field(default_factory=list)  # --answer: a reward model scores each after each prompt
 
     @property
     def sampling(self) -> bool:
@@ -188,6 +191,7 @@ class Predicts:
     file: FileRows | None = None  # None: ``--data`` is refused for its results
     samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
     tools: bool = False  # a chat run's prompts take ``--tools`` (the schemas a prompt may call)
+    answers: bool = False  # its prompts take ``--answer`` texts to score (a reward model)
     # how its chat answers call tools (``ToolUse``: the hooks its ``prompt_predict`` functions are
     # bound to; ``xtrain export`` answers with them too); None: its answers call none
     tool_use: ToolUse | None = None
@@ -222,6 +226,9 @@ class Task:
     keys: frozenset[str] = frozenset()
     validate: Callable[[TrainConfig], None] = _no_check  # its own checks across keys
     model_class: str | None = None  # the transformers class its model loads with; None: its own
+    # Model classes of trained results a stage of this task may start from besides its own: their
+    # adapters go under its model (a reward model's head on an SFT result's causal LM)
+    starts_from: tuple[str, ...] = ()
     peft_task_type: str | None = None  # peft's TaskType name for its adapters (None: no head rule)
     # Plan-time sizes: (the model built on the meta device, cfg) -> (qualified names of the Linear
     # layers that get adapters, module names trained whole); the same chooser the build uses.

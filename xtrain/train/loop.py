@@ -306,7 +306,8 @@ class Recipe:
     def _build_workload(self) -> Workload:
         """The task's model, datasets and collator (``Task.build``), the main process first."""
         # ZeRO-3: no zero.Init collective in a main-first build; a first run's encoding shows its progress
-        with sharded.whole_model_loading(self.accelerator), encoded.reporting(self.rep.encoding):
+        reporting = encoded.reporting(self.rep.encoding, self.rep.note)  # (a damaged cache entry: a note)
+        with sharded.whole_model_loading(self.accelerator), reporting:
             return build_workload_main_first(self.accelerator, self.run, self.build)
 
     def _check_memory(self, model: Module) -> MemoryCheck | None:
@@ -534,7 +535,10 @@ class Recipe:
             self.config_dict,
             start,
         )
-        path = checkpoint.save(self.accelerator, self.out, saved, self.cfg.run.keep_checkpoints)
+        adapter = checkpoint.checkpoint_result(  # a LoRA checkpoint holds its adapter: a start of its own
+            self.accelerator, self.model, self.workload.tokenizer, self.record, self.cfg.lora.enabled
+        )
+        path = checkpoint.save(self.accelerator, self.out, saved, self.cfg.run.keep_checkpoints, adapter)
         self.rep.checkpoint_saved(step, str(path))
         self.state.last_saved = step
         return path

@@ -113,6 +113,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     cfg = run.cfg
     # (checked when the config was; imported once per process)
     rewards = rw.resolve(cfg.grpo, [t.schema for t in tools_.from_config(cfg)])
+    rw.place(rewards, run.device)  # a reward model (model:PATH) scores on this process's device
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     encoder = encoder_of(cfg, tokenizer)
     with main_process_first():  # the first process encodes (datasets' cache), the others read it

@@ -71,14 +71,16 @@ def check_start(run: Run, start: Start) -> None:
     cfg, task = run.cfg, tasks.get(run.cfg.model.task)
     lora, name = cfg.lora, cfg.model.name_or_path
     theirs = tasks.all_tasks().get(start.task) if start.task else None
-    if theirs is not None and task.model_class and theirs.model_class != task.model_class:
+    classes = {task.model_class, *task.starts_from}  # (a reward model starts from an SFT result)
+    if theirs is not None and task.model_class and theirs.model_class not in classes:
         raise XtrainError(
             f"{name} is a {theirs.name} result ({theirs.model_class}); a {task.name} stage trains "
             f"{task.model_class}",
             f"start from a base model or from a result of a task that trains {task.model_class}",
         )
     kind = task.peft_task_type
-    if theirs is None and start.peft_task_type and kind and start.peft_task_type != kind:
+    kinds = {kind, *(t.peft_task_type for t in tasks.all_tasks().values() if t.model_class in classes)}
+    if theirs is None and start.peft_task_type and kind and start.peft_task_type not in kinds:
         raise XtrainError(
             f"{name} is a {start.peft_task_type} adapter; a {task.name} stage trains {kind} adapters",
             "start from a base model or from an adapter of the same kind",
