@@ -167,14 +167,14 @@ def _main(argv: list[str] | None) -> tuple[int, LaunchContext | None]:
 def _built_in_start(cfg: TrainConfig, context: LaunchContext) -> None:
     """``train.builtin_stages.ensure``: a trained built-in that ``model.name_or_path`` names is
     trained once (xtrain's launchers built it before starting the ranks); rank 0 says it."""
-    from xtrain.train.builtin_stages import ensure
+    from xtrain.train.builtin_stages import ensure_config
     from xtrain.train.loop import train_run
 
     def say(line: str) -> None:
         if context.is_main:
             sys.stderr.write(f"note: {line}\n")
 
-    ensure(cfg.model.name_or_path, train_run, say)
+    ensure_config(cfg, train_run, say)
 
 
 def _fit_defaults(cfg: TrainConfig, context: LaunchContext | None = None) -> list[str]:

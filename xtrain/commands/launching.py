@@ -198,10 +198,10 @@ def built_in_start(cfg: TrainConfig, console: Console) -> None:
     """A trained built-in (``builtin:tiny-llama-sft``, ...) that ``model.name_or_path`` names,
     trained once by xtrain's own SFT stage before anything else reads it
     (``train.builtin_stages``), the two lines it says printed."""
-    from xtrain.train.builtin_stages import ensure
+    from xtrain.train.builtin_stages import ensure_config
     from xtrain.train.loop import train_run
 
-    ensure(cfg.model.name_or_path, train_run, lambda line: console.print(line, soft_wrap=True, markup=False))
+    ensure_config(cfg, train_run, lambda line: console.print(line, soft_wrap=True, markup=False))
 
 
 def launch_training(

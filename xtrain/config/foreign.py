@@ -179,6 +179,8 @@ FOREIGN: dict[str, Foreign] = {
         "preference.loss", LF, "LLaMA-Factory's sigmoid is preference.loss: dpo; ipo, orpo, simpo as named"
     ),
     "pref_beta": Foreign("preference.beta", LF),
+    "teacher_model_name_or_path": Foreign("distill.teacher", "TRL"),
+    "teacher_model": Foreign("distill.teacher", "TRL"),
     "center_rewards_coefficient": Foreign("reward.center_rewards_coefficient", "TRL"),
     "deepspeed": Foreign(None, f"{HF}, {LF}, {AX}", _DEEPSPEED),
     "fsdp": Foreign(None, f"{HF}, {AX}", "FSDP is a launch option: xtrain train CONFIG --fsdp"),

@@ -35,6 +35,7 @@ _INPUT_PATHS = (
     "data.chat_template",
     "data.image_root",
     "data.audio_root",
+    "distill.teacher",
     "eval.benchmarks",  # task YAML files and folders (lm-eval's task names are left as they are)
 )
 # Function specs (``path/to/file.py:function``) whose file is looked up the same way.

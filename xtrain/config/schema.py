@@ -278,6 +278,26 @@ class ParallelConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Distillation from a teacher (the distill task, docs/distillation.md): the student learns the
+    teacher's next-token distributions on the student's own samples or on answers."""
+
+    # what model.name_or_path takes: a hub id, a folder, builtin:NAME, a trained run or chain; loaded
+    # frozen on the student's device, in eval mode; it must share the student's tokenizer
+    teacher: str | None = None
+    teacher_quantization: str | None = None  # 4bit | 8bit | None: the teacher's weights through bitsandbytes
+    # on_policy: the student samples, the per-token reverse KL of the sampled tokens is the loss
+    # (Thinking Machines' on-policy distillation); gkd: generalized JSD over the whole distributions
+    # (TRL's GKDTrainer) on the student's samples (a share lmbda of the steps) or on answers
+    mode: str = "on_policy"
+    beta: float = 0.5  # gkd: 0 forward KL(teacher || student), 1 reverse KL(student || teacher), between: JSD
+    lmbda: float = 0.5  # gkd: the share of steps trained on the student's own samples
+    seq_kd: bool = False  # gkd: the other steps on the teacher's sampled answers instead of the data's
+    temperature: float = 1.0  # sampling temperature of the student's (and seq_kd's teacher's) samples
+    max_completion_length: int = 128  # tokens a completion (sampled, or the data's answer) may run to
+
+
+@dataclass
 class RewardConfig:
     """Reward models (the reward task): the Bradley-Terry loss over preference pairs, as TRL's
     RewardTrainer computes it (docs/reward-models.md)."""
@@ -316,6 +336,7 @@ class TrainConfig:
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 

@@ -46,6 +46,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference.losses.LOSSES
     "grpo.scale_rewards": ("group", "batch", "none"),
     "parallel.sequence_mode": ("auto", "ulysses", "ring"),  # xtrain.planning.sequence
+    "distill.mode": ("on_policy", "gkd"),  # xtrain.tasks.distill.losses.MODES
+    "distill.teacher_quantization": ("4bit", "8bit"),  # or null
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 # fmt: off
@@ -71,6 +73,9 @@ ALIASES: dict[str, dict[Any, str | None]] = {
     "lora.init_weights": {True: "default", "true": "default", "lora": "default"},
     # peft's all-linear (every Linear but the output head); LLaMA-Factory's lora_target: all
     "lora.target_modules": {"all-linear": "all-linear", "all_linear": "all-linear", "all": "all-linear"},
+    "distill.mode": {"on-policy": "on_policy", "onpolicy": "on_policy", "opd": "on_policy"},
+    "distill.teacher_quantization": {False: None, "off": None, "no": None, "nf4": "4bit", "int4": "4bit",
+                                     "4-bit": "4bit", "int8": "8bit", "8-bit": "8bit"},
     "optim.name": {"adamw_torch": "adamw", "adamw8bit": "adamw_8bit", "paged_adamw8bit": "paged_adamw_8bit",
                    "adamw_bnb_8bit": "adamw_8bit"},
 }
@@ -158,6 +163,10 @@ CHECKS: dict[str, tuple[Any, str]] = {
         lambda v: 0 <= v <= 1024,
         "an integer in 1..1024, or all (every process of the run)",
     ),
+    "distill.beta": _NONNEG,  # at most 1: the distill task's validate
+    "distill.lmbda": _NONNEG,  # at most 1: the distill task's validate
+    "distill.temperature": _POS_NUM,
+    "distill.max_completion_length": _between(1, 1 << 20),
     "eval.limit": (lambda v: v > 0 and (v < 1 or v == int(v)), "a row count, or a share of the rows below 1"),
     "eval.num_fewshot": _between(0, 1024),
     "eval.batch_size": _between(1, 1 << 16),

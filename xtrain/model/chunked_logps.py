@@ -11,7 +11,7 @@ does not know yet. Positions that fit one chunk run as one, not checkpointed: ke
 for the backward holds no more than a chunk, and the head runs once instead of twice.
 
 ``sequence_logps_call`` and ``token_logps_call`` put them in place of a model's head for one
-forward (``_with_head``). The token one does it as ``chunked_loss.ChunkedLoss`` does:
+forward (``with_head``). The token one does it as ``chunked_loss.ChunkedLoss`` does:
 the chunks call the head's own ``forward`` (its module hooks fire once, for the model's call), and
 what the head returns instead of logits is an empty tensor computed from the log-probs, which the
 returned log-probs depend on, so that the hooks on the head's output (FSDP2's pre-backward
@@ -31,7 +31,9 @@ from xtrain.model.chunked_loss import IGNORE_INDEX, LogitMap
 Head = Callable[[torch.Tensor], torch.Tensor]
 # (the head module, the hidden states it got) -> (what the call returns, what the head returns)
 Compute = Callable[[torch.nn.Module, torch.Tensor], tuple[Any, Any]]
-__all__ = ["chunked_sequence_logps", "chunked_token_logps", "sequence_logps_call", "token_logps_call"]
+__all__ = [
+    "chunked_sequence_logps", "chunked_token_logps", "sequence_logps_call", "token_logps_call", "with_head",
+]  # fmt: skip
 
 
 def _chunk(head: Head, h: torch.Tensor, y: torch.Tensor, mapping: LogitMap,
@@ -93,7 +95,7 @@ def chunked_token_logps(
     return F.pad(at.view(n, t), (1, 0))[:, :t]  # the log-prob of token t, predicted at t - 1, at t
 
 
-def _with_head(model: torch.nn.Module, inputs: dict[str, Any], compute: Compute) -> Any:
+def with_head(model: torch.nn.Module, inputs: dict[str, Any], compute: Compute) -> Any:
     """``model(**inputs)`` with its output head (``get_output_embeddings()`` of ``model`` or of the
     module it wraps) replaced for this call: ``compute(head, hidden)`` -> (what this returns, what
     the head returns to the model instead of logits); the head's own forward restored first."""
@@ -139,7 +141,7 @@ def sequence_logps_call(
         found = chunked_sequence_logps(head, hidden, labels, rows=rows, mapping=mapping, shifted=shifted)
         return found, hidden[..., :0]
 
-    return _with_head(model, inputs, compute)
+    return with_head(model, inputs, compute)
 
 
 def token_logps_call(
@@ -156,4 +158,4 @@ def token_logps_call(
         stand_in = stand_in.clone()
         return logps + stand_in.sum(), stand_in  # an exact 0 the backward reaches through the head's output
 
-    return _with_head(model, inputs, compute)
+    return with_head(model, inputs, compute)

@@ -58,7 +58,10 @@ if TYPE_CHECKING:
 
 IGNORE_INDEX = -100
 HOWS = ("eager", "checkpoint")
-__all__ = ["CHUNK_ENTRIES", "ChunkedLoss", "LogitMap", "chunk_rows", "chunked_cross_entropy", "logit_map"]
+__all__ = [
+    "CHUNK_ENTRIES", "ChunkedLoss", "LogitMap", "chunk_rows", "chunked_cross_entropy", "eager_chunk_sum",
+    "logit_map",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -127,11 +130,11 @@ def _chunk_sum(head: Callable[[torch.Tensor], torch.Tensor], h: torch.Tensor, y:
 
 
 class _EagerChunks(torch.autograd.Function):
-    """The chunks' summed cross-entropy, each chunk's gradients taken during the forward."""
+    """A sum of chunk losses over the rows of ``h``, each chunk's gradients taken during the
+    forward (``eager_chunk_sum``)."""
 
     @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, y: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor],
-                mapping: LogitMap, rows: int,
+    def forward(ctx: Any, h: torch.Tensor, loss_of: ChunkLoss, rows: int,
                 *params: torch.Tensor) -> torch.Tensor:  # fmt: skip
         grad_h = torch.empty_like(h)
         grad_p: list[torch.Tensor | None] = [None] * len(params)
@@ -140,7 +143,7 @@ class _EagerChunks(torch.autograd.Function):
         with torch.enable_grad():
             for start in range(0, h.shape[0], rows):
                 hc = h[start : start + rows].detach().requires_grad_(needs_h)
-                loss = _chunk_sum(head, hc, y[start : start + rows], mapping)
+                loss = loss_of(hc, start)
                 wrt = ([hc] if needs_h else []) + list(params)
                 grads = torch.autograd.grad(loss, wrt, allow_unused=True) if wrt else ()
                 if needs_h:
@@ -159,7 +162,21 @@ class _EagerChunks(torch.autograd.Function):
         grad_h, *kept = ctx.saved_tensors
         stored = iter(kept)
         params = [next(stored) * grad_out if used else None for used in ctx.used]
-        return (grad_h * grad_out.to(grad_h.dtype), None, None, None, None, *params)
+        return (grad_h * grad_out.to(grad_h.dtype), None, None, *params)
+
+
+# (a chunk of the rows, its first row's index) -> the chunk's summed loss, a float32 scalar
+ChunkLoss = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def eager_chunk_sum(
+    h: torch.Tensor, loss_of: ChunkLoss, rows: int, params: Sequence[torch.Tensor] = ()
+) -> torch.Tensor:
+    """The sum of ``loss_of(chunk, start)`` over ``h``'s rows, ``rows`` at a time, each chunk's
+    gradients (to its rows of ``h`` and to the trained ``params`` it uses) taken at once inside the
+    forward and its intermediates (the logits) freed: the backward only scales them (the module
+    docstring's ``"eager"``). The chunked cross-entropy's and the distillation divergence's."""
+    return _EagerChunks.apply(h, loss_of, rows, *params)
 
 
 def chunked_cross_entropy(
@@ -196,7 +213,11 @@ def chunked_cross_entropy(
     if how == "eager":
         if params is None:
             params = [p for p in getattr(head, "parameters", lambda: [])() if p.requires_grad]
-        total = _EagerChunks.apply(h, y, head, mapping, rows, *params)
+
+        def loss_of(hc: torch.Tensor, start: int) -> torch.Tensor:
+            return _chunk_sum(head, hc, y[start : start + rows], mapping)
+
+        total = eager_chunk_sum(h, loss_of, rows, params)
     elif how == "checkpoint":
         from torch.utils.checkpoint import checkpoint
 

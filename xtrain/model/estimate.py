@@ -25,6 +25,9 @@ Under DDP every GPU holds the whole model. The estimate adds:
   Qwen2's 152k vocabulary. Under the chunked loss (``model.chunked_loss``) one chunk of them
   (``chunk_rows`` positions, 128 MiB of float32 entries) and the gathered hidden states of the
   trained tokens (``chunked_logits_bytes``);
+- the frozen models a task holds beside the trained one (a distillation teacher, ``frozen_bytes``):
+  their weights as loaded (4-bit, 8-bit or 16-bit), counted whole on every process; their
+  forwards run without gradient, so they keep no activations;
 - generation's KV cache where the task generates in training (GRPO's completions): a micro-batch
   of sequences of ``kv_tokens`` (its prompt and completion), 2 (keys and values) x layers x
   key/value heads x head size values a token in the activations' precision (``kv_values``;
@@ -134,6 +137,7 @@ def estimate_gib(
     offload: bool = False,
     recompute: float | None = None,
     generation_bytes: float = 0.0,
+    frozen_bytes: float = 0.0,
 ) -> float:
     """Estimated peak GPU memory in GiB of one training process (see the module docstring).
     ``tokens_per_device``: ``batch.per_device`` x tokens a sequence, image tokens included;
@@ -149,7 +153,7 @@ def estimate_gib(
     layers' worth of it (the one computing, the one whose copy is in flight) and, with
     checkpointing, the layer recomputed in the backward (``recompute``: its bytes where ``saved``
     gives the activations; else the per-token rule's); ``generation_bytes``: generation's KV cache
-    (``kv_cache_bytes``)."""
+    (``kv_cache_bytes``); ``frozen_bytes``: the weights of the frozen models beside it (a teacher)."""
     if quantization is None:
         weights = params * weight_bytes
     else:
@@ -162,7 +166,7 @@ def estimate_gib(
                                intermediate, recompute)  # fmt: skip
         activations = again + (activations - again) * min(1.0, OFFLOAD_LAYERS / max(layers, 1))
     logits = tokens_per_device * vocab * 10 if logits_bytes is None else logits_bytes
-    return 1.1 * (weights + trained + activations + logits + generation_bytes) / GIB
+    return 1.1 * (weights + trained + activations + logits + generation_bytes + frozen_bytes) / GIB
 
 
 def kv_values(config: object) -> int:
@@ -215,6 +219,11 @@ class ModelSizes:
     # (0: the task does not generate in training) and the values a token (``kv_values``)
     kv_tokens: int = 0
     kv_values: int = 0
+    # the weights of the frozen models the task holds beside this one (``Task.other_models``: a
+    # distillation teacher), as loaded; and (the overrides that load them in 4 bits, their bytes
+    # then) where some are not 4-bit yet (a change the memory warning may offer)
+    frozen_bytes: float = 0.0
+    frozen_4bit: tuple[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -333,6 +342,7 @@ def estimate_run(
         "small_trainable": sizes.small_trainable, "saved": saved, "logits_bytes": logits,
     }  # fmt: skip
     more["generation_bytes"] = kv_cache_bytes(per_device, sizes.kv_tokens, sizes.kv_values, act)
+    more["frozen_bytes"] = sizes.frozen_bytes
     device = estimate_gib(*args, **more, offload=levers.offload, recompute=recompute)
     if not levers.offload:
         return device, 0.0

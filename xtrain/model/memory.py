@@ -179,6 +179,7 @@ class _Lever:
     quantization: str | None = None
     chunked: bool | None = None
     offload: bool | None = None
+    frozen: float | None = None  # the frozen models' bytes (a teacher loaded in 4 bits)
 
 
 def _levers(sizes: ModelSizes, per_device: int, checkpointing: bool, levers: MemoryLevers) -> list[_Lever]:
@@ -194,6 +195,8 @@ def _levers(sizes: ModelSizes, per_device: int, checkpointing: bool, levers: Mem
         found.append(_Lever("model.activation_offload=true", 2, offload=True))
     if sizes.quantization is None and sizes.quantizable:
         found.append(_Lever("model.quantization=4bit", 3, quantization="4bit"))
+    if sizes.frozen_4bit is not None:  # a teacher beside the model, in 4 bits
+        found.append(_Lever(sizes.frozen_4bit[0], 3, frozen=sizes.frozen_4bit[1]))
     if per_device > 1:
         found.append(_Lever("batch.per_device=1", 4, per_device=1))
     return found
@@ -230,7 +233,8 @@ def alternatives(
         quantized = next((lever.quantization for lever in chosen if lever.quantization), sizes.quantization)
         run = replace(levers, chunked=levers.chunked or any(lever.chunked for lever in chosen),
                       offload=levers.offload or any(lever.offload for lever in chosen))  # fmt: skip
-        sized = replace(sizes, quantization=quantized)
+        frozen = next((lever.frozen for lever in chosen if lever.frozen is not None), sizes.frozen_bytes)
+        sized = replace(sizes, quantization=quantized, frozen_bytes=frozen)
         gib, host = estimate_run(sized, batch, max_length, ckpt, precision, run)
         if gib <= gpu_gib and _fits_host(host, run):
             found.append((names, gib))

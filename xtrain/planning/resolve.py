@@ -119,7 +119,7 @@ class RunSettings:
             return False, f"model.chunked_loss=auto: {refusal}"
         if asked == "on":
             return True, "model.chunked_loss=on"
-        if token_loss in ("sequence", "logps"):  # preference tuning, GRPO: log-probs of tokens
+        if token_loss in ("sequence", "logps", "divergence"):  # preference, GRPO, distillation
             return True, "model.chunked_loss=auto: the task's loss reads log-probs over the vocabulary"
         return True, "model.chunked_loss=auto: the task's loss is a cross-entropy over the vocabulary"
 

@@ -9,6 +9,8 @@ check, generation, predicting, sizes, stacks, validation) stay at this package's
 - ``preference``: preference pairs or KTO's labelled completions on a causal LM (DPO, IPO, ORPO,
   SimPO, KTO); reward accuracy.
 - ``grpo``: prompts and reward functions on a causal LM (GRPO, Dr. GRPO, DAPO); mean reward.
+- ``distill``: a causal LM learns a teacher model's next-token distributions (on-policy
+  distillation, GKD); agreement with the teacher's greedy answers.
 - ``seq-cls``: text (+ pair) and a label; the classifier head trained whole; accuracy.
 - ``image-to-text``: images and their text (TrOCR, ViT-GPT2); CER/WER by generation.
 - ``speech-to-text``: audio and transcripts (Whisper); WER/CER by generation.
@@ -49,6 +51,7 @@ REGISTRY = (
     "text.causal_lm",
     "preference.preference",
     "grpo.grpo",
+    "distill.distill",
     "reward.reward",  # before seq-cls: a one-output classifier saved without a record is a reward model
     "text.seq_cls",
     "vision.image_to_text",

@@ -1,3 +1,5 @@
+# longer: the one contract between the tasks and everything that reads them (the table of
+# docs/architecture.md#add-a-task), each part's meaning written beside it: one file to read.
 """The task contract: one ``Task`` object holds everything xtrain knows about a task.
 
 A task is one module under ``xtrain/tasks/`` that exports ``TASK`` and one line in the
@@ -70,6 +72,17 @@ class Curve:
     title: str
     train: tuple[str, ...] = ()
     eval: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OtherModel:
+    """A model a run loads frozen beside the trained one (a distillation teacher), named by a config
+    ``key`` as ``model.name_or_path`` names a model; ``quantization`` (and the key that sets it)."""
+
+    key: str
+    name: str
+    quantization: str | None = None
+    quantization_key: str | None = None
 
 
 @dataclass
@@ -251,8 +264,9 @@ class Task:
     # The chunked loss can run it (``model.chunked_loss``, xtrain/model/chunked_loss.py). ``sequence``:
     # the task's own forward reads per-sequence log-probs of the next tokens off the head (preference
     # tuning) and runs them chunk-wise itself when told (``Workload.use_chunked_loss``); ``logps``:
-    # the same with per-token log-probs (GRPO's completions). None: not such a loss (classifiers,
-    # custom tasks).
+    # the same with per-token log-probs (GRPO's completions); ``divergence``: the same with each
+    # token's whole distribution against another model's (distillation). None: not such a loss
+    # (classifiers, custom tasks).
     # It also says what the step's loss is (xtrain/train/step_loss.py, the one place): for
     # ``next-token`` and ``decoder`` the model's ``.loss`` is the mean over a micro-batch's trained
     # tokens (its labels not -100, after the shift), and the step's loss the sum of every token's
@@ -280,6 +294,9 @@ class Task:
     # What its users watch, a panel each, drawn after the loss and the learning rate (every other
     # eval metric gets a panel of its own after them): ``train.curves``
     curves: tuple[Curve, ...] = ()
+    # (cfg) -> the models it loads frozen beside the trained one (a teacher): built where the run
+    # starts if trained built-ins, found by the preflight, counted by the memory estimate
+    other_models: Callable[[TrainConfig], tuple[OtherModel, ...]] | None = None
 
 
 Batch = Mapping[str, "torch.Tensor"]

@@ -19,6 +19,10 @@ modules (a vision tower), as the task's quantized load skips them (transformers'
 output head). A full fine-tune has none: 4-bit weights cannot train. The task-free counting is
 ``xtrain.model.size``'s.
 
+``other_sizes``: the models a task holds frozen beside the trained one (``Task.other_models``: a
+distillation teacher), sized from their configs on the meta device as they load (4-bit, 8-bit or in
+``model.dtype``); both estimates add their weights.
+
 Imports transformers and accelerate: the CLI imports this module only when the plan needs
 the estimate (a CUDA machine).
 """
@@ -46,6 +50,8 @@ from xtrain.tasks import stacks as task_stacks
 
 if TYPE_CHECKING:
     from torch.nn import Module
+
+    from xtrain.tasks.contract import OtherModel
 
 
 def train_only(model: Module, whole: list[str]) -> None:
@@ -194,7 +200,66 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
         moments_8bit=moments_8bit(cfg),
         small_trainable=small_count(trained),
         **lora_fields(cfg, bare, stacks),
+        **frozen_fields(cfg),
     )
+
+
+def other_sizes(cfg: TrainConfig) -> list[tuple[OtherModel, float | str]]:
+    """Each model the task holds frozen beside the trained one (``Task.other_models``) with the
+    bytes of its weights as it loads (``OtherModel.quantization``: the Linear layers but the head in
+    4 or 8 bits, the rest in ``model.dtype``, a checkpoint's own on a GPU under auto), or why they
+    are not known here (its config not on this machine)."""
+    others = tasks.get(cfg.model.task).other_models
+    return [(o, frozen_bytes(cfg, o)) for o in (others(cfg) if others is not None else ())]
+
+
+def frozen_bytes(cfg: TrainConfig, other: OtherModel) -> float | str:
+    import transformers
+    from accelerate import init_empty_weights
+
+    named = replace(cfg, model=replace(cfg.model, name_or_path=other.name))
+    config = read_config_offline(named)
+    if isinstance(config, str):
+        return config
+    shape = memory.model_shape(config)
+    model_class = tasks.get(cfg.model.task).model_class or "AutoModelForCausalLM"
+    try:
+        with init_empty_weights():
+            bare = getattr(transformers, model_class).from_config(config)
+            params = sum(p.numel() for p in bare.parameters()) - _tied_count(bare, config)
+            quantized = quantizable_count(bare) if other.quantization else 0
+    except Exception as e:  # noqa: BLE001 - advisory: an estimate must never stop a launch
+        return f"cannot build {other.name}: {(str(e).strip().splitlines() or [type(e).__name__])[0][:120]}"
+    checkpoint_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    each = memory.weight_bytes(cfg.model.dtype, str(checkpoint_dtype))
+    hidden = shape.hidden if shape is not None else 1
+    packed = memory.quantized_bytes(quantized, other.quantization, hidden) if other.quantization else 0.0
+    return float((params - quantized) * each + packed)
+
+
+def frozen_fields(cfg: TrainConfig) -> dict[str, Any]:
+    """The ``ModelSizes`` fields of the frozen models beside the trained one (``other_sizes``):
+    their bytes as they load, and where some of them are not in 4 bits, the overrides that would
+    load them so and their bytes then."""
+    found = [(o, b) for o, b in other_sizes(cfg) if isinstance(b, float)]
+    if not found:
+        return {}
+    total = sum(b for _, b in found)
+    changed = [o for o, _ in found if o.quantization != "4bit" and o.quantization_key]
+    if not changed:
+        return {"frozen_bytes": total}
+    four = [frozen_bytes(cfg, replace(o, quantization="4bit")) for o in changed]
+    if not all(isinstance(b, float) for b in four):
+        return {"frozen_bytes": total}
+    kept = sum(b for o, b in found if o not in changed)
+    overrides = " ".join(f"{o.quantization_key}=4bit" for o in changed)
+    return {"frozen_bytes": total, "frozen_4bit": (overrides, kept + sum(four))}
+
+
+def with_others(sizes: memory.ModelSizes, cfg: TrainConfig) -> memory.ModelSizes:
+    """``sizes`` of a built model with the frozen models beside it (``other_sizes``) added."""
+    fields = frozen_fields(cfg)
+    return replace(sizes, **fields) if fields else sizes
 
 
 def _unquantized(cfg: TrainConfig) -> tuple[str, ...]:
@@ -258,7 +323,7 @@ def check_live_model(
         return None
     if not cfg.lora.enabled and sizes.quantization is None:
         sizes = replace(sizes, quantizable=0)  # a full fine-tune cannot train 4-bit weights
-    sizes = replace(sizes, moments_8bit=moments_8bit(cfg))
+    sizes = with_others(replace(sizes, moments_8bit=moments_8bit(cfg)), cfg)
     return memory.check_memory(
         sizes,
         cfg.batch.per_device,

@@ -6,8 +6,9 @@ names it starts from that result (a chain, docs/chains.md).
 Why here: ``xtrain/builtin`` sits below everything and cannot run training, so it only knows where
 such a result is kept and whether it is there (``builtin.stage_folder``, ``stage_result``). This
 module, in the training layer, builds it where a run starts, before any worker: ``xtrain train``,
-``xtrain quickstart``, ``python -m xtrain.run`` and the library's ``train`` call ``ensure`` with
-the config's ``model.name_or_path`` (a stage started from another is built first).
+``xtrain quickstart``, ``python -m xtrain.run`` and the library's ``train`` call ``ensure_config``:
+the config's ``model.name_or_path`` and the other models its task loads (a distillation teacher),
+a stage started from another built first.
 
 Once: the build holds a lock next to the result's place (``runtime.lock.waiting``), so processes
 that start together (two ranks of a user's torchrun, two quickstarts) train it once; the others
@@ -27,6 +28,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from xtrain import builtin
 from xtrain.errors import XtrainError
@@ -37,11 +39,25 @@ from xtrain.runtime.quiet import quiet_libraries
 from xtrain.tasks.validation import load_config
 from xtrain.train.preflight import run_checks
 
+if TYPE_CHECKING:
+    from xtrain.config.schema import TrainConfig
+
 # one compute thread: a tiny model's steps gain nothing from more, a busy machine's second thread
 # made such a build several times slower (docs/grpo.md), and the weights are the same on any machine
 THREADS = 1
 Say = Callable[[str], None]
 Trainer = Callable[[Run], object]  # train.loop.train_run (passed in: the loop calls ensure too)
+
+
+def ensure_config(cfg: TrainConfig, trainer: Trainer, say: Say | None = None) -> None:
+    """``ensure`` for every model a config names: ``model.name_or_path`` and the other models its
+    task loads beside it (``Task.other_models``: a distillation teacher)."""
+    from xtrain import tasks
+
+    ensure(cfg.model.name_or_path, trainer, say)
+    others = tasks.get(cfg.model.task).other_models
+    for other in others(cfg) if others is not None else ():
+        ensure(other.name, trainer, say)
 
 
 def ensure(name: str, trainer: Trainer, say: Say | None = None) -> Path | None:

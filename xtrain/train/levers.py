@@ -33,7 +33,7 @@ class Levers:
 
 
 # token losses whose task reads log-probs off the head itself and chunks them when told
-OWN_CHUNKS = ("sequence", "logps")
+OWN_CHUNKS = ("sequence", "logps", "divergence")
 
 
 def loss_words(token_loss: str | None, chunked: bool) -> str:
@@ -42,6 +42,10 @@ def loss_words(token_loss: str | None, chunked: bool) -> str:
         return "per-sequence log-probs of the trained tokens, " + ("chunked" if chunked else "all logits")
     if token_loss == "logps":  # GRPO: each completion token's log-prob
         return "per-token log-probs of the completions, " + ("chunked" if chunked else "all logits")
+    if token_loss == "divergence":  # distillation: each token's distribution against the teacher's
+        return "per-token divergence from the teacher over the vocabulary, " + (
+            "chunked" if chunked else "all logits"
+        )
     return "chunked cross-entropy over the trained tokens" if chunked else "the model's own, every position"
 
 

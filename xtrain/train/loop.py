@@ -103,7 +103,7 @@ def train(
     The library's entry (tests, benchmarks, notebooks): the preflight checks run here (their
     refusals raise; ``python -m xtrain.run`` builds its Run, runs them and prints their warnings,
     then calls ``train_run``)."""
-    builtin_stages.ensure(cfg.model.name_or_path, train_run)  # a trained built-in: trained first
+    builtin_stages.ensure_config(cfg, train_run)  # a trained built-in (the model, a teacher): trained first
     run = for_process(cfg, LaunchContext.from_env(), plan=plan)
     preflight.run_checks(run)
     return train_run(run, reporter, build=build)

@@ -173,7 +173,7 @@ def merged_model(model: Module, adapter: Path) -> Module:
 
 # the best model by an eval metric (run.best_metric)
 BEST = "best"
-_LOWER_IS_BETTER = ("loss", "cer", "wer", "perplexity", "error")
+_LOWER_IS_BETTER = ("loss", "cer", "wer", "perplexity", "error", "kl")
 
 
 def lower_is_better(metric: str) -> bool:

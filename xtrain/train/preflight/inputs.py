@@ -24,11 +24,26 @@ def _model_source(run: Run, where: Where) -> list[Note]:
     (for another machine's plan, ``--facts``, a warning); a hub that cannot be reached while the
     cache holds the model is said, and nothing waits for the network after."""
     source = hub.locate(start_of(run.cfg.model.name_or_path).base, here=where.here)  # a result's base
-    if source.note is None or not where.launcher:
-        return []
+    found = [source, *_other_sources(run, where)]
     return [
-        Note("Model", source.note) if source.kind == "cached" else Note("warning", source.note, "warning")
+        Note("Model", s.note) if s.kind == "cached" else Note("warning", s.note, "warning")
+        for s in found
+        if s.note is not None and where.launcher
     ]
+
+
+def _other_sources(run: Run, where: Where) -> list[hub.Source]:
+    """Where the other models the task loads are (``Task.other_models``: a distillation teacher),
+    as ``model.name_or_path`` is found; a line names the key that names one."""
+    others = tasks.get(run.cfg.model.task).other_models
+    found = []
+    for other in others(run.cfg) if others is not None else ():
+        try:
+            found.append(hub.locate(start_of(other.name).base, here=where.here))
+        except XtrainError as e:
+            hint = (e.hint or "").replace("model.name_or_path", other.key) or None
+            raise XtrainError(f"{other.key}: {e.message}", hint) from None
+    return found
 
 
 # the keys that shape a new adapter: a continued adapter keeps its own (its adapter_config.json)

@@ -3,11 +3,14 @@ loading, attention, loss), said by the launcher, and the memory estimate against
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from xtrain import tasks
+from xtrain.errors import XtrainError
 from xtrain.model import attention, memory
 from xtrain.planning.run import Run
 from xtrain.runtime.quiet import quiet_libraries
-from xtrain.tasks.sizes import offline_sizes
+from xtrain.tasks.sizes import frozen_bytes, offline_sizes, other_sizes
 from xtrain.train.levers import loss_words
 from xtrain.train.preflight.notes import Note, Where
 
@@ -106,6 +109,7 @@ def _memory(run: Run, where: Where) -> list[Note]:
     if gpu is None:
         return []
     quiet_libraries()  # building the model's skeleton: no library chatter
+    others = _other_models(run, gpu)
     sizes = offline_sizes(cfg)
     if isinstance(sizes, str):
         return [Note("", f"memory estimate skipped: {sizes}", "dim")]
@@ -122,7 +126,7 @@ def _memory(run: Run, where: Where) -> list[Note]:
         sizes, cfg.batch.per_device, cfg.data.max_length, cfg.model.gradient_checkpointing, run.precision,
         gpu[1], gpu[0], images=task.image_tokens, windows=facts.os_kind == "windows", levers=levers,
     )  # fmt: skip
-    notes = [Note("Memory", check.summary())]
+    notes = [Note("Memory", check.summary() + (f"; {'; '.join(others)}" if others else ""))]
     if task.sequence_parallel and (
         settings.sequence > 1 or plan.world_size > 1
     ):  # with and without splitting
@@ -132,3 +136,29 @@ def _memory(run: Run, where: Where) -> list[Note]:
         )  # fmt: skip
         notes.append(Note("Longest sequence", longest))
     return notes + ([Note("warning", check.warning, "warning")] if check.warning else [])
+
+
+def _other_models(run: Run, gpu: tuple[str, float]) -> list[str]:
+    """The frozen models beside the trained one (a distillation teacher), each sized as it loads:
+    one that cannot fit the card by itself refuses the run in one line; the others are said as part
+    of the estimate (or, their configs not on this machine, as not counted)."""
+    said = []
+    for other, found in other_sizes(run.cfg):
+        if isinstance(found, str):
+            said.append(f"{other.key} {other.name} not counted: {found}")
+            continue
+        gib = 1.1 * found / memory.GIB
+        how = f"in {other.quantization}" if other.quantization else "as model.dtype loads it"
+        if gib > gpu[1]:
+            fix = "use a smaller teacher, or a card with more memory"
+            four = frozen_bytes(run.cfg, replace(other, quantization="4bit"))
+            if other.quantization != "4bit" and other.quantization_key and isinstance(four, float):
+                smaller = memory.size(1.1 * four / memory.GIB, 1)
+                fix = f"load it in 4 bits: {other.quantization_key}=4bit (~{smaller})"
+            raise XtrainError(
+                f"{other.key}={other.name} alone needs ~{memory.size(gib, 1)} ({how}), more than {gpu[0]} "
+                f"({memory.size(gpu[1], 0)}) a process holds beside the student",
+                fix,
+            )
+        said.append(f"{other.key} {other.name} ~{memory.size(gib, 1)} of it ({how})")
+    return said
