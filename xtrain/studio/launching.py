@@ -29,7 +29,7 @@ from pathlib import Path
 
 from xtrain import atomic
 from xtrain.errors import XtrainError
-from xtrain.runtime import lock, run_control
+from xtrain.runtime import run_control
 from xtrain.studio.runs import LAUNCH_RECORD, LOG, Launch, launch_of, status
 
 # what a launch by the studio must not inherit: a launcher's variables (the studio's own could
@@ -111,8 +111,8 @@ def resume(run: Path) -> Launch:
             "resume it with the command that started it (xtrain train CONFIG: run.resume is auto)",
         )
     folder, record = launched
-    if lock.live_holder(run) is not None or record.alive():
-        raise XtrainError(f"{run.name} is running", "stop it first")
+    if (state := status(run).state) in ("running", "starting"):  # (a launch that said how it ended is over)
+        raise XtrainError(f"{run.name} is {state}", "stop it first")
     run_control.clear_stop(run)  # (a request left by a launch that ended before honouring it)
     configs = [Path(a) for a in record.argv[4:] if Path(a).is_file()]  # (not its overrides)
     return start(folder, configs, record.stages, ["run.resume=auto"])

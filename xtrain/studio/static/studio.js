@@ -134,6 +134,7 @@ async function showRun(path) {
   setStatus(data.status);
   $("#run-config").textContent = data.config || "(no YAML saved by the studio: see its checkpoints' config)";
   $("#run-log").textContent = data.log || "";
+  $("#run-log").scrollTop = $("#run-log").scrollHeight;  // its end: what it says now
   $("#run-report-link").hidden = !data.report;
   $("#run-report-link").href = `/api/run/file?${runPath(path)}&name=report.html`;
   setupTry(data.task);
