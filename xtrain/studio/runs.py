@@ -31,7 +31,7 @@ from xtrain import structured
 from xtrain.model.start import OUTPUT_FOLDERS, RUN_FILE, read_json_object
 from xtrain.runtime import lock, run_control
 from xtrain.train.checkpoint.layout import RESULT_FILE, STATE_FILE, list_checkpoints
-from xtrain.train.run_files import DATA_CHECK, HISTORY, read_history
+from xtrain.train.run_files import DATA_CHECK, HISTORY, history_line
 
 LAUNCH_RECORD = "studio.json"  # the studio's record of the process it started (launching.py)
 LOG = "train.log"
@@ -113,14 +113,29 @@ def _progress(folder: Path) -> tuple[int | None, int | None]:
     result = read_json_object(folder / RESULT_FILE)
     found = list_checkpoints(folder)
     state = read_json_object(found[-1][1] / STATE_FILE) if found else {}
-    history = read_history(folder)
-    logged = max((r["step"] for r in history.log_history), default=None) if history else None
+    logged = _last_logged(folder)
     step = result.get("final_step", logged if logged is not None else state.get("step"))
     total = result.get("total_steps", state.get("total_steps"))
     if total is None:
         total = config_value(folder, "run", "max_steps")
     whole = [v if isinstance(v, int) and not isinstance(v, bool) else None for v in (step, total)]
     return whole[0], whole[1]
+
+
+def _last_logged(folder: Path) -> int | None:
+    """The step of the last logging window in ``history.jsonl``, read from its end (a long run's
+    history is not read whole every time a page asks)."""
+    path, size = folder / HISTORY, 4096
+    try:
+        cut = path.stat().st_size > size
+    except OSError:
+        return None
+    lines = tail(path, size).split("\n")
+    for line in reversed(lines[1 if cut else 0 : -1]):  # whole lines only
+        found = history_line(line)
+        if found is not None and found[0] == "log":
+            return int(found[1]["step"])
+    return None
 
 
 def status(folder: Path) -> Status:
