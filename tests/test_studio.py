@@ -188,6 +188,9 @@ def test_the_form_reads_values_as_the_command_line_does(tmp_path: Path) -> None:
         written["run"]["output_dir"] == str(tmp_path / "Lauf 1")
         and stage.config == tmp_path / "Lauf 1" / "config.yaml"
     )
+    assert draft.flags == []  # every GPU, one process each: xtrain train's own default
+    placed = {"name": "x", "gpus": "0, 1", "processes": "2", "stages": [{"job": "causal-lm"}]}
+    assert form.compose(placed, tmp_path, cwd).flags == ["--gpus", "0,1", "--processes", "2"]
     recipe = form.compose(
         {"name": "chain", "stages": [{"job": "causal-lm"}, {"task": "preference"}]}, tmp_path, cwd
     )

@@ -92,7 +92,7 @@ class Studio:
         draft.folder.mkdir(parents=True, exist_ok=True)
         for stage in draft.stages:  # the YAML it runs, saved in the run's folder first
             stage.config.write_text(stage.text, encoding="utf-8")
-        launching.start(draft.folder, [s.config for s in draft.stages], draft.stage_names)
+        launching.start(draft.folder, [s.config for s in draft.stages], draft.stage_names, draft.flags)
         first = draft.stages[0].output_dir
         return {"path": runs.relative(self.root, first), "folder": str(draft.folder)}
 

@@ -35,13 +35,14 @@ def _plain(markup: str) -> str:
 
 def train_command(draft: Draft, shell: str) -> str:
     """``xtrain train`` on the YAMLs where the studio saves them, quoted for ``shell``."""
-    return " ".join(quote(shell, a) for a in ["xtrain", "train", *(str(s.config) for s in draft.stages)])
+    words = ["xtrain", "train", *(str(s.config) for s in draft.stages), *draft.flags]
+    return " ".join(quote(shell, a) for a in words)
 
 
-def _options() -> Any:
+def _options(draft: Draft) -> Any:
     from xtrain.commands.launching import LaunchOptions
 
-    return LaunchOptions(None, None, None, None, False, None, True, False)
+    return LaunchOptions(draft.processes, draft.gpus, None, None, False, None, True, False)
 
 
 def _data(report: DataReport | str | None) -> str | None:
@@ -110,7 +111,7 @@ def check(draft: Draft) -> dict[str, Any]:
         states = [stage_state(s) for s in stages]
         check_states(stages, states)
         done = {s.number for s, state in zip(stages, states, strict=True) if state.finished}
-        options, shown, shell = _options(), [], "bash"
+        options, shown, shell = _options(draft), [], "bash"
         for stage, saved in zip(stages, draft.stages, strict=True):
             start = stage.cfg.model.name_or_path
             if builtin.is_stage(start) and not builtin.stage_built(start):

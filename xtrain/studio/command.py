@@ -21,7 +21,12 @@ def studio(
     runs: Path = typer.Option(
         Path("runs"), "--runs", help="The folder whose runs it shows and where new runs go."
     ),
-    port: int = typer.Option(7860, "--port", parser=whole("--port"), help="The port (0: any free one)."),
+    port: int = typer.Option(
+        None,
+        "--port",
+        parser=whole("--port"),
+        help="The port (default: the first free of 7870-7879; 0: any free one).",
+    ),
     host: str = typer.Option(
         "127.0.0.1",
         "--host",
@@ -37,7 +42,7 @@ def studio(
     missing = [name for name in ("starlette", "uvicorn") if importlib.util.find_spec(name) is None]
     if missing:
         raise XtrainError(f"xtrain studio needs {' and '.join(missing)}", f"install them: {INSTALL}")
-    if not 0 <= port <= 65535:
+    if port is not None and not 0 <= port <= 65535:
         raise XtrainError(f"--port {port} is not a port", "a number in 0..65535 (0: any free one)")
     from xtrain.studio.server import default_token, serve
 

@@ -117,10 +117,20 @@ class StageDraft:
 
 @dataclass
 class Draft:
-    """The run the form describes: its folder under the runs folder, its stages in order."""
+    """The run the form describes: its folder under the runs folder, its stages in order, and
+    where it runs (``xtrain train``'s ``--gpus`` and ``--processes``; None: every GPU, one
+    process each)."""
 
     folder: Path
     stages: list[StageDraft]
+    gpus: list[int] | None = None
+    processes: int | None = None
+
+    @property
+    def flags(self) -> list[str]:
+        """The ``xtrain train`` options that say where it runs."""
+        gpus = ["--gpus", ",".join(map(str, self.gpus))] if self.gpus is not None else []
+        return gpus + (["--processes", str(self.processes)] if self.processes is not None else [])
 
     @property
     def stage_names(self) -> list[str]:
@@ -203,4 +213,8 @@ def compose(form: dict[str, Any], root: Path, cwd: Path) -> Draft:
         _set(mapping, "run.output_dir", str(out))
         text = yaml.safe_dump(mapping, sort_keys=False, allow_unicode=True, default_flow_style=False)
         drafts.append(StageDraft(config, out, text, task))
-    return Draft(folder, drafts)
+    from xtrain.commands.options import parse_gpus, parse_int
+
+    gpus = str(form.get("gpus") or "").strip()
+    processes = str(form.get("processes") or "").strip()
+    return Draft(folder, drafts, parse_gpus(gpus or None), parse_int(processes or None, "processes", 1))

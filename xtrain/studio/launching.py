@@ -39,9 +39,12 @@ _DROPPED = ("XTRAIN_PARENT_PID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORL
 CREATE_NEW_PROCESS_GROUP, CREATE_NO_WINDOW, CREATE_BREAKAWAY_FROM_JOB = 0x200, 0x08000000, 0x01000000
 
 
-def command(configs: list[Path], overrides: list[str] | None = None) -> list[str]:
-    """``python -m xtrain train CONFIG... [key=value...]`` with this interpreter."""
-    return [sys.executable, "-m", "xtrain", "train", *map(str, configs), *(overrides or [])]
+RESUME = "run.resume=auto"
+
+
+def command(configs: list[Path], more: list[str] | None = None) -> list[str]:
+    """``python -m xtrain train CONFIG... [options and key=value...]`` with this interpreter."""
+    return [sys.executable, "-m", "xtrain", "train", *map(str, configs), *(more or [])]
 
 
 def _env() -> dict[str, str]:
@@ -69,15 +72,16 @@ def detached(argv: list[str], log: Path, cwd: Path) -> int:
     return proc.pid
 
 
-def start(folder: Path, configs: list[Path], stages: list[str], overrides: list[str] | None = None) -> Launch:
-    """``xtrain train`` on ``configs`` (saved already), detached, its log and launch record in
-    ``folder``; refused in one line while a run of it is running or starting."""
+def start(folder: Path, configs: list[Path], stages: list[str], more: list[str] | None = None) -> Launch:
+    """``xtrain train`` on ``configs`` (saved already) and ``more`` (its options, overrides),
+    detached, its log and launch record in ``folder``; refused in one line while a run of it is
+    running or starting."""
     busy = [s for s in stages if status(folder / s).state in ("running", "starting")]
     if busy:
         raise XtrainError(f"{folder.name} is running", "stop it first, or start a new run")
     log = folder / LOG
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    argv = command(configs, overrides)
+    argv = command(configs, more)
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"\n--- xtrain studio, {stamp}: {' '.join(argv[1:])}\n")
     started = time.time()
@@ -114,8 +118,10 @@ def resume(run: Path) -> Launch:
     if (state := status(run).state) in ("running", "starting"):  # (a launch that said how it ended is over)
         raise XtrainError(f"{run.name} is {state}", "stop it first")
     run_control.clear_stop(run)  # (a request left by a launch that ended before honouring it)
-    configs = [Path(a) for a in record.argv[4:] if Path(a).is_file()]  # (not its overrides)
-    return start(folder, configs, record.stages, ["run.resume=auto"])
+    given = record.argv[4:]  # its configs, then its options (--gpus, --processes) and overrides
+    configs = [Path(a) for a in given if Path(a).is_file()]
+    more = [a for a in given if not Path(a).is_file() and a != RESUME]
+    return start(folder, configs, record.stages, [*more, RESUME])
 
 
 def _end_tree(pid: int) -> None:

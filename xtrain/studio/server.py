@@ -39,6 +39,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+DEFAULT_PORTS = range(7870, 7880)  # tried in turn when no --port is given, then any free one
+
+
+def bind_default(host: str) -> socket.socket:
+    """The first of ``DEFAULT_PORTS`` that is free (a second studio, another app on one), else any."""
+    for port in DEFAULT_PORTS:
+        try:
+            return bind(host, port)
+        except XtrainError:
+            continue
+    return bind(host, 0)
+
+
 def url_of(host: str, port: int, token: str | None) -> str:
     shown = "127.0.0.1" if is_local(host) else (socket.gethostname() if host in ("0.0.0.0", "::") else host)
     shown = f"[{shown}]" if ":" in shown else shown
@@ -48,19 +61,20 @@ def url_of(host: str, port: int, token: str | None) -> str:
 def serve(
     root: Path,
     host: str,
-    port: int,
+    port: int | None,
     token: str | None,
     browser: bool,
     say: Callable[[str], None],
 ) -> None:
-    """Serve the runs folder ``root`` until Ctrl+C; ``say`` prints a line (the URL the last)."""
+    """Serve the runs folder ``root`` until Ctrl+C (``port`` None: the first free of
+    ``DEFAULT_PORTS``); ``say`` prints a line (the URL the last)."""
     import uvicorn
 
     from xtrain.studio.app import build
 
     check_bind(host, token)
     root.mkdir(parents=True, exist_ok=True)
-    sock = bind(host, port)
+    sock = bind(host, port) if port is not None else bind_default(host)
     port = sock.getsockname()[1]
     logging.basicConfig(level=logging.WARNING, format="studio: %(message)s")
     app = build(root.resolve(), Path.cwd(), token, port, is_local(host))

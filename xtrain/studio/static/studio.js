@@ -99,7 +99,8 @@ async function showRuns() {
     el("td", {}, r.task), el("td", {}, r.model), el("td", {}, steps(r.status)),
     el("td", {}, r.modified ? new Date(r.modified * 1000).toLocaleString() : "-"))));
   $("#runs-empty").hidden = found.length > 0;
-  if (state.view === "runs") setTimeout(() => { if (state.view === "runs") refreshRuns(); }, 3000);
+  clearTimeout(state.runsTimer);  // one refresh pending at a time, while the list is shown
+  if (state.view === "runs") state.runsTimer = setTimeout(() => { if (state.view === "runs") refreshRuns(); }, 3000);
 }
 
 async function refreshRuns() {  // the statuses again, the ticks kept
@@ -297,7 +298,7 @@ function formValues() {
     }
     return { job: $(".job", block).value || null, task: $(".task", block).value, values };
   });
-  return { name: $("#new-name").value, stages };
+  return { name: $("#new-name").value, gpus: $("#new-gpus").value, processes: $("#new-processes").value, stages };
 }
 
 function notesList(notes) {
