@@ -114,12 +114,13 @@ function setStatus(st) {
   $("#run-status").replaceChildren(badge(st));
   $("#run-status").className = "";
   $("#run-line").textContent = st.line || "";
-  $("#run-meta").textContent = st.step !== null && st.step !== undefined ? `step ${steps(st)}` : "";
+  const at = st.step !== null && st.step !== undefined ? `step ${steps(st)}` : "";
+  $("#run-meta").textContent = `${state.lineage || ""}${at}`;
   const active = st.state === "running" || st.state === "starting";
   $("#run-stop").disabled = !active || st.stopping;
   $("#run-resume").disabled = active || !["stopped", "interrupted", "failed"].includes(st.state);
   const done = st.state === "finished";
-  $("#run-try").hidden = !done;
+  $("#run-try").hidden = !done || !state.canTry;  // (a task xtrain predict cannot run: no Try)
   $("#run-export").hidden = !done;
 }
 
@@ -132,13 +133,15 @@ async function showRun(path) {
   const data = await guarded(null, null, () => api(`/api/run?${runPath(path)}`));
   if (!data) return;
   state.runData = data;
+  setupTry(data.task);
+  state.lineage = data.lineage.length ? `continues ${data.lineage.join(" → ")}; ` : "";
+  $("#run-chain").hidden = !data.lineage.length;
   setStatus(data.status);
   $("#run-config").textContent = data.config || "(no YAML saved by the studio: see its checkpoints' config)";
   $("#run-log").textContent = data.log || "";
   $("#run-log").scrollTop = $("#run-log").scrollHeight;  // its end: what it says now
   $("#run-report-link").hidden = !data.report;
   $("#run-report-link").href = `/api/run/file?${runPath(path)}&name=report.html`;
-  setupTry(data.task);
   showExports(data.exports);
   const source = new EventSource(`/api/run/events?${runPath(path)}`);
   state.source = source;
@@ -160,6 +163,7 @@ function setupTry(task) {
   $("#try-image-box").hidden = !takes.image;
   $("#try-audio-box").hidden = !takes.audio;
   $("#try-tools-box").hidden = !takes.tools;
+  state.canTry = takes.text || takes.image || takes.audio;
 }
 
 function readFile(input) {
