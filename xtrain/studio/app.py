@@ -103,7 +103,6 @@ class Studio:
     async def details(self, request: Request) -> Any:
         folder = self.run(request)
         entry = runs.entry(self.root, folder)
-        launched = runs.launch_of(folder)
         config = next(
             (p for p in (folder / runs.CONFIG, folder.parent / f"{folder.name}.yaml") if p.is_file()), None
         )
@@ -111,7 +110,6 @@ class Studio:
             **entry.to_dict(),
             "folder": str(folder),
             "config": config.read_text(encoding="utf-8", errors="replace") if config else None,
-            "log": runs.tail(launched[0] / launched[1].log) if launched else "",
             "exports": exporting.exports(folder),
             "report": (folder / "report.html").is_file(),
         }

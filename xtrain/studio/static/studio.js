@@ -128,7 +128,7 @@ async function showRun(path) {
   state.run = path;
   $("#run-name").textContent = path;
   $("#run-curves").replaceChildren();
-  $("#run-log").textContent = "";
+  $("#run-log").textContent = "";  // the stream's first event brings the log's end
   $("#try-answers").hidden = true;
   const data = await guarded(null, null, () => api(`/api/run?${runPath(path)}`));
   if (!data) return;
@@ -138,20 +138,20 @@ async function showRun(path) {
   $("#run-chain").hidden = !data.lineage.length;
   setStatus(data.status);
   $("#run-config").textContent = data.config || "(no YAML saved by the studio: see its checkpoints' config)";
-  $("#run-log").textContent = data.log || "";
-  $("#run-log").scrollTop = $("#run-log").scrollHeight;  // its end: what it says now
   $("#run-report-link").hidden = !data.report;
   $("#run-report-link").href = `/api/run/file?${runPath(path)}&name=report.html`;
   showExports(data.exports);
   const source = new EventSource(`/api/run/events?${runPath(path)}`);
   state.source = source;
+  source.addEventListener("open", () => { $("#run-log").textContent = ""; });  // each (re)connection: the log's end again
   source.addEventListener("curves", (e) => { $("#run-curves").innerHTML = JSON.parse(e.data).html; });
   source.addEventListener("status", (e) => setStatus(JSON.parse(e.data).runs[0]));
   source.addEventListener("log", (e) => {
     const log = $("#run-log");
     const end = log.scrollTop + log.clientHeight >= log.scrollHeight - 20;
+    const first = !log.textContent;
     log.textContent = (log.textContent + JSON.parse(e.data).text).slice(-60000);
-    if (end) log.scrollTop = log.scrollHeight;
+    if (end || first) log.scrollTop = log.scrollHeight;
   });
 }
 
