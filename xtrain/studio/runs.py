@@ -141,7 +141,7 @@ def _last_logged(folder: Path) -> int | None:
 def status(folder: Path) -> Status:
     """Where the run in ``folder`` stands, from its files (module docstring)."""
     step, total = _progress(folder)
-    stopping = run_control.stop_pending(folder)
+    stopping = run_control.stop_pending(folder)  # (said only while it runs: a run that ended first left it)
     if lock.live_holder(folder) is not None:
         return Status("running", step=step, total=total, stopping=stopping)
     launched = launch_of(folder)
