@@ -9,7 +9,8 @@ job, a run folder whose name has a space and a non-ASCII letter:
 - the soak journey (``-m soak``; a second launch of about as long is more than this file's share
   of the suite's time): Resume, and it finishes, its history one line per window across the stop;
   a second run compared with the first (curves overlaid, the evaluations side by side), the start
-  and the trained result answering side by side, an export to q8_0 with llama.cpp's table.
+  and the trained result answering side by side, an export to q8_0 with llama.cpp's table, the
+  machine as xtrain doctor sees it.
 
 No request leaves the studio's origin, no script error, no console error. The screenshots are
 those of docs/studio.md: ``XTRAIN_STUDIO_SCREENSHOTS=docs/images`` writes them there."""
@@ -168,9 +169,9 @@ def _launched(page, found: served.Studio, name: str, values: dict[str, str]) -> 
 
 
 @pytest.mark.soak
-def test_resume_compare_try_and_export(studio, browser) -> None:  # noqa: ANN001
+def test_resume_compare_try_export_and_machine(studio, browser) -> None:  # noqa: ANN001
     """The stopped run resumed to its end; a second run compared with it; the start and the
-    result answering side by side; an export to q8_0."""
+    result answering side by side; an export to q8_0; the machine view."""
     page, seen = browser
     found: served.Studio = studio["studio"]
     run = found.runs / NAME
@@ -217,4 +218,9 @@ def test_resume_compare_try_and_export(studio, browser) -> None:  # noqa: ANN001
     answer = json.loads(result.read_text(encoding="utf-8"))
     assert answer["ok"] and answer["answers"]["head"][2].startswith("llama.cpp")
     shot(page, "export")
+    page.goto(found.base + "#machine")  # xtrain doctor's findings, plan and facts
+    page.click("#machine-go")
+    page.wait_for_selector("#machine-out table.plan, #error:not([hidden])", timeout=120_000)
+    assert page.inner_text("#error") == "" and "num_processes" in page.inner_text("#machine-out")
+    shot(page, "machine")
     _offline(seen, found.base)
