@@ -160,8 +160,16 @@ def test_a_runs_status_comes_from_its_files(tmp_path: Path) -> None:
     history = read_history(cases["running"])
     assert history is not None and history.eval_history == [{"step": 0, "eval_loss": 3.0}]
     assert [r["step"] for r in history.log_history] == [2]
-    listed = [e.path for e in runs.list_runs(tmp_path)]
-    assert sorted(listed) == sorted(cases)  # every folder with a run's mark, from files alone
+    recipe = tmp_path / "a recipe"  # its launch record names its stages; the second never started
+    (recipe / "1-causal-lm").mkdir(parents=True)
+    record = runs.Launch(
+        dead.pid, time.time() - 60, ["python", "-m", "xtrain", "train"], ["1-causal-lm", "2-grpo"]
+    )
+    (recipe / runs.LAUNCH_RECORD).write_text(record.to_json(), encoding="utf-8")
+    run_control.write_end(recipe / "1-causal-lm", 1, "training diverged")
+    listed = {e.path: e.status.state for e in runs.list_runs(tmp_path)}
+    assert listed == {**{k: v.state for k, v in found.items()}, "a recipe/1-causal-lm": "failed",
+                      "a recipe/2-grpo": "not started"}  # fmt: skip
     run_control.request_stop(cases["running"])
     assert runs.status(cases["running"]).stopping
     assert not run_control.stop_requested(cases["running"], since=time.time() + 60)  # an old request: dropped

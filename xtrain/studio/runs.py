@@ -88,7 +88,7 @@ class Launch:
 
 @dataclass
 class Status:
-    state: str  # running | starting | finished | stopped | failed | interrupted | empty
+    state: str  # running | starting | finished | stopped | failed | interrupted | not started | empty
     line: str = ""  # a failure's one line, or what a stop left
     step: int | None = None
     total: int | None = None
@@ -140,6 +140,11 @@ def _last_logged(folder: Path) -> int | None:
 
 def status(folder: Path) -> Status:
     """Where the run in ``folder`` stands, from its files (module docstring)."""
+    if not folder.exists():  # a recipe's stage not started yet
+        launched = launch_of(folder)
+        if launched is not None and launched[1].alive():
+            return Status("starting", "waits for the stages before it")
+        return Status("not started", "a stage before it did not finish: Resume the recipe")
     step, total = _progress(folder)
     stopping = run_control.stop_pending(folder)  # (said only while it runs: a run that ended first left it)
     if lock.live_holder(folder) is not None:
@@ -260,8 +265,10 @@ def find(root: Path) -> list[Path]:
         except OSError:
             return
         for child in children:
-            if _recipe(child):
-                walk(child, max(depth - 1, 1))
+            if _recipe(child):  # its stages, also those not started yet (their folders come later)
+                record = Launch.read(child)
+                stages = [child / name for name in (record.stages if record is not None else [])]
+                found.extend(stage for stage in stages if is_run(stage) or not stage.exists())
             elif is_run(child):
                 found.append(child)
             elif depth > 1:

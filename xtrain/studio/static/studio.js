@@ -118,7 +118,7 @@ function setStatus(st) {
   $("#run-meta").textContent = `${state.lineage || ""}${at}`;
   const active = st.state === "running" || st.state === "starting";
   $("#run-stop").disabled = !active || st.stopping;
-  $("#run-resume").disabled = active || !["stopped", "interrupted", "failed"].includes(st.state);
+  $("#run-resume").disabled = active || !["stopped", "interrupted", "failed", "not started"].includes(st.state);
   const done = st.state === "finished";
   $("#run-try").hidden = !done || !state.canTry;  // (a task xtrain predict cannot run: no Try)
   $("#run-export").hidden = !done;
