@@ -211,3 +211,18 @@ def test_the_form_reads_values_as_the_command_line_does(tmp_path: Path) -> None:
         form.compose(
             {"name": "x", "stages": [{"job": "causal-lm", "values": {"run.max_step": "3"}}]}, tmp_path, cwd
         )
+
+
+def test_without_the_extra_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    from xtrain.cli import main
+    from xtrain.studio import command
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a)
+    )
+    with pytest.raises(XtrainError, match=r"needs uvicorn .*pip install -e \"\.\[studio\]\""):
+        command.studio(tmp_path, None, "127.0.0.1", True, False)
+    assert main(["studio", "--runs", str(tmp_path), "--no-browser"]) == 2
