@@ -154,6 +154,8 @@ def status(folder: Path) -> Status:
     if launched is not None and end is not None and end.ended < launched[1].started - 1:
         end = None  # the record of an earlier launch
     if launched is not None and end is None and launched[1].alive():
+        if (folder / RESULT_FILE).is_file():  # a recipe's finished stage its resume skips
+            return Status("finished", step=step, total=total)
         return Status("starting", step=step, total=total, stopping=stopping)
     if end is not None:
         state = "finished" if end.exit_code == 0 else "stopped" if end.stopped else "failed"
@@ -192,7 +194,7 @@ def config_of(folder: Path) -> dict[str, Any]:
     config = read_json_object(found[-1][1] / STATE_FILE).get("config") if found else None
     if isinstance(config, dict):
         return config
-    for path in (folder / CONFIG, *sorted(folder.parent.glob(f"{folder.name}.yaml"))):
+    for path in (folder / CONFIG, folder.parent / f"{folder.name}.yaml"):  # (a recipe's stage: beside)
         with contextlib.suppress(Exception):
             data = structured.load_yaml(path.read_text(encoding="utf-8"))
             if isinstance(data, dict):
