@@ -91,10 +91,14 @@ def sections(repeats: int) -> dict[str, Section]:
         "export": lambda: bench("export").measure(size="base", log=log),
         # peaks are exact byte counts; the step times interleave the variants
         "chunked_loss": lambda: bench("chunked_loss").measure(repeats=repeats, log=log),
+        # exact peaks (the profiler's allocator count), 1 vs 2 processes holding half of each sequence
+        "sequence_parallel": lambda: bench("sequence_parallel").measure(log=log),
         # TRL in its own environment (.venv-trl or $XTRAIN_TRL_PYTHON); without it, one line
         "preference": lambda: bench("preference_vs_trl").measure(repeats=repeats, log=log),
         # the same TRL environment; GRPO on the quickstart's job, no vLLM on either side
         "grpo": lambda: bench("grpo_vs_trl").measure(repeats=repeats, log=log),
+        # the same TRL environment; a reward model, and the loss on TRL's own batch
+        "reward": lambda: bench("reward_vs_trl").measure(repeats=repeats, log=log),
     }
 
 
@@ -130,8 +134,10 @@ def smoke_sections() -> dict[str, Section]:
         "memory_estimate": lambda: bench("memory_estimate").measure(log=log, smoke=True),
         "export": lambda: bench("export").measure(size="micro", log=log),
         "chunked_loss": lambda: bench("chunked_loss").measure(log=log, smoke=True),
+        "sequence_parallel": lambda: bench("sequence_parallel").measure(log=log, smoke=True),
         "preference": lambda: bench("preference_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
         "grpo": lambda: bench("grpo_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
+        "reward": lambda: bench("reward_vs_trl").measure(repeats=1, steps=4, skip=0, log=log),
     }
 
 
@@ -153,6 +159,7 @@ SMOKE_LANES = (
         "export",
         "preference",
         "grpo",
+        "sequence_parallel",
     ),
     (
         "loops",
@@ -685,10 +692,14 @@ def render(r: dict[str, Any], command: str) -> str:
         w(bench("preference_vs_trl").render(r["preference"]))
     if "grpo" in r:
         w(bench("grpo_vs_trl").render(r["grpo"]))
+    if "reward" in r:
+        w(bench("reward_vs_trl").render(r["reward"]))
     if "memory_estimate" in r:
         w(memory_estimate_section(r["memory_estimate"]))
     if "chunked_loss" in r:
         w(chunked_loss_section(r["chunked_loss"]))
+    if "sequence_parallel" in r:
+        w(bench("sequence_parallel").render(r["sequence_parallel"]))
     if "fingerprint" in r:
         fp = r["fingerprint"]
         w("## Optimisations\n")
@@ -723,12 +734,17 @@ def render(r: dict[str, Any], command: str) -> str:
             "Bucket sizes, `static_graph` for LoRA and the CPU-staged hook's copies (Windows, CUDA) "
             "need GPUs to measure and are left for a GPU run.\n"
         )
+    if RECORDED_THREADS.is_file():  # measured by hand on a busy machine: kept verbatim
+        w(RECORDED_THREADS.read_text(encoding="utf-8").rstrip() + "\n")
     w(gpu_section())
     w(reading_section())
     return "\n".join(out)
 
 
 RECORDED_GPU = REPO / "benchmarks" / "recorded" / "gpu-rows.md"
+# a one-process CPU run's compute threads on a busy CPU (docs/performance.md#cpu-threads): it needs
+# a machine other work keeps busy, so this page's command keeps it as it was measured
+RECORDED_THREADS = REPO / "benchmarks" / "recorded" / "cpu-threads.md"
 NO_GPU_SECTION = """## GPU rows
 
 **No GPU was available when this page was produced, so it has no GPU figures.** On a CUDA

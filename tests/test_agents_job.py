@@ -59,10 +59,10 @@ def test_predict_with_tools_renders_them_and_shows_the_parsed_call(agent, monkey
     request = PredictRequest([], ["what is the weather like in oslo?"], tools=tools, max_new_tokens=30)
     (row,) = causal_lm.TASK.predicts.run(loaded, request)
     assert "tools: get_weather(city) get_time(city) set_timer(minutes)" in prompts[0]
-    assert row["call"] == 'get_weather {"city": "oslo"}' and row["text"] == CALL
+    assert row["call"] == 'get_weather {"city": "oslo"}' and row["output"] == CALL
     loaded, prompts = _loaded(tokenizer, model, monkeypatch, "it is snowy.")
     (row,) = causal_lm.TASK.predicts.run(loaded, PredictRequest([], ["hi"], max_new_tokens=5))
-    assert "call" not in row and row["text"] == "it is snowy." and "tools:" not in prompts[0]
+    assert "call" not in row and row["output"] == "it is snowy." and "tools:" not in prompts[0]
 
 
 def test_data_rows_ending_on_a_call_are_scored_by_the_call(agent, monkeypatch, tmp_path):

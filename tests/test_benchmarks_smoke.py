@@ -37,6 +37,7 @@ LABELS = {
     "memory_estimate": "memory-estimate:",
     "export": "export:",
     "preference": "preference:",
+    "reward": "reward:",
 }
 TASKS = {
     "image_to_text": ("image-to-text", "quickstart-image-to-text.yaml", "images/s"),
@@ -70,7 +71,7 @@ def _docs_state() -> dict[str, int]:
 # Their code paths are the suite's own elsewhere (test_launch_modes, test_resume, test_export ...);
 # what the soak test adds is that the benchmarks' own glue still runs.
 DEFAULT = ("imports", "fingerprint", "image_to_text", "speech_to_text", "image_classification", "seq_cls",
-           "memory_estimate", "chunked_loss", "quantization", "preference", "grpo")  # fmt: skip
+           "memory_estimate", "chunked_loss", "quantization", "preference", "grpo", "reward")  # fmt: skip
 
 
 def _smoke(tmp_path: Path, *args: str) -> tuple[str, dict, str]:

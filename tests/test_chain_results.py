@@ -97,7 +97,7 @@ def test_predict_chat_and_the_single_adapter_are_the_chains_model(chained):
     )
     assert float((_logits(alone.eval()) - want).abs().max()) > 1e-2, "the SFT adapter counts"
     request = PredictRequest([], ["what color is the kite?"], max_new_tokens=12)
-    said = [lib.predict(path, request)[0]["text"] for path in (chained, chained / "adapter-chain")]
+    said = [lib.predict(path, request)[0]["output"] for path in (chained, chained / "adapter-chain")]
     assert said[0] == said[1]
     turns = [{"role": "user", "content": "where is the frog?"}]
     replies = [lib.load_chat(path, PredictRequest([], [], max_new_tokens=12)).reply(turns)

@@ -38,7 +38,7 @@ def _chat(run: Path, typed: str, *options: str) -> list[str]:
 
 def _predicted(run: Path, prompt: str) -> str:
     (row,) = lib.predict(run, PredictRequest([], [prompt], max_new_tokens=int(TOKENS)))
-    return row["text"]
+    return row["output"]
 
 
 def test_each_answer_is_the_conversation_so_far_rendered_and_reset_starts_over(chat_run, tmp_path):
@@ -74,7 +74,7 @@ def test_sampling_with_a_seed_repeats_and_a_system_turn_goes_first(chat_run):
     system = "you answer about animals."
     (answer,) = _chat(chat_run, f"{FIRST}\n", "--system", system)
     (row,) = lib.predict(chat_run, PredictRequest([], [FIRST], system=system, max_new_tokens=int(TOKENS)))
-    assert answer == row["text"]
+    assert answer == row["output"]
 
 
 def test_a_chat_base_model_chats_through_its_own_template(tmp_path_factory):

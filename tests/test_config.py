@@ -164,8 +164,8 @@ def test_wrong_values(override, message):
 def test_wrong_choice_suggests_the_closest():
     e = error_of(load_config, None, ["model.task=seq_clf"])
     assert e.message.startswith(
-        "model.task must be one of causal-lm, preference, grpo, seq-cls, image-to-text, speech-to-text, "
-        "vision-language, vision-preference, image-classification, custom"
+        "model.task must be one of causal-lm, preference, grpo, reward, seq-cls, image-to-text, "
+        "speech-to-text, vision-language, vision-preference, image-classification, custom"
     )
     assert e.hint == "did you mean 'seq-cls'?"
 

@@ -71,7 +71,13 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^wandb sync ", "uploads to W&B (network)"),
     (r"^ollama (create|run) ", "needs Ollama (not installable from the package registries)"),
     (r"^lms import ", "needs LM Studio"),
+    (r"\bxtrain studio\b", "starts the studio's web server and a browser (its own browser tests)"),
+    (r"^xtrain eval \S+ --tasks (arc_|gsm8k|mmlu)", "downloads lm-eval's benchmark data (network)"),
 ]
+
+# Commands the docs name that another branch is adding to the CLI (issue 60: `xtrain studio`, built
+# in parallel): their options are checked once the command exists; until then the name alone passes.
+BEING_BUILT = {"studio": {"--help"}}
 
 # Doc commands another test already runs, as (doc, regex, the test that runs them).
 COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
@@ -137,8 +143,32 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
     ),
     (
         "docs/preference.md",
+        r"^xtrain predict runs/preference-dpo .*--data\b",  # a preference result: the test makes one
+        "tests/test_evaluate.py::test_predict_data_on_a_preference_result_in_every_row_shape",
+    ),
+    *[  # xtrain eval needs a trained run and (its task names) lm-eval's data: the tests build their own
+        ("docs/evaluation.md", pattern, "tests/test_evaluate.py::" + test)
+        for pattern, test in (
+            (
+                r"^xtrain eval runs/sft (runs/dpo )?--tasks my_tasks/",
+                "test_xtrain_eval_equals_lm_evals_own_simple_evaluate",
+            ),
+            (r"^xtrain eval runs/recipe/dpo --stages\b", "test_a_chains_stages_are_scored_in_order"),
+            (
+                r"^xtrain (export runs/sft|eval runs/sft-export/)",
+                "test_a_gguf_export_is_scored_in_llama_cpp_beside_the_merged_model",
+            ),
+        )
+    ],
+    (
+        "docs/preference.md",
         r"^xtrain predict runs/preference-dpo\b",  # needs a trained run: the test trains one first
         "tests/test_preference.py::test_predict_continues_a_prompt_with_the_trained_run",
+    ),
+    (
+        "docs/reward-models.md",
+        r"^xtrain predict runs/reward-model\b",  # needs a trained reward run: the test trains one first
+        "tests/test_reward.py::test_predict_after_reload_scores_as_the_model_did_at_the_end_of_training",
     ),
     (
         "docs/agents.md",
@@ -282,7 +312,10 @@ POWERSHELL_PROSE = ["docs/windows-powershell.md"]  # pages whose reader types Po
 def cli_options() -> dict[str, set[str]]:
     from support.docs_commands import _cli_options
 
-    return _cli_options()
+    options = _cli_options()
+    for name, known in BEING_BUILT.items():
+        options.setdefault(name, known)  # the real command's options, once it is there
+    return options
 
 
 def test_doc_commands_use_options_that_exist(cli_options: dict[str, set[str]]) -> None:

@@ -80,7 +80,7 @@ def test_one_and_two_processes_run_the_same_episodes_and_train_the_same(tools_jo
     out = capsys.readouterr().out
     assert code == 0, out
     row = json.loads(out.strip().splitlines()[-1])
-    assert set(row) == {"input", "text", "calls"} and row["input"] == "what is 7 squared?"
+    assert set(row) == {"input", "output", "calls"} and row["input"] == "what is 7 squared?"
     code = main(["predict", str(one), "-p", "what is 7 squared?", "--format", "jsonl"])  # the run's tools
     out = capsys.readouterr().out
     assert code == 0 and json.loads(out.strip().splitlines()[-1]) == row, out

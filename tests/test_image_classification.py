@@ -219,8 +219,8 @@ def test_predict_prints_the_label_and_its_probability(shapes_job, shapes_straigh
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     labels = json.loads((shapes_straight / "adapter" / "xtrain_run.json").read_text())["labels"]
     assert [r["input"] for r in rows] == images
-    assert all(r["text"] in labels and 0 < float(r["probability"]) <= 1 for r in rows)
-    assert capsys.readouterr().out.startswith(f"{images[0]}\t{rows[0]['text']}\t")
+    assert all(r["output"] in labels and 0 < float(r["probability"]) <= 1 for r in rows)
+    assert capsys.readouterr().out.startswith(f"{images[0]}\t{rows[0]['output']}\t")
     assert main(["predict", str(shapes_straight), "--prompt", "what shape?"]) == 2  # it takes images
     # the adapter is plain peft: it loads on the base with a head of the run's size
     adapter = shapes_straight / "adapter"

@@ -453,7 +453,7 @@ def test_predict_reads_images_with_the_trained_adapter(ocr_job, ocr_straight, ca
     image = str(ocr_job.root / "img" / "0.png")
     assert main(["predict", str(ocr_straight), image, "--max-new-tokens", "4", "-o", str(out)]) == 0
     rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert len(rows) == 1 and rows[0]["input"].endswith("0.png") and isinstance(rows[0]["text"], str)
+    assert len(rows) == 1 and rows[0]["input"].endswith("0.png") and isinstance(rows[0]["output"], str)
     assert "0.png\t" in capsys.readouterr().out
     assert main(["predict", str(ocr_straight), "--prompt", "hi"]) == 2  # an image model takes images
 

@@ -22,6 +22,7 @@ LAYERS = (
     ("data",),
     ("model",),
     ("tasks",),
+    ("evaluate",),
     ("train",),
     ("trained", "predict", "run"),
     ("export",),

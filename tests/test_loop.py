@@ -164,7 +164,7 @@ def test_single_process_trains_and_writes_outputs(tmp_path: Path) -> None:
     # banner, progress, eval, checkpoint events
     kinds = [k for k, _ in rep.events]
     assert kinds[0] == "start" and kinds[-1] == "end"
-    assert rep.events[0][1].batch_line == "global batch = 4 per-device x 1 process x 2 accumulation = 8"
+    assert rep.events[0][1].batch_line == "global batch 8 = 4 per-device x 1 process x 2 accumulation"
     assert [s for k, (s, *_) in ((k, v) for k, v in rep.events if k == "checkpoint")] == [2, 4, 6, 8]
     # rotation keeps the last 2; no partial writes left
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-6", "step-8"]

@@ -74,8 +74,14 @@ def test_dry_run_checks_the_model(tmp_path, capsys):
     from xtrain.cli import main
 
     builtin.ensure_builtin_model("builtin:tiny-trocr")  # on this machine: its config.json is read
-    assert main(["train", OCR, "--dry-run"]) == 0
-    assert "Model checks: lengths checked against builtin:tiny-trocr" in capsys.readouterr().out
+    assert main(["train", OCR, "lora.enabled=true", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "Model checks: lengths and LoRA targets checked against builtin:tiny-trocr" in out
+    # the plan in numbers, and the layers auto picked on the model's skeleton (issue 60)
+    assert "; global batch 32 = 16 per-device x 1 process x 2 accumulation\n" in out
+    assert (
+        "LoRA: r=8, alpha=16, lora.target_modules=auto: q_proj, k_proj, v_proj, out_proj (22 layers)\n" in out
+    )
     assert main(["train", OCR, "generation.max_new_tokens=128", "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "error: generation.max_new_tokens=128 plus a prompt" in err and "Traceback" not in err

@@ -202,7 +202,7 @@ def test_a_base_model_with_a_chat_template_is_prompted_through_it(tmp_path_facto
     with torch.no_grad():
         ids = loaded.model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=0)
     expected = loaded.tokenizer.decode(ids[0, enc["input_ids"].shape[1] :], skip_special_tokens=True).strip()
-    assert row == {"input": question, "text": expected}
+    assert row == {"input": question, "output": expected}
 
 
 def _unescape(field: str) -> str:

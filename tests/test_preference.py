@@ -555,7 +555,7 @@ def test_predict_continues_a_prompt_with_the_trained_run(pref_job, pref_straight
     args = ["predict", str(pref_straight), "--prompt", prompt, "--max-new-tokens", "6", "-o", str(out)]
     assert main(args) == 0
     (row,) = [json.loads(x) for x in out.read_text().splitlines()]
-    assert row["input"] == prompt and row["text"]
+    assert row["input"] == prompt and row["output"]
 
 
 # -- the SFT term keeps the answers that plain DPO at a high lr loses (the built-in job) -------------

@@ -29,7 +29,7 @@ def test_the_launcher_says_the_plan_and_a_worker_only_its_warnings(machine, tmp_
     cfg = load_config(None, [f"run.output_dir={tmp_path / 'out'}", "run.tensorboard=false"])
     launch = for_launch(cfg, facts=machine("linux-cpu"))
     notes = run_checks(launch, Where(launcher=True, here=False))
-    assert [n.label for n in notes] == ["Precision", "Data loading", "Attention", "Loss"]
+    assert [n.label for n in notes] == ["Precision", "Data loading", "Threads", "Attention", "Loss"]
     assert notes[0].text.startswith("fp32 (") and all(n.level == "info" for n in notes)
     worker = for_process(cfg, LaunchContext(), plan=launch.plan)
     assert run_checks(worker, WORKER) == []  # nothing to say: the launcher said it

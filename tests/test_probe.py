@@ -453,6 +453,7 @@ def test_launch_variables_are_collected_in_both_modes(monkeypatch):
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     monkeypatch.delenv("NCCL_IB_DISABLE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # (a launch variable too: planning/threads.py)
     for quick in (True, False):
         names = [name for name, _ in (probe.QUICK_PROBES if quick else probe.FULL_PROBES)]
         assert {"env", "p2p"} <= set(names)

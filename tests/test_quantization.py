@@ -285,7 +285,7 @@ def test_predict_runs_a_quantized_runs_output(qstraight):
     from xtrain.tasks.contract import PredictRequest
 
     rows = predict(qstraight, PredictRequest(inputs=[], prompts=["Once upon a time"], max_new_tokens=4))
-    assert len(rows) == 1 and rows[0]["input"] == "Once upon a time" and rows[0]["text"]
+    assert len(rows) == 1 and rows[0]["input"] == "Once upon a time" and rows[0]["output"]
 
 
 def test_predict_loads_a_quantized_runs_base_in_4bit_as_training_did(qstraight):

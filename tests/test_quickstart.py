@@ -104,13 +104,18 @@ def test_the_default_job_is_chat_and_every_task_job_is_named(capsys, monkeypatch
 @pytest.mark.soak  # each first run trains its built-in SFT stage (tens of seconds) before the job
 @pytest.mark.parametrize(
     ("task", "metric", "before", "after"),
-    [("preference", "rewards/accuracy", 0.5, 1.0), ("grpo", "reward", 0.0, 0.8)],
+    [
+        ("preference", "rewards/accuracy", 0.5, 1.0),
+        ("grpo", "reward", 0.0, 0.8),
+        ("reward", "rewards/accuracy", 0.5, 0.9),
+    ],  # fmt: skip
 )
 def test_the_quickstarts_from_a_built_in_sft_stage_learn_at_one_and_two_processes(
     tmp_path_factory, task, metric, before, after
 ) -> None:
-    """``--task preference`` (reward accuracy 0.5 -> 1.0) and ``--task grpo`` (mean reward 0 ->
-    0.8 or more) start from their built-in SFT stage's result (builtin:tiny-llama-sft,
+    """``--task preference`` (reward accuracy 0.5 -> 1.0), ``--task grpo`` (mean reward 0 -> 0.8
+    or more) and ``--task reward`` (a reward model: accuracy 0.5 -> 0.9 or more) start from their
+    built-in SFT stage's result (builtin:tiny-llama-sft,
     builtin:tiny-llama-grpo: trained once by the first run, named in the result's lineage) and
     learn alike at 1 and 2 processes."""
     from support.jobs import session_quickstart

@@ -135,6 +135,25 @@ def test_each_stage_starts_from_the_one_before_and_equal_to_its_reference(straig
     assert kl[1] == pytest.approx(0, abs=1e-6)  # the first step's policy is the DPO stage's model
     assert kl[4] > 1e-6  # and then it moves away from it
     assert "Recipe done" in printed
+    # every logging window carries the task's own metrics (issue 60): DPO's first is the policy
+    # against itself, on the console's line for the window as in the log history
+    dpo_step1 = _result(root, "dpo")["log_history"][0]
+    assert dpo_step1["step"] == 1 and dpo_step1["rewards/margin"] == pytest.approx(0, abs=1e-5)
+    assert dpo_step1["rewards/accuracy"] == pytest.approx(0.5, abs=1e-6)
+    assert re.search(r"step 1 rewards/chosen \S+ .*rewards/accuracy 0\.5 ", printed), printed[-3000:]
+    assert re.search(r"step 4 .*kl \S+ .*reward \S+ .*rewards/length/mean \S+", printed)  # GRPO's
+
+
+def test_a_chain_s_report_names_each_stage_s_start(straight) -> None:
+    """The DPO stage's step-0 answers are the SFT stage's model's: headed so, not "base model"."""
+    from xtrain.report import page
+    from xtrain.report.runs import read_runs
+
+    root = straight[0]
+    runs, chained = read_runs([root / "runs" / s for s in ("sft", "dpo", "grpo")])
+    assert chained
+    html = page.render(runs, chained)
+    assert "start: sft (step 0)" in html and "base model (step 0)" not in html
 
 
 def test_a_killed_recipe_run_again_ends_with_the_same_adapters(straight, model, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from xtrain.errors import XtrainError
 from xtrain.report import page
 from xtrain.report.runs import read_runs
 
-SECTIONS = ["lineage", "plan", "data", "curves", "evaluation", "samples"]
+SECTIONS = ["lineage", "plan", "data", "curves", "evaluation", "benchmarks", "samples"]
 ATTACK = '<script>alert("x")</script><img src=x onerror=alert(1)>"\'&'
 # the tags the page is made of: anything else in it came from a run's files unescaped
 OURS = {
@@ -98,6 +98,8 @@ def write_run(
             "plan_os": "linux",
             "peak_mem_mib": 2048.0,
             "memory_estimate_gib": 2.5,
+            "lora_targets": ["q_proj", "v_proj"],
+            "lora_layers": 4,
         },
     }
     (folder / "train_result.json").write_text(json.dumps(result), encoding="utf-8")
@@ -177,7 +179,7 @@ def test_a_run_has_every_section_and_its_facts(tmp_path: Path) -> None:
     for fact in (
         "16 = 4 per-device x 2 processes x 2 accumulation",
         "cuda:0 on linux, 2 processes over nccl",
-        "LoRA r=8, alpha=16",
+        "LoRA r=8, alpha=16 on q_proj, v_proj (4 layers)",  # the layers the run adapted (issue 60)
         "2048 MiB peak",
         "before (step 0)",
         "after (step 20)",
@@ -224,6 +226,15 @@ def test_several_runs_are_overlaid_and_a_chain_is_put_in_order(tmp_path: Path) -
     assert {line.run for line in loss.lines} == {"sft", "dpo"}
     assert max(x for line in loss.lines if line.run == "dpo" for x, _ in line.points) == 30  # after sft's 20
     assert "stage 2 of a chain on builtin:tiny-llama-chat" in " ".join(parsed(html).text)
+    # the stages answered the same inputs: the first one's step 0 is the base model's answers
+    assert "base model (step 0)" in html and "start: sft" not in html
+    # another eval set: each stage's own table, the dpo stage's step 0 named for the sft stage (issue 60)
+    samples = [{"step": s, "samples": [{"reference": "other", "prediction": f"at {s}"}]} for s in (0, 10)]
+    other = json.dumps({"evaluations": samples})
+    (b / "eval_samples.json").write_text(other, encoding="utf-8")
+    text = " ".join(" ".join(parsed(page.render(*read_runs([a, b]))).text).split())
+    assert "base model (step 0)" in text and "start: sft (step 0)" in text  # sft's, then dpo's
+    assert "start: sft (step 0)" in " ".join(parsed(render(b)).text)  # alone: named by its folder
     # not a chain: overlaid on the same steps, as given
     c = write_run(tmp_path / "other", steps=10)
     runs, chained = read_runs([c, a])

@@ -26,7 +26,7 @@ CHROMIUM = Path("/usr/bin/chromium")  # Debian's (shutil.which finds it elsewher
 # background connections (refused here), a fresh profile (the persistent context's own folder)
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run"]  # fmt: skip
-SECTIONS = ["lineage", "plan", "data", "curves", "evaluation", "samples"]
+SECTIONS = ["lineage", "plan", "data", "curves", "evaluation", "benchmarks", "samples"]
 PLANTED = '<script>alert("planted")</script>'
 
 

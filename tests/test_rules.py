@@ -255,6 +255,13 @@ EXPECTED: dict[str, tuple[dict, dict[str, str]]] = {
 }
 
 
+# the same machine at a load average of 5 (tests/test_cpu_threads.py): no core free, one compute thread
+EXPECTED["linux-cpu-busy"] = (
+    {**EXPECTED["linux-cpu"][0], "env": {"OMP_NUM_THREADS": "1"}},
+    {**EXPECTED["linux-cpu"][1], "cpu-busy": "warn"},
+)
+
+
 def codes(d: Diagnosis) -> dict[str, str]:
     return {f.code: f.severity for f in d.findings}
 

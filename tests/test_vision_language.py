@@ -298,7 +298,7 @@ def test_predict_answers_like_the_eval_and_refuses_bad_input_in_one_line(qwen, t
     args = ["predict", str(tmp_path / "run"), img, "--max-new-tokens", "4"]
     assert main([*args, "--question", "what colour is it?", "--system", system, "-o", str(out)]) == 0
     answers = [json.loads(x) for x in out.read_text().splitlines()]
-    assert answers == [{"input": img, "prompt": "what colour is it?", "text": samples[0].prediction}]
+    assert answers == [{"input": img, "prompt": "what colour is it?", "output": samples[0].prediction}]
     assert capsys.readouterr().out == f"{img}\twhat colour is it?\t{samples[0].prediction}\n"
     # bad input: one line on stderr, exit 2, no traceback
     notes = tmp_path / "notes.png"

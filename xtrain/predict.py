@@ -134,6 +134,12 @@ def check_request(task: Task, request: PredictRequest) -> None:
             f"--tools gives a chat prompt the functions it may call; a {task.name} result takes none",
             f"leave out --tools (it is for {', '.join(known)} chat runs)",
         )
+    if request.answers and not task.predicts.answers:
+        known = [t.name for t in tasks.all_tasks().values() if t.predicts is not None and t.predicts.answers]
+        raise XtrainError(
+            f"--answer gives a reward model answers to score; a {task.name} result scores none",
+            f"leave out --answer: it is for {', '.join(known)} results",
+        )
     if request.sampling and not task.predicts.samples:
         known = tasks.all_tasks().values()
         sampling = [t.name for t in known if t.predicts is not None and t.predicts.samples]
@@ -198,6 +204,8 @@ class FileResults:
     rows: list[dict[str, Any]]
     metrics: dict[str, float]
     scored: int  # rows with a reference
+    # the means of the task's own per-row scores over every row (GRPO's rewards: FileRows.averaged)
+    means: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def read_examples(path: str | Path, file: str | Path) -> tuple[Task, list[Example]]:
@@ -224,7 +232,8 @@ def predict_file(
 ) -> FileResults:
     """Every row of ``file`` through the result at ``path``, ``request.batch_size`` rows a call;
     ``progress(done, total)`` after each batch. Each results line: ``row``, the input, ``output``
-    (+ ``probability``), and where the row has one ``reference`` and the task's metric."""
+    (+ ``probability``, a GRPO run's rewards), and where the row has one ``reference`` and the
+    task's metric."""
     task, examples = read_examples(path, file)
     check_request(task, request)
     reads = task.predicts.file if task.predicts is not None else None
@@ -241,7 +250,22 @@ def predict_file(
             refs.append(e.reference)
             outs.append(o["output"])
         rows.append(row)
-    return FileResults(rows, reads.score(refs, outs) if refs else {}, len(refs))
+    metrics = reads.score(refs, outs) if refs else {}
+    return FileResults(rows, metrics, len(refs), averaged(rows, reads.averaged))
+
+
+def averaged(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, float]:
+    """The mean over the rows of each per-row score a task's answers carry (``FileRows.averaged``:
+    GRPO's rewards), over the rows where it is a number."""
+    import math
+
+    names = dict.fromkeys(k for r in rows for k in r if any(k == p or k.startswith(p) for p in keys))
+    out = {}
+    for name in names:
+        values = [r[name] for r in rows if isinstance(r.get(name), (int, float)) and math.isfinite(r[name])]
+        if values:
+            out[name] = sum(values) / len(values)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

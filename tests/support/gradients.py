@@ -389,3 +389,13 @@ def dapo_gradients(
         tokens += float(mask.sum())
     (sum(sums) / tokens).backward()
     return {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def keep_group(accelerator: Any) -> None:
+    """The loop's ``release`` without ``end_training`` (which destroys the process group): a
+    torchrun worker that runs the loop on several configs in one process group sets
+    ``xtrain.train.loop.release`` to this (tests/test_sequence_parallel.py)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()

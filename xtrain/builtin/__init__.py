@@ -1,3 +1,4 @@
+# longer: the one registry of the built-ins (names, data generators, builders, trained stages), a line each
 """Built-in tiny models, tokenizers and data sets, made offline and deterministically.
 
 Everything here is *written to a folder* and then loaded through the same code path as a real
@@ -70,7 +71,7 @@ from typing import Any
 from xtrain import atomic
 from xtrain.builtin.agent_grpo import arithmetic_examples, calling_examples
 from xtrain.builtin.agent_grpo import sft_examples as agent_sft_examples
-from xtrain.builtin.chat import chat_examples
+from xtrain.builtin.chat import chat_examples, long_chat_examples
 from xtrain.builtin.preference import curt_sft_examples, preference_examples
 from xtrain.builtin.preference import sft_examples as preference_sft_examples
 from xtrain.builtin.text import build_tokenizer, sentiment_examples, story_examples, tiny_llama_config
@@ -118,6 +119,7 @@ DATASETS = (
     "preference-sft-curt",
     "agent-sft",
     "agent-sft-calls",
+    "long-chat",
 )
 IMAGE_ASSETS = ("tiny-trocr", "ocr-lines")  # built by xtrain.builtin.image
 IMAGE_CLASS_ASSETS = ("tiny-vit", "color-shapes")  # built by xtrain.builtin.image_classes
@@ -217,6 +219,7 @@ _DATA_SPECS: dict[str, tuple[Callable[[int, int], list[dict[str, Any]]], int, in
     "preference-sft-curt": (curt_sft_examples, 400, 40),
     "agent-sft": (agent_sft_examples, 2000, 40),
     "agent-sft-calls": (calling_examples, 4000, 40),
+    "long-chat": (long_chat_examples, 400, 20),  # xtrain quickstart --task long
 }
 
 

@@ -73,6 +73,21 @@ def chat_examples(n: int, seed: int) -> list[dict[str, list[dict[str, str]]]]:
     return out
 
 
+def long_chat_examples(n: int, seed: int, turns: int = 4) -> list[dict[str, list[dict[str, str]]]]:
+    """``builtin:long-chat``: ``n`` rows of ``turns`` questions and answers each (about 160 tokens
+    through the chat template: longer than each process's share of a sequence split across two),
+    the quickstart of sequence parallelism (``xtrain quickstart --task long``)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        messages = []
+        for _ in range(turns):
+            question, answer = _one(rng)
+            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+        out.append({"messages": messages})
+    return out
+
+
 PREFIX = "builtin:"
 # the prompts the quickstart shows answered before and after training (one of each kind)
 QUICKSTART_PROMPTS = ["what color is the kite?", "where is the frog?", "how is mia today?"]

@@ -113,6 +113,15 @@ def doctor(
         str | None,
         typer.Option("--platform", hidden=True, help="Force an OS kind (tests/support: windows, wsl2, ...)."),
     ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            metavar="FILE",
+            help="Also size this train config on this machine: memory a process, and the longest "
+            "sequence a card fits with and without parallel.sequence (docs/long-context.md).",
+        ),
+    ] = None,
 ) -> None:
     """Check this machine for multi-GPU training and print findings with fixes."""
     from xtrain.machine.facts import Facts
@@ -148,6 +157,8 @@ def doctor(
         from xtrain.commands.render import render_diagnosis
 
         render_diagnosis(out, facts, diagnosis)
+        if config is not None:
+            _config_fit(out, config, facts, n, gpu_ids, platform)
         if save is not None:
             out.print(f"Saved the facts to {save} (send it along with a bug report).", soft_wrap=True)
 
@@ -159,6 +170,36 @@ def doctor(
 
     if diagnosis.has_errors or (smoke_result is not None and not smoke_result.ok):
         raise typer.Exit(code=1)
+
+
+def _config_fit(
+    out: Console,
+    path: Path,
+    facts: Facts,
+    processes: int | None,
+    gpu_ids: list[int] | None,
+    platform: str | None,
+) -> None:
+    """``--config``: the train config planned on these facts, its sequence split, memory a process
+    and the longest sequence that fits a card (the dry run's own checks), a line each."""
+    from xtrain.planning.run import for_launch
+    from xtrain.tasks.validation import load_config
+    from xtrain.train.preflight import Where
+    from xtrain.train.preflight.plan import _memory, _sequence
+
+    cfg = load_config(path)
+    run = for_launch(cfg, processes=processes, gpu_ids=gpu_ids, platform=platform, facts=facts)
+    where = Where(launcher=True, dry_run=True)
+    lines = [
+        f"{n.label}: {n.text}" if n.label else n.text for n in _sequence(run, where) + _memory(run, where)
+    ]
+    out.print(
+        f"\n{path} ({cfg.model.name_or_path}, data.max_length={cfg.data.max_length}):",
+        soft_wrap=True,
+        markup=False,
+    )
+    for line in lines or ["Memory: estimated for CUDA plans (this one is on " + run.plan.device + ")"]:
+        out.print(f"  {line}", soft_wrap=True, markup=False)
 
 
 def _smoke(plan: Plan, out: Console, json_out: bool) -> SmokeResult:

@@ -174,11 +174,13 @@ def run_stage(
     and equivalent commands shown (0)."""
     cfg, plan = ready.run.cfg, ready.run.plan
     run_argv = ["--config", str(config), *overrides]
+    batch = ready.run.settings.batch_line  # the run's batch in numbers, on the plan's line
     if not options.dry_run:
-        return launch_training(plan, run_argv, console, cfg.run.output_dir, ready.lines, ready.shard_flags)
+        out = cfg.run.output_dir
+        return launch_training(plan, run_argv, console, out, ready.lines, ready.shard_flags, batch)
     from xtrain.commands import render_data
 
-    console.print(f"[bold]Plan:[/] {plan.summary()}", soft_wrap=True)
+    console.print(f"[bold]Plan:[/] {plan.summary(batch)}", soft_wrap=True)
     for line in ready.lines:
         console.print(line, soft_wrap=True)
     for note in ready.notes:
@@ -209,13 +211,15 @@ def launch_training(
     output_dir: str | None = None,
     notes: list[str] | None = None,
     sharding: list[str] | None = None,
+    batch: str | None = None,
 ) -> int:
     """Start xtrain.run on every planned process; returns its exit code (0 on success), and
     records how it ended in the run's folder (``runtime.run_control``'s end record: what a
-    studio shows). ``notes``: lines shown under the plan (the memory estimate)."""
+    studio shows). ``notes``: lines shown under the plan (the memory estimate); ``batch``: the
+    run's batch in numbers (``RunSettings.batch_line``)."""
     from xtrain.runtime import lock, run_control
 
-    code, line = _launched(plan, run_argv, console, output_dir, notes, sharding)
+    code, line = _launched(plan, run_argv, console, output_dir, notes, sharding, batch)
     if output_dir and lock.live_holder(output_dir) is None:  # (not over a run that holds the folder)
         run_control.write_end(output_dir, code, line)
     return code
@@ -228,6 +232,7 @@ def _launched(
     output_dir: str | None,
     notes: list[str] | None,
     sharding: list[str] | None,
+    batch: str | None,
 ) -> tuple[int, str]:
     """``launch_training``'s launch: (the exit code, the one line it ended with: "" when it
     finished)."""
@@ -238,7 +243,7 @@ def _launched(
     from xtrain.launch import launcher as launch
     from xtrain.train.failures import remove_killed_writes, stopped_error
 
-    console.print(f"[bold]xtrain train:[/] {plan.summary()}", soft_wrap=True)
+    console.print(f"[bold]xtrain train:[/] {plan.summary(batch)}", soft_wrap=True)
     for line in notes or []:
         console.print(line, soft_wrap=True)
     try:

@@ -128,6 +128,13 @@ def predict(
         "-q",
         help="A text prompt (causal-lm), or a question about every image (vision-language); repeatable.",
     ),
+    answer: list[str] = typer.Option(
+        None,
+        "--answer",
+        "-a",
+        help="An answer to score after each --prompt (a reward model's result, docs/reward-models.md); "
+        "repeatable.",
+    ),
     system: str = typer.Option(
         None,
         "--system",
@@ -177,6 +184,7 @@ def predict(
         "seed": seed, "temperature": temperature, "top_p": top_p,
     }  # fmt: skip
     request = _request(inputs, prompt, system, options)
+    request.answers = list(answer or [])
     if tools is not None:
         _read_tools(request, tools)
     if fmt not in FORMATS:
@@ -234,11 +242,11 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
     from xtrain.console import make_console
     from xtrain.runtime.quiet import quiet_libraries
 
-    if request.inputs or request.prompts or request.system is not None or request.tools:
+    if request.inputs or request.prompts or request.system is not None or request.tools or request.answers:
         raise XtrainError(
             "--data predicts every row of a file: its rows are the inputs",
-            "leave out the image/audio inputs, --prompt/--question, --system and --tools (agent rows carry "
-            "their own tools, a GRPO run its grpo.tools), or leave out --data",
+            "leave out the image/audio inputs, --prompt/--question, --answer, --system and --tools (agent "
+            "rows carry their own tools, a GRPO run its grpo.tools), or leave out --data",
         )
     if not data.expanduser().exists():
         raise XtrainError(f"--data {data} not found", "pass a data file in the format the run trained on")
@@ -260,6 +268,8 @@ def _predict_file(model: Path, data: Path, request: PredictRequest, output: Path
         make_console().print(f"{len(results.rows)} rows -> {target}", soft_wrap=True)
     if results.metrics:
         err.print(metrics_line(results.metrics, results.scored, len(results.rows)), soft_wrap=True)
+    if results.means:
+        err.print(metrics_line(results.means, len(results.rows), len(results.rows)), soft_wrap=True)
 
 
 class _progress:

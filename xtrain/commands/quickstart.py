@@ -80,13 +80,22 @@ def compare_answers(base: str, run_dir: Path, file: Path) -> tuple[FileResults, 
     return lib.predict_file(base, file, request), lib.predict_file(run_dir, file, request)
 
 
-def _print_answers(console: Console, before: FileResults, after: FileResults) -> None:
-    """The first eval prompts answered by the base model and the adapter, and each one's score."""
+def start_label(name_or_path: str) -> str:
+    """What answers "before": the base model, or the trained result the job starts from (a chain's
+    stage: ``start: NAME``), never called a base model."""
+    from xtrain.model.start import start_of
+
+    return f"start: {name_or_path}" if start_of(name_or_path).result else "base model"
+
+
+def _print_answers(console: Console, before: FileResults, after: FileResults, start: str) -> None:
+    """The first eval prompts answered by the model the job started from (``start``) and the
+    adapter, and each one's score."""
     from rich.table import Table
     from rich.text import Text
 
     table = Table(title="answers to eval prompts (greedy)", title_justify="left")
-    for name in ("prompt", "base model", "trained adapter", "reference"):
+    for name in ("prompt", start, "trained adapter", "reference"):
         table.add_column(name)
     for b, a in list(zip(before.rows, after.rows, strict=True))[:SHOWN]:
         cells = (a["input"], b["output"], a["output"], a.get("reference", "-"))
@@ -95,12 +104,13 @@ def _print_answers(console: Console, before: FileResults, after: FileResults) ->
     for key, value in after.metrics.items():
         was = before.metrics.get(key, float("nan"))
         name = key.replace("_", " ")
-        line = f"{name} {was:.2f} -> {value:.2f} over {after.scored} eval rows (base model -> adapter)"
+        line = f"{name} {was:.2f} -> {value:.2f} over {after.scored} eval rows ({start} -> adapter)"
         console.print(line, soft_wrap=True, markup=False)
 
 
-def save_answers(run_dir: Path, before: FileResults, after: FileResults) -> None:
-    """The comparison kept in the run folder for ``xtrain report`` (``run_files.ANSWERS``)."""
+def save_answers(run_dir: Path, before: FileResults, after: FileResults, start: str = "base model") -> None:
+    """The comparison kept in the run folder for ``xtrain report`` (``run_files.ANSWERS``);
+    ``start``: what answered before (``start_label``)."""
     from xtrain import atomic
     from xtrain.train.run_files import ANSWERS
 
@@ -109,7 +119,7 @@ def save_answers(run_dir: Path, before: FileResults, after: FileResults) -> None
         for b, a in zip(before.rows, after.rows, strict=True)
     ]
     metrics = {k: {"base": before.metrics.get(k), "trained": v} for k, v in after.metrics.items()}
-    saved = {"rows": rows, "metrics": metrics, "scored": after.scored}
+    saved = {"rows": rows, "metrics": metrics, "scored": after.scored, "start": start}
     atomic.write_text(run_dir / ANSWERS, json.dumps(saved, indent=1, ensure_ascii=False))
 
 
@@ -119,8 +129,9 @@ def _before_after(console: Console, cfg: TrainConfig, run_dir: Path, file: Path)
     from xtrain.model.load import resolve_model
 
     answers = compare_answers(resolve_model(cfg.model.name_or_path), run_dir, file)
-    _print_answers(console, *answers)
-    save_answers(run_dir, *answers)
+    start = start_label(cfg.model.name_or_path)
+    _print_answers(console, *answers, start)
+    save_answers(run_dir, *answers, start)
 
 
 def _print_doctor(console: Console, findings: list[Finding]) -> None:
@@ -172,12 +183,14 @@ def run_rows(result: dict[str, Any], seconds: float) -> list[tuple[str, str]]:
     """(what, value) rows: how the run went and where its files are."""
     world, accumulation = result.get("world_size", 1), result.get("accumulation", 1)
     global_batch = result.get("global_batch", 0)
-    per_device = global_batch // max(1, world * accumulation)
+    split = (result.get("run_info") or {}).get("sequence_parallel") or 1  # processes sharing a row
+    per_device = global_batch // max(1, world // split * accumulation)
+    readers = f"{world} process(es)" if split == 1 else f"{world // split} group(s) of {split} processes"
     rows = [
         ("optimizer steps", str(result.get("final_step", "-"))),
         (
             "global batch",
-            f"{global_batch} = {per_device} per-device x {world} process(es) x {accumulation} accumulation",
+            f"{global_batch} = {per_device} per-device x {readers} x {accumulation} accumulation",
         ),
         ("samples/s", f"{result.get('samples_per_s', 0):.1f}"),
         ("wall time", f"{seconds:.1f} s (start-up included)"),
@@ -278,10 +291,11 @@ def quickstart(
         # e.g. 4 or 8 GPUs: smaller micro-batches keep the same global batch (and result)
         overrides.append(f"batch.per_device={fixed // world}")
         cfg = load_config(job, overrides)
-    plan = resolve(cfg, processes=n, platform=platform, facts=diagnosis.facts).plan
+    resolved = resolve(cfg, processes=n, platform=platform, facts=diagnosis.facts)
+    plan = resolved.plan
     started = time.perf_counter()
     run_argv = ["--config", str(job), *overrides]
-    code = launch_training(plan, run_argv, console)
+    code = launch_training(plan, run_argv, console, batch=resolved.settings and resolved.settings.batch_line)
     if code != 0:
         raise typer.Exit(code)
     seconds = time.perf_counter() - started

@@ -74,7 +74,30 @@ def run_recipe(stages: list[Stage], options: LaunchOptions, console: Console) ->
     if not options.dry_run:
         last = stages[-1].cfg.run.output_dir
         console.print(f"[bold]Recipe done:[/] the chain's result is in {escape(last)}", soft_wrap=True)
+        stage_scores(stages, console)
     return 0
+
+
+def stage_scores(stages: list[Stage], console: Console) -> None:
+    """The benchmarks after each stage (its ``eval.benchmarks``, kept in its ``benchmarks/``), the
+    first stage's start before them where it was scored: one table, changes against the first column."""
+    from pathlib import Path
+
+    from xtrain.commands.eval import show_table
+    from xtrain.evaluate import saved
+
+    labels, columns = [], []
+    for stage in stages:
+        scores, reference, _ = saved.latest(saved.read_all(Path(stage.cfg.run.output_dir)))
+        if not columns and reference:
+            labels.append("start")
+            columns.append(reference)
+        if scores:
+            labels.append(f"{stage.number}. {stage.path.stem}")
+            columns.append(scores)
+    if columns:
+        console.print("\n[bold]Benchmarks after each stage:[/]", soft_wrap=True)
+        show_table(labels, columns, console)
 
 
 def describe(stage: Stage, state: StageState) -> str:

@@ -65,6 +65,8 @@ def _system_rows(facts: Facts) -> list[tuple[str, str]]:
         host += f", resolves: {_yes_no(facts.hostname_resolves)}"
     rows.append(("Hostname", host))
     cpu = f"{facts.cpu_count} cores"
+    if facts.load_average is not None:
+        cpu += f" (load average {facts.load_average:.1f})"
     if facts.memory_mib is not None:
         cpu += f", {_gib(facts.memory_mib)} RAM"
     rows.append(("Python / CPU", f"{facts.python or 'unknown'}; {cpu}"))
@@ -210,6 +212,7 @@ def render_plan(console: Console, plan: Plan) -> None:
         "dataloader_workers": str(plan.dataloader_workers),
         "media_workers": str(plan.media_workers),
         "pin_memory": _yes_no(plan.pin_memory, "on", "off"),
+        "threads": str(plan.cpu_threads) if plan.cpu_threads is not None else "default",
     }
     for key, why in plan.reasons.items():
         table.add_row(key, values.get(key, ""), escape(why))

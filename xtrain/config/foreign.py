@@ -179,10 +179,14 @@ FOREIGN: dict[str, Foreign] = {
         "preference.loss", LF, "LLaMA-Factory's sigmoid is preference.loss: dpo; ipo, orpo, simpo as named"
     ),
     "pref_beta": Foreign("preference.beta", LF),
+    "center_rewards_coefficient": Foreign("reward.center_rewards_coefficient", "TRL"),
     "deepspeed": Foreign(None, f"{HF}, {LF}, {AX}", _DEEPSPEED),
     "fsdp": Foreign(None, f"{HF}, {AX}", "FSDP is a launch option: xtrain train CONFIG --fsdp"),
     "ddp_find_unused_parameters": Foreign(None, HF, _UNUSED),
     "ddp_timeout": Foreign("run.collective_timeout_s", f"{HF}, {LF}, {AX}"),
+    "sequence_parallel_size": Foreign("parallel.sequence", "ms-swift"),
+    "sequence_parallel_degree": Foreign("parallel.sequence", AX),
+    "context_parallel_size": Foreign("parallel.sequence", AX),
 }
 # fmt: on
 

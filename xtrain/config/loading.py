@@ -35,9 +35,11 @@ _INPUT_PATHS = (
     "data.chat_template",
     "data.image_root",
     "data.audio_root",
+    "eval.benchmarks",  # task YAML files and folders (lm-eval's task names are left as they are)
 )
 # Function specs (``path/to/file.py:function``) whose file is looked up the same way.
 _FUNCTION_SPECS = ("grpo.rewards", "grpo.tools")
+MODEL_REWARD = "model:"  # grpo.rewards' entry of a reward model: model:PATH (a reward run's folder)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -158,6 +160,8 @@ def _resolve_specs(cfg: TrainConfig, base: Path, key: str) -> None:
     value = getattr(getattr(cfg, section), name)
 
     def spec(text: str) -> str:
+        if text.startswith(MODEL_REWARD):  # grpo.rewards' model:PATH, a reward run's folder
+            return MODEL_REWARD + _next_to(base, text[len(MODEL_REWARD) :])
         where, colon, function = text.rpartition(":")
         return f"{_next_to(base, where)}:{function}" if colon and where.endswith(".py") else text
 

@@ -196,6 +196,9 @@ class RunConfig:
     # seconds a collective may wait for a slow or hung rank before the run fails (torch's own
     # default is 10 min for NCCL); long enough for rank 0 to tokenise a big data set first
     collective_timeout_s: int = 1800
+    # compute threads each training process runs (torch.set_num_threads); None: the plan's, from the
+    # cores and the load average (a busy CPU gets fewer: planning/threads.py)
+    cpu_threads: int | None = None
 
 
 @dataclass
@@ -263,6 +266,45 @@ class GrpoConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How each step's work is split across the processes beyond data parallelism (docs/long-context.md)."""
+
+    # sequence parallelism: each process holds 1/N of every sequence's tokens (N divides the
+    # processes; the processes / N groups train data-parallel); 1: off; all (0): every process
+    sequence: int = 1
+    # auto (ulysses where the attention and key/value heads divide by N, else ring) | ulysses
+    # (all-to-all: sequence shards -> head shards) | ring (keys and values passed around the ring)
+    sequence_mode: str = "auto"
+
+
+@dataclass
+class RewardConfig:
+    """Reward models (the reward task): the Bradley-Terry loss over preference pairs, as TRL's
+    RewardTrainer computes it (docs/reward-models.md)."""
+
+    # the column of a pair's margin (a number, e.g. how much better the chosen answer was rated):
+    # the loss asks r_chosen - r_rejected to exceed it (Llama 2's); read when the rows have it;
+    # null: no margin
+    margin_column: str | None = "margin"
+    # TRL's center_rewards_coefficient: + coef x (r_chosen + r_rejected)^2 per pair, which keeps
+    # the rewards centred on 0 (0.01 in the paper that proposed it); 0: off
+    center_rewards_coefficient: float = 0.0
+
+
+@dataclass
+class EvalConfig:
+    """Benchmarks through lm-evaluation-harness (the eval extra; docs/evaluation.md), scored on
+    the run's saved result at its end by the run's own processes: causal-lm, preference and GRPO
+    runs. The scores go into train_result.json, curves.png and the report."""
+
+    benchmarks: list[str] = field(default_factory=list)  # lm-eval task names, or task YAML files/folders
+    limit: float | None = None  # rows per task (below 1: that share of each); None: every row
+    num_fewshot: int | None = None  # few-shot examples; None: each task's own
+    batch_size: int = 8  # rows per forward pass (per process)
+    at_start: bool = False  # also the model the run started from (its "before"), scored at the end
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -273,6 +315,9 @@ class TrainConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     grpo: GrpoConfig = field(default_factory=GrpoConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 def sections() -> dict[str, type]:

@@ -45,6 +45,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "run.mixed_precision": ("auto", *PRECISIONS),
     "preference.loss": ("dpo", "ipo", "orpo", "simpo", "kto"),  # xtrain.tasks.preference.losses.LOSSES
     "grpo.scale_rewards": ("group", "batch", "none"),
+    "parallel.sequence_mode": ("auto", "ulysses", "ring"),  # xtrain.planning.sequence
 }
 # Spellings people use for the same thing; YAML 1.1 also reads a bare `no`/`off` as false.
 # fmt: off
@@ -103,6 +104,7 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "data.max_pixels": _POS_INT,
     "data.max_image_pixels": _POS_INT,
     "data.num_workers": _between(0, 1024),
+    "run.cpu_threads": _between(1, 4096),
     "data.encode_processes": _between(1, 1024),
     "data.max_samples": _POS_INT,
     "data.mix_probs": (lambda v: all(p >= 0 for p in v) and sum(v) > 0, "numbers >= 0, not all 0"),
@@ -150,7 +152,15 @@ CHECKS: dict[str, tuple[Any, str]] = {
     "grpo.max_episode_length": _between(1, 1 << 22),
     "grpo.max_tool_calls": _between(0, 1 << 20),
     "grpo.tool_timeout": _POS_NUM,
+    "reward.center_rewards_coefficient": _NONNEG,
     "generation.sample_predictions": _between(0, 10_000),
+    "parallel.sequence": (
+        lambda v: 0 <= v <= 1024,
+        "an integer in 1..1024, or all (every process of the run)",
+    ),
+    "eval.limit": (lambda v: v > 0 and (v < 1 or v == int(v)), "a row count, or a share of the rows below 1"),
+    "eval.num_fewshot": _between(0, 1024),
+    "eval.batch_size": _between(1, 1 << 16),
 }
 
 
@@ -299,6 +309,8 @@ def set_value(cfg: TrainConfig, key: str, value: Any, *, from_text: str | None =
             value = from_text
     if key in ALIASES and isinstance(value, bool):
         value = ALIASES[key].get(value, value)
+    if key == "parallel.sequence" and isinstance(value, str) and value.strip().lower() == "all":
+        value = 0  # every process of the run (planning.sequence)
     if key == "lora.target_modules" and isinstance(value, str) and "," in value:
         value = [m.strip() for m in value.split(",") if m.strip()]
     if key == "lora.target_modules" and isinstance(value, list) and len(value) == 1:

@@ -140,6 +140,9 @@ def batch_tokens(batch: dict[str, Any], key: str | None) -> torch.Tensor | None:
     padding-free packed batch (no mask; ``position_ids`` restart per example) one per input id."""
     if key is None:
         return None
+    shards = batch.get("sequence_shards")  # a sequence shard (sequence_shards.py): its real tokens
+    if shards is not None:
+        return torch.tensor(shards.tokens)
     mask = batch.get(key)
     if mask is None and "position_ids" in batch and "input_ids" in batch:
         return torch.tensor(batch["input_ids"].numel())  # a host number: no device sync

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import atomic
+from xtrain.data import cache_repair
 
 if TYPE_CHECKING:
     from datasets import Dataset, Features
@@ -112,6 +113,9 @@ def encode(ds: Dataset, encoding: Encoding, what: str) -> Dataset:
 
     if _peeking and not cached(ds, encoding):
         raise NotCached(ds, encoding)
+    # a cut-short entry (full disk, a copy of the cache cut off): removed and encoded again
+    entry = entry_files(ds, encoding)
+    cache_repair.drop_damaged(entry, f"the encoded rows ({encoding.name})", "encoding them again")
     n = processes(len(ds), encoding.processes) if not encoding.grouped else 1
     files = ds.cache_files
     where = Path(files[0]["filename"]).parent if files else datasets.config.HF_DATASETS_CACHE
@@ -132,17 +136,29 @@ def encode(ds: Dataset, encoding: Encoding, what: str) -> Dataset:
         )
 
 
-def cached(ds: Dataset, encoding: Encoding) -> bool:
-    """Whether ``encode(ds, encoding)`` would read its files instead of encoding (the dry run's
-    "cached"): every shard of one earlier encoding is on disk, as ``datasets.map`` looks for them."""
+def entry_files(ds: Dataset, encoding: Encoding) -> list[Path]:
+    """The Arrow files of ``encode(ds, encoding)``'s cache entry that are on disk: the one file, or
+    the shards of an encoding in several processes (``cache-<fingerprint>_00000_of_00002.arrow``)."""
     files = ds.cache_files
     if not files:
-        return False
+        return []
     stem = Path(files[0]["filename"]).parent / f"cache-{fingerprint(ds, encoding)}"
-    if stem.with_suffix(".arrow").is_file():
+    return [p for p in (stem.with_suffix(".arrow"),) if p.is_file()] + sorted(
+        stem.parent.glob(stem.name + "_*_of_*.arrow")
+    )
+
+
+def cached(ds: Dataset, encoding: Encoding) -> bool:
+    """Whether ``encode(ds, encoding)`` would read its files instead of encoding (the dry run's
+    "cached"): every shard of one earlier encoding is on disk, as ``datasets.map`` looks for them,
+    and reads whole (a damaged entry is encoded again)."""
+    entry = entry_files(ds, encoding)
+    if not entry or cache_repair.damaged(entry):
+        return False
+    if entry[0].name.endswith(f"{fingerprint(ds, encoding)}.arrow"):
         return True
     found: dict[int, int] = {}
-    for path in stem.parent.glob(stem.name + "_*_of_*.arrow"):
+    for path in entry:
         total = path.stem.rsplit("_of_", 1)[-1]
         if total.isdigit():
             found[int(total)] = found.get(int(total), 0) + 1
@@ -221,12 +237,14 @@ def seconds_a_row(ds: Dataset, encoding: Encoding, rows: int = 100) -> float:
 
 
 @contextlib.contextmanager
-def reporting(listener: Listener | None) -> Iterator[None]:
-    """Encodings in the block report their progress to ``listener`` (the run's reporter)."""
+def reporting(listener: Listener | None, noter: cache_repair.Noter | None = None) -> Iterator[None]:
+    """Encodings in the block report their progress to ``listener`` (the run's reporter), and a
+    damaged cache entry made again to ``noter`` (its notes: ``cache_repair``)."""
     global _listener
     before, _listener = _listener, listener
     try:
-        yield
+        with cache_repair.noting(noter):
+            yield
     finally:
         _listener = before
 

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xtrain import encoding
-from xtrain.data import as_written
+from xtrain.data import as_written, cache_repair
 from xtrain.data.encoded import ARROW_BATCH
 from xtrain.data.files import compression, format_suffix
-from xtrain.data.read_errors import read_error
+from xtrain.data.read_errors import first_line, read_error
 from xtrain.errors import XtrainError
 from xtrain.runtime.quiet import quiet_data_read_errors
 
@@ -33,8 +33,9 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
     the columns the config reads as text."""
     import datasets
 
-    # a file datasets converted before (its path and modification time) was checked whole then
-    whole = not prepared(path, builder, source, text)
+    # a file datasets converted before (its path and modification time) was checked whole then; a
+    # damaged copy (or a damaged entry made from it) is removed first, and the file converted again
+    whole = not prepared(path, builder, source, text, repair=True)
     original, (path, kwargs) = path, readable(path, builder, source, whole=whole, text=text)
     kwargs["writer_batch_size"] = ARROW_BATCH  # (not in datasets' cache key: a file read before stays read)
     quiet_data_read_errors()  # datasets' own line about a file it cannot parse: xtrain says it once
@@ -50,6 +51,12 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
             ds = datasets.load_dataset(builder, data_files=str(path), split="train", features=kept, **kwargs)
             ds = as_written.json_as_text(ds)
     except Exception as e:
+        if not whole and (folder := copy_folder(original, builder, source, text)) is not None:
+            # its copy read whole before this read: the cache failed, not the user's file
+            raise XtrainError(
+                f"cannot read the datasets cache's copy of {source}: {first_line(e)}",
+                f"remove {folder} and run again (the file is converted again)",
+            ) from None
         raise read_error(e, original, source, builder) from None
     if len(ds) == 0:
         raise XtrainError(f"data file {source} has no rows", "add examples to it")
@@ -57,17 +64,37 @@ def load_file(path: Path, builder: str, source: str, text: Collection[str] = ())
     return ds
 
 
-def prepared(path: Path, builder: str, source: str, text: Collection[str] = ()) -> bool:
+def prepared(path: Path, builder: str, source: str, text: Collection[str] = (), repair: bool = False) -> bool:
     """Whether ``load_file`` would read the file's Arrow copy from datasets' cache (made by an
-    earlier read of the same file: its path and modification time) instead of converting it."""
+    earlier read of the same file: its path and modification time) instead of converting it: the
+    copy is there and reads whole (``cache_repair``). ``repair``: a damaged copy is removed (the
+    file is converted again), and so is any damaged entry made from it in the same folder (the
+    encoded rows, an eval split's indices); the dry run only looks."""
+    folder = copy_folder(path, builder, source, text)
+    if folder is None:
+        return False
+    copy = [p for p in folder.glob("*.arrow") if not p.name.startswith("cache-")]
+    made = sorted(folder.glob("cache-*.arrow"))
+    if not repair:
+        return not cache_repair.damaged(copy)
+    if cache_repair.drop_damaged(copy, f"the converted copy of {source}", "converting it again", folder):
+        return False
+    cache_repair.drop_damaged(made, f"rows made from {source}", "making them again")
+    return True
+
+
+def copy_folder(path: Path, builder: str, source: str, text: Collection[str] = ()) -> Path | None:
+    """The folder of the file's Arrow copy in datasets' cache (with its ``dataset_info.json``, and
+    the entries made from it); None when the file was not converted yet."""
     import datasets
 
     try:
         path, kwargs = readable(path, builder, source, whole=False, text=text)
         found = datasets.load_dataset_builder(builder, data_files=str(path), **kwargs)
     except Exception:  # the run says what is wrong with the file, in its own line
-        return False
-    return (Path(found.cache_dir) / "dataset_info.json").is_file()
+        return None
+    folder = Path(found.cache_dir)
+    return folder if (folder / "dataset_info.json").is_file() else None
 
 
 def rows_in(path: Path, limit: int = 1000) -> int | None:

@@ -70,7 +70,7 @@ def eval_prompts(src: Source, count: int) -> tuple[Prompts | None, str | None]:
         return None, None
     predicts = tasks.get(src.task).predicts if src.task in tasks.all_tasks() else None
     if src.task is not None and (predicts is None or predicts.file is None):
-        # (a preference run's rows: pairs, without xtrain predict --data's reader)
+        # (a task whose rows are not prompts to answer: no xtrain predict --data reader)
         return None, f"no eval prompts answered: a {src.task} run's eval rows are not prompts to answer"
     file = eval_file(src)
     if file is None:

@@ -13,7 +13,6 @@ server's own log is off: ``verbosity -1``).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from importlib import metadata, util
 from typing import TYPE_CHECKING, Any
@@ -85,18 +84,9 @@ class Runtime:
     without it such a conversation renders as it is (the template check)."""
 
     def __init__(self, path: Path, context: int = 2048, threads: int | None = None, prefill: bool = False):
-        import xllamacpp
+        from xtrain.evaluate.gguf import llama_server  # the one set of llama.cpp's server settings
 
-        params = xllamacpp.CommonParams()
-        params.model.path = str(path)
-        params.n_ctx = context
-        params.use_jinja = True  # the GGUF's own template, in llama.cpp's Jinja engine
-        params.warmup = False
-        params.verbosity = -1
-        params.prefill_assistant = prefill
-        params.n_parallel = 1
-        params.cpuparams.n_threads = threads or max(1, min(8, (os.cpu_count() or 2) // 2))
-        self._server: Any = xllamacpp.Server(params)
+        self._server: Any = llama_server(path, context, threads, prefill)
 
     def __enter__(self) -> Runtime:
         return self

@@ -176,6 +176,12 @@ def prepare(req: ExportRequest) -> _Plan:
         memory.check_memory(memory.model_sizes(src.model_class, config), memory.available_bytes())
         return plan
 
+    if source.is_classifier(src):
+        raise XtrainError(
+            f"{src.folder} is a {src.task or 'sequence classifier'} result: a classifier has no GGUF or "
+            "Ollama form (llama.cpp runs it as a language model)",
+            "export it with --to merged: transformers' AutoModelForSequenceClassification loads it",
+        )
     gguf.require_gguf()
     families.family_of(config)
     families.rope_scaling(config, families.family_of(config))
@@ -241,11 +247,11 @@ def merged_model(
     src = plan.src
     if not src.adapter:
         progress.stage(f"loading {src.folder}")
-        model = merge.fresh_base(src.model_class, str(src.folder))
+        model = merge.fresh_base(src.model_class, str(src.folder), source.head_config(src))
         model.eval()
         return model, parity.logits(model, prompts), []
     progress.stage(f"loading the base {src.base} on the CPU")
-    base = merge.fresh_base(src.model_class, src.load_from())
+    base = merge.fresh_base(src.model_class, src.load_from(), source.head_config(src))
     adapted = merge.with_adapter(base, src.folder)
     expected = parity.logits(adapted, prompts)
     probe = parity.MergeProbe(adapted)

@@ -18,7 +18,7 @@ from xtrain.model import merge
 from xtrain.trained import OUTPUT_FOLDERS, model_folder, read_json_object, run_task, trained_quantization
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 # what the adapter/model folder holds besides the weights: copied into a merged export as it is
 WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin", "adapter_config.json", "README.md")
@@ -87,6 +87,24 @@ def find_source(path: str | Path, base: str | None = None) -> Source:
         name=run.name,
         record=trained.record,
     )
+
+
+def head_config(src: Source) -> PretrainedConfig | None:
+    """The config the model loads with when its run's head differs from the checkpoint's: a
+    classifier's ``num_labels`` as its record saved it (a reward model's one output); None: the
+    checkpoint's own."""
+    labels = src.record.get("num_labels")
+    if not isinstance(labels, int) or isinstance(labels, bool) or labels < 1:
+        return None
+    config = models.load_config(src.load_from(), False)
+    config.num_labels = labels
+    return config
+
+
+def is_classifier(src: Source) -> bool:
+    """A sequence classifier (a reward model, seq-cls): its form is merged weights, never a GGUF
+    that llama.cpp runs as a language model."""
+    return src.model_class.__name__.endswith("ForSequenceClassification")
 
 
 def load_tokenizer(src: Source) -> PreTrainedTokenizerBase:

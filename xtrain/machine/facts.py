@@ -103,7 +103,7 @@ def _impossible(facts: Facts) -> str | None:
         return f"cpu_count={facts.cpu_count}"
     if not 0 < facts.port < 65536:
         return f"port={facts.port}"
-    for name in ("memory_mib", "shm_mib", "smi_gpu_count"):
+    for name in ("memory_mib", "shm_mib", "smi_gpu_count", "load_average"):
         value = getattr(facts, name)
         if value is not None and value < 0:
             return f"{name}={value}"
@@ -137,6 +137,8 @@ class Facts:
     python: str = ""
     python_executable: str = ""  # sys.executable: fixes run pip with this interpreter
     cpu_count: int = 1
+    # the 1-minute load average (runnable processes); None: unknown (Windows, older snapshots)
+    load_average: float | None = None
     memory_mib: int | None = None
     # torch
     torch_version: str | None = None  # None: torch not importable

@@ -33,6 +33,7 @@ from xtrain.machine.probes.system import (
     probe_env,
     probe_hostname,
     probe_hostname_resolves,
+    probe_load,
     probe_memory,
     probe_packages,
     probe_platform,
@@ -50,6 +51,7 @@ from xtrain.machine.probes.torch_stack import (
 
 QUICK_PROBES: tuple[tuple[str, Probe], ...] = (
     ("platform", probe_platform),
+    ("load", probe_load),
     ("memory", probe_memory),
     ("hostname", probe_hostname),
     ("torch", probe_torch),
@@ -67,6 +69,7 @@ QUICK_PROBES: tuple[tuple[str, Probe], ...] = (
 )
 FULL_PROBES: tuple[tuple[str, Probe], ...] = (
     ("platform", probe_platform),
+    ("load", probe_load),
     ("memory", probe_memory),
     ("hostname", probe_hostname),
     ("hostname_resolves", probe_hostname_resolves),

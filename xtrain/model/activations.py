@@ -98,6 +98,10 @@ class Stack:
     stem: int = 0  # values a position its input layers keep when they train (a conv stem, patches)
     embeds: bool = False  # its input is token embeddings (indices kept when they train)
     text: bool = False  # its positions are data.max_length tokens (the estimate sets them)
+    # processes its sequences are split across (parallel.sequence): ``positions`` are one process's
+    # share; eager attention's probabilities span every process's keys (Ulysses: the whole sequence
+    # for 1/N of the heads, N times a share's square)
+    sequence: int = 1
     trains: str = "frozen"  # frozen | lora | full
     adapters: tuple[tuple[str, int], ...] = field(default=())
 
@@ -139,12 +143,13 @@ def _norm(stack: Stack, p: Precision, positions: int, grad_in: bool) -> float:
     return stack.hidden * positions * (NORM_BYTES + (p.act if full and stack.rms_norm else 0))
 
 
-def _attention(stack: Stack, p: Precision, queries: int, keys: int) -> float:
+def _attention(stack: Stack, p: Precision, queries: int, keys: int, spread: int = 1) -> float:
     """Bytes a sample one attention keeps once q/k/v need a gradient (k and v at the full width:
-    grouped-query heads are repeated before sdpa)."""
+    grouped-query heads are repeated before sdpa); ``spread``: the processes a sequence is split
+    across, whose keys every query's probabilities span (eager)."""
     h = stack.hidden
     if stack.eager:  # q, k, v and the probabilities (float32 softmax, a 16-bit copy under autocast)
-        probs = stack.heads * queries * keys * (4 + (p.act if p.act < 4 else 0))
+        probs = stack.heads * queries * keys * spread * (4 + (p.act if p.act < 4 else 0))
         return (queries + 2 * keys) * h * p.act + probs
     return 2 * (queries + keys) * h * p.act + queries * stack.heads * LSE_BYTES
 
@@ -161,7 +166,7 @@ def layer_bytes(stack: Stack, p: Precision, grad_in: bool, memory_grad: bool) ->
         total += _norm(stack, p, L, g)
         total += _site(stack, p, "attn_in", h, L, g)
         qkv = g or full or "attn_in" in adapted
-        total += _attention(stack, p, L, L) if qkv else 0
+        total += _attention(stack, p, L, L, stack.sequence) if qkv else 0
         total += _site(stack, p, "attn_out", h, L, qkv)
         g = g or qkv or "attn_out" in adapted
         masks += 1 if g else 0
@@ -255,9 +260,11 @@ def with_training(stack: Stack, trains: str, adapters: dict[str, int]) -> Stack:
     return replace(stack, trains=trains, adapters=tuple(sorted(adapters.items())))
 
 
-def at_length(stacks: Sequence[Stack], max_length: int) -> tuple[Stack, ...]:
-    """``stacks`` with their text stacks at ``max_length`` tokens a sample."""
-    return tuple(replace(s, positions=max_length) if s.text else s for s in stacks)
+def at_length(stacks: Sequence[Stack], max_length: int, sequence: int = 1) -> tuple[Stack, ...]:
+    """``stacks`` with their text stacks at ``max_length`` tokens a sample, each process's share of
+    them when ``sequence`` processes split each sequence (parallel.sequence)."""
+    share = -(-max_length // sequence)
+    return tuple(replace(s, positions=share, sequence=sequence) if s.text else s for s in stacks)
 
 
 # -- the memory levers' terms (xtrain/model/estimate.py's estimate) -------------------------

@@ -42,20 +42,28 @@ def flash_attn_version() -> str | None:
     return None
 
 
+def built_class(model_class: ModelClass, config: PretrainedConfig, trust_remote_code: bool) -> type | None:
+    """The class ``model_class`` (an Auto class or a model class) builds for ``config``; None where
+    that is not known (custom code, a config no class maps)."""
+    if trust_remote_code and getattr(config, "auto_map", None):
+        return None  # the repository's own class decides
+    mapping = getattr(model_class, "_model_mapping", None)
+    if mapping is None:
+        return model_class
+    try:
+        return mapping[type(config)]
+    except (KeyError, ValueError):
+        return None
+
+
 def model_support(
     model_class: ModelClass, config: PretrainedConfig, trust_remote_code: bool
 ) -> tuple[str, bool | None, bool | None]:
     """(class name, sdpa, flash attention) of the class ``model_class`` (an Auto class or a model
     class) builds for ``config``; None where that is not known (custom code, a config no class maps)."""
-    cls = model_class
-    mapping = getattr(model_class, "_model_mapping", None)
-    if trust_remote_code and getattr(config, "auto_map", None):
-        return model_class.__name__, None, None  # the repository's own class decides
-    if mapping is not None:
-        try:
-            cls = mapping[type(config)]
-        except (KeyError, ValueError):
-            return model_class.__name__, None, None
+    cls = built_class(model_class, config, trust_remote_code)
+    if cls is None:
+        return model_class.__name__, None, None
     flash = getattr(cls, "_supports_flash_attn", False) or getattr(cls, "_supports_flash_attn_2", False)
     return cls.__name__, bool(getattr(cls, "_supports_sdpa", False)), bool(flash)
 

@@ -82,7 +82,7 @@ def attach(
     else:
         peft_model = new_adapter(model)  # made first: its initialisation is a plain run's
     for adapter in earlier:
-        peft_model.load_adapter(adapter.path, adapter_name=name_of(adapter), is_trainable=False)
+        load_as_saved(peft_model, adapter.path, name_of(adapter))
     _check_whole_modules(peft_model, earlier)
     names = tuple(name_of(a) for a in earlier)
     chain = Chain((*names, TRAINED), (*names, REFERENCE) if continued else names, earlier)
@@ -91,6 +91,27 @@ def attach(
     setattr(peft_model, ATTRIBUTE, chain)
     peft_model.train()  # (peft loads an adapter in float32: trained weights stay float32)
     return peft_model
+
+
+def load_as_saved(peft_model: PeftModel, path: str, name: str) -> None:
+    """peft's ``load_adapter`` (frozen) of the adapter in ``path`` as it was saved. A classifier's
+    peft model (``PeftModelForSequenceClassification``: a reward model, a seq-cls stage) adds its
+    head to every adapter it loads (``modules_to_save``), which an earlier stage that trained no
+    head (the SFT adapter under a reward model) does not hold: its load would look for the head's
+    weights in it. So the adapter is added by ``PeftModel``'s own ``add_adapter``, its config as
+    saved (a classifier's saved adapter names its head itself)."""
+    import types
+
+    from peft import PeftModel
+
+    if type(peft_model).add_adapter is PeftModel.add_adapter:
+        peft_model.load_adapter(path, adapter_name=name, is_trainable=False)
+        return
+    peft_model.add_adapter = types.MethodType(PeftModel.add_adapter, peft_model)  # this call only
+    try:
+        peft_model.load_adapter(path, adapter_name=name, is_trainable=False)
+    finally:
+        del peft_model.add_adapter
 
 
 def _check_whole_modules(peft_model: PeftModel, earlier: tuple[StartAdapter, ...]) -> None:
@@ -164,7 +185,7 @@ def load(model: Module, start: Start) -> PeftModel:
         check_unchanged(adapter)
     peft_model = PeftModel.from_pretrained(model, last.path)  # the result's own adapter: peft's default
     for adapter in earlier:
-        peft_model.load_adapter(adapter.path, adapter_name=name_of(adapter))
+        load_as_saved(peft_model, adapter.path, name_of(adapter))
     if earlier:
         _activate(peft_model, (*(name_of(a) for a in earlier), TRAINED), trainable=set())
     peft_model.eval()

@@ -45,6 +45,9 @@ def inexact(configs: list[dict[str, Any]]) -> str | None:
             return "per-layer ranks or alphas"
         if c.get("lora_bias") or c.get("target_parameters") or c.get("trainable_token_indices"):
             return "LoRA biases, parameter targets or trained tokens"
+    kinds = {str(c.get("task_type")).rsplit(".", 1)[-1] for c in configs}  # (peft's enum, or its text)
+    if len(kinds) > 1:  # a reward model's head on an SFT adapter
+        return "the adapters are of different kinds (peft task types: a causal LM's and a classifier's)"
     if len({bool(c.get("fan_in_fan_out")) for c in configs}) > 1:
         return "the adapters' layouts differ (fan_in_fan_out)"
     return None

@@ -42,14 +42,16 @@ def _chunk(head: Head, h: torch.Tensor, y: torch.Tensor, mapping: LogitMap,
 
 def _labelled(
     head: Head, hidden: torch.Tensor, labels: torch.Tensor, rows: int, mapping: LogitMap | None,
-    temperature: float,
+    temperature: float, shifted: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """([K] float32 log-probs of the K labelled tokens, [K] the flat position of the hidden state
-    that predicts each): a causal LM's position t predicts label t + 1 (-100 skipped)."""
+    that predicts each): a causal LM's position t predicts label t + 1 (-100 skipped; ``shifted``:
+    the labels are shifted already, a sequence shard's)."""
     from torch.utils.checkpoint import checkpoint
 
     mapping = mapping or LogitMap()
-    flat = F.pad(labels.to(hidden.device), (0, 1), value=IGNORE_INDEX)[..., 1:].reshape(-1)
+    labels = labels.to(hidden.device)
+    flat = (labels if shifted else F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]).reshape(-1)
     keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)  # the one host sync
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, keep)
     y = flat.index_select(0, keep)
@@ -65,12 +67,13 @@ def _labelled(
 
 
 def chunked_sequence_logps(
-    head: Head, hidden: torch.Tensor, labels: torch.Tensor, *, rows: int, mapping: LogitMap | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    head: Head, hidden: torch.Tensor, labels: torch.Tensor, *, rows: int, mapping: LogitMap | None = None,
+    shifted: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """(each sequence's summed log-probability of its labelled tokens, their count), a causal LM's
-    ``hidden`` [N, T, width] against ``labels`` [N, T] shifted by one, -100 skipped (preference
-    losses weigh every sequence differently)."""
-    values, keep = _labelled(head, hidden, labels, rows, mapping, 1.0)
+    ``hidden`` [N, T, width] against ``labels`` [N, T] shifted by one (``shifted``: already),
+    -100 skipped (preference losses weigh every sequence differently)."""
+    values, keep = _labelled(head, hidden, labels, rows, mapping, 1.0, shifted)
     n, t = labels.shape
     sequence = torch.div(keep, t, rounding_mode="floor")
     sums = torch.zeros(n, dtype=torch.float32, device=hidden.device).index_add(0, sequence, values)
@@ -127,13 +130,14 @@ def _with_head(model: torch.nn.Module, inputs: dict[str, Any], compute: Compute)
 
 def sequence_logps_call(
     model: torch.nn.Module, inputs: dict[str, Any], labels: torch.Tensor, rows: int,
-    mapping: LogitMap | None = None,
+    mapping: LogitMap | None = None, shifted: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``model(**inputs)`` with ``chunked_sequence_logps`` of ``labels`` in place of its head's
     logits (the chunks call the head module): the per-sequence sums and counts."""
 
     def compute(head: torch.nn.Module, hidden: torch.Tensor) -> tuple[Any, torch.Tensor]:
-        return chunked_sequence_logps(head, hidden, labels, rows=rows, mapping=mapping), hidden[..., :0]
+        found = chunked_sequence_logps(head, hidden, labels, rows=rows, mapping=mapping, shifted=shifted)
+        return found, hidden[..., :0]
 
     return _with_head(model, inputs, compute)
 

@@ -238,6 +238,7 @@ class ChunkedLoss:
         self.model, self.kind, self.mapping, self.rows, self.how = model, kind, mapping, rows, how
         self.head = model.get_output_embeddings()
         self.labels: torch.Tensor | None = None
+        self.shift = kind == "next-token"  # this call's labels still to be shifted
         self.loss: torch.Tensor | None = None
         self.handles: list[RemovableHandle] = []
         # an instance-level forward the head had (accelerate's hooks)
@@ -263,6 +264,10 @@ class ChunkedLoss:
             return None  # evaluation, generation: the model as it is
         kwargs = dict(kwargs)
         self.labels = kwargs.pop("labels")
+        shifted = kwargs.pop("shift_labels", None)  # a sequence shard's: shifted before the cut
+        self.shift = shifted is None and self.kind == "next-token"
+        if shifted is not None:
+            self.labels = shifted
         if self.kind == "decoder" and kwargs.get("decoder_input_ids") is None:
             config = self.model.config
             kwargs["decoder_input_ids"] = shift_right(
@@ -296,7 +301,7 @@ class ChunkedLoss:
         assert self.labels is not None
         params = [p for p in self.head.parameters() if p.requires_grad]  # FSDP2: the gathered ones
         loss = chunked_cross_entropy(
-            self.head.forward, hidden, self.labels, shift=self.kind == "next-token", rows=self.rows,
+            self.head.forward, hidden, self.labels, shift=self.shift, rows=self.rows,
             mapping=self.mapping, how=self.how, params=params,
         )  # fmt: skip
         empty = loss.to(hidden.dtype).reshape([1] * hidden.dim()).expand(*hidden.shape[:-1], 0).clone()

@@ -45,6 +45,14 @@ the rest (embeddings, norms, the output head, a vision tower) in float32: peft's
 ``prepare_model_for_kbit_training`` casts every 16-bit parameter that is not 4-bit to float32
 (Qwen2.5-7B's untied embeddings and head: 1.09B parameters, 4.1 GiB).
 
+Sequence parallelism (``parallel.sequence: N``, ``MemoryLevers.sequence``) counts each process's
+share of every sequence: the activations and the loss's logits of ``max_length / N`` positions.
+Ulysses' attention runs the whole sequence for ``1 / N`` of the heads: q, k, v, its output and
+log-sum-exp are as many values as a share's for every head (the same term), and eager attention's
+probabilities ``heads / N x length x length``, N times a share's square (counted so). Ring
+attention keeps the share's q, k, v, output and log-sum-exp too. The weights, gradients and
+optimizer states are every process's whole (DDP).
+
 Activation offloading (``model.activation_offload``) leaves ``OFFLOAD_LAYERS`` layers' worth of
 what autograd saves on the device (and, with checkpointing, the layer recomputed in the backward)
 and counts the rest in host memory, held against the machine's RAM shared by its processes.
@@ -289,6 +297,10 @@ class MemoryLevers:
     offload: bool = False
     host_gib: float | None = None
     processes: int = 1
+    # parallel.sequence: each sequence split across this many processes, each holding its share of
+    # the tokens (the activations and logits of max_length / N positions; Ulysses' attention runs
+    # the whole sequence for 1/N of the heads: the same bytes, eager's probabilities N times)
+    sequence: int = 1
 
 
 def estimate_run(
@@ -304,9 +316,10 @@ def estimate_run(
     # quantized: the rest in float32, as peft's prepare_model_for_kbit_training leaves it
     rest = max(sizes.weight_bytes, KBIT_REST_BYTES) if sizes.quantization else sizes.weight_bytes
     act = activation_bytes(precision, sizes.weight_bytes)
-    saved, tokens, recompute = None, per_device * max_length, None
+    share = -(-max_length // levers.sequence)  # this process's tokens of each sequence
+    saved, tokens, recompute = None, per_device * share, None
     if sizes.stacks:  # what autograd keeps of the task's stacks; the logits at the last one's tokens
-        stacks = at_length(sizes.stacks, max_length)
+        stacks = at_length(sizes.stacks, max_length, levers.sequence)
         last, bytes_of = stacks[-1], Precision(act, 1, sizes.lora_rank, sizes.lora_dropout)
         kept, again = step_parts(stacks, bytes_of, checkpointing)
         head = last.positions * last.hidden * act if sizes.head_trains else 0  # a trained head's input

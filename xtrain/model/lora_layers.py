@@ -167,15 +167,17 @@ def find_target_modules(model: Module) -> list[str]:
     3. otherwise every Linear layer inside an attention block (a name containing "attn" or
        "attention"), and failing that every Linear layer, except the heads.
     """
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TABLE
-
     layers = linear_layers(model)
     leaves = set(layers.values())
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    for table in (KNOWN_TARGETS, PEFT_TABLE):
-        names = [n for n in table.get(model_type, []) if n in leaves]
-        if names:
-            return names
+    names = [n for n in KNOWN_TARGETS.get(model_type, []) if n in leaves]
+    if names:
+        return names  # (peft is not imported for the common architectures: a CPU dry run stays light)
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TABLE
+
+    names = [n for n in PEFT_TABLE.get(model_type, []) if n in leaves]
+    if names:
+        return names
     heads = _head_layers(model)
     body = {q: leaf for q, leaf in layers.items() if q not in heads}
     attention = sorted({leaf for q, leaf in body.items() if "attn" in q.lower() or "attention" in q.lower()})
@@ -188,3 +190,29 @@ def find_target_modules(model: Module) -> list[str]:
         f"found no Linear layers for LoRA in this {model_type or 'model'}",
         "set lora.target_modules to the module names to adapt, or lora.enabled=false",
     )
+
+
+def adapted_modules(model: Module) -> list[str]:
+    """The qualified names of the layers that carry LoRA adapters in a peft-wrapped ``model``."""
+    return [name for name, module in model.named_modules() if getattr(module, "lora_A", None)]
+
+
+def _leaves(adapted: list[str]) -> list[str]:
+    """The adapted layers' names within a layer, in the model's order (``q_proj``, ``v_proj``)."""
+    return list(dict.fromkeys(q.rsplit(".", 1)[-1] for q in adapted))
+
+
+def described(adapted: list[str], whole: list[str] | None = None) -> str:
+    """Adapted layers in a line, by their names in a layer (in the model's order) and how many:
+    ``q_proj, v_proj (8 layers)``; ``whole``: the modules trained whole besides."""
+    leaves = _leaves(adapted)
+    line = f"{', '.join(leaves)} ({len(adapted)} layer{'s' * (len(adapted) != 1)})" if adapted else "no layer"
+    return line + (f"; trained whole: {', '.join(whole)}" if whole else "")
+
+
+def adapted_record(adapted: list[str]) -> dict[str, object]:
+    """What a run records of its adapted layers (``train_result.json``'s ``run_info``; the report's
+    plan): their names in a layer and how many; {} without adapters."""
+    if not adapted:
+        return {}
+    return {"lora_targets": _leaves(adapted), "lora_layers": len(adapted)}

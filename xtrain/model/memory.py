@@ -237,6 +237,64 @@ def alternatives(
     return [(" ".join(names), gib) for names, gib in found]
 
 
+LONGEST = 1 << 22  # data.max_length's upper bound (config/values.py)
+
+
+def longest_sequence(
+    sizes: ModelSizes,
+    per_device: int,
+    checkpointing: bool,
+    precision: str | None,
+    gpu_gib: float,
+    levers: MemoryLevers = MemoryLevers(),
+) -> int:
+    """The longest ``data.max_length`` whose estimate stays under ``TIGHT`` of a card of
+    ``gpu_gib`` (the levers as given: ``levers.sequence`` splits each sequence); 0: none fits.
+    The estimate grows with the length: a binary search."""
+    budget = TIGHT * gpu_gib
+
+    def fits(length: int) -> bool:
+        gib, host = estimate_run(sizes, per_device, length, checkpointing, precision, levers)
+        return gib <= budget and _fits_host(host, levers)
+
+    low, high = 0, LONGEST
+    if fits(high):
+        return high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def longest_line(
+    sizes: ModelSizes,
+    per_device: int,
+    checkpointing: bool,
+    precision: str | None,
+    gpu_gib: float,
+    levers: MemoryLevers,
+    split: int,
+) -> str:
+    """The longest sequence that fits a card as the config runs, and split across ``split``
+    processes (``parallel.sequence``) or on one process (when the run splits already)."""
+
+    def longest(n: int) -> str:
+        found = longest_sequence(
+            sizes, per_device, checkpointing, precision, gpu_gib, replace(levers, sequence=n)
+        )
+        return f"~{found:,} tokens" if found else "none"
+
+    own = levers.sequence
+    other = split if own == 1 else 1
+    other_words = (
+        f"split across {other} processes (parallel.sequence={other})" if other > 1 else "on one card alone"
+    )
+    own_words = (
+        f"split across {own} (parallel.sequence={own}, this run)" if own > 1 else "on one card (this run)"
+    )
+    return f"{longest(own)} {own_words}; {longest(other)} {other_words}"
+
+
 def check_memory(
     sizes: ModelSizes,
     per_device: int,

@@ -26,13 +26,15 @@ class NEFTuneHook:
 
     def __init__(self, alpha: float) -> None:
         self.alpha = alpha
+        # a sequence shard's embeddings (parallel.sequence): L is the whole sequence's, shards x its own
+        self.shards = 1
 
     def __call__(self, module: Module, inputs: tuple[Any, ...], output: Tensor) -> Tensor:
         if not module.training:
             return output
         import torch
 
-        length, width = output.size(-2), output.size(-1)
+        length, width = output.size(-2) * self.shards, output.size(-1)
         scale = self.alpha / math.sqrt(length * width)
         return output + torch.empty_like(output).uniform_(-scale, scale)
 

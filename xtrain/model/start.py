@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -45,6 +46,12 @@ BASE = "base"
 MODE = "mode"
 SHA = "adapter_sha256"
 MODES = ("new", "continue", "full")  # how a stage trained: a new adapter, the last one continued, whole
+# a run's checkpoints (train/checkpoint/layout.py names them from here: the model layer reads them
+# too, to say what a checkpoint or an unfinished run is when one is given as a start)
+CHECKPOINTS = "checkpoints"
+STATE_FILE = "xtrain_state.json"
+STEP_DIR = re.compile(r"^step-(\d+)$")
+HF_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # HF Trainer's (LLaMA-Factory's, axolotl's) checkpoints
 # the files a tokenizer or a processor is saved as (one of them): where a result's tokenizer is
 _TOKENIZER_FILES = (
     "tokenizer_config.json",
@@ -75,10 +82,72 @@ def model_folder(path: str | Path) -> Path:
     for name in OUTPUT_FOLDERS:
         if (folder / name / ADAPTER_CONFIG).is_file() or (folder / name / "config.json").is_file():
             return folder / name
+    not_a_result(folder)
     raise XtrainError(
         f"{folder} holds no adapter or model",
         "pass a finished run's output_dir (with adapter/ or model/), or the adapter folder itself",
     )
+
+
+class NotAResult(XtrainError):
+    """A folder a training run wrote that holds no result to start from or run (a checkpoint
+    without its adapter, a run stopped before its outputs): one line saying what it is and what
+    to pass instead, never a load that fails on a missing tokenizer."""
+
+
+def _is_model(folder: Path) -> bool:
+    return (folder / ADAPTER_CONFIG).is_file() or (folder / "config.json").is_file()
+
+
+def _newest(folders: list[tuple[int, Path]]) -> tuple[int, Path] | None:
+    return max(folders) if folders else None
+
+
+def not_a_result(folder: Path) -> None:
+    """Raise ``NotAResult`` when ``folder`` (holding no adapter or model of its own) is a run's
+    checkpoint or a run stopped before it wrote its result; return for any other folder.
+
+    An xtrain checkpoint (``checkpoints/step-N``) holds its adapter in ``adapter/`` (a LoRA run's,
+    since checkpoints carry it: ``model_folder`` finds it there); one without (an older run's, a
+    full fine-tune's, a sharded one's) holds the training state only. A run folder whose
+    ``adapter/`` is missing names its newest checkpoint. A HF Trainer run folder (LLaMA-Factory,
+    axolotl) keeps each ``checkpoint-N`` as a peft adapter or model folder: its newest is named."""
+    state = read_json_object(folder / STATE_FILE)
+    if STEP_DIR.match(folder.name) and (folder / STATE_FILE).is_file():
+        run = folder.parent.parent
+        config = state.get("config") if isinstance(state.get("config"), dict) else {}
+        lora = config.get("lora") if isinstance(config.get("lora"), dict) else {}
+        full = lora.get("enabled") is False
+        why = "a full fine-tune's" if full else "a sharded run's, or an older xtrain's"
+        raise NotAResult(
+            f"{folder} is a checkpoint of the xtrain run {run} (step {state.get('step', '?')}, {why}): it "
+            "holds the training state only, no adapter to start from",
+            f"run that run's config again to finish it, resuming from its newest checkpoint; then pass {run}",
+        )
+    steps = []
+    if (folder / CHECKPOINTS).is_dir():
+        steps = [
+            (int(m.group(1)), p)
+            for p in (folder / CHECKPOINTS).iterdir()
+            if (m := STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+        ]
+    if (newest := _newest(steps)) is not None:
+        step, path = newest
+        total = read_json_object(path / STATE_FILE).get("total_steps")
+        of = f" of {total}" if isinstance(total, int) else ""
+        said = f"{folder} holds no finished result: its run stopped at step {step}{of} before its adapter/"
+        finish = f"run its config again to finish it, resuming from step {step}"
+        if _is_model(path / OUTPUT_FOLDERS[0]):
+            raise NotAResult(said, f"pass {path} to start from its newest checkpoint, or {finish}")
+        raise NotAResult(said, f"{finish}; then pass {folder}")
+    hf = [
+        (int(m.group(1)), p) for p in folder.iterdir() if (m := HF_CHECKPOINT.match(p.name)) and _is_model(p)
+    ]
+    if (newest := _newest(hf)) is not None:
+        raise NotAResult(
+            f"{folder} holds no final adapter or model, only a trainer's checkpoints",
+            f"pass one of them, e.g. the newest: {newest[1]}",
+        )
 
 
 @dataclass(frozen=True)
@@ -170,6 +239,8 @@ def start_of(name: str) -> Start:
         return Start(name, name)
     try:
         folder = model_folder(name)
+    except NotAResult:  # a checkpoint without its adapter, an unfinished run: what to pass instead
+        raise
     except XtrainError:  # neither a model nor a result: the load says what it lacks
         return Start(name, name)
     return _start_in(name, folder)

@@ -1,5 +1,6 @@
 """Batch arithmetic: accumulation from the global batch, and the LR scaling rule (read by
-``xtrain.planning.resolve.run_settings``; ``xtrain.train.config`` re-exports both for user code)."""
+``xtrain.planning.resolve.run_settings``; ``xtrain.train.config`` re-exports both for user code);
+the one line that says a run's batch with its numbers (the dry run, the banner, the report)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,18 @@ import math
 
 from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
+
+
+def batch_line(
+    global_batch: int, per_device: int, processes: int, accumulation: int, sequence: int = 1
+) -> str:
+    """``global batch 16 = 8 per-device x 1 process x 2 accumulation``; with ``sequence`` > 1
+    (parallel.sequence: the processes that share each row) ``... x 1 group of 2 processes x ...``."""
+    readers = f"{processes} process{'es' if processes != 1 else ''}"
+    if sequence > 1:
+        groups = processes // sequence
+        readers = f"{groups} group{'s' if groups != 1 else ''} of {sequence} processes"
+    return f"global batch {global_batch} = {per_device} per-device x {readers} x {accumulation} accumulation"
 
 
 def _batch_hint(global_batch: int, per_device: int, world_size: int) -> str:

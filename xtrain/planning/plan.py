@@ -49,6 +49,7 @@ class Overrides:
     # what `accelerate launch` exported (ACCELERATE_MIXED_PRECISION): a choice only where it
     # differs from the machine's default, which is what `xtrain configure` writes (rules._precision)
     launcher_precision: str | None = None
+    cpu_threads: int | None = None  # run.cpu_threads: compute threads a process (None: the rules')
 
     def check(self) -> None:
         """Every choice that needs no facts, checked in this one place before anything is probed:
@@ -66,6 +67,8 @@ class Overrides:
                 "does not train with",
                 "use --mixed_precision no, fp16 or bf16 (or set run.mixed_precision in the train config)",
             )
+        if self.cpu_threads is not None and self.cpu_threads < 1:  # (the config's check says it first)
+            raise XtrainError(f"run.cpu_threads must be at least 1, got {self.cpu_threads}", "e.g. 1")
         if self.platform is not None and self.platform not in OS_KINDS:
             raise XtrainError(f"unknown platform {self.platform!r}", f"use one of {', '.join(OS_KINDS)}")
         if self.port is not None and not 1 <= self.port <= 65535:
@@ -107,6 +110,9 @@ class Plan:
     dataloader_workers: int = 0  # DataLoader workers per process for tokenised rows
     media_workers: int = 0  # ... for rows that decode images or audio (Task.decodes_media)
     pin_memory: bool = False
+    # compute threads each process sets (torch.set_num_threads; OMP_NUM_THREADS for the processes a
+    # launcher starts); None: torch's default, or an OMP_NUM_THREADS the user set (planning/threads.py)
+    cpu_threads: int | None = None
     # why run.compile (torch.compile) cannot work here; None: it can (rules.compile_blocker)
     compile_blocker: str | None = None
     # the 16-bit format the weights are in (bf16 | fp16; None: fp32 or unknown): model.dtype, else
@@ -122,8 +128,9 @@ class Plan:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    def summary(self) -> str:
-        """One line a human reads: processes, backend, precision and the effective batch."""
+    def summary(self, batch: str | None = None) -> str:
+        """One line a human reads: processes, backend, precision and the effective batch: ``batch``,
+        a run's own in numbers (``RunSettings.batch_line``), else how any config's is split."""
         n = self.world_size
         parts = [
             f"{n} process{'es' if n != 1 else ''}",
@@ -133,7 +140,7 @@ class Plan:
         ]
         if self.tf32:
             parts.append("TF32")
-        return ", ".join(parts) + f"; effective batch = per-device x {n} x accumulation"
+        return ", ".join(parts) + "; " + (batch or f"effective batch = per-device x {n} x accumulation")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -42,11 +42,12 @@ from xtrain.config.schema import TrainConfig
 from xtrain.errors import XtrainError
 from xtrain.machine import probe
 from xtrain.machine.facts import DEFAULT_PORT, Facts
-from xtrain.planning.batch import gradient_accumulation, scaled_lr
+from xtrain.planning.batch import batch_line, gradient_accumulation, scaled_lr
 from xtrain.planning.checks import CHECKS
 from xtrain.planning.context import LaunchContext, exported_precision
 from xtrain.planning.plan import Diagnosis, Overrides, Plan
 from xtrain.planning.rules import make_plan
+from xtrain.planning.sequence import SequencePlan, check_length, sequence_plan
 
 AUTO = (None, "", "auto")
 
@@ -76,6 +77,26 @@ class RunSettings:
     chunked_loss: str = "off"
     loss_why: str = ""
     activation_offload: bool = False
+    # parallel.sequence: processes a sequence is split across (1: off); the batch arithmetic above
+    # (accumulation, global batch) is that of world_size / sequence data-parallel groups
+    sequence: int = 1
+
+    @property
+    def sequence_plan(self) -> SequencePlan:
+        """Which ranks share a sequence and which train data-parallel (``planning.sequence``)."""
+        return SequencePlan(self.sequence, self.world_size)
+
+    @property
+    def data_parallel(self) -> int:
+        """Processes that read different rows: the world, or its sequence-parallel groups."""
+        return self.world_size // self.sequence
+
+    @property
+    def batch_line(self) -> str:
+        """``global batch 16 = 8 per-device x 1 process x 2 accumulation``: the plan's line of a run."""
+        return batch_line(
+            self.global_batch, self.per_device, self.world_size, self.accumulation, self.sequence
+        )
 
     def loss_for(self, token_loss: str | None, refusal: str | None = None) -> tuple[bool, str]:
         """(whether the chunked loss runs, why) for a task whose loss is ``token_loss``
@@ -160,6 +181,7 @@ def resolve(
         main_address=main_address,
         weights_dtype=cfg.model.dtype if cfg is not None else None,
         checkpoint_dtype=checkpoint_dtype if cfg is not None else None,
+        cpu_threads=cfg.run.cpu_threads if cfg is not None else None,
     )
     overrides.check()  # before the probe: a mistake costs no torch import
     held = plan or _sent_plan(context, processes)
@@ -224,9 +246,12 @@ def diagnose(facts: Facts, overrides: Overrides | None = None) -> Diagnosis:
 def run_settings(cfg: TrainConfig, plan: Plan, world_size: int) -> RunSettings:
     """Step 3: the run's batch arithmetic, learning rate, precision and loaders for ``world_size``
     processes. Raises ``XtrainError`` (one line, with the sizes that work) when the global batch
-    does not divide."""
-    accumulation = gradient_accumulation(cfg, world_size)
-    global_batch = cfg.batch.per_device * world_size * accumulation
+    does not divide; the same for a ``parallel.sequence`` that does not divide the processes
+    (its groups of processes share each micro-batch: they count as one in the batch arithmetic)."""
+    sp = sequence_plan(cfg.parallel.sequence, world_size)
+    check_length(sp.size, cfg.data.max_length)
+    accumulation = gradient_accumulation(cfg, sp.data_parallel)
+    global_batch = cfg.batch.per_device * sp.data_parallel * accumulation
     mp = cfg.run.mixed_precision
     asked = cfg.data.num_workers  # None: the plan's, for the kind of rows the task reads
     loaders = {
@@ -256,6 +281,7 @@ def run_settings(cfg: TrainConfig, plan: Plan, world_size: int) -> RunSettings:
         chunked_loss=chunked,
         loss_why=loss_why,
         activation_offload=offload_setting(cfg, plan),
+        sequence=sp.size,
     )
 
 

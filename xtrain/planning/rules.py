@@ -12,6 +12,7 @@ from __future__ import annotations
 from xtrain.errors import XtrainError
 from xtrain.machine.facts import GPU, Facts, is_geforce, is_rtx40, version_tuple
 from xtrain.planning.plan import Overrides, Plan
+from xtrain.planning.threads import THREADS_ENV, cpu_threads
 from xtrain.shell import shell_for
 
 SMALL_SHM_MIB = 512  # below this NCCL's shared-memory transport fails (Docker's default is 64 MiB)
@@ -165,7 +166,10 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         if tf32
         else "TF32 needs a CUDA GPU with compute capability >= 8.0"
     )
-    env = _plan_env(facts, os_kind, device, backend, gpus, num_processes, reasons)
+    threads, why = cpu_threads(facts, device, num_processes, ov.cpu_threads)
+    if why is not None:
+        reasons["threads"] = why
+    env = _plan_env(facts, os_kind, device, backend, gpus, threads)
     workers, media_workers, pin_memory = _plan_loading(facts, os_kind, device, num_processes, reasons)
     return Plan(
         os_kind=os_kind,
@@ -187,6 +191,7 @@ def make_plan(facts: Facts, overrides: Overrides | None = None) -> Plan:
         dataloader_workers=workers,
         media_workers=media_workers,
         pin_memory=pin_memory,
+        cpu_threads=threads,
         compile_blocker=compile_blocker(os_kind, device, bool(facts.packages.get("triton"))),
         weights_half=weights_half(ov.weights_dtype, ov.checkpoint_dtype)[0],
         reasons=reasons,
@@ -279,15 +284,10 @@ def _plan_backend(
 
 
 def _plan_env(
-    facts: Facts,
-    os_kind: str,
-    device: str,
-    backend: str | None,
-    gpus: list[GPU],
-    num_processes: int,
-    reasons: dict[str, str],
+    facts: Facts, os_kind: str, device: str, backend: str | None, gpus: list[GPU], threads: int | None
 ) -> dict[str, str]:
-    """The environment variables every worker gets."""
+    """The environment variables every worker gets; ``threads``: the compute threads of each
+    (``threads.cpu_threads``), set before the worker's first import of torch."""
     env: dict[str, str] = {}
     if os_kind == "windows" or facts.libuv_ok is False:
         env["USE_LIBUV"] = "0"
@@ -297,12 +297,11 @@ def _plan_env(
             env["NCCL_IB_DISABLE"] = "1"
         if facts.shm_mib is not None and facts.shm_mib < SMALL_SHM_MIB:
             env["NCCL_SHM_DISABLE"] = "1"
-    if device == "cpu" and num_processes > 1:
-        # Each process would start one compute thread per core: N processes on C cores then
-        # oversubscribe, and OpenMP's spinning threads slow training down many times over
-        # (measured here: 2 processes on 2 cores, 7x slower than with 1 thread each).
-        env["OMP_NUM_THREADS"] = str(max(1, facts.cpu_count // num_processes))
-        reasons["threads"] = f"{env['OMP_NUM_THREADS']} compute thread(s) per process: cores / processes"
+    if threads is not None:
+        # Each process would start one compute thread per core: N processes on C cores, or one on a
+        # busy CPU, then oversubscribe, and OpenMP's spinning threads slow training down many times
+        # over (measured here: 2 processes on 2 cores, 7x slower than with 1 thread each)
+        env[THREADS_ENV] = str(threads)
     return env
 
 

@@ -2,8 +2,9 @@
 no image or link it would fetch), so it opens from disk in any browser, offline, on Windows too.
 Sections: the lineage, the plan, the data check, the curves (inline SVG, a tooltip on every
 point; several runs overlaid, a chain's stages one after another on one axis), the evaluation
-before and after, the sample answers. Where it is written: ``output_path`` (never over a file
-the report did not write, unless told)."""
+before and after, the benchmark scores (lm-eval's, against the base or the start), the sample
+answers. Where it is written: ``output_path`` (never over a file the report did not write,
+unless told)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ REPORT = "report.html"
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 TRAIN_COLOR, EVAL_COLOR = "#1f77b4", "#d62728"
 SECTIONS = (("lineage", "Lineage"), ("plan", "Plan"), ("data", "Data check"), ("curves", "Curves"),
-            ("evaluation", "Evaluation"), ("samples", "Sample answers"))  # fmt: skip
+            ("evaluation", "Evaluation"), ("benchmarks", "Benchmarks"),
+            ("samples", "Sample answers"))  # fmt: skip
 
 STYLE = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:#1d1d1f;
@@ -144,7 +146,7 @@ def render(runs: list[RunView], chained: bool) -> str:
     parts = [
         lambda: sections.lineage(runs, chained), lambda: sections.plan(runs),
         lambda: sections.data_check(runs), lambda: curves(runs, chained),
-        lambda: sections.evaluation(runs), lambda: samples(runs),
+        lambda: sections.evaluation(runs), lambda: sections.benchmarks(runs, chained), lambda: samples(runs),
     ]  # fmt: skip
     body = join([
         tag("h1", f"xtrain report: {names}"), tag("p", kind, class_="dim"), where, nav,

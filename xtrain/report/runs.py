@@ -155,15 +155,17 @@ def _same(a: str | Path, b: Path) -> bool:
         return False
 
 
+def same_folder(source: str, folder: Path) -> bool:
+    """A lineage entry's ``source`` names the run in ``folder`` (its folder, or a result folder in it)."""
+    return _same(source, folder) or _same(Path(source).parent, folder)
+
+
 def continues(later: RunView, earlier: RunView) -> bool:
     """``later``'s lineage names ``earlier`` (its folder, or a result folder in it) as a source."""
-    for entry in later.lineage:
-        source = entry.get("source")
-        if isinstance(source, str) and (
-            _same(source, earlier.folder) or _same(Path(source).parent, earlier.folder)
-        ):
-            return True
-    return False
+    return any(
+        isinstance(source := entry.get("source"), str) and same_folder(source, earlier.folder)
+        for entry in later.lineage
+    )
 
 
 def in_order(runs: list[RunView]) -> tuple[list[RunView], bool]:

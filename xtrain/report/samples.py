@@ -1,16 +1,22 @@
 """The report's sample answers: the same eval inputs answered before training (the evaluation at
 step 0) and after (the last one), beside their reference, from the run's ``eval_samples.json``;
 GRPO's episodes with each tool call, its result and the rewards; the quickstart's answers to its
-eval prompts by the base model and the adapter (``answers.json``). Several runs evaluated on the
-same inputs (a chain's stages) answer side by side in one table."""
+eval prompts by the model it started from and the adapter (``answers.json``). Several runs
+evaluated on the same inputs (a chain's stages) answer side by side in one table. The step-0
+answers are named for the model that gave them: the base model, or the chain's stage the run
+started from (``start: sft (step 0)``), never "base model" for a stage's start."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from xtrain.report.html import Raw, join, note, section, table, tag, value
-from xtrain.report.runs import RunView
+from xtrain.report.runs import RunView, same_folder
+from xtrain.trained import OUTPUT_FOLDERS
+
+BASE = "base model"
 
 SHOWN = 8  # samples shown per table
 
@@ -58,6 +64,20 @@ def _ends(run: RunView) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     return first, last
 
 
+def started_from(run: RunView, runs: list[RunView]) -> str:
+    """What answered at its step 0: the base model, or the result it started from (the last entry
+    of its lineage), named as the report names that run where it is on the page, else by its
+    folder: ``start: sft``."""
+    if not run.lineage:
+        return BASE
+    entry = run.lineage[-1]
+    source = str(entry.get("source") or "")
+    shown = next((r.name for r in runs if r is not run and source and same_folder(source, r.folder)), None)
+    folder = Path(source)
+    folder = folder.parent if folder.name in OUTPUT_FOLDERS else folder  # its run, not its adapter/
+    return f"start: {shown or folder.name or entry.get('task') or 'a trained result'}"
+
+
 def _labels(sample: dict[str, Any]) -> tuple[str, str]:
     labels = sample["labels"] or ("reference", "prediction")
     return labels[0], labels[1]
@@ -95,7 +115,7 @@ def _answer(sample: dict[str, Any] | None) -> Raw:
     return join(parts)
 
 
-def _one(run: RunView) -> list[Any]:
+def _one(run: RunView, runs: list[RunView]) -> list[Any]:
     first, last = _ends(run)
     if last is None and first is None:
         return []
@@ -103,7 +123,7 @@ def _one(run: RunView) -> list[Any]:
     inputs, answers = _labels((trained or base)[0])
     head = [
         inputs,
-        "base model (step 0)" if first else None,
+        f"{started_from(run, runs)} (step 0)" if first else None,
         f"trained (step {last['step']})" if last else None,
     ]
     rows = []
@@ -128,13 +148,15 @@ def _answers(run: RunView) -> list[Any]:
     rows = [r for r in given if isinstance(r, dict)][:SHOWN] if isinstance(given, list) else []
     if not rows:
         return []
-    head = ["prompt", "base model", "trained", "reference"]
+    start = found.get("start") if isinstance(found.get("start"), str) else BASE  # (older files: none)
+    head = ["prompt", start, "trained", "reference"]
     table_rows = [
         [r.get("prompt", ""), r.get("base", ""), r.get("trained", ""), r.get("reference", "-")] for r in rows
     ]
     metrics = found.get("metrics") if isinstance(found.get("metrics"), dict) else {}
     lines = [
-        f"{k.replace('_', ' ')}: {value(v.get('base'), 2)} -> {value(v.get('trained'), 2)} (base -> trained)"
+        f"{k.replace('_', ' ')}: {value(v.get('base'), 2)} -> {value(v.get('trained'), 2)} "
+        f"({start} -> trained)"
         for k, v in metrics.items()
         if isinstance(v, dict)
     ]
@@ -158,7 +180,8 @@ def _side_by_side(runs: list[RunView]) -> list[Any] | None:
     first = _ends(runs[0])[0]
     base = _samples(first) if first else []
     inputs, _ = _labels(samples[0][0])
-    head = [inputs, *(["base model (step 0)"] if base else []), *(f"{r.name} (step {r.steps})" for r in runs)]
+    started = f"{started_from(runs[0], runs)} (step 0)"
+    head = [inputs, *([started] if base else []), *(f"{r.name} (step {r.steps})" for r in runs)]
     rows = []
     for i, ref in enumerate(refs[0]):
         row = [ref, *([_answer(base[i] if i < len(base) else None)] if base else [])]
@@ -171,7 +194,7 @@ def _side_by_side(runs: list[RunView]) -> list[Any] | None:
 
 def samples(runs: list[RunView]) -> Raw:
     """Sample answers before and after, per run or side by side."""
-    parts: list[Any] = _side_by_side(runs) or [p for r in runs for p in _one(r)]
+    parts: list[Any] = _side_by_side(runs) or [p for r in runs for p in _one(r, runs)]
     parts += [p for r in runs for p in _answers(r)]
     if not parts:
         parts.append(

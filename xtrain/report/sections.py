@@ -1,12 +1,16 @@
 """The report's sections of facts, one function each (the curves are ``page.py``'s, the samples
 ``samples.py``'s): the chain a run continues, how it ran (its plan), its data check, its
-evaluations before and after. Several runs are columns side by side. Everything from a run is
-escaped (``html.py``)."""
+evaluations before and after, its benchmark scores. Several runs are columns side by side.
+Everything from a run is escaped (``html.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from xtrain.evaluate import saved
+from xtrain.evaluate.scores import Score, change, shown, shown_change
+from xtrain.evaluate.scores import table as score_table
+from xtrain.planning.batch import batch_line
 from xtrain.report.html import Raw, join, note, section, table, tag, value
 from xtrain.report.runs import RunView
 from xtrain.report.svg import number
@@ -37,19 +41,30 @@ def lineage(runs: list[RunView], chained: bool) -> Raw:
     return section("lineage", "Lineage", *parts)
 
 
+def _sequence(run: RunView) -> int:
+    """parallel.sequence as the run ran it (its run_info; 1: off)."""
+    return int((run.result.get("run_info") or {}).get("sequence_parallel") or 1)
+
+
 def _batch(run: RunView) -> str:
     world, acc = int(run.figure("world_size", 1)), int(run.figure("accumulation", 1))
-    batch = int(run.figure("global_batch"))
-    per_device = int(run.figure("per_device")) or batch // max(1, world * acc)
-    processes = f"{world} process{'es' if world != 1 else ''}"
-    return f"{batch} = {per_device} per-device x {processes} x {acc} accumulation"
+    batch, split = int(run.figure("global_batch")), _sequence(run)
+    per_device = int(run.figure("per_device")) or batch // max(1, world // split * acc)
+    return batch_line(batch, per_device, world, acc, split).removeprefix("global batch ")
 
 
 def _method(run: RunView) -> str:
+    """LoRA's settings and the layers it adapted (what ``auto`` picked, as the run recorded them:
+    ``run_info.lora_targets``), or a full fine-tune."""
     if not run.setting("lora", "enabled", True):
         return "full fine-tune"
     targets = run.setting("lora", "target_modules")
     shown = ", ".join(map(str, targets)) if isinstance(targets, list) else targets
+    info = run.result.get("run_info") or {}
+    adapted, layers = info.get("lora_targets"), info.get("lora_layers")
+    if isinstance(adapted, list) and adapted and isinstance(layers, int):  # (older runs: not recorded)
+        picked = f"{', '.join(map(str, adapted))} ({layers} layer{'s' * (layers != 1)})"
+        shown = f"{picked}, lora.target_modules={shown}" if shown else picked
     r, alpha = run.setting("lora", "r", "?"), run.setting("lora", "alpha", "?")
     return f"LoRA r={r}, alpha={alpha}" + (f" on {shown}" if shown else "")
 
@@ -76,6 +91,10 @@ def _machine(run: RunView) -> str:
     world = int(run.figure("world_size", 1))
     backend = f" over {info['backend']}" if info.get("backend") else ""
     processes = f"{world} process{'es' * (world != 1)}{backend}"
+    split = _sequence(run)
+    if split > 1:  # parallel.sequence: how each sequence was split (docs/long-context.md)
+        mode, inner = info.get("sequence_mode", "?"), info.get("sequence_attention", "?")
+        processes += f", each sequence split across {split} ({mode} attention around {inner})"
     return f"{info.get('device', '?')} on {info.get('plan_os', '?')}, {processes}"
 
 
@@ -220,3 +239,44 @@ def evaluation(runs: list[RunView]) -> Raw:
     if not any(b for b, _ in pairs):
         parts.append(note("No evaluation at step 0: run.eval_at_start=true gives the 'before'."))
     return section("evaluation", "Evaluation", *parts, *(_every(r) for r in runs))
+
+
+NO_BENCHMARKS = (
+    "No benchmarks: eval.benchmarks in the config scores the result at the end of a run, "
+    "xtrain eval RUN --tasks ... at any time (lm-evaluation-harness)."
+)
+
+
+def benchmark_columns(runs: list[RunView]) -> tuple[list[str], list[list[Score]]]:
+    """(labels, scores) of the benchmarks table: the first run's reference (its start, or the base
+    ``xtrain eval`` scored beside it) when it has one, then each run's newest score of each task
+    and metric (``evaluate.saved``: its ``benchmarks/`` files)."""
+    labels: list[str] = []
+    columns: list[list[Score]] = []
+    for i, run in enumerate(runs):
+        scores, reference, label = saved.latest(saved.read_all(run.folder))
+        if i == 0 and reference:
+            labels.append(f"{label or 'reference'} (before {run.name})")
+            columns.append(reference)
+        labels.append(run.name)
+        columns.append(scores)
+    return labels, columns
+
+
+def benchmarks(runs: list[RunView], chained: bool) -> Raw:
+    """Each run's benchmark scores (lm-eval's, with their standard errors) side by side, a chain's
+    stages in order, and each one's change against the first column."""
+    labels, columns = benchmark_columns(runs)
+    if not any(columns):
+        return section("benchmarks", "Benchmarks", note(NO_BENCHMARKS))
+    head = ["task", "metric", labels[0], *(x for label in labels[1:] for x in (label, "change"))]
+    rows = []
+    for (task, _, _), found in score_table(columns):
+        name = next(s for s in found if s is not None).name
+        cells: list[Any] = [task, name, shown(found[0])]
+        for s in found[1:]:
+            cells += [shown(s), shown_change(change(s, found[0]))]
+        rows.append(cells)
+    said = "The stages of the chain, in order; " if chained and len(runs) > 1 else ""
+    text = f"{said}± the standard error lm-eval reports; change: against {labels[0]}."
+    return section("benchmarks", "Benchmarks", table(head, rows, class_="metrics"), note(text))

@@ -16,6 +16,8 @@ check, generation, predicting, sizes, stacks, validation) stay at this package's
 - ``vision-preference``: preference pairs with images on a vision-language model (DPO, IPO, ORPO,
   SimPO); reward accuracy.
 - ``image-classification``: images and a label (ViT, DeiT, ConvNeXt, Swin); accuracy.
+- ``reward``: preference pairs -> a reward model (a one-output head on a causal LM, Bradley-Terry);
+  reward accuracy. Its result scores GRPO's completions (``grpo.rewards: model:RUN``).
 - ``custom``: ``model.custom: module:function``, called with the Run (or the config), returns a Workload.
 
 Order matters for reproducibility: data first (inside ``main_process_first`` so one process
@@ -47,6 +49,7 @@ REGISTRY = (
     "text.causal_lm",
     "preference.preference",
     "grpo.grpo",
+    "reward.reward",  # before seq-cls: a one-output classifier saved without a record is a reward model
     "text.seq_cls",
     "vision.image_to_text",
     "speech.speech_to_text",

@@ -89,6 +89,7 @@ class PredictRequest:
     tools: list[dict[str, Any]] | None = None  # causal-lm chat: --tools, the schemas a prompt may call
     # --tools naming Python functions (xtrain.tasks.grpo.tools.Tool): each prompt an episode that runs them
     functions: list[Any] | None = None
+    answers: list[str] = field(default_factory=list)  # --answer: a reward model scores each after each prompt
 
     @property
     def sampling(self) -> bool:
@@ -111,6 +112,7 @@ class Example:
     shown: dict[str, Any]  # the input as its results line shows it: {"input": ..., ("prompt": ...)}
     feed: Any  # what the task's ``FileRows.answer`` takes: a prompt, a conversation, a media cell
     reference: str | None = None  # the row's answer, transcript or label, where it has one
+    data: Any = None  # the row as the task read it, for its answer hook's scores (GRPO: its rewards)
 
 
 @dataclass
@@ -142,6 +144,9 @@ class FileRows:
     answer: Callable[[Loaded, list[Example], PredictRequest], list[dict[str, str]]]
     # (references, outputs) -> metrics; per row with one pair, over the file with every pair
     score: Callable[[list[str], list[str]], dict[str, float]]
+    # keys of ``answer``'s per-row numbers that are scores of their own (GRPO's ``reward`` and
+    # ``rewards/NAME``: a key equal to one or starting with it), averaged over the file's rows
+    averaged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,11 +173,12 @@ class Predicts:
     # (result folder, its base model, the run's record) -> (the bare base model, tokenizer, parts
     # for ``run``; the record's items are added to them)
     load: Callable[[Path, str, dict[str, Any]], tuple[Module, PreTrainedTokenizerBase | None, dict[str, Any]]]
-    # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "text": ...}
+    # (the loaded result, the request) -> rows: {"input": ..., ("prompt": ...,) "output": ...}
     run: Callable[[Loaded, PredictRequest], list[dict[str, str]]]
     file: FileRows | None = None  # None: ``--data`` is refused for its results
     samples: bool = False  # it generates text that ``--temperature`` / ``--top-p`` can sample
     tools: bool = False  # a chat run's prompts take ``--tools`` (the schemas a prompt may call)
+    answers: bool = False  # its prompts take ``--answer`` texts to score (a reward model)
     # how its chat answers call tools (``ToolUse``: the hooks its ``prompt_predict`` functions are
     # bound to; ``xtrain export`` answers with them too); None: its answers call none
     tool_use: ToolUse | None = None
@@ -207,6 +213,9 @@ class Task:
     keys: frozenset[str] = frozenset()
     validate: Callable[[TrainConfig], None] = _no_check  # its own checks across keys
     model_class: str | None = None  # the transformers class its model loads with; None: its own
+    # Model classes of trained results a stage of this task may start from besides its own: their
+    # adapters go under its model (a reward model's head on an SFT result's causal LM)
+    starts_from: tuple[str, ...] = ()
     peft_task_type: str | None = None  # peft's TaskType name for its adapters (None: no head rule)
     # Plan-time sizes: (the model built on the meta device, cfg) -> (qualified names of the Linear
     # layers that get adapters, module names trained whole); the same chooser the build uses.
@@ -251,6 +260,11 @@ class Task:
     # micro-batch's sequences (or already the step's: GRPO), averaged over the step's micro-batches
     # (a forward's ``token_sum`` adds a token term: ``Workload.trained_tokens``)
     token_loss: str | None = None
+    # Its training batches can be split across the processes of a group (``parallel.sequence``,
+    # docs/long-context.md): decoder-only text rows ([rows, positions] ids and labels) whose loss
+    # sums the shards' token terms (the model's own next-token loss) or adds up each sequence's
+    # shards first (``model.sequence_parallel.shard_total``: the preference task's log-probs).
+    sequence_parallel: bool = False
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
     # the head of a result saved without xtrain's record: architectures' suffix / peft task type
     recognizes: Callable[[dict[str, Any]], bool] | None = None
@@ -306,12 +320,21 @@ EvaluateFn = Callable[["Accelerator", "Module", "DataLoader"], tuple[dict[str, f
 # see ``Task.token_loss``) and may carry ``.token_sum``: the sum of its token losses over the
 # micro-batch's ``Workload.trained_tokens``, which the loop divides by the trained tokens of the
 # whole step (preference's SFT term; xtrain/train/step_loss.py), and ``.metrics``: {name: scalar
-# tensor} of the micro-batch, averaged by the loop's logging window without a host sync and logged
-# with its loss. A task whose loss is not the model's own (preference tuning: log-probabilities of
-# two answers, a reference model) computes it here; the loop and the evaluation call it in place of
-# ``model(**batch)``. ``model`` is as the loop holds it (wrapped by DDP/FSDP), so its forward is the
-# one the gradients are synchronised for.
+# tensor}, the micro-batch's statistics, summed by the loop's logging window over its micro-batches
+# and processes without a host sync (one gather a window) and turned into what every log line, the
+# trackers and the run's log history show by ``Workload.window_metrics``. A task whose loss is not
+# the model's own (preference tuning: log-probabilities of two answers, a reference model) computes
+# it here; the loop and the evaluation call it in place of ``model(**batch)``. ``model`` is as the
+# loop holds it (wrapped by DDP/FSDP), so its forward is the one the gradients are synchronised for.
 ForwardFn = Callable[["Module", Batch], Any]  # returns what has .loss (and maybe .token_sum, .metrics)
+
+
+# window_metrics(the statistics of the forwards' ``.metrics`` summed over a logging window's
+# micro-batches and processes (CPU tensors), how many micro-batches that is) -> the window's
+# metrics, as its log line shows them: a task whose statistics are sums and counts divides them
+# (preference tuning: the same reduce as its evaluation's). None: each statistic's mean over the
+# micro-batches (a task that hands the micro-batch's means, or its step's: GRPO, as TRL logs).
+WindowMetricsFn = Callable[[dict[str, "torch.Tensor"], int], dict[str, float]]
 
 
 # trained_tokens(a collated micro-batch, on the host) -> how many trained tokens its forward's
@@ -376,6 +399,7 @@ class Workload:
     # summary is a line of the run's banner
     data_report: DataReport | None = None
     forward: ForwardFn | None = None  # None: ``model(**batch)``, whose ``.loss`` is the loss
+    window_metrics: WindowMetricsFn | None = None  # a logging window's sums -> its metrics (None: means)
     # what a forward's ``token_sum`` is over (None: it has none; the tokens of a ``next-token`` or
     # ``decoder`` ``Task.token_loss`` are counted from the labels by the loop)
     trained_tokens: TrainedTokensFn | None = None

@@ -152,27 +152,46 @@ def check_model(model: Module, cfg: TrainConfig, task: Task) -> None:
 
 
 def check_offline(cfg: TrainConfig, light: bool = False) -> str:
+    """``xtrain train --dry-run``'s check (``checked_offline``): what was checked, or why nothing was."""
+    return checked_offline(cfg, light)[0]
+
+
+def checked_offline(cfg: TrainConfig, light: bool = False) -> tuple[str, str | None]:
     """``xtrain train --dry-run``'s check, on the model's config where it is on this machine and
     its skeleton built on the meta device (shapes only, no weights, no download). ``light``: the
-    lengths only, from ``config.json`` without importing transformers (a plan without CUDA stays
-    fast). Raises the run's own line; returns what was checked, or why nothing was."""
+    lengths only, from ``config.json`` without importing transformers (a full fine-tune's plan
+    without CUDA stays fast). Raises the run's own line; returns (what was checked, or why nothing
+    was; the layers a new adapter goes on, as the run's own chooser picks them, where known)."""
     task = tasks.get(cfg.model.task)
     if task.model_class is None:
-        return f"skipped: task {cfg.model.task} builds its own model"
+        return f"skipped: task {cfg.model.task} builds its own model", None
     if light:
         found = local_config(cfg)
         if found is None:
-            return f"skipped: the config of {cfg.model.name_or_path} is not on this machine yet"
+            return f"skipped: the config of {cfg.model.name_or_path} is not on this machine yet", None
         check_lengths(cfg, task, found)
-        return f"lengths checked against {cfg.model.name_or_path} (LoRA targets: when the run loads it)"
+        return f"lengths checked against {cfg.model.name_or_path} (LoRA targets: when the run loads it)", None
     config = read_config_offline(cfg)
     if isinstance(config, str):
-        return f"skipped: {config}"
+        return f"skipped: {config}", None
     check_lengths(cfg, task, config)
     if not cfg.lora.enabled:
-        return f"lengths checked against {cfg.model.name_or_path}"
+        return f"lengths checked against {cfg.model.name_or_path}", None
     bare = model_size.meta_model(cfg, task, config)
     if isinstance(bare, str):
-        return f"lengths checked; LoRA targets skipped: {bare}"
+        return f"lengths checked; LoRA targets skipped: {bare}", None
     check_targets(cfg, task, bare)
-    return f"lengths and LoRA targets checked against {cfg.model.name_or_path}"
+    return f"lengths and LoRA targets checked against {cfg.model.name_or_path}", lora_line(cfg, bare)
+
+
+def lora_line(cfg: TrainConfig, model: Module) -> str | None:
+    """A new adapter's settings and the layers it goes on in ``model`` (the task's own chooser,
+    as the build and the memory estimate pick them): what ``auto`` picked, said before the run.
+    None for a start's adapter trained on (``lora.continue_adapter``: its own targets)."""
+    if cfg.lora.continue_adapter:
+        return None
+    adapted, whole = adapted_layers(model, cfg)
+    names = cfg.lora.target_modules
+    asked = names if isinstance(names, str) else f"[{', '.join(names)}]"
+    line = lora_layers.described(adapted, whole)
+    return f"r={cfg.lora.r}, alpha={cfg.lora.alpha}, lora.target_modules={asked}: {line}"

@@ -101,10 +101,11 @@ def file_examples(files: list[Path]) -> list[Example]:
 
 
 def file_rows(examples: list[Example], outputs: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The printed rows of input files: the input, the output as ``text`` (+ its probability)."""
+    """The printed rows of input files: the input, the ``output`` (+ its probability): the shape
+    every mode of ``xtrain predict`` writes."""
     rows = []
     for e, o in zip(examples, outputs, strict=True):
-        rows.append({**e.shown, "text": o["output"], **{k: v for k, v in o.items() if k != "output"}})
+        rows.append({**e.shown, "output": o["output"], **{k: v for k, v in o.items() if k != "output"}})
     return rows
 
 

@@ -193,7 +193,7 @@ def text_predict(
     rows = []
     for e, o in zip(examples, outputs, strict=True):
         call = {"call": o["call"]} if "call" in o else {}
-        rows.append({"input": e.shown["input"], "text": o["output"], **call})
+        rows.append({"input": e.shown["input"], "output": o["output"], **call})
     return rows
 
 
@@ -254,6 +254,11 @@ def read_text_file(cfg: TrainConfig, record: dict[str, Any], tools: ToolUse | No
             shown = {"input": last_user_text(prompt.messages)}
             out.append(Example(i, shown, prompt.messages, reference if answered else None))
         return out
+    if fmt in ("messages", "sharegpt"):  # turns, and no template to render them
+        raise XtrainError(
+            f"{source} holds conversations ({fmt}), and the run did not train on chat conversations",
+            "give it text, prompt/response or alpaca rows, as the run trained on",
+        )
     prompt_column, response_column, columns = text_columns(cfg, fmt)
     if fmt == "alpaca":
         ds = row_formats.alpaca_as_prompt_response(ds, source)
@@ -359,7 +364,7 @@ def vision_predict(loaded: Loaded, request: PredictRequest) -> list[dict[str, st
             shown = {"input": str(f), "prompt": question}
             examples.append(Example(len(examples), shown, (turns, [image], None, "")))
     outputs = in_batches(vision_answer, loaded, examples, request)
-    return [{**e.shown, "text": o["output"]} for e, o in zip(examples, outputs, strict=True)]
+    return [{**e.shown, "output": o["output"]} for e, o in zip(examples, outputs, strict=True)]
 
 
 def read_vision_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:

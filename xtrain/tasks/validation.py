@@ -23,7 +23,9 @@ from xtrain.data.rows.formats import check_tags
 from xtrain.errors import XtrainError
 from xtrain.model.lora import check_variants
 from xtrain.model.start import start_of
-from xtrain.tasks.contract import EVERY_KEY
+from xtrain.tasks.contract import EVERY_KEY, Task
+
+CAUSAL_LM = "AutoModelForCausalLM"  # the model class lm-evaluation-harness's HF model loads
 
 
 def load_config(path: str | Path | None, overrides: Iterable[str] = ()) -> TrainConfig:
@@ -97,6 +99,25 @@ def validate(cfg: TrainConfig) -> None:
         if not getattr(getattr(cfg, section), name).strip():
             raise XtrainError(f"{key} is empty")
     check_run(cfg)
+    check_sequence(cfg, task)
+    check_benchmarks(cfg, task)
+
+
+def check_benchmarks(cfg: TrainConfig, task: Task) -> None:
+    """eval.benchmarks on a causal language model's run (what lm-evaluation-harness scores); the
+    other eval keys only with it."""
+    e, defaults = cfg.eval, type(cfg.eval)()
+    if not e.benchmarks:
+        for key in ("limit", "num_fewshot", "batch_size", "at_start"):
+            if getattr(e, key) != getattr(defaults, key):
+                raise XtrainError(f"eval.{key} needs eval.benchmarks", "name the tasks in eval.benchmarks")
+        return
+    if task.model_class != CAUSAL_LM:
+        raise XtrainError(
+            f"eval.benchmarks scores causal language models through lm-evaluation-harness; "
+            f"a {task.name} run trains none",
+            "leave out eval.benchmarks (causal-lm, preference and GRPO runs take it)",
+        )
 
 
 def check_quantization(cfg: TrainConfig) -> None:
@@ -133,6 +154,25 @@ def check_run(cfg: TrainConfig) -> None:
         raise XtrainError(
             "run.early_stopping_patience needs run.eval_every (it counts evaluations during the run)",
             "set run.eval_every, e.g. run.eval_every=100",
+        )
+
+
+def check_sequence(cfg: TrainConfig, task: tasks.Task) -> None:
+    """``parallel.sequence`` against the task and what cannot run beside it (the processes it
+    must divide are the plan's: ``planning.sequence``)."""
+    if cfg.parallel.sequence == 1:
+        return
+    if not task.sequence_parallel:
+        able = " and ".join(t.name for t in tasks.all_tasks().values() if t.sequence_parallel)
+        raise XtrainError(
+            f"parallel.sequence: the {task.name} task does not split its sequences across processes "
+            f"(sequence parallelism trains {able})",
+            "set parallel.sequence=1",
+        )
+    if cfg.run.compile:
+        raise XtrainError(
+            "parallel.sequence does not run under run.compile (its attention exchanges shards)",
+            "set run.compile=false, or parallel.sequence=1",
         )
 
 

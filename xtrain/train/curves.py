@@ -4,7 +4,8 @@ evaluations) laid out in panels, drawn as a PNG by ``train/plot.py`` and as inli
 
 The panels, in order: the training loss (each window's mean, a smoothed line over it, the eval
 loss at its evaluations), the learning rate, the task's own (``Task.curves``: what its users
-watch, e.g. GRPO's reward per reward function), then every other eval metric, a panel each. A
+watch, e.g. GRPO's reward per reward function), then every other eval metric, a panel each, and
+the benchmarks of ``eval.benchmarks`` (the start at step 0, the result at its last step). A
 panel with no point is left out; non-finite values (a diverged loss) are not drawn.
 """
 
@@ -21,6 +22,7 @@ from xtrain.tasks.contract import Curve
 Point = tuple[float, float]
 TRAIN, SMOOTHED, EVAL = "train", "smoothed", "eval"  # how a line is drawn
 LOSS, LR, EVAL_LOSS = "loss", "lr", "eval_loss"
+BENCHMARKS = "benchmarks (lm-eval)"  # eval.benchmarks' panel: a line per task and metric
 SMOOTHING_SHARE = 0.1  # the smoothed loss averages about a tenth of the windows ... (``smoothed``)
 MAX_SMOOTHING = 0.95  # ... at most with an exponential weight this heavy (long runs)
 SMOOTH_FROM = 20  # windows: fewer are drawn as they are (a smoothed line would hide or lag them)
@@ -65,6 +67,8 @@ class History:
     losses: list[list[float]] = field(default_factory=list)
     log_history: list[dict[str, float]] = field(default_factory=list)
     eval_history: list[dict[str, float]] = field(default_factory=list)
+    # eval.benchmarks' scores (``TrainResult.benchmarks``): the start at step 0, the result at its step
+    benchmarks: list[dict[str, float]] = field(default_factory=list)
 
     @classmethod
     def of(cls, saved: Any) -> History:
@@ -79,7 +83,8 @@ class History:
         losses = [
             list(r) for r in get("losses") if isinstance(r, list) and len(r) == 2 and all(map(_number, r))
         ]
-        return cls(losses, _rows(get("log_history")), _rows(get("eval_history")))
+        found = saved.get("benchmarks") if isinstance(saved, dict) else getattr(saved, "benchmarks", None)
+        return cls(losses, _rows(get("log_history")), _rows(get("eval_history")), _benchmark_rows(found))
 
     @property
     def empty(self) -> bool:
@@ -98,6 +103,24 @@ def _rows(found: list[Any]) -> list[dict[str, float]]:
         if isinstance(r, dict)
     ]
     return [r for r in rows if "step" in r]
+
+
+def _benchmark_rows(found: Any) -> list[dict[str, float]]:
+    """``TrainResult.benchmarks`` ({"step", "start": rows, "end": rows}) as points: the start at step
+    0, the result at its step, a key per task and metric (``task/metric``); [] for anything else."""
+    if not isinstance(found, dict) or not _number(found.get("step")):
+        return []
+    out = []
+    for at, key in ((0, "start"), (found["step"], "end")):
+        rows = found.get(key) if isinstance(found.get(key), list) else []
+        point = {
+            f"{r.get('task')}/{r.get('metric')}": r["value"]
+            for r in rows
+            if isinstance(r, dict) and _number(r.get("value")) and r.get("filter", "none") == "none"
+        }
+        if point:
+            out.append({"step": at, **point})
+    return out
 
 
 def smoothed(values: Sequence[float]) -> list[float]:
@@ -180,4 +203,6 @@ def panels(history: History, curves: Sequence[Curve] = ()) -> list[Panel]:
     for key in dict.fromkeys(k for row in history.eval_history for k in row):
         if key not in drawn and (points := _series(history.eval_history, key)):
             out.append(Panel(f"{key.replace('_', ' ')} (eval)", (Line(points, EVAL),)))
+    if lines := _side_lines(history.benchmarks, ("*",), EVAL):
+        out.append(Panel(BENCHMARKS, tuple(lines)))
     return out

@@ -46,6 +46,7 @@ from xtrain.config.schema import TrainConfig
 from xtrain.data import encoded
 from xtrain.data.collate import batch_tokens
 from xtrain.data.sampler import DataOrder, mix_seed
+from xtrain.model.lora_layers import adapted_modules, adapted_record, described
 from xtrain.model.memory import MemoryLevers
 from xtrain.model.size import total_weights
 from xtrain.model.start import stage_record, start_of
@@ -56,9 +57,9 @@ from xtrain.runtime import lifetime, lock, quiet, run_control
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
-from xtrain.train import builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
+from xtrain.train import benchmarks, builtin_stages, checkpoint, failures, levers, parts, preflight, tracking
 from xtrain.train.curves import History
-from xtrain.train.distributed import sharded
+from xtrain.train.distributed import sequence, sharded
 from xtrain.train.distributed.accelerator import build_accelerator, release, stage_allreduce_on_cpu
 from xtrain.train.distributed.collective import (
     BuildFn,
@@ -156,6 +157,7 @@ class Recipe:
     order: DataOrder
     total_steps: int
     trainable: int  # trainable weights
+    adapted: list[str]  # the layers that carry LoRA adapters (qualified names; [] for a full fine-tune)
     total_params: int  # every weight (a 4-bit one unpacked)
     model: Module  # prepared by accelerate (DDP, FSDP or DeepSpeed wrapped)
     optimizer: AcceleratedOptimizer
@@ -173,6 +175,8 @@ class Recipe:
     skips: SkipDetector
     window: LogWindow
     levers: levers.Levers  # the chunked loss and activation offloading attached to the model
+    sequence: sequence.SequenceRun | None  # parallel.sequence: this process's shard and attention
+    data_rank: int  # the rows this process reads: its rank, or its sequence-parallel group's
     files: RunFiles | None  # the main process's curves picture, eval samples, data check (run_files.py)
 
     def __init__(self, run: Run, reporter: Reporter | None = None, build: BuildFn | None = None) -> None:
@@ -246,15 +250,23 @@ class Recipe:
         sharded.check_outputs(acc, cfg.run.save_merged, cfg.lora.enabled, cfg.lora.init_weights)
         sharded.check_quantization(acc, cfg.model.quantization)  # (both before anything is built)
         self.workload = self._build_workload()
-        self.order = parts.data_order(self.workload, self.settings, cfg, self.world)
+        self.order = parts.data_order(self.workload, self.settings, cfg, self.settings.data_parallel)
         self.total_steps = cfg.run.max_steps or max(1, math.ceil(cfg.run.epochs * self.order.steps_per_epoch))
         model = parts.trainable_model(self.workload, self.run.precision)
         # the chunked loss and activation offloading: hooks in the model's training forward
         own = self.workload.use_chunked_loss
         self.levers = levers.attach(model, cfg, self.settings, acc.distributed_type, own)
+        # parallel.sequence: the groups, the attention around the model's own, this rank's shard
+        backend = acc.state.backend if self.world > 1 else None
+        plan = self.settings.sequence_plan
+        self.sequence = sequence.attach(
+            model, cfg, plan, acc.process_index, backend, self.device, acc.distributed_type
+        )
+        self.data_rank = plan.group_of(acc.process_index)
         if self.workload.shared_pass is not None:  # every process's share (a precomputed reference),
             self.workload.shared_pass(acc)  # after the build and the levers, before prepare
         self.trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.adapted = adapted_modules(model) if cfg.lora.enabled else []  # the layers LoRA adapts
         self.total_params = total_weights(model)  # a 4-bit weight unpacked, not its packed bytes
         optimizer = build_optimizer(model, cfg, self.settings.lr, self.device)
         scheduler = build_scheduler(cfg, optimizer, self.total_steps)
@@ -274,13 +286,14 @@ class Recipe:
         self.workers = self.settings.workers_for(tasks.get(cfg.model.task).decodes_media)  # (count, why)
         loading = parts.loading(self.workload, self.workers[0], self.pin)
         self.eval_loader = parts.eval_loader(acc, self.workload, self.settings.per_device, loading)
+        loading = {**loading, "collate_fn": sequence.collator(loading["collate_fn"], self.sequence)}
         self.start_step = self._resume()  # after prepare: accelerate loads into the prepared parts
         self.loader = parts.train_loader(
-            self.workload, self.order, acc.process_index, self.start_step, self.total_steps, loading
+            self.workload, self.order, self.data_rank, self.start_step, self.total_steps, loading
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.skips = SkipDetector(acc.scaler)  # fp16: was a step skipped? (read one step late)
-        self.window = LogWindow(self.device)
+        self.window = LogWindow(self.device, self.workload.window_metrics)  # the task reduces its statistics
         check_early_stopping(cfg.run, has_eval_set=self.eval_loader is not None)
         parts.start_trackers(acc, cfg, self.settings, self.device, self.out)
         self.rep.start(self._start_info())
@@ -307,7 +320,8 @@ class Recipe:
     def _build_workload(self) -> Workload:
         """The task's model, datasets and collator (``Task.build``), the main process first."""
         # ZeRO-3: no zero.Init collective in a main-first build; a first run's encoding shows its progress
-        with sharded.whole_model_loading(self.accelerator), encoded.reporting(self.rep.encoding):
+        reporting = encoded.reporting(self.rep.encoding, self.rep.note)  # (a damaged cache entry: a note)
+        with sharded.whole_model_loading(self.accelerator), reporting:
             return build_workload_main_first(self.accelerator, self.run, self.build)
 
     def _check_memory(self, model: Module) -> MemoryCheck | None:
@@ -316,7 +330,11 @@ class Recipe:
         if self.device.type != "cuda":
             return None
         props = torch.cuda.get_device_properties(self.device)
-        running = MemoryLevers(chunked=self.levers.chunked_loss, offload=self.levers.activation_offload)
+        running = MemoryLevers(
+            chunked=self.levers.chunked_loss,
+            offload=self.levers.activation_offload,
+            sequence=self.settings.sequence,
+        )
         check = check_live_model(
             model, self.cfg, self.settings.precision, props.total_memory, props.name, running
         )
@@ -354,8 +372,10 @@ class Recipe:
             total_steps=self.total_steps, start_step=self.start_step, trainable_params=self.trainable,
             total_params=self.total_params, output_dir=str(self.out), cpu_staged_allreduce=self.cpu_staged,
             resumed_from=str(self.resume.path) if self.resume.path else None,
-            loader_workers=self.workers[0], loader_why=self.workers[1], levers=self.levers.lines,
+            loader_workers=self.workers[0], loader_why=self.workers[1],
+            levers=self.levers.lines + ((f"sequence: {self.sequence.line}",) if self.sequence else ()),
             data_checked=report.summary() if (report := self.workload.data_report) is not None else None,
+            lora=described(self.adapted) if self.adapted else None,
         )  # fmt: skip
 
     # -- the hot path -------------------------------------------------------------------------------
@@ -366,7 +386,8 @@ class Recipe:
         backward), then ``optimizer_step``. No device sync."""
         acc, model, device, window = self.accelerator, self.model, self.device, self.window
         accumulation, tokens_key = self.settings.accumulation, self.workload.tokens_key
-        rank = acc.process_index
+        rank = self.data_rank
+        shard = () if self.sequence is None else (self.sequence.shard,)  # a shard's dropout: its own draws
         forward = self.workload.forward
         if self.workload.at_step is not None:  # the task told the step's number (GRPO's sampling seeds)
             self.workload.at_step(step)
@@ -376,7 +397,7 @@ class Recipe:
             ahead = self._whole_step(ahead)
         for micro in range(accumulation):
             batch = _to_device(ahead[micro], device, self.pin)
-            _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(rank, micro)), device)
+            _reseed(mix_seed(self.cfg.run.seed, step, self.order.micro_index(rank, micro), *shard), device)
             last = micro == accumulation - 1
             # accelerate's own flag (public setter): DeepSpeed's backward ends its accumulation and
             # steps its engine only on the last micro-batch; the optimizer wrappers read it too
@@ -548,7 +569,10 @@ class Recipe:
             self.config_dict,
             start,
         )
-        path = checkpoint.save(self.accelerator, self.out, saved, self.cfg.run.keep_checkpoints)
+        adapter = checkpoint.checkpoint_result(  # a LoRA checkpoint holds its adapter: a start of its own
+            self.accelerator, self.model, self.workload.tokenizer, self.record, self.cfg.lora.enabled
+        )
+        path = checkpoint.save(self.accelerator, self.out, saved, self.cfg.run.keep_checkpoints, adapter)
         self.rep.checkpoint_saved(step, str(path))
         self.state.last_saved = step
         return path
@@ -605,7 +629,31 @@ class Recipe:
         # filesystem failing under it stops every rank with one line (checkpoint.write_on_main)
         lora = self.cfg.lora.enabled
         sharded.save_on_main(acc, self.model, write, ("the final outputs", out), trainable_only=lora)
+        if self.cfg.eval.benchmarks:  # the saved result scored by these processes, the training let go
+            result = self._benchmarks(result)
         self.rep.end(result)
+        return result
+
+    def _benchmarks(self, result: TrainResult) -> TrainResult:
+        """``eval.benchmarks`` on the saved result (``train/benchmarks.py``), once the training's
+        model, optimizer and data are let go; the result file and curves rewritten with them."""
+        for part in (
+            "model",
+            "optimizer",
+            "scheduler",
+            "workload",
+            "loader",
+            "eval_loader",
+            "params",
+            "levers",
+        ):
+            self.__dict__.pop(part, None)
+        self.accelerator.free_memory()
+        result = benchmarks.at_end(self.run, self.accelerator, result, self.rep)
+        if self.accelerator.is_main_process:
+            checkpoint.write_result(self.out, asdict(result))
+            for note in self.files.draw(History.of(result)) if self.files is not None else []:
+                self.rep.note(note)
         return result
 
     def _result(self, final: int, metrics: dict[str, float], outputs: dict[str, str]) -> TrainResult:
@@ -616,5 +664,6 @@ class Recipe:
             final, self.total_steps, self.state, metrics, outputs, self.windows, s, self.world,
             resumed_from=str(self.resume.path) if self.resume.path else None, predictions=self.predictions,
             stopped_early=self.early.to_dict() if self.early is not None else None,
-            run_info=info | self.levers.record(),
+            run_info=info | self.levers.record() | adapted_record(self.adapted)
+            | (self.sequence.record() if self.sequence else {}),
         )  # fmt: skip

@@ -2,7 +2,8 @@
 
 The loop reports through the small ``Reporter`` protocol and never prints. ``RichReporter``
 (the CLI edge, main process only) turns the events into a start banner, a progress bar with
-loss, lr, samples/s, tokens/s and ETA, eval lines and a closing summary. ``NullReporter`` is the
+loss, lr, samples/s, tokens/s and ETA, a line of the task's own metrics every logging window
+(rewards, margins, KL, ...), eval lines and a closing summary. ``NullReporter`` is the
 default for library use and for every rank but the main one.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xtrain.console import make_console
+from xtrain.planning.batch import batch_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,20 +46,20 @@ class StartInfo:
     loader_why: str = ""
     data_checked: str | None = None  # the task's data check on its first rows (DataReport.summary)
     levers: tuple[str, ...] = ()  # the loss and activation offloading, a line each (train/levers.py)
+    lora: str | None = None  # the layers LoRA adapts (``lora_layers.described``); None: no adapters
+    sequence: int = 1  # parallel.sequence: processes a sequence is split across (they share its rows)
 
     @classmethod
     def of(cls, settings: RunSettings, **found: Any) -> StartInfo:
         """The banner of a run with these ``RunSettings``; ``found``: what setup found."""
         s = settings
         return cls(precision=s.precision, per_device=s.per_device, accumulation=s.accumulation,
-                   global_batch=s.global_batch, **found)  # fmt: skip
+                   global_batch=s.global_batch, sequence=s.sequence, **found)  # fmt: skip
 
     @property
     def batch_line(self) -> str:
-        return (
-            f"global batch = {self.per_device} per-device x {self.processes} "
-            f"process{'es' if self.processes != 1 else ''} x {self.accumulation} accumulation "
-            f"= {self.global_batch}"
+        return batch_line(
+            self.global_batch, self.per_device, self.processes, self.accumulation, self.sequence
         )
 
 
@@ -145,6 +147,10 @@ class ListReporter(NullReporter):
         self.events.append(("end", result))
 
 
+# what the loop logs of every window (train/window.py); the other keys are the task's own metrics
+LOOP_KEYS = frozenset({"loss", "lr", "samples_per_s", "tokens_per_s"})
+
+
 def _esc(text: object) -> str:
     """A path or message as plain text (a folder named "[run1]" is not rich markup)."""
     from rich.markup import escape
@@ -202,6 +208,8 @@ class RichReporter:
             c.print(f"  data: {info.loader_workers} loader worker(s) per process ({_esc(info.loader_why)})")
         for line in info.levers:
             c.print(f"  {_esc(line)}")
+        if info.lora:
+            c.print(f"  LoRA on {_esc(info.lora)}")
         share = 100 * info.trainable_params / max(1, info.total_params)
         c.print(
             f"  trainable parameters {info.trainable_params:,} of {info.total_params:,} ({share:.2f}%), "
@@ -240,8 +248,18 @@ class RichReporter:
             self._fields = "  ".join(parts)
         if self._progress is None:
             self._plain_line(step, total)
-            return
-        self._progress.update(self._task, completed=step, stats=self._fields)
+        else:
+            self._progress.update(self._task, completed=step, stats=self._fields)
+        if metrics:
+            self._task_line(step, metrics)
+
+    def _task_line(self, step: int, metrics: dict[str, float]) -> None:
+        """The task's own metrics of the window (rewards, margins, KL, ...), a line every window:
+        the bar's line holds the loop's."""
+        own = {k: v for k, v in metrics.items() if k not in LOOP_KEYS and not k.startswith("peak_mem_mib/")}
+        if own:
+            shown = "  ".join(f"{k} {_fmt(v)}" for k, v in own.items())
+            self._print(f"  [dim]step {step}[/] {_esc(shown)}")
 
     def _plain_line(self, step: int, total: int) -> None:
         now = time.monotonic()

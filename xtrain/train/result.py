@@ -48,6 +48,9 @@ class TrainResult:
     stopped_early: dict[str, Any] | None = None
     # what each logging window logged: [{"step", "loss", "lr", "samples_per_s", the task's metrics}]
     log_history: list[dict[str, float]] = field(default_factory=list)
+    # eval.benchmarks (train/benchmarks.py): {"tasks", "step", "end": [score rows], "start": rows or
+    # None, "file": lm-eval's JSON in benchmarks/}; None without benchmarks
+    benchmarks: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainResult:

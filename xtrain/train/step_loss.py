@@ -54,7 +54,12 @@ SHIFTS = {"next-token": 1, "decoder": 0}
 
 def labelled_tokens(batch: Batch, shift: int) -> int:
     """A micro-batch's trained tokens: its labels that are not -100 from position ``shift`` on
-    (1: a next-token loss, whose first label per row is never predicted). On the host tensors."""
+    (1: a next-token loss, whose first label per row is never predicted); a batch whose labels are
+    shifted already (``shift_labels``: a sequence shard, xtrain/data/sequence_shards.py) all of
+    them. On the host tensors."""
+    shifted = batch.get("shift_labels")
+    if shifted is not None:
+        return int((shifted != IGNORE_INDEX).sum())
     labels = batch["labels"]
     return int((labels[..., shift:] != IGNORE_INDEX).sum())
 

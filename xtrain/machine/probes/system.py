@@ -19,8 +19,8 @@ from xtrain.machine.quant_support import library_backends
 PACKAGES = ("accelerate", "transformers", "peft", "datasets", "triton", "bitsandbytes")
 # where a package ships under another distribution name on some platform (the module is the same)
 DISTRIBUTIONS = {"triton": ("triton", "triton-windows")}
-# Variables a user may already have set that change how processes connect (shown by doctor,
-# kept in facts so `xtrain train` and doctor see the same environment).
+# Variables a user may already have set that change how processes connect or compute (shown by
+# doctor, kept in facts so `xtrain train` and doctor see the same environment).
 LAUNCH_ENV = (
     "NCCL_P2P_DISABLE",
     "NCCL_P2P_LEVEL",
@@ -29,6 +29,7 @@ LAUNCH_ENV = (
     "NCCL_SOCKET_IFNAME",
     "GLOO_SOCKET_IFNAME",
     "USE_LIBUV",
+    "OMP_NUM_THREADS",  # compute threads a process starts (planning/threads.py: one set wins)
 )
 RESOLVE_TIMEOUT_S = 2.0
 
@@ -67,6 +68,13 @@ def probe_platform(facts: Facts) -> dict[str, Any]:
         "python_executable": sys.executable,
         "cpu_count": cpus,
     }
+
+
+def probe_load(facts: Facts) -> dict[str, Any]:
+    """The 1-minute load average where the OS keeps one (not Windows): how busy the CPU is."""
+    if not hasattr(os, "getloadavg"):
+        return {}
+    return {"load_average": round(os.getloadavg()[0], 2)}
 
 
 def probe_memory(facts: Facts) -> dict[str, Any]:

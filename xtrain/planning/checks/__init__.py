@@ -13,6 +13,7 @@ docs/findings.md.
 - ``quantization.py``: bitsandbytes (model.quantization, 8-bit optimizers): missing, too old, a
   build without this torch's native library.
 - ``precision.py``: the plan's precision against the weights' dtype (fp16 over bf16 weights).
+- ``cpu.py``: a CPU plan on a CPU other work keeps busy (the compute threads: planning/threads.py).
 - ``fixes.py``: the fix lines several of them share (torch wheel, pip, driver update).
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 from xtrain.machine.facts import Facts
 from xtrain.planning.checks.comms import check_backend, check_libuv, check_p2p, check_shm, check_windows_gloo
+from xtrain.planning.checks.cpu import check_cpu_busy
 from xtrain.planning.checks.environment import check_accelerate_config, check_packages, check_probe_errors
 from xtrain.planning.checks.gpu import (
     check_driver,
@@ -51,6 +53,7 @@ CHECKS: tuple[Check, ...] = (
     check_port,
     check_visible_devices,
     check_mismatched_gpus,
+    check_cpu_busy,
     check_precision_weights,
     check_packages,
     check_bitsandbytes,

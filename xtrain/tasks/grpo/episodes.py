@@ -305,13 +305,19 @@ AGENT_TURNS, AGENT_CALLS, TOOL_SECONDS = 4, 8, 10.0  # an episode's limits in pr
 
 
 def predict_episodes(
-    loaded: Loaded, texts: list[str], render: Render, stop: int | None, request: PredictRequest
+    loaded: Loaded,
+    texts: list[str],
+    render: Render,
+    stop: int | None,
+    request: PredictRequest,
+    done: list[Episode] | None = None,
 ) -> list[dict[str, str]]:
     """``xtrain predict --tools`` naming functions: each prompt (``texts``, rendered with the
     tools) an episode as in training: the model's calls run (``request.functions``), their results
     given back in the template's tool turns, until it answers or has taken ``AGENT_TURNS`` turns
     of up to ``max_new_tokens`` each; greedy, or sampled from ``--seed`` and the prompt's index.
-    Each row: the prompt, the final answer, the calls with their results."""
+    Each row: the prompt, the final answer, the calls with their results; ``done`` (when given)
+    gets each episode (the rewards' completions and calls)."""
     import random
 
     from xtrain.model.decoding import Decoder, Sampling
@@ -333,5 +339,7 @@ def predict_episodes(
         seeds = [mix_seed(base, i)] if sampling else None
         decoder = Decoder(model, pad_id(tokenizer), eos)
         e = agent.run(decoder, enc["input_ids"], enc["attention_mask"], 1, sampling, seeds)[0]
-        rows.append({"input": prompt, "text": e.answer, "calls": calls_shown(e)})
+        rows.append({"input": prompt, "output": e.answer, "calls": calls_shown(e)})
+        if done is not None:
+            done.append(e)
     return rows

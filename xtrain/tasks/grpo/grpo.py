@@ -113,6 +113,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
     cfg = run.cfg
     # (checked when the config was; imported once per process)
     rewards = rw.resolve(cfg.grpo, [t.schema for t in tools_.from_config(cfg)])
+    rw.place(rewards, run.device)  # a reward model (model:PATH) scores on this process's device
     source, tokenizer = prepare_tokenizer(cfg, main_process_first)
     encoder = encoder_of(cfg, tokenizer)
     with main_process_first():  # the first process encodes (datasets' cache), the others read it
@@ -371,10 +372,12 @@ TASK = Task(
         load=load_for_predict,
         run=predict_file.prompt_answers,
         file=FileRows(
-            rows="prompts: text, conversational or alpaca rows (the answer column scored), as it trained",
+            rows="prompts: text, conversational or alpaca rows (scored by the run's reward functions and "
+            "against the answer column), or chat and prompt rows as causal-lm reads them",
             read=predict_file.read_prompt_file,
             answer=predict_file.answer_prompts,
             score=exact_match,
+            averaged=("reward",),
         ),
         samples=True,
         tools=True,

@@ -1,12 +1,15 @@
 """``xtrain predict`` for a GRPO result. ``--prompt``: as causal-lm's, a tools run's prompts as
 episodes that run its own tools unless ``--tools`` names others (``prompt_answers``).
-``--data FILE``: every prompt of a file in the shapes GRPO
-trains on (``rows.read_row``: text, conversational or alpaca prompts), answered as the run's
-evaluation answers them: greedily, and where the run had tools as episodes that call them (the
-run's own ``grpo.tools``, kept in its record), the final answer
-scored against the row's answer column (``grpo.answer_column``) where the row has one. The same
-reader gives ``xtrain export`` the run's eval prompts to answer in llama.cpp (a tools run's first
-turn: the call, as llama.cpp's parser returns it)."""
+``--data FILE``: every prompt of a file in the shapes GRPO trains on (``rows.read_row``: text,
+conversational or alpaca prompts), answered as the run's evaluation answers them: greedily, and
+where the run had tools as episodes that call them (the run's own ``grpo.tools``, kept in its
+record); each answer scored by the run's own reward functions (``grpo.rewards`` with their
+weights, kept in its record: ``reward`` and ``rewards/NAME`` per row, their means over the file)
+and against the row's answer column (``grpo.answer_column``) by exact match where the row has
+one. A file of chat or prompt rows that GRPO does not read (messages, sharegpt, prompt/response,
+text) is read as causal-lm reads it, exact match against its answers. The same reader gives
+``xtrain export`` the run's eval prompts to answer in llama.cpp (a tools run's first turn: the
+call, as llama.cpp's parser returns it)."""
 
 from __future__ import annotations
 
@@ -17,10 +20,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from xtrain.config.schema import TrainConfig
     from xtrain.tasks.contract import Example, Loaded, PredictRequest
+    from xtrain.tasks.grpo.rewards import Reward
     from xtrain.tasks.grpo.tools import Tool
 
-RECORD = "grpo"  # the run record's key: {"answer_column": ..., "tools": [absolute specs]}
+# the run record's key: {"answer_column", "tools": [absolute specs], and the rewards' settings
+# (``REWARD_KEYS``, function specs absolute)}
+RECORD = "grpo"
+REWARD_KEYS = ("rewards", "reward_weights", "answer_pattern", "format_pattern", "length_target")
+GRPO_COLUMNS = ("prompt", "instruction")  # a file in GRPO's own shapes has one
 TOOLS = "grpo_tools"  # Loaded.parts: the run's tools, found once
+REWARDS = "grpo_rewards"  # Loaded.parts: the run's reward functions, found once
 
 
 def record_of(cfg: TrainConfig) -> dict[str, Any]:
@@ -32,8 +41,11 @@ def record_of(cfg: TrainConfig) -> dict[str, Any]:
         where, _, function = spec.rpartition(":")
         return f"{Path(where).expanduser().resolve()}:{function}" if where.endswith(".py") else spec
 
-    tools = [absolute(s) for s in tools_.specs(cfg.grpo.tools)]
-    return {RECORD: {"answer_column": cfg.grpo.answer_column, "tools": tools}}
+    g = cfg.grpo
+    tools = [absolute(s) for s in tools_.specs(g.tools)]
+    rewards = [absolute(s) for s in ([g.rewards] if isinstance(g.rewards, str) else g.rewards)]
+    settings = {k: getattr(g, k) for k in REWARD_KEYS if k != "rewards"}
+    return {RECORD: {"answer_column": g.answer_column, "tools": tools, "rewards": rewards, **settings}}
 
 
 def run_tools(record: dict[str, Any]) -> list[Tool]:
@@ -47,13 +59,19 @@ def run_tools(record: dict[str, Any]) -> list[Tool]:
 def read_prompt_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
     """The file's rows as prompts: a chat run's turns (with the run's tools' schemas), a plain
     run's text (turns without a template joined, as training joined them); the answer column
-    the reference."""
+    the reference, the row itself kept for the rewards. A file without a prompt or instruction
+    column: causal-lm's reader (its chat or prompt rows, their answers the references)."""
     from xtrain.data.rows.chat import Conversation
     from xtrain.tasks.contract import Example
     from xtrain.tasks.grpo import rows as rows_
     from xtrain.tasks.predicting import load_file
 
     ds, source, _ = load_file(cfg)
+    if not any(c in ds.column_names for c in GRPO_COLUMNS):
+        from xtrain.tasks.prompt_predict import read_text_file
+        from xtrain.tasks.text.causal_lm import TOOL_USE
+
+        return read_text_file(cfg, record, TOOL_USE)
     column = (record.get(RECORD) or {}).get("answer_column", "answer")
     schemas = [t.schema for t in run_tools(record)] or None
     out = []
@@ -65,13 +83,70 @@ def read_prompt_file(cfg: TrainConfig, record: dict[str, Any]) -> list[Example]:
         else:  # turns, no template: as training read them
             feed = rows_.untemplated(row.prompt)
         answer = row.columns.get(column)
-        out.append(Example(i, {"input": row.shown}, feed, None if answer is None else str(answer)))
+        reference = None if answer is None else str(answer)
+        out.append(Example(i, {"input": row.shown}, feed, reference, data=row))
     return out
 
 
-def answer_prompts(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, str]]:
+def run_rewards(record: dict[str, Any]) -> list[Reward]:
+    """The run's reward functions with their weights, found as training found them ([] for a run
+    whose record predates them: its answers are scored by exact match alone)."""
+    from xtrain.config.schema import GrpoConfig
+    from xtrain.tasks.grpo import rewards
+
+    saved = record.get(RECORD) or {}
+    if not saved.get("rewards"):
+        return []
+    g = GrpoConfig(answer_column=saved.get("answer_column", "answer"))
+    for key in REWARD_KEYS:
+        if key in saved:
+            setattr(g, key, saved[key])
+    schemas = [t.schema for t in run_tools(record)] or None
+    return rewards.resolve(g, schemas)
+
+
+def scored(
+    found: list[Reward], examples: list[Example], outputs: list[dict[str, Any]], episodes: list[Any] | None
+) -> None:
+    """Each output of a GRPO row given its rewards, as training scores a completion: ``reward``
+    (the weighted sum, a function's None counting 0) and ``rewards/NAME`` (None: no reward)."""
+    import math
+
+    import torch
+
+    from xtrain.tasks.grpo import loss, rewards
+
+    rows = [e.data for e in examples]
+    if not found or not rows or any(r is None for r in rows):
+        return
+    prompts = [r.prompt for r in rows]
+    texts = [o["output"] for o in outputs]
+    completions: list[Any] = (
+        [e.messages for e in episodes] if episodes is not None
+        else [[{"role": "assistant", "content": t}] for t in texts] if rows[0].conversational else texts
+    )  # fmt: skip
+    names = sorted({k for r in rows for k in r.columns})
+    columns = {k: [r.columns.get(k) for r in rows] for k in names}
+    if episodes is not None:
+        columns["tool_calls"] = [e.calls for e in episodes]
+    where = [e.row for e in examples]
+    try:
+        values = [rewards.call(r, prompts, completions, columns, 0, where) for r in found]
+    except rewards.RewardError as e:
+        said = e.message.replace(" at step 0", "")
+        raise rewards.RewardError(said, "fix the function, then predict again") from None
+    per_fn = torch.tensor(values, dtype=torch.float64).T
+    total = loss.total_rewards(per_fn, torch.tensor([r.weight for r in found], dtype=torch.float64))
+    for i, o in enumerate(outputs):
+        o["reward"] = float(total[i])
+        for r, v in zip(found, per_fn[i].tolist(), strict=True):
+            o[f"rewards/{r.metric}"] = None if math.isnan(v) else v
+
+
+def answer_prompts(loaded: Loaded, examples: list[Example], request: PredictRequest) -> list[dict[str, Any]]:
     """A batch of prompts answered greedily (or sampled as ``request`` says); a tools run's as
-    episodes calling its tools: the final answer, and the calls with their results."""
+    episodes calling its tools: the final answer, and the calls with their results; each scored
+    by the run's reward functions (``scored``)."""
     from xtrain.data.rows import chat as chat_data
     from xtrain.tasks.grpo.episodes import predict_episodes
     from xtrain.tasks.prompt_predict import chat_render, text_answer
@@ -79,9 +154,13 @@ def answer_prompts(loaded: Loaded, examples: list[Example], request: PredictRequ
 
     if TOOLS not in loaded.parts:
         loaded.parts[TOOLS] = run_tools(loaded.parts)
+        loaded.parts[REWARDS] = run_rewards(loaded.parts)
     tools = loaded.parts[TOOLS]
-    if not tools or not loaded.parts.get("chat"):
-        return text_answer(loaded, examples, request, TOOL_USE)
+    agents = bool(tools) and bool(loaded.parts.get("chat")) and all(e.data is not None for e in examples)
+    if not agents:
+        outputs: list[dict[str, Any]] = text_answer(loaded, examples, request, TOOL_USE)
+        scored(loaded.parts[REWARDS], examples, outputs, None)
+        return outputs
     render, stop = chat_render(loaded)
     texts = []
     for e in examples:
@@ -91,8 +170,11 @@ def answer_prompts(loaded: Loaded, examples: list[Example], request: PredictRequ
         request, prompts=[str(e.shown["input"]) for e in examples], functions=tools,
         tools=[t.schema for t in tools],
     )  # fmt: skip
-    rows = predict_episodes(loaded, texts, render, stop, episodes)
-    return [{"output": r["text"], "calls": r["calls"]} for r in rows]
+    done: list[Any] = []
+    rows = predict_episodes(loaded, texts, render, stop, episodes, done)
+    outputs = [{"output": r["output"], "calls": r["calls"]} for r in rows]
+    scored(loaded.parts[REWARDS], examples, outputs, done)
+    return outputs
 
 
 def prompt_answers(loaded: Loaded, request: PredictRequest) -> list[dict[str, str]]:

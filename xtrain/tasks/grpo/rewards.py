@@ -25,11 +25,12 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xtrain.config.loading import MODEL_REWARD
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
 RewardFn = Callable[..., Sequence[float | None]]
 BUILTINS = ("exact_match", "format", "length", "tool_call")
 HINT = (
-    "grpo.rewards takes exact_match, format, length, tool_call, path/to/file.py:function or "
-    "package.module:function"
+    "grpo.rewards takes exact_match, format, length, tool_call, path/to/file.py:function, "
+    "package.module:function or model:PATH (a reward model's run)"
 )
 
 
@@ -59,7 +60,7 @@ class Reward:
         return self.label or self.name
 
 
-def _completion_text(completion: Any) -> str:
+def completion_text(completion: Any) -> str:
     """A completion's text: itself, or the content of its (last) assistant turn."""
     if isinstance(completion, list):
         return str(completion[-1].get("content", "")) if completion else ""
@@ -76,7 +77,7 @@ def exact_match(column: str, pattern: str | None) -> RewardFn:
             raise KeyError(f"exact_match reads column '{column}' (grpo.answer_column), the rows have none")
         out = []
         for completion, answer in zip(completions, columns[column], strict=True):
-            text = _completion_text(completion)
+            text = completion_text(completion)
             if compiled is not None:
                 found = compiled.search(text)
                 text = (found.group(1) if found.groups() else found.group(0)) if found else ""
@@ -91,7 +92,7 @@ def format_match(pattern: str) -> RewardFn:
     compiled = re.compile(pattern, re.DOTALL)
 
     def reward(prompts: list[Any], completions: list[Any], **columns: list[Any]) -> list[float]:
-        return [1.0 if compiled.fullmatch(_completion_text(c).strip()) else 0.0 for c in completions]
+        return [1.0 if compiled.fullmatch(completion_text(c).strip()) else 0.0 for c in completions]
 
     return reward
 
@@ -100,7 +101,7 @@ def length_penalty(target: int) -> RewardFn:
     """0 up to ``target`` characters, then minus the excess over ``target`` (at most -1)."""
 
     def reward(prompts: list[Any], completions: list[Any], **columns: list[Any]) -> list[float]:
-        return [-min(1.0, max(0, len(_completion_text(c)) - target) / target) for c in completions]
+        return [-min(1.0, max(0, len(completion_text(c)) - target) / target) for c in completions]
 
     return reward
 
@@ -123,6 +124,34 @@ def tool_call(schemas: list[dict[str, Any]]) -> RewardFn:
         return [1.0 if calls and all(valid(c) for c in calls) else 0.0 for calls in columns["tool_calls"]]
 
     return reward
+
+
+@dataclass
+class ModelReward:
+    """``grpo.rewards: model:PATH``: each completion scored by the reward run at ``path`` after its
+    prompt, rendered as that model trained (``xtrain.tasks.reward.scoring``: the scorer ``xtrain
+    predict`` runs too). Checked when the config is (the run's files alone: a folder that is not a
+    reward run is one line); loaded on first use on the device ``place`` names (the run's), frozen."""
+
+    path: str
+    device: str = "cpu"
+    scorer: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        from xtrain.tasks.reward.scoring import reward_start
+
+        reward_start(self.path, f"grpo.rewards: {MODEL_REWARD}{self.path}")
+
+    def place(self, device: str) -> None:
+        self.device = device
+
+    def __call__(self, prompts: list[Any], completions: list[Any], **columns: Any) -> list[float]:
+        from xtrain.tasks.reward import scoring
+
+        if self.scorer is None:
+            self.scorer = scoring.load(self.path, self.device, f"grpo.rewards: {MODEL_REWARD}{self.path}")
+        items = [(p, completion_text(c)) for p, c in zip(prompts, completions, strict=True)]
+        return self.scorer.scores(items, "completion")
 
 
 @cache
@@ -214,14 +243,22 @@ def labels(names: list[str]) -> list[str]:
     """The metric name of each ``grpo.rewards`` entry: a built-in's own, a user function's name
     (``path/to/rewards.py:correct_number`` -> ``correct_number``, TRL's); a name two entries share
     keeps its file's or module's name in front (``rewards.score``, ``other.score``)."""
-    short = [n.rpartition(":")[2] for n in names]
+    short = [_model_label(n) if n.startswith(MODEL_REWARD) else n.rpartition(":")[2] for n in names]
     twice = {s for s in short if short.count(s) > 1}
 
     def whole(name: str) -> str:
+        if name.startswith(MODEL_REWARD):  # two reward models of one name: their paths
+            return name
         where, _, attr = name.rpartition(":")
         return f"{Path(where).stem if where.endswith('.py') else where}.{attr}"
 
     return [whole(n) if s in twice and ":" in n else s for n, s in zip(names, short, strict=True)]
+
+
+def _model_label(name: str) -> str:
+    """A reward model's metric name: its run folder's name (``model:runs/rm`` -> ``rm``)."""
+    folder = Path(name[len(MODEL_REWARD) :]).expanduser()
+    return (folder.parent if folder.name in ("adapter", "best", "model") else folder).resolve().name
 
 
 def resolve(g: GrpoConfig, tools: list[dict[str, Any]] | None = None) -> list[Reward]:
@@ -243,10 +280,19 @@ def resolve(g: GrpoConfig, tools: list[dict[str, Any]] | None = None) -> list[Re
             if not tools:
                 raise XtrainError("grpo.rewards: tool_call scores the calls of episodes: it needs grpo.tools")
             fn = tool_call(tools)
+        elif name.startswith(MODEL_REWARD):  # a reward model's run (its files checked, loaded on use)
+            fn = ModelReward(name[len(MODEL_REWARD) :])
         else:
             fn = load_user(name)
         out.append(Reward(name, fn, float(weight), label))
     return out
+
+
+def place(rewards: list[Reward], device: str) -> None:
+    """Reward functions that hold a model (``model:PATH``) compute on the run's ``device``."""
+    for r in rewards:
+        if callable(getattr(r.fn, "place", None)):
+            r.fn.place(device)
 
 
 def _accepted(fn: RewardFn, columns: dict[str, list[Any]]) -> dict[str, list[Any]]:

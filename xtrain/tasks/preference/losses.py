@@ -73,12 +73,15 @@ def needs_reference(loss: str) -> bool:
     return loss not in REFERENCE_FREE
 
 
-def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logps(
+    logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed log-probability of each row's labelled tokens, their count): logits [N, T, V]
-    predict labels [N, T] shifted by one (position t's logits predict token t + 1), -100 skipped.
-    The log-softmax is taken as ``logit - logsumexp`` at the labels only, in fp32."""
-    logits = logits[:, :-1, :].float()
-    target = labels[:, 1:]
+    predict labels [N, T] shifted by one (position t's logits predict token t + 1; ``shifted``:
+    the labels are so already, a sequence shard's), -100 skipped. The log-softmax is taken as
+    ``logit - logsumexp`` at the labels only, in fp32."""
+    logits = logits.float() if shifted else logits[:, :-1, :].float()
+    target = labels if shifted else labels[:, 1:]
     mask = target != IGNORE_INDEX
     safe = target.masked_fill(~mask, 0)
     picked = torch.gather(logits, 2, safe.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
@@ -107,7 +110,10 @@ def sft_tokens(batch: dict[str, torch.Tensor]) -> int:
     (``Workload.trained_tokens``): the labelled tokens (after the next-token shift) of the first B,
     the chosen answers (KTO: the completions of the desirable rows), as ``sequence_logps`` counts."""
     labels = batch["labels"]
-    per_row = (labels[: len(labels) // 2, 1:] != IGNORE_INDEX).sum(-1)
+    shifted = batch.get("shift_labels")  # a sequence shard's: shifted before the cut, its own tokens
+    half = len(labels) // 2
+    chosen = shifted[:half] if shifted is not None else labels[:half, 1:]
+    per_row = (chosen != IGNORE_INDEX).sum(-1)
     if "desirable" in batch:
         per_row = per_row * batch["desirable"].to(per_row.dtype)
     return int(per_row.sum())
@@ -234,11 +240,30 @@ def kto_loss(
 
 
 def reduce(stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Per-example statistics (one micro-batch's, or a whole gathered eval set's) -> the metrics:
+    """Per-example statistics (one micro-batch's, a whole gathered eval set's, or their sums over a
+    logging window: ``window_metrics``) -> the metrics:
     ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracy``, ``rewards/margin``,
     ``logps/chosen``, ``logps/rejected``, ``logps/gap``, ``nll/chosen`` (the chosen answers'
     NLL per token; KTO: the desirable rows') and KTO's ``kl``."""
     return {k: float(v) for k, v in reduce_tensors(stats).items()}
+
+
+# the per-example statistics ``reduce`` reads (the loss is the loop's)
+REDUCED = ("count", "chosen_n", "rejected_n", "reward_chosen", "reward_rejected", "correct",
+           "logp_chosen", "logp_rejected", "gap", "nll_sum", "nll_tokens", "kl")  # fmt: skip
+
+
+def sums(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A micro-batch's per-example statistics summed, without gradients: what the loop's logging
+    window adds up over its micro-batches and processes (``Workload.forward``'s ``.metrics``)."""
+    return {k: v.detach().float().sum() for k, v in stats.items() if k in REDUCED}
+
+
+def window_metrics(summed: dict[str, torch.Tensor], micro_batches: int) -> dict[str, float]:
+    """``Workload.window_metrics``: a logging window's summed statistics -> its metrics, by the
+    same ``reduce`` as an evaluation's over its whole eval set (a window of KTO rows, where the
+    micro-batches hold different numbers of desirable rows, weighs every row alike)."""
+    return reduce(summed)
 
 
 def reduce_tensors(stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING
 from xtrain.builtin import preference as builtin_preference
 from xtrain.errors import XtrainError
 from xtrain.tasks import prompt_predict
-from xtrain.tasks.contract import Curve, MainProcessFirst, Predicts, Quickstart, Task, recognizes_none
+from xtrain.tasks.contract import (
+    Curve,
+    FileRows,
+    MainProcessFirst,
+    Predicts,
+    Quickstart,
+    Task,
+    recognizes_none,
+)
+from xtrain.tasks.preference import predict_file
 from xtrain.tasks.text.causal_lm import load_for_predict
 
 if TYPE_CHECKING:
@@ -169,6 +178,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         eval_dataset=splits.get("eval"),
         eval_batch=ref.eval_stats,
         reduce_metrics=pl.reduce,
+        window_metrics=pl.window_metrics,
         tokenizer=tokenizer,
         chat=encoder_of(cfg, tokenizer, source).render is not None,
         main_metric=METRIC,
@@ -348,6 +358,7 @@ TASK = Task(
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     token_loss="sequence",  # its forward's log-probs chunk-wise (preference_reference.PreferenceForward)
+    sequence_parallel=True,  # parallel.sequence: its sequences split across processes
     curves=CURVES,
     stacks=stacks,
     resume_keys=("preference.loss",),
@@ -356,6 +367,13 @@ TASK = Task(
         takes="--prompt TEXT",
         load=load_for_predict,
         run=prompt_predict.text_predict,
+        file=FileRows(
+            rows="its pairs (the prompt answered, the chosen answer the reference), or chat and prompt "
+            "rows as causal-lm reads them",
+            read=predict_file.read_file,
+            answer=prompt_predict.text_answer,
+            score=prompt_predict.text_score,
+        ),
         samples=True,
         chat=prompt_predict.chat_reply,
     ),

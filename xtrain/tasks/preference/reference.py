@@ -39,12 +39,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from xtrain.data.sequence_shards import KEY as SHARDS
 from xtrain.model import chain
+from xtrain.model.shard_exchange import shard_total
 from xtrain.tasks.preference import losses as pl
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from xtrain.data.sequence_shards import Shards
     from xtrain.model.chunked_loss import LogitMap
     from xtrain.planning.run import Run
 
@@ -56,7 +59,8 @@ Gather = Callable[[torch.Tensor], torch.Tensor]  # every process's tensors, conc
 @dataclass
 class PreferenceOutput:
     """What the loop reads off a preference forward: the loss to back-propagate, the micro-batch's
-    metrics for the logging window, and the per-example statistics the evaluation gathers."""
+    summed statistics for the logging window (``losses.sums``: ``losses.window_metrics`` reduces
+    a window's), and the per-example statistics the evaluation gathers."""
 
     loss: torch.Tensor  # the mean over the micro-batch's sequences
     stats: dict[str, torch.Tensor]
@@ -83,7 +87,7 @@ def no_dropout(model: torch.nn.Module) -> None:
 
 
 # batch keys that are not the model's inputs (the rest: input ids, mask, a VLM's pixel values)
-NOT_INPUTS = ("labels", "ref_first", "ref_second", "desirable")
+NOT_INPUTS = ("labels", "shift_labels", "ref_first", "ref_second", "desirable")
 PER_ROW = ("ref_first", "ref_second", "desirable")  # [B], one value a row, not a sequence
 
 
@@ -95,7 +99,8 @@ def part(batch: Mapping[str, torch.Tensor], which: int) -> dict[str, torch.Tenso
     """The first (``which=0``: chosen, KTO's completions) or second half of a batch's 2B sequences,
     with the rows' own values (a text batch: every sequence tensor has 2B rows)."""
     n = len(batch["input_ids"]) // 2
-    return {k: v if k in PER_ROW else v[which * n : (which + 1) * n] for k, v in batch.items()}
+    whole = (*PER_ROW, "use_cache")  # (a sequence shard's flag; its ``Shards`` cut by rows too)
+    return {k: v if k in whole else v[which * n : (which + 1) * n] for k, v in batch.items()}
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -131,13 +136,21 @@ class PreferenceForward:
     def logps(
         self, model: torch.nn.Module, batch: Mapping[str, torch.Tensor], training: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(summed log-probs of each sequence's labelled tokens, their count) under ``model``."""
+        """(summed log-probs of each sequence's labelled tokens, their count) under ``model``; a
+        sequence shard's (``parallel.sequence``: labels shifted before the cut) summed over the
+        shards of its sequences."""
         inputs, labels = model_inputs(batch), batch["labels"]
+        shards = batch.get(SHARDS)
         if self.chunked is not None and training:
             from xtrain.model.chunked_logps import sequence_logps_call
 
-            return sequence_logps_call(model, inputs, labels, self.chunked[1], self.chunked[0])
-        return pl.sequence_logps(model(**inputs, use_cache=False).logits, labels)
+            sums, counts = sequence_logps_call(
+                model, inputs, labels, self.chunked[1], self.chunked[0], shifted=shards is not None
+            )
+        else:
+            logits = model(**{**inputs, "use_cache": False}).logits
+            sums, counts = pl.sequence_logps(logits, labels, shifted=shards is not None)
+        return shard_total(sums, shards), shard_total(counts, shards)
 
     def step_start(self, model: torch.nn.Module, micro_batches: list[Batch], gather: Gather) -> None:
         """``Workload.step_start`` (KTO): the KL estimate over the step's global batch, from this
@@ -184,7 +197,7 @@ class PreferenceForward:
             stats = pl.kto_loss(s, logps, ref, batch["desirable"], counts=counts)
         else:
             stats = pl.paired_loss(s, logps, counts, ref)
-        return self._output(stats, model.training)
+        return self._output(stats, model.training, batch.get(SHARDS))
 
     def _kto_in_step(self, model: torch.nn.Module, batch: Batch, kl: torch.Tensor) -> PreferenceOutput:
         """KTO in a training step: the B completions alone, against the step's KL estimate (an
@@ -197,17 +210,22 @@ class PreferenceForward:
             ref = self.reference_logps(model, completions)
         s = self._losses(training=True)
         stats = pl.kto_loss(s, logps, ref, batch["desirable"], kl.to(logps.device), counts)
-        return self._output(stats, training=True)
+        return self._output(stats, training=True, shards=batch.get(SHARDS))
 
     def _losses(self, training: bool) -> pl.LossSettings:
         """The loss's settings: in training without the SFT term, which is the output's
         ``token_sum`` then (the step's, ``_output``)."""
         return replace(self.settings, sft_weight=0.0) if training else self.settings
 
-    def _output(self, stats: dict[str, torch.Tensor], training: bool) -> PreferenceOutput:
+    def _output(
+        self, stats: dict[str, torch.Tensor], training: bool, shards: Shards | None = None
+    ) -> PreferenceOutput:
         weight = self.settings.sft_weight
+        # a sequence shard: each of its group's N processes holds the whole term and counts its own
+        # shard's tokens (step_loss.py), so each adds 1/N of it
+        weight = weight / shards.size if shards is not None else weight
         token_sum = weight * stats["nll_sum"].sum() if training and weight else None
-        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.reduce_tensors(stats), token_sum)
+        return PreferenceOutput(stats["loss_sum"].mean(), stats, pl.sums(stats), token_sum)
 
 
 def eval_stats(outputs: PreferenceOutput, batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

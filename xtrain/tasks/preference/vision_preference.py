@@ -70,6 +70,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         eval_dataset=eval_rows,
         eval_batch=ref.eval_stats,
         reduce_metrics=pl.reduce,
+        window_metrics=pl.window_metrics,
         tokenizer=processor,
         main_metric=preference.METRIC,
         forward=forward,

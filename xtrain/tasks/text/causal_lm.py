@@ -341,6 +341,7 @@ TASK = Task(
     ),
     validate=validate,
     token_loss="next-token",
+    sequence_parallel=True,  # parallel.sequence: its sequences split across processes
     model_class="AutoModelForCausalLM",
     peft_task_type="CAUSAL_LM",
     recognizes=_is_causal_lm,
@@ -367,5 +368,20 @@ TASK = Task(
         compare=_quickstart_eval_file,
         default=True,
     ),  # fmt: skip
+    more_quickstarts=(
+        (
+            "long",
+            Quickstart(
+                job="quickstart-long.yaml",
+                about="long chats, each sequence split across the processes (parallel.sequence)",
+                next_command="xtrain train examples/long-context.yaml",
+                headline=(
+                    "token_accuracy",
+                    "answer token accuracy",
+                    "the eval conversations' answer tokens predicted right; 1 is best",
+                ),
+            ),
+        ),
+    ),
     check_data=check_data,
 )

@@ -10,6 +10,8 @@ Layout under ``output_dir``::
                              folders (pytorch_model_fsdp_0/, optimizer_0/), under DeepSpeed its
                              engine's (pytorch_model/); such a checkpoint resumes only under
                              the same kind of launch (``resume.load``)
+    checkpoints/step-N/adapter/  a LoRA run's adapter at that step, as the final one is written
+                             (tokenizer, record): a start or a predict of its own
     checkpoints/step-N.tmp/  a checkpoint being written: renamed to step-N only when complete,
                              so a crash mid-write never leaves a step-N that cannot be loaded
     adapter/                 the final PEFT adapter (+ tokenizer): PeftModel.from_pretrained
@@ -46,7 +48,14 @@ from xtrain.train.checkpoint.layout import (
     list_checkpoints,
     partial_checkpoints,
 )
-from xtrain.train.checkpoint.outputs import BEST, is_new_best, save_best, save_final, write_result
+from xtrain.train.checkpoint.outputs import (
+    BEST,
+    checkpoint_result,
+    is_new_best,
+    save_best,
+    save_final,
+    write_result,
+)
 from xtrain.train.checkpoint.resume import ResumePoint, changes, find_resume, load, read_state, resume_point
 from xtrain.train.checkpoint.save import install_model_hooks, remove_partial, rotate, save, write_on_main
 
@@ -59,6 +68,7 @@ __all__ = [
     "TrainState",
     "changes",
     "check_output_dir",
+    "checkpoint_result",
     "checkpoints_dir",
     "find_resume",
     "install_model_hooks",

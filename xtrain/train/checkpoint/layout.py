@@ -11,13 +11,11 @@ from typing import Any, get_type_hints
 
 from xtrain import structured
 from xtrain.errors import XtrainError
+from xtrain.model.start import CHECKPOINTS, STATE_FILE, STEP_DIR
 
-CHECKPOINTS = "checkpoints"
-STATE_FILE = "xtrain_state.json"
 MANIFEST_FILE = "manifest.json"
 RESULT_FILE = "train_result.json"  # in output_dir: what the run produced (outputs.write_result)
 STATE_VERSION = 1
-STEP_DIR = re.compile(r"^step-(\d+)$")
 TMP_DIR = re.compile(r"^step-(\d+)\.tmp$")
 
 

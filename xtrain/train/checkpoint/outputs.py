@@ -16,6 +16,9 @@ from xtrain.model.start import LINEAGE, MODE, RUN_FILE, SHA, seal, start_of
 from xtrain.train.checkpoint.layout import RESULT_FILE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from accelerate import Accelerator
     from torch import Tensor
     from torch.nn import Module
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
@@ -93,6 +96,30 @@ def save_final(
         _write_pretrained(merged_model(model, out / name), tokenizer, out / "merged", extra)
         paths["merged"] = str(out / "merged")
     return paths
+
+
+def checkpoint_result(
+    accelerator: Accelerator,
+    model: Module,
+    tokenizer: PreTrainedTokenizerBase | ProcessorMixin | None,
+    record: dict[str, str],
+    lora: bool,
+) -> Callable[[Path], None] | None:
+    """What a checkpoint holds beside the training state (``save.save``'s ``result``): a LoRA
+    run's adapter in ``FOLDER/adapter``, written as the final one is (its tokenizer, its record
+    with the lineage and the adapter's hash), so ``checkpoints/step-N`` is a start of its own
+    (``model.start``; ``xtrain predict``) as HF Trainer's ``checkpoint-N`` folders are. It costs
+    the adapter's size once more (the optimizer state is twice that). None: a full fine-tune (it
+    would copy the whole model) or weights sharded over the ranks (gathering them is a
+    collective): ``model.start.not_a_result`` says so when such a checkpoint is given as a start."""
+    from xtrain.model.sharding import sharding
+
+    if not lora or sharding(accelerator) is not None:
+        return None
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    if not hasattr(unwrapped, "peft_config"):  # a custom builder's model that is not peft's
+        return None
+    return lambda folder: _write_pretrained(unwrapped, tokenizer, folder / "adapter", record)
 
 
 # the run record's keys for a chained stage: its adapters as one adapter (the folder), or why not

@@ -45,10 +45,17 @@ def remove_partial(output_dir: str | Path) -> list[Path]:
     return gone
 
 
-def save(accelerator: Accelerator, output_dir: str | Path, state: TrainState, keep: int) -> Path:
+def save(
+    accelerator: Accelerator,
+    output_dir: str | Path,
+    state: TrainState,
+    keep: int,
+    result: Callable[[Path], None] | None = None,
+) -> Path:
     """Write ``checkpoints/step-N`` on all ranks together: save_state into ``step-N.tmp``, then
-    (main process) the xtrain state file, the rename, and the rotation. The filesystem failing
-    on any rank (disk full, permission lost) stops every rank with the same one line
+    (main process) ``result(folder)`` (a LoRA run's adapter as a start of its own:
+    ``outputs.checkpoint_result``), the xtrain state file, the rename, and the rotation. The
+    filesystem failing on any rank (disk full, permission lost) stops every rank with the same one line
     (``faults.WriteFailed``), ``step-N.tmp`` removed and the earlier checkpoints as they were."""
     root = checkpoints_dir(output_dir)
     final = root / f"step-{state.step}"
@@ -61,6 +68,8 @@ def save(accelerator: Accelerator, output_dir: str | Path, state: TrainState, ke
             shutil.rmtree(tmp)
 
     def complete() -> None:
+        if result is not None:
+            result(tmp)
         write_manifest(tmp)
         atomic.write_text(tmp / STATE_FILE, state.to_json())  # last: marks the checkpoint complete
         if final.exists():  # the same step saved before (e.g. a finished run re-exported)

@@ -4,7 +4,10 @@ Every choice here comes from ``xtrain.planning.resolve`` (the ``Plan`` and the `
 this module only applies it in the order the libraries need (FIELD_NOTES):
 
 - the plan's environment (USE_LIBUV, NCCL_P2P_DISABLE, ...) goes into ``os.environ`` before any
-  process group exists;
+  process group exists, and its compute threads (``Plan.cpu_threads``: fewer on a busy CPU) into
+  torch (``torch.set_num_threads``; a process a launcher started read them from OMP_NUM_THREADS
+  already), given back to what they were when the Accelerator is released (a library caller's
+  process keeps its own);
 - a backend is passed only when the process really is one of several (a backend in a single,
   unlaunched process crashes accelerate);
 - ``cpu=True`` when the plan has no accelerator: otherwise two CPU processes silently become
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from torch.nn import Module
 
 FORCE_CPU_STAGED_ENV = "XTRAIN_FORCE_CPU_STAGED"  # tests/support: use the Windows comm hook anywhere
+_THREADS_BEFORE: list[int] = []  # torch's compute threads before a run set the plan's (release restores)
 COMPILE_BACKEND = "inductor"  # torch.compile's default backend (tests use aot_eager: no C++ build)
 
 
@@ -89,6 +93,9 @@ def build_accelerator(run: Run) -> Accelerator:
             f"(local rank {ctx.local_rank} of {ctx.local_world_size})",
             "start at most one process per GPU that CUDA_VISIBLE_DEVICES leaves visible",
         )
+    if plan.cpu_threads is not None:  # (release gives the process its own back)
+        _THREADS_BEFORE.append(torch.get_num_threads())
+        torch.set_num_threads(plan.cpu_threads)
     return accelerator
 
 
@@ -153,3 +160,7 @@ def release(accelerator: Accelerator) -> None:
             dist.destroy_process_group()
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
+        if _THREADS_BEFORE:
+            import torch
+
+            torch.set_num_threads(_THREADS_BEFORE.pop())

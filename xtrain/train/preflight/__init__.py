@@ -23,7 +23,8 @@ The checks live by what they look at:
 - ``plan.py``: what the workers train with and why (precision, data loading, attention, loss),
   and the memory estimate against the smallest GPU.
 - ``software.py``: the installed software against the plan (Windows gloo, FSDP/DeepSpeed,
-  bitsandbytes, the experiment trackers: ``check_trackers``, accelerate's default config).
+  bitsandbytes, the experiment trackers: ``check_trackers``, accelerate's default config,
+  lm-evaluation-harness and the tasks of ``eval.benchmarks``).
 - ``notes.py``: ``Note``, ``Where`` and ``Check``, what they all share.
 """
 
@@ -33,9 +34,10 @@ from xtrain.planning.run import Run
 from xtrain.train.preflight.disk import _output, _resume, _size, check_disk, check_paths, estimate_bytes
 from xtrain.train.preflight.inputs import _data, _model, _model_source, _start
 from xtrain.train.preflight.notes import WORKER, Check, Note, Where
-from xtrain.train.preflight.plan import _attention, _loading, _loss, _memory, _precision
+from xtrain.train.preflight.plan import _attention, _loading, _loss, _memory, _precision, _sequence
 from xtrain.train.preflight.software import (
     _accelerate_default,
+    _benchmarks,
     _optimizer,
     _quantization,
     _sharding,
@@ -71,6 +73,7 @@ CHECKS: tuple[Check, ...] = (
     _precision,
     _loading,
     _attention,
+    _sequence,
     _loss,
     _windows_gloo,
     _optimizer,
@@ -78,6 +81,7 @@ CHECKS: tuple[Check, ...] = (
     _memory,
     _model,
     _data,
+    _benchmarks,
     _trackers,
     _accelerate_default,
 )

@@ -56,14 +56,16 @@ def check_start(run: Run, start: Start) -> None:
     cfg, task = run.cfg, tasks.get(run.cfg.model.task)
     lora, name = cfg.lora, cfg.model.name_or_path
     theirs = tasks.all_tasks().get(start.task) if start.task else None
-    if theirs is not None and task.model_class and theirs.model_class != task.model_class:
+    classes = {task.model_class, *task.starts_from}  # (a reward model starts from an SFT result)
+    if theirs is not None and task.model_class and theirs.model_class not in classes:
         raise XtrainError(
             f"{name} is a {theirs.name} result ({theirs.model_class}); a {task.name} stage trains "
             f"{task.model_class}",
             f"start from a base model or from a result of a task that trains {task.model_class}",
         )
     kind = task.peft_task_type
-    if theirs is None and start.peft_task_type and kind and start.peft_task_type != kind:
+    kinds = {kind, *(t.peft_task_type for t in tasks.all_tasks().values() if t.model_class in classes)}
+    if theirs is None and start.peft_task_type and kind and start.peft_task_type not in kinds:
         raise XtrainError(
             f"{name} is a {start.peft_task_type} adapter; a {task.name} stage trains {kind} adapters",
             "start from a base model or from an adapter of the same kind",
@@ -97,13 +99,15 @@ def check_start(run: Run, start: Start) -> None:
 def _model(run: Run, where: Where) -> list[Note]:
     """``--dry-run``: the checks a worker runs on the loaded model (lengths, LoRA targets), on the
     model's config where it is on this machine (nothing is downloaded); a failure is the run's own
-    line. A plan without CUDA checks the lengths from config.json only (no transformers import)."""
+    line; and the layers LoRA goes on (what ``auto`` picked). A full fine-tune's plan without CUDA
+    checks the lengths from config.json only (no skeleton: no transformers modeling import)."""
     if not where.dry_run:
         return []
-    light = run.plan.device != "cuda"
+    light = run.plan.device != "cuda" and not run.cfg.lora.enabled
     if not light:
         quiet_libraries()  # building the model's skeleton: no library chatter
-    return [Note("Model checks", model_checks.check_offline(run.cfg, light))]
+    checked, lora = model_checks.checked_offline(run.cfg, light)
+    return [Note("Model checks", checked), *([Note("LoRA", lora)] if lora else [])]
 
 
 def _data(run: Run, where: Where) -> list[Note]:

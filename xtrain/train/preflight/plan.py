@@ -29,11 +29,14 @@ def _precision(run: Run, where: Where) -> list[Note]:
 
 
 def _loading(run: Run, where: Where) -> list[Note]:
-    """The DataLoader workers each process reads its batches with, and why."""
+    """The DataLoader workers each process reads its batches with, and why; the compute threads
+    of a CPU run (fewer on a busy CPU: planning/threads.py), or the ones a user set."""
     if not where.launcher:
         return []
     workers, why = run.settings.workers_for(tasks.get(run.cfg.model.task).decodes_media)
-    return [Note("Data loading", f"{workers} worker(s) per process ({why})")]
+    notes = [Note("Data loading", f"{workers} worker(s) per process ({why})")]
+    threads = run.plan.reasons.get("threads")
+    return notes + ([Note("Threads", threads)] if threads else [])
 
 
 def _attention(run: Run, where: Where) -> list[Note]:
@@ -43,6 +46,34 @@ def _attention(run: Run, where: Where) -> list[Note]:
         return []
     chosen = attention.for_plan(run, tasks.get(run.cfg.model.task).model_class)
     return [Note("Attention", chosen.summary())]
+
+
+def _sequence(run: Run, where: Where) -> list[Note]:
+    """``parallel.sequence``: how each sequence is split and why (the mode from the model's
+    heads), or one line for a model family outside transformers' attention registry, heads that
+    Ulysses cannot split, an attention implementation it does not wrap. From the model's config
+    where it already is (never a download); else said, and each worker checks its loaded model
+    (``train/distributed/sequence.py``)."""
+    settings, cfg = run.settings, run.cfg
+    if not where.launcher or settings.sequence <= 1:
+        return []
+    from xtrain.model import sequence_parallel
+    from xtrain.planning import sequence
+
+    task = tasks.get(cfg.model.task)
+    facts = sequence_parallel.offline_facts(cfg, task.model_class)
+    if isinstance(facts, str):
+        split = f"each sequence split across {settings.sequence} processes"
+        return [Note("Sequence", f"{split} (the model checked when it loads: {facts})")]
+    chosen = attention.for_plan(run, task.model_class).name
+    sequence.check_family(facts.name, facts.registry, chosen if chosen in sequence.INNER else None)
+    mode, why = sequence.choose_mode(
+        cfg.parallel.sequence_mode, settings.sequence, facts.heads, facts.kv_heads
+    )
+    line = sequence.summary(settings.sequence, settings.world_size, mode, why)
+    if run.plan.backend == "gloo" and run.plan.device == "cuda":
+        line += "; exchanged through host memory (gloo with CUDA tensors)"
+    return [Note("Sequence", line)]
 
 
 def _loss(run: Run, where: Where) -> list[Note]:
@@ -85,10 +116,19 @@ def _memory(run: Run, where: Where) -> list[Note]:
         offload=settings.activation_offload,
         host_gib=facts.memory_mib / 1024 if facts.memory_mib and not cfg.run.compile else None,
         processes=plan.num_processes,
+        sequence=settings.sequence,  # parallel.sequence: each process's share of every sequence
     )
     check = memory.check_memory(
         sizes, cfg.batch.per_device, cfg.data.max_length, cfg.model.gradient_checkpointing, run.precision,
         gpu[1], gpu[0], images=task.image_tokens, windows=facts.os_kind == "windows", levers=levers,
     )  # fmt: skip
     notes = [Note("Memory", check.summary())]
+    if task.sequence_parallel and (
+        settings.sequence > 1 or plan.world_size > 1
+    ):  # with and without splitting
+        longest = memory.longest_line(
+            sizes, cfg.batch.per_device, cfg.model.gradient_checkpointing, run.precision, gpu[1], levers,
+            plan.world_size,
+        )  # fmt: skip
+        notes.append(Note("Longest sequence", longest))
     return notes + ([Note("warning", check.warning, "warning")] if check.warning else [])

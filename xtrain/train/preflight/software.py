@@ -94,3 +94,24 @@ def _accelerate_default(run: Run, where: Where) -> list[Note]:
             "fix it, or rewrite it with `xtrain configure --force`, which keeps the old file as a backup",
         )
     return []
+
+
+def _benchmarks(run: Run, where: Where) -> list[Note]:
+    """``eval.benchmarks``: lm-evaluation-harness installed, its task files read, and (the launcher,
+    and rank 0 of the workers) every task known and its data read, before hours of training."""
+    e = run.cfg.eval
+    if not e.benchmarks:
+        return []
+    from xtrain.evaluate import benchmarks, harness
+    from xtrain.evaluate.scoring import manager_for
+
+    key = "eval.benchmarks"
+    harness.require(key)
+    bench = benchmarks.resolve(benchmarks.split(e.benchmarks, key), key)
+    if where.launcher or run.is_main:  # lm-eval's own task index is read in seconds: once a side
+        harness.quiet()
+        benchmarks.check(bench, manager_for(bench), key)
+    if not where.launcher:
+        return []
+    what = "the result and the start it trained from" if e.at_start else "the result"
+    return [Note("Benchmarks", f"{bench.shown} (lm-evaluation-harness), scored on {what} at the end")]
