@@ -3,9 +3,11 @@ sections: the lineage, the plan, the curves overlaid or a chain's one after anot
 evaluations before and after), redrawn while any of them trains (``live.many_stream``).
 
 ``SECTIONS`` is the list the view draws, in order, each ``(key, title, section)`` with
-``section(runs, chained) -> HTML``: the report's own functions. A new table beside them (the
-benchmark scores of ``xtrain eval``, issue 59) is one more entry here, a function of the same
-shape reading its files from the run folders; the page needs no change.
+``section(runs, chained) -> HTML``: the report's own functions, the benchmark scores of ``xtrain
+eval`` among them (``report.sections.benchmarks``: each run's ``benchmarks/`` files). A new table
+beside them is one more entry here, a function of the same shape reading its files from the run
+folders (and its file in ``live.WATCHED`` for the view to redraw when it changes); the page needs
+no change.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ Section = Callable[[list[RunView], bool], Raw]
 SECTIONS: list[tuple[str, str, Section]] = [
     ("curves", "Curves", page.curves),
     ("evaluation", "Evaluation", lambda runs, chained: sections.evaluation(runs)),
+    ("benchmarks", "Benchmarks", sections.benchmarks),
     ("plan", "Plan", lambda runs, chained: sections.plan(runs)),
     ("lineage", "Lineage", sections.lineage),
 ]

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 
 from xtrain.errors import XtrainError
+from xtrain.evaluate import saved
 from xtrain.report.html import note
 from xtrain.runtime import lock, run_control
 from xtrain.studio.runs import LOG_TAIL, config_value, launch_of, status
@@ -32,7 +33,7 @@ from xtrain.train.run_files import HISTORY
 TICK_S = 0.5  # how often the files are looked at
 REDRAW_S = 1.0  # the curves drawn at most this often
 HEARTBEAT_S = 15.0  # a comment line keeps proxies and the browser from closing an idle stream
-WATCHED = (HISTORY, RESULT_FILE, CHECKPOINTS, lock.LOCK_NAME, run_control.END_RECORD)
+WATCHED = (HISTORY, RESULT_FILE, CHECKPOINTS, lock.LOCK_NAME, run_control.END_RECORD, saved.FOLDER)
 
 
 def event(name: str, payload: Any) -> str:
