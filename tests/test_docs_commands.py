@@ -67,6 +67,7 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^tensorboard --logdir ", "starts TensorBoard's web server"),
     (r"\bmlflow ui ", "starts MLflow's web server (the full mlflow package)"),
     (r"^trackio show\b", "starts trackio's web server"),
+    (r"^xtrain studio\b", "starts the studio's web server (tests/test_studio*.py start it and drive it)"),
     (r"^wandb sync ", "uploads to W&B (network)"),
     (r"^ollama (create|run) ", "needs Ollama (not installable from the package registries)"),
     (r"^lms import ", "needs LM Studio"),

@@ -366,7 +366,7 @@ def test_writes_stay_inside_the_output_dir(tmp_path: Path, monkeypatch: pytest.M
     train(cfg, cpu_plan(), build=build_tiny)
     assert sorted(p.name for p in work.iterdir()) == ["out"]
     names = {p.relative_to(work / "out").parts[0] for p in (work / "out").rglob("*")}
-    run_files = {"curves.png", "eval_samples.json", "data_check.json"}  # what a person looks at
+    run_files = {"curves.png", "history.jsonl", "eval_samples.json", "data_check.json"}  # for a person
     assert names <= {"checkpoints", "adapter", "merged", "model", "logs", "train_result.json", *run_files}
     assert not (work / "out" / ".xtrain-run.lock").exists()  # the run lock goes with the run
     cfg.run.resume = str(outside / "step-1")  # incomplete: refused, nothing there removed

@@ -29,6 +29,7 @@ LAYERS = (
     ("bench",),
     ("report",),
     ("commands",),
+    ("studio",),
     ("cli", "__main__"),
 )
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}

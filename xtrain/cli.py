@@ -22,6 +22,7 @@ def _register() -> None:
     # Each command lives in its own module under xtrain/commands; none imports torch at import time.
     from xtrain.commands import bench, chat, configure, doctor, export, predict, quickstart, report, train
     from xtrain.commands import eval as evaluate
+    from xtrain.studio import command as studio_command
 
     app.command("doctor")(doctor.doctor)
     app.command("configure")(configure.configure)
@@ -33,6 +34,7 @@ def _register() -> None:
     app.command("export")(export.export)
     app.command("report")(report.report)
     app.command("eval")(evaluate.eval_command)
+    app.command("studio")(studio_command.studio)
 
 
 _register()

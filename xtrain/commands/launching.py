@@ -213,9 +213,29 @@ def launch_training(
     sharding: list[str] | None = None,
     batch: str | None = None,
 ) -> int:
-    """Start xtrain.run on every planned process; returns its exit code (0 on success).
-    ``notes``: lines shown under the plan (the memory estimate); ``batch``: the run's batch in
-    numbers (``RunSettings.batch_line``)."""
+    """Start xtrain.run on every planned process; returns its exit code (0 on success), and
+    records how it ended in the run's folder (``runtime.run_control``'s end record: what a
+    studio shows). ``notes``: lines shown under the plan (the memory estimate); ``batch``: the
+    run's batch in numbers (``RunSettings.batch_line``)."""
+    from xtrain.runtime import lock, run_control
+
+    code, line = _launched(plan, run_argv, console, output_dir, notes, sharding, batch)
+    if output_dir and lock.live_holder(output_dir) is None:  # (not over a run that holds the folder)
+        run_control.write_end(output_dir, code, line)
+    return code
+
+
+def _launched(
+    plan: Plan,
+    run_argv: list[str],
+    console: Console,
+    output_dir: str | None,
+    notes: list[str] | None,
+    sharding: list[str] | None,
+    batch: str | None,
+) -> tuple[int, str]:
+    """``launch_training``'s launch: (the exit code, the one line it ended with: "" when it
+    finished)."""
     import sys
 
     from rich.markup import escape
@@ -233,12 +253,17 @@ def launch_training(
         if e.at_once:
             remove_killed_writes(output_dir)
         if e.said is None or e.at_once:
-            sys.stderr.write(stopped_error(output_dir, e.signum, e.at_once).one_line() + "\n")
-        return e.exit_code
+            said = stopped_error(output_dir, e.signum, e.at_once).one_line()
+            sys.stderr.write(said + "\n")
+            return e.exit_code, said
+        return e.exit_code, e.said.error().one_line()
     except launch.WorkerFailed as e:
         if (said := e.said) is not None:  # a rank already said it in one line
-            return int(said.exit_code or e.worker_exit_code or 1)
+            return int(said.exit_code or e.worker_exit_code or 1), said.error().one_line()
         if e.worker_exit_code not in (2, 3, 130):
             console.print(f"[bold red]error:[/] {escape(e.one_line())}", soft_wrap=True)
-        return e.worker_exit_code if e.worker_exit_code > 0 else 1
-    return 0
+        code = e.worker_exit_code if e.worker_exit_code > 0 else 1
+        # a rank's own line where one came back (a stop it took itself: a stop request)
+        report = next(iter(e.reports), None)
+        return code, report.error().one_line() if report is not None else e.one_line()
+    return 0, ""

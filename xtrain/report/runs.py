@@ -1,6 +1,7 @@
 """A run folder as ``xtrain report`` shows it, read from the files the run wrote (nothing is
 loaded): ``train_result.json`` (its history, evaluations, how it ran), its newest checkpoint's
-``xtrain_state.json`` (the config; the history of a run that has not finished), the record saved
+``xtrain_state.json`` (the config; the history of a run that has not finished, or its
+``history.jsonl`` where that holds more: what it logged since its last checkpoint), the record saved
 with its adapter (``xtrain_run.json``: its task, data settings, a chain's ``lineage``), and the
 files kept for a person (``train/run_files.py``: the data check, the evaluations' samples; the
 quickstart's before/after answers). Several runs that form a chain are put in its order."""
@@ -18,7 +19,7 @@ from xtrain.runtime.lock import LOCK_NAME
 from xtrain.train.checkpoint.layout import RESULT_FILE, STATE_FILE, list_checkpoints
 from xtrain.train.curves import History
 from xtrain.train.result import RUN_FILE
-from xtrain.train.run_files import ANSWERS, DATA_CHECK, read_samples
+from xtrain.train.run_files import ANSWERS, DATA_CHECK, read_history, read_samples
 from xtrain.trained import OUTPUT_FOLDERS, read_json_object
 
 STARTED = (LOCK_NAME, DATA_CHECK, "logs", "checkpoints")  # what a run that has started leaves
@@ -36,6 +37,7 @@ class RunView:
     data_check: dict[str, Any] | None = None
     samples: list[dict[str, Any]] = field(default_factory=list)  # [{"step", "samples": [...]}]
     answers: dict[str, Any] | None = None  # the quickstart's before/after answers
+    live: History | None = None  # history.jsonl: what the run logged as it went (None: none)
 
     @property
     def finished(self) -> bool:
@@ -43,7 +45,10 @@ class RunView:
 
     @cached_property
     def history(self) -> History:
-        return History.of(self.result if self.finished else self.state)
+        saved = History.of(self.result if self.finished else self.state)
+        if self.finished or self.live is None:
+            return saved
+        return self.live if _rows(self.live) >= _rows(saved) else saved
 
     def figure(self, key: str, default: float = 0) -> float:
         """A number the run recorded (its result's, else its newest checkpoint's); ``default``
@@ -72,8 +77,10 @@ class RunView:
 
     @property
     def steps(self) -> int:
-        """The optimizer steps it trained (its end's, else its newest checkpoint's)."""
-        return int(self.figure("final_step", self.figure("step")))
+        """The optimizer steps it trained (its end's, else its newest checkpoint's, or its
+        history's where it logged further)."""
+        logged = max((r["step"] for r in self.history.log_history), default=0)
+        return int(max(self.figure("final_step", self.figure("step")), 0 if self.finished else logged))
 
     @property
     def lineage(self) -> list[dict[str, Any]]:
@@ -81,6 +88,10 @@ class RunView:
         run that started from a base model)."""
         found = self.record.get("lineage")
         return [e for e in found if isinstance(e, dict)] if isinstance(found, list) else []
+
+
+def _rows(history: History) -> int:
+    return len(history.log_history) + len(history.eval_history) or len(history.losses)
 
 
 def _run_folder(path: Path) -> Path:
@@ -105,7 +116,8 @@ def read_run(path: str | Path) -> RunView:
     result = read_json_object(folder / RESULT_FILE)
     found = list_checkpoints(folder)
     state = read_json_object(found[-1][1] / STATE_FILE) if found else {}
-    if not result and not state:
+    live = read_history(folder)
+    if not result and not state and (live is None or live.empty):
         inside = _runs_inside(folder)
         if inside:
             shown = ", ".join(inside[:3]) + (", ..." if len(inside) > 3 else "")
@@ -127,7 +139,7 @@ def read_run(path: str | Path) -> RunView:
     record = next((r for name in OUTPUT_FOLDERS if (r := read_json_object(folder / name / RUN_FILE))), {})
     check = read_json_object(folder / DATA_CHECK) or None
     answers = read_json_object(folder / ANSWERS) or None
-    view = RunView(folder, folder.name, result, state, record, check, read_samples(folder), answers)
+    view = RunView(folder, folder.name, result, state, record, check, read_samples(folder), answers, live)
     if view.history.empty:
         raise XtrainError(
             f"{folder} has no history yet: no training step logged, no evaluation",

@@ -178,6 +178,12 @@ def _check(run: RunView) -> list[Any]:
         report = DataReport.from_dict(run.data_check)
     except (TypeError, ValueError, AttributeError) as e:
         return [note(f"its data_check.json could not be read ({e})")]
+    return data_report(report)
+
+
+def data_report(report: DataReport) -> list[Raw]:
+    """A data check (a run's, or the studio's dry run): its sources, the notes, one example with
+    its trained tokens marked."""
     rows = [
         [s.role, s.source, s.rows(), s.row_format or "-", "; ".join(s.facts(report.max_length)) or "-"]
         for s in report.sources

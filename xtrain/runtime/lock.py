@@ -107,6 +107,34 @@ def holder(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def live_holder(output_dir: str | Path) -> dict[str, Any] | None:
+    """The holder of ``output_dir``'s lock while it runs, read without touching the lock (taking
+    it, even for a moment, could refuse a run starting just then): the file's holder info when
+    its process is alive on this machine and started no later than it took the lock (not a new
+    process that got its number); a holder on another machine is taken as alive. None: no run."""
+    path = Path(output_dir).expanduser() / LOCK_NAME
+    who = holder(path) if path.is_file() else {}
+    pid = who.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    if who.get("host") not in (None, socket.gethostname()):
+        return who
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        created = proc.create_time()
+    except (psutil.Error, OSError):
+        return None
+    try:
+        took = time.mktime(time.strptime(str(who.get("started")), "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return who
+    return who if created <= took + 2 else None  # (the file's time has whole seconds)
+
+
 def acquire(output_dir: str | Path) -> RunLock:
     """Lock ``output_dir`` for this run (created if missing); raises XtrainError naming the
     running process when another run holds it."""

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import time
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -51,7 +53,7 @@ from xtrain.model.start import stage_record, start_of
 from xtrain.planning.context import LaunchContext
 from xtrain.planning.plan import Plan
 from xtrain.planning.run import Run, for_process
-from xtrain.runtime import lifetime, lock, quiet
+from xtrain.runtime import lifetime, lock, quiet, run_control
 from xtrain.runtime.signals import StepSignals
 from xtrain.tasks.generation import predictions_markdown
 from xtrain.tasks.sizes import check_live_model
@@ -191,6 +193,8 @@ class Recipe:
         self.early: EarlyStop | None = None  # run.early_stopping_patience ended the run here
         self.predictions: list[dict[str, str]] = []  # the last eval's samples (generative tasks)
         self.windows: list[dict[str, float]] = []  # this session's closed windows (TrainResult)
+        self.started = time.time()  # a stop request older than this run is not its (run_control)
+        self.stop_file = False  # the stop came from a stop request
 
     @property
     def device(self) -> torch.device:
@@ -302,7 +306,7 @@ class Recipe:
             return None
         task, model = self.cfg.model.task, self.cfg.model.name_or_path
         files = RunFiles(self.out, tasks.get(task).curves, title_of(self.out, task, model))
-        for note in files.started(self.workload.data_report, self.start_step):
+        for note in files.started(self.workload.data_report, self.start_step, History.of(self.state)):
             self.rep.note(note)
         return files
 
@@ -456,7 +460,8 @@ class Recipe:
         with StepSignals() as signals:
             for step in range(self.start_step, self.total_steps):
                 self.train_step(step, batches)
-                stop = agree_to_stop(self.accelerator, signals.signum, self.stop_group)
+                asked = signals.signum or self._stop_asked()
+                stop = agree_to_stop(self.accelerator, asked, self.stop_group)
                 due = Due.after(step + 1, self.total_steps, self.cfg.run, stop)
                 if not due.anything:
                     self.rep.progress(due.done, self.total_steps)
@@ -481,8 +486,19 @@ class Recipe:
     def stop(self, step: int, signum: int) -> None:
         """A signal stopped the run: checkpointed at ``step`` (once), then ``TrainingStopped``."""
         path = self.save(step) if self.state.last_saved != step else self._step_dir(step)
-        self.rep.note(f"stopped at step {step} on signal {signum}; resume with the same command")
+        if self.files is not None:  # a stop asked through the run's folder: honoured
+            run_control.clear_stop(self.out)
+        how = "a stop request" if self.stop_file else f"signal {signum}"
+        self.rep.note(f"stopped at step {step} on {how}; resume with the same command")
         raise TrainingStopped(step, path, signum)
+
+    def _stop_asked(self) -> int | None:
+        """A stop asked through the run's folder (``runtime.run_control``: the studio's Stop), read
+        by the main process at a step boundary: a Ctrl+C for every rank (a checkpoint, then the stop)."""
+        if self.files is None or not run_control.stop_requested(self.out, self.started):
+            return None
+        self.stop_file = True
+        return signal.SIGINT
 
     def _early_stop(self, step: int) -> EarlyStop | None:
         """Whether the evaluations so far end the run at ``step`` (run.early_stopping_patience).
@@ -504,6 +520,8 @@ class Recipe:
         metrics = {**w.metrics(float(self.scheduler.get_last_lr()[0])), **peak_memory(acc, self.device)}
         self.state.losses.append([done, w.loss])
         self.state.log_history.append({"step": done, **metrics})  # the curves (run_files.py)
+        for note in self.files.logged(self.state.log_history[-1]) if self.files is not None else []:
+            self.rep.note(note)  # history.jsonl: a page draws the curves as the run goes
         acc.log(metrics, step=done)
         self.rep.progress(done, self.total_steps, metrics)
         return metrics
