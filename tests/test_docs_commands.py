@@ -67,17 +67,12 @@ SKIPPED: list[tuple[str, str]] = [
     (r"^tensorboard --logdir ", "starts TensorBoard's web server"),
     (r"\bmlflow ui ", "starts MLflow's web server (the full mlflow package)"),
     (r"^trackio show\b", "starts trackio's web server"),
-    (r"^xtrain studio\b", "starts the studio's web server (tests/test_studio*.py start it and drive it)"),
     (r"^wandb sync ", "uploads to W&B (network)"),
     (r"^ollama (create|run) ", "needs Ollama (not installable from the package registries)"),
     (r"^lms import ", "needs LM Studio"),
-    (r"\bxtrain studio\b", "starts the studio's web server and a browser (its own browser tests)"),
+    (r"\bxtrain studio\b", "starts the studio's web server and a browser (tests/test_studio*.py drive it)"),
     (r"^xtrain eval \S+ --tasks (arc_|gsm8k|mmlu)", "downloads lm-eval's benchmark data (network)"),
 ]
-
-# Commands the docs name that another branch is adding to the CLI (issue 60: `xtrain studio`, built
-# in parallel): their options are checked once the command exists; until then the name alone passes.
-BEING_BUILT = {"studio": {"--help"}}
 
 # Doc commands another test already runs, as (doc, regex, the test that runs them).
 COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
@@ -312,10 +307,7 @@ POWERSHELL_PROSE = ["docs/windows-powershell.md"]  # pages whose reader types Po
 def cli_options() -> dict[str, set[str]]:
     from support.docs_commands import _cli_options
 
-    options = _cli_options()
-    for name, known in BEING_BUILT.items():
-        options.setdefault(name, known)  # the real command's options, once it is there
-    return options
+    return _cli_options()
 
 
 def test_doc_commands_use_options_that_exist(cli_options: dict[str, set[str]]) -> None:
