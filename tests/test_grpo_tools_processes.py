@@ -57,7 +57,7 @@ def tools_job(tmp_path_factory):
     return task_job(root, JOB, model, rows, n_train=24)  # 24 prompts, 4 eval
 
 
-def test_one_and_two_processes_run_the_same_episodes_and_train_the_same(tools_job, capsys):
+def test_one_and_two_processes_run_the_same_episodes_and_train_the_same(tools_job, capsys, monkeypatch):
     from support.jobs import assert_same_training
 
     from xtrain.cli import main
@@ -84,7 +84,9 @@ def test_one_and_two_processes_run_the_same_episodes_and_train_the_same(tools_jo
     code = main(["predict", str(one), "-p", "what is 7 squared?", "--format", "jsonl"])  # the run's tools
     out = capsys.readouterr().out
     assert code == 0 and json.loads(out.strip().splitlines()[-1]) == row, out
-    # --data: the eval prompts as the run's evaluation answers them (its own tools, greedy episodes)
+    # --data: the eval prompts as the run's evaluation answers them (its own tools, greedy episodes),
+    # scored by its reward functions (the logging one logs no eval rows, but reads where it would)
+    monkeypatch.setenv("GRPO_TEST_LOG", str(one_log))
     results = one / "eval-predictions.jsonl"
     code = main(["predict", str(one), "--data", str(tools_job.root / "eval.jsonl"), "-o", str(results),
                  "--max-new-tokens", "24"])  # fmt: skip

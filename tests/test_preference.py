@@ -147,7 +147,8 @@ def test_a_batch_is_chosen_then_rejected_in_one_forward(tmp_path):
     assert torch.equal(pickle.loads(pickle.dumps(workload.collator))(rows)["input_ids"], batch["input_ids"])
     out = workload.forward(workload.model, batch)
     assert out.loss.item() == pytest.approx(math.log(2), abs=1e-6), "policy = reference: log 2"
-    assert out.metrics["rewards/accuracy"].item() == 0.5
+    # .metrics are the micro-batch's sums; the window's reduction (Workload.window_metrics) makes them rates
+    assert workload.window_metrics(out.metrics, 1)["rewards/accuracy"] == 0.5
 
 
 def test_kto_reads_pairs_as_labelled_completions_and_unpaired_rows_need_kto(tmp_path):

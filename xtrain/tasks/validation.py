@@ -22,7 +22,7 @@ from xtrain.data import mixing
 from xtrain.data.rows.formats import check_tags
 from xtrain.errors import XtrainError
 from xtrain.model.lora import check_variants
-from xtrain.model.start import start_of
+from xtrain.model.start import NotAResult, start_of
 from xtrain.tasks.contract import EVERY_KEY, Task
 
 CAUSAL_LM = "AutoModelForCausalLM"  # the model class lm-evaluation-harness's HF model loads
@@ -53,6 +53,8 @@ def take_start(cfg: TrainConfig) -> None:
     try:
         cfg.model.quantization = start_of(cfg.model.name_or_path).quantization
     except StageNotBuilt:  # a trained built-in (16-bit) before its stage ran: where a run starts
+        return
+    except NotAResult:  # a run not finished yet (a recipe's stage before this one): the preflight says so
         return
 
 

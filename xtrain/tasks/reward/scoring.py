@@ -82,9 +82,8 @@ def load_model(
     from xtrain.tasks.contract import BASE_LOAD
 
     tokenizer = models.load_tokenizer(str(folder), False)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        base, num_labels=1, trust_remote_code=False, **record.get(BASE_LOAD, {})
-    )
+    load = {"num_labels": 1, **record.get(BASE_LOAD, {})}  # a quantized run's base: in 4/8 bits
+    model = AutoModelForSequenceClassification.from_pretrained(base, trust_remote_code=False, **load)
     model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 
