@@ -40,7 +40,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from preference_vs_trl import per_step, trl_python  # noqa: E402
+from preference_vs_trl import find_trl, per_step  # noqa: E402
 
 STEPS, PER_DEVICE, ACCUMULATION, LR, NEW_TOKENS, MAX_LENGTH = 20, 8, 2, 1e-3, 24, 128
 JOB = """\
@@ -172,15 +172,11 @@ def measure(repeats: int = 3, log: Any = print, trl: str | None = None, steps: i
             skip: int = 5) -> dict[str, Any]:  # fmt: skip
     """The losses on one batch, then both sides' step times ``repeats`` times, interleaved; {"skipped":
     why} without a TRL environment."""
-    found_trl = trl_python(trl)
-    if found_trl is None:
-        why = ("no TRL environment found (`$XTRAIN_TRL_PYTHON`, else `.venv-trl`: `python -m venv .venv-trl "
-               "&& .venv-trl/bin/pip install torch==2.13.0 trl peft`)")  # fmt: skip
-        log(f"distill: skipped: {why}")
-        return {"skipped": why}
+    trl_found = find_trl(trl, "distill", log)
+    if isinstance(trl_found, dict):
+        return trl_found
+    found_trl, version = trl_found
     student, teacher = models()
-    version = subprocess.run([found_trl, "-c", "import trl; print(trl.__version__)"], capture_output=True,
-                             text=True, check=False).stdout.strip()  # fmt: skip
     parity: list[dict[str, Any]] = []
     times: dict[str, dict[str, list[tuple[float, float]]]] = {}
     skip = min(skip, max(0, steps - 3))

@@ -30,7 +30,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from preference_vs_trl import _run, trl_python  # noqa: E402
+from preference_vs_trl import _run, find_trl  # noqa: E402
 
 STEPS, PER_DEVICE, ACCUMULATION, GENERATIONS, LENGTH, LR = 10, 16, 2, 8, 24, 5e-3
 SHAPE = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8,
@@ -140,15 +139,12 @@ def measure(
     jobs: tuple[str, ...] = tuple(JOBS),
 ) -> dict[str, Any]:  # fmt: skip
     """Both sides ``repeats`` times a job, alternating fresh processes; {"skipped": why} without TRL."""
-    found_trl = trl_python(trl)
-    if found_trl is None:
-        why = "no environment with TRL found (`--trl-python`, `$XTRAIN_TRL_PYTHON`, else `.venv-trl`)"
-        log(f"grpo: skipped: {why}")
-        return {"skipped": why}
+    trl_found = find_trl(trl, "grpo", log)
+    if isinstance(trl_found, dict):
+        return trl_found
+    found_trl, version = trl_found
     from xtrain.builtin.grpo import FORMAT_PATTERN
 
-    version = subprocess.run([found_trl, "-c", "import trl; print(trl.__version__)"], capture_output=True,
-                             text=True, check=False).stdout.strip()  # fmt: skip
     skip = min(skip, max(0, steps - 3))
     runs: dict[str, dict[str, list[dict[str, float]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -83,22 +83,36 @@ def trl_python(given: str | None = None) -> str | None:
     return path if probe.returncode == 0 else None
 
 
+NO_TRL = (
+    "no TRL environment found (`--trl-python`, `$XTRAIN_TRL_PYTHON`, else `.venv-trl`: `python -m venv "
+    ".venv-trl && .venv-trl/bin/pip install torch==2.13.0 trl peft`)"
+)
+
+
+def find_trl(given: str | None, section: str, log: Any) -> tuple[str, str] | dict[str, str]:
+    """(the TRL environment's python, TRL's version), or the section's {"skipped": why} (said in
+    ``log``) without one: what every side-by-side with TRL starts with."""
+    found = trl_python(given)
+    if found is None:
+        log(f"{section}: skipped: {NO_TRL}")
+        return {"skipped": NO_TRL}
+    version = subprocess.run([found, "-c", "import trl; print(trl.__version__)"], capture_output=True,
+                             text=True, check=False).stdout.strip()  # fmt: skip
+    return found, version
+
+
 def measure(
     repeats: int = 3, log: Any = print, trl: str | None = None, steps: int = STEPS, skip: int = 5
 ) -> dict[str, Any]:
     """Both sides ``repeats`` times, interleaved; {"skipped": why} without a TRL environment."""
-    found_trl = trl_python(trl)
-    if found_trl is None:
-        why = ("no TRL environment found (`$XTRAIN_TRL_PYTHON`, else `.venv-trl`: `python -m venv .venv-trl "
-               "&& .venv-trl/bin/pip install torch==2.13.0 trl peft`)")  # fmt: skip
-        log(f"preference: skipped: {why}")
-        return {"skipped": why}
+    trl_found = find_trl(trl, "preference", log)
+    if isinstance(trl_found, dict):
+        return trl_found
+    found_trl, version = trl_found
     from xtrain import builtin
 
     model = builtin.ensure_builtin_model("builtin:tiny-llama")
     data = builtin.ensure_builtin_data("builtin:preference-pairs")
-    version = subprocess.run([found_trl, "-c", "import trl; print(trl.__version__)"], capture_output=True,
-                             text=True, check=False).stdout.strip()  # fmt: skip
     rows: dict[str, list[tuple[float, float, float]]] = {"xtrain": [], "TRL DPOTrainer": []}
     skip = min(skip, max(0, steps - 3))
     with tempfile.TemporaryDirectory() as tmp:

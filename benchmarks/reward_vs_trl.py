@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from preference_vs_trl import _run, per_step, trl_python  # noqa: E402  (the shared runner)
+from preference_vs_trl import _run, find_trl, per_step  # noqa: E402  (the shared runner)
 
 STEPS, PER_DEVICE, ACCUMULATION, LR, CENTER, MAX_LENGTH = 30, 8, 2, 2e-3, 0.01, 64
 TARGETS = "[q_proj,k_proj,v_proj,o_proj]"
@@ -110,18 +109,14 @@ def measure(
 ) -> dict[str, Any]:
     """Both sides ``repeats`` times, interleaved, and the losses on TRL's first batch; {"skipped":
     why} without a TRL environment."""
-    found_trl = trl_python(trl)
-    if found_trl is None:
-        why = ("no TRL environment found (`$XTRAIN_TRL_PYTHON`, else `.venv-trl`: `python -m venv .venv-trl "
-               "&& .venv-trl/bin/pip install torch==2.13.0 trl peft`)")  # fmt: skip
-        log(f"reward: skipped: {why}")
-        return {"skipped": why}
+    trl_found = find_trl(trl, "reward", log)
+    if isinstance(trl_found, dict):
+        return trl_found
+    found_trl, version = trl_found
     from xtrain import builtin
 
     model = builtin.ensure_builtin_model("builtin:tiny-llama")
     data = builtin.ensure_builtin_data("builtin:preference-pairs")
-    version = subprocess.run([found_trl, "-c", "import trl; print(trl.__version__)"], capture_output=True,
-                             text=True, check=False).stdout.strip()  # fmt: skip
     rows: dict[str, list[tuple[float, float, float]]] = {"xtrain": [], "TRL RewardTrainer": []}
     skip = min(skip, max(0, steps - 3))
     probe: dict[str, Any] = {}

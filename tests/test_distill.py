@@ -158,6 +158,7 @@ def test_a_run_resumed_from_its_step_2_checkpoint_ends_as_the_straight_run(job, 
     assert_same_training(straight, resumed, exact=True)
 
 
+@pytest.mark.soak  # its sampling is GRPO's, seeded per completion: test_grpo_processes' 2-process case
 def test_two_processes_sample_and_train_as_one(job, straight):
     from support.jobs import assert_same_training, train_once
 

@@ -447,7 +447,7 @@ def pref_straight(pref_job):
     return train_once(pref_job)[0]
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # the default run's 2-process case is KTO's below (the reference precomputed too)
 def test_one_and_two_processes_train_the_same_dpo(pref_job, pref_straight):
     """`accelerate launch --multi_gpu -m xtrain.run` (2 gloo processes on CPU) against one process
     with the same global batch: the same eval metrics and adapter. The two processes precompute the
@@ -476,13 +476,15 @@ def test_one_and_two_processes_train_the_same_dpo(pref_job, pref_straight):
 @pytest.mark.slow
 def test_one_and_two_processes_train_the_same_kto(pref_job):
     """KTO's KL estimate spans the step's global batch (one gather a step): 2 processes with
-    accumulation 1 train as 1 process with accumulation 2."""
+    accumulation 1 train as 1 process with accumulation 2. The two processes precompute the
+    reference, each its half of the rows (gathered), against the one process's live reference."""
     from support.jobs import assert_same_training, python_run, run_xtrain
 
     outs = []
-    for name, extra in (("kto-one", ()), ("kto-two", ("--processes", "2"))):
+    two = (("--processes", "2"), ("preference.precompute_reference=true",))
+    for name, (extra, more) in (("kto-one", ((), ())), ("kto-two", two)):
         out = pref_job.root / name
-        args = [*extra, "--config", str(pref_job.config), f"run.output_dir={out}"]
+        args = [*extra, "--config", str(pref_job.config), f"run.output_dir={out}", *more]
         proc = run_xtrain(python_run(*args, "preference.loss=kto", "run.save_merged=false"), pref_job.env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         outs.append(out)
@@ -492,6 +494,9 @@ def test_one_and_two_processes_train_the_same_kto(pref_job):
         assert b["rewards/accuracy"] == a["rewards/accuracy"]
         assert b["kl"] == pytest.approx(a["kl"], rel=1e-4, abs=1e-6)
     assert_same_training(*outs)
+    (stored,) = (outs[1] / "preference-reference").glob("*.pt")
+    values = torch.load(stored, weights_only=True)
+    assert [len(values[s]) for s in ("eval", "train")] == [12, 48]  # each row once, gathered from both
 
 
 @pytest.mark.slow
