@@ -191,10 +191,10 @@ def render(r: dict[str, Any]) -> str:
                        ("trained", f"after TRL's {r['steps']} steps")):  # fmt: skip
         a, b = p["trl"][name], p["xtrain"][name]
         lines.append(f"| {said} | {a:.8f} | {b:.8f} | {abs(a - b):.1e} |")
-    same = "the same token ids" if p["same_ids"] else "different token ids"
+    same = "the same token ids as" if p["same_ids"] else "different token ids from"
     lines += [
         "",
-        f"xtrain's own encoding of those 8 pairs gives {same} as TRL's (TRL kept {p['kept']} of the 400 "
+        f"xtrain's own encoding of those 8 pairs gives {same} TRL's (TRL kept {p['kept']} of the 400 "
         "training pairs under max_length). On plain-text pairs TRL tokenizes prompt + answer + eos as one "
         "string, xtrain the prompt, then the answer (as its SFT and DPO do, and TRL's DPO): where the prompt "
         "ends in a space (the built-in pairs' `answer: `) the token at the seam differs. Chat pairs render "
