@@ -14,7 +14,7 @@ import typer
 from xtrain.commands.options import whole
 from xtrain.errors import XtrainError
 
-INSTALL = 'pip install -e ".[studio]"'
+INSTALL = 'pip install "starlette>=0.40" "uvicorn>=0.30"'  # base dependencies: a broken install lacks them
 
 
 def studio(
