@@ -91,3 +91,13 @@ def test_xtrain_train_dry_run_and_refusal(tmp_path_factory: pytest.TempPathFacto
     proc = run_xtrain([*XTRAIN, "train", str(EXAMPLE), "--fsdp", "--dry-run"], env)
     assert proc.returncode == 2
     assert "FSDP needs CUDA GPUs" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_benchmarks_after_sharded_weights_are_warned_before_the_run() -> None:
+    """lm-eval's model is data-parallel (a whole copy a process): after FSDP or ZeRO-3, said first."""
+    from xtrain.train.preflight.software import benchmarks_sharded
+
+    assert benchmarks_sharded(None) == [] and benchmarks_sharded("zero2") == []  # ZeRO-2: weights whole
+    for kind in ("fsdp", "zero3"):
+        (note,) = benchmarks_sharded(kind)
+        assert note.level == "warning" and f"under {kind}: lm-eval loads the whole" in note.text

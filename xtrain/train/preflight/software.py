@@ -114,4 +114,18 @@ def _benchmarks(run: Run, where: Where) -> list[Note]:
     if not where.launcher:
         return []
     what = "the result and the start it trained from" if e.at_start else "the result"
-    return [Note("Benchmarks", f"{bench.shown} (lm-evaluation-harness), scored on {what} at the end")]
+    notes = [Note("Benchmarks", f"{bench.shown} (lm-evaluation-harness), scored on {what} at the end")]
+    return notes + benchmarks_sharded(where.sharding)
+
+
+def benchmarks_sharded(kind: str | None) -> list[Note]:
+    """lm-eval's HF model is data-parallel, every process a whole copy of the result: after a run
+    whose weights were sharded (FSDP, ZeRO-3) that may not fit, said before the run."""
+    if kind not in ("fsdp", "zero3"):
+        return []
+    said = (
+        f"eval.benchmarks under {kind}: lm-eval loads the whole result on every process, not sharded; "
+        "a model that fits only sharded runs out of memory at the end (the result is saved first): leave "
+        "eval.benchmarks out and score it with `xtrain eval` on a card it fits"
+    )
+    return [Note("warning", said, "warning")]
