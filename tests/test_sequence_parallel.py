@@ -86,7 +86,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, sys.argv[1])
 from support.gradients import keep_group, xtrain_gradients
-from test_sequence_parallel import moved_adapters, record_shares
+from test_sequence_parallel import SHARDS_SEEN, moved_adapters, record_shares
 
 import xtrain.train.loop as loop
 from xtrain.machine.facts import Facts
@@ -98,22 +98,35 @@ loop.release = keep_group  # one process group for every config
 facts = Facts(torch_version="2.13.0", gloo_available=True, cpu_count=2)
 plan = make_plan(facts, Overrides(num_processes=int(os.environ["WORLD_SIZE"])))  # torchrun's
 for name, overrides in json.loads(sys.argv[2]).items():
+    SHARDS_SEEN.clear()
     with record_shares() as shares:
         grads = xtrain_gradients(load_config(None, overrides), plan, on_workload=moved_adapters).grads
     out = os.path.join(os.environ["TEST_OUT"], f"{name}-{dist.get_rank()}.pt")
-    torch.save({"grads": grads, "loss": sum(shares)}, out)
+    torch.save({"grads": grads, "loss": sum(shares), "shards": list(SHARDS_SEEN)}, out)
 dist.barrier()
 dist.destroy_process_group()
 """
 
 
+SHARDS_SEEN: list[tuple[int, int]] = []  # (shard, of how many) of each forward given a sequence shard
+
+
 def moved_adapters(workload) -> None:
     """Every LoRA B matrix set to seeded values (by its name): B starts at 0, and then the A
-    matrices would have no gradient to compare."""
+    matrices would have no gradient to compare. Each forward of the model that gets a sequence
+    shard is noted in ``SHARDS_SEEN``."""
+    from xtrain.data.sequence_shards import KEY
+
     with torch.no_grad():
         for name, p in workload.model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))) * 0.1)
+
+    def seen(module, args, kwargs) -> None:
+        if kwargs.get(KEY) is not None:
+            SHARDS_SEEN.append((kwargs[KEY].index, kwargs[KEY].size))
+
+    workload.model.register_forward_pre_hook(seen, with_kwargs=True)
 
 
 class record_shares:

@@ -150,3 +150,29 @@ class ShardCollator:
 
     def __repr__(self) -> str:
         return f"ShardCollator({self.collate!r}, shard {self.index} of {self.size})"
+
+
+def align_left(mask: torch.Tensor, *rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each of ``rows`` ([rows, positions], ``mask`` first) moved so that its row's real tokens
+    (``mask`` 1: a left-padded prompt and its completion, contiguous) start at position 0, the
+    padding after them: the same positions for every real token (counted from the row's first),
+    and rows of one causal sequence each, which attention runs batched (a left pad would be a
+    segment of its own: ``segments_of``)."""
+    length = mask.size(1)
+    lead = (mask.cumsum(-1) == 0).sum(-1, keepdim=True)  # each row's left padding
+    at = (torch.arange(length, device=mask.device) + lead) % length
+    return tuple(x.gather(1, at) for x in (mask, *rows))
+
+
+def cut_completed(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, size: int, index: int
+) -> dict[str, Any]:
+    """Shard ``index`` of ``size`` of sequences a task's step completed (GRPO's rollout,
+    distillation's samples: left-padded prompts, right-padded completions), ``labels`` the tokens
+    that train (-100 elsewhere): aligned left (``align_left``), then ``shard_batch`` (labels
+    shifted first: ``shift_labels``). On the device the tensors are on."""
+    mask, ids, labels = align_left(attention_mask, input_ids, labels)
+    device = ids.device
+    batch = {"input_ids": ids.cpu(), "attention_mask": mask.cpu(), "labels": labels.cpu()}
+    out = shard_batch(batch, size, index)
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in out.items()}

@@ -84,14 +84,17 @@ def chunked_sequence_logps(
 
 def chunked_token_logps(
     head: Head, hidden: torch.Tensor, labels: torch.Tensor, *, rows: int, mapping: LogitMap | None = None,
-    temperature: float = 1.0,
+    temperature: float = 1.0, shifted: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """[N, T] float32: at each labelled position t of ``labels`` [N, T] the log-probability of
     ``labels[n, t]`` given the positions before it (a causal LM's ``hidden[n, t - 1]``, [N, T,
-    width]), the logits divided by ``temperature``; 0 where the label is -100."""
-    values, keep = _labelled(head, hidden, labels, rows, mapping, temperature)
+    width]), the logits divided by ``temperature``; 0 where the label is -100. ``shifted``: the
+    labels are shifted already (a sequence shard's), each at the position that predicts it."""
+    values, keep = _labelled(head, hidden, labels, rows, mapping, temperature, shifted)
     n, t = labels.shape
     at = torch.zeros(n * t, dtype=torch.float32, device=hidden.device).index_add(0, keep, values)
+    if shifted:
+        return at.view(n, t)
     return F.pad(at.view(n, t), (1, 0))[:, :t]  # the log-prob of token t, predicted at t - 1, at t
 
 
@@ -146,14 +149,14 @@ def sequence_logps_call(
 
 def token_logps_call(
     model: torch.nn.Module, inputs: dict[str, Any], labels: torch.Tensor, rows: int,
-    mapping: LogitMap | None = None, temperature: float = 1.0,
+    mapping: LogitMap | None = None, temperature: float = 1.0, shifted: bool = False,
 ) -> torch.Tensor:  # fmt: skip
     """``model(**inputs)`` with ``chunked_token_logps`` of ``labels`` in place of its head's logits:
     [N, T] log-probs (module docstring: the head's own forward, the stand-in for its output)."""
 
     def compute(head: torch.nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logps = chunked_token_logps(head.forward, hidden, labels, rows=rows, mapping=mapping,
-                                    temperature=temperature)  # fmt: skip
+                                    temperature=temperature, shifted=shifted)  # fmt: skip
         stand_in = logps.sum().to(hidden.dtype).reshape([1] * hidden.dim()).expand(*hidden.shape[:-1], 0)
         stand_in = stand_in.clone()
         return logps + stand_in.sum(), stand_in  # an exact 0 the backward reaches through the head's output

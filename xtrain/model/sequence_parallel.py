@@ -27,6 +27,8 @@ xtrain/model/shard_exchange.py's.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,7 +168,9 @@ def sequence_attention(inner: AttentionFn, inner_name: str) -> AttentionFn:
         ex = exchange()
         for name in _LOCAL:
             kwargs.pop(name, None)
-        if ex.mode == "ring":
+        if ex.mode == "ring" or query.shape[1] % ex.size or key.shape[1] % ex.size:
+            # (another model than the one the mode was chosen for, whose heads do not divide: a
+            # distillation teacher's)
             return ring_attention.ring(module, query, key, value, shards, ex, kwargs), None
         return ulysses(inner, kind, module, query, key, value, shards, ex, kwargs), None
 
@@ -224,6 +228,48 @@ def use(model: torch.nn.Module, inner: str, name: str) -> int:
         seen.add(id(config))
         config._attn_implementation_internal = name
     return len(seen)
+
+
+def _configs(model: torch.nn.Module) -> list[Any]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    found: dict[int, Any] = {}
+    for module in base.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            found.setdefault(id(config), config)
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def whole_attention(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` on its own attention implementation while open: generation (GRPO's rollout,
+    distillation's samples) runs whole sequences on every process of a group, on the model's own
+    names (transformers keys its generation and masks on "eager"). A forward without ``Shards``
+    runs the inner implementation anyway; this undoes ``use``'s renaming (eager) for the while."""
+    renamed = [c for c in _configs(model) if c._attn_implementation == EAGER]
+    for config in renamed:
+        config._attn_implementation_internal = "eager"
+    try:
+        yield
+    finally:
+        for config in renamed:
+            config._attn_implementation_internal = EAGER
+
+
+def also_split(model: torch.nn.Module) -> None:
+    """A second model of the run (a distillation teacher) on the sequence-parallel attention too,
+    so that its forward on a shard attends over the whole sequence (Ulysses where its heads divide,
+    else ring: ``sequence_attention``). Its family must call the attention registry: one line."""
+    from xtrain.planning.sequence import check_family
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = base.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    inner = str(text._attn_implementation)
+    if inner.startswith(PREFIX):
+        return  # (switched already)
+    check_family(f"{type(base).__name__} (the teacher)", model_facts(type(base), config).registry, inner)
+    use(model, inner, register(inner))
 
 
 # ---------------------------------------------------------------------------------------------

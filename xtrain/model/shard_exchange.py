@@ -80,13 +80,32 @@ class Exchange:
             request.wait()
         return out.to(x.device) if staged else out
 
+    def broadcast(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The group's first rank's ``tensors`` on every rank of the group (shapes may differ
+        between the ranks: a rollout's completions), each on the device it had here. Through host
+        memory, pickled (a step's completed rows: ids and masks, small beside its forward)."""
+        import torch.distributed as dist
+
+        devices = {k: v.device for k, v in tensors.items()}
+        box: list[Any] = [{k: v.detach().to("cpu") for k, v in tensors.items()}]
+        first = dist.get_global_rank(self.group, 0) if self.group is not None else 0
+        dist.broadcast_object_list(box, src=first, group=self.group)
+        return {k: v.to(devices.get(k, v.device)) for k, v in box[0].items()}
+
 
 _EXCHANGE: list[Exchange] = []  # this process's group, once the run set it (``activate``)
 
 
-def activate(exchange: Exchange) -> None:
-    """Make ``exchange`` this process's sequence-parallel group (the loop, before the first step)."""
-    _EXCHANGE[:] = [exchange]
+def activate(exchange: Exchange | None) -> None:
+    """Make ``exchange`` this process's sequence-parallel group (the loop, before the first step;
+    None: a run without one, after one that had it in this process)."""
+    _EXCHANGE[:] = [exchange] if exchange is not None else []
+
+
+def active() -> Exchange | None:
+    """This process's sequence-parallel group, where its run has one (a task whose step makes its
+    sequences, GRPO's rollout, cuts them itself: ``Workload.cuts_sequences``)."""
+    return _EXCHANGE[0] if _EXCHANGE else None
 
 
 def exchange() -> Exchange:

@@ -430,3 +430,6 @@ class Workload:
     # token_loss ``sequence``/``logps``: (the head's logit map, positions a chunk) when the chunked
     # loss runs
     use_chunked_loss: Callable[[LogitMap, int], None] | None = None
+    # parallel.sequence: its step makes the sequences it trains (GRPO's rollout, distillation's
+    # completions) and cuts them itself, so the loader's rows (prompts) stay whole
+    cuts_sequences: bool = False

@@ -286,7 +286,8 @@ class Recipe:
         self.workers = self.settings.workers_for(tasks.get(cfg.model.task).decodes_media)  # (count, why)
         loading = parts.loading(self.workload, self.workers[0], self.pin)
         self.eval_loader = parts.eval_loader(acc, self.workload, self.settings.per_device, loading)
-        loading = {**loading, "collate_fn": sequence.collator(loading["collate_fn"], self.sequence)}
+        whole = self.workload.cuts_sequences  # (its step completes the rows and cuts them: GRPO's)
+        loading = {**loading, "collate_fn": sequence.collator(loading["collate_fn"], self.sequence, whole)}
         self.start_step = self._resume()  # after prepare: accelerate loads into the prepared parts
         self.loader = parts.train_loader(
             self.workload, self.order, self.data_rank, self.start_step, self.total_steps, loading

@@ -148,6 +148,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         step_start=step.step_start,
         at_step=step.at_step,
         use_chunked_loss=step.use_chunked_loss,
+        cuts_sequences=True,  # parallel.sequence: its step completes the prompts, then cuts (grpo/sharded.py)
         record=teacher_.record(cfg, teacher.start),
     )
 
@@ -347,6 +348,7 @@ TASK = Task(
     peft_task_type="CAUSAL_LM",
     stacks=stacks,
     token_loss="divergence",  # its forward reads both models' distributions, chunked (losses.chunked)
+    sequence_parallel=True,  # parallel.sequence: completed whole, student and teacher on shards
     curves=CURVES,
     kv_cache_tokens=kv_cache_tokens,
     other_models=other_models,

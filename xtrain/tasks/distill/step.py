@@ -31,9 +31,13 @@ import torch.nn.functional as F
 
 from xtrain.data.collate import IGNORE_INDEX
 from xtrain.data.sampler import mix_seed
+from xtrain.data.sequence_shards import KEY, cut_completed
+from xtrain.model import sequence_parallel as sp
 from xtrain.model.decoding import DecodeSettings, Sampling, generate
+from xtrain.model.shard_exchange import active
 from xtrain.tasks.distill import losses
 from xtrain.tasks.distill.teacher import Teacher, hidden_at
+from xtrain.tasks.grpo import sharded
 from xtrain.tasks.grpo.rollout import unwrapped
 from xtrain.tasks.grpo.step import synced
 
@@ -47,6 +51,7 @@ Batch = dict[str, Any]
 STUDENT, TEACHER, DATA = "student", "teacher", "data"  # who completes a step's prompts
 _CHOICE = 2**31 - 1  # the step's draw of GKD's samples (apart from every data row's seeds)
 _NOT_SHOWN = ("stat/total_tokens", "stat/micro_batches")
+_COMPLETED = ("input_ids", "attention_mask", "labels", "completion_mask")  # what ``complete`` makes
 
 
 @dataclass
@@ -70,9 +75,10 @@ def source_of(d: DistillConfig, seed: int, step: int) -> str:
     return TEACHER if d.seq_kd else DATA
 
 
-def trained_positions(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the flat positions whose next token trains, those tokens) of [N, T] ``labels`` (-100: no)."""
-    flat = F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:].reshape(-1)
+def trained_positions(labels: torch.Tensor, shifted: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the flat positions whose next token trains, those tokens) of [N, T] ``labels`` (-100: no;
+    ``shifted``: each at the position that predicts it already, a sequence shard's)."""
+    flat = (labels if shifted else F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]).reshape(-1)
     keep = (flat != IGNORE_INDEX).nonzero().squeeze(1)  # the one host sync
     return keep, flat.index_select(0, keep)
 
@@ -90,11 +96,19 @@ def divergence_sums(
 ) -> tuple[losses.Sums, torch.Tensor]:  # fmt: skip
     """(the micro-batch's sums over its trained tokens (``batch["labels"]``), their flat positions):
     the teacher's hidden states there without gradient, then the student's, the head in chunks
-    (``chunks``: its logit map, positions a chunk) or on every position (None)."""
+    (``chunks``: its logit map, positions a chunk) or on every position (None). On a sequence
+    shard (``sharded.CUT``) both models run on the shard, the teacher on the sequence-parallel
+    attention too (``sequence_parallel.also_split``), the sums this shard's."""
     from xtrain.model.chunked_logps import with_head
 
-    inputs = model_inputs(batch)
-    keep, targets = trained_positions(batch["labels"])
+    shard = batch.get(sharded.CUT)
+    if shard is None:
+        inputs = model_inputs(batch)
+        keep, targets = trained_positions(batch["labels"])
+    else:
+        sp.also_split(teacher.model)
+        inputs = sharded.model_inputs(shard)
+        keep, targets = trained_positions(shard["shift_labels"], shifted=True)
     with torch.no_grad():
         t_hidden, t_head = hidden_at(teacher.model, inputs, keep)
     if chunks is None:
@@ -145,9 +159,13 @@ class DistillStep:
     def step_start(self, model: torch.nn.Module, micro_batches: list[Batch], gather: Callable) -> None:
         """``Workload.step_start``: this process's micro-batches completed, then the step's trained
         tokens and completion statistics over every process (one gather)."""
-        source = source_of(self.d, self.seed, self.step)
+        source, ex = source_of(self.d, self.seed, self.step), active()
         for batch in micro_batches:
             self.complete(model, batch, source)
+            if ex is not None:  # one set of completions a group, each process's shard of it
+                batch["truncated"] = sharded.same_in_group(ex, batch, _COMPLETED, batch["truncated"])
+                ids, mask, labels = (batch[k] for k in ("input_ids", "attention_mask", "labels"))
+                batch[sharded.CUT] = cut_completed(ids, mask, labels, ex.size, ex.rank)
         rank, device = _rank(), micro_batches[0]["input_ids"].device
         local = [
             torch.tensor([float(a), float(rank), float(b["completion_mask"].sum()),
@@ -155,6 +173,8 @@ class DistillStep:
             for a, b in enumerate(micro_batches)
         ]  # fmt: skip
         everything = gather(torch.stack(local)).cpu()
+        if ex is not None:  # a sequence-parallel group's rows once
+            everything = sharded.distinct(everything, ex.size)
         tokens, cut, sequences = (float(everything[:, i].sum()) for i in (2, 3, 4))
         stats = {
             "total_tokens": tokens, "micro_batches": float(everything.size(0)),
@@ -172,10 +192,15 @@ class DistillStep:
         sums, _ = divergence_sums(model, self.teacher, batch, self.how, self.chunks)
         total, micro = float(batch["stat/total_tokens"]), float(batch["stat/micro_batches"])
         loss = sums.loss * (micro / max(total, 1.0))  # the loop averages over the step's micro-batches
-        tokens = float(max(sums.tokens, 1))
+        numbers = [sums.kl.sum(), sums.agree.sum(), torch.tensor(float(sums.tokens), device=sums.kl.device)]
+        shard = batch.get(sharded.CUT)
+        if shard is not None:  # this shard's part of the group's loss, times N (grpo/sharded.py)
+            loss = loss * shard[KEY].size
+            numbers = sharded.group_sums(shard, *numbers)
+        tokens = numbers[2].clamp(min=1.0)
         metrics = {k[5:]: v for k, v in batch.items() if k.startswith("stat/") and k not in _NOT_SHOWN}
-        metrics["kl"] = sums.kl.sum() / tokens
-        metrics["token_agreement"] = sums.agree.sum() / tokens
+        metrics["kl"] = numbers[0] / tokens
+        metrics["token_agreement"] = numbers[1] / tokens
         return StepOutput(loss, metrics)
 
     # -- the completions ------------------------------------------------------------------------
@@ -191,11 +216,12 @@ class DistillStep:
             student = source == STUDENT
             who = unwrapped(model) if student else self.teacher.model
             seeds = [mix_seed(self.seed, self.step, r, 0 if student else 1) for r in batch["row"].tolist()]
-            done = generate(
-                who, prompt, prompt_mask, max_new_tokens=self.d.max_completion_length, pad_id=self.pad_id,
-                stop=self.stop, sampling=Sampling(self.d.temperature), seeds=seeds,
-                synced=synced(model) if student else False, settings=self.decode if student else None,
-            )  # fmt: skip
+            with sp.whole_attention(who):  # (under parallel.sequence: whole sequences, its own attention)
+                done = generate(
+                    who, prompt, prompt_mask, max_new_tokens=self.d.max_completion_length, pad_id=self.pad_id,
+                    stop=self.stop, sampling=Sampling(self.d.temperature), seeds=seeds,
+                    synced=synced(model) if student else False, settings=self.decode if student else None,
+                )  # fmt: skip
             ids, mask, truncated = done.ids, done.mask, done.truncated
         labels = torch.cat(
             [torch.full_like(prompt, IGNORE_INDEX), ids.masked_fill(mask == 0, IGNORE_INDEX)], 1

@@ -148,6 +148,7 @@ def build(run: Run, main_process_first: MainProcessFirst = contextlib.nullcontex
         at_step=step.at_step,
         samples_per_item=cfg.grpo.num_generations,
         use_chunked_loss=step.use_chunked_loss,
+        cuts_sequences=True,  # parallel.sequence: its step completes the prompts, then cuts (grpo/sharded.py)
         record=predict_file.record_of(cfg),  # what predict --data and export read: answers, tools
     )
 
@@ -363,6 +364,7 @@ TASK = Task(
     peft_task_type="CAUSAL_LM",
     stacks=stacks,
     token_loss="logps",  # its forward reads the completions' log-probs, chunked (rollout.token_logps)
+    sequence_parallel=True,  # parallel.sequence: generated whole, trained on shards (sharded.py)
     curves=CURVES,
     kv_cache_tokens=kv_cache_tokens,
     resume_keys=("grpo.num_generations",),

@@ -82,13 +82,17 @@ def per_token_loss(
 
 
 def normalised(
-    s: LossSettings, token_loss: torch.Tensor, mask: torch.Tensor, total_tokens: float
-) -> torch.Tensor:
+    s: LossSettings, token_loss: torch.Tensor, mask: torch.Tensor, total_tokens: float,
+    row_tokens: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The loss of a batch taken whole (TRL's three normalisations); ``total_tokens``: dapo's
-    normaliser, the completion tokens of the whole global batch (``mask.sum()`` for one batch)."""
+    normaliser, the completion tokens of the whole global batch (``mask.sum()`` for one batch);
+    ``row_tokens``: grpo's, each completion's tokens (None: ``mask``'s rows; a sequence shard's
+    rows hold part of them)."""
     mask = mask.to(token_loss)
     if s.loss == "grpo":
-        return ((token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        rows = mask.sum(-1) if row_tokens is None else row_tokens.to(mask)
+        return ((token_loss * mask).sum(-1) / rows.clamp(min=1.0)).mean()
     if s.loss == "dr_grpo":
         return (token_loss * mask).sum() / (token_loss.size(0) * s.max_completion_length)
     if s.loss == "dapo":
@@ -97,12 +101,13 @@ def normalised(
 
 
 def micro_batch_loss(
-    s: LossSettings, token_loss: torch.Tensor, mask: torch.Tensor, total_tokens: float, micro_batches: int
-) -> torch.Tensor:
+    s: LossSettings, token_loss: torch.Tensor, mask: torch.Tensor, total_tokens: float, micro_batches: int,
+    row_tokens: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """A micro-batch's share, scaled so that the mean over the step's ``micro_batches`` (the
     loop divides by the accumulation, data parallelism averages the processes) is ``normalised``
     over the whole global batch: grpo and dr_grpo are means already (equal micro-batches); dapo's
     token sum is over the global token count, times the micro-batches the mean divides by."""
     if s.loss == "dapo":
         return normalised(s, token_loss, mask, total_tokens) * micro_batches
-    return normalised(s, token_loss, mask, total_tokens)
+    return normalised(s, token_loss, mask, total_tokens, row_tokens)

@@ -15,20 +15,26 @@ metrics are the same numbers at any process count.
 ``num_iterations - 1`` steps (their prompts from the loader are not used), with the old policy's
 log-probabilities from that first step. A run resumed inside a cycle generates again at its first
 step (docs/grpo.md: resume is exact at cycle boundaries: ``run.save_every`` a multiple).
+``parallel.sequence``: generated whole, the same in a group, trained on shards (sharded.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from xtrain.data.sampler import mix_seed
+from xtrain.data.sequence_shards import KEY
 from xtrain.model import chain
+from xtrain.model import sequence_parallel as sp
 from xtrain.model.decoding import Decoder, DecodeSettings, Sampling, generate
+from xtrain.model.shard_exchange import active
 from xtrain.tasks.grpo import loss as gl
 from xtrain.tasks.grpo import rewards as rw
+from xtrain.tasks.grpo import sharded
 from xtrain.tasks.grpo.episodes import episode_stats
 from xtrain.tasks.grpo.rollout import token_logps
 
@@ -123,7 +129,13 @@ class GrpoStep:
                 batch.clear()
                 batch.update(kept)
             return
-        scored = [self._rollout(model, b, first) for b in micro_batches]
+        ex = active()
+        with contextlib.nullcontext() if ex is None else sp.whole_attention(_unwrapped(model)):
+            scored = [self._rollout(model, b, first) for b in micro_batches]
+        if ex is not None:  # (sharded.py: one set of episodes a group, each process's shard of it)
+            for a, b in enumerate(micro_batches):
+                scored[a] = sharded.same_in_group(ex, b, sharded.ROLLED, scored[a])
+                b[sharded.CUT] = sharded.cut(ex, b["input_ids"], b["attention_mask"], b["loss_mask"])
         self._advantages(micro_batches, scored, gather)
         if mu > 1 or self.g.beta:
             for batch in micro_batches:
@@ -133,24 +145,43 @@ class GrpoStep:
 
     def __call__(self, model: torch.nn.Module, batch: Batch) -> StepOutput:
         """``Workload.forward``: the micro-batch's loss (``loss.micro_batch_loss``) and metrics."""
-        s = self.settings
-        width = batch["completion_mask"].size(1)
-        logps = token_logps(
-            model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
-            self.g.num_generations,
-        )  # fmt: skip
+        s, shard = self.settings, batch.get(sharded.CUT)
+        logps = self._logps(model, batch)
         per_token, clipped, kl = gl.per_token_loss(
             s, logps, batch.get("old_logps"), batch.get("ref_logps"), batch["advantages"]
         )
-        mask = batch["loss_mask"].to(per_token)
         total, micro = float(batch["stat/total_tokens"]), int(batch["stat/micro_batches"])
-        loss = gl.micro_batch_loss(s, per_token, mask, total, micro)
-        tokens = mask.sum().clamp(min=1.0)
+        mask = (batch["loss_mask"] if shard is None else sharded.trained_mask(shard)).to(per_token)
+        if shard is None:
+            loss = gl.micro_batch_loss(s, per_token, mask, total, micro)
+        else:  # this shard's part of the group's loss (sharded.py: times N); grpo: each row's tokens
+            rows = batch["loss_mask"].sum(-1)
+            loss = gl.micro_batch_loss(s, per_token, mask, total, micro, rows) * shard[KEY].size
+        sums = [
+            mask.sum(),
+            (clipped.to(mask) * mask).sum(),
+            (kl.detach() * mask).sum() if kl is not None else mask[:0].sum(),
+        ]
+        if shard is not None:  # the metrics over the group's shards
+            sums = sharded.group_sums(shard, *sums)
+        tokens = sums[0].clamp(min=1.0)
         metrics = {k[5:]: v for k, v in batch.items() if k.startswith("stat/") and k not in _NOT_SHOWN}
-        metrics["clip_ratio"] = (clipped.to(mask) * mask).sum().detach() / tokens
+        metrics["clip_ratio"] = sums[1].detach() / tokens
         if kl is not None:
-            metrics["kl"] = (kl.detach() * mask).sum() / tokens
+            metrics["kl"] = sums[2] / tokens
         return StepOutput(loss, metrics)
+
+    def _logps(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """The completions' token log-probs under ``model``: [N, completion width], or on a
+        sequence shard (``sharded.CUT``) [N, the shard's positions]."""
+        shard = batch.get(sharded.CUT)
+        if shard is not None:
+            return sharded.token_logps(model, shard, self.g.temperature, self.chunks)
+        width = batch["completion_mask"].size(1)
+        return token_logps(
+            model, batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
+            self.g.num_generations,
+        )  # fmt: skip
 
     # -- the rollout --------------------------------------------------------------------------------
     def _rollout(self, model: torch.nn.Module, batch: Batch, step: int) -> torch.Tensor:
@@ -278,7 +309,7 @@ class GrpoStep:
     def _advantages(self, batches: list[Batch], scored: list[torch.Tensor], gather: Any) -> None:
         """Every process's rewards and token counts (one gather), in global micro-batch order: the
         advantages of this process's completions and the step's statistics."""
-        G, A, rank = self.g.num_generations, len(batches), _rank()
+        G, A, rank, ex = self.g.num_generations, len(batches), _rank(), active()
         n, F = scored[0].shape
         device = scored[0].device
         local = []
@@ -293,6 +324,8 @@ class GrpoStep:
             ]
             local.append(torch.cat([torch.tensor([float(a), float(rank)], device=device), *parts]))
         everything = gather(torch.stack(local))  # [world x A, 2 + N F + 2 N + 1]
+        if ex is not None:  # a sequence-parallel group's rows once, by data-parallel rank
+            everything, rank = sharded.distinct(everything, ex.size), rank // ex.size
         world = everything.size(0) // A
         key = everything[:, 0] * world + everything[:, 1]  # the global micro-batch number
         everything = everything[key.argsort()]
@@ -334,17 +367,15 @@ class GrpoStep:
         return {k: v.detach().float().cpu() for k, v in out.items()}
 
     def _side_logps(self, model: torch.nn.Module, batch: Batch) -> None:
-        """The old policy's (``num_iterations`` > 1) and the reference's (``beta`` > 0) log-probs."""
-        width = batch["completion_mask"].size(1)
-        args = (batch["input_ids"], batch["attention_mask"], width, self.g.temperature, self.chunks,
-                self.g.num_generations)  # fmt: skip
+        """The old policy's (``num_iterations`` > 1) and the reference's (``beta`` > 0) log-probs
+        (on a sequence shard: its positions, as the forward's)."""
         with torch.no_grad():
             if self.g.num_iterations > 1:
-                batch["old_logps"] = token_logps(model, *args)
+                batch["old_logps"] = self._logps(model, batch)
             if self.g.beta:
                 inner = _unwrapped(model)
                 with chain.reference(inner):  # the stage's start: the base, or its earlier adapters
-                    batch["ref_logps"] = token_logps(inner, *args)
+                    batch["ref_logps"] = self._logps(inner, batch)
 
     # -- warnings -------------------------------------------------------------------------------------
     def notes(self, history: list[dict[str, float]]) -> list[str]:

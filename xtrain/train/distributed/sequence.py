@@ -6,7 +6,9 @@ function around the one it loaded with, and this process's shard of every traini
 ``prepare``: every rank creates every group (torch.distributed's rule), keeps its own, checks the
 model (its family calls transformers' attention registry; its heads decide the mode), registers and
 switches the attention (xtrain/model/sequence_parallel.py) and says which shard it holds. The
-training loader's collator is then the task's, cut (``collator``); evaluation batches stay whole.
+training loader's collator is then the task's, cut (``collator``), unless the task's step makes its
+sequences (GRPO's and distillation's completions: ``Workload.cuts_sequences``) and cuts them
+itself; evaluation batches stay whole.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def attach(
     """Set this process up for ``plan`` (None when it is off); see the module docstring.
     ``distributed_type``: accelerate's (FSDP and DeepSpeed shard the weights: refused)."""
     if not plan.on:
+        activate(None)  # (a run before this one in the process may have had a group)
         return None
     import torch.distributed as dist
 
@@ -100,6 +103,8 @@ def attach(
     return SequenceRun(plan, mode, why, inner, plan.shard(rank), staged)
 
 
-def collator(collate: Callable[..., Any], run: SequenceRun | None) -> Callable[..., Any]:
-    """The training loader's collator: the task's, and this process's shard of what it makes."""
-    return collate if run is None else ShardCollator(collate, run.plan.size, run.shard)
+def collator(collate: Callable[..., Any], run: SequenceRun | None, whole: bool = False) -> Callable[..., Any]:
+    """The training loader's collator: the task's, and this process's shard of what it makes;
+    ``whole``: the task's own (``Workload.cuts_sequences``: its step completes the rows, GRPO's
+    rollout, and cuts them)."""
+    return collate if run is None or whole else ShardCollator(collate, run.plan.size, run.shard)
