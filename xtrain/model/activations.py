@@ -98,6 +98,9 @@ class Stack:
     stem: int = 0  # values a position its input layers keep when they train (a conv stem, patches)
     embeds: bool = False  # its input is token embeddings (indices kept when they train)
     text: bool = False  # its positions are data.max_length tokens (the estimate sets them)
+    # positions a sample has beyond data.max_length (a completion the step generates: GRPO's,
+    # distillation's), kept when the estimate sets the length
+    extra: int = 0
     # processes its sequences are split across (parallel.sequence): ``positions`` are one process's
     # share; eager attention's probabilities span every process's keys (Ulysses: the whole sequence
     # for 1/N of the heads, N times a share's square)
@@ -261,10 +264,12 @@ def with_training(stack: Stack, trains: str, adapters: dict[str, int]) -> Stack:
 
 
 def at_length(stacks: Sequence[Stack], max_length: int, sequence: int = 1) -> tuple[Stack, ...]:
-    """``stacks`` with their text stacks at ``max_length`` tokens a sample, each process's share of
-    them when ``sequence`` processes split each sequence (parallel.sequence)."""
-    share = -(-max_length // sequence)
-    return tuple(replace(s, positions=share, sequence=sequence) if s.text else s for s in stacks)
+    """``stacks`` with their text stacks at ``max_length`` tokens a sample (and their ``extra``),
+    each process's share of them when ``sequence`` processes split each sequence (parallel.sequence)."""
+    return tuple(
+        replace(s, positions=-(-(max_length + s.extra) // sequence), sequence=sequence) if s.text else s
+        for s in stacks
+    )
 
 
 # -- the memory levers' terms (xtrain/model/estimate.py's estimate) -------------------------

@@ -177,7 +177,7 @@ def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     from xtrain.tasks.stacks import text_stacks
 
     extra = cfg.distill.max_completion_length
-    return [replace(s, positions=s.positions + extra) for s in text_stacks(model, cfg)]
+    return [replace(s, positions=s.positions + extra, extra=extra) for s in text_stacks(model, cfg)]
 
 
 def other_models(cfg: TrainConfig) -> tuple[OtherModel, ...]:

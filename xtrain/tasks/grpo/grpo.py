@@ -310,7 +310,7 @@ def stacks(model: Module, cfg: TrainConfig) -> list[Stack]:
     from xtrain.tasks.stacks import text_stacks
 
     extra = sequence_tokens(cfg)
-    return [replace(s, positions=s.positions + extra) for s in text_stacks(model, cfg)]
+    return [replace(s, positions=s.positions + extra, extra=extra) for s in text_stacks(model, cfg)]
 
 
 def _tools_prompt() -> list[str]:
