@@ -193,9 +193,19 @@ def test_four_processes_data_parallel_on_top(jobs, tmp_path, tmp_path_factory):
 
 def test_the_estimate_counts_a_share_of_prompt_and_completion():
     """GRPO's and distillation's samples are a prompt and its completion: the memory estimate's
-    stacks keep the completion's tokens when it sets the length, and split both (parallel.sequence)."""
+    stacks keep the completion's tokens when it sets the length, and split both (parallel.sequence);
+    the longest-sequence line says both parts."""
     from xtrain.model.activations import Stack, at_length
 
     stack = Stack("language model", 32 + 12, 2, 64, 128, 4, text=True, extra=12)
     assert at_length([stack], 32)[0].positions == 44
     assert at_length([stack], 32, 2)[0].positions == 22 and at_length([stack], 32, 2)[0].sequence == 2
+    from dataclasses import replace
+
+    from test_sequence_memory import SIZES, STACK
+
+    from xtrain.model import memory
+
+    grpo = replace(SIZES, stacks=(replace(STACK, extra=8192),))
+    line = memory.longest_line(grpo, 2, True, "bf16", 80.0, memory.MemoryLevers(chunked=True, sequence=2), 2)
+    assert line.count(" of prompt + 8,192 of completion)") == 2, line

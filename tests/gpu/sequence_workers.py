@@ -76,3 +76,28 @@ def sequence_parallel_equality(
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
     dist.destroy_process_group()
+
+
+def rollout_broadcast(rank: int, world: int, backend: str, port: int, out_dir: str) -> None:
+    """Each rank: rows of CUDA tensors of its own shapes (a rollout's completions differ in
+    length where sampling differs); after ``Exchange.broadcast`` (GRPO's and distillation's
+    ``same_in_group``) every rank holds rank 0's, on its own device."""
+    import torch
+    import torch.distributed as dist
+
+    from xtrain.model.shard_exchange import Exchange
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), USE_LIBUV="0")
+    device = torch.device("cuda", rank if backend == "nccl" else 0)
+    torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    group = dist.new_group([0, 1])
+    mine = {
+        "input_ids": torch.full((4, 10 + rank), rank, device=device),
+        "rewards": torch.rand(4, device=device),
+    }
+    got = Exchange(group, 2, rank, staged=backend == "gloo").broadcast(mine)
+    torch.save({k: v.cpu() for k, v in got.items()} | {"devices": [str(v.device) for v in got.values()]},
+               os.path.join(out_dir, f"broadcast{rank}.pt"))  # fmt: skip
+    dist.barrier()
+    dist.destroy_process_group()

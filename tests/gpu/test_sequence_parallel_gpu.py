@@ -62,3 +62,24 @@ def test_the_loop_on_two_gpus_trains_as_one(tmp_path: Path) -> None:
     assert results[2]["run_info"]["sequence_parallel"] == 2
     for (_, one), (_, two) in zip(results[1]["losses"], results[2]["losses"], strict=True):
         assert two == pytest.approx(one, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    "backend", ["gloo", pytest.param("nccl", marks=pytest.mark.two_gpus)]
+)  # fmt: skip
+def test_a_rollout_is_the_same_on_every_process_of_a_group(tmp_path: Path, backend: str) -> None:
+    """GRPO's and distillation's completions made the same in a group (xtrain/tasks/grpo/sharded.py):
+    the group's first rank's CUDA tensors, of other shapes than the others', on every rank's device."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    from gpu import sequence_workers
+
+    if backend == "nccl" and not dist.is_nccl_available():
+        pytest.skip("this torch has no NCCL (Windows)")
+    mp.start_processes(sequence_workers.rollout_broadcast, nprocs=2, join=True, start_method="spawn",
+                       args=(2, backend, _free_port(), str(tmp_path)))  # fmt: skip
+    first, second = (torch.load(tmp_path / f"broadcast{rank}.pt") for rank in (0, 1))
+    assert second["input_ids"].shape == (4, 10) and int(second["input_ids"].max()) == 0
+    torch.testing.assert_close(second["rewards"], first["rewards"])
+    assert all(d.startswith("cuda") for d in first["devices"] + second["devices"])

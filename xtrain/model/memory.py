@@ -282,10 +282,14 @@ def longest_line(
     """The longest sequence that fits a card as the config runs, and split across ``split``
     processes (``parallel.sequence``) or on one process (when the run splits already)."""
 
+    extra = max((s.extra for s in sizes.stacks), default=0)  # a completion after the prompt (GRPO's)
+
     def longest(n: int) -> str:
         found = longest_sequence(
             sizes, per_device, checkpointing, precision, gpu_gib, replace(levers, sequence=n)
         )
+        if found and extra:
+            return f"~{found + extra:,} tokens ({found:,} of prompt + {extra:,} of completion)"
         return f"~{found:,} tokens" if found else "none"
 
     own = levers.sequence
