@@ -1,7 +1,8 @@
 """Sequence parallelism, exact (issue 58): one process on the whole sequence against two with
 ``parallel.sequence: 2``, each holding half of every sequence (gloo, real processes), give the
 same step loss and the same LoRA gradients within float32 rounding, for padded, packed, chat and
-preference batches, under gradient checkpointing, in Ulysses and ring mode.
+preference batches, under gradient checkpointing, in Ulysses and ring mode; GRPO's and
+distillation's steps (tests/test_sequence_parallel_rl.py) in the same torchrun.
 
 The one-process side is xtrain's loop at its first optimizer step, itself checked against the
 plain reference (tests/support/gradients.py: the model's class, peft, every token's cross-entropy
@@ -54,6 +55,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     chats = [{"messages": [turn("user", r["prompt"]), turn("assistant", r["response"]), turn("user", "again"),
                            turn("assistant", WORDS[i % 12])]} for i, r in enumerate(rows)]  # fmt: skip
     counting = f"data.train={jsonl(data / 'counting.jsonl', rows)}"
+    from test_sequence_parallel_rl import DEFAULT as RL
+    from test_sequence_parallel_rl import rl_jobs
+
     tiny = ("model.name_or_path=builtin:tiny-llama", "model.task=causal-lm")
     pairs = f"data.train={jsonl(data / 'pairs.jsonl', builtin.preference_examples(8, 3))}"
     chat = f"data.train={jsonl(data / 'chats.jsonl', chats)}"
@@ -72,6 +76,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         ),
         "preference": _common("model.name_or_path=builtin:tiny-llama", "model.task=preference", pairs,
                               "data.max_length=48", "preference.sft_weight=0.5"),
+        # GRPO and on-policy distillation: completed in the step, then cut (test_sequence_parallel_rl.py)
+        **{k: v for k, v in rl_jobs(data, tmp_path_factory).items() if k in RL},
     }  # fmt: skip
 
 
@@ -201,6 +207,16 @@ def test_two_processes_holding_half_of_each_sequence_train_as_one(jobs, two_proc
     assert sum(r["loss"] for r in two_processes[kind]) == pytest.approx(loss, rel=1e-5)
     for rank in two_processes[kind]:
         assert_same_gradients(rank["grads"], one.grads)
+
+
+@pytest.mark.parametrize("kind", ["grpo", "distill"])
+def test_grpo_and_distillation_train_on_halves_as_one(jobs, two_processes, kind, tmp_path):
+    """GRPO (dapo with the KL to the reference, two micro-batches) and on-policy distillation:
+    completed whole and the same in the group, trained on halves; the step's loss and each rank's
+    LoRA gradients equal one process's, and those the loss by hand (test_sequence_parallel_rl.py)."""
+    from test_sequence_parallel_rl import check
+
+    check(kind, jobs[kind], two_processes[kind], tmp_path / "one")
 
 
 # -- the combinations (soak: minutes) -------------------------------------------------------------

@@ -8,7 +8,9 @@ The one-process side is itself checked against the loss written out by hand over
 model (tests/test_grpo.py's and tests/test_distill.py's references: the same completions, the
 rewards and advantages recomputed from their text). The two-process side is
 tests/test_sequence_parallel.py's torchrun worker (xtrain's loop, every rank's gradients and loss
-shares saved). The completions (12 tokens after prompts of up to 32) cross the cut, so both
+shares saved); the default cases (GRPO's dapo with the KL, on-policy distillation) run in that
+file's one torchrun (``test_grpo_and_distillation_train_on_halves_as_one``), the others here
+under soak. The completions (12 tokens after prompts of up to 32) cross the cut, so both
 shards hold trained tokens and the prompts' left padding is aligned away before the cut.
 """
 
@@ -33,13 +35,12 @@ def letters(prompts, completions, **columns):
 TEMPERATURE, BETA = 0.9, 0.3
 
 
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
-    """Each kind's overrides (without ``parallel.sequence`` and the output folder)."""
+def rl_jobs(root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Each kind's overrides (without ``parallel.sequence`` and the output folder), its files in
+    ``root``; the default kinds (``DEFAULT``) run in tests/test_sequence_parallel.py's torchrun."""
     from support.jobs import session_builtin
     from test_distill import teacher_folder
 
-    root = tmp_path_factory.mktemp("seqpar-rl")
     reward = root / "rewards.py"
     reward.write_text(REWARD)
     # short prompts of different lengths (left-padded), so the completions cross the cut
@@ -73,14 +74,15 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     }
 
 
-DEFAULT = ("grpo", "distill")
+DEFAULT = (
+    "grpo",
+    "distill",
+)  # (in tests/test_sequence_parallel.py's one torchrun: no process start of their own)
 
 
 @pytest.fixture(scope="module")
-def two_processes(jobs: dict[str, list[str]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
-    root = tmp_path_factory.mktemp("seqpar-rl-two")
-    configs = {k: [*jobs[k], "parallel.sequence=2", f"run.output_dir={root / k}"] for k in DEFAULT}
-    return _torchrun(configs, root, _cache(tmp_path_factory))
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    return rl_jobs(tmp_path_factory.mktemp("seqpar-rl"), tmp_path_factory)
 
 
 def one_process(overrides: list[str], out: Path) -> tuple[object, float, list[dict], object]:
@@ -158,16 +160,6 @@ def check(kind: str, overrides: list[str], two: list[dict], out: Path) -> None:
     for i, rank in enumerate(two):  # each process trained on its own half (sharded forwards only)
         assert rank["shards"] and set(rank["shards"]) == {(i % 2, 2)}, rank["shards"]
         assert_same_gradients(rank["grads"], capture.grads)
-
-
-@pytest.mark.parametrize("kind", DEFAULT)
-def test_two_processes_holding_half_of_each_completed_sequence_train_as_one(
-    jobs, two_processes, kind, tmp_path
-):
-    """GRPO (dapo, the KL to the reference, two micro-batches) and on-policy distillation: the
-    step's loss (every rank's shares summed) and each rank's LoRA gradients equal one process's on
-    the whole sequences, and those equal the loss written out by hand."""
-    check(kind, jobs[kind], two_processes[kind], tmp_path / "one")
 
 
 @pytest.mark.soak  # one more torchrun and a one-process run a case

@@ -165,7 +165,7 @@ class DistillStep:
             if ex is not None:  # one set of completions a group, each process's shard of it
                 batch["truncated"] = sharded.same_in_group(ex, batch, _COMPLETED, batch["truncated"])
                 ids, mask, labels = (batch[k] for k in ("input_ids", "attention_mask", "labels"))
-                batch[sharded.CUT] = cut_completed(ids, mask, labels, ex.size, ex.rank)
+                sharded.keep(batch, cut_completed(ids, mask, labels, ex.size, ex.rank))
         rank, device = _rank(), micro_batches[0]["input_ids"].device
         local = [
             torch.tensor([float(a), float(rank), float(b["completion_mask"].sum()),

@@ -68,6 +68,12 @@ def cut(ex: Exchange, input_ids: torch.Tensor, attention_mask: torch.Tensor, tra
     return cut_completed(input_ids, attention_mask, labels, ex.size, ex.rank)
 
 
+def keep(batch: dict[str, Any], shard: dict[str, Any]) -> None:
+    """``shard`` in ``batch`` for the forward, and its ``Shards`` at the top (the loop counts a
+    shard's own real tokens for tokens/s: ``collate.batch_tokens``)."""
+    batch[CUT], batch[KEY] = shard, shard[KEY]
+
+
 def model_inputs(shard: dict[str, Any]) -> dict[str, Any]:
     return {k: shard[k] for k in ("input_ids", "attention_mask", "position_ids", KEY, "use_cache")}
 

@@ -135,7 +135,7 @@ class GrpoStep:
         if ex is not None:  # (sharded.py: one set of episodes a group, each process's shard of it)
             for a, b in enumerate(micro_batches):
                 scored[a] = sharded.same_in_group(ex, b, sharded.ROLLED, scored[a])
-                b[sharded.CUT] = sharded.cut(ex, b["input_ids"], b["attention_mask"], b["loss_mask"])
+                sharded.keep(b, sharded.cut(ex, b["input_ids"], b["attention_mask"], b["loss_mask"]))
         self._advantages(micro_batches, scored, gather)
         if mu > 1 or self.g.beta:
             for batch in micro_batches:
