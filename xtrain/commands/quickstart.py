@@ -34,11 +34,13 @@ COMPARE_TOKENS = 24  # the longest answer generated for the before/after compari
 
 
 def next_line(
-    quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False, exports: bool = False
-) -> str:
+    quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False, exports: bool = False,
+    adapter: bool = True,
+) -> str:  # fmt: skip
     """The closing ``Next:`` line: predict with the run just trained (tasks with a predict on
     their built-in data), chat with it (``chats``: its task's results chat), export it as a GGUF
-    file (``exports``: its task trains a causal LM), then train on your own data."""
+    file (``exports``: its task trains a causal LM), then train on your own data. ``adapter``: the
+    run trained a LoRA adapter (False: the whole model, e.g. the distillation built-in's student)."""
     from xtrain.shell import quote
 
     own = f"`{quickstart.next_command}` for your own data (docs/configuration.md)."
@@ -54,7 +56,8 @@ def next_line(
         if exports
         else ""
     )
-    return f"Next: `{predict}` runs the adapter just trained{chat}{export}; {own}"
+    trained = "the adapter just trained" if adapter else "the model just trained"
+    return f"Next: `{predict}` runs {trained}{chat}{export}; {own}"
 
 
 def look_line(run_dir: Path, shell: str) -> str:
@@ -308,4 +311,5 @@ def quickstart(
     owner = tasks.quickstart_task(task)
     chats = owner.predicts is not None and owner.predicts.chat is not None
     exports = owner.model_class == "AutoModelForCausalLM"  # what GGUF export writes
-    console.print(next_line(jobs[task], run_dir, shell, chats, exports), soft_wrap=True, markup=False)
+    line = next_line(jobs[task], run_dir, shell, chats, exports, adapter=cfg.lora.enabled)
+    console.print(line, soft_wrap=True, markup=False)
