@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from xtrain.commands.options import parse_int, whole
+from xtrain.config import examples
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def next_line(
     run trained a LoRA adapter (False: the whole model, e.g. the distillation built-in's student)."""
     from xtrain.shell import quote
 
-    own = f"`{quickstart.next_command}` for your own data (docs/configuration.md)."
+    own = f"`{examples.in_command(quickstart.next_command)}` for your own data (docs/configuration.md)."
     if quickstart.predict_args is None:
         return f"Next: {own}"
     args = quickstart.predict_args()
