@@ -151,9 +151,26 @@ def evaluated(sft, tasks_dir, tmp_path_factory) -> dict:
     """``xtrain eval`` of the run in this process (its base left out: the run scored its start)."""
     out = tmp_path_factory.mktemp("eval") / "scores.json"
     args = ["eval", str(sft), "--tasks", str(tasks_dir), "--limit", str(LIMIT), "--dtype", "float32",
-            "--no-base", "--no-save", "-o", str(out)]  # fmt: skip
+            "--no-base", "--no-save", "-o", str(out), "--samples", str(out.parent / "answers")]  # fmt: skip
     assert main(args) == 0
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "answers": out.parent / "answers"}  # --samples' folder
+
+
+def test_samples_are_each_rows_answer_and_its_metric(sft, evaluated):
+    """``--samples``: a file a model, a row per scored row (input, output, reference, its metric);
+    the metric's mean is lm-eval's score; lm-eval's samples are kept out of ``-o``."""
+    (model,) = evaluated["models"]
+    assert "samples" not in model["results"]
+    (answers,) = evaluated["answers"].glob("*.jsonl")
+    rows = [json.loads(line) for line in answers.read_text(encoding="utf-8").splitlines()]
+    assert answers.name == f"{sft.name}.jsonl"
+    values = _values(model["results"])
+    for task, metric in ((GEN, "exact_match"), (MC, "acc")):
+        mine = [r for r in rows if r["task"] == task]
+        assert len(mine) == LIMIT and all(r["input"] and r["reference"] is not None for r in mine)
+        assert sum(r[metric] for r in mine) / LIMIT == pytest.approx(values[task][f"{metric},none"])
+    mc = next(r for r in rows if r["task"] == MC)
+    assert isinstance(mc["output"], str)  # the choice it scored highest, as text
 
 
 def _recorded(sft: Path, when: str) -> dict:
