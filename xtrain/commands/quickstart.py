@@ -151,14 +151,15 @@ def _print_doctor(console: Console, findings: list[Finding]) -> None:
             console.print(f"  [red]error[/] {f.code}: {f.message}", soft_wrap=True)
 
 
-def new_run_dir(root: Path) -> Path:
-    """A fresh folder per run under ``root``: a quickstart never overwrites an earlier one."""
+def new_run_dir(root: Path, job: str) -> Path:
+    """A fresh folder per run under ``root``, named for its built-in ``job`` and the time: a
+    quickstart never overwrites an earlier one, and several are told apart."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run = root / f"run-{stamp}"
+    run = root / f"{job}-{stamp}"
     k = 1
     while run.exists():
         k += 1
-        run = root / f"run-{stamp}-{k}"
+        run = root / f"{job}-{stamp}-{k}"
     return run
 
 
@@ -285,7 +286,7 @@ def quickstart(
     diagnosis = resolve(processes=n, platform=platform, full_probe=True)
     _print_doctor(console, diagnosis.findings)
 
-    run_dir = new_run_dir(output_dir)
+    run_dir = new_run_dir(output_dir, task)
     overrides = [f"run.output_dir={run_dir.as_posix()}", "run.eval_at_start=true"]
     cfg = load_config(job, overrides)
     built_in_start(cfg, console)  # its start, when a trained built-in: trained once, first
