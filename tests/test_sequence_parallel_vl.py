@@ -1,0 +1,144 @@
+"""Sequence parallelism for vision-language rows (issue 58), exact: one process on the whole row
+against two with ``parallel.sequence: 2`` (gloo, real processes) give the same step loss and the
+same LoRA and projector gradients within float32 rounding, on the built-in tiny Qwen2-VL, with
+rows whose image tokens straddle the cut between the two processes' halves.
+
+Each process runs the vision tower and the merge of the image features into the embeddings on
+the whole row, and the model's own 3-D M-RoPE positions are computed there; the rows are cut at
+the language model's entry (xtrain/model/sequence_entry.py). The one-process side is xtrain's loop
+at its first optimizer step, itself checked against the plain reference in
+tests/test_gradients.py (test_vision_language_adapters_and_projector). The torchrun, its worker
+and the loss shares are tests/test_sequence_parallel.py's.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from support.gradients import assert_same_gradients, jsonl
+from test_sequence_parallel import _cache, _common, _torchrun, one_process
+
+from xtrain.builtin import vision_language as builtin_vl
+
+pytestmark = pytest.mark.usefixtures("private_caches")  # conftest: one offline cache for the session
+
+WORDS = ("one", "two", "three", "four", "five", "six")
+SIZES = ((112, 56), (84, 84), (56, 112))  # 8, 9 and 8 image tokens (14-pixel patches, merged 2 x 2)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The vision-language job's overrides (without ``parallel.sequence``): 8 conversations, each
+    a few words, an image and a question, a two-word answer; rows of 50 to 75 tokens whose image
+    tokens sit anywhere from the first third to the last (some across the middle)."""
+    data = tmp_path_factory.mktemp("seqpar-vl-data")
+    rng, rows = random.Random(3), []
+    for i in range(8):
+        shape, colour = rng.choice(builtin_vl.SHAPES), rng.choice(list(builtin_vl.COLOURS))
+        builtin_vl.draw_shape(shape, colour, rng).resize(SIZES[i % 3]).save(data / f"image-{i}.png")
+        words = " ".join(WORDS[k % 6] for k in range(rng.randint(0, 12)))
+        question = [{"type": "text", "text": words}, {"type": "image", "image": f"image-{i}.png"},
+                    {"type": "text", "text": f"what colour is the {shape}?"}]  # fmt: skip
+        rows.append({"messages": [{"role": "user", "content": question},
+                                  {"role": "assistant", "content": f"{colour} {shape}"}]})  # fmt: skip
+    train = jsonl(data / "train.jsonl", rows)
+    return _common("model.name_or_path=builtin:tiny-qwen2-vl", "model.task=vision-language",
+                   f"data.train={train}", "data.max_length=96", "lora.projector=true")  # fmt: skip
+
+
+KINDS = {
+    # Ulysses over the 4 heads (2 key/value heads), sdpa; the chunked loss as the run picks it
+    "ulysses": [],
+    # ring attention; the model's own loss (shift_labels)
+    "ring": ["parallel.sequence_mode=ring", "model.chunked_loss=off"],
+}
+
+
+@pytest.fixture(scope="module")
+def two_processes(job: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
+    root = tmp_path_factory.mktemp("seqpar-vl-two")
+    configs = {k: [*job, *extra, "parallel.sequence=2", f"run.output_dir={root / k}"] for k, extra in KINDS.items()}
+    return _torchrun(configs, root, _cache(tmp_path_factory))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_two_processes_holding_half_of_each_vision_language_row_train_as_one(job, two_processes, kind, tmp_path):
+    """The step's loss (every rank's shares summed) and each rank's gradients (LoRA's, the
+    projector's trained whole) equal one process's on the whole rows."""
+    one, loss = one_process([*job, *KINDS[kind]], tmp_path / "one")
+    assert any("merger" in n for n in one.grads), "the projector trains whole"
+    assert sum(r["loss"] for r in two_processes[kind]) == pytest.approx(loss, rel=1e-5)
+    for rank in two_processes[kind]:
+        assert_same_gradients(rank["grads"], one.grads)
+
+
+# -- the cut (one process) ------------------------------------------------------------------------
+
+
+class Seen(Exception):
+    """Raised by the spy on the language model's inputs: the forward ends there."""
+
+
+def _decoder_inputs(model: torch.nn.Module, decoder: torch.nn.Module, batch: dict) -> dict:
+    """The keyword arguments ``decoder`` gets when ``model`` runs ``batch`` (after every hook
+    registered on it before)."""
+    seen: dict = {}
+
+    def spy(module, args, kwargs):
+        seen.update(kwargs)
+        raise Seen
+
+    handle = decoder.register_forward_pre_hook(spy, with_kwargs=True)
+    try:
+        with pytest.raises(Seen):
+            model(**batch)
+    finally:
+        handle.remove()
+    return seen
+
+
+def test_the_cut_at_the_language_model_is_a_slice_of_the_whole_rows_inputs(job, tmp_path):
+    """What the language model gets on each of 2 shards is its half of what it gets on the whole
+    rows: the embeddings with the image features merged, the 3-D M-RoPE positions (global), and
+    the labels shifted over the whole row then cut; an image's tokens straddle the cut."""
+    from support.workloads import build_workload
+
+    from xtrain.data.entry_shards import entry_batch
+    from xtrain.model.sequence_entry import EntryCut
+    from xtrain.tasks.validation import load_config
+    from xtrain.tasks.vision.vision_language import parts
+
+    workload = build_workload(load_config(None, [*job, f"run.output_dir={tmp_path}"]))
+    model, collator = workload.model, workload.collator
+    batch = collator([workload.train_dataset[i] for i in range(4)])
+    base = model.get_base_model()
+    decoder = base.get_submodule(parts(base)[0])
+    shards = [entry_batch(batch, 2, i) for i in (0, 1)]
+    length = shards[0]["sequence_shards"].length  # the rows padded to a multiple of 2
+    half = length // 2
+    image = shards[0]["input_ids"] == collator._image_token()
+    assert bool((image[:, half - 1] & image[:, half]).any()), "an image straddles the cut"
+    whole_rows = {k: v for k, v in shards[0].items() if k not in ("sequence_shards", "labels", "shift_labels")}
+    model.eval()
+    with torch.no_grad():
+        whole = _decoder_inputs(model, decoder, whole_rows)
+        cut = EntryCut(model, decoder).attach()
+        try:
+            got = [_decoder_inputs(model, decoder, s) for s in shards]
+        finally:
+            cut.detach()
+    assert whole["position_ids"].shape == (3, 4, length) and whole["inputs_embeds"].shape[1] == length
+    assert not torch.equal(whole["position_ids"][0], whole["position_ids"][1])  # M-RoPE: images' own
+    shifted = torch.full((4, length), -100)
+    shifted[:, : batch["labels"].shape[1] - 1] = batch["labels"][:, 1:]
+    for i, (shard, inputs) in enumerate(zip(shards, got, strict=True)):
+        part = slice(i * half, (i + 1) * half)
+        assert torch.equal(inputs["inputs_embeds"], whole["inputs_embeds"][:, part])
+        assert torch.equal(inputs["position_ids"], whole["position_ids"][..., part])
+        assert inputs["attention_mask"].shape == (4, half) and inputs["sequence_shards"].index == i
+        assert torch.equal(shard["shift_labels"], shifted[:, part]) and torch.equal(shard["labels"], shifted[:, part])
+        assert torch.equal(shard["input_ids"], shards[0]["input_ids"])  # every process: whole rows
+    assert "sequence_shards" not in whole
