@@ -7,8 +7,10 @@ Each process runs the vision tower and the merge of the image features into the 
 the whole row, and the model's own 3-D M-RoPE positions are computed there; the rows are cut at
 the language model's entry (xtrain/model/sequence_entry.py). The one-process side is xtrain's loop
 at its first optimizer step, itself checked against the plain reference in
-tests/test_gradients.py (test_vision_language_adapters_and_projector). The torchrun, its worker
-and the loss shares are tests/test_sequence_parallel.py's.
+tests/test_gradients.py (test_vision_language_adapters_and_projector). The default run's
+two-process case is the kind "vision-language" of tests/test_sequence_parallel.py (its one
+torchrun holds every kind: one start of two processes for all), on the rows ``vl_overrides``
+writes; ring mode and gradient checkpointing are soak cases here.
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ WORDS = ("one", "two", "three", "four", "five", "six")
 SIZES = ((112, 56), (84, 84), (56, 112))  # 8, 9 and 8 image tokens (14-pixel patches, merged 2 x 2)
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """The vision-language job's overrides (without ``parallel.sequence``): 8 conversations, each
-    a few words, an image and a question, a two-word answer; rows of 50 to 75 tokens whose image
-    tokens sit anywhere from the first third to the last (some across the middle)."""
-    data = tmp_path_factory.mktemp("seqpar-vl-data")
+def vl_overrides(data: Path) -> list[str]:
+    """The vision-language job's overrides (without ``parallel.sequence``), its rows written to
+    ``data``: 8 conversations, each a few words, an image and a question, a two-word answer; rows
+    of 50 to 75 tokens whose image tokens sit anywhere from the first third to the last (some
+    across the middle). tests/test_sequence_parallel.py's torchrun runs it too ("vision-language")."""
     rng, rows = random.Random(3), []
+    data.mkdir(parents=True, exist_ok=True)
     for i in range(8):
         shape, colour = rng.choice(builtin_vl.SHAPES), rng.choice(list(builtin_vl.COLOURS))
         builtin_vl.draw_shape(shape, colour, rng).resize(SIZES[i % 3]).save(data / f"image-{i}.png")
@@ -49,30 +51,37 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
                    f"data.train={train}", "data.max_length=96", "lora.projector=true")  # fmt: skip
 
 
-KINDS = {
-    # Ulysses over the 4 heads (2 key/value heads), sdpa; the chunked loss as the run picks it
-    "ulysses": [],
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return vl_overrides(tmp_path_factory.mktemp("seqpar-vl-data"))
+
+
+# Ulysses over the whole rows (the default run's case) is tests/test_sequence_parallel.py's kind
+# "vision-language", in its one torchrun; these add a torchrun of their own (soak)
+SOAK = {
     # ring attention; the model's own loss (shift_labels)
     "ring": ["parallel.sequence_mode=ring", "model.chunked_loss=off"],
+    # gradient checkpointing (the vision tower's blocks and the decoder's layers recomputed), eager
+    "checkpointing-eager": ["model.gradient_checkpointing=true", "model.attn_implementation=eager"],
 }
 
 
-@pytest.fixture(scope="module")
-def two_processes(job: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
-    root = tmp_path_factory.mktemp("seqpar-vl-two")
-    configs = {k: [*job, *extra, "parallel.sequence=2", f"run.output_dir={root / k}"] for k, extra in KINDS.items()}
-    return _torchrun(configs, root, _cache(tmp_path_factory))
-
-
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_two_processes_holding_half_of_each_vision_language_row_train_as_one(job, two_processes, kind, tmp_path):
-    """The step's loss (every rank's shares summed) and each rank's gradients (LoRA's, the
-    projector's trained whole) equal one process's on the whole rows."""
-    one, loss = one_process([*job, *KINDS[kind]], tmp_path / "one")
-    assert any("merger" in n for n in one.grads), "the projector trains whole"
-    assert sum(r["loss"] for r in two_processes[kind]) == pytest.approx(loss, rel=1e-5)
-    for rank in two_processes[kind]:
-        assert_same_gradients(rank["grads"], one.grads)
+@pytest.mark.soak  # one torchrun of two configs and two one-process runs: about 40 s
+def test_ring_and_checkpointing_train_as_one(job, tmp_path, tmp_path_factory):
+    """Two processes holding half of each vision-language row, in ring mode and under gradient
+    checkpointing with eager attention: the step's loss (every rank's shares summed) and each
+    rank's gradients (LoRA's, the projector's trained whole) equal one process's on whole rows."""
+    configs = {
+        k: [*job, *extra, "parallel.sequence=2", f"run.output_dir={tmp_path / k}"]
+        for k, extra in SOAK.items()
+    }
+    two = _torchrun(configs, tmp_path, _cache(tmp_path_factory))
+    for kind, extra in SOAK.items():
+        one, loss = one_process([*job, *extra], tmp_path / f"one-{kind}")
+        assert any("merger" in n for n in one.grads), "the projector trains whole"
+        assert sum(r["loss"] for r in two[kind]) == pytest.approx(loss, rel=1e-5)
+        for rank in two[kind]:
+            assert_same_gradients(rank["grads"], one.grads)
 
 
 # -- the cut (one process) ------------------------------------------------------------------------
@@ -121,7 +130,9 @@ def test_the_cut_at_the_language_model_is_a_slice_of_the_whole_rows_inputs(job, 
     half = length // 2
     image = shards[0]["input_ids"] == collator._image_token()
     assert bool((image[:, half - 1] & image[:, half]).any()), "an image straddles the cut"
-    whole_rows = {k: v for k, v in shards[0].items() if k not in ("sequence_shards", "labels", "shift_labels")}
+    whole_rows = {
+        k: v for k, v in shards[0].items() if k not in ("sequence_shards", "labels", "shift_labels")
+    }
     model.eval()
     with torch.no_grad():
         whole = _decoder_inputs(model, decoder, whole_rows)
@@ -139,6 +150,8 @@ def test_the_cut_at_the_language_model_is_a_slice_of_the_whole_rows_inputs(job, 
         assert torch.equal(inputs["inputs_embeds"], whole["inputs_embeds"][:, part])
         assert torch.equal(inputs["position_ids"], whole["position_ids"][..., part])
         assert inputs["attention_mask"].shape == (4, half) and inputs["sequence_shards"].index == i
-        assert torch.equal(shard["shift_labels"], shifted[:, part]) and torch.equal(shard["labels"], shifted[:, part])
+        assert torch.equal(shard["shift_labels"], shifted[:, part]) and torch.equal(
+            shard["labels"], shifted[:, part]
+        )
         assert torch.equal(shard["input_ids"], shards[0]["input_ids"])  # every process: whole rows
     assert "sequence_shards" not in whole

@@ -86,7 +86,9 @@ class EntryCut:
             handle.remove()
         self.handles, self.shards = [], None
 
-    def _take(self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+    def _take(
+        self, module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
+    ) -> tuple[tuple, dict] | None:
         if kwargs.get(KEY) is None:
             return None
         kwargs = dict(kwargs)

@@ -32,7 +32,15 @@ from xtrain.model import load as models
 from xtrain.model import lora, lora_layers
 from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks import stacks as st
-from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, SequenceEntry, Task, Workload
+from xtrain.tasks.contract import (
+    FileRows,
+    MainProcessFirst,
+    Predicts,
+    Quickstart,
+    SequenceEntry,
+    Task,
+    Workload,
+)
 from xtrain.tasks.predicting import exact_match
 from xtrain.tasks.vision import check as vision_check
 from xtrain.tasks.vision.processor import NAME, load_processor, max_pixels, processor_and_render
