@@ -155,3 +155,37 @@ def test_the_cut_at_the_language_model_is_a_slice_of_the_whole_rows_inputs(job, 
         )
         assert torch.equal(shard["input_ids"], shards[0]["input_ids"])  # every process: whole rows
     assert "sequence_shards" not in whole
+
+
+def test_a_family_the_cut_is_not_known_for_is_one_line_at_the_dry_run(job, tmp_path, capsys, monkeypatch):
+    """A vision-language model of another family (LLaVA) with parallel.sequence: 2: one line at
+    the dry run naming the families that split, no traceback."""
+    import shutil
+
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    from xtrain import builtin
+    from xtrain.cli import main
+
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    llava = tmp_path / "llava"
+    text = LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                       intermediate_size=64, vocab_size=1000)  # fmt: skip
+    vision = CLIPVisionConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                              intermediate_size=64, image_size=28, patch_size=14)  # fmt: skip
+    LlavaConfig(text_config=text, vision_config=vision).save_pretrained(llava)
+    for f in builtin.ensure_builtin_model("builtin:tiny-qwen2-vl").iterdir():
+        if "token" in f.name or "processor" in f.name or f.name == "chat_template.jinja":
+            shutil.copy(f, llava / f.name)  # its processor: the data check reads the rows with it
+    config = tmp_path / "job.yaml"
+    config.write_text(f"model:\n  name_or_path: {llava}\n  task: vision-language\n")
+    overrides = [o for o in job if not o.startswith("model.")]
+    code = main(["train", str(config), "--dry-run", "--processes", "2", "parallel.sequence=2",
+                 f"run.output_dir={tmp_path / 'out'}", *overrides])  # fmt: skip
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert len(errors) == 1 and "qwen2_vl, qwen2_5_vl" in errors[0] and "this model is llava" in errors[0], (
+        err
+    )
