@@ -155,6 +155,14 @@ def test_the_cut_at_the_language_model_is_a_slice_of_the_whole_rows_inputs(job, 
         )
         assert torch.equal(shard["input_ids"], shards[0]["input_ids"])  # every process: whole rows
     assert "sequence_shards" not in whole
+    # a batch without images: the model leaves the positions to the decoder; counted over the row
+    from xtrain.data.sequence_shards import Shards
+    from xtrain.model.sequence_entry import cut_inputs
+
+    plain = cut_inputs(
+        {"inputs_embeds": torch.zeros(2, 6, 3), "attention_mask": torch.ones(2, 6)}, Shards(2, 1, 6)
+    )
+    assert plain["position_ids"].tolist() == [[3, 4, 5]] * 2 and plain["inputs_embeds"].shape == (2, 3, 3)
 
 
 def test_a_family_the_cut_is_not_known_for_is_one_line_at_the_dry_run(job, tmp_path, capsys, monkeypatch):

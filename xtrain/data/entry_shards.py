@@ -13,12 +13,11 @@ entry (xtrain/model/sequence_entry.py), after the images are merged and the posi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from xtrain.data.sequence_shards import KEY, _pad_id, shard_batch
+from xtrain.data.sequence_shards import KEY, ShardCollator, _pad_id, shard_batch
 
 # a row's per-token inputs, kept whole (padded to the group's multiple); labels are cut
 WHOLE = ("input_ids", "attention_mask", "mm_token_type_ids", "token_type_ids")
@@ -46,18 +45,8 @@ def entry_batch(batch: dict[str, Any], size: int, index: int) -> dict[str, Any]:
     return out
 
 
-class EntryShardCollator:
+class EntryShardCollator(ShardCollator):
     """The task's collator, then its batch prepared for the cut at the model's text decoder
     (``entry_batch``)."""
 
-    def __init__(self, collate: Callable[[Sequence[Any]], dict[str, Any]], size: int, index: int) -> None:
-        self.collate, self.size, self.index = collate, size, index
-
-    def __call__(self, features: Sequence[Any]) -> dict[str, Any]:
-        batch = self.collate(features)
-        if not torch.is_tensor(batch.get("input_ids")) or batch["input_ids"].dim() != 2:
-            raise ValueError("sequence parallelism cuts [rows, positions] input_ids; this batch has none")
-        return entry_batch(batch, self.size, self.index)
-
-    def __repr__(self) -> str:
-        return f"EntryShardCollator({self.collate!r}, shard {self.index} of {self.size})"
+    cut = staticmethod(entry_batch)
