@@ -197,3 +197,68 @@ def test_a_family_the_cut_is_not_known_for_is_one_line_at_the_dry_run(job, tmp_p
     assert len(errors) == 1 and "qwen2_vl, qwen2_5_vl" in errors[0] and "this model is llava" in errors[0], (
         err
     )
+
+
+def test_qwen2_5_vl_the_first_shard_is_the_first_half_of_the_whole_row():
+    """Qwen2.5-VL (the other family that splits; a tiny one built from its config, no processor):
+    with the cut at its language model, the first shard's logits are the whole rows' first half
+    (causal: they see nothing after it), an image across the cut, its M-RoPE positions its own.
+    Attention runs plain here (one process: the shards' exchange is the two-process tests')."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from xtrain.data.entry_shards import entry_batch
+    from xtrain.data.sequence_shards import KEY
+    from xtrain.model.sequence_entry import EntryCut
+
+    image, start, end = 90, 91, 92
+    text = {
+        "vocab_size": 100,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "pad_token_id": 0,
+        "bos_token_id": None,
+        "eos_token_id": 1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 2, 2]},
+    }
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+              "window_size": 56, "fullatt_block_indexes": [1]}  # fmt: skip
+    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=image, video_token_id=93,
+                              vision_start_token_id=start, vision_end_token_id=end)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2_5_VLForConditionalGeneration(config).eval()
+        pixels = torch.randn(48, 3 * 2 * 14 * 14)
+    grid = torch.tensor([[1, 4, 6], [1, 6, 4]])  # 24 patches, 6 image tokens each
+    ids = torch.tensor(
+        [[5 + i % 50 for i in range(n)] + [start] + [image] * 6 + [end] + [7] * (30 - n) for n in (16, 3)]
+    )
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "labels": ids.clone(),
+        "mm_token_type_ids": (ids == image).int(),
+        "pixel_values": pixels,
+        "image_grid_thw": grid,
+    }
+    first = entry_batch(batch, 2, 0)
+    half = first[KEY].local
+    assert bool(ids[0, half - 1] == image) and bool(ids[0, half] == image)  # an image across the cut
+    inputs = {k: v for k, v in first.items() if k not in ("labels", "shift_labels")}
+    decoder = model.model.language_model
+    with torch.no_grad():
+        whole = model(**{k: v for k, v in inputs.items() if k != KEY}).logits
+        cut = EntryCut(model, decoder).attach()
+        plain = decoder.register_forward_pre_hook(  # (the shards' attention needs the group)
+            lambda module, args, kwargs: (args, {k: v for k, v in kwargs.items() if k != KEY}),
+            with_kwargs=True,
+        )
+        try:
+            got = model(**inputs).logits
+        finally:
+            plain.remove()
+            cut.detach()
+    assert got.shape[1] == half
+    torch.testing.assert_close(got, whole[:, :half], rtol=1e-5, atol=1e-5)
