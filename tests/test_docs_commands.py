@@ -144,6 +144,7 @@ COVERED_ELSEWHERE: list[tuple[str, str, str]] = [
     *[  # xtrain eval needs a trained run and (its task names) lm-eval's data: the tests build their own
         ("docs/evaluation.md", pattern, "tests/test_evaluate.py::" + test)
         for pattern, test in (
+            (r"^xtrain eval runs/sft .*--samples\b", "test_samples_are_each_rows_answer_and_its_metric"),
             (
                 r"^xtrain eval runs/sft (runs/dpo )?--tasks my_tasks/",
                 "test_xtrain_eval_equals_lm_evals_own_simple_evaluate",

@@ -22,81 +22,22 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 from pathlib import Path
 
 import pytest
+from support.gradients import jsonl
+from support.lm_tasks import GEN, LIMIT, MC, sft_overrides, write_tasks
 
 from xtrain.cli import main
 
 pytestmark = pytest.mark.usefixtures("private_caches")
 
-LIMIT = 8
-GEN, MC = "qa_gen", "qa_mc"
-GEN_YAML = """task: qa_gen
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: generate_until
-doc_to_text: "{{{{question}}}}"
-doc_to_target: "{{{{answer}}}}"
-generation_kwargs:
-  until: ["\\n"]
-  max_gen_toks: 10
-  do_sample: false
-metric_list:
-  - metric: exact_match
-    aggregation: mean
-    higher_is_better: true
-    ignore_case: true
-    ignore_punctuation: true
-"""
-MC_YAML = """task: qa_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
-
-
-def _jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
 
 @pytest.fixture(scope="module")
 def tasks_dir(tmp_path_factory) -> Path:
     """Two lm-eval tasks on the built-in chat questions (another seed than training's rows)."""
-    from xtrain.builtin import chat as builtin_chat
-
-    folder = tmp_path_factory.mktemp("lm-tasks")
-    pairs = [
-        (r["messages"][0]["content"], r["messages"][1]["content"]) for r in builtin_chat.chat_examples(16, 77)
-    ]
-    answers = sorted({a for _, a in pairs})
-    rng = random.Random(0)
-    mc = []
-    for q, a in pairs:
-        choices = [*rng.sample([x for x in answers if x != a], 2), a]
-        rng.shuffle(choices)
-        mc.append({"question": q, "choices": choices, "label": choices.index(a)})
-    gen = _jsonl(folder / "qa.jsonl", [{"question": q, "answer": a} for q, a in pairs])
-    choice = _jsonl(folder / "qa_mc.jsonl", mc)
-    (folder / "qa_gen.yaml").write_text(GEN_YAML.format(data=gen.as_posix()), encoding="utf-8")
-    (folder / "qa_mc.yaml").write_text(MC_YAML.format(data=choice.as_posix()), encoding="utf-8")
-    return folder
+    return write_tasks(tmp_path_factory.mktemp("lm-tasks"))
 
 
 @pytest.fixture(scope="module")
@@ -104,19 +45,8 @@ def sft(tmp_path_factory, tasks_dir) -> Path:
     """A chat LoRA on the built-in tiny chat llama (4 steps), its benchmarks scored at its end, its
     start too (``eval.at_start``)."""
     from support.chains import train_stage
-    from support.gradients import jsonl
 
-    from xtrain.builtin import chat as builtin_chat
-
-    data = jsonl(tmp_path_factory.mktemp("chat-data") / "train.jsonl", builtin_chat.chat_examples(64, 5))
-    return train_stage(
-        tmp_path_factory,
-        "sft-bench",
-        ["model.name_or_path=builtin:tiny-llama-chat", f"data.train={data}", "data.eval=null",
-         "data.max_length=48", "lora.r=16", "lora.alpha=32", "lora.target_modules=all-linear",
-         "optim.lr=1e-2", "batch.per_device=16", "run.max_steps=4", "run.log_every=4",
-         f"eval.benchmarks={tasks_dir}", f"eval.limit={LIMIT}", "eval.at_start=true"],
-    )  # fmt: skip
+    return train_stage(tmp_path_factory, "sft-bench", sft_overrides(tmp_path_factory, tasks_dir))
 
 
 def _values(results: dict) -> dict:
@@ -151,9 +81,26 @@ def evaluated(sft, tasks_dir, tmp_path_factory) -> dict:
     """``xtrain eval`` of the run in this process (its base left out: the run scored its start)."""
     out = tmp_path_factory.mktemp("eval") / "scores.json"
     args = ["eval", str(sft), "--tasks", str(tasks_dir), "--limit", str(LIMIT), "--dtype", "float32",
-            "--no-base", "--no-save", "-o", str(out)]  # fmt: skip
+            "--no-base", "--no-save", "-o", str(out), "--samples", str(out.parent / "answers")]  # fmt: skip
     assert main(args) == 0
-    return json.loads(out.read_text())
+    return {**json.loads(out.read_text()), "answers": out.parent / "answers"}  # --samples' folder
+
+
+def test_samples_are_each_rows_answer_and_its_metric(sft, evaluated):
+    """``--samples``: a file a model, a row per scored row (input, output, reference, its metric);
+    the metric's mean is lm-eval's score; lm-eval's samples are kept out of ``-o``."""
+    (model,) = evaluated["models"]
+    assert "samples" not in model["results"]
+    (answers,) = evaluated["answers"].glob("*.jsonl")
+    rows = [json.loads(line) for line in answers.read_text(encoding="utf-8").splitlines()]
+    assert answers.name == f"{sft.name}.jsonl"
+    values = _values(model["results"])
+    for task, metric in ((GEN, "exact_match"), (MC, "acc")):
+        mine = [r for r in rows if r["task"] == task]
+        assert len(mine) == LIMIT and all(r["input"] and r["reference"] is not None for r in mine)
+        assert sum(r[metric] for r in mine) / LIMIT == pytest.approx(values[task][f"{metric},none"])
+    mc = next(r for r in rows if r["task"] == MC)
+    assert isinstance(mc["output"], str)  # the choice it scored highest, as text
 
 
 def _recorded(sft: Path, when: str) -> dict:
@@ -267,19 +214,19 @@ def test_predict_data_on_a_preference_result_in_every_row_shape(tmp_path_factory
         tmp_path_factory, "dpo", "builtin:tiny-llama-chat", {"task": "preference", "chat": True, "data": {}}
     )
     cat, ball = "where is the cat?", "what color is the ball?"
-    pairs = _jsonl(tmp_path / "pairs.jsonl", [
+    pairs = jsonl(tmp_path / "pairs.jsonl", [
         {"prompt": cat, "chosen": "it is in the house.", "rejected": "no."},
         {"prompt": [{"role": "user", "content": ball}],
          "chosen": [{"role": "assistant", "content": "it is red."}],
          "rejected": [{"role": "assistant", "content": "blue"}]},
     ])  # fmt: skip
-    kto = _jsonl(tmp_path / "kto.jsonl", [
+    kto = jsonl(tmp_path / "kto.jsonl", [
         {"prompt": cat, "completion": "it is in the house.", "label": True},
         {"prompt": "where is the dog?", "completion": "no.", "label": False},
     ])  # fmt: skip
     turns = [{"role": "user", "content": cat}, {"role": "assistant", "content": "it is in the house."}]
-    chat = _jsonl(tmp_path / "chat.jsonl", [{"messages": turns}])
-    prompts = _jsonl(tmp_path / "prompts.jsonl", [{"prompt": cat}])
+    chat = jsonl(tmp_path / "chat.jsonl", [{"messages": turns}])
+    prompts = jsonl(tmp_path / "prompts.jsonl", [{"prompt": cat}])
     shape = {"row", "input", "output", "reference", "exact_match"}
     rows = _predict(run, pairs, tmp_path / "a.jsonl")
     assert [set(r) for r in rows] == [shape, shape] and rows[1]["reference"] == "it is red."
@@ -317,7 +264,7 @@ def test_predict_data_on_a_grpo_result_is_scored_by_its_reward_functions(tmp_pat
         "builtin:tiny-llama",
         {"task": "grpo", "chat": False, "data": {}, "grpo": settings},
     )
-    data = _jsonl(
+    data = jsonl(
         tmp_path / "q.jsonl",
         [{"prompt": "once upon a time", "answer": "x"}, {"prompt": "the cat", "answer": "y"}],
     )
@@ -341,7 +288,7 @@ def test_predict_data_on_a_grpo_result_is_scored_by_its_reward_functions(tmp_pat
         assert r["reward"] == pytest.approx(r["rewards/exact_match"] + 0.5 * r["rewards/length"])
     mean = sum(r["reward"] for r in rows) / 2
     assert f"reward {mean:.4g}" in capsys.readouterr().err
-    text = _jsonl(tmp_path / "text.jsonl", [{"text": "the cat"}])  # not GRPO's shape: causal-lm's reader
+    text = jsonl(tmp_path / "text.jsonl", [{"text": "the cat"}])  # not GRPO's shape: causal-lm's reader
     (plain,) = _predict(run, text, tmp_path / "t.jsonl")
     assert set(plain) == {"row", "input", "output"} and plain["output"] == rows[1]["output"]
 

@@ -175,6 +175,16 @@ def test_quickstart_seq_cls_offers_no_predict(tmp_path):
     assert "predict" not in line and "xtrain train examples/seq-cls.yaml" in line
 
 
+def test_quickstart_names_what_it_trained(tmp_path):
+    """The distillation built-in trains its whole student: the line says model, not adapter."""
+    from xtrain.commands.quickstart import next_line
+    from xtrain.tasks import quickstarts
+
+    job = quickstarts()["distill"]
+    assert "runs the model just trained" in next_line(job, tmp_path, "bash", adapter=False)
+    assert "runs the adapter just trained" in next_line(job, tmp_path, "bash")
+
+
 # ---------------------------------------------------------------------------------------------
 # A chat model that xtrain did not train; the results lines
 

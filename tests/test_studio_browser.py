@@ -122,6 +122,7 @@ def test_a_run_from_the_form_to_its_end(studio, browser) -> None:  # noqa: ANN00
     found: served.Studio = studio["studio"]
     _open(page, found, "#new")
     page.wait_for_selector("#stages .stage input[data-key='run.max_steps']")
+    _all_keys_follow_the_task(page)
     page.fill("#new-name", NAME)
     for key, value in (("run.max_steps", str(STEPS)), ("run.log_every", "2"), ("run.eval_every", "")):
         page.fill(f"#stages .stage input[data-key='{key}']", value)
@@ -154,6 +155,22 @@ def test_a_run_from_the_form_to_its_end(studio, browser) -> None:  # noqa: ANN00
     assert 24 <= stopped_at < STEPS and not run_control.stop_pending(run)
     assert run_control.read_end(run).exit_code == 130  # how it ended, in its folder
     _offline(seen, found.base)
+
+
+def _all_keys_follow_the_task(page) -> None:  # noqa: ANN001
+    """A task of one's own: "All keys" lists its keys first and hides another task's."""
+    from xtrain.tasks import default_quickstart
+    from xtrain.tasks.validation import task_keys
+
+    stage = "#stages .stage"
+    page.select_option(f"{stage} select.job", "")
+    page.select_option(f"{stage} select.task", "distill")
+    hidden = "row => row.hidden"
+    assert page.eval_on_selector(f"{stage} tr[data-row='grpo.rewards']", hidden) is True
+    assert page.eval_on_selector(f"{stage} tr[data-row='distill.teacher']", hidden) is False
+    first = page.eval_on_selector(f"{stage} .keys tbody tr", "row => row.dataset.row")
+    assert "distill" in task_keys()[first]  # the task's own keys lead
+    page.select_option(f"{stage} select.job", default_quickstart())  # back to the built-in chat job
 
 
 def _launched(page, found: served.Studio, name: str, values: dict[str, str]) -> None:  # noqa: ANN001

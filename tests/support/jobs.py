@@ -327,6 +327,6 @@ def session_quickstart(
             done.write_text(json.dumps(saved), encoding="utf-8")
     saved = json.loads(done.read_text(encoding="utf-8"))
     proc = subprocess.CompletedProcess(saved["args"], 0, saved["stdout"], saved["stderr"])
-    (run,) = sorted((folder / "qs").glob("run-*"))
+    (run,) = sorted(p for p in (folder / "qs").iterdir() if p.is_dir())
     _QUICKSTARTS[key] = (proc, run)
     return _QUICKSTARTS[key]

@@ -75,6 +75,12 @@ def eval_command(
     output: Path = typer.Option(
         None, "--output", "-o", help="Also write every model's lm-eval results to this JSON file."
     ),
+    samples: Path = typer.Option(
+        None,
+        "--samples",
+        help="Also write what each model answered, row by row, to this folder (<model>.jsonl: input, "
+        "output, reference, metrics).",
+    ),
     save: bool = typer.Option(
         True, "--save/--no-save", help="Keep lm-eval's JSON in each run's folder (benchmarks/)."
     ),
@@ -84,26 +90,34 @@ def eval_command(
     one table of tasks x models with standard errors and the change against the base."""
     from xtrain.console import make_console
     from xtrain.evaluate import benchmarks, harness
+    from xtrain.evaluate import samples as sampled
 
     harness.require()
     console = make_console()
-    options = _options(limit, num_fewshot, batch_size, dtype)
+    options = _options(limit, num_fewshot, batch_size, dtype, samples is not None)
     if output is not None and output.is_dir():
         raise XtrainError(f"--output {output} is a folder", "give a file name, e.g. --output scores.json")
+    if samples is not None and samples.exists() and not samples.is_dir():
+        raise XtrainError(f"--samples {samples} is a file", "give a folder, e.g. --samples answers/")
     bench = benchmarks.resolve(benchmarks.split(tasks))
     models = _models(results, base, stages, chat_template)
     harness.quiet()
     _checked(bench, models, console)
     plan = _plan(processes, gpus, platform)
     found, world = _launch(models, bench, options, plan, console)
+    answers = [sampled.take(f) for f in found]  # kept out of the table, run folders and --output
     _show(models, found, console)
     if save:
         _save(models, found, bench, {**options.to_dict(), "processes": world}, console)
     if output is not None:
         _write_output(output, models, found, world)
+    if samples is not None:
+        for m, answered in zip(models, answers, strict=True):
+            path = sampled.write(samples, m.label, sampled.rows(answered))
+            console.print(f"[dim]{m.label}: its answers -> {path}[/]", soft_wrap=True)
 
 
-def _options(limit: float | None, fewshot: int | None, batch: str, dtype: str) -> Options:
+def _options(limit: float | None, fewshot: int | None, batch: str, dtype: str, samples: bool) -> Options:
     from xtrain.evaluate.harness import Options
 
     if limit is not None and limit <= 0:
@@ -125,7 +139,7 @@ def _options(limit: float | None, fewshot: int | None, batch: str, dtype: str) -
         )
     if dtype not in DTYPES:
         raise XtrainError(f"--dtype {dtype} is not known", f"use one of: {', '.join(DTYPES)}")
-    return Options(limit, fewshot, size, dtype)
+    return Options(limit, fewshot, size, dtype, samples)
 
 
 def _checked(bench: Benchmarks, models: list[Scored], console: Console) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from xtrain.commands.options import parse_int, whole
+from xtrain.config import examples
 from xtrain.errors import XtrainError
 
 if TYPE_CHECKING:
@@ -34,14 +35,16 @@ COMPARE_TOKENS = 24  # the longest answer generated for the before/after compari
 
 
 def next_line(
-    quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False, exports: bool = False
-) -> str:
+    quickstart: Quickstart, run_dir: Path, shell: str, chats: bool = False, exports: bool = False,
+    adapter: bool = True,
+) -> str:  # fmt: skip
     """The closing ``Next:`` line: predict with the run just trained (tasks with a predict on
     their built-in data), chat with it (``chats``: its task's results chat), export it as a GGUF
-    file (``exports``: its task trains a causal LM), then train on your own data."""
+    file (``exports``: its task trains a causal LM), then train on your own data. ``adapter``: the
+    run trained a LoRA adapter (False: the whole model, e.g. the distillation built-in's student)."""
     from xtrain.shell import quote
 
-    own = f"`{quickstart.next_command}` for your own data (docs/configuration.md)."
+    own = f"`{examples.in_command(quickstart.next_command)}` for your own data (docs/configuration.md)."
     if quickstart.predict_args is None:
         return f"Next: {own}"
     args = quickstart.predict_args()
@@ -54,7 +57,8 @@ def next_line(
         if exports
         else ""
     )
-    return f"Next: `{predict}` runs the adapter just trained{chat}{export}; {own}"
+    trained = "the adapter just trained" if adapter else "the model just trained"
+    return f"Next: `{predict}` runs {trained}{chat}{export}; {own}"
 
 
 def look_line(run_dir: Path, shell: str) -> str:
@@ -147,14 +151,15 @@ def _print_doctor(console: Console, findings: list[Finding]) -> None:
             console.print(f"  [red]error[/] {f.code}: {f.message}", soft_wrap=True)
 
 
-def new_run_dir(root: Path) -> Path:
-    """A fresh folder per run under ``root``: a quickstart never overwrites an earlier one."""
+def new_run_dir(root: Path, job: str) -> Path:
+    """A fresh folder per run under ``root``, named for its built-in ``job`` and the time: a
+    quickstart never overwrites an earlier one, and several are told apart."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run = root / f"run-{stamp}"
+    run = root / f"{job}-{stamp}"
     k = 1
     while run.exists():
         k += 1
-        run = root / f"run-{stamp}-{k}"
+        run = root / f"{job}-{stamp}-{k}"
     return run
 
 
@@ -281,7 +286,7 @@ def quickstart(
     diagnosis = resolve(processes=n, platform=platform, full_probe=True)
     _print_doctor(console, diagnosis.findings)
 
-    run_dir = new_run_dir(output_dir)
+    run_dir = new_run_dir(output_dir, task)
     overrides = [f"run.output_dir={run_dir.as_posix()}", "run.eval_at_start=true"]
     cfg = load_config(job, overrides)
     built_in_start(cfg, console)  # its start, when a trained built-in: trained once, first
@@ -308,4 +313,5 @@ def quickstart(
     owner = tasks.quickstart_task(task)
     chats = owner.predicts is not None and owner.predicts.chat is not None
     exports = owner.model_class == "AutoModelForCausalLM"  # what GGUF export writes
-    console.print(next_line(jobs[task], run_dir, shell, chats, exports), soft_wrap=True, markup=False)
+    line = next_line(jobs[task], run_dir, shell, chats, exports, adapter=cfg.lora.enabled)
+    console.print(line, soft_wrap=True, markup=False)

@@ -14,6 +14,7 @@ import typer
 
 from xtrain.commands.launching import LaunchOptions, built_in_start, prepare, run_stage
 from xtrain.commands.options import parse_gpus, parse_int, whole
+from xtrain.config import examples
 from xtrain.errors import XtrainError
 
 
@@ -60,7 +61,7 @@ def train(
     n = parse_int(processes, "--processes", example="e.g. --processes 2")
     gpu_ids = parse_gpus(gpus)
     if not configs[0].is_file():
-        raise XtrainError(f"config {configs[0]} not found", "check the path (examples/ has ready configs)")
+        raise XtrainError(f"config {configs[0]} not found", examples.missing_hint(configs[0]))
     if facts_file is not None and not dry_run:
         raise XtrainError(
             "--facts plans from another machine's snapshot; training runs on this one",

@@ -128,12 +128,14 @@ def stage_gathers_on_cpu() -> None:
 class Options:
     """How every model is scored: rows per task (``limit``: a count, or a fraction below 1),
     few-shot examples (None: each task's own), the batch (``batch_size``: a number or lm-eval's
-    ``auto``), the weights' dtype (``auto``: the checkpoint's, as lm-eval's default)."""
+    ``auto``), the weights' dtype (``auto``: the checkpoint's, as lm-eval's default), whether
+    lm-eval logs each row's answer (``samples``: ``xtrain eval --samples``)."""
 
     limit: float | None = None
     num_fewshot: int | None = None
     batch_size: int | str = 8
     dtype: str = "auto"
+    samples: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,7 +171,7 @@ def run(
     chat: bool,
 ) -> dict[str, Any] | None:
     """``lm_eval.simple_evaluate`` of one model on ``tasks`` (names and YAML paths ``manager``
-    knows): its results as JSON-safe data on the main process (its samples left out), None on
+    knows): its results as JSON-safe data on the main process (its samples on request), None on
     the others. ``chat``: prompts rendered through the tokenizer's chat template
     (lm-eval's ``apply_chat_template``)."""
     import lm_eval
@@ -186,7 +188,7 @@ def run(
         limit=options.lm_limit,
         task_manager=manager,
         apply_chat_template=chat,
-        log_samples=False,
+        log_samples=options.samples,
     )
     if found is None:
         return None

@@ -36,6 +36,12 @@ def studio(
     no_token: bool = typer.Option(
         False, "--no-token", help="Serve 127.0.0.1 without a token (refused for any other --host)."
     ),
+    shortcut: bool = typer.Option(
+        False,
+        "--shortcut",
+        help="Write a launcher to double-click instead (Windows: on the Desktop; Linux: the applications "
+        "menu), for this --runs folder, and exit.",
+    ),
 ) -> None:
     """A local web app for the whole loop: machine, new run, runs with live curves, compare,
     try, export. Runs outlive the page and the studio."""
@@ -48,6 +54,25 @@ def studio(
 
     if runs.exists() and not runs.is_dir():
         raise XtrainError(f"--runs {runs} is a file", "name a folder (it is made when missing)")
+    if shortcut:
+        _write_shortcut(runs)
+        return
     serve(
         runs.expanduser(), host, port, default_token(no_token), not no_browser, lambda line: typer.echo(line)
     )
+
+
+def _write_shortcut(runs: Path) -> None:
+    import platform
+    import sys
+
+    from xtrain.machine.probes.system import classify_os
+    from xtrain.studio import shortcut as launchers
+
+    os_kind = classify_os(platform.system(), platform.uname().release)
+    desktop = launchers.desktop_folder() if os_kind == "windows" else None
+    applications = launchers.applications_folder() if os_kind != "windows" else None
+    absolute = runs.expanduser().resolve()
+    found = launchers.launcher(os_kind, Path(sys.executable), absolute, Path.cwd(), desktop, applications)
+    launchers.write(found)
+    typer.echo(f"The studio's launcher for the runs in {absolute} is {found.shown}.")

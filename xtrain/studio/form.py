@@ -25,6 +25,8 @@ from xtrain.config.schema import TrainConfig, config_keys
 from xtrain.config.values import CHOICES, LIST_CHOICES, resolve_key
 from xtrain.errors import XtrainError, shown
 from xtrain.studio.runs import CONFIG, list_runs
+from xtrain.tasks.contract import EVERY_KEY
+from xtrain.tasks.validation import task_keys
 from xtrain.train.stages import PREVIOUS
 
 # the keys the form shows first; the rest are in its "all keys" view
@@ -88,12 +90,14 @@ def catalog(root: Path) -> dict[str, Any]:
         name: {"task": owners[name], "about": job.about, "values": _flat(job_mapping(name))}
         for name, job in tasks.quickstarts().items()
     }
+    specific = task_keys()  # the task-specific keys and the tasks that read them
     found = [
         {
             "name": t.name,
             "about": t.about,
             "takes": _takes(t),
             "jobs": [j for j, o in owners.items() if o == t.name],
+            "keys": sorted(k for k, readers in specific.items() if t.name in readers or EVERY_KEY in t.keys),
         }
         for t in tasks.all_tasks().values()
     ]
@@ -101,6 +105,7 @@ def catalog(root: Path) -> dict[str, Any]:
     models = [f"{builtin.PREFIX}{m}" for m in (*builtin.MODELS, *builtin.STAGES)]
     return {
         "tasks": found, "jobs": jobs, "keys": keys, "main": list(MAIN_KEYS), "models": models,
+        "specific": sorted(specific),
         "trained": trained, "runs_folder": str(root), "default_job": tasks.default_quickstart(),
     }  # fmt: skip
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xtrain import tasks
+from xtrain.config import examples
 from xtrain.config.loading import config_to_dict
 from xtrain.errors import XtrainError, shown
 from xtrain.tasks.validation import load_config
@@ -118,7 +119,7 @@ def load_stages(configs: list[Path], overrides: list[str]) -> list[Stage]:
     stages: list[Stage] = []
     for number, path in enumerate(configs, start=1):
         if not path.is_file():
-            raise XtrainError(f"config {path} not found", "check the path (examples/ has ready configs)")
+            raise XtrainError(f"config {path} not found", examples.missing_hint(path))
         own = overrides_for(number, len(configs), overrides)
         cfg = _load(path, own, number, len(configs))
         follows = cfg.model.name_or_path == PREVIOUS

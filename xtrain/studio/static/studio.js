@@ -237,6 +237,18 @@ function field(key, initial) {
   return el("input", attrs);
 }
 
+// "All keys" for the stage's task: its own keys first, the common ones after, another task's hidden
+// (moved, never rebuilt: what was typed stays)
+function showTaskKeys(block) {
+  const cat = state.catalog;
+  const own = new Set((cat.tasks.find((t) => t.name === $(".task", block).value) || { keys: [] }).keys);
+  const specific = new Set(cat.specific);
+  const rows = [...block.querySelectorAll(".keys tr[data-row]")];
+  for (const row of rows) row.hidden = specific.has(row.dataset.row) && !own.has(row.dataset.row);
+  const body = $(".keys tbody", block);
+  body.append(...rows.filter((r) => own.has(r.dataset.row)), ...rows.filter((r) => !own.has(r.dataset.row)));
+}
+
 function stageBlock(number) {
   const cat = state.catalog;
   const jobs = el("select", { class: "job" }, el("option", { value: "" }, "(a task with my own model and data)"),
@@ -254,9 +266,11 @@ function stageBlock(number) {
     const values = job ? job.values : (number > 1 ? { "model.name_or_path": "previous" } : {});
     $(".fields", block).replaceChildren(...cat.main.map((k) => el("label", {}, el("span", { class: "dim" }, k), el("br"), field(k, values[k] ?? ""))));
     $(".keys tbody", block).replaceChildren(...cat.keys.filter((k) => !cat.main.includes(k.key)).map((k) =>
-      el("tr", {}, el("td", {}, k.key), el("td", {}, field(k.key, values[k.key] ?? "")), el("td", { class: "dim" }, k.choices.join(" | ")))));
+      el("tr", { "data-row": k.key }, el("td", {}, k.key), el("td", {}, field(k.key, values[k.key] ?? "")), el("td", { class: "dim" }, k.choices.join(" | ")))));
+    showTaskKeys(block);
   };
   jobs.addEventListener("change", fill);
+  task.addEventListener("change", () => showTaskKeys(block));
   if (number === 1) jobs.value = cat.default_job;
   fill();
   return block;
@@ -298,6 +312,7 @@ function formValues() {
   const stages = [...document.querySelectorAll("#stages .stage")].map((block) => {
     const values = {};
     for (const input of block.querySelectorAll("input[data-key]")) {
+      if (input.closest("tr[hidden]")) continue;  // another task's key
       if (input.value !== input.dataset.initial) values[input.dataset.key] = input.value;
     }
     return { job: $(".job", block).value || null, task: $(".task", block).value, values };
