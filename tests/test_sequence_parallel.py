@@ -48,6 +48,8 @@ def turn(role: str, content: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     """Each kind's config overrides (without ``parallel.sequence``)."""
+    from test_sequence_parallel_vl import vl_overrides  # (it imports this module's helpers)
+
     data = tmp_path_factory.mktemp("seqpar-data")
     rng = random.Random(5)
     rows = [{"prompt": f"count to {n}: ", "response": " ".join(WORDS[i % 12] for i in range(n))}
@@ -76,6 +78,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         ),
         "preference": _common("model.name_or_path=builtin:tiny-llama", "model.task=preference", pairs,
                               "data.max_length=48", "preference.sft_weight=0.5"),
+        # vision-language rows whose images straddle the cut (tests/test_sequence_parallel_vl.py)
+        "vision-language": vl_overrides(data / "vl"),
         # GRPO and on-policy distillation: completed in the step, then cut (test_sequence_parallel_rl.py)
         **{k: v for k, v in rl_jobs(data, tmp_path_factory).items() if k in RL},
     }  # fmt: skip
@@ -197,7 +201,9 @@ def one_process(overrides: list[str], out: Path) -> tuple[dict, float]:
     return capture, sum(shares)
 
 
-@pytest.mark.parametrize("kind", ["padded", "packed-ring", "chat-checkpointing", "preference"])
+@pytest.mark.parametrize(
+    "kind", ["padded", "packed-ring", "chat-checkpointing", "preference", "vision-language"]
+)
 def test_two_processes_holding_half_of_each_sequence_train_as_one(jobs, two_processes, kind, tmp_path):
     """The step's loss (every rank's shares summed) and each rank's LoRA gradients equal one
     process's on the whole sequences, and those equal the plain reference's (token losses)."""

@@ -284,6 +284,7 @@ class ModelFacts:
     registry: bool | None
     heads: int
     kv_heads: int
+    model_type: str | None = None  # config.model_type (a vision-language family's cut: check_entry)
 
 
 def model_facts(cls: type | None, config: Any) -> ModelFacts:
@@ -293,7 +294,8 @@ def model_facts(cls: type | None, config: Any) -> ModelFacts:
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
     kv = getattr(text, "num_key_value_heads", None)
     registry = bool(getattr(cls, "_supports_attention_backend", False)) if cls is not None else None
-    return ModelFacts(cls.__name__ if cls is not None else "the model", registry, heads, int(kv or heads))
+    name = cls.__name__ if cls is not None else "the model"
+    return ModelFacts(name, registry, heads, int(kv or heads), getattr(config, "model_type", None))
 
 
 def offline_facts(cfg: TrainConfig, model_class: str | None) -> ModelFacts | str:

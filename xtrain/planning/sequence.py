@@ -137,3 +137,14 @@ def summary(size: int, world: int, mode: str, why: str) -> str:
         f"each sequence split across {size} processes ({mode}: {why}); {groups} data-parallel "
         f"group{'s' if groups != 1 else ''}, per-process activations ~1/{size} of a sequence's"
     )
+
+
+def check_entry(model_type: str | None, families: tuple[str, ...], task: str) -> None:
+    """A model whose sequences are cut at its text decoder's entry (a vision-language model:
+    ``Task.sequence_entry``) of a family that cut is not known to be exact for: one line."""
+    if model_type is not None and model_type not in families:
+        raise XtrainError(
+            f"parallel.sequence: the {task} task splits the rows of {', '.join(families)} models "
+            f"(their text decoder cut after the images are merged), and this model is {model_type}",
+            "set parallel.sequence=1, or use one of those families",
+        )

@@ -99,4 +99,10 @@ def try_run(run: Path, body: dict[str, Any]) -> dict[str, Any]:
             raise XtrainError(f"the answer failed: {last}") from None
     if not answer.get("ok"):
         raise XtrainError(str(answer.get("error") or "the answer failed"))
+    sent = {str(tmp / f"input{Path(str(f.get('name'))).suffix.lower()}"): str(f.get("name"))
+            for f in (body.get("image"), body.get("audio")) if isinstance(f, dict)}  # fmt: skip
+    for rows in (answer.get("base") or [], answer.get("trained") or []):
+        for row in rows:  # the file as the user chose it, not the temporary copy answered
+            if isinstance(row, dict) and row.get("input") in sent:
+                row["input"] = sent[row["input"]]
     return answer

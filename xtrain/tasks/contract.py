@@ -212,6 +212,19 @@ def recognizes_none(config: dict[str, Any]) -> bool:
 
 
 @dataclass(frozen=True)
+class SequenceEntry:
+    """Where a task's sequences are cut for ``parallel.sequence`` when its model must see whole
+    rows first (a vision-language model: images merged into the embeddings, positions computed on
+    the row): at the entry of its text decoder (xtrain/model/sequence_entry.py), not before the
+    model."""
+
+    # (the model, not wrapped by peft) -> the qualified name of its text decoder
+    decoder: Callable[[Module], str]
+    # the model types (``config.model_type``) whose decoder is cut so, checked at the dry run
+    families: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Task:
     """Everything xtrain knows about one task."""
 
@@ -279,6 +292,8 @@ class Task:
     # sums the shards' token terms (the model's own next-token loss) or adds up each sequence's
     # shards first (``model.sequence_parallel.shard_total``: the preference task's log-probs).
     sequence_parallel: bool = False
+    # Its sequences are cut inside the model, at its text decoder's entry (None: the collated batch)
+    sequence_entry: SequenceEntry | None = None
     resume_keys: tuple[str, ...] = ()  # its keys a resumed run must keep (they shape the weights)
     # the head of a result saved without xtrain's record: architectures' suffix / peft task type
     recognizes: Callable[[dict[str, Any]], bool] | None = None

@@ -165,7 +165,8 @@ def check_sequence(cfg: TrainConfig, task: tasks.Task) -> None:
     if cfg.parallel.sequence == 1:
         return
     if not task.sequence_parallel:
-        able = " and ".join(t.name for t in tasks.all_tasks().values() if t.sequence_parallel)
+        names = [t.name for t in tasks.all_tasks().values() if t.sequence_parallel]
+        able = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 2 else names)
         raise XtrainError(
             f"parallel.sequence: the {task.name} task does not split its sequences across processes "
             f"(sequence parallelism trains {able})",

@@ -32,7 +32,15 @@ from xtrain.model import load as models
 from xtrain.model import lora, lora_layers
 from xtrain.tasks import contract, prompt_predict
 from xtrain.tasks import stacks as st
-from xtrain.tasks.contract import FileRows, MainProcessFirst, Predicts, Quickstart, Task, Workload
+from xtrain.tasks.contract import (
+    FileRows,
+    MainProcessFirst,
+    Predicts,
+    Quickstart,
+    SequenceEntry,
+    Task,
+    Workload,
+)
 from xtrain.tasks.predicting import exact_match
 from xtrain.tasks.vision import check as vision_check
 from xtrain.tasks.vision.processor import NAME, load_processor, max_pixels, processor_and_render
@@ -330,6 +338,10 @@ TASK = Task(
     ),
     validate=validate,
     token_loss="next-token",
+    # parallel.sequence: the images merged and the M-RoPE positions computed on the whole row on
+    # every process, the rows cut at the language model's entry (xtrain/model/sequence_entry.py)
+    sequence_parallel=True,
+    sequence_entry=SequenceEntry(decoder=lambda model: parts(model)[0], families=("qwen2_vl", "qwen2_5_vl")),
     curves=(contract.Curve("exact match (normalised answers)", eval=("exact_match",)),),
     model_class="AutoModelForImageTextToText",
     lora_plan=lora_plan,

@@ -16,12 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from xtrain.data.entry_shards import EntryShardCollator
 from xtrain.data.sequence_shards import ShardCollator
 from xtrain.errors import XtrainError
 from xtrain.model import neftune
 from xtrain.model import sequence_parallel as sp
 from xtrain.model.shard_exchange import Exchange, activate
-from xtrain.planning.sequence import SequencePlan, check_family, choose_mode, summary
+from xtrain.planning.sequence import SequencePlan, check_entry, check_family, choose_mode, summary
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,6 +42,7 @@ class SequenceRun:
     inner: str
     shard: int
     staged: bool
+    entry: bool = False  # cut at the text decoder's entry (Task.sequence_entry), not before the model
 
     @property
     def line(self) -> str:
@@ -96,15 +98,32 @@ def attach(
     staged = backend == "gloo" and device.type == "cuda"
     activate(Exchange(mine, plan.size, plan.shard(rank), staged, mode))
     sp.use(model, inner, sp.register(inner))
+    entry = _entry_cut(model, base, cfg)
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     for hook in getattr(embeddings, "_forward_hooks", {}).values():
-        if isinstance(hook, neftune.NEFTuneHook):  # its noise scale: the whole sequence's length
+        if isinstance(hook, neftune.NEFTuneHook) and not entry:  # its noise scale: the whole sequence's
             hook.shards = plan.size
-    return SequenceRun(plan, mode, why, inner, plan.shard(rank), staged)
+    return SequenceRun(plan, mode, why, inner, plan.shard(rank), staged, entry)
+
+
+def _entry_cut(model: torch.nn.Module, base: torch.nn.Module, cfg: TrainConfig) -> bool:
+    """A task whose rows the model sees whole first (``Task.sequence_entry``: vision-language):
+    its family checked, the cut hooked in at its text decoder's entry; False for text rows."""
+    from xtrain import tasks
+    from xtrain.model.sequence_entry import EntryCut
+
+    entry = tasks.get(cfg.model.task).sequence_entry
+    if entry is None:
+        return False
+    check_entry(getattr(base.config, "model_type", None), entry.families, cfg.model.task)
+    EntryCut(model, base.get_submodule(entry.decoder(base))).attach()
+    return True
 
 
 def collator(collate: Callable[..., Any], run: SequenceRun | None, whole: bool = False) -> Callable[..., Any]:
     """The training loader's collator: the task's, and this process's shard of what it makes;
     ``whole``: the task's own (``Workload.cuts_sequences``: its step completes the rows, GRPO's
     rollout, and cuts them)."""
-    return collate if run is None or whole else ShardCollator(collate, run.plan.size, run.shard)
+    if run is None or whole:
+        return collate
+    return (EntryShardCollator if run.entry else ShardCollator)(collate, run.plan.size, run.shard)

@@ -70,6 +70,8 @@ def _sequence(run: Run, where: Where) -> list[Note]:
         return [Note("Sequence", f"{split} (the model checked when it loads: {facts})")]
     chosen = attention.for_plan(run, task.model_class).name
     sequence.check_family(facts.name, facts.registry, chosen if chosen in sequence.INNER else None)
+    if task.sequence_entry is not None:  # rows the model sees whole first (vision-language)
+        sequence.check_entry(facts.model_type, task.sequence_entry.families, task.name)
     mode, why = sequence.choose_mode(
         cfg.parallel.sequence_mode, settings.sequence, facts.heads, facts.kv_heads
     )
