@@ -375,6 +375,7 @@ def bad(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if "token" in f.name:
             shutil.copy(f, bloom / f.name)
     rows = jsonl(root / "rows.jsonl", builtin.story_examples(8, seed=1))
+    jsonl(root / "prompts.jsonl", [{"prompt": f"count to {n}:", "completion": "one"} for n in range(8)])
     (root / "job.yaml").write_text(
         f"model:\n  name_or_path: builtin:tiny-llama\n  task: causal-lm\ndata:\n  train: {rows}\n"
         f"  max_length: 64\nrun:\n  output_dir: {root / 'out'}\nparallel:\n  sequence: 2\n"
@@ -401,13 +402,24 @@ BAD = {
         ["--processes", "2", "model.task=seq-cls", "model.name_or_path=builtin:tiny-bert"],
         "parallel.sequence: the seq-cls task does not split its sequences across processes",
     ),
+    "teacher": (  # (a distillation teacher runs on the shards too)
+        [
+            "--processes",
+            "2",
+            "model.task=distill",
+            "distill.teacher={r}/bloom",
+            "data.train={r}/prompts.jsonl",
+        ],
+        "parallel.sequence: BloomForCausalLM (distill.teacher) does not pass its attention through",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input_is_one_line_at_the_dry_run(bad: Path, case: str, capsys, monkeypatch) -> None:
     """Processes that N does not divide, heads Ulysses cannot split (ring named), a family outside
-    the attention registry, a sequence shorter than N tokens, a task that cannot split: one line."""
+    the attention registry (a distillation teacher's too), a sequence shorter than N tokens, a task
+    that cannot split: one line."""
     from xtrain.cli import main
 
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):

@@ -75,6 +75,11 @@ def _sequence(run: Run, where: Where) -> list[Note]:
     mode, why = sequence.choose_mode(
         cfg.parallel.sequence_mode, settings.sequence, facts.heads, facts.kv_heads
     )
+    for other in task.other_models(cfg) if task.other_models else ():  # a teacher runs on the shards too
+        teacher = replace(cfg, model=replace(cfg.model, name_or_path=other.name))
+        found = sequence_parallel.offline_facts(teacher, task.model_class)
+        if not isinstance(found, str):
+            sequence.check_family(f"{found.name} ({other.key})", found.registry, None)
     line = sequence.summary(settings.sequence, settings.world_size, mode, why)
     if run.plan.backend == "gloo" and run.plan.device == "cuda":
         line += "; exchanged through host memory (gloo with CUDA tensors)"
