@@ -300,3 +300,87 @@ def test_the_quickstart_learns_the_teacher_s_answers_at_one_and_two_processes(tm
         runs.append(last)
     assert runs[0]["agreement"] == runs[1]["agreement"]
     assert runs[0]["kl"] == pytest.approx(runs[1]["kl"], rel=1e-3)
+
+
+# -- docs/distillation.md's memory table: xtrain's own estimate ------------------------------------
+QWEN = {  # the published config.json sizes: hidden, MLP, layers, heads, key/value heads, vocabulary, tied
+    "Qwen2.5-1.5B-Instruct": (1536, 8960, 28, 12, 2, 151936, True),
+    "Qwen2.5-7B-Instruct": (3584, 18944, 28, 28, 4, 152064, False),
+    "Qwen2.5-14B-Instruct": (5120, 13824, 48, 40, 8, 152064, False),
+    "Qwen2.5-32B-Instruct": (5120, 27648, 64, 40, 8, 152064, False),
+}
+MEMORY_ROWS = [  # teacher, its quantization, prompt (= completion) tokens, gradient checkpointing
+    ("Qwen2.5-7B-Instruct", None, 256, False), ("Qwen2.5-7B-Instruct", None, 512, True),
+    ("Qwen2.5-7B-Instruct", None, 1024, True), ("Qwen2.5-7B-Instruct", "4bit", 256, False),
+    ("Qwen2.5-7B-Instruct", "4bit", 512, False), ("Qwen2.5-7B-Instruct", "4bit", 512, True),
+    ("Qwen2.5-7B-Instruct", "4bit", 1024, True), ("Qwen2.5-14B-Instruct", "4bit", 256, False),
+    ("Qwen2.5-14B-Instruct", "4bit", 512, True), ("Qwen2.5-32B-Instruct", "4bit", 256, True),
+]  # fmt: skip
+
+
+def memory_table(folder: Path, tokenizer: Path) -> str:
+    """The page's table: a Qwen2.5-1.5B-shaped student and Qwen2.5-shaped teachers (their
+    config.json sizes beside ``tokenizer``'s files), each row's ``xtrain train --dry-run`` Memory
+    line on the two-4090 Windows machine (``python tests/test_distill.py`` prints it)."""
+    import contextlib
+    import io
+    import re
+
+    from xtrain.builtin.text import tiny_llama_config
+    from xtrain.cli import main
+    from xtrain.model import memory
+
+    for name, (hidden, mlp, layers, heads, kv, vocab, tied) in QWEN.items():
+        shutil.copytree(
+            tokenizer, folder / name, ignore=shutil.ignore_patterns("*.safetensors", "config.json")
+        )
+        shape = tiny_llama_config(hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=layers,
+                                  num_attention_heads=heads, num_key_value_heads=kv, vocab_size=vocab,
+                                  tie_word_embeddings=tied, dtype="bfloat16")  # fmt: skip
+        shape.save_pretrained(folder / name)
+    data = jsonl(folder / "prompts.jsonl", [{"prompt": "question: where is the cat? answer: "}] * 8)
+    (folder / "job.yaml").write_text("model:\n  task: distill\n", encoding="utf-8")
+    facts = Path(__file__).parent / "fixtures" / "machines" / "windows-2x4090.json"
+    columns = ["teacher", "prompt + completion tokens", "gradient checkpointing", "estimate a process",
+               "the teacher's share"]  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|---|---|---|---|---|"]
+    for teacher, quantization, tokens, checkpointing in MEMORY_ROWS:
+        args = ["train", str(folder / "job.yaml"), "--dry-run", "--facts", str(facts),
+                f"model.name_or_path={folder / 'Qwen2.5-1.5B-Instruct'}",
+                f"distill.teacher={folder / teacher}",
+                f"distill.teacher_quantization={quantization or 'null'}", f"data.train={data}",
+                "data.eval=null", f"data.max_length={tokens}", f"distill.max_completion_length={tokens}",
+                "batch.per_device=4", "lora.r=32", "lora.alpha=64", "lora.target_modules=all-linear",
+                "run.mixed_precision=bf16", f"model.gradient_checkpointing={str(checkpointing).lower()}",
+                f"run.output_dir={folder / 'out'}"]  # fmt: skip
+        said = io.StringIO()
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+            assert main(args) == 0, said.getvalue()[-2000:]
+        found = re.search(r"Memory: ~([\d.]+) GiB a process .*~([\d.]+) GiB of it", said.getvalue())
+        assert found, said.getvalue()[-2000:]
+        gib, share = float(found.group(1)), found.group(2)
+        fits = "**does not fit**" if gib > 24 else "tight" if gib > memory.TIGHT * 24 else "fits"
+        shown = f"{teacher.removesuffix('-Instruct')} in {'4 bits' if quantization else 'bf16'}"
+        lines.append(f"| {shown} | {tokens} + {tokens} | {'yes' if checkpointing else 'no'} | "
+                     f"{gib:.1f} GiB ({fits}) | {share} GiB |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def test_the_memory_table_is_xtrain_s_estimate(tmp_path_factory, tmp_path):
+    from support.jobs import session_builtin
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "distillation.md").read_text(encoding="utf-8")
+    want = memory_table(tmp_path, session_builtin(tmp_path_factory, "builtin:tiny-llama"))
+    assert want in page, f"docs/distillation.md's table should read:\n{want}"
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+    import tempfile
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer = builtin.ensure_builtin_model("builtin:tiny-llama")
+        sys.stdout.write(memory_table(Path(folder), Path(tokenizer)) + "\n")

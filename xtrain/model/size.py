@@ -86,16 +86,29 @@ def loaded_quantization(model: Module) -> str | None:
     return "4bit" if "Params4bit" in kinds else "8bit" if "Int8Params" in kinds else None
 
 
-def meta_model(cfg: TrainConfig, task: Any, config: PretrainedConfig) -> PreTrainedModel | str:
-    """The task's model built from ``config`` on the meta device (module names and shapes, no
-    memory); or why it cannot be built."""
+def skeleton(model_class: str, config: PretrainedConfig) -> PreTrainedModel:
+    """``model_class`` (an Auto class or a model class of transformers) built from ``config`` on
+    the meta device: module names and shapes, no memory, and no weight initialization (on meta
+    tensors it runs torch's Python reference ops: ~1 s for a 7B model's skeleton, every dry run)."""
     import transformers
     from accelerate import init_empty_weights
 
-    auto = getattr(transformers, task.model_class)
     try:
-        with init_empty_weights():
-            return auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
+        from transformers.initialization import no_init_weights
+    except ImportError:  # transformers 4
+        from transformers.modeling_utils import no_init_weights
+
+    auto = getattr(transformers, model_class)
+    with init_empty_weights(), no_init_weights():
+        # Auto classes build from a config with from_config, model classes with their constructor
+        return auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
+
+
+def meta_model(cfg: TrainConfig, task: Any, config: PretrainedConfig) -> PreTrainedModel | str:
+    """The task's model built from ``config`` on the meta device (module names and shapes, no
+    memory); or why it cannot be built."""
+    try:
+        return skeleton(task.model_class, config)
     except Exception as e:  # noqa: BLE001 - advisory: the run itself loads the model and says why
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
         return f"cannot build {cfg.model.name_or_path} for {cfg.model.task}: {reason}"

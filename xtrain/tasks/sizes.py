@@ -43,6 +43,7 @@ from xtrain.model.size import (
     loaded_quantization,
     moments_8bit,
     quantizable_count,
+    skeleton,
     small_count,
     weight_count,
 )
@@ -157,7 +158,6 @@ def _trained_tensors(model: Module, cfg: TrainConfig) -> tuple[int, list[int]]:
 
 def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
     """Exact parameter counts from a model built on the meta device; or why there is no estimate."""
-    import transformers
     from accelerate import init_empty_weights
 
     model_class = tasks.get(cfg.model.task).model_class
@@ -171,11 +171,9 @@ def offline_sizes(cfg: TrainConfig) -> memory.ModelSizes | str:
     shape = memory.model_shape(config)
     if shape is None:
         return f"the config of {cfg.model.name_or_path} names no hidden size or layer count"
-    auto = getattr(transformers, model_class)
     try:
-        with init_empty_weights():
-            # Auto classes build from a config with from_config, model classes with their constructor
-            bare = auto.from_config(config) if hasattr(auto, "from_config") else auto(config)
+        bare = skeleton(model_class, config)
+        with init_empty_weights():  # LoRA's layers on the meta device too
             tied = _tied_count(bare, config)
             added, trained = _trained_tensors(bare, cfg)
             kept_whole = adapted_layers(bare, cfg)[1] if cfg.lora.enabled else []
@@ -214,8 +212,6 @@ def other_sizes(cfg: TrainConfig) -> list[tuple[OtherModel, float | str]]:
 
 
 def frozen_bytes(cfg: TrainConfig, other: OtherModel) -> float | str:
-    import transformers
-    from accelerate import init_empty_weights
 
     named = replace(cfg, model=replace(cfg.model, name_or_path=other.name))
     config = read_config_offline(named)
@@ -224,10 +220,9 @@ def frozen_bytes(cfg: TrainConfig, other: OtherModel) -> float | str:
     shape = memory.model_shape(config)
     model_class = tasks.get(cfg.model.task).model_class or "AutoModelForCausalLM"
     try:
-        with init_empty_weights():
-            bare = getattr(transformers, model_class).from_config(config)
-            params = sum(p.numel() for p in bare.parameters()) - _tied_count(bare, config)
-            quantized = quantizable_count(bare) if other.quantization else 0
+        bare = skeleton(model_class, config)
+        params = sum(p.numel() for p in bare.parameters()) - _tied_count(bare, config)
+        quantized = quantizable_count(bare) if other.quantization else 0
     except Exception as e:  # noqa: BLE001 - advisory: an estimate must never stop a launch
         return f"cannot build {other.name}: {(str(e).strip().splitlines() or [type(e).__name__])[0][:120]}"
     checkpoint_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
