@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,6 +73,23 @@ def shared_hf_home(tmp_path_factory) -> Path:
 
     jobs.SHARED_HF_HOME = tmp_path_factory.mktemp("hf-shared")
     return jobs.SHARED_HF_HOME
+
+
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def launch_variables_as_they_were() -> Iterator[None]:
+    """A test leaves the launch variables as it found them: accelerate's in-process state writes
+    RANK, LOCAL_WORLD_SIZE and MASTER_PORT into os.environ on a CPU group, which a later test's
+    processes (or its own plan of the launch) would inherit."""
+    before = {k: os.environ.get(k) for k in LAUNCH_VARIABLES}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture

@@ -42,9 +42,11 @@ def allreduce(result_dir: str, fail_rank: int = -1) -> None:
 
 
 def single(result_dir: str) -> None:
-    """One process, no process group: record the environment only."""
+    """One process, no process group: record the environment, then write the launch variables
+    accelerate's CPU state writes (the launcher must not leave them behind in its process)."""
     env = {k: os.environ.get(k) for k in ENV_KEYS}
     Path(result_dir, "single.json").write_text(json.dumps({"env": env}), encoding="utf-8")
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_PORT="29500")
 
 
 def main(argv: list[str]) -> None:

@@ -335,10 +335,11 @@ def test_a_trained_built_in_is_trained_once_by_processes_that_start_together(tmp
     procs = []
     for rank in (0, 1):
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "NODE_RANK")},
             "WORLD_SIZE": "2",
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1",
         }
         cmd = [sys.executable, "-c", STAGE_SCRIPT, str(job)]

@@ -190,12 +190,15 @@ def test_launch_picks_the_plans_launcher(worker_env):
 def test_launch_single_process_runs_here_with_plan_env(worker_env, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))  # launch_worker, as -m finds it
     monkeypatch.delenv("USE_LIBUV", raising=False)
+    for key in ("LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
     plan = cpu_plan("windows", processes=1)
     launch("launch_worker", ["single", str(worker_env)], plan)
     env = json.loads((worker_env / "single.json").read_text())["env"]
     assert env["USE_LIBUV"] == "0" and env["RANK"] is None
     assert Plan.from_dict(json.loads(env["XTRAIN_PLAN"])) == plan
     assert "USE_LIBUV" not in os.environ and "XTRAIN_PLAN" not in os.environ  # restored after
+    assert "LOCAL_WORLD_SIZE" not in os.environ and "MASTER_PORT" not in os.environ  # the worker's own too
 
 
 def test_one_process_runs_here_unless_it_needs_another_gpu_selection():

@@ -49,10 +49,16 @@ def plan_env(plan: Plan) -> dict[str, str]:
     return env
 
 
+# what accelerate's state writes into os.environ for a CPU process group (RANK, WORLD_SIZE, LOCAL_RANK,
+# LOCAL_WORLD_SIZE; MASTER_PORT 29500 when unset): a run in this process must not leave them behind
+LAUNCH_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 @contextlib.contextmanager
-def patched_environ(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for the duration of a block, then restore them exactly."""
-    saved = {k: os.environ.get(k) for k in values}
+def patched_environ(values: dict[str, str], also: tuple[str, ...] = ()) -> Iterator[None]:
+    """Set environment variables for the duration of a block, then restore them exactly, and
+    the variables ``also`` names, which the block may set itself."""
+    saved = {k: os.environ.get(k) for k in (*values, *also)}
     os.environ.update(values)
     try:
         yield

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 
 from xtrain import atomic
 from xtrain.launch.accelerate_launcher import accelerate_launch_raising
-from xtrain.launch.env import patched_environ, plan_env
+from xtrain.launch.env import LAUNCH_KEYS, patched_environ, plan_env
 from xtrain.launch.spawn import run_module, spawn
 from xtrain.launch.worker_errors import WorkerFailed, WorkerStopped
 from xtrain.planning.plan import Plan
@@ -130,7 +130,7 @@ def _here(module: str, argv: list[str], plan: Plan) -> None:
 
     env = plan_env(plan)
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    with patched_environ(env):
+    with patched_environ(env, also=LAUNCH_KEYS):  # accelerate's own writes undone too
         code = importlib.import_module(module).main(argv) or 0  # None: 0, as for sys.exit
     if code in (130, 143):  # stopped and said so: a further Ctrl+C during shutdown adds nothing
         signal.signal(signal.SIGINT, signal.SIG_IGN)
