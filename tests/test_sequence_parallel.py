@@ -96,7 +96,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, sys.argv[1])
 from support.gradients import keep_group, xtrain_gradients
-from test_sequence_parallel import SHARDS_SEEN, moved_adapters, record_shares
+from test_sequence_parallel import SHARDS_SEEN, WHOLE, moved_adapters, record_shares
 
 import xtrain.train.loop as loop
 from xtrain.machine.facts import Facts
@@ -109,16 +109,18 @@ facts = Facts(torch_version="2.13.0", gloo_available=True, cpu_count=2)
 plan = make_plan(facts, Overrides(num_processes=int(os.environ["WORLD_SIZE"])))  # torchrun's
 for name, overrides in json.loads(sys.argv[2]).items():
     SHARDS_SEEN.clear()
+    WHOLE.clear()
     with record_shares() as shares:
         grads = xtrain_gradients(load_config(None, overrides), plan, on_workload=moved_adapters).grads
     out = os.path.join(os.environ["TEST_OUT"], f"{name}-{dist.get_rank()}.pt")
-    torch.save({"grads": grads, "loss": sum(shares), "shards": list(SHARDS_SEEN)}, out)
+    torch.save({"grads": grads, "loss": sum(shares), "shards": list(SHARDS_SEEN), "whole": len(WHOLE)}, out)
 dist.barrier()
 dist.destroy_process_group()
 """
 
 
 SHARDS_SEEN: list[tuple[int, int]] = []  # (shard, of how many) of each forward given a sequence shard
+WHOLE: list[int] = []  # one entry a forward of whole sequences (generation's)
 
 
 def moved_adapters(workload) -> None:
@@ -135,6 +137,8 @@ def moved_adapters(workload) -> None:
     def seen(module, args, kwargs) -> None:
         if kwargs.get(KEY) is not None:
             SHARDS_SEEN.append((kwargs[KEY].index, kwargs[KEY].size))
+        else:
+            WHOLE.append(1)
 
     workload.model.register_forward_pre_hook(seen, with_kwargs=True)
 

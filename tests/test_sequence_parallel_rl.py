@@ -1,8 +1,9 @@
 """Sequence parallelism for the tasks whose step makes its sequences (issue 58): GRPO's training
 forward and distillation. One process on the whole sequences against two with
 ``parallel.sequence: 2`` (gloo, real processes, float32): the same step loss and the same LoRA
-gradients at the first optimizer step, the rollout generated whole on both processes of the group,
-made the same by the group's first rank, and trained on shards (xtrain/tasks/grpo/sharded.py).
+gradients at the first optimizer step, the rollout generated whole by the group's first rank alone
+(the other makes no forward of whole sequences), handed to the group, and trained on shards
+(xtrain/tasks/grpo/sharded.py).
 
 The one-process side is itself checked against the loss written out by hand over a plain peft
 model (tests/test_grpo.py's and tests/test_distill.py's references: the same completions, the
@@ -159,6 +160,7 @@ def check(kind: str, overrides: list[str], two: list[dict], out: Path) -> None:
     assert sum(r["loss"] for r in two) == pytest.approx(loss, rel=1e-5, abs=1e-6)  # (grpo, beta 0: ~0)
     for i, rank in enumerate(two):  # each process trained on its own half (sharded forwards only)
         assert rank["shards"] and set(rank["shards"]) == {(i % 2, 2)}, rank["shards"]
+        assert (rank["whole"] > 0) == (i % 2 == 0), rank["whole"]  # a group's first rank alone generates
         assert_same_gradients(rank["grads"], capture.grads)
 
 

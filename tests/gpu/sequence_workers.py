@@ -96,7 +96,7 @@ def rollout_broadcast(rank: int, world: int, backend: str, port: int, out_dir: s
         "input_ids": torch.full((4, 10 + rank), rank, device=device),
         "rewards": torch.rand(4, device=device),
     }
-    got = Exchange(group, 2, rank, staged=backend == "gloo").broadcast(mine)
+    got = Exchange(group, 2, rank, staged=backend == "gloo").broadcast(mine if rank == 0 else {}, device)
     torch.save({k: v.cpu() for k, v in got.items()} | {"devices": [str(v.device) for v in got.values()]},
                os.path.join(out_dir, f"broadcast{rank}.pt"))  # fmt: skip
     dist.barrier()

@@ -80,17 +80,16 @@ class Exchange:
             request.wait()
         return out.to(x.device) if staged else out
 
-    def broadcast(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The group's first rank's ``tensors`` on every rank of the group (shapes may differ
-        between the ranks: a rollout's completions), each on the device it had here. Through host
-        memory, pickled (a step's completed rows: ids and masks, small beside its forward)."""
+    def broadcast(self, tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+        """The group's first rank's ``tensors`` on every rank of the group (the others' are not
+        read: they may send none), on ``device``. Through host memory, pickled (a step's completed
+        rows: ids and masks, small beside its forward)."""
         import torch.distributed as dist
 
-        devices = {k: v.device for k, v in tensors.items()}
         box: list[Any] = [{k: v.detach().to("cpu") for k, v in tensors.items()}]
         first = dist.get_global_rank(self.group, 0) if self.group is not None else 0
         dist.broadcast_object_list(box, src=first, group=self.group)
-        return {k: v.to(devices.get(k, v.device)) for k, v in box[0].items()}
+        return {k: v.to(device) for k, v in box[0].items()}
 
 
 _EXCHANGE: list[Exchange] = []  # this process's group, once the run set it (``activate``)

@@ -161,9 +161,11 @@ class DistillStep:
         tokens and completion statistics over every process (one gather)."""
         source, ex = source_of(self.d, self.seed, self.step), active()
         for batch in micro_batches:
-            self.complete(model, batch, source)
+            if sharded.generates(ex):  # (a group's first rank under parallel.sequence)
+                self.complete(model, batch, source)
             if ex is not None:  # one set of completions a group, each process's shard of it
-                batch["truncated"] = sharded.same_in_group(ex, batch, _COMPLETED, batch["truncated"])
+                made = batch.get("truncated")
+                batch["truncated"] = sharded.same_in_group(ex, batch, _COMPLETED, made)
                 ids, mask, labels = (batch[k] for k in ("input_ids", "attention_mask", "labels"))
                 sharded.keep(batch, cut_completed(ids, mask, labels, ex.size, ex.rank))
         rank, device = _rank(), micro_batches[0]["input_ids"].device

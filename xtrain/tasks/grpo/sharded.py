@@ -2,12 +2,12 @@
 the sequences it trains: GRPO's rollout and distillation's completions (``Workload.cuts_sequences``:
 the loader's prompts stay whole, the step cuts what it completed).
 
-- **Generation whole, the same in a group.** Every process of a sequence-parallel group reads the
-  same prompts (its data-parallel rank's) and generates their completions on the model's own
-  attention over whole sequences (``sequence_parallel.whole_attention``); the group's first rank's
-  completions and rewards then replace the others' (``same_in_group``: one broadcast over the group),
-  so the group trains on one set of episodes even where sampling on a GPU is not bitwise
-  reproducible.
+- **Generation whole, once a group.** Every process of a sequence-parallel group reads the same
+  prompts (its data-parallel rank's); the group's first rank alone generates their completions on
+  the model's own attention over whole sequences (``sequence_parallel.whole_attention``) and scores
+  them (reward functions and tools run once, as without sequence parallelism), and
+  ``same_in_group`` hands its completions and rewards to the others (``generates``: one broadcast
+  over the group), so the group trains on one set of episodes.
 - **The step's numbers once a group.** The step's one gather brings every process's rows, a group's
   N times: ``distinct`` keeps its first rank's, numbered by data-parallel rank, so the advantages,
   the token counts and the statistics are those of the data-parallel run.
@@ -37,12 +37,20 @@ CUT = "sequence_cut"  # the batch key of a completed micro-batch's shard (``cut`
 ROLLED = ("input_ids", "attention_mask", "completion_mask", "loss_mask", "truncated", "episode_stats")
 
 
+def generates(ex: Exchange | None) -> bool:
+    """Whether this process makes its micro-batches' completions (without sequence parallelism,
+    every process; with it, a group's first rank: ``same_in_group`` hands them to the others)."""
+    return ex is None or ex.rank == 0
+
+
 def same_in_group(
-    ex: Exchange, batch: dict[str, Any], keys: tuple[str, ...], extra: torch.Tensor
+    ex: Exchange, batch: dict[str, Any], keys: tuple[str, ...], extra: torch.Tensor | None
 ) -> torch.Tensor:
-    """``batch[keys]`` and ``extra`` (a rollout's rewards) as the group's first rank made them, on
-    every rank of the group, in place; returns ``extra``'s."""
-    found = ex.broadcast({**{k: batch[k] for k in keys if k in batch}, "_extra": extra})
+    """``batch[keys]`` and ``extra`` (a rollout's rewards) as the group's first rank made them
+    (the others made none: ``generates``), on every rank of the group, in place; returns
+    ``extra``'s."""
+    sent = {k: batch[k] for k in keys if k in batch}
+    found = ex.broadcast(sent if extra is None else {**sent, "_extra": extra}, batch["input_ids"].device)
     extra = found.pop("_extra")
     batch.update(found)
     return extra

@@ -130,9 +130,11 @@ class GrpoStep:
                 batch.update(kept)
             return
         ex = active()
-        with contextlib.nullcontext() if ex is None else sp.whole_attention(_unwrapped(model)):
-            scored = [self._rollout(model, b, first) for b in micro_batches]
-        if ex is not None:  # (sharded.py: one set of episodes a group, each process's shard of it)
+        scored: list[torch.Tensor | None] = [None] * len(micro_batches)
+        if sharded.generates(ex):  # (sharded.py: one set of episodes a group, made by its first rank)
+            with contextlib.nullcontext() if ex is None else sp.whole_attention(_unwrapped(model)):
+                scored = [self._rollout(model, b, first) for b in micro_batches]
+        if ex is not None:  # ... handed to the group, each process's shard of it
             for a, b in enumerate(micro_batches):
                 scored[a] = sharded.same_in_group(ex, b, sharded.ROLLED, scored[a])
                 sharded.keep(b, sharded.cut(ex, b["input_ids"], b["attention_mask"], b["loss_mask"]))
