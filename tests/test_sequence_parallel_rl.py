@@ -70,6 +70,15 @@ def rl_jobs(root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, l
         "grpo-mean": _common(
             *grpo, "grpo.loss=grpo", "batch.per_device=8", "batch.global_batch=16"
         ),  # fmt: skip
+        # (soak) the default GRPO case under gradient checkpointing (each layer recomputed on its shard)
+        "grpo-checkpointing": _common(
+            *grpo,
+            f"grpo.beta={BETA}",
+            "grpo.loss=dapo",
+            "batch.per_device=8",
+            "batch.global_batch=16",
+            "model.gradient_checkpointing=true",
+        ),  # fmt: skip
         # (soak) GKD on the data's answers or the student's samples (the step's draw), the JSD
         "distill-gkd": _common(*distill, "distill.mode=gkd", "distill.lmbda=0.5", "distill.beta=0.5"),
     }
@@ -124,9 +133,9 @@ def by_hand(kind: str, capture, batches: list[dict], step) -> dict[str, torch.Te
                 -1
             )
             torch.testing.assert_close(batch["advantages"], adv)
-            return grpo_token_loss(ref, batch, adv, TEMPERATURE, BETA if kind == "grpo" else 0.0)
+            return grpo_token_loss(ref, batch, adv, TEMPERATURE, 0.0 if kind == "grpo-mean" else BETA)
 
-        if kind == "grpo":  # dapo: every completion token of the global batch
+        if kind != "grpo-mean":  # dapo: every completion token of the global batch
             return dapo_gradients(ref, batches, per_token)
         loss = sum(  # grpo: each completion's token mean, over the step's completions
             ((per_token(b) * b["loss_mask"]).sum(-1) / b["loss_mask"].sum(-1).clamp(min=1)).sum()
@@ -165,10 +174,11 @@ def check(kind: str, overrides: list[str], two: list[dict], out: Path) -> None:
 
 
 @pytest.mark.soak  # one more torchrun and a one-process run a case
-@pytest.mark.parametrize("kind", ["grpo-mean", "distill-gkd"])
+@pytest.mark.parametrize("kind", ["grpo-mean", "grpo-checkpointing", "distill-gkd"])
 def test_the_other_losses_train_as_one(jobs, kind, tmp_path, tmp_path_factory):
-    """GRPO's per-completion token mean (each row's tokens counted over both shards) and GKD's
-    generalized JSD: two processes holding half of each sequence against one."""
+    """GRPO's per-completion token mean (each row's tokens counted over both shards), GRPO under
+    gradient checkpointing and GKD's generalized JSD: two processes holding half of each sequence
+    against one."""
     two = _torchrun({kind: [*jobs[kind], "parallel.sequence=2", f"run.output_dir={tmp_path / 'two'}"]},
                     tmp_path, _cache(tmp_path_factory))[kind]  # fmt: skip
     check(kind, jobs[kind], two, tmp_path / "one")
