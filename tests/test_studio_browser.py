@@ -130,6 +130,7 @@ def test_a_run_from_the_form_to_its_end(studio, browser) -> None:  # noqa: ANN00
     page.wait_for_selector(".data-check mark, #error:not([hidden])", timeout=180_000)
     assert page.inner_text("#error") == ""
     assert "it is" in page.inner_text(".data-check mark")  # an answer of the chat data: trained
+    assert "global batch 16 = 8 per-device x 1 process x 2 accumulation" in page.inner_text("body")
     assert f"max_steps: {STEPS}" in page.inner_text(".check-yaml") and "xtrain train" in page.inner_text(
         "#check-command"
     )

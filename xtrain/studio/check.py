@@ -68,13 +68,9 @@ def _stage(ready: Any, config: Path, draft_text: str) -> dict[str, Any]:
         {"title": f"{title} ({shell})", "lines": lines}
         for title, lines in equivalent_commands(plan, ["--config", str(config)], ready.shard_flags)
     ]
-    settings = ready.run.settings
-    batch = (
-        f"{settings.global_batch} = {settings.per_device} per device x {plan.world_size} process"
-        f"{'es' if plan.world_size != 1 else ''} x {settings.accumulation} accumulation"
-    )
+    line = plan.summary(ready.run.settings.batch_line)  # the dry run's: the batch in numbers
     return {
-        "yaml": draft_text, "plan": plan.summary(), "batch": batch, "notes": notes, "fitted": fitted,
+        "yaml": draft_text, "plan": line, "notes": notes, "fitted": fitted,
         "data": data, "commands": commands, "gpus": plan.gpu_ids, "device": plan.device,
         "processes": plan.world_size, "backend": plan.backend, "precision": plan.mixed_precision,
     }  # fmt: skip

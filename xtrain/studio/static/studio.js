@@ -330,7 +330,7 @@ function showCheck(data) {
     el("pre", { class: "code", id: "check-command" }, data.command), copyButton(data.command)];
   data.stages.forEach((s, i) => {
     const box = el("div", { class: "panel check-stage" }, el("h3", {}, `Stage ${i + 1}: ${s.task}`),
-      el("p", {}, el("b", {}, "Plan: "), s.plan), s.batch ? el("p", {}, el("b", {}, "Batch: "), s.batch) : "",
+      el("p", {}, el("b", {}, "Plan: "), s.plan),
       notesList(s.notes), ...(s.fitted || []).map((f) => el("p", { class: "dim" }, f)),
       el("details", { open: true }, el("summary", {}, "YAML"), el("pre", { class: "code check-yaml" }, s.yaml), copyButton(s.yaml)));
     if (s.data) {
