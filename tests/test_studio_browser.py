@@ -224,6 +224,7 @@ def test_resume_compare_try_export_and_machine(studio, browser) -> None:  # noqa
     assert page.inner_text("#error") == ""
     cells = page.locator("#try-answers tbody tr").first.locator("td").all_inner_texts()
     assert cells[0] == "where is the fish?" and cells[1] != cells[2]  # the start and the result differ
+    assert not cells[2].startswith("{") and "river" in cells[2], cells  # the answer's text (the chat data's)
     shot(page, "try")
 
     page.click("#export-go")  # q8_0 is ticked

@@ -177,6 +177,18 @@ function readFile(input) {
   });
 }
 
+// a predict row's answer as text: its output (with its probability for a label), else its fields
+function answerText(row) {
+  if (!row) return "";
+  const out = row.output ?? row.text;
+  if (out === undefined) {
+    const { input, prompt, ...rest } = row;
+    return JSON.stringify(rest);
+  }
+  const shown = row.probability !== undefined ? `${out} (${row.probability})` : String(out);
+  return row.call ? `${shown}\ncall: ${JSON.stringify(row.call)}` : shown;  // a tool call parsed from it
+}
+
 async function tryRun() {
   const body = {
     prompt: $("#try-prompt").value, system: $("#try-system").value, tools: $("#try-tools").value,
@@ -187,8 +199,8 @@ async function tryRun() {
   $("#try-start-head").textContent = `start: ${answer.start}`;
   const rows = answer.trained.map((row, i) => el("tr", {},
     el("td", {}, row.input || row.prompt || ""),
-    el("td", {}, (answer.base[i] || {}).text ?? JSON.stringify(answer.base[i] || {})),
-    el("td", {}, row.text ?? JSON.stringify(row))));
+    el("td", {}, answerText(answer.base[i])),
+    el("td", {}, answerText(row))));
   $("#try-answers tbody").replaceChildren(...rows);
   $("#try-answers").hidden = false;
 }
