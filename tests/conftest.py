@@ -81,8 +81,10 @@ LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MAS
 @pytest.fixture(autouse=True)
 def launch_variables_as_they_were() -> Iterator[None]:
     """A test leaves the launch variables as it found them: accelerate's in-process state writes
-    RANK, LOCAL_WORLD_SIZE and MASTER_PORT into os.environ on a CPU group, which a later test's
-    processes (or its own plan of the launch) would inherit."""
+    RANK, LOCAL_WORLD_SIZE and MASTER_PORT into os.environ on a CPU group. test_bad_inputs.py runs
+    a rank of a 2-process launch in this process (WORLD_SIZE monkeypatched, LOCAL_WORLD_SIZE
+    not), and its LOCAL_WORLD_SIZE=1 stayed behind for the next test on that test process (the
+    suite's only such leak, found by logging every test's changes over a full run)."""
     before = {k: os.environ.get(k) for k in LAUNCH_VARIABLES}
     yield
     for key, value in before.items():
