@@ -295,6 +295,7 @@ def test_the_quickstart_learns_the_teacher_s_answers_at_one_and_two_processes(tm
         assert first["agreement"] == 0.0 and last["agreement"] >= 0.8, (first, last)
         assert last["kl"] < 0.05 < first["kl"]
         assert "agreement with the teacher 0.0000 -> " in proc.stdout
+        assert "runs the model just trained" in proc.stdout  # the whole student, not an adapter
         record = json.loads((run / "model" / "xtrain_run.json").read_text())
         assert record["distill"]["teacher"] == "builtin:tiny-llama-sft" and record["mode"] == "full"
         runs.append(last)
